@@ -1,0 +1,55 @@
+"""`octodsl` command line: a thin entry point that dispatches to one module per command.
+
+Each command module defines `register(subparsers)`, which adds its parser and sets
+`func(args) -> int` (the exit code). Errors meant for the user are raised as `UserError` and
+printed without a traceback unless `--debug` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .common import UserError
+
+# Module names under octodsl.cli, one per command, in the order `--help` lists them.
+COMMANDS = ("lint", "fmt", "gen", "convert")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="octodsl",
+        description="Plan, check, simulate, tune and run pipeline-parallel training of hybrid LLMs.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        if args.debug:
+            raise
+        print(f"octodsl: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("octodsl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place an unexpected error is turned into a message
+        if args.debug:
+            raise
+        print(f"octodsl: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Helpers shared by the command modules."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """An error the user can fix (bad argument, unreadable file); printed without a traceback."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def read_text(path: str) -> str:
+    """A file's text ('-' for standard input), or a UserError saying why it cannot be read."""
+    import sys
+
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+    except OSError as e:
+        raise UserError(f"{path}: {e.strerror}") from None

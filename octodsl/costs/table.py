@@ -1,0 +1,96 @@
+"""Costs are data: a per-layer table, wherever it came from (analytical model, profiler,
+calibration). The simulator and tuner only ever see `StageCost`s built from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..plan import Plan, PlanError
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Costs of one layer for one micro-batch."""
+
+    kind: str
+    """Layer kind (attention, mlp, mamba2, ...)."""
+    f: float
+    """Forward seconds."""
+    b: float
+    """Input-gradient backward seconds."""
+    w: float
+    """Weight-gradient backward seconds."""
+    act: float
+    """Activation bytes held from F until the input-gradient backward."""
+    act_w: float
+    """Of `act`, the bytes still held after B until W (released at W; a fused BW frees all)."""
+    static: float
+    """Parameter + gradient + optimizer-state bytes, held all the time."""
+    params: int
+    """Parameter count."""
+    out_bytes: float
+    """Bytes of the activation this layer hands to the next (and of the gradient coming back)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """A stage's costs per micro-batch: the sum of its layers, plus its message sizes."""
+
+    f: float
+    b: float
+    w: float
+    act: float
+    act_w: float
+    static: float
+    send_bytes: float
+    """Activation bytes sent to the next stage (the gradient sent back has the same size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Point-to-point link: a message of n bytes takes latency + n / bandwidth seconds."""
+
+    name: str
+    latency: float
+    bandwidth: float
+    """Bytes per second; 0 with latency 0 means communication is free."""
+
+    def time(self, nbytes: float) -> float:
+        if self.bandwidth <= 0:
+            return self.latency
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(slots=True)
+class CostTable:
+    """Per-layer costs of a model on a device, in the model's layer order."""
+
+    layers: list[LayerCost]
+    source: str
+    """Where the numbers came from, e.g. 'analytical nemotron-h-8b on H800' or a profile path."""
+    tokens_per_microbatch: int = 0
+    meta: dict = field(default_factory=dict)
+
+    def stage_costs(self, plan: Plan) -> list[StageCost]:
+        """Sum layer costs over each stage of the plan's partition."""
+        out = []
+        for i, st in enumerate(plan.stages):
+            if st.abstract:
+                raise PlanError(f"stage {i} names no layers, so a model's costs cannot apply")
+            if not (0 <= st.first <= st.last < len(self.layers)):
+                raise PlanError(f"stage {i} layers {st.first}..{st.last} are outside the model's "
+                                f"{len(self.layers)} layers")
+            ls = self.layers[st.first: st.last + 1]
+            out.append(StageCost(
+                f=sum(l.f for l in ls), b=sum(l.b for l in ls), w=sum(l.w for l in ls),
+                act=sum(l.act for l in ls), act_w=sum(l.act_w for l in ls),
+                static=sum(l.static for l in ls), send_bytes=ls[-1].out_bytes,
+            ))
+        return out
+
+
+def uniform_stage_costs(num_stages: int, f: float, b: float, w: float,
+                        send_bytes: float = 0.0) -> list[StageCost]:
+    """Every stage costs the same (abstract plans, `--costs F=1,B=1,W=1`); one unit of
+    activation per micro-batch, half of it kept until W."""
+    return [StageCost(f, b, w, 1.0, 0.5, 0.0, send_bytes) for _ in range(num_stages)]

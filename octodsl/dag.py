@@ -1,0 +1,173 @@
+"""The one dependency graph of a plan, shared by lint, the simulator and the executor.
+
+Nodes are slots (an overlap group is one node: its ops start together). Edges:
+- data: F(s,m) after F(s-1,m); B or BW (s,m) after F(s,m) and after the input-gradient
+  backward (B or BW) of (s+1,m); W(s,m) after B(s,m);
+- order: each device runs its nodes in the order the plan lists them.
+A data edge between nodes on different devices is a message: an activation (F -> F) or an
+input gradient (B/BW -> B/BW).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .plan import Op, OpKind, Plan
+
+BACKWARD_INPUT = (OpKind.B, OpKind.BW)
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """`consumer` (an op of node `dst`) needs the result of `producer` (an op of node `src`)."""
+
+    src: int
+    dst: int
+    producer: Op
+    consumer: Op
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """In a deadlock: `op` on `device` cannot start until `needs` (on `needs_device`) is done."""
+
+    device: int
+    op: Op
+    needs: Op
+    needs_device: int
+    blocker: Op | None
+    """The op at the head of `needs_device` that `needs` is queued behind (None if the same)."""
+
+
+@dataclass(slots=True)
+class Graph:
+    plan: Plan
+    node_ops: list[tuple[Op, ...]]
+    node_device: list[int]
+    order: list[list[int]]
+    """Node ids of each device, in the device's order."""
+    deps: list[list[Edge]]
+    """Data edges into each node."""
+    op_node: dict[tuple[OpKind, int, int], int]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_ops)
+
+    def messages(self) -> list[Edge]:
+        """Data edges that cross devices, in node order of the consumer."""
+        return [
+            e for es in self.deps for e in es if self.node_device[e.src] != self.node_device[e.dst]
+        ]
+
+
+def producers(op: Op, num_stages: int) -> list[tuple[tuple[OpKind, ...], int, int]]:
+    """The ops `op` needs, as (kinds, stage, mb): any one op of those kinds satisfies it."""
+    s, m = op.stage, op.mb
+    if op.kind is OpKind.F:
+        return [((OpKind.F,), s - 1, m)] if s > 0 else []
+    if op.kind is OpKind.W:
+        return [((OpKind.B,), s, m)]
+    needs: list = [((OpKind.F,), s, m)]
+    if s + 1 < num_stages:
+        needs.append((BACKWARD_INPUT, s + 1, m))
+    return needs
+
+
+def build_graph(plan: Plan) -> Graph:
+    """Build the graph of a plan. Ops whose producer is missing get no edge for it (lint reports
+    the missing op); a duplicated op maps to its first occurrence."""
+    node_ops: list[tuple[Op, ...]] = []
+    node_device: list[int] = []
+    order: list[list[int]] = []
+    op_node: dict[tuple[OpKind, int, int], int] = {}
+    first: dict[tuple[OpKind, int, int], Op] = {}
+    for d, slots in enumerate(plan.schedule):
+        ids = []
+        for slot in slots:
+            n = len(node_ops)
+            node_ops.append(slot.ops)
+            node_device.append(d)
+            ids.append(n)
+            for op in slot.ops:
+                if op.key() not in op_node:
+                    op_node[op.key()] = n
+                    first[op.key()] = op
+        order.append(ids)
+    S = plan.num_stages
+    deps: list[list[Edge]] = []
+    for n, ops in enumerate(node_ops):
+        edges = []
+        for op in ops:
+            for kinds, s, m in producers(op, S):
+                for k in kinds:
+                    src = op_node.get((k, s, m))
+                    if src is not None:
+                        edges.append(Edge(src, n, first[(k, s, m)], op))
+                        break
+        deps.append(edges)
+    return Graph(plan, node_ops, node_device, order, deps, op_node)
+
+
+def execution_order(g: Graph) -> list[int] | list[Wait]:
+    """A topological order that respects every device's order, or the wait-for cycle.
+
+    Returns node ids in an order in which they can run; when the devices' orders admit no
+    execution, returns the cycle as a list of `Wait`s (each device waiting on the next)."""
+    done = bytearray(g.num_nodes)
+    pos = [0] * len(g.order)
+    waiting: dict[int, list[int]] = {}
+    out: list[int] = []
+    stack = list(range(len(g.order) - 1, -1, -1))
+    while stack:
+        d = stack.pop()
+        seq = g.order[d]
+        while pos[d] < len(seq):
+            n = seq[pos[d]]
+            blocked = next((e.src for e in g.deps[n] if not done[e.src]), None)
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(d)
+                break
+            done[n] = 1
+            out.append(n)
+            pos[d] += 1
+            woken = waiting.pop(n, None)
+            if woken:
+                stack.extend(woken)
+    if len(out) == g.num_nodes:
+        return out
+    return _cycle(g, done, pos)
+
+
+def _cycle(g: Graph, done: bytearray, pos: list[int]) -> list[Wait]:
+    """Follow 'device d waits for device d2' from a stuck device until a device repeats."""
+    def step(d: int) -> tuple[Wait, int]:
+        n = g.order[d][pos[d]]
+        edge = next(e for e in g.deps[n] if not done[e.src])
+        d2 = g.node_device[edge.src]
+        head = g.node_ops[g.order[d2][pos[d2]]][0] if pos[d2] < len(g.order[d2]) else None
+        blocker = None if head is None or edge.src == g.order[d2][pos[d2]] else head
+        return Wait(d, edge.consumer, edge.producer, d2, blocker), d2
+
+    start = next(d for d in range(len(g.order)) if pos[d] < len(g.order[d]))
+    seen: dict[int, int] = {}
+    chain: list[Wait] = []
+    d = start
+    while d not in seen:
+        seen[d] = len(chain)
+        wait, d = step(d)
+        chain.append(wait)
+    return chain[seen[d]:]
+
+
+def describe_cycle(cycle: list[Wait]) -> str:
+    """One line per wait: 'B0:2 on device 0 waits for B1:2 on device 1 (queued behind F1:5)'."""
+    lines = []
+    for w in cycle:
+        behind = f", queued behind {w.blocker}" if w.blocker is not None else ""
+        if w.needs_device == w.device:
+            where = f"which comes later on device {w.device}" if w.blocker is not None else "in the same overlap group"
+            lines.append(f"{w.op} on device {w.device} waits for {w.needs}, {where}")
+        else:
+            lines.append(f"{w.op} on device {w.device} waits for {w.needs} on device {w.needs_device}{behind}")
+    return "\n".join(lines)

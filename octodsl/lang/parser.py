@@ -1,0 +1,267 @@
+"""Text -> syntax tree. The grammar is loaded once; lark's errors become Diagnostics here and
+nowhere else, worded for people (no terminal names)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from ..plan import Span
+from . import syntax as ast
+from .errors import Diagnostic, PlanSyntaxError
+
+MAX_SYNTAX_ERRORS = 20
+_STRING_OR_COMMENT = re.compile(r'"[^"\n]*"|#[^\n]*')
+
+# How each terminal is named in "expected ..." messages; string terminals print as 'literal'.
+_WORDS = {
+    "OPKIND": "an op (F, B, W or BW)",
+    "NAME": "a name",
+    "INT": "a number",
+    "SIZE": "a size such as 80GiB",
+    "STRING": 'a quoted string',
+    "$END": "end of file",
+}
+# The order expected alternatives are listed in.
+_ORDER = ["OPKIND", "INT", "NAME", "STRING", "SIZE"]
+
+
+@functools.cache
+def _parser() -> Lark:
+    text = resources.files("octodsl.grammar").joinpath("octo.lark").read_text()
+    return Lark(text, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+@functools.cache
+def _terminal_words() -> dict[str, str]:
+    words = dict(_WORDS)
+    for t in _parser().terminals:
+        if t.pattern.type == "str":
+            words[t.name] = f"'{t.pattern.value}'"
+    return words
+
+
+def _describe_expected(expected: set[str]) -> str:
+    words = _terminal_words()
+    names = sorted(expected, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+    items = [words.get(n, n) for n in names if n in words]
+    if not items:
+        return ""
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _token_span(tok: Token) -> Span:
+    return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + len(tok))
+
+
+def _meta_span(meta) -> Span:
+    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _syntax_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
+    """One lark error, in words."""
+    if isinstance(e, UnexpectedCharacters):
+        ch = source[e.pos_in_stream] if e.pos_in_stream < len(source) else ""
+        span = Span(e.line, e.column, e.line, e.column + 1)
+        exp = _describe_expected(set(e.allowed or ()))
+        msg = f"unexpected character {ch!r}"
+        return Diagnostic("E101", msg, span, hint=f"expected {exp}" if exp else None)
+    if isinstance(e, UnexpectedToken):
+        tok = e.token
+        exp = _describe_expected(set(e.expected))
+        if tok.type == "$END":
+            return Diagnostic("E102", f"unexpected end of file; expected {exp}", _end_span(source))
+        shown = _terminal_words().get(tok.type, tok.type)
+        what = f"'{tok.value}'" if shown.startswith("'") or tok.type in ("NAME", "INT", "OPKIND") else shown
+        return Diagnostic("E101", f"unexpected {what}; expected {exp}", _token_span(tok))
+    if isinstance(e, UnexpectedEOF):
+        return Diagnostic("E102", "unexpected end of file", _end_span(source))
+    return Diagnostic("E101", str(e).splitlines()[0], None)
+
+
+def _end_span(source: str) -> Span:
+    """Just after the last character that is not whitespace or a comment."""
+    code = _STRING_OR_COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", source)
+    end = len(code.rstrip())
+    line = source.count("\n", 0, end) + 1
+    col = end - (source.rfind("\n", 0, end) + 1) + 1
+    return Span(line, col, line, col + 1)
+
+
+def parse_syntax(source: str, path: str = "<string>") -> ast.File:
+    """Parse .octo text into a syntax tree; raises PlanSyntaxError with every syntax error found
+    (the parser skips the offending token and goes on, so later errors are reported too)."""
+    errors: list[Diagnostic] = []
+    error_lines: set[int] = set()
+
+    def record(d: Diagnostic) -> None:
+        # After the first error the parser skips tokens to resynchronise; what it trips over on
+        # the same line, or at the end of the file, is usually a consequence: leave it out.
+        last = errors[-1].span.line if errors and errors[-1].span else 0
+        if not errors or (d.code != "E102" and d.span is not None and d.span.line > last):
+            errors.append(d)
+
+    def on_error(e: UnexpectedInput) -> bool:
+        record(_syntax_diagnostic(e, source))
+        if isinstance(e, UnexpectedToken) and e.token.type == "$END":
+            return False
+        return len(errors) < MAX_SYNTAX_ERRORS
+
+    lark = _parser()
+    try:
+        tree = lark.parse(source, on_error=on_error)
+    except UnexpectedInput as e:
+        record(_syntax_diagnostic(e, source))
+        tree = None
+    if errors or tree is None:
+        raise PlanSyntaxError(errors, path, source)
+    # Comments are ignored by the grammar; collect them with their positions for fmt.
+    comments = [ast.Comment(m.group(0).rstrip(), _comment_span(source, m.start(), m.group(0)))
+                for m in _comment_matches(source)]
+    file = _ToAst().transform(tree)
+    file.comments = comments
+    return file
+
+
+def _comment_matches(source: str):
+    """Every `#...` outside a string literal."""
+    return (m for m in _STRING_OR_COMMENT.finditer(source) if m.group(0).startswith("#"))
+
+
+def _comment_span(source: str, start: int, text: str) -> Span:
+    line = source.count("\n", 0, start) + 1
+    col = start - (source.rfind("\n", 0, start) + 1) + 1
+    return Span(line, col, line, col + len(text))
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """lark tree -> syntax tree, spans attached."""
+
+    # header
+    def start(self, meta, children):
+        return ast.File(children[0], children[1:])
+
+    def plan_block(self, meta, children):
+        name, *entries = children
+        return ast.PlanBlock(name.value[1:-1], entries, _meta_span(meta))
+
+    def header_entry(self, meta, children):
+        key, (value, kind, text, vspan) = children
+        return ast.HeaderEntry(key.value, value, kind, text, _meta_span(meta), vspan)
+
+    def int_value(self, meta, children):
+        (t,) = children
+        return int(t), "int", t.value, _token_span(t)
+
+    def size_value(self, meta, children):
+        (t,) = children
+        return parse_size(t.value), "size", t.value, _token_span(t)
+
+    def string_value(self, meta, children):
+        (t,) = children
+        return t.value[1:-1], "string", t.value, _token_span(t)
+
+    def name_value(self, meta, children):
+        (t,) = children
+        return t.value, "name", t.value, _token_span(t)
+
+    # partition
+    def partition_layers(self, meta, children):
+        return ast.PartitionLayers(children, _meta_span(meta))
+
+    def stage_decl(self, meta, children):
+        i, a, b = (int(t) for t in children)
+        return ast.StageDecl(i, a, b, _meta_span(meta))
+
+    def partition_pattern(self, meta, children):
+        (t,) = children
+        return ast.PartitionPattern(t.value[1:-1], _meta_span(meta), _token_span(t))
+
+    def partition_abstract(self, meta, children):
+        (t,) = children
+        return ast.PartitionAbstract(int(t), _meta_span(meta))
+
+    # placement
+    def placement_explicit(self, meta, children):
+        return ast.PlacementExplicit(children, _meta_span(meta))
+
+    def placement_named(self, meta, children):
+        (t,) = children
+        return ast.PlacementNamed(t.value, _meta_span(meta))
+
+    def device_place(self, meta, children):
+        d, stages = children
+        return ast.DevicePlace(int(d), stages, _meta_span(meta))
+
+    def int_list(self, meta, children):
+        return [int(t) for t in children]
+
+    # schedule
+    def schedule(self, meta, children):
+        return ast.ScheduleBlock(children, _meta_span(meta))
+
+    def device_block(self, meta, children):
+        d, *items = children
+        return ast.DeviceBlock(int(d), items, _meta_span(meta))
+
+    def op(self, meta, children):
+        kind, stage, (mb, mb_last) = children
+        return ast.OpItem(kind.value, stage, mb, mb_last, _meta_span(meta))
+
+    def mb(self, meta, children):
+        return children[0], (children[1] if len(children) > 1 else None)
+
+    def overlap(self, meta, children):
+        return ast.Overlap(children, _meta_span(meta))
+
+    def loop(self, meta, children):
+        var, first, last, *body = children
+        return ast.Loop(var.value, first, last, body, _meta_span(meta))
+
+    # expressions
+    def num(self, meta, children):
+        (t,) = children
+        return ast.Num(int(t), _token_span(t))
+
+    def var(self, meta, children):
+        (t,) = children
+        return ast.Var(t.value, _token_span(t))
+
+    def _bin(op):  # noqa: N805 - builds the three methods below
+        def method(self, meta, children):
+            left, right = children
+            return ast.BinOp(op, left, right, _meta_span(meta))
+        return method
+
+    add = _bin("+")
+    sub = _bin("-")
+    mul = _bin("*")
+
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'80GiB' -> bytes. Also accepts a plain integer."""
+    text = text.strip()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            return int(round(float(text[: -len(unit)]) * _UNITS[unit]))
+    return int(text)
+
+
+def format_size(nbytes: int) -> str:
+    """Bytes -> the shortest exact size text ('80GiB'), or the plain number."""
+    for unit in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB"):
+        q, r = divmod(nbytes, _UNITS[unit])
+        if q and not r:
+            return f"{q}{unit}"
+    return str(nbytes)

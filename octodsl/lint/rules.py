@@ -1,0 +1,300 @@
+"""Lint rules: small registered classes, each checking one thing about a Plan.
+
+A rule's `check(ctx)` yields Diagnostics. Rules marked `needs_valid_structure` run only when no
+structural error was found (a deadlock search over a plan with missing ops says nothing useful).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Iterable, Iterator
+
+from ..dag import Graph, build_graph, describe_cycle, execution_order
+from ..plan import Op, OpKind, Plan, Span
+from ..lang.errors import Diagnostic, Severity
+
+
+@dataclass
+class Context:
+    plan: Plan
+    num_layers: int | None = None
+    """Layers of the plan's model, when it names one the linter could load."""
+    pattern: str | None = None
+    """The model's layer-pattern symbols, when known."""
+    extra: dict = field(default_factory=dict)
+
+    @cached_property
+    def graph(self) -> Graph:
+        return build_graph(self.plan)
+
+    @cached_property
+    def stage_device(self) -> dict[int, int]:
+        """Device of each stage placed exactly once on an existing device."""
+        count: dict[int, list[int]] = defaultdict(list)
+        for e in self.plan.placement:
+            for s in e.stages:
+                count[s].append(e.device)
+        return {s: ds[0] for s, ds in count.items() if len(ds) == 1 and 0 <= ds[0] < self.plan.devices}
+
+
+class Rule:
+    code: str = ""
+    needs_valid_structure = False
+
+    def check(self, ctx: Context) -> Iterable[Diagnostic]:
+        raise NotImplementedError
+
+
+RULES: list[type[Rule]] = []
+
+
+def rule(cls: type[Rule]) -> type[Rule]:
+    RULES.append(cls)
+    return cls
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> '0..2, 5'."""
+    vs = sorted(set(values))
+    parts, i = [], 0
+    while i < len(vs):
+        j = i
+        while j + 1 < len(vs) and vs[j + 1] == vs[j] + 1:
+            j += 1
+        parts.append(str(vs[i]) if i == j else f"{vs[i]}..{vs[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _layers(r: range) -> str:
+    """'layer 4 is' / 'layers 4..6 are'."""
+    return f"layer {r[0]} is" if len(r) == 1 else f"layers {_ranges(r)} are"
+
+
+# -- partition ---------------------------------------------------------------------------------
+
+@rule
+class PartitionCoverage(Rule):
+    """Every layer in exactly one stage, in order, no empty stage."""
+
+    code = "E201"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        stages = ctx.plan.stages
+        if not stages or stages[0].abstract:
+            return
+        expected = 0
+        for i, st in enumerate(stages):
+            if st.last < st.first:
+                if st.symbols is None:  # an empty pattern piece is reported by the parser
+                    yield Diagnostic("E202", f"stage {i} is empty: layers {st.first}..{st.last} run backwards",
+                                     st.span)
+                continue
+            if st.first > expected:
+                yield Diagnostic("E201", f"{_layers(range(expected, st.first))} in no stage",
+                                 st.span, hint=f"stage {i} should start at layer {expected}")
+            elif st.first < expected:
+                yield Diagnostic("E201", f"stage {i} starts at layer {st.first}, but layers "
+                                 f"{_ranges(range(st.first, expected))} already belong to an earlier stage",
+                                 st.span, hint=f"stage {i} should start at layer {expected}")
+            expected = max(expected, st.last + 1)
+        if ctx.num_layers is not None:
+            if expected < ctx.num_layers:
+                yield Diagnostic("E201", f"{_layers(range(expected, ctx.num_layers))} of the model in no stage",
+                                 stages[-1].span,
+                                 hint=f"the model has {ctx.num_layers} layers (0..{ctx.num_layers - 1})")
+            elif expected > ctx.num_layers:
+                yield Diagnostic("E201", f"the partition names layers up to {expected - 1}, but the model "
+                                 f"has {ctx.num_layers} (0..{ctx.num_layers - 1})", stages[-1].span)
+        if ctx.pattern is not None and stages[0].symbols is not None:
+            written = "".join(st.symbols or "" for st in stages)
+            if written != ctx.pattern:
+                at = next((k for k, (a, b) in enumerate(zip(written, ctx.pattern)) if a != b),
+                          min(len(written), len(ctx.pattern)))
+                yield Diagnostic("E204", f"the partition's layer pattern differs from the model's at layer {at}",
+                                 ctx.plan.partition_span,
+                                 hint=f"the model's pattern is \"{ctx.pattern}\"")
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+@rule
+class PlacementValid(Rule):
+    """Every stage on exactly one existing device."""
+
+    code = "E210"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        plan = ctx.plan
+        if not plan.placement and plan.placement_span is None:
+            return
+        seen: dict[int, int] = {}
+        for e in plan.placement:
+            if not 0 <= e.device < plan.devices:
+                yield Diagnostic("E212", f"device {e.device} does not exist: the plan has {plan.devices} "
+                                 f"devices (0..{plan.devices - 1})", e.span)
+            for s in e.stages:
+                if not 0 <= s < plan.num_stages:
+                    yield Diagnostic("E213", f"stage {s} does not exist: the partition has {plan.num_stages} "
+                                     f"stages (0..{plan.num_stages - 1})", e.span)
+                elif s in seen:
+                    yield Diagnostic("E210", f"stage {s} is placed on device {seen[s]} and again on "
+                                     f"device {e.device}", e.span, hint="a stage lives on exactly one device")
+                else:
+                    seen[s] = e.device
+        missing = [s for s in range(plan.num_stages) if s not in seen]
+        if missing:
+            yield Diagnostic("E211", f"stage{'s' if len(missing) > 1 else ''} {_ranges(missing)} "
+                             f"{'are' if len(missing) > 1 else 'is'} on no device", plan.placement_span)
+
+
+# -- ops ---------------------------------------------------------------------------------------
+
+@rule
+class OpsComplete(Rule):
+    """One F, and one B + W or one BW, per stage and micro-batch; each on its stage's device."""
+
+    code = "E301"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        plan = ctx.plan
+        S, M = plan.num_stages, plan.microbatches
+        seen: dict[tuple, Op] = {}
+        kinds_of_stage: dict[int, set[OpKind]] = defaultdict(set)
+        for d, _, op in plan.ops():
+            if not 0 <= op.stage < S:
+                yield Diagnostic("E303", f"{op}: stage {op.stage} does not exist (stages 0..{S - 1})", op.span)
+                continue
+            if not 0 <= op.mb < M:
+                yield Diagnostic("E303", f"{op}: micro-batch {op.mb} does not exist (micro-batches 0..{M - 1})",
+                                 op.span)
+                continue
+            first = seen.get(op.key())
+            if first is not None:
+                yield Diagnostic("E302", f"{op} appears twice", op.span,
+                                 hint=f"first at line {first.span.line}" if first.span else None)
+                continue
+            seen[op.key()] = op
+            kinds_of_stage[op.stage].add(op.kind)
+            home = ctx.stage_device.get(op.stage)
+            if home is not None and home != d:
+                yield Diagnostic("E305", f"{op} runs on device {d}, but stage {op.stage} is on device {home}",
+                                 op.span, hint=f"move it to device {home}'s schedule")
+        for s in range(S):
+            kinds = kinds_of_stage.get(s, set())
+            if OpKind.BW in kinds and kinds & {OpKind.B, OpKind.W}:
+                yield Diagnostic("E304", f"stage {s} mixes fused backward (BW) with split backward (B/W)",
+                                 self._where(ctx, s), hint="a stage either splits its backward for every "
+                                 "micro-batch or fuses it for every micro-batch")
+                continue
+            split = OpKind.B in kinds or OpKind.W in kinds
+            wanted = [OpKind.F] + ([OpKind.B, OpKind.W] if split else [OpKind.BW])
+            for kind in wanted:
+                missing = [m for m in range(M) if (kind, s, m) not in seen]
+                if missing:
+                    yield Diagnostic("E301", f"stage {s} has no {kind} for micro-batch{'es' if len(missing) > 1 else ''} "
+                                     f"{_ranges(missing)}", self._where(ctx, s),
+                                     hint=self._hint(kind, split))
+
+    @staticmethod
+    def _where(ctx: Context, stage: int) -> Span | None:
+        d = ctx.stage_device.get(stage)
+        spans = ctx.plan.schedule_spans
+        if d is not None and d < len(spans) and spans[d] is not None:
+            return spans[d]
+        return ctx.plan.placement_span
+
+    @staticmethod
+    def _hint(kind: OpKind, split: bool) -> str | None:
+        if kind is OpKind.W:
+            return "a stage with B ops needs a W op for each micro-batch (or use fused BW)"
+        if kind is OpKind.B:
+            return "a stage with W ops needs a B op for each micro-batch"
+        return None
+
+
+# -- executability -----------------------------------------------------------------------------
+
+@rule
+class NoDeadlock(Rule):
+    """The devices' orders together admit an execution."""
+
+    code = "E310"
+    needs_valid_structure = True
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        result = execution_order(ctx.graph)
+        if not result or isinstance(result[0], int):
+            return
+        first = result[0]
+        what = (f"device {first.device} waits for an op it runs later" if len(result) == 1 else
+                f"devices {', '.join(str(w.device) for w in result)} wait on each other in a cycle")
+        yield Diagnostic(
+            "E310", f"the schedule deadlocks: {what}", first.op.span,
+            notes=tuple(describe_cycle(result).splitlines()),
+            hint="reorder the ops so that each op's inputs are computed earlier")
+
+
+# -- warnings ----------------------------------------------------------------------------------
+
+@rule
+class IdleDevice(Rule):
+    """A device that holds no stage or runs nothing."""
+
+    code = "W401"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        plan = ctx.plan
+        held = {e.device for e in plan.placement if e.stages}
+        for d in range(plan.devices):
+            if d not in held and plan.placement:
+                yield Diagnostic("W401", f"device {d} holds no stage and stays idle", plan.placement_span,
+                                 severity=Severity.WARNING)
+
+
+@rule
+class FewMicrobatches(Rule):
+    """Fewer micro-batches than devices: the pipeline is never full."""
+
+    code = "W402"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        if h.microbatches < h.devices:
+            yield Diagnostic("W402", f"{h.microbatches} micro-batches for {h.devices} devices: the pipeline "
+                             "is never full, and most of each device's time is bubble",
+                             h.spans.get("microbatches"), severity=Severity.WARNING,
+                             hint="use at least as many micro-batches as devices")
+
+
+@rule
+class OverlapSameDirection(Rule):
+    """An overlap group of two forwards (or two backwards) gains nothing over running them in turn."""
+
+    code = "W403"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        for slots in ctx.plan.schedule:
+            for slot in slots:
+                fwd = [op.kind is OpKind.F for op in slot.ops]
+                if slot.overlapped and (all(fwd) or not any(fwd)):
+                    yield Diagnostic("W403", f"overlap group {slot} pairs ops of the same direction",
+                                     slot.span, severity=Severity.WARNING,
+                                     hint="overlap pays off between a forward and a backward")
+
+
+def run_rules(ctx: Context, extra: Iterable[Callable[[Context], Iterable[Diagnostic]]] = ()) -> list[Diagnostic]:
+    """Run every rule; rules that need a sound structure run only when there is one."""
+    diags: list[Diagnostic] = []
+    for cls in RULES:
+        if not cls.needs_valid_structure:
+            diags.extend(cls().check(ctx))
+    if not any(d.is_error for d in diags):
+        for cls in RULES:
+            if cls.needs_valid_structure:
+                diags.extend(cls().check(ctx))
+        for check in extra:
+            diags.extend(check(ctx))
+    return diags

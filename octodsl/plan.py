@@ -1,0 +1,223 @@
+"""The plan IR: one typed object for a whole pipeline plan.
+
+Everything in octodsl produces or consumes a `Plan`: the parser lowers `.octo` text into one,
+`gen` and the tuner build them, lint, the simulator and the executor read them.
+
+A Plan may be *invalid* (a gap in the partition, a missing op): it is what the user wrote, and
+lint says what is wrong with it. Code past lint (the DAG, the simulator, the executor) may assume
+a plan that lints clean; `Plan.stage_device()` raises on an invalid placement.
+
+Ops and slots are slotted dataclasses, not pydantic models: a large plan holds tens of
+thousands of them and the tuner builds plans in a loop. The header is validated by pydantic.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A source range, 1-based lines and columns; `end_col` is one past the last character."""
+
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+
+class OpKind(str, enum.Enum):
+    """What an op computes for one (stage, micro-batch)."""
+
+    F = "F"
+    """Forward."""
+    B = "B"
+    """Backward for the input gradient only; a W op must follow for the weight gradient."""
+    W = "W"
+    """Backward for the weight gradient only (B was split off)."""
+    BW = "BW"
+    """Fused full backward: input and weight gradient together."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One unit of work: `kind` for micro-batch `mb` on stage `stage`."""
+
+    kind: OpKind
+    stage: int
+    mb: int
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def key(self) -> tuple[OpKind, int, int]:
+        return (self.kind, self.stage, self.mb)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}{self.stage}:{self.mb}"
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One step of a device's order: a single op, or an overlap group run together."""
+
+    ops: tuple[Op, ...]
+    span: Span | None = field(default=None, compare=False, hash=False, repr=False)
+
+    @property
+    def overlapped(self) -> bool:
+        return len(self.ops) > 1
+
+    def __str__(self) -> str:
+        if len(self.ops) == 1:
+            return str(self.ops[0])
+        return "(" + " & ".join(str(op) for op in self.ops) + ")"
+
+
+class Header(BaseModel):
+    """The `plan "name" { ... }` block."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """Plan name, free text."""
+    devices: int = Field(ge=1)
+    """Pipeline devices (ranks of one pipeline)."""
+    microbatches: int = Field(ge=1)
+    """Micro-batches per iteration (gradient-accumulation steps)."""
+    model: str | None = None
+    """Built-in model name or path to a model spec; None for an abstract plan."""
+    microbatch_size: int | None = Field(default=None, ge=1)
+    """Sequences per micro-batch."""
+    seq_len: int | None = Field(default=None, ge=1)
+    """Tokens per sequence."""
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel degree: copies of this pipeline."""
+    memory: int | None = Field(default=None, ge=1)
+    """Memory limit per device, bytes."""
+    spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
+    """Where each field was written, for diagnostics."""
+
+
+@dataclass(slots=True)
+class Stage:
+    """A stage: the consecutive layers `first..last` (inclusive), or abstract (both None)."""
+
+    first: int | None = None
+    last: int | None = None
+    symbols: str | None = None
+    """The stage's layer-pattern symbols when the partition was written as a pattern."""
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def abstract(self) -> bool:
+        return self.first is None
+
+    @property
+    def num_layers(self) -> int:
+        return 0 if self.first is None or self.last is None else self.last - self.first + 1
+
+
+@dataclass(slots=True)
+class DevicePlacement:
+    """`device D: stages s1, s2, ...` as written."""
+
+    device: int
+    stages: tuple[int, ...]
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+
+class PlanError(ValueError):
+    """A plan that cannot be interpreted (lint reports the details with positions)."""
+
+
+@dataclass(slots=True)
+class Plan:
+    """A whole pipeline plan: header, partition, placement and per-device schedule."""
+
+    header: Header
+    stages: list[Stage]
+    placement: list[DevicePlacement]
+    schedule: list[list[Slot]]
+    """schedule[d] is device d's order. Length equals header.devices for a well-formed plan."""
+    partition_span: Span | None = field(default=None, compare=False, repr=False)
+    placement_span: Span | None = field(default=None, compare=False, repr=False)
+    schedule_spans: list[Span | None] = field(default_factory=list, compare=False, repr=False)
+    """Where each device's schedule block starts."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def devices(self) -> int:
+        return self.header.devices
+
+    @property
+    def microbatches(self) -> int:
+        return self.header.microbatches
+
+    def stage_device(self) -> list[int]:
+        """Device of each stage; raises PlanError unless every stage is placed exactly once."""
+        out: list[int | None] = [None] * self.num_stages
+        for entry in self.placement:
+            for s in entry.stages:
+                if not 0 <= s < self.num_stages or out[s] is not None:
+                    raise PlanError(f"stage {s} is out of range or placed twice")
+                out[s] = entry.device
+        if any(d is None for d in out):
+            raise PlanError("some stage is not placed on any device")
+        return out  # type: ignore[return-value]
+
+    def device_stages(self) -> list[list[int]]:
+        """Stages held by each device, in the order written."""
+        out: list[list[int]] = [[] for _ in range(self.devices)]
+        for entry in self.placement:
+            if 0 <= entry.device < self.devices:
+                out[entry.device].extend(entry.stages)
+        return out
+
+    def ops(self):
+        """Every op of the schedule as (device, slot index, op)."""
+        for d, slots in enumerate(self.schedule):
+            for i, slot in enumerate(slots):
+                for op in slot.ops:
+                    yield d, i, op
+
+    def split_stages(self) -> list[bool]:
+        """Whether each stage splits its backward (uses B + W) rather than a fused BW."""
+        split = [False] * self.num_stages
+        for _, _, op in self.ops():
+            if op.kind is OpKind.W and 0 <= op.stage < self.num_stages:
+                split[op.stage] = True
+        return split
+
+    def same_as(self, other: Plan) -> bool:
+        """Equal in meaning: header values, partition, placement and orders (positions ignored)."""
+        return (
+            self.header.model_dump() == other.header.model_dump()
+            and [(s.first, s.last, s.symbols) for s in self.stages]
+            == [(s.first, s.last, s.symbols) for s in other.stages]
+            and sorted((p.device, p.stages) for p in self.placement)
+            == sorted((p.device, p.stages) for p in other.placement)
+            and self.schedule == other.schedule
+        )
+
+
+def placement_loop(num_stages: int, devices: int) -> list[DevicePlacement]:
+    """Looped (interleaved) placement: stage s on device s mod devices."""
+    return [
+        DevicePlacement(d, tuple(range(d, num_stages, devices))) for d in range(devices)
+    ]
+
+
+def placement_v(num_stages: int, devices: int) -> list[DevicePlacement]:
+    """V-shape placement: down the devices and back up, 2 * devices stages, so that device d
+    holds stages d and 2 * devices - 1 - d (the first and last stage on device 0)."""
+    if num_stages != 2 * devices:
+        raise PlanError(f"a V placement needs 2 x devices = {2 * devices} stages, not {num_stages}")
+    return [DevicePlacement(d, (d, 2 * devices - 1 - d)) for d in range(devices)]
