@@ -17,7 +17,11 @@ from .common import UserError
 COMMANDS = ("lint", "fmt", "gen", "convert")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given argv naming a command, only that command's module is imported (some
+    pull in heavy libraries that `octodsl lint` should not pay for)."""
+    chosen = next((a for a in argv or () if not a.startswith("-")), None)
+    names = [chosen] if chosen in COMMANDS else COMMANDS
     parser = argparse.ArgumentParser(
         prog="octodsl",
         description="Plan, check, simulate, tune and run pipeline-parallel training of hybrid LLMs.",
@@ -25,13 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
+    for name in names:
         importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

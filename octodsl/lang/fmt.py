@@ -23,7 +23,7 @@ def format_file(file: ast.File, expanded: Plan | None = None) -> str:
     are written out op by op."""
     if expanded is not None:
         file = _expand(file, expanded)
-    out = _Writer(file.comments)
+    out = _Writer(file.comments, file.blank_lines)
     _plan_block(out, file.plan)
     for sec in file.sections:
         out.section_break()
@@ -33,18 +33,20 @@ def format_file(file: ast.File, expanded: Plan | None = None) -> str:
 
 
 class _Writer:
-    def __init__(self, comments: list[ast.Comment]):
+    def __init__(self, comments: list[ast.Comment], blank_lines: frozenset[int]):
+        self.blank_lines = blank_lines
         self.pending = sorted(comments, key=lambda c: (c.span.line, c.span.col))
         self.lines: list[str] = []
         self.last_line = 0
-        """Last source line written; a gap to the next one means the source had a blank line."""
+        """Last source line written: a blank source line between it and the next is kept."""
         self.trailable = False
         """Whether the last output line may still take a trailing comment."""
         self.block_start = True
         self.force_blank = False
 
     def _gap(self, line: int) -> None:
-        if self.lines and (self.force_blank or (not self.block_start and line > self.last_line + 1)):
+        gap = any(n in self.blank_lines for n in range(self.last_line + 1, line))
+        if self.lines and (self.force_blank or (not self.block_start and gap)):
             self.lines.append("")
         self.force_blank = False
         self.block_start = False
@@ -80,8 +82,7 @@ class _Writer:
         """The closing brace of the block that spans `span`."""
         brace = ast.Span(span.end_line, span.end_col - 1, span.end_line, span.end_col)
         self.flush((brace.line, brace.col), depth + 1)
-        self.block_start = False
-        self.last_line = min(self.last_line, brace.line - 1)  # no blank line before a brace
+        self.block_start = True  # no blank line before a brace
         self.line("}", depth, brace)
 
     def section_break(self) -> None:

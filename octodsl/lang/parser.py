@@ -85,6 +85,29 @@ def _syntax_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
     return Diagnostic("E101", str(e).splitlines()[0], None)
 
 
+_PLACEHOLDERS = {"INT": "0", "NAME": "x", "STRING": '""', "OPKIND": "F", "SIZE": "1B"}
+
+
+def _repair(e: UnexpectedToken) -> None:
+    """Insert the one missing token that lets the parser take the unexpected one (as in `B1: }`),
+    so that one slip gives one error; otherwise lark drops the unexpected token."""
+    ip = e.interactive_parser
+    for name in sorted(e.expected):
+        value = _PLACEHOLDERS.get(name) or _terminal_words().get(name, "").strip("'")
+        if not value:
+            continue
+        trial = ip.copy()
+        try:
+            trial.feed_token(Token(name, value))
+            if e.token.type not in trial.accepts():
+                continue
+            ip.feed_token(Token(name, value))
+            ip.feed_token(e.token)
+            return
+        except UnexpectedInput:
+            continue
+
+
 def _end_span(source: str) -> Span:
     """Just after the last character that is not whitespace or a comment."""
     code = _STRING_OR_COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", source)
@@ -109,8 +132,10 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
 
     def on_error(e: UnexpectedInput) -> bool:
         record(_syntax_diagnostic(e, source))
-        if isinstance(e, UnexpectedToken) and e.token.type == "$END":
-            return False
+        if isinstance(e, UnexpectedToken):
+            if e.token.type == "$END":
+                return False
+            _repair(e)
         return len(errors) < MAX_SYNTAX_ERRORS
 
     lark = _parser()
@@ -126,6 +151,7 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
                 for m in _comment_matches(source)]
     file = _ToAst().transform(tree)
     file.comments = comments
+    file.blank_lines = frozenset(i for i, text in enumerate(source.splitlines(), 1) if not text.strip())
     return file
 
 

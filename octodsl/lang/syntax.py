@@ -168,3 +168,5 @@ class File:
     plan: PlanBlock
     sections: list[Section]
     comments: list[Comment] = field(default_factory=list)
+    blank_lines: frozenset[int] = frozenset()
+    """Source lines holding nothing but whitespace (fmt keeps one blank line for a run of them)."""

@@ -1,0 +1,19 @@
+"""`njit`: numba's compiler when numba is installed, else the plain function.
+
+The simulator's loops are written once, over numpy arrays. With numba they run compiled (the
+machine code is cached on disk, so only the first run on a machine pays for compiling); without
+it the same code runs as Python, correct but about a hundred times slower.
+"""
+
+from __future__ import annotations
+
+try:
+    from numba import njit as _numba_njit
+except ImportError:  # pragma: no cover - depends on the environment
+    _numba_njit = None
+
+JIT = _numba_njit is not None
+
+
+def njit(fn):
+    return _numba_njit(cache=True, nogil=True)(fn) if JIT else fn

@@ -1,0 +1,20 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+UPDATE_GOLDEN = os.environ.get("OCTODSL_UPDATE_GOLDEN") == "1"
+"""Set OCTODSL_UPDATE_GOLDEN=1 to rewrite golden files from the current output."""
+
+
+def check_golden(path: Path, actual: str) -> None:
+    """Compare with a golden file (or rewrite it when OCTODSL_UPDATE_GOLDEN=1)."""
+    if UPDATE_GOLDEN or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(actual)
+        if not UPDATE_GOLDEN:
+            raise AssertionError(f"golden file {path} did not exist; written now, check it in")
+    assert actual == path.read_text(), f"output differs from {path} (OCTODSL_UPDATE_GOLDEN=1 to accept)"

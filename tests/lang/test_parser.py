@@ -1,0 +1,120 @@
+"""The front end: what parses into what, and how problems are worded and positioned."""
+
+from __future__ import annotations
+
+import pytest
+
+from octodsl.lang import PlanSyntaxError, analyze, parse_plan
+from octodsl.lang.parser import format_size, parse_size
+from octodsl.plan import OpKind
+
+HEAD = 'plan "t" { devices 2 microbatches 4 }\n'
+
+
+def errors(src: str) -> list[str]:
+    _, diags = analyze(src, "t.octo")
+    return [d.render("t.octo", src) for d in diags]
+
+
+def test_full_plan():
+    plan = parse_plan('''
+plan "t" {
+  devices 2
+  microbatches 4
+  model "nemotron-h-8b"
+  microbatch_size 2
+  seq_len 4096
+  dp 8
+  memory 80GiB
+}
+partition "[M-M*|-M-]"
+placement { device 0: stages 0 device 1: stages 1 }
+schedule {
+  device 0 { F0:0..3 for i in 0..3 { (F(3-0*i):i & BW0:i) } }
+  device 1 { }
+}''')
+    h = plan.header
+    assert (h.devices, h.microbatches, h.model, h.microbatch_size, h.seq_len, h.dp) == (2, 4, "nemotron-h-8b", 2, 4096, 8)
+    assert h.memory == 80 * 2**30
+    assert [(s.first, s.last, s.symbols) for s in plan.stages] == [(0, 4, "[M-M*"), (5, 8, "-M-]")]
+    assert plan.num_stages == 2
+    slots = plan.schedule[0]
+    assert [str(s) for s in slots[:4]] == ["F0:0", "F0:1", "F0:2", "F0:3"]
+    assert slots[4].overlapped and slots[4].ops[0].kind is OpKind.F and slots[4].ops[0].stage == 3
+
+
+def test_v_placement_needs_twice_the_devices():
+    msgs = errors(HEAD + "stages 3 placement v schedule { }")
+    assert any("E131" in m and "2 x devices = 4 stages" in m for m in msgs)
+
+
+def test_sizes():
+    assert parse_size("1.5TB") == 1_500_000_000_000
+    assert parse_size("512MiB") == 512 * 2**20
+    assert format_size(80 * 2**30) == "80GiB"
+    assert format_size(1234) == "1234"
+
+
+def test_syntax_error_names_expected_in_words():
+    (msg,) = errors(HEAD + "stages 2 placement loop schedule { device 0 { F0 } }")
+    assert "t.octo:2:50: error[E101]: unexpected '}'; expected ':'" in msg
+    assert "^" in msg
+
+
+def test_end_of_file_reported_as_such():
+    (msg,) = errors('plan "t" { devices 2\n')
+    assert "t.octo:1:21: error[E102]: unexpected end of file" in msg
+
+
+def test_several_syntax_errors_reported():
+    src = HEAD + "stages 2\nplacement loop\nschedule {\n device 0 { F0:0 ? }\n device 1 { F1:0 B1: }\n}\n"
+    msgs = errors(src)
+    assert len(msgs) == 2
+    assert "5:18" in msgs[0] and "'?'" in msgs[0]
+    assert "6:22" in msgs[1]
+
+
+def test_header_problems():
+    msgs = errors('plan "t" { devcies 2 microbatches 4 microbatches 5 memory "lots" }')
+    text = "\n".join(msgs)
+    assert "E110" in text and "did you mean 'devices'" in text
+    assert "E113" in text and "'microbatches' is given twice" in text
+    assert "E111" in text and "'memory' must be a size such as 80GiB" in text
+    assert "E112" in text and "does not give 'devices'" in text
+
+
+def test_zero_devices():
+    msgs = errors('plan "t" { devices 0 microbatches 1 }')
+    assert any("E114" in m and "'devices'" in m for m in msgs)
+
+
+def test_missing_sections():
+    msgs = "\n".join(errors(HEAD))
+    for name in ("partition", "placement", "schedule"):
+        assert f"the plan has no {name}" in msgs
+
+
+def test_loop_problems():
+    msgs = "\n".join(errors(HEAD + "stages 2 placement loop schedule { device 0 { for i in 3..1 { F0:j } } }"))
+    assert "E151" in msgs and "3..1 is empty" in msgs
+
+
+def test_undefined_variable_reported_once():
+    msgs = errors(HEAD + "stages 2 placement loop schedule { device 0 { for i in 0..9 { F0:j } } }")
+    assert sum("E150" in m for m in msgs) == 1
+
+
+def test_pattern_symbol_positions():
+    (msg,) = [m for m in errors(HEAD + 'partition "[M-X|-]" placement loop schedule {}') if "E140" in m]
+    assert "t.octo:2:15: error[E140]: 'X' is not a layer symbol" in msg
+
+
+def test_device_blocks():
+    msgs = "\n".join(errors(HEAD + "stages 2 placement loop schedule { device 0 {} device 0 {} device 5 {} }"))
+    assert "E153" in msgs and "E154" in msgs
+
+
+def test_parse_plan_raises_with_all_errors():
+    with pytest.raises(PlanSyntaxError) as e:
+        parse_plan('plan "t" { devcies 2 }', "x.octo")
+    assert "x.octo:1:12: error[E110]" in str(e.value)

@@ -1,0 +1,114 @@
+"""Lint rules on small hand-written plans."""
+
+from __future__ import annotations
+
+from octodsl.lint import lint_source
+
+HEAD = 'plan "t" { devices 2 microbatches 2 }\n'
+ONE_F_ONE_B = """
+stages 2
+placement loop
+schedule {
+  device 0 { F0:0 F0:1 BW0:0 BW0:1 }
+  device 1 { F1:0 BW1:0 F1:1 BW1:1 }
+}
+"""
+
+
+def codes(src: str) -> list[str]:
+    _, diags = lint_source(HEAD + src, "t.octo")
+    return [d.code for d in diags]
+
+
+def messages(src: str) -> str:
+    full = HEAD + src
+    _, diags = lint_source(full, "t.octo")
+    return "\n".join(d.render("t.octo", full) for d in diags)
+
+
+def test_clean():
+    assert codes(ONE_F_ONE_B) == []
+
+
+def test_partition_gap_overlap_empty():
+    src = ONE_F_ONE_B.replace("stages 2", "partition { stage 0: layers 0..3 stage 1: layers 5..4 }")
+    assert codes(src) == ["E202"]
+    src = ONE_F_ONE_B.replace("stages 2", "partition { stage 0: layers 0..3 stage 1: layers 5..7 }")
+    assert "layer 4 is in no stage" in messages(src)
+    src = ONE_F_ONE_B.replace("stages 2", "partition { stage 0: layers 0..3 stage 1: layers 2..7 }")
+    assert "layers 2..3 already belong to an earlier stage" in messages(src)
+
+
+def test_stage_declared_out_of_order():
+    src = ONE_F_ONE_B.replace("stages 2", "partition { stage 1: layers 0..3 stage 0: layers 4..7 }")
+    assert codes(src).count("E203") == 2
+
+
+def test_placement_errors():
+    src = ONE_F_ONE_B.replace("placement loop", "placement { device 0: stages 0, 1 device 1: stages 1 }")
+    assert "E210" in codes(src)
+    src = ONE_F_ONE_B.replace("placement loop", "placement { device 0: stages 0 }")
+    out = messages(src)
+    assert "E211" in out and "stage 1 is on no device" in out
+    src = ONE_F_ONE_B.replace("placement loop", "placement { device 0: stages 0 device 3: stages 1, 4 }")
+    assert {"E212", "E213"} <= set(codes(src))
+
+
+def test_missing_duplicate_out_of_range_ops():
+    src = ONE_F_ONE_B.replace("F1:0 BW1:0", "F1:0 F1:0 BW1:0 BW1:7")
+    out = messages(src)
+    assert "F1:0 appears twice" in out
+    assert "micro-batch 7 does not exist" in out
+    src = ONE_F_ONE_B.replace("BW0:1 }", "}")
+    assert "stage 0 has no BW for micro-batch 1" in messages(src)
+
+
+def test_split_backward_needs_w():
+    src = ONE_F_ONE_B.replace("BW1:0", "B1:0").replace("BW1:1", "B1:1 W1:0")
+    out = messages(src)
+    assert "stage 1 has no W for micro-batch 1" in out
+    assert "E304" in messages(ONE_F_ONE_B.replace("BW1:1", "B1:1 W1:1"))
+
+
+def test_op_on_wrong_device():
+    src = ONE_F_ONE_B.replace("device 0 { F0:0", "device 0 { F1:9 F0:0").replace("BW1:1 }", "BW1:1 F0:9 }")
+    assert codes(src).count("E303") == 2
+    src = ONE_F_ONE_B.replace("F0:1 BW0:0", "BW0:0").replace("F1:1", "F0:1 F1:1")
+    out = messages(src)
+    assert "F0:1 runs on device 1, but stage 0 is on device 0" in out
+
+
+def test_deadlock_cycle_is_named():
+    # Device 0 runs both backwards before device 1's first forward can receive anything back.
+    src = ONE_F_ONE_B.replace("device 1 { F1:0 BW1:0 F1:1 BW1:1 }", "device 1 { F1:1 BW1:1 F1:0 BW1:0 }") \
+                     .replace("F0:0 F0:1 BW0:0 BW0:1", "F0:0 BW0:0 F0:1 BW0:1")
+    out = messages(src)
+    assert "E310" in out
+    assert "F1:1 on device 1 waits for F0:1 on device 0, queued behind BW0:0" in out
+    assert "BW0:0 on device 0 waits for BW1:0 on device 1, queued behind F1:1" in out
+
+
+def test_self_deadlock_and_overlap_group():
+    src = ONE_F_ONE_B.replace("F1:0 BW1:0", "BW1:0 F1:0")
+    out = messages(src)
+    assert "device 1 waits for an op it runs later" in out
+    src = ONE_F_ONE_B.replace("F1:0 BW1:0", "(F1:0 & BW1:0)")
+    assert "in the same overlap group" in messages(src)
+
+
+def test_deadlock_not_searched_when_structure_is_broken():
+    src = ONE_F_ONE_B.replace("F1:0 BW1:0", "BW1:0")
+    assert "E310" not in codes(src)
+
+
+def test_warnings():
+    src = ONE_F_ONE_B.replace("stages 2", "stages 1").replace("F1:0 BW1:0 F1:1 BW1:1", "") \
+        .replace("placement loop", "placement { device 0: stages 0 }")
+    assert codes(src) == ["W401"]
+    src = ONE_F_ONE_B.replace("F1:0 BW1:0 F1:1 BW1:1", "F1:0 (BW1:0 & F1:1) BW1:1")
+    assert codes(src) == []
+    src = ONE_F_ONE_B.replace("F1:0 BW1:0 F1:1 BW1:1", "(F1:0 & F1:1) BW1:0 BW1:1")
+    assert codes(src) == ["W403"]
+    few = 'plan "t" { devices 2 microbatches 1 }\nstages 2 placement loop schedule { device 0 { F0:0 BW0:0 } device 1 { F1:0 BW1:0 } }'
+    _, diags = lint_source(few)
+    assert [d.code for d in diags] == ["W402"]
