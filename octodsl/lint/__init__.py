@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..lang import analyze
 from ..lang.errors import Diagnostic
+from ..models import SpecError, load_model
 from ..plan import Plan
 from .rules import RULES, Context, run_rules
 
@@ -19,5 +20,16 @@ def lint_source(source: str, path: str = "<string>") -> tuple[Plan | None, list[
 
 
 def lint_plan(plan: Plan) -> list[Diagnostic]:
-    """Check a Plan (from a file, a generator or the tuner)."""
-    return run_rules(Context(plan))
+    """Check a Plan (from a file, a generator or the tuner). A model named in the header is
+    loaded (a relative spec path is taken from the working directory) so the partition can be
+    checked against its layers."""
+    ctx = Context(plan)
+    diags: list[Diagnostic] = []
+    if plan.header.model:
+        try:
+            spec = load_model(plan.header.model)
+        except SpecError as e:
+            diags.append(Diagnostic("E206", str(e), plan.header.spans.get("model")))
+        else:
+            ctx.num_layers, ctx.pattern = spec.num_layers, spec.pattern
+    return diags + run_rules(ctx)

@@ -102,7 +102,7 @@ class PartitionCoverage(Rule):
             expected = max(expected, st.last + 1)
         if ctx.num_layers is not None:
             if expected < ctx.num_layers:
-                yield Diagnostic("E201", f"{_layers(range(expected, ctx.num_layers))} of the model in no stage",
+                yield Diagnostic("E201", f"{_layers(range(expected, ctx.num_layers))} in no stage",
                                  stages[-1].span,
                                  hint=f"the model has {ctx.num_layers} layers (0..{ctx.num_layers - 1})")
             elif expected > ctx.num_layers:

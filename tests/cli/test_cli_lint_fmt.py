@@ -33,7 +33,7 @@ def test_lint_errors_exit_1(tmp_path, capsys):
     f.write_text(GOOD.replace("BW0:0", "BW0:0 BW0:0"))
     assert main(["lint", str(f)]) == 1
     err = capsys.readouterr().err
-    assert f"{f}:11:11: error[E302]: BW0:0 appears twice" in err
+    assert f"{f}:12:16: error[E302]: BW0:0 appears twice" in err
     assert "1 error, 0 warnings" in err
 
 

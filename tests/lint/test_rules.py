@@ -112,3 +112,14 @@ def test_warnings():
     few = 'plan "t" { devices 2 microbatches 1 }\nstages 2 placement loop schedule { device 0 { F0:0 BW0:0 } device 1 { F1:0 BW1:0 } }'
     _, diags = lint_source(few)
     assert [d.code for d in diags] == ["W402"]
+
+
+def test_partition_checked_against_the_model():
+    head = 'plan "t" { devices 2 microbatches 2 model "nemotron-h-8b" }\n'
+    src = head + ONE_F_ONE_B.replace("stages 2", 'partition "[M-M*|-M-]"')
+    _, diags = lint_source(src)
+    text = "\n".join(d.render("t", src) for d in diags)
+    assert "layers 9..53 are in no stage" in text and "the model has 54 layers" in text
+    assert "E204" in text and "differs from the model's at layer 4" in text
+    _, diags = lint_source(src.replace("nemotron-h-8b", "no-such-model"))
+    assert [d.code for d in diags] == ["E206"]
