@@ -11,15 +11,17 @@ input gradient (B/BW -> B/BW).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .plan import Op, OpKind, Plan
 
 BACKWARD_INPUT = (OpKind.B, OpKind.BW)
 
 
-@dataclass(frozen=True, slots=True)
-class Edge:
-    """`consumer` (an op of node `dst`) needs the result of `producer` (an op of node `src`)."""
+class Edge(NamedTuple):
+    """`consumer` (an op of node `dst`) needs the result of `producer` (an op of node `src`).
+    A tuple, not a dataclass: a large plan has tens of thousands and the tuner builds graphs
+    in a loop."""
 
     src: int
     dst: int
@@ -65,13 +67,17 @@ def producers(op: Op, num_stages: int) -> list[tuple[tuple[OpKind, ...], int, in
     """The ops `op` needs, as (kinds, stage, mb): any one op of those kinds satisfies it."""
     s, m = op.stage, op.mb
     if op.kind is OpKind.F:
-        return [((OpKind.F,), s - 1, m)] if s > 0 else []
+        return [(_FORWARD, s - 1, m)] if s > 0 else []
     if op.kind is OpKind.W:
-        return [((OpKind.B,), s, m)]
-    needs: list = [((OpKind.F,), s, m)]
+        return [(_INPUT_GRAD_SPLIT, s, m)]
+    needs = [(_FORWARD, s, m)]
     if s + 1 < num_stages:
         needs.append((BACKWARD_INPUT, s + 1, m))
     return needs
+
+
+_FORWARD = (OpKind.F,)
+_INPUT_GRAD_SPLIT = (OpKind.B,)
 
 
 def build_graph(plan: Plan) -> Graph:
@@ -90,18 +96,20 @@ def build_graph(plan: Plan) -> Graph:
             node_device.append(d)
             ids.append(n)
             for op in slot.ops:
-                if op.key() not in op_node:
-                    op_node[op.key()] = n
-                    first[op.key()] = op
+                key = (op.kind, op.stage, op.mb)
+                if key not in op_node:
+                    op_node[key] = n
+                    first[key] = op
         order.append(ids)
     S = plan.num_stages
     deps: list[list[Edge]] = []
+    get = op_node.get
     for n, ops in enumerate(node_ops):
         edges = []
         for op in ops:
             for kinds, s, m in producers(op, S):
                 for k in kinds:
-                    src = op_node.get((k, s, m))
+                    src = get((k, s, m))
                     if src is not None:
                         edges.append(Edge(src, n, first[(k, s, m)], op))
                         break
