@@ -28,3 +28,12 @@ def read_text(path: str) -> str:
         raise UserError(f"{path}: not a UTF-8 text file") from None
     except OSError as e:
         raise UserError(f"{path}: {e.strerror}") from None
+
+
+def write_output(path: str, text: str) -> None:
+    """Write a command's result to `path`, or a UserError saying why it cannot be written."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write: {e.strerror}") from None

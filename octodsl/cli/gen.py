@@ -1,0 +1,48 @@
+"""`octodsl gen NAME --devices P --microbatches M [--chunks V] [--model SPEC [--partition HOW]
+[--device GPU] [--profile FILE] [--microbatch-size N] [--seq-len N]] [-o FILE]`: write a classic
+schedule as a .octo plan."""
+
+from __future__ import annotations
+
+import sys
+
+from ..gen import PARTITIONS, SCHEDULES, ScheduleError, generate_text
+from .common import UserError, write_output
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gen", help="write a classic pipeline schedule (GPipe, 1F1B, ZeroBubble, "
+                       "...) as a .octo plan")
+    p.add_argument("name", choices=SCHEDULES, metavar="NAME",
+                   help="one of: " + ", ".join(SCHEDULES))
+    p.add_argument("--devices", "-p", type=int, required=True, metavar="P", help="pipeline devices")
+    p.add_argument("--microbatches", "-m", type=int, required=True, metavar="M",
+                   help="micro-batches per iteration")
+    p.add_argument("--chunks", "-v", type=int, metavar="V",
+                   help="stages per device for interleaved (default 2); zb-v and dualpipev use 2")
+    p.add_argument("--model", metavar="SPEC", help="name this model (built-in name or spec file) "
+                   "and cut its layers into the stages")
+    p.add_argument("--partition", choices=PARTITIONS, default="time",
+                   help="with --model: balance F+B+W time (default), parameter counts "
+                   "(DeepSpeed's 'parameters') or layer counts")
+    p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
+    p.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile) "
+                   "instead of the analytical ones")
+    p.add_argument("--microbatch-size", type=int, metavar="N", help="sequences per micro-batch")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
+                             args.model, args.partition, device=args.device, profile=args.profile,
+                             microbatch_size=args.microbatch_size, seq_len=args.seq_len)
+    except ScheduleError as e:
+        raise UserError(str(e)) from None
+    if args.output:
+        write_output(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0

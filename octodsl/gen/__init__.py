@@ -1,0 +1,94 @@
+"""Classic pipeline schedules as .octo plans (`octodsl gen`).
+
+Each schedule algorithm computes every device's order, phase by phase (layout.py); the plan is
+written as .octo text through the template (render.py), one comment per phase, and `generate`
+returns what the real parser makes of that text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..lang import parse_plan
+from ..plan import Header, Plan, Stage
+from .classic import gpipe, interleaved, one_f_one_b
+from .dualpipe import dualpipe_v
+from .layout import Layout, ScheduleError
+from .model_partition import METHODS as PARTITIONS
+from .model_partition import model_stages
+from .render import render_plan
+from .zero_bubble import zb_h1, zb_h2, zb_v
+
+__all__ = ["PARTITIONS", "SCHEDULES", "ScheduleError", "generate", "generate_text", "layout",
+           "render_plan"]
+
+_SINGLE: dict[str, Callable[[int, int], Layout]] = {
+    "gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2,
+}
+"""Schedules with one stage per device."""
+_V_SHAPE: dict[str, Callable[[int, int], Layout]] = {"zb-v": zb_v, "dualpipev": dualpipe_v}
+"""Schedules with two stages per device in a V."""
+
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipev")
+
+_TITLES = {
+    "gpipe": "GPipe: every forward, then every backward",
+    "1f1b": "1F1B: one forward, one backward in the steady phase",
+    "interleaved": "Interleaved 1F1B (Megatron-LM), {chunks} chunks per device, looped placement",
+    "zb-h1": "ZB-H1 (ZeroBubble): 1F1B's memory, weight gradients fill the drain",
+    "zb-h2": "ZB-H2 (ZeroBubble): extra warm-up forwards, no bubble when F = B = W",
+    "zb-v": "ZB-V (ZeroBubble): two chunks per device in a V",
+    "dualpipev": "DualPipeV (DeepSeek / DeepSpeed): V placement, forward and backward overlapped",
+}
+
+
+def layout(name: str, devices: int, microbatches: int, chunks: int | None = None) -> Layout:
+    """The schedule's stages, placement and phased orders; ScheduleError if the request does
+    not suit it."""
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule '{name}'; schedules are {', '.join(SCHEDULES)}")
+    if devices < 1 or microbatches < 1:
+        raise ScheduleError("devices and micro-batches must be at least 1")
+    if name == "interleaved":
+        return interleaved(devices, microbatches, 2 if chunks is None else chunks)
+    if name in _V_SHAPE:
+        if chunks not in (None, 2):
+            raise ScheduleError(f"{name} places exactly 2 chunks per device, not {chunks}")
+        return _V_SHAPE[name](devices, microbatches)
+    if chunks not in (None, 1):
+        raise ScheduleError(f"{name} places one stage per device; --chunks is for interleaved")
+    return _SINGLE[name](devices, microbatches)
+
+
+def generate_text(name: str, devices: int, microbatches: int, chunks: int | None = None,
+                  model: str | None = None, partition: str = "time", **costs) -> str:
+    """The schedule as .octo text, each phase introduced by a comment.
+
+    Without `model` the plan is abstract (`stages N`). With one (built-in name or spec path)
+    the header names it and its layers are cut into the stages by `partition`: "time"
+    (balanced F+B+W time, the default), "parameters" or "equal"; `costs` go to the cost table
+    (device, profile, microbatch_size, seq_len; the last two also into the header)."""
+    lay = layout(name, devices, microbatches, chunks)
+    v = chunks or 2
+    plan_name = f"{name}-p{devices}-m{microbatches}" + (f"-v{v}" if name == "interleaved" else "")
+    title = [_TITLES[name].format(chunks=v) + f"; {devices} devices, {microbatches} micro-batches."]
+    stages = [Stage() for _ in range(lay.num_stages)]
+    header = Header(name=plan_name, devices=devices, microbatches=microbatches)
+    if model is not None:
+        try:
+            stages, note = model_stages(model, lay.num_stages, partition, **costs)
+        except ValueError as e:
+            raise ScheduleError(str(e)) from None
+        shape = {k: costs[k] for k in ("microbatch_size", "seq_len") if costs.get(k) is not None}
+        header = header.model_copy(update={"model": model, **shape})
+        title.append(f"Layers of {model}: {note}.")
+    schedule, comments = lay.orders()
+    title.append("Written by `octodsl gen`.")
+    return render_plan(Plan(header, stages, lay.placement, schedule), comments, "\n".join(title))
+
+
+def generate(name: str, devices: int, microbatches: int, chunks: int | None = None,
+             model: str | None = None, partition: str = "time", **costs) -> Plan:
+    """The schedule as a Plan, parsed from `generate_text` (same arguments)."""
+    text = generate_text(name, devices, microbatches, chunks, model, partition, **costs)
+    return parse_plan(text, path="<gen>")

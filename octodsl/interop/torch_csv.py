@@ -1,0 +1,280 @@
+"""Plans <-> the compute-only action CSV of `torch.distributed.pipelining`
+(`_PipelineScheduleRuntime._load_csv` / `_dump_csv`): one row per rank, one action per cell in
+the rank's order, an empty cell an idle step.
+
+Actions are `{stage}{kind}{micro-batch}`. Kinds: torch F = our F, I = our B (input gradient
+only), W = our W, B = our BW (fused backward). An overlap group `(F0:7 & BW7:3)` is
+`(0F7;7B3)OVERLAP_F_B` (torch has no other kind of group, so every group is written so).
+
+Reading: rows are devices; stages, placement (the row holding each stage) and micro-batches are
+inferred, giving an abstract plan (`stages N`) named after the file. Actions that are not
+compute are dropped: REDUCE_GRAD, UNSHARD and RESHARD are what torch's runtime adds to a
+compute-only schedule by itself, and the SEND_/RECV_ actions of a compute+comms file follow
+from the plan's dependencies (a warning says they were dropped). A stage whose backwards mix
+fused and split forms (torch's own DualPipeV does) cannot be written in .octo: its fused
+backwards are split into B then W in the same place, with a warning.
+
+Diagnostics (line = row, col = where the cell's text starts):
+E601 a cell that is no action; E602 a compute action without a micro-batch; E603 a stage on
+two rows; E604 an op given twice; E605 a stage or op missing; E606 an empty file;
+W601 communication actions dropped; W602 fused backwards split.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from ..lang.errors import Diagnostic, PlanSyntaxError, Severity
+from ..plan import DevicePlacement, Header, Op, OpKind, Plan, PlanError, Slot, Span, Stage
+
+TO_TORCH = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
+FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
+GROUP = "OVERLAP_F_B"
+
+_ACTION = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
+_DROPPED_SILENTLY = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}
+_HINT = ("actions look like 0F1 (stage 0, forward, micro-batch 1), 3I0, 3W0, 2B5 "
+         "or (0F7;7B3)OVERLAP_F_B")
+
+
+def write_csv(plan: Plan) -> str:
+    """The plan's schedule as torch's compute-only CSV (no idle cells: a plan is an order).
+    Raises PlanError when an op runs on a device that does not hold its stage, since the CSV
+    states the placement by where ops run."""
+    home = plan.stage_device()
+    rows = []
+    for d, slots in enumerate(plan.schedule):
+        for slot in slots:
+            for op in slot.ops:
+                if not 0 <= op.stage < len(home) or home[op.stage] != d:
+                    raise PlanError(f"{op} is scheduled on device {d}, which does not hold stage "
+                                    f"{op.stage}; the CSV cannot say so")
+        rows.append(",".join(_cell(slot) for slot in slots))
+    return "\n".join(rows) + "\n"
+
+
+def _cell(slot: Slot) -> str:
+    acts = [_torch(op) for op in slot.ops]
+    return acts[0] if len(acts) == 1 else f"({';'.join(acts)}){GROUP}"
+
+
+def _torch(op: Op) -> str:
+    """The op as torch writes an action: stage, kind, micro-batch."""
+    return f"{op.stage}{TO_TORCH[op.kind]}{op.mb}"
+
+
+def read_csv(text: str, path: str = "<csv>",
+             name: str | None = None) -> tuple[Plan, list[Diagnostic]]:
+    """The abstract plan a CSV states, and the warnings about it; raises PlanSyntaxError with
+    every error found. The plan is named `name`, else after the file."""
+    reader = _Reader()
+    # Every line is a rank, a blank one too (as torch's csv.reader sees it); the final newline
+    # ends the last row.
+    rows = [reader.row(n + 1, line) for n, line in enumerate(text.splitlines())]
+    if not any(rows):
+        reader.error("E606", "the file has no actions", None,
+                     "one row per rank, its actions separated by commas")
+    plan = reader.plan(rows, name or PurePath(path).stem)
+    if reader.has_errors():
+        raise PlanSyntaxError([d for d in reader.diags if d.is_error], path, text)
+    return plan, reader.diags
+
+
+@dataclass(slots=True)
+class _Cell:
+    ops: tuple[Op, ...]
+    span: Span
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.diags: list[Diagnostic] = []
+        self.comms_dropped = False
+        """Whether the warning about dropped communication actions was given (once per file)."""
+
+    def error(self, code: str, message: str, span: Span | None, hint: str | None = None) -> None:
+        self.diags.append(Diagnostic(code, message, span, hint))
+
+    def has_errors(self) -> bool:
+        return any(d.is_error for d in self.diags)
+
+    def warn(self, code: str, message: str, span: Span | None, hint: str | None = None) -> None:
+        self.diags.append(Diagnostic(code, message, span, hint, Severity.WARNING))
+
+    # -- one row ---------------------------------------------------------------------------
+
+    def row(self, line: int, text: str) -> list[_Cell]:
+        cells = []
+        for col, raw in _split(text):
+            stripped = raw.strip()
+            if not stripped:
+                continue  # an idle step
+            col += len(raw) - len(raw.lstrip())
+            cell = self.cell(line, col, stripped)
+            if cell is not None:
+                cells.append(cell)
+        return cells
+
+    def cell(self, line: int, col: int, text: str) -> _Cell | None:
+        span = Span(line, col, line, col + len(text))
+        if text.startswith("("):
+            close = text.find(")")
+            if close < 0 or text[close + 1:] != GROUP:
+                self.error("E601", f"'{text}' is not an action", span,
+                           f"an overlap group is written (ACTION;ACTION){GROUP}")
+                return None
+            ops, start = [], col + 1
+            for part in text[1:close].split(";"):
+                sub = part.strip()
+                sub_col = start + len(part) - len(part.lstrip())
+                start += len(part) + 1
+                op = self.action(line, sub_col, sub) if sub else None
+                if op is not None:
+                    ops.append(op)
+            if not ops:
+                self.error("E601", "an overlap group without compute actions", span, _HINT)
+                return None
+            return _Cell(tuple(ops), span)
+        op = self.action(line, col, text)
+        return None if op is None else _Cell((op,), span)
+
+    def action(self, line: int, col: int, text: str) -> Op | None:
+        span = Span(line, col, line, col + len(text))
+        m = _ACTION.fullmatch(text)
+        if m is None:
+            self.error("E601", f"'{text}' is not an action", span, _HINT)
+            return None
+        stage, kind, mb = m.groups()
+        if kind in _DROPPED_SILENTLY:
+            return None
+        if kind not in FROM_TORCH:
+            if not self.comms_dropped:
+                self.comms_dropped = True
+                self.warn("W601", f"communication actions such as '{text}' are dropped", span,
+                          "octodsl derives the messages from the plan's dependencies")
+            return None
+        if not mb:
+            self.error("E602", f"'{text}' names no micro-batch", span, f"e.g. {text}0")
+            return None
+        return Op(FROM_TORCH[kind], int(stage), int(mb), span)
+
+    # -- the whole file ----------------------------------------------------------------------
+
+    def plan(self, rows: list[list[_Cell]], name: str) -> Plan:
+        # A cell that could not be read, or a stage on the wrong row, would show up again as
+        # missing ops: absences are looked for only in a file without such errors.
+        ops = [(d, op) for d, cells in enumerate(rows) for c in cells for op in c.ops]
+        num_stages = 1 + max((op.stage for _, op in ops), default=-1)
+        microbatches = 1 + max((op.mb for _, op in ops), default=0)
+        home = self.placement(ops, num_stages, check_missing=not self.has_errors())
+        rows = self.split_mixed(rows)
+        self.completeness(rows, num_stages, microbatches, check_missing=not self.has_errors())
+        placement = [DevicePlacement(d, tuple(s for s in range(num_stages) if home.get(s) == d))
+                     for d in range(len(rows))]
+        header = Header(name=name, devices=max(1, len(rows)), microbatches=microbatches)
+        schedule = [[Slot(c.ops, c.span) for c in cells] for cells in rows]
+        return Plan(header, [Stage() for _ in range(num_stages)],
+                    [p for p in placement if p.stages], schedule)
+
+    def placement(self, ops: list[tuple[int, Op]], num_stages: int,
+                  check_missing: bool) -> dict[int, int]:
+        home: dict[int, int] = {}
+        first: dict[int, Op] = {}
+        for d, op in ops:
+            if op.stage not in home:
+                home[op.stage], first[op.stage] = d, op
+            elif home[op.stage] != d:
+                self.error("E603", f"stage {op.stage} is on row {d + 1} and on row "
+                           f"{home[op.stage] + 1}", op.span,
+                           f"{_torch(first[op.stage])} runs it on row {home[op.stage] + 1}; "
+                           "a stage lives on one rank")
+        for s in range(num_stages if check_missing else 0):
+            if s not in home:
+                self.error("E605", f"stage {s} appears in no row", None,
+                           f"the file has stages up to {num_stages - 1}")
+        return home
+
+    def split_mixed(self, rows: list[list[_Cell]]) -> list[list[_Cell]]:
+        """Split the fused backwards of stages that also have split ones (torch's DualPipeV)."""
+        kinds: dict[int, set[OpKind]] = defaultdict(set)
+        for cells in rows:
+            for c in cells:
+                for op in c.ops:
+                    kinds[op.stage].add(op.kind)
+        mixed = {s for s, k in kinds.items() if OpKind.BW in k and k & {OpKind.B, OpKind.W}}
+        if not mixed:
+            return rows
+        out = []
+        for cells in rows:
+            new: list[_Cell] = []
+            for c in cells:
+                fused = [op for op in c.ops if op.kind is OpKind.BW and op.stage in mixed]
+                new.append(_Cell(tuple(Op(OpKind.B, op.stage, op.mb, op.span)
+                                       if op in fused else op for op in c.ops), c.span))
+                new.extend(_Cell((Op(OpKind.W, op.stage, op.mb, op.span),), c.span) for op in fused)
+            out.append(new)
+        self.warn("W602", "stage" + ("s " if len(mixed) > 1 else " ")
+                  + ", ".join(map(str, sorted(mixed)))
+                  + " mix fused (B) and split (I, W) backwards; each fused one became B then W",
+                  None, "a .octo stage either splits every backward or fuses every one")
+        return out
+
+    def completeness(self, rows: list[list[_Cell]], num_stages: int, microbatches: int,
+                     check_missing: bool) -> None:
+        seen: dict[tuple[OpKind, int, int], Op] = {}
+        row_of: dict[int, int] = {}
+        split: set[int] = set()
+        for d, cells in enumerate(rows):
+            for c in cells:
+                for op in c.ops:
+                    row_of.setdefault(op.stage, d)
+                    if op.kind in (OpKind.B, OpKind.W):
+                        split.add(op.stage)
+                    if op.key() in seen:
+                        self.error("E604", f"{_torch(op)} is given twice", op.span,
+                                   f"first at row {seen[op.key()].span.line}, "
+                                   f"column {seen[op.key()].span.col}")
+                    else:
+                        seen[op.key()] = op
+        for s in range(num_stages if check_missing else 0):
+            need = (OpKind.F, OpKind.B, OpKind.W) if s in split else (OpKind.F, OpKind.BW)
+            missing = [_torch(Op(k, s, m)) for m in range(microbatches) for k in need
+                       if (k, s, m) not in seen]
+            if missing and s in row_of:
+                shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+                self.error("E605", f"stage {s} lacks {len(missing)} action(s): {shown}",
+                           Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
+                           f"every stage needs a forward and a backward for each micro-batch "
+                           f"0..{microbatches - 1}")
+
+
+def _split(line: str) -> list[tuple[int, str]]:
+    """The cells of one CSV line with the 1-based column each starts at. Quoted cells (as the
+    csv module writes them) lose their quotes; torch's actions never need any."""
+    cells: list[tuple[int, str]] = []
+    i, n = 0, len(line)
+    while True:
+        start = i
+        if i < n and line[i] == '"':
+            j, buf = i + 1, []
+            while j < n:
+                if line[j] == '"' and j + 1 < n and line[j + 1] == '"':
+                    buf.append('"')
+                    j += 2
+                elif line[j] == '"':
+                    break
+                else:
+                    buf.append(line[j])
+                    j += 1
+            cells.append((start + 2, "".join(buf)))
+            i = line.find(",", j)
+        else:
+            j = line.find(",", i)
+            cells.append((start + 1, line[i:] if j < 0 else line[i:j]))
+            i = j
+        if i < 0:
+            return cells
+        i += 1

@@ -1,0 +1,116 @@
+"""Cutting a model's layers into consecutive stages.
+
+Each function returns the stages as (first, last) layer index pairs, inclusive, covering
+layers 0..n-1 in order, no stage empty (so there must be at least as many layers as stages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+
+
+def equal_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
+    """The same number of layers per stage, the first `n_layers % n_stages` stages one more
+    (DeepSpeed's 'uniform' method)."""
+    _check(n_layers, n_stages)
+    size, extra = divmod(n_layers, n_stages)
+    bounds = list(accumulate((size + (s < extra) for s in range(n_stages)), initial=0))
+    return _ranges(bounds)
+
+
+def balance_parameters(params_per_layer: Sequence[int], n_stages: int) -> list[tuple[int, int]]:
+    """DeepSpeed's 'parameters' method (deepspeed.runtime.utils.partition_balanced, 0.19.8):
+    the cuts that minimise the spread (largest minus smallest) of the stages' parameter counts,
+    ties broken as DeepSpeed breaks them."""
+    n = len(params_per_layer)
+    _check(n, n_stages)
+    prefix = list(accumulate(params_per_layer, initial=0))
+    inf = float("inf")
+    # best[j][i]: (spread, max, min, cut) for layers 0..i-1 in j stages.
+    best = [[(inf, inf, inf, 0)] * (n + 1) for _ in range(n_stages + 1)]
+    best[0][0] = (0, 0, inf, 0)
+    for i in range(1, n + 1):
+        for j in range(1, min(i, n_stages) + 1):
+            cell = best[j][i]
+            for k in range(i):
+                _, hi, lo, _ = best[j - 1][k]
+                part = prefix[i] - prefix[k]
+                top, bottom = max(hi, part), min(lo, part)
+                if cell[0] >= top - bottom:  # DeepSpeed keeps the last k of equal spread
+                    cell = (top - bottom, top, bottom, k)
+            best[j][i] = cell
+    bounds = [n]
+    for j in range(n_stages, 0, -1):
+        bounds.append(best[j][bounds[-1]][3])
+    return _ranges(bounds[::-1])
+
+
+def balance_time(cost_per_layer: Sequence[float], n_stages: int) -> list[tuple[int, int]]:
+    """The cuts that minimise the slowest stage's time (exact), and among those the sum of
+    squared stage times, so the other stages are as even as the optimum allows.
+
+    For a plan whose devices hold several stages (looped or V placement) pass each layer's
+    F + B + W time: every stage is then balanced on its whole work."""
+    n = len(cost_per_layer)
+    _check(n, n_stages)
+    prefix = list(accumulate(cost_per_layer, initial=0.0))
+
+    def span(k: int, i: int) -> float:
+        return prefix[i] - prefix[k]
+
+    cap = _min_bottleneck(prefix, n_stages)
+    # cost[j][i]: least sum of squares for layers 0..i-1 in j stages, none above `cap`.
+    inf = float("inf")
+    cost = [[inf] * (n + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    cost[0][0] = 0.0
+    for j in range(1, n_stages + 1):
+        for i in range(j, n - (n_stages - j) + 1):
+            k = i - 1
+            while k >= j - 1 and span(k, i) <= cap:
+                c = cost[j - 1][k] + span(k, i) ** 2
+                if c < cost[j][i]:
+                    cost[j][i], cut[j][i] = c, k
+                k -= 1
+    bounds = [n]
+    for j in range(n_stages, 0, -1):
+        bounds.append(cut[j][bounds[-1]])
+    return _ranges(bounds[::-1])
+
+
+def _min_bottleneck(prefix: list[float], n_stages: int) -> float:
+    """The least possible slowest-stage time: binary search over the sums of consecutive
+    layers (one of them is the optimum), each candidate checked by greedy packing."""
+    n = len(prefix) - 1
+    widest = max(prefix[i + 1] - prefix[i] for i in range(n))
+    candidates = sorted({prefix[i] - prefix[k] for i in range(n + 1) for k in range(i)
+                         if prefix[i] - prefix[k] >= widest})
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _stages_needed(prefix, candidates[mid]) <= n_stages:
+            hi = mid
+        else:
+            lo = mid + 1
+    return candidates[lo]
+
+
+def _stages_needed(prefix: list[float], cap: float) -> int:
+    """Stages a greedy left-to-right packing needs when no stage may exceed `cap`."""
+    count, start = 1, 0
+    for i in range(1, len(prefix)):
+        if prefix[i] - prefix[start] > cap:
+            count, start = count + 1, i - 1
+    return count
+
+
+def _check(n_layers: int, n_stages: int) -> None:
+    if n_stages < 1:
+        raise ValueError("a partition needs at least one stage")
+    if n_layers < n_stages:
+        raise ValueError(f"{n_layers} layers cannot fill {n_stages} stages (a stage needs a layer)")
+
+
+def _ranges(bounds: list[int]) -> list[tuple[int, int]]:
+    return [(a, b - 1) for a, b in zip(bounds, bounds[1:])]

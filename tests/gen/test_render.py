@@ -1,0 +1,118 @@
+"""The .octo text gen writes: golden files, fmt-stable layout, and render_plan stating exactly
+the plan it is given (any plan: the tuner writes its plans with it)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from octodsl.gen import generate_text, render_plan
+from octodsl.gen.compact import compact
+from octodsl.lang import parse_plan, parse_syntax
+from octodsl.lang.fmt import format_file
+from octodsl.lint import lint_source
+from octodsl.plan import DevicePlacement, Header, Op, OpKind, Plan, Slot, Stage, placement_loop
+
+from ..conftest import REPO, check_golden
+
+GOLDEN = REPO / "tests" / "gen" / "golden"
+SMALL = [("gpipe", 3, 4, None), ("1f1b", 4, 8, None), ("interleaved", 4, 8, 2),
+         ("zb-h1", 4, 8, None), ("zb-h2", 4, 8, None), ("zb-v", 4, 8, None),
+         ("dualpipev", 4, 8, None)]
+
+
+@pytest.mark.parametrize("name, p, m, v", SMALL)
+def test_golden(name, p, m, v):
+    text = generate_text(name, p, m, v)
+    check_golden(GOLDEN / f"{name}-p{p}-m{m}.octo", text)
+
+
+@pytest.mark.parametrize("name, p, m, v", SMALL)
+def test_generated_text_is_fmt_stable_and_lints_clean(name, p, m, v):
+    text = generate_text(name, p, m, v)
+    assert format_file(parse_syntax(text)) == text
+    _, diags = lint_source(text, "<gen>")
+    assert diags == []
+
+
+def test_phases_are_comments():
+    text = generate_text("1f1b", 4, 8)
+    device0 = text.split("device 0 {\n")[1].split("\n  }")[0]
+    assert device0.splitlines() == [
+        "    # warm-up: forwards fill the pipeline", "    F0:0..2",
+        "    # steady: one forward, one backward", "    for i in 0..4 { F0:i+3 BW0:i }",
+        "    # cool-down: the backwards still in flight", "    BW0:5..7"]
+
+
+EXAMPLES = [("1f1b", 4, 8), ("zb-v", 4, 8), ("dualpipev", 4, 8)]
+
+
+@pytest.mark.parametrize("name, p, m", EXAMPLES)
+def test_examples_are_what_gen_writes(name, p, m):
+    """examples/NAME-pP-mM.octo (regenerate with `octodsl gen NAME -p P -m M -o FILE`)."""
+    path = REPO / "examples" / f"{name}-p{p}-m{m}.octo"
+    assert path.read_text() == generate_text(name, p, m)
+
+
+def _plan(schedule, stages=None, placement=None, **header) -> Plan:
+    devices = len(schedule)
+    stages = stages or [Stage() for _ in range(devices)]
+    return Plan(Header(name="t", devices=devices, microbatches=4, **header), stages,
+                placement or placement_loop(len(stages), devices), schedule)
+
+
+def _slots(*items) -> list[Slot]:
+    return [Slot(tuple(Op(OpKind(k), s, m) for k, s, m in it)) for it in items]
+
+
+def test_render_states_header_partition_placement_and_groups():
+    sched = [_slots([("F", 0, 0)], [("BW", 0, 0)]),
+             _slots([("F", 1, 0)], [("F", 2, 0), ("BW", 1, 0)], [("BW", 2, 0)])]
+    plan = _plan(sched, stages=[Stage(0, 3), Stage(4, 9), Stage(10, 12)],
+                 placement=[DevicePlacement(0, (0,)), DevicePlacement(1, (1, 2))],
+                 model="m.yaml", microbatch_size=2, seq_len=4096, dp=4, memory=80 << 30)
+    text = render_plan(plan, {1: {1: "steady"}}, title="a title")
+    assert text.startswith("# a title\n")
+    assert "memory 80GiB" in text and 'model "m.yaml"' in text
+    assert "device 1: stages 1, 2" in text and "stage 2: layers 10..12" in text
+    assert "# steady\n    (F2:0 & BW1:0)" in text
+    assert parse_plan(text).same_as(plan)
+
+
+def test_render_pattern_partition():
+    plan = _plan([_slots([("F", 0, 0)]), _slots([("F", 1, 0)])],
+                 stages=[Stage(0, 2, "[M-"), Stage(3, 5, "M*]")])
+    text = render_plan(plan)
+    assert 'partition "[M-|M*]"' in text
+    assert parse_plan(text).same_as(plan)
+
+
+ops = st.builds(Op, st.sampled_from(list(OpKind)), st.integers(0, 3), st.integers(0, 12))
+slots = st.lists(st.builds(lambda o: Slot(tuple(o)), st.lists(ops, min_size=1, max_size=2)),
+                 max_size=40)
+
+
+@given(st.lists(slots, min_size=1, max_size=3))
+@settings(max_examples=150, deadline=None)
+def test_render_round_trips_any_schedule(schedule):
+    plan = _plan(schedule, stages=[Stage() for _ in range(4)],
+                 placement=[DevicePlacement(d, (d,)) for d in range(len(schedule))])
+    assert parse_plan(render_plan(plan)).same_as(plan)
+
+
+@given(slots)
+@settings(max_examples=150, deadline=None)
+def test_compaction_is_no_longer_than_the_ops(seq):
+    assert len(compact(seq)) <= len(seq)
+
+
+def test_compaction_forms():
+    run = _slots(*[[("F", 0, m)] for m in range(4)])
+    assert compact(run) == ["F0:0..3"]
+    steady = _slots(*[x for m in range(5) for x in ([("F", 1, m + 3)], [("BW", 1, m)])])
+    assert compact(steady) == ["for i in 0..4 { F1:i+3 BW1:i }"]
+    short = _slots([("F", 0, 4)], [("B", 0, 0)], [("F", 0, 5)], [("B", 0, 1)])
+    assert compact(short) == ["F0:4", "B0:0", "F0:5", "B0:1"]
+    groups = _slots(*[[("F", 0, m), ("BW", 7, m + 1)] for m in range(3)])
+    assert compact(groups) == ["for i in 0..2 { (F0:i & BW7:i+1) }"]
