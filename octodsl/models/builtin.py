@@ -105,7 +105,7 @@ BUILTINS: dict[str, dict] = {
 """Built-in specs by name, in `octodsl models` order."""
 
 PUBLISHED_PARAMS: dict[str, float] = {
-    "nemotron-h-8b": 8.1e9,
+    "nemotron-h-8b": 8e9,
     "nemotron-h-47b": 47e9,
     "nemotron-h-56b": 56e9,
     "jamba-v0.1": 52e9,

@@ -32,14 +32,18 @@ def parse_model(data: dict, source: str) -> ModelSpec:
         raise SpecError(f"{source}: invalid model spec: {problems}") from None
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=None)
+def _builtin(name: str) -> ModelSpec:
+    return parse_model(BUILTINS[name], f"built-in {name}")
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """A built-in model by name, or a spec file (`.yaml`, `.yml` or `.json`) by path.
 
-    Raises SpecError when neither exists or the file is not a valid spec. Specs are immutable,
-    so the same object may be returned for the same argument."""
+    Raises SpecError when neither exists or the file is not a valid spec. Specs are immutable;
+    a built-in is parsed once and the same object returned every time."""
     if name_or_path in BUILTINS:
-        return parse_model(BUILTINS[name_or_path], f"built-in {name_or_path}")
+        return _builtin(name_or_path)
     path = Path(name_or_path)
     if not path.is_file():
         raise SpecError(f"no built-in model or spec file {name_or_path!r} "

@@ -1,0 +1,122 @@
+"""`octodsl models [SPEC] [--json] [--yaml] [--device D]`: list the built-in models, or show one
+model's layer kinds with their analytical costs."""
+
+from __future__ import annotations
+
+import json
+
+from ..costs.analytical import analytical_costs
+from ..costs.devices import DEVICES, get_device
+from ..models import KIND_SYMBOL, KINDS, SpecError, builtin_models, load_model
+from ..models.builtin import PUBLISHED_PARAMS
+from ..models.spec import ModelSpec
+from .common import UserError
+
+_SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
+          "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("models", help="list the built-in models, or show one model's layers and "
+                       "analytical costs")
+    p.add_argument("spec", nargs="?", metavar="SPEC",
+                   help="a built-in name or a spec file (.yaml/.json): show its layer kinds")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--yaml", action="store_true",
+                   help="print SPEC as a spec file (a starting point for your own model)")
+    p.add_argument("--device", default="H800", choices=list(DEVICES),
+                   help="device for SPEC's analytical costs (default H800)")
+    p.add_argument("--microbatch-size", type=int, metavar="B", help="override the spec's")
+    p.add_argument("--seq-len", type=int, metavar="S", help="override the spec's")
+    p.set_defaults(func=run)
+
+
+def _load(args) -> ModelSpec:
+    try:
+        return load_model(args.spec).with_shape(args.microbatch_size, args.seq_len)
+    except SpecError as e:
+        raise UserError(str(e)) from None
+
+
+def run(args) -> int:
+    if args.spec is None:
+        if args.yaml:
+            raise UserError("--yaml needs a SPEC")
+        return _list(args.json)
+    spec = _load(args)
+    if args.yaml:
+        import yaml
+
+        print(yaml.safe_dump(spec.compact(), sort_keys=False, width=100), end="")
+        return 0
+    return _show(spec, args.device, args.json)
+
+
+def _summary(spec: ModelSpec) -> dict:
+    """Name, layer counts by kind and parameter counts: the `--json` entry of a model."""
+    return {"name": spec.name, "num_layers": spec.num_layers, "layers": spec.kind_counts(),
+            "params": spec.params(), "active_params": spec.active_params(),
+            "published_params": PUBLISHED_PARAMS.get(spec.name), "description": spec.description}
+
+
+def _billions(n: float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+
+
+def _list(as_json: bool) -> int:
+    specs = [load_model(name) for name in builtin_models()]
+    if as_json:
+        print(json.dumps([_summary(s) for s in specs], indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    kinds = [k for k in KINDS if k not in ("embedding", "lm_head_loss")]
+    table = Table(title="built-in models (every one also has an embedding and an LM head layer)")
+    table.add_column("name")
+    table.add_column("layers", justify="right")
+    for kind in kinds:
+        table.add_column(f"{_SHORT[kind]} {KIND_SYMBOL[kind]}", justify="right")
+    for col in ("params", "active", "published"):
+        table.add_column(col, justify="right")
+    for s in specs:
+        counts = s.kind_counts()
+        table.add_row(s.name, str(s.num_layers), *(str(counts[k] or "") for k in kinds),
+                      _billions(s.params()), _billions(s.active_params()),
+                      _billions(PUBLISHED_PARAMS.get(s.name)))
+    Console(width=140).print(table)
+    return 0
+
+
+def _show(spec: ModelSpec, device: str, as_json: bool) -> int:
+    costs = analytical_costs(spec, get_device(device))
+    rows: dict[str, dict] = {}
+    for layer, cost in zip(spec.layers, costs.layers):
+        row = rows.setdefault(layer.kind, {
+            "kind": layer.kind, "symbol": layer.symbol, "count": 0, "params": cost.params,
+            "f": cost.f, "b": cost.b, "w": cost.w, "act": cost.act, "act_w": cost.act_w})
+        row["count"] += 1
+    if as_json:
+        print(json.dumps({**_summary(spec), "pattern": spec.pattern, "device": device,
+                          "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
+                          "kinds": list(rows.values())}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{spec.name}: {spec.num_layers} layers, {_billions(spec.params())} "
+                        f"parameters; analytical costs on {device}, micro-batch "
+                        f"{spec.microbatch_size} x {spec.seq_len} tokens, {spec.dtype}")
+    for col in ("kind", "sym", "count", "params", "F ms", "B ms", "W ms", "act MiB",
+                "act_w MiB"):
+        table.add_column(col, justify="left" if col in ("kind", "sym") else "right")
+    for r in rows.values():
+        table.add_row(r["kind"], r["symbol"], str(r["count"]), _billions(r["params"]),
+                      f"{r['f'] * 1e3:.3f}", f"{r['b'] * 1e3:.3f}", f"{r['w'] * 1e3:.3f}",
+                      f"{r['act'] / 2**20:.1f}", f"{r['act_w'] / 2**20:.1f}")
+    console = Console(width=140)
+    console.print(table)
+    console.print(f"pattern {spec.pattern}", soft_wrap=True, highlight=False, markup=False)
+    return 0

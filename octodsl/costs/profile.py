@@ -1,0 +1,127 @@
+"""The profile file: measured per-layer costs of one model on one device (JSON, pydantic).
+
+A profile is accepted wherever the analytical model is: `load_profile(path)` gives the same
+`CostTable`. Written by `octodsl profile` (`octodsl.costs.profiler`); no torch needed to read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..models.spec import ModelSpec
+from .table import CostTable, LayerCost
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read or does not fit; the message is for the user."""
+
+
+class MeasuredLayer(BaseModel):
+    """One distinct layer, measured once, standing for every layer index in `layers`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: list[int]
+    """Indices (in the model's layer list) of the identical layers this measurement is for."""
+    kind: str
+    f: float = Field(ge=0)
+    """Median forward seconds."""
+    b: float = Field(ge=0)
+    """Median input-gradient backward seconds (`backward_input`)."""
+    w: float = Field(ge=0)
+    """Median weight-gradient backward seconds (`backward_weight`)."""
+    f_samples: list[float] = []
+    """Every timed forward, seconds (the spread shows the noise)."""
+    b_samples: list[float] = []
+    w_samples: list[float] = []
+    act: float = Field(ge=0)
+    """Activation bytes held from F until B."""
+    act_w: float = Field(ge=0)
+    """Of `act`, bytes still held after B until W."""
+    params: int = Field(ge=0)
+    out_bytes: float = Field(ge=0)
+    """Bytes of the layer's output activation."""
+
+
+class Profile(BaseModel):
+    """Measured costs of a model (at the spec's micro-batch size and sequence length)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    model: ModelSpec
+    """The spec that was measured, shape included."""
+    device: Literal["cpu", "cuda"]
+    device_name: str
+    """The processor or GPU, as the system names it."""
+    threads: int | None = None
+    """CPU threads torch used (the executor's per-rank count); None on CUDA."""
+    memory_method: str
+    """How activation bytes were obtained."""
+    warmup: int
+    repeats: int
+    bytes_per_param: int
+    """Static bytes per parameter: parameters, gradients and optimizer state."""
+    torch_version: str
+    created: str
+    """ISO 8601 time of the measurement."""
+    layers: list[MeasuredLayer]
+
+    @model_validator(mode="after")
+    def _covers_every_layer(self):
+        indices = sorted(i for m in self.layers for i in m.layers)
+        if indices != list(range(self.model.num_layers)):
+            raise ValueError(f"the measured layers must cover each of the model's "
+                             f"{self.model.num_layers} layers exactly once")
+        for m in self.layers:
+            for i in m.layers:
+                if self.model.layers[i].kind != m.kind:
+                    raise ValueError(f"layer {i} is {self.model.layers[i].kind}, measured as {m.kind}")
+        return self
+
+    def cost_table(self, path: str | Path) -> CostTable:
+        """The per-layer cost table, in the model's layer order (`path`: where it was read)."""
+        by_index: dict[int, MeasuredLayer] = {i: m for m in self.layers for i in m.layers}
+        layers = [
+            LayerCost(kind=m.kind, f=m.f, b=m.b, w=m.w, act=m.act, act_w=m.act_w,
+                      static=float(m.params * self.bytes_per_param), params=m.params,
+                      out_bytes=m.out_bytes)
+            for m in (by_index[i] for i in range(self.model.num_layers))
+        ]
+        spec = self.model
+        return CostTable(
+            layers=layers, source=f"profile {path} ({spec.name} on {self.device_name})",
+            tokens_per_microbatch=spec.tokens,
+            meta={"model": spec.name, "device": self.device_name, "threads": self.threads,
+                  "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
+                  "dtype": spec.dtype, "bytes_per_param": self.bytes_per_param,
+                  "pattern": spec.pattern, "profile": True},
+        )
+
+
+def read_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; ProfileError says what is wrong."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ProfileError(f"cannot read profile {path}: {e.strerror or e}") from None
+    try:
+        return Profile.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "profile"
+        raise ProfileError(f"{path}: not a valid profile ({where}: {first['msg']}; "
+                           f"{e.error_count()} problem(s) in all)") from None
+
+
+def write_profile(profile: Profile, path: str | Path) -> None:
+    """Write a profile as indented JSON."""
+    Path(path).write_text(profile.model_dump_json(indent=1) + "\n")
+
+
+def load_profile(path: str | Path) -> CostTable:
+    """The cost table of a profile file."""
+    return read_profile(path).cost_table(path)

@@ -1,0 +1,43 @@
+"""The one way the simulator, tuner and CLI obtain a cost table: from a profile, or from the
+analytical model of a model spec on a device."""
+
+from __future__ import annotations
+
+from ..models import load_model
+from .analytical import analytical_costs
+from .devices import get_device
+from .profile import ProfileError, read_profile
+from .table import CostTable
+
+_SHAPE_FIELDS = {"name", "description", "microbatch_size", "seq_len"}
+
+
+def cost_table(model: str | None = None, profile: str | None = None, device: str = "H800",
+               microbatch_size: int | None = None, seq_len: int | None = None) -> CostTable:
+    """Per-layer costs for a plan.
+
+    With `profile` (a path), the measured costs; `model`, when also given, must be the profiled
+    model, and a micro-batch size or sequence length, when given, must be the profiled one (a
+    profile is not rescaled). Otherwise the analytical costs of `model` (built-in name or spec
+    path) on the built-in `device`, at the spec's shape with `microbatch_size` / `seq_len`
+    (from the plan header) overriding it.
+
+    Raises ValueError (SpecError, ProfileError) with a message for the user."""
+    if profile is not None:
+        prof = read_profile(profile)
+        measured = prof.model
+        if model is not None:
+            spec = load_model(model)
+            if spec.model_dump(exclude=_SHAPE_FIELDS) != measured.model_dump(exclude=_SHAPE_FIELDS):
+                raise ProfileError(f"profile {profile} measured {measured.name} "
+                                   f"({measured.pattern}), not the plan's model {model}")
+        for what, want, got in (("micro-batch size", microbatch_size, measured.microbatch_size),
+                                ("sequence length", seq_len, measured.seq_len)):
+            if want is not None and want != got:
+                raise ProfileError(f"profile {profile} was measured at {what} {got}, the plan asks "
+                                   f"for {want}; profile again with that {what}")
+        return prof.cost_table(profile)
+    if model is None:
+        raise ValueError("costs need a model (built-in name or spec file) or a profile")
+    spec = load_model(model).with_shape(microbatch_size, seq_len)
+    return analytical_costs(spec, get_device(device))

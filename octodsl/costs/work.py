@@ -1,0 +1,199 @@
+"""The work of each layer kind for one micro-batch, independent of the device: FLOPs by kind
+of unit, bytes moved by memory-bound kernels, bytes held for the backward.
+
+Conventions: T tokens per micro-batch, s sequence length, h hidden, e bytes per element of the
+compute dtype. A weight GEMM costs `gemm` FLOPs in F, and again in B (dX = dY W^T) and in W
+(dW = X^T dY). Weight-free compute (attention core, scans) has all its backward in B. Memory
+activations assume fused kernels (flash attention; Mamba's scan kernels keep only chunk
+states), which is what a GPU training run uses. What W needs after B is taken as every GEMM's
+input and output gradient (capped at what F saved).
+
+FLOP counts match docs (models-and-costs.md) at s = 4096: Nemotron-H-8B Mamba2 ~228, attention
+117, MLP 352, LM head 1074 MFLOP per token; SSD is counted as the chunked algorithm computes it,
+2Q(GN + d_in) + 4 N d_in per token, so it depends on the chunk length Q.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..models.spec import (
+    AttentionConfig, EmbeddingConfig, GatedDeltaNetConfig, LayerConfig, LMHeadLossConfig,
+    Mamba1Config, Mamba2Config, MLPConfig, ModelSpec, MoEConfig,
+)
+
+ATTENTION_BWD = 2.5
+"""Flash-attention backward FLOPs over forward (five matmuls against two)."""
+SCAN_BWD = 2.0
+"""Scan backward work over forward (each product has two gradient products)."""
+EW_BWD = 1.5
+"""Elementwise backward bytes over forward (reads the saved tensor and the gradient)."""
+INDEX_BYTES = 8
+"""Token ids and labels are int64."""
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One layer, one micro-batch."""
+
+    gemm: float = 0.0
+    """Weight-GEMM FLOPs of F (each of B and W costs the same)."""
+    core: float = 0.0
+    """Weight-free compute FLOPs of F (all of its backward goes to B)."""
+    core_b: float = 0.0
+    """Backward FLOPs of the weight-free compute."""
+    core_unit: str = "attention"
+    """Which rate the core runs at: `attention` or `scan` (matrix units), `vector`."""
+    core_bytes: float = 0.0
+    """Bytes the core reads and writes in F (bandwidth floor of the core; twice in B)."""
+    ew_f: float = 0.0
+    """Bytes moved by memory-bound kernels in F."""
+    ew_b: float = 0.0
+    ew_w: float = 0.0
+    act: float = 0.0
+    """Bytes saved by F for the backward."""
+    act_w: float = 0.0
+    """Bytes held from B until W."""
+    out: float = 0.0
+    """Bytes of the output activation."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    tokens: int
+    seq: int
+    sequences: int
+    hidden: int
+    vocab: int
+    e: int
+
+
+def _block(s: _Shape, gemm: float, act: float, gemm_io: float, ew: float, **core) -> Work:
+    """A pre-norm residual layer: adds the norm and residual traffic and the norm's saved
+    input; `act` is the layer's own saved bytes beyond x and norm(x), `gemm_io` the bytes of its
+    GEMM inputs and output gradients beyond norm(x) and the output gradient."""
+    the = s.tokens * s.hidden * s.e
+    ew_f = 5 * the + ew  # norm: read x, write; residual: read two, write one
+    act = 2 * the + act
+    return Work(gemm=gemm, ew_f=ew_f, ew_b=EW_BWD * ew_f, ew_w=2 * the, act=act,
+                act_w=min(act, 2 * the + gemm_io), out=the, **core)
+
+
+def _attention(c: AttentionConfig, s: _Shape) -> Work:
+    T, e, h = s.tokens, s.e, s.hidden
+    width = c.heads * c.head_dim
+    gemm = 2 * T * h * (c.q_out + c.kv_out) + 2 * T * width * h
+    core = 2 * T * s.seq * width  # QK^T and PV, causal half
+    ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) \
+        + (3 * T * e * width if c.output_gate else 0)
+    act = T * e * (c.q_out + c.kv_out + width) + 4 * T * c.heads  # q, k, v, out, fp32 LSE
+    return _block(s, gemm, act, T * e * (width + c.q_out + c.kv_out), ew, core=core,
+                  core_b=ATTENTION_BWD * core, core_unit="attention",
+                  core_bytes=T * e * (2 * width + c.kv_out))
+
+
+def _ffn(h: int, ffn: int, activation: str) -> tuple[int, int]:
+    """(GEMM FLOPs per token, width of the first projection) of an h x F feed-forward."""
+    first = 2 * ffn if activation == "swiglu" else ffn
+    return 2 * h * (first + ffn), first
+
+
+def _mlp(c: MLPConfig, s: _Shape) -> Work:
+    T, e = s.tokens, s.e
+    flops, first = _ffn(s.hidden, c.ffn, c.activation)
+    act = T * e * (first + c.ffn)
+    return _block(s, T * flops, act, act, T * e * (first + c.ffn))
+
+
+def _moe(c: MoEConfig, s: _Shape) -> Work:
+    T, e, h = s.tokens, s.e, s.hidden
+    routed = c.top_k * T
+    expert_flops, first = _ffn(h, c.expert_ffn, c.activation)
+    shared_flops, shared_first = _ffn(h, c.shared_ffn, c.activation) if c.shared_ffn else (0, 0)
+    gemm = routed * expert_flops + T * shared_flops + 2 * T * h * c.experts
+    expert_act = routed * e * (first + c.expert_ffn) + T * e * (shared_first + c.shared_ffn)
+    # dispatched rows and expert outputs (for the weighted combine), fp32 router probabilities
+    act = expert_act + routed * e * 2 * h + 4 * T * c.experts
+    ew = 8 * T * c.experts + 4 * routed * h * e + expert_act
+    return _block(s, gemm, act, act, ew)
+
+
+def _chunk_states(s: _Shape, chunk: int, state_bytes_per_chunk: int) -> float:
+    """fp32 states at every chunk boundary, kept by the scan kernels for their backward."""
+    return 4 * s.sequences * math.ceil(s.seq / chunk) * state_bytes_per_chunk
+
+
+def _mamba2(c: Mamba2Config, s: _Shape) -> Work:
+    T, e, h, d = s.tokens, s.e, s.hidden, c.inner
+    gn = c.groups * c.state
+    gemm = 2 * T * h * c.in_proj_out + 2 * T * d * h
+    core = T * (2 * c.chunk * (gn + d) + 4 * c.state * d)
+    # saved: in_proj output, conv output, scan output, gated-norm output; chunk states
+    act = T * e * (c.in_proj_out + c.conv_channels + 2 * d) + _chunk_states(s, c.chunk, d * c.state)
+    gemm_io = T * e * (d + c.in_proj_out + 2 * c.conv_channels)  # out_proj in, in_proj grad, conv
+    ew = T * e * (4 * c.conv_channels + 4 * d)  # conv + SiLU, D skip, gate, grouped norm
+    return _block(s, gemm, act, gemm_io, ew, core=core, core_b=SCAN_BWD * core,
+                  core_unit="scan", core_bytes=T * e * (2 * d + 2 * gn + c.heads))
+
+
+def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
+    T, e, h, d, n, r = s.tokens, s.e, s.hidden, c.inner, c.state, c.dt_rank
+    gemm = 2 * T * (h * 2 * d + d * (r + 2 * n) + r * d + d * h)
+    core = 9 * T * d * n  # discretise, update and read out the state: elementwise
+    # saved: x|z, conv output, dt|B|C, dt, scan output, gated output
+    act = T * e * (6 * d + r + 2 * n)
+    # inputs of x_proj, dt_proj, out_proj and the conv; gradients of in_proj, x_proj, dt_proj,
+    # the conv
+    gemm_io = T * e * (7 * d + 2 * r + 2 * n)
+    ew = T * e * 10 * d  # conv + SiLU, softplus, D skip, gate
+    return _block(s, gemm, act, gemm_io, ew, core=core, core_b=SCAN_BWD * core,
+                  core_unit="vector", core_bytes=T * e * (3 * d + 2 * n))
+
+
+def _gated_deltanet(c: GatedDeltaNetConfig, s: _Shape) -> Work:
+    T, e, h = s.tokens, s.e, s.hidden
+    dk, dv, q = c.key_head_dim, c.value_head_dim, c.chunk
+    gemm = 2 * T * h * c.in_proj_out + 2 * T * c.value_dim * h
+    # chunked gated delta rule, per value head: intra-chunk products, state update and readout
+    core = T * c.value_heads * (2 * q * (3 * dk + 2 * dv) + 6 * dk * dv)
+    act = T * e * (c.in_proj_out + c.conv_channels + 2 * c.value_dim) \
+        + _chunk_states(s, q, c.value_heads * dk * dv)
+    gemm_io = T * e * (c.value_dim + c.in_proj_out + 2 * c.conv_channels)
+    ew = T * e * (4 * c.conv_channels + 4 * c.value_dim)
+    return _block(s, gemm, act, gemm_io, ew, core=core, core_b=SCAN_BWD * core,
+                  core_unit="scan", core_bytes=T * e * (2 * c.key_dim + 2 * c.value_dim))
+
+
+def _embedding(c: EmbeddingConfig, s: _Shape) -> Work:
+    the = s.tokens * s.hidden * s.e
+    table = s.vocab * s.hidden * s.e
+    ids = s.tokens * INDEX_BYTES
+    # F gathers rows; no input gradient. W scatter-adds the output gradient into a dense
+    # vocab x hidden gradient, which is zeroed first and then accumulated into .grad.
+    return Work(ew_f=2 * the, ew_w=3 * the + 3 * table, act=ids, act_w=ids, out=the)
+
+
+def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
+    T, e, h, V = s.tokens, s.e, s.hidden, s.vocab
+    the = T * h * e
+    # logits written and read in e, log-softmax written and read in fp32; backward reads it,
+    # writes the fp32 gradient and casts it to e
+    ew_f = 2 * the + T * V * (2 * e + 8)
+    ew_b = 3 * the + T * V * (12 + e)
+    act = 2 * the + 4 * T * V  # x, norm(x), fp32 log-softmax
+    return Work(gemm=2 * T * h * V, ew_f=ew_f, ew_b=ew_b, ew_w=2 * the, act=act,
+                act_w=min(act, the + T * V * e), out=0.0)
+
+
+_KINDS = {
+    "attention": _attention, "mlp": _mlp, "moe": _moe, "mamba2": _mamba2, "mamba1": _mamba1,
+    "gated_deltanet": _gated_deltanet, "embedding": _embedding, "lm_head_loss": _lm_head,
+}
+
+
+def layer_work(spec: ModelSpec, layer: LayerConfig) -> Work:
+    """The work of one of `spec`'s layers for one micro-batch of the spec's shape."""
+    shape = _Shape(spec.tokens, spec.seq_len, spec.microbatch_size, spec.hidden, spec.vocab,
+                   spec.dtype_bytes)
+    return _KINDS[layer.kind](layer, shape)

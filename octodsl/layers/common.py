@@ -1,0 +1,56 @@
+"""Pieces the layers share: initialisation, the feed-forward block, causal convolution."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+INIT_STD = 0.02
+"""Standard deviation of the normal init of projection weights."""
+
+
+def linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
+    """A Linear with the small normal init LLMs use (nn.Linear's default is for narrow nets)."""
+    layer = nn.Linear(n_in, n_out, bias=bias)
+    nn.init.normal_(layer.weight, std=INIT_STD)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+def activate(hidden: torch.Tensor, activation: str) -> torch.Tensor:
+    """The feed-forward nonlinearity: SwiGLU on [gate | up] halves, or squared ReLU."""
+    if activation == "swiglu":
+        gate, up = hidden.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return torch.relu(hidden).square()
+
+
+def ffn_width(ffn: int, activation: str) -> int:
+    """Width of the first projection: SwiGLU projects to gate and up at once."""
+    return 2 * ffn if activation == "swiglu" else ffn
+
+
+class FeedForward(nn.Module):
+    """h -> F -> h feed-forward block without norm or residual (dense MLP, shared expert)."""
+
+    def __init__(self, hidden: int, ffn: int, activation: str):
+        super().__init__()
+        self.activation = activation
+        self.up = linear(hidden, ffn_width(ffn, activation))
+        self.down = linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(activate(self.up(x), self.activation))
+
+
+def causal_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal convolution over the sequence of x [batch, seq, channels]; `conv` is
+    padded by width - 1 on both sides, so keeping the first `seq` outputs makes it causal."""
+    return conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least fp32: scans, router softmax and the loss need the range and precision."""
+    return torch.promote_types(dtype, torch.float32)

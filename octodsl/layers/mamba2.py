@@ -1,0 +1,100 @@
+"""Mamba2 mixer with the chunked SSD scan in pure PyTorch (after the reference `ssd_minimal`
+of state-spaces/mamba): quadratic attention-like form inside chunks, a linear recurrence over
+chunk states between them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.spec import Mamba2Config
+from .common import causal_conv, linear, wide_dtype
+
+
+def segsum(x: torch.Tensor) -> torch.Tensor:
+    """out[..., i, j] = x[..., j+1] + ... + x[..., i] for j <= i, and -inf for j > i, so that
+    exp(out) is the decay from step j to step i of a causal scan (stable: no differences of
+    cumulative sums)."""
+    n = x.shape[-1]
+    x = x[..., None].expand(*x.shape, n)
+    below = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=-1)
+    sums = torch.cumsum(x.masked_fill(~below, 0), dim=-2)
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device))
+    return sums.masked_fill(~causal, -torch.inf)
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, chunk: int) -> torch.Tensor:
+    """y of the scalar-decay SSM h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t.
+
+    x [b, s, heads, head_dim], dt [b, s, heads] (positive), A [heads] (negative),
+    B and C [b, s, groups, state] shared by heads // groups heads each. Returns [b, s, heads,
+    head_dim]. The sequence is zero-padded to a multiple of `chunk` (padding has dt = 0, which
+    changes nothing before it)."""
+    b, s, heads, _ = x.shape
+    reps = heads // B.shape[2]
+    B, C = B.repeat_interleave(reps, dim=2), C.repeat_interleave(reps, dim=2)
+    pad = -s % chunk
+    if pad:
+        x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
+        dt = F.pad(dt, (0, 0, 0, pad))
+    c = (s + pad) // chunk
+    X = (x * dt[..., None]).view(b, c, chunk, heads, -1)
+    B, C = B.view(b, c, chunk, heads, -1), C.view(b, c, chunk, heads, -1)
+    a = (dt * A).view(b, c, chunk, heads).permute(0, 3, 1, 2)  # [b, heads, chunks, chunk]
+    a_cum = torch.cumsum(a, dim=-1)
+    # Inside each chunk: y = (C B^T o L) X with L the causal decay matrix.
+    L = torch.exp(segsum(a))
+    y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, L, X)
+    # Each chunk's final state, then the recurrence over chunks (a scan of length c + 1).
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_to_end, X)
+    states = torch.cat([torch.zeros_like(states[:, :1]), states], dim=1)
+    chunk_decay = torch.exp(segsum(F.pad(a_cum[..., -1], (1, 0))))
+    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)[:, :-1]
+    # What the state entering each chunk contributes inside it.
+    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(a_cum))
+    return (y_diag + y_off).reshape(b, c * chunk, heads, -1)[:, :s]
+
+
+class Mamba2(nn.Module):
+    """Pre-norm residual Mamba2 mixer: in-projection to (z, x, B, C, dt), causal depthwise
+    convolution on (x, B, C), SSD scan, D skip, grouped gated RMSNorm, out-projection."""
+
+    def __init__(self, cfg: Mamba2Config, hidden: int, norm_eps: float = 1e-5):
+        super().__init__()
+        self.cfg = cfg
+        self.eps = norm_eps
+        self.norm = nn.RMSNorm(hidden, eps=norm_eps)
+        self.in_proj = linear(hidden, cfg.in_proj_out)
+        ch = cfg.conv_channels
+        self.conv = nn.Conv1d(ch, ch, cfg.conv, groups=ch, padding=cfg.conv - 1)
+        # dt starts log-uniform in [1e-3, 1e-1]; dt_bias is its softplus inverse.
+        dt = torch.exp(torch.rand(cfg.heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.A_log = nn.Parameter(torch.log(torch.empty(cfg.heads).uniform_(1, 16)))
+        self.D = nn.Parameter(torch.ones(cfg.heads))
+        self.out_norm = nn.Parameter(torch.ones(cfg.inner))
+        self.out_proj = linear(cfg.inner, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        b, s, _ = x.shape
+        gn = c.groups * c.state
+        z, xbc, dt = self.in_proj(self.norm(x)).split([c.inner, c.conv_channels, c.heads], -1)
+        xbc = F.silu(causal_conv(self.conv, xbc))
+        xs, B, C = xbc.split([c.inner, gn, gn], dim=-1)
+        xs = xs.view(b, s, c.heads, c.head_dim)
+        st = wide_dtype(x.dtype)
+        dt = F.softplus(dt.to(st) + self.dt_bias.to(st))
+        A = -torch.exp(self.A_log.to(st))
+        y = ssd_scan(xs.to(st), dt, A, B.view(b, s, c.groups, c.state).to(st),
+                     C.view(b, s, c.groups, c.state).to(st), c.chunk).to(x.dtype)
+        y = (y + xs * self.D[:, None]).reshape(b, s, c.inner) * F.silu(z)
+        # Gated RMSNorm over each group's channels (norm after the gate, as in Mamba2).
+        g = y.view(b, s, c.groups, -1)
+        g = g * torch.rsqrt(g.square().mean(dim=-1, keepdim=True) + self.eps)
+        return x + self.out_proj(g.view(b, s, c.inner) * self.out_norm)

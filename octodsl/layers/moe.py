@@ -1,0 +1,101 @@
+"""Top-k mixture of experts with a load-balancing loss that reaches the gradients.
+
+The pipeline carries one activation tensor between layers, so the auxiliary loss cannot be
+returned next to it. Instead (as Megatron's MoEAuxLossAutoScaler does) the layer output is
+passed through `_AuxLossGrad`, which is the identity forward and, in backward, hands the aux
+loss a gradient of `aux_loss_scale()`: the parameters then get the gradient of
+main loss + aux loss, exactly as if the aux loss had been added to the loss. The executor sets
+the scale to whatever it scales the main loss by (1 / micro-batches when the loss is averaged
+over gradient-accumulation steps, times any loss scale). The value of the last forward's aux
+loss is kept in `MoE.last_aux_loss` for logging.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models.spec import MoEConfig
+from .common import INIT_STD, FeedForward, activate, ffn_width, wide_dtype
+
+_aux_loss_scale = 1.0
+
+
+def set_aux_loss_scale(scale: float) -> None:
+    """Set the gradient the MoE load-balancing losses receive (the main loss's scale)."""
+    global _aux_loss_scale
+    _aux_loss_scale = float(scale)
+
+
+def aux_loss_scale() -> float:
+    """The gradient MoE load-balancing losses currently receive."""
+    return _aux_loss_scale
+
+
+class _AuxLossGrad(torch.autograd.Function):
+    """Identity on `x`; gives `aux` the gradient `aux_loss_scale()` in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        ctx.aux_meta = (aux.shape, aux.dtype, aux.device)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        shape, dtype, device = ctx.aux_meta
+        return grad, torch.full(shape, _aux_loss_scale, dtype=dtype, device=device)
+
+
+def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Switch Transformer loss E * sum_e f_e * P_e: f_e the fraction of routed (token, slot)
+    pairs sent to expert e, P_e its mean router probability; 1 when perfectly balanced."""
+    experts = probs.shape[-1]
+    frac = counts.to(probs.dtype) / (probs.shape[0] * top_k)
+    return experts * (frac * probs.mean(dim=0)).sum()
+
+
+class MoE(nn.Module):
+    """Pre-norm residual token-choice MoE: softmax router, top-k experts with renormalised
+    weights, dropless dispatch, optional shared expert."""
+
+    def __init__(self, cfg: MoEConfig, hidden: int, norm_eps: float = 1e-5):
+        super().__init__()
+        self.cfg = cfg
+        self.norm = nn.RMSNorm(hidden, eps=norm_eps)
+        self.router = nn.Linear(hidden, cfg.experts, bias=False)
+        nn.init.normal_(self.router.weight, std=INIT_STD)
+        width = ffn_width(cfg.expert_ffn, cfg.activation)
+        self.w_in = nn.Parameter(torch.randn(cfg.experts, hidden, width) * INIT_STD)
+        self.w_out = nn.Parameter(torch.randn(cfg.experts, cfg.expert_ffn, hidden) * INIT_STD)
+        self.shared = (FeedForward(hidden, cfg.shared_ffn, cfg.activation)
+                       if cfg.shared_ffn else None)
+        self.last_aux_loss: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        y = self.norm(x).reshape(-1, x.shape[-1])
+        probs = torch.softmax(self.router(y).to(wide_dtype(y.dtype)), dim=-1)
+        weight, expert = probs.topk(c.top_k, dim=-1)
+        weight = (weight / weight.sum(dim=-1, keepdim=True)).to(y.dtype)
+        # Dispatch: sort the (token, slot) pairs by expert, run each expert on its rows.
+        flat = expert.reshape(-1)
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=c.experts)
+        token = order // c.top_k
+        rows = y[token]
+        # unbind once: indexing w_in[e] per expert would make backward fill a full-size zero
+        # gradient per expert
+        w_in, w_out = self.w_in.unbind(0), self.w_out.unbind(0)
+        outs = [
+            activate(part @ w_in[e], c.activation) @ w_out[e]
+            for e, part in enumerate(rows.split(counts.tolist())) if part.shape[0]
+        ]
+        routed = torch.cat(outs) * weight.reshape(-1)[order, None]
+        out = torch.zeros_like(y).index_add(0, token, routed)
+        if self.shared is not None:
+            out = out + self.shared(y)
+        aux = c.aux_loss_coef * load_balancing_loss(probs, counts, c.top_k)
+        self.last_aux_loss = aux.detach()
+        if c.aux_loss_coef and torch.is_grad_enabled():
+            out = _AuxLossGrad.apply(out, aux)
+        return x + out.view_as(x)

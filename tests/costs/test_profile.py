@@ -1,0 +1,103 @@
+"""Profiles: the measured costs (on a tiny model), the file format, and the resolver."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from octodsl.cli import main
+from octodsl.costs.profile import ProfileError, load_profile, read_profile, write_profile
+from octodsl.costs.resolve import cost_table
+from octodsl.models import SpecError, load_model
+
+SHAPE = {"microbatch_size": 1, "seq_len": 32}
+
+
+@pytest.fixture(scope="module")
+def profile():
+    from octodsl.costs.profiler import profile_model
+
+    calls = []
+    spec = load_model("nemotron-h-tiny").with_shape(**SHAPE)
+    prof = profile_model(spec, threads=1, warmup=1, repeats=2,
+                         progress=lambda done, total, label: calls.append((done, total)))
+    assert calls[0] == (0, 5) and calls[-1] == (5, 5)
+    return prof
+
+
+def test_profile_measures_each_distinct_layer_once(profile):
+    spec = profile.model
+    assert [m.kind for m in profile.layers] == ["embedding", "mamba2", "mlp", "attention",
+                                                "lm_head_loss"]
+    assert sorted(i for m in profile.layers for i in m.layers) == list(range(spec.num_layers))
+    assert profile.threads == 1 and profile.device == "cpu" and profile.repeats == 2
+    for m in profile.layers:
+        assert len(m.f_samples) == 2 and m.f > 0 and m.w > 0
+        assert m.params == spec.layer_params(m.layers[0])
+        assert 0 <= m.act_w <= m.act
+        if m.kind != "embedding":
+            assert m.b > 0
+            # at least the layer's input and its normed copy are saved
+            assert m.act >= 2 * spec.tokens * spec.hidden * 4
+    emb = profile.layers[0]
+    assert emb.act == spec.tokens * 8  # the token ids
+
+
+def test_profile_file_round_trip(profile, tmp_path):
+    path = tmp_path / "p.json"
+    write_profile(profile, path)
+    assert read_profile(path) == profile
+    table = load_profile(path)
+    assert len(table.layers) == profile.model.num_layers
+    assert table.tokens_per_microbatch == 32 and str(path) in table.source
+    assert table.meta["dtype"] == "fp32" and table.meta["threads"] == 1
+    mamba = next(m for m in profile.layers if m.kind == "mamba2")
+    assert all(table.layers[i].f == mamba.f for i in mamba.layers)
+    assert table.layers[1].static == 16 * table.layers[1].params
+
+
+def test_resolver(profile, tmp_path):
+    path = tmp_path / "p.json"
+    write_profile(profile, path)
+    assert cost_table(profile=str(path)).layers[1].f == profile.layers[1].f
+    assert cost_table(model="nemotron-h-tiny", profile=str(path), **SHAPE).meta["profile"]
+    with pytest.raises(ProfileError, match="sequence length 32, the plan asks for 64"):
+        cost_table(profile=str(path), seq_len=64)
+    with pytest.raises(ProfileError, match="not the plan's model jamba-tiny"):
+        cost_table(model="jamba-tiny", profile=str(path))
+    table = cost_table(model="nemotron-h-8b", device="H100", seq_len=1024)
+    assert table.source == "analytical nemotron-h-8b on H100" and table.tokens_per_microbatch == 1024
+    with pytest.raises(ValueError, match="need a model"):
+        cost_table()
+    with pytest.raises(SpecError):
+        cost_table(model="no-such-model")
+
+
+def test_invalid_profiles(profile, tmp_path):
+    data = json.loads(profile.model_dump_json())
+    data["layers"] = data["layers"][:-1]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="cover each of the model's 24 layers"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_profile_cli(tmp_path, capsys):
+    out = tmp_path / "cli.json"
+    assert main(["profile", "--model", "nemotron-h-tiny", "--seq-len", "16", "--repeats", "1",
+                 "--warmup", "0", "-o", str(out)]) == 0
+    assert read_profile(out).model.seq_len == 16
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert main(["profile", "--model", "qwen3-next-80b", "-o", str(out)]) == 2
+    assert "costed analytically only" in capsys.readouterr().err
+
+
+def test_lint_path_does_not_import_torch():
+    code = ("import sys, octodsl.costs.resolve, octodsl.cli.models, octodsl.cli.profile; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
