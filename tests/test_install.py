@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import site
 import subprocess
+import sys
 import venv
 
 import pytest
@@ -26,8 +27,11 @@ def test_non_editable_install_can_lint_and_gen(tmp_path):
                                       text=True).strip()
     deps = [p for p in site.getsitepackages() if "site-packages" in p]
     (tmp_path / "venv" / purelib.split(str(env_dir) + "/", 1)[1] / "deps.pth").write_text("\n".join(deps) + "\n")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(src)],
-                   check=True, cwd=tmp_path)
+    # Build the wheel with this environment's setuptools (no download), install it alone.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, cwd=tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("octodsl-*.whl")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, cwd=tmp_path)
     octodsl = env_dir / "bin" / "octodsl"
     where = subprocess.check_output([py, "-c", "import octodsl; print(octodsl.__file__)"], text=True, cwd=tmp_path)
     assert str(env_dir) in where

@@ -6,6 +6,7 @@ from ..lang import analyze
 from ..lang.errors import Diagnostic
 from ..models import SpecError, load_model
 from ..plan import Plan
+from ..sim.memory_check import memory_diagnostics
 from .rules import RULES, Context, run_rules
 
 __all__ = ["RULES", "lint_plan", "lint_source"]
@@ -22,7 +23,8 @@ def lint_source(source: str, path: str = "<string>") -> tuple[Plan | None, list[
 def lint_plan(plan: Plan) -> list[Diagnostic]:
     """Check a Plan (from a file, a generator or the tuner). A model named in the header is
     loaded (a relative spec path is taken from the working directory) so the partition can be
-    checked against its layers."""
+    checked against its layers; with a memory limit too, each device's simulated peak memory is
+    checked against it (E501)."""
     ctx = Context(plan)
     diags: list[Diagnostic] = []
     if plan.header.model:
@@ -32,4 +34,4 @@ def lint_plan(plan: Plan) -> list[Diagnostic]:
             diags.append(Diagnostic("E206", str(e), plan.header.spans.get("model")))
         else:
             ctx.num_layers, ctx.pattern = spec.num_layers, spec.pattern
-    return diags + run_rules(ctx)
+    return diags + run_rules(ctx, extra=[lambda c: memory_diagnostics(c.plan)])

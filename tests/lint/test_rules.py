@@ -123,3 +123,16 @@ def test_partition_checked_against_the_model():
     assert "E204" in text and "differs from the model's at layer 4" in text
     _, diags = lint_source(src.replace("nemotron-h-8b", "no-such-model"))
     assert [d.code for d in diags] == ["E206"]
+
+
+def test_memory_limit_checked_by_simulation():
+    from octodsl.gen import generate_text
+
+    text = generate_text("1f1b", devices=4, microbatches=8, model="nemotron-h-8b")
+    text = text.replace("  microbatches 8\n", "  microbatches 8\n  memory 20GiB\n")
+    _, diags = lint_source(text, "m.octo")
+    e501 = [d for d in diags if d.code == "E501"]
+    assert e501 and all(d.span.line == text.splitlines().index("  memory 20GiB") + 1 for d in e501)
+    assert "device 0 peaks at" in e501[0].message and "over the 20.00 GiB limit" in e501[0].message
+    _, diags = lint_source(text.replace("memory 20GiB", "memory 80GiB"), "m.octo")
+    assert diags == []

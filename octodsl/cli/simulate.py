@@ -1,0 +1,170 @@
+"""`octodsl simulate PLAN [--model SPEC | --profile FILE | --costs F=1,B=1,W=1[,comm=0]]
+[--device H800] [--link nvlink] [--dp N] [--json] [--trace FILE] [--png FILE]`: iteration time,
+bubbles, overlap, memory and the critical path of a plan, before renting any GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..costs.devices import get_device, get_link
+from ..costs.resolve import cost_table
+from ..costs.table import Link, uniform_stage_costs
+from ..interop import read_csv
+from ..lang import PlanSyntaxError
+from ..lint import lint_source
+from ..plan import Plan, PlanError
+from ..sim import SimCosts, compile, simulate, warm_up
+from ..sim.memory_check import CODE as MEMORY_CODE
+from .common import UserError, read_text
+
+_UNIT_COSTS = "F=1,B=1,W=1,comm=0"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate a plan: iteration time, bubbles, communication "
+                       "overlap, peak memory, critical path")
+    p.add_argument("plan", metavar="PLAN", help="a .octo plan (or a PyTorch schedule .csv)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", metavar="SPEC",
+                     help="model (built-in name or spec file); default: the plan's `model`")
+    src.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile)")
+    src.add_argument("--costs", metavar="F=..,B=..,W=..[,comm=..]",
+                     help="the same costs for every stage, per micro-batch, in seconds (a fused "
+                     f"backward costs B + W); comm is each message's time. Default for a plan "
+                     f"without a model: {_UNIT_COSTS}")
+    p.add_argument("--device", default="H800", help="device for a model's analytical costs (default H800)")
+    p.add_argument("--link", metavar="NAME",
+                   help="link between pipeline devices: nvlink, nvlink4, ib-ndr, loopback, none "
+                   "(none: communication is free). Default: nvlink with a model, --costs' comm without")
+    p.add_argument("--dp-link", metavar="NAME", help="link of the data-parallel all-reduce (default: --link)")
+    p.add_argument("--dp", type=int, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome / Perfetto trace (JSON)")
+    p.add_argument("--png", metavar="FILE", help="write a Gantt chart (PNG; needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    plan = _load(args.plan)
+    if plan is None:
+        return 1
+    if args.dp is not None and args.dp < 1:
+        raise UserError("--dp must be at least 1")
+    costs, link, device_memory = _costs(args, plan)
+    dp_link = _link(args.dp_link) if args.dp_link else None
+
+    warm_up()  # start-up (loading the compiled walk) is not simulating
+    t0 = time.perf_counter()
+    try:
+        result = simulate(compile(plan), costs, link, dp=args.dp, dp_link=dp_link)
+    except PlanError as e:
+        raise UserError(f"{args.plan}: {e}") from None
+    seconds = time.perf_counter() - t0
+
+    from ..sim.report import summary, to_json
+
+    limit = plan.header.memory if plan.header.memory is not None else device_memory
+    info = dict(link=link.name, memory_limit=limit, simulate_seconds=seconds)
+    if args.json:
+        json.dump(to_json(result, **info), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        from rich.console import Console
+
+        Console(highlight=False).print(summary(result, **info))
+    if args.trace:
+        from ..sim.trace import write_trace
+
+        _write(args.trace, lambda path: write_trace(result, path))
+    if args.png:
+        from ..sim.gantt import write_gantt
+
+        try:
+            _write(args.png, lambda path: write_gantt(result, path))
+        except ImportError:
+            raise UserError("--png needs matplotlib: pip install matplotlib") from None
+    return 0
+
+
+def _load(path: str) -> Plan | None:
+    """The plan, or None after printing why it cannot be simulated. Lint's memory error is no
+    reason: the simulation shows the memory."""
+    source = read_text(path)
+    if Path(path).suffix.lower() == ".csv":
+        try:
+            plan, diags = read_csv(source, path)
+        except PlanSyntaxError as e:
+            print(e.render(), file=sys.stderr)
+            return None
+    else:
+        plan, diags = lint_source(source, path)
+    errors = [d for d in diags if d.is_error and d.code != MEMORY_CODE]
+    for d in errors:
+        print(d.render(path, source), file=sys.stderr)
+    if plan is None or errors:
+        print(f"{path}: the plan has errors; `octodsl lint {path}` lists them", file=sys.stderr)
+        return None
+    return plan
+
+
+def _costs(args, plan: Plan) -> tuple[SimCosts, Link, int | None]:
+    """The costs, the pipeline's link, and the memory of the device the costs are for."""
+    model = args.model or (None if args.costs or args.profile else plan.header.model)
+    if model or args.profile:
+        try:
+            table = cost_table(model=model, profile=args.profile, device=args.device,
+                               microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len)
+            costs = SimCosts.from_table(table, plan)
+        except PlanError as e:
+            raise UserError(f"{args.plan}: {e}; partition the plan over the model's layers, or "
+                            "simulate it with --costs") from None
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        try:
+            device_memory = get_device(table.meta.get("device", args.device)).memory
+        except ValueError:  # a profile measured on a device we hold no description of
+            device_memory = None
+        return costs, _link(args.link or "nvlink"), device_memory
+    values = _parse_costs(args.costs or _UNIT_COSTS)
+    costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
+                     source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
+    fixed = Link(f"{values['comm']:g} s per message", values["comm"], 0.0)
+    return costs, _link(args.link) if args.link else fixed, None
+
+
+def _parse_costs(text: str) -> dict[str, float]:
+    values = {"comm": 0.0}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        key = key if key == "comm" else key.upper()
+        try:
+            if not sep or key not in ("F", "B", "W", "comm"):
+                raise ValueError
+            values[key] = float(value)
+        except ValueError:
+            raise UserError(f"--costs: cannot read {part.strip()!r}; write F=1,B=1,W=1 and "
+                            "optionally comm=0 (seconds)") from None
+        if values[key] < 0:
+            raise UserError(f"--costs: {key} cannot be negative")
+    missing = [k for k in ("F", "B", "W") if k not in values]
+    if missing:
+        raise UserError(f"--costs: give {', '.join(missing)} too (e.g. {_UNIT_COSTS})")
+    return {k: values[k] for k in ("F", "B", "W", "comm")}
+
+
+def _link(name: str) -> Link:
+    try:
+        return get_link(name)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _write(path: str, write) -> None:
+    try:
+        write(path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write: {e.strerror}") from None

@@ -1,0 +1,46 @@
+"""A lower bound on the makespan, and the data-parallel all-reduce time."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..costs.table import Link, StageCost
+from .program import SimProgram
+
+
+def lower_bound(program: SimProgram, costs: Sequence[StageCost], total_work: float,
+                cut_time: np.ndarray, layer_work: float | None = None) -> float:
+    """The largest of: all compute spread evenly over the devices; the heaviest single layer
+    (F + B + W, or the heaviest stage when layers are unknown) times the micro-batches, since a
+    layer cannot be split; one micro-batch's longest path through the stages, messages between
+    this plan's devices included."""
+    heaviest = layer_work if layer_work is not None else max(c.f + c.b + c.w for c in costs)
+    return max(total_work / program.devices, heaviest * program.microbatches,
+               single_microbatch_path(program, costs, cut_time))
+
+
+def single_microbatch_path(program: SimProgram, costs: Sequence[StageCost],
+                           cut_time: np.ndarray) -> float:
+    """Forwards down the stages, input-gradient backwards up, then the last W (or the fused BW
+    of each stage on the way up)."""
+    S = program.num_stages
+    sd = program.stage_device
+    hop = [cut_time[s] if sd[s] != sd[s + 1] else 0.0 for s in range(S - 1)]
+    t = sum(c.f for c in costs) + sum(hop)
+    longest = 0.0
+    for s in range(S - 1, -1, -1):
+        c = costs[s]
+        t += c.b if program.split[s] else c.b + c.w
+        longest = max(longest, t + (c.w if program.split[s] else 0.0))
+        if s > 0:
+            t += hop[s - 1]
+    return longest
+
+
+def ring_allreduce_time(nbytes: np.ndarray, ranks: int, link: Link) -> np.ndarray:
+    """A ring all-reduce over `ranks` copies: 2 (ranks - 1) steps, each moving nbytes / ranks."""
+    if ranks <= 1:
+        return np.zeros_like(nbytes, dtype=float)
+    return np.array([2 * (ranks - 1) * link.time(b / ranks) for b in nbytes], float)

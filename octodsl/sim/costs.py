@@ -1,0 +1,39 @@
+"""`SimCosts`: what `simulate` needs to know about costs, beyond each stage's StageCost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..costs.table import CostTable, StageCost
+from ..models.spec import DTYPE_BYTES
+from ..plan import Plan
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    stages: tuple[StageCost, ...]
+    """Per stage, per micro-batch."""
+    grad_bytes: tuple[float, ...] | None = None
+    """Per stage: gradient bytes each data-parallel copy all-reduces (None: unknown, 0)."""
+    layer_work: float | None = None
+    """F + B + W of the heaviest single layer, for the lower bound (None: heaviest stage)."""
+    tokens_per_microbatch: int | None = None
+    """For the throughput (None: unknown)."""
+    source: str = ""
+    """Where the numbers came from, for reports."""
+
+    @classmethod
+    def of(cls, costs: SimCosts | Sequence[StageCost]) -> SimCosts:
+        return costs if isinstance(costs, SimCosts) else cls(tuple(costs))
+
+    @classmethod
+    def from_table(cls, table: CostTable, plan: Plan) -> SimCosts:
+        """Stage costs of the plan's partition; gradients all-reduced in the model's dtype.
+        Raises PlanError when the partition does not fit the table's layers."""
+        stages = table.stage_costs(plan)
+        per_param = DTYPE_BYTES.get(table.meta.get("dtype", "bf16"), 2)
+        grads = tuple(float(sum(layer.params for layer in table.layers[st.first:st.last + 1]) * per_param)
+                      for st in plan.stages)
+        return cls(tuple(stages), grads, max(layer.f + layer.b + layer.w for layer in table.layers),
+                   table.tokens_per_microbatch or None, table.source)

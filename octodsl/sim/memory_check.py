@@ -1,0 +1,45 @@
+"""Lint's memory check: devices whose simulated peak memory exceeds the plan's limit."""
+
+from __future__ import annotations
+
+from ..costs.resolve import cost_table
+from ..lang.errors import Diagnostic
+from ..plan import Plan
+from .costs import SimCosts
+from .memory import memory
+from .program import compile
+
+CODE = "E501"
+DEFAULT_DEVICE = "H800"
+"""Memory per op does not depend on the device's speed; the cost model still wants one."""
+
+
+def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
+    """For a plan whose header names a model and a memory limit: an E501 error at the memory
+    line for each device whose peak exceeds the limit, naming the op at the peak. Nothing when
+    the model cannot be loaded or the plan's structure is broken (other checks report those)."""
+    h = plan.header
+    if h.model is None or h.memory is None:
+        return []
+    try:
+        table = cost_table(model=h.model, device=DEFAULT_DEVICE, microbatch_size=h.microbatch_size,
+                           seq_len=h.seq_len)
+        costs = SimCosts.from_table(table, plan)
+        program = compile(plan)
+    except ValueError:  # an unknown model (SpecError), a partition that does not fit (PlanError)
+        return []
+    mem = memory(program, costs.stages)
+    out = []
+    for d, (peak, node) in enumerate(zip(mem.peak.tolist(), mem.peak_node.tolist())):
+        if peak > h.memory:
+            at = f" at {program.node_label(node)}" if node >= 0 else ""
+            out.append(Diagnostic(
+                CODE, f"device {d} peaks at {_gib(peak)}{at}, {_gib(peak - h.memory)} over the "
+                f"{_gib(h.memory)} limit", h.spans.get("memory"),
+                hint="run W ops earlier, hold fewer micro-batches in flight, or move layers off "
+                     "this device"))
+    return out
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -1,0 +1,204 @@
+"""`compile(plan) -> SimProgram`: the plan's dependency graph as flat integer arrays.
+
+A program holds no costs, so one compiled plan serves any number of cost tables (a partition
+change only changes costs). `compile(new_plan, like=old)` reuses `old` when only the order of
+ops on some devices changed, the tuner's most common move, without rebuilding the graph.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..dag import build_graph
+from ..plan import OpKind, Plan, PlanError
+
+KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+"""Op kinds by their code in `SimProgram.op_kind`."""
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+
+_I = np.int64
+
+
+@dataclass(frozen=True, eq=False)
+class SimProgram:
+    """Nodes are the graph's nodes (one per slot; an overlap group's ops start together).
+    Arrays ending in _ptr are CSR offsets: device d's nodes are
+    order_nodes[order_ptr[d]:order_ptr[d + 1]], node n's ops op_ptr[n]:op_ptr[n + 1]."""
+
+    plan: Plan
+    stage_device: np.ndarray
+    split: np.ndarray
+    """Per stage: True when it splits its backward into B and W."""
+    order_ptr: np.ndarray
+    order_nodes: np.ndarray
+    node_dev: np.ndarray
+    op_ptr: np.ndarray
+    grouped: bool
+    """Whether some node is an overlap group of several ops."""
+    op_kind: np.ndarray
+    op_stage: np.ndarray
+    op_mb: np.ndarray
+    in_deg: np.ndarray
+    """Data edges into each node, local and cross-device."""
+    out_ptr: np.ndarray
+    out_dst: np.ndarray
+    out_msg: np.ndarray
+    """Per out-edge: the message id when the edge crosses devices, else -1."""
+    msg_src_node: np.ndarray
+    msg_dst_node: np.ndarray
+    msg_src_dev: np.ndarray
+    msg_dst_dev: np.ndarray
+    msg_kind: np.ndarray
+    msg_stage: np.ndarray
+    msg_mb: np.ndarray
+    """Per message: the producing op (a kind code, stage, micro-batch)."""
+    msg_boundary: np.ndarray
+    """Per message: s when it crosses the cut between stages s and s + 1 (either direction)."""
+    stream_ptr: np.ndarray
+    """Per device: room for every message its communication stream carries (sent or received)."""
+
+    @property
+    def devices(self) -> int:
+        return len(self.order_ptr) - 1
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_device)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_dev)
+
+    @property
+    def num_messages(self) -> int:
+        return len(self.msg_dst_node)
+
+    @property
+    def microbatches(self) -> int:
+        return self.plan.microbatches
+
+    def per_node(self, per_op: np.ndarray) -> np.ndarray:
+        """Sum a per-op array over each node's ops."""
+        return np.add.reduceat(per_op, self.op_ptr[:-1]) if self.grouped else per_op
+
+    def op_label(self, k: int) -> str:
+        return f"{KINDS[self.op_kind[k]].value}{self.op_stage[k]}:{self.op_mb[k]}"
+
+    def msg_label(self, m: int) -> str:
+        """The producing op: 'F3:5' carries F3:5's activation, 'B4:5' B4:5's input gradient."""
+        return f"{KINDS[self.msg_kind[m]].value}{self.msg_stage[m]}:{self.msg_mb[m]}"
+
+    def node_label(self, n: int) -> str:
+        """'F3:5', or '(F0:7 & B7:3)' for an overlap group."""
+        ks = range(self.op_ptr[n], self.op_ptr[n + 1])
+        names = [self.op_label(k) for k in ks]
+        return names[0] if len(names) == 1 else "(" + " & ".join(names) + ")"
+
+
+def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: A001 - the API's name
+    """Compile a plan that lints clean (structure-wise; a deadlock is reported by `simulate`).
+    With `like`, reuse it when the plan differs from like.plan only in the order of ops within
+    devices; otherwise build from scratch."""
+    if like is not None:
+        reused = _reorder(plan, like)
+        if reused is not None:
+            return reused
+    if len(plan.schedule) != plan.devices:
+        raise PlanError(f"the schedule has {len(plan.schedule)} device blocks for {plan.devices} devices")
+    stage_device = np.array(plan.stage_device(), _I)
+    # The graph is hundreds of thousands of small objects for a large plan; the collector's
+    # passes over them while they are built cost as much as building them.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _compile(plan, stage_device)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
+    g = build_graph(plan)
+    N = g.num_nodes
+    P = plan.devices
+    order_ptr = np.zeros(P + 1, _I)
+    order_ptr[1:] = np.cumsum([len(o) for o in g.order])
+    order_nodes = np.fromiter((n for o in g.order for n in o), _I, N)
+    node_dev = np.fromiter(g.node_device, _I, N)
+
+    op_ptr = np.zeros(N + 1, _I)
+    op_ptr[1:] = np.cumsum([len(ops) for ops in g.node_ops])
+    flat = [op for ops in g.node_ops for op in ops]
+    K = len(flat)
+    op_kind = np.fromiter((KIND_CODE[op.kind] for op in flat), _I, K)
+    op_stage = np.fromiter((op.stage for op in flat), _I, K)
+
+    # Edges in the graph's order (consumer node by node); the crossing ones are the messages,
+    # numbered in that order, as Graph.messages() lists them.
+    edges = [e for es in g.deps for e in es]
+    E = len(edges)
+    src = np.fromiter((e.src for e in edges), _I, E)
+    dst = np.fromiter((n for n, es in enumerate(g.deps) for _ in es), _I, E)
+    crossing = node_dev[src] != node_dev[dst]
+    edge_msg = np.full(E, -1, _I)
+    edge_msg[crossing] = np.arange(int(crossing.sum()))
+    by_src = np.argsort(src, kind="stable")
+    out_ptr = np.zeros(N + 1, _I)
+    out_ptr[1:] = np.cumsum(np.bincount(src, minlength=N))
+
+    messages = [edges[i] for i in np.flatnonzero(crossing).tolist()]
+    sent = [e.producer for e in messages]
+    M = len(sent)
+    msg_stage = np.fromiter((op.stage for op in sent), _I, M)
+    msg_src_dev = node_dev[src[crossing]]
+    msg_dst_dev = node_dev[dst[crossing]]
+    stream_ptr = np.zeros(P + 1, _I)
+    stream_ptr[1:] = np.cumsum(np.bincount(msg_src_dev, minlength=P)
+                               + np.bincount(msg_dst_dev, minlength=P))
+    split = np.zeros(plan.num_stages, bool)
+    split[op_stage[op_kind == KIND_CODE[OpKind.W]]] = True  # as Plan.split_stages, from the arrays
+    return SimProgram(
+        plan=plan, stage_device=stage_device, split=split,
+        order_ptr=order_ptr, order_nodes=order_nodes, node_dev=node_dev,
+        op_ptr=op_ptr, grouped=K > N, op_kind=op_kind, op_stage=op_stage,
+        op_mb=np.fromiter((op.mb for op in flat), _I, K),
+        in_deg=np.bincount(dst, minlength=N).astype(_I),
+        out_ptr=out_ptr, out_dst=dst[by_src], out_msg=edge_msg[by_src],
+        msg_src_node=src[crossing], msg_dst_node=dst[crossing],
+        msg_src_dev=msg_src_dev, msg_dst_dev=msg_dst_dev,
+        msg_kind=np.fromiter((KIND_CODE[op.kind] for op in sent), _I, M), msg_stage=msg_stage,
+        msg_mb=np.fromiter((op.mb for op in sent), _I, M),
+        msg_boundary=np.minimum(msg_stage, np.fromiter((e.consumer.stage for e in messages), _I, M)),
+        stream_ptr=stream_ptr,
+    )
+
+
+def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
+    """`like` with the device orders of `plan`, when every device runs the same slots as in
+    like.plan (same partition and placement); None when anything else changed."""
+    old = like.plan
+    if (plan.devices != old.devices or plan.num_stages != old.num_stages
+            or plan.microbatches != old.microbatches
+            or sorted((p.device, p.stages) for p in plan.placement)
+            != sorted((p.device, p.stages) for p in old.placement)
+            or len(plan.schedule) != len(old.schedule)):
+        return None
+    order_nodes = like.order_nodes.copy()
+    for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule)):
+        if slots is old_slots:
+            continue
+        lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
+        if len(slots) != hi - lo:
+            return None
+        node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist()))
+        try:
+            ids = [node_of[s] for s in slots]
+        except KeyError:
+            return None
+        if len(set(ids)) != len(ids):
+            return None
+        order_nodes[lo:hi] = ids
+    return replace(like, plan=plan, order_nodes=order_nodes)

@@ -1,0 +1,165 @@
+"""A SimResult for people (a short rich summary) and for scripts (the JSON contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .result import SimResult, Step
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive critical-path steps of one kind on one device (or one message)."""
+
+    kind: str
+    device: int
+    first: str
+    last: str
+    steps: int
+    start: float
+    end: float
+    peer: int | None = None
+
+    def to_json(self) -> dict:
+        out = {"kind": self.kind, "device": self.device, "first": self.first, "last": self.last,
+               "steps": self.steps, "start": self.start, "end": self.end}
+        if self.peer is not None:
+            out["to"] = self.peer
+        return out
+
+    def __str__(self) -> str:
+        if self.kind == "message":
+            return f"{self.first} {self.device}->{self.peer}"
+        if self.kind == "allreduce":
+            return f"all-reduce on device {self.device}"
+        ops = self.first if self.steps == 1 else f"{self.first}..{self.last} ({self.steps} ops)"
+        return f"device {self.device}: {ops}"
+
+
+def path_segments(steps: list[Step]) -> list[Segment]:
+    """Merge runs of compute steps on the same device; messages stay one segment each, free
+    ones (no time) are left out."""
+    out: list[Segment] = []
+    for s in steps:
+        if s.kind == "message" and s.end == s.start:
+            continue
+        prev = out[-1] if out else None
+        if prev and s.kind == "compute" and prev.kind == "compute" and prev.device == s.device:
+            out[-1] = Segment("compute", s.device, prev.first, s.label, prev.steps + 1, prev.start, s.end)
+        else:
+            out.append(Segment(s.kind, s.device, s.label, s.label, 1, s.start, s.end, s.peer))
+    return out
+
+
+def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
+            simulate_seconds: float | None = None) -> dict:
+    """The `octodsl simulate --json` object: times in seconds, memory in bytes, one entry per
+    device in the per-device lists."""
+    p = result.program
+    h = p.plan.header
+    stage_device = p.stage_device.tolist()
+    return {
+        "plan": h.name,
+        "devices": p.devices,
+        "microbatches": p.microbatches,
+        "dp": result.dp,
+        "costs": result.costs.source,
+        "link": link,
+        "iteration_time": result.iteration_time,
+        "pipeline_time": result.pipeline_time,
+        "throughput": result.throughput,
+        "bubble_ratio": result.bubble_ratio,
+        "bubble_ratios": result.bubble_ratios.tolist(),
+        "overlap_rate": result.overlap_rate,
+        "lower_bound": result.lower_bound,
+        "efficiency": result.efficiency,
+        "busy": result.busy.tolist(),
+        "idle": result.idle.tolist(),
+        "comm": result.comm.tolist(),
+        "comm_exposed": result.comm_exposed.tolist(),
+        "allreduce_time": result.allreduce.tolist(),
+        "peak_memory": result.peak_memory.tolist(),
+        "peak_ops": result.peak_ops(),
+        "memory_limit": memory_limit,
+        "stages": [{"stage": s, "device": stage_device[s], "F": c.f, "B": c.b, "W": c.w,
+                    "send_bytes": c.send_bytes, "act": c.act, "static": c.static}
+                   for s, c in enumerate(result.costs.stages)],
+        "critical_path": [seg.to_json() for seg in path_segments(result.critical_path())],
+        "simulate_seconds": result.seconds if simulate_seconds is None else simulate_seconds,
+    }
+
+
+def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
+            simulate_seconds: float | None = None, path_shown: int = 8) -> Group:
+    """A short summary: the headline numbers, a row per device, the critical path."""
+    p = result.program
+    h = p.plan.header
+    t = result.iteration_time
+    head = Text()
+    head.append(f"{h.name}", style="bold")
+    head.append(f": {p.devices} devices x {p.microbatches} micro-batches"
+                + (f", DP {result.dp}" if result.dp > 1 else "") + "\n")
+    head.append(f"{result.costs.source or 'given costs'}; link {link}\n", style="dim")
+    head.append(f"iteration time  {_time(t)}   lower bound {_time(result.lower_bound)} "
+                f"(efficiency {result.efficiency:.1%})\n")
+    if result.throughput is not None:
+        head.append(f"throughput      {result.throughput:,.0f} tokens per device per second\n")
+    head.append(f"bubble ratio    {result.bubble_ratio:.1%}   communication overlap "
+                f"{result.overlap_rate:.1%}")
+    if result.allreduce.any():
+        head.append(f"   DP all-reduce {_time(float(result.allreduce.max()))}")
+    if memory_limit is not None:
+        over = [d for d in range(p.devices) if result.peak_memory[d] > memory_limit]
+        head.append(f"\nmemory limit    {_bytes(memory_limit)}")
+        if over:
+            head.append(f", exceeded on device{'s' * (len(over) > 1)} {', '.join(map(str, over))}",
+                        style="bold red")
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("device", "stages", "busy", "bubble", "comm", "exposed", "peak memory", "at"):
+        table.add_column(col, justify="left" if col in ("stages", "at") else "right")
+    stages = p.plan.device_stages()
+    peak_ops = result.peak_ops()
+    for d in range(p.devices):
+        peak = float(result.peak_memory[d])
+        table.add_row(
+            str(d), ",".join(map(str, stages[d])), _time(float(result.busy[d])),
+            f"{result.bubble_ratios[d]:.1%}", _time(float(result.comm[d])),
+            _time(float(result.comm_exposed[d])),
+            Text(_bytes(peak), style="bold red" if memory_limit is not None and peak > memory_limit else ""),
+            peak_ops[d] or "")
+
+    segs = path_segments(result.critical_path())
+    kinds = {k: sum(s.end - s.start for s in segs if s.kind == k) for k in ("compute", "message", "allreduce")}
+    path = Text("critical path: ", style="bold")
+    path.append(f"{len(segs)} segments, compute {_time(kinds['compute'])}, messages "
+                f"{_time(kinds['message'])}" + (f", all-reduce {_time(kinds['allreduce'])}"
+                                                if kinds["allreduce"] else "") + "\n  ")
+    shown = [str(s) for s in segs] if len(segs) <= path_shown else (
+        [str(s) for s in segs[:path_shown // 2]] + [f"... {len(segs) - path_shown} more ..."]
+        + [str(s) for s in segs[-(path_shown // 2):]])
+    path.append("\n  -> ".join(shown))
+    seconds = result.seconds if simulate_seconds is None else simulate_seconds
+    foot = Text(f"simulated in {seconds * 1e3:.1f} ms", style="dim")
+    return Group(head, Text(""), table, Text(""), path, foot)
+
+
+def _time(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:g} B"

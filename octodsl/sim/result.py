@@ -1,0 +1,197 @@
+"""`SimResult`: the metrics of one simulated iteration, and its timelines on demand.
+
+Metrics are plain numbers and per-device numpy arrays, computed eagerly (they are cheap). The
+critical path and the per-op timeline turn arrays into Python objects, so they are methods the
+caller asks for (the tuner's loop does not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .core import NO_PRED, msg_pred_code
+from .costs import SimCosts
+from .memory import Memory
+from .program import KINDS, SimProgram
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of the critical path."""
+
+    kind: str
+    """'compute', 'message' or 'allreduce'."""
+    label: str
+    device: int
+    """The device computing, or a message's sender."""
+    start: float
+    end: float
+    peer: int | None = None
+    """A message's receiver."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpan:
+    device: int
+    kind: str
+    stage: int
+    mb: int
+    start: float
+    end: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.stage}:{self.mb}"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSpan:
+    """A message, named after the op whose result it carries: 'F3:5' is F3:5's activation,
+    'B4:5' B4:5's input gradient."""
+
+    id: int
+    src: int
+    dst: int
+    kind: str
+    stage: int
+    mb: int
+    start: float
+    end: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.stage}:{self.mb}"
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    program: SimProgram
+    costs: SimCosts
+    iteration_time: float
+    """Seconds per training step: the pipeline and, with DP > 1, the gradient all-reduce."""
+    pipeline_time: float
+    """When the last compute op ends."""
+    busy: np.ndarray
+    """Per device: compute seconds."""
+    idle: np.ndarray
+    """Per device: iteration_time - busy (the bubble)."""
+    comm: np.ndarray
+    """Per device: seconds its communication stream is busy (messages and all-reduce)."""
+    comm_exposed: np.ndarray
+    """Per device: communication seconds not under the device's own compute."""
+    dp: int
+    """Data-parallel copies of the pipeline."""
+    allreduce: np.ndarray
+    """Per device: seconds of its DP gradient all-reduce (0 when DP = 1)."""
+    bubble_ratios: np.ndarray
+    """Per device: idle / iteration_time."""
+    bubble_ratio: float
+    """All devices' idle time over all devices' time."""
+    overlap_rate: float
+    """Communication time under compute over all communication time (1 when there is none)."""
+    memory: Memory
+    lower_bound: float
+    efficiency: float
+    """lower_bound / iteration_time."""
+    seconds: float
+    """Wall time `simulate` took."""
+    # Raw timing, for the timelines and the critical path.
+    op_dur: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    pred: np.ndarray
+    msg_start: np.ndarray
+    msg_end: np.ndarray
+    msg_pred: np.ndarray
+    stream_log: np.ndarray
+    allreduce_start: np.ndarray
+
+    @property
+    def devices(self) -> int:
+        return self.program.devices
+
+    @property
+    def peak_memory(self) -> np.ndarray:
+        return self.memory.peak
+
+    def peak_ops(self) -> list[str | None]:
+        """Per device: the op (or overlap group) at which its memory peaks."""
+        return [self.program.node_label(n) if n >= 0 else None for n in self.memory.peak_node]
+
+    @property
+    def throughput(self) -> float | None:
+        """Tokens per device per second, when the micro-batch size in tokens is known."""
+        tokens = self.costs.tokens_per_microbatch
+        if not tokens or self.iteration_time <= 0:
+            return None
+        p = self.program
+        return p.microbatches * tokens / (self.iteration_time * p.devices)
+
+    def ops(self) -> Iterator[OpSpan]:
+        """Every op's interval; the ops of an overlap group split their slot in turn."""
+        p = self.program
+        for n in range(p.num_nodes):
+            t = self.start[n]
+            for k in range(p.op_ptr[n], p.op_ptr[n + 1]):
+                e = t + self.op_dur[k]
+                yield OpSpan(int(p.node_dev[n]), KINDS[p.op_kind[k]].value, int(p.op_stage[k]),
+                             int(p.op_mb[k]), float(t), float(e))
+                t = e
+
+    def messages(self) -> Iterator[MessageSpan]:
+        p = self.program
+        for m in range(p.num_messages):
+            yield MessageSpan(m, int(p.msg_src_dev[m]), int(p.msg_dst_dev[m]),
+                              KINDS[p.msg_kind[m]].value, int(p.msg_stage[m]), int(p.msg_mb[m]),
+                              float(self.msg_start[m]), float(self.msg_end[m]))
+
+    def memory_events(self, device: int) -> list[tuple[float, float]]:
+        """(time, bytes) each time the device's memory changes, starting from its static bytes."""
+        p, mem = self.program, self.memory
+        out = [(0.0, float(mem.static[device]))]
+        for n in p.order_nodes[p.order_ptr[device]:p.order_ptr[device + 1]]:
+            out.append((float(self.start[n]), float(mem.at_start[n])))
+            out.append((float(self.end[n]), float(mem.at_end[n])))
+        return out
+
+    def critical_path(self) -> list[Step]:
+        """The chain of ops, messages and stream waits that sets the iteration time, in order:
+        each step starts when the one before it ends."""
+        p = self.program
+        steps: list[Step] = []
+        node = msg = -1
+        ar_end = self.allreduce_start + self.allreduce
+        if self.allreduce.any() and ar_end.max() > self.pipeline_time:
+            d = int(np.argmax(ar_end))
+            steps.append(Step("allreduce", "allreduce", d, float(self.allreduce_start[d]), float(ar_end[d])))
+            lo, hi = p.order_ptr[d], p.order_ptr[d + 1]
+            last_node = int(p.order_nodes[hi - 1]) if hi > lo else -1
+            lo, hi = p.stream_ptr[d], p.stream_ptr[d + 1]
+            last_msg = int(self.stream_log[hi - 1]) if hi > lo else -1
+            if last_msg >= 0 and (last_node < 0 or self.msg_end[last_msg] > self.end[last_node]):
+                msg = last_msg
+            else:
+                node = last_node
+        elif p.num_nodes:
+            node = int(np.argmax(self.end))
+        while node >= 0 or msg >= 0:
+            if node >= 0:
+                steps.append(Step("compute", p.node_label(node), int(p.node_dev[node]),
+                                  float(self.start[node]), float(self.end[node])))
+                before = int(self.pred[node])
+                node = msg = -1
+                if before >= 0:
+                    node = before
+                elif before != NO_PRED:
+                    msg = int(msg_pred_code(before))
+            else:
+                steps.append(Step("message", p.msg_label(msg), int(p.msg_src_dev[msg]),
+                                  float(self.msg_start[msg]), float(self.msg_end[msg]),
+                                  int(p.msg_dst_dev[msg])))
+                before = int(self.msg_pred[msg])
+                node, msg = (int(p.msg_src_node[msg]), -1) if before < 0 else (-1, before)
+        steps.reverse()
+        return steps

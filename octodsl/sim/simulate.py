@@ -1,0 +1,104 @@
+"""`simulate(program, stage_costs, link) -> SimResult`: cost a compiled plan and walk it."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..costs.table import Link, StageCost, uniform_stage_costs
+from ..dag import build_graph, describe_cycle, execution_order
+from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
+from .bounds import lower_bound, ring_allreduce_time
+from .core import hidden_comm, walk
+from .costs import SimCosts
+from .memory import memory
+from .program import SimProgram, compile
+from .result import SimResult
+
+
+class SimDeadlock(PlanError):
+    """The plan's device orders admit no execution; `cycle` is the wait-for cycle lint reports."""
+
+    def __init__(self, cycle):
+        self.cycle = cycle
+        super().__init__("the schedule deadlocks:\n" + describe_cycle(cycle))
+
+
+def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], link: Link, *,
+             dp: int | None = None, dp_link: Link | None = None) -> SimResult:
+    """Simulate one training iteration.
+
+    costs: a StageCost per stage (per micro-batch), or SimCosts with what a cost table adds
+    (gradient bytes for the DP all-reduce, the heaviest layer, tokens per micro-batch).
+    link carries the pipeline's messages. dp: data-parallel copies (default: the plan's);
+    dp_link carries their gradient all-reduce (default: link).
+    Raises SimDeadlock when the plan cannot run."""
+    t0 = time.perf_counter()
+    p = program if isinstance(program, SimProgram) else compile(program)
+    costs = SimCosts.of(costs)
+    stage_costs = costs.stages
+    if len(stage_costs) != p.num_stages:
+        raise ValueError(f"{len(stage_costs)} stage costs for {p.num_stages} stages")
+    f = np.array([c.f for c in stage_costs], float)
+    b = np.array([c.b for c in stage_costs], float)
+    w = np.array([c.w for c in stage_costs], float)
+    # Columns by kind code: F, B, W, BW.
+    op_dur = np.stack([f, b, w, b + w], axis=1)[p.op_stage, p.op_kind]
+    dur = p.per_node(op_dur)
+    cut_time = np.array([link.time(c.send_bytes) for c in stage_costs], float)
+    msg_dur = cut_time[p.msg_boundary]
+
+    (done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
+     comm_free) = walk(p.order_ptr, p.order_nodes, p.node_dev, dur, p.in_deg, p.out_ptr,
+                       p.out_dst, p.out_msg, p.msg_dst_node, p.msg_src_dev, p.msg_dst_dev,
+                       msg_dur, p.stream_ptr)
+    if done < p.num_nodes:
+        raise _deadlock(p.plan)
+    comm, hidden = hidden_comm(p.order_ptr, p.order_nodes, start, end, p.stream_ptr, stream_log,
+                               msg_start, msg_end)
+    pipeline_time = float(end.max()) if p.num_nodes else 0.0
+
+    # The DP all-reduce starts on each device once its compute and its messages are done.
+    ranks = dp if dp is not None else p.plan.header.dp
+    per_stage = np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
+    allreduce = ring_allreduce_time(np.bincount(p.stage_device, weights=per_stage,
+                                                minlength=p.devices), ranks, dp_link or link)
+    allreduce_start = np.maximum(dev_free, comm_free)
+    iteration_time = max(pipeline_time, float((allreduce_start + allreduce).max()))
+    comm = comm + allreduce
+
+    busy = np.bincount(p.node_dev, weights=dur, minlength=p.devices)
+    idle = iteration_time - busy
+    bound = lower_bound(p, stage_costs, float(dur.sum()), cut_time, costs.layer_work)
+    total_comm = float(comm.sum())
+    return SimResult(
+        program=p, costs=costs, iteration_time=iteration_time,
+        pipeline_time=pipeline_time, busy=busy, idle=idle, comm=comm, comm_exposed=comm - hidden,
+        dp=ranks, allreduce=allreduce,
+        bubble_ratios=idle / iteration_time if iteration_time > 0 else np.zeros(p.devices),
+        bubble_ratio=float(idle.sum() / (p.devices * iteration_time)) if iteration_time > 0 else 0.0,
+        overlap_rate=float(hidden.sum()) / total_comm if total_comm > 0 else 1.0,
+        memory=memory(p, stage_costs), lower_bound=bound,
+        efficiency=bound / iteration_time if iteration_time > 0 else 1.0,
+        seconds=time.perf_counter() - t0,
+        op_dur=op_dur, start=start, end=end, pred=pred, msg_start=msg_start, msg_end=msg_end,
+        msg_pred=msg_pred, stream_log=stream_log, allreduce_start=allreduce_start,
+    )
+
+
+def warm_up() -> None:
+    """Load the compiled walk (compile it, on a machine's first run: a few seconds, then cached
+    on disk), so that timing a simulation afterwards times the simulation alone."""
+    plan = Plan(Header(name="warm-up", devices=2, microbatches=1), [Stage(), Stage()],
+                placement_loop(2, 2),
+                [[Slot((Op(kind, d, 0),)) for kind in (OpKind.F, OpKind.BW)] for d in range(2)])
+    simulate(plan, uniform_stage_costs(2, 1.0, 1.0, 1.0), Link("warm-up", 1.0, 0.0))
+
+
+def _deadlock(plan: Plan) -> SimDeadlock:
+    result = execution_order(build_graph(plan))
+    if result and isinstance(result[0], int):
+        raise AssertionError("the walk stalled on a plan the dependency graph can run")
+    return SimDeadlock(result)

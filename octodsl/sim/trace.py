@@ -1,0 +1,42 @@
+"""A simulated iteration as a Chrome / Perfetto trace, in the executor's layout
+(deepspeed_ext/trace.py) so measured and simulated traces open side by side, plus what only a
+simulation knows: flow arrows from each send to its receive, and a "memory" counter track per
+device (bytes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..deepspeed_ext.trace import COMM, Span, chrome_trace as layout, comm_span, op_span
+from .result import SimResult
+
+
+def chrome_trace(result: SimResult) -> dict:
+    spans = [op_span(op.device, op.kind, op.stage, op.mb, op.start, op.end) for op in result.ops()]
+    # A free message (--link none) has nothing to show.
+    messages = [m for m in result.messages() if m.end > m.start]
+    for m in messages:
+        spans.append(comm_span(m.src, "send", m.kind, m.stage, m.mb, m.dst, m.start, m.end))
+        spans.append(comm_span(m.dst, "recv", m.kind, m.stage, m.mb, m.src, m.start, m.end))
+    for d in range(result.devices):
+        if result.allreduce[d] > 0:
+            start = float(result.allreduce_start[d])
+            spans.append(Span(d, COMM, "allreduce", start, start + float(result.allreduce[d]),
+                              {"kind": "allreduce"}))
+    trace = layout(spans)
+    # The layout counts time from the earliest span, and a simulation's first op starts at 0,
+    # so the events below can use the simulation's own clock.
+    events = trace["traceEvents"]
+    for m in messages:
+        for ph, pid in (("s", m.src), ("f", m.dst)):
+            events.append({"ph": ph, "id": m.id, "pid": pid, "tid": COMM, "ts": m.start * 1e6,
+                           "name": m.label, "cat": "message", **({"bp": "e"} if ph == "f" else {})})
+    for d in range(result.devices):
+        for t, nbytes in result.memory_events(d):
+            events.append({"ph": "C", "pid": d, "name": "memory", "ts": t * 1e6, "args": {"bytes": nbytes}})
+    return trace
+
+
+def write_trace(result: SimResult, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(chrome_trace(result), separators=(",", ":")))

@@ -1,0 +1,26 @@
+"""Small hand-written plans for the simulator's tests (classic schedules come from octodsl.gen)."""
+
+from __future__ import annotations
+
+from octodsl.plan import DevicePlacement, Header, Op, OpKind, Plan, Slot, Stage, placement_loop
+
+F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
+
+
+def make_plan(devices: int, microbatches: int, orders: list[list], num_stages: int | None = None,
+              placement: list[tuple[int, ...]] | None = None, **header) -> Plan:
+    """An abstract plan from per-device orders written as 'F0:1' strings or tuples of them
+    (overlap groups); placement[d] lists device d's stages (default: looped)."""
+    S = num_stages or devices
+    place = ([DevicePlacement(d, tuple(st)) for d, st in enumerate(placement)] if placement
+             else placement_loop(S, devices))
+    schedule = [[Slot(tuple(_op(x) for x in (item if isinstance(item, tuple) else (item,))))
+                 for item in order] for order in orders]
+    return Plan(Header(name="test", devices=devices, microbatches=microbatches, **header),
+                [Stage() for _ in range(S)], place, schedule)
+
+
+def _op(text: str) -> Op:
+    kind, rest = (text[:2], text[2:]) if text.startswith("BW") else (text[:1], text[1:])
+    stage, mb = rest.split(":")
+    return Op(OpKind(kind), int(stage), int(mb))

@@ -1,0 +1,136 @@
+"""`octodsl simulate`: summary, JSON contract, trace, Gantt chart, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from octodsl.cli import main
+from octodsl.costs.resolve import cost_table
+from octodsl.gen import generate_text
+from octodsl.lang import load_plan
+
+MODEL_PLAN = Path(__file__).parent / "data" / "nemotron-1f1b.octo"
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    def write(name="1f1b", p=4, m=8, text=None):
+        path = tmp_path / f"{name}-{p}-{m}.octo"
+        path.write_text(text if text is not None else generate_text(name, p, m))
+        return str(path)
+    return write
+
+
+def run_json(capsys, *argv):
+    assert main(["simulate", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_summary(plan_file, capsys):
+    assert main(["simulate", plan_file()]) == 0
+    out = capsys.readouterr().out
+    for text in ("1f1b-p4-m8", "iteration time", "bubble ratio", "27.3%", "critical path",
+                 "peak memory", "F0:3"):
+        assert text in out
+
+
+def test_json_contract(plan_file, capsys):
+    data = run_json(capsys, plan_file())
+    assert data["iteration_time"] == 33.0
+    assert data["bubble_ratio"] == pytest.approx(9 / 33)
+    assert data["overlap_rate"] == 1.0
+    assert data["lower_bound"] == 24.0 and data["efficiency"] == pytest.approx(24 / 33)
+    assert data["peak_memory"] == [4.0, 3.0, 2.0, 1.0]
+    assert [(s["F"], s["B"], s["W"]) for s in data["stages"]] == [(1.0, 1.0, 1.0)] * 4
+    assert data["throughput"] is None
+    assert 0 < data["simulate_seconds"] < 5
+    assert data["critical_path"][0]["first"] == "F0:0"
+
+
+def test_costs_and_links(plan_file, capsys):
+    path = plan_file("1f1b", 2, 1)
+    assert run_json(capsys, path, "--costs", "F=2,B=1,W=1,comm=0.5")["iteration_time"] == 9.0
+    assert run_json(capsys, path, "--costs", "f=2,b=1,w=1,comm=0.5", "--link", "none")["iteration_time"] == 8.0
+
+
+def test_model_costs(capsys):
+    data = run_json(capsys, str(MODEL_PLAN), "--link", "ib-ndr")
+    plan = load_plan(str(MODEL_PLAN))
+    stages = cost_table(model="nemotron-h-8b", device="H800").stage_costs(plan)
+    assert [s["F"] for s in data["stages"]] == pytest.approx([c.f for c in stages])
+    assert data["throughput"] == pytest.approx(8 * 4096 / (data["iteration_time"] * 4))
+    assert data["memory_limit"] == 40 * 2**30 and data["link"] == "ib-ndr"
+    assert 0 < data["overlap_rate"] < 1
+
+
+def test_memory_limit_defaults_to_the_devices(tmp_path, capsys):
+    path = tmp_path / "no-limit.octo"
+    path.write_text(MODEL_PLAN.read_text().replace("memory 40GiB", ""))
+    assert run_json(capsys, str(path), "--device", "H200")["memory_limit"] == 141 * 10**9
+    assert run_json(capsys, str(path), "--costs", "F=1,B=1,W=1")["memory_limit"] is None
+
+
+def test_dp(capsys):
+    data = run_json(capsys, str(MODEL_PLAN), "--dp", "8", "--dp-link", "ib-ndr")
+    assert data["dp"] == 8
+    assert all(t > 0 for t in data["allreduce_time"])
+    assert data["iteration_time"] > data["pipeline_time"]
+
+
+def test_trace(plan_file, tmp_path, capsys):
+    out = tmp_path / "trace.json"
+    assert main(["simulate", plan_file("zb-v", 2, 4), "--costs", "F=1,B=1,W=1,comm=0.1",
+                 "--trace", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    ops = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
+    assert len(ops) == 2 * 2 * 4 * 3
+    first = next(e for e in ops if e["name"] == "F0:0")
+    assert first["args"] == {"kind": "F", "stage": 0, "mb": 0} and first["pid"] == 0
+    assert first["ts"] == 0 and first["dur"] == 1e6
+    comm = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    sends = [e for e in comm if e["args"]["kind"] == "send"]
+    recvs = [e for e in comm if e["args"]["kind"] == "recv"]
+    assert sends[0]["name"] == "F0:0" and sends[0]["args"] == {"kind": "send", "stage": 0, "mb": 0, "peer": 1}
+    starts = [e for e in events if e["ph"] == "s"]
+    ends = [e for e in events if e["ph"] == "f"]
+    assert len(sends) == len(recvs) == len(starts) == len(ends) > 0
+    assert {e["id"] for e in starts} == {e["id"] for e in ends}
+    memory = [e for e in events if e["ph"] == "C" and e["name"] == "memory"]
+    assert {e["pid"] for e in memory} == {0, 1}
+    assert max(e["args"]["bytes"] for e in memory if e["pid"] == 0) > 0
+
+
+def test_png(plan_file, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "gantt.png"
+    assert main(["simulate", plan_file("zb-h1", 8, 32), "--png", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--costs", "F=1,B=x"], "--costs: cannot read 'B=x'"),
+    (["--costs", "F=1,B=1"], "--costs: give W too"),
+    (["--costs", "F=1,B=1,W=-1"], "cannot be negative"),
+    (["--link", "carrier-pigeon"], "unknown link 'carrier-pigeon'"),
+    (["--model", "nemotron-h-8b"], "stage 0 names no layers"),
+    (["--model", "no-such-model"], "no-such-model"),
+    (["--dp", "0"], "--dp must be at least 1"),
+])
+def test_bad_input_is_a_message(plan_file, capsys, argv, message):
+    assert main(["simulate", plan_file(), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_plan_with_errors(plan_file, capsys):
+    text = generate_text("1f1b", 2, 2).replace("BW1:0", "BW1:9")
+    assert main(["simulate", plan_file(text=text)]) == 1
+    assert "octodsl lint" in capsys.readouterr().err
+
+
+def test_missing_file(capsys):
+    assert main(["simulate", "no/such/plan.octo"]) == 2
+    assert "no such file" in capsys.readouterr().err

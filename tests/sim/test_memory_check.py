@@ -1,0 +1,49 @@
+"""Lint's memory check (E501): peak memory per device against the plan's limit."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from octodsl.costs.resolve import cost_table
+from octodsl.lang import load_plan
+from octodsl.sim import SimCosts, memory
+from octodsl.sim.memory_check import CODE, memory_diagnostics
+from octodsl.sim.program import compile
+
+PLAN = Path(__file__).parent / "data" / "nemotron-1f1b.octo"
+GIB = 2**30
+
+
+def test_reports_each_device_over_the_limit_at_the_memory_line():
+    plan = load_plan(str(PLAN))
+    diags = memory_diagnostics(plan)
+    table = cost_table(model="nemotron-h-8b")
+    peaks = memory(compile(plan), SimCosts.from_table(table, plan).stages).peak
+    over = [d for d in range(4) if peaks[d] > 40 * GIB]
+    assert over and len(over) < 4
+    assert [d.code for d in diags] == [CODE] * len(over)
+    for d, diag in zip(over, diags):
+        assert diag.is_error
+        assert diag.span == plan.header.spans["memory"]
+        assert diag.message.startswith(f"device {d} peaks at {peaks[d] / GIB:.2f} GiB at F{d}:")
+        assert f"{(peaks[d] - 40 * GIB) / GIB:.2f} GiB over the 40.00 GiB limit" in diag.message
+
+
+def test_first_device_peaks_after_its_warm_up():
+    # 1F1B: device 0 holds 4 micro-batches when its warm-up forwards are done.
+    plan = load_plan(str(PLAN))
+    assert "at F0:3," in memory_diagnostics(plan)[0].message
+
+
+def test_silent_without_a_limit_a_model_or_an_excess():
+    plan = load_plan(str(PLAN))
+    for change in ({"memory": None}, {"model": None}, {"memory": 1000 * GIB}):
+        header = plan.header.model_copy(update=change)
+        assert memory_diagnostics(dataclasses.replace(plan, header=header)) == []
+
+
+def test_silent_for_an_unknown_model():
+    plan = load_plan(str(PLAN))
+    header = plan.header.model_copy(update={"model": "no-such-model"})
+    assert memory_diagnostics(dataclasses.replace(plan, header=header)) == []
