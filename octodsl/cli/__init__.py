@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import importlib
 import sys
 
 from .common import UserError
 
 # Module names under octodsl.cli, one per command, in the order `--help` lists them.
-COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile")
+COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile", "tune")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"octodsl: error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        # Output piped into `head` and the like: stop quietly, as Unix tools do.
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except KeyboardInterrupt:
         print("octodsl: interrupted", file=sys.stderr)
         return 130

@@ -37,3 +37,13 @@ def write_output(path: str, text: str) -> None:
             f.write(text)
     except OSError as e:
         raise UserError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def console():
+    """A rich Console for command output; piped output gets a wide page instead of rich's
+    80-column default, so tables stay one line per row."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)

@@ -1,6 +1,7 @@
-"""`octodsl simulate PLAN [--model SPEC | --profile FILE | --costs F=1,B=1,W=1[,comm=0]]
+"""`octodsl simulate PLAN... [--model SPEC | --profile FILE | --costs F=1,B=1,W=1[,comm=0]]
 [--device H800] [--link nvlink] [--dp N] [--json] [--trace FILE] [--png FILE]`: iteration time,
-bubbles, overlap, memory and the critical path of a plan, before renting any GPU."""
+bubbles, overlap, memory and the critical path of a plan, before renting any GPU. Several plans
+are compared side by side, one row each."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..lint import lint_source
 from ..plan import Plan, PlanError
 from ..sim import SimCosts, compile, simulate, warm_up
 from ..sim.memory_check import CODE as MEMORY_CODE
-from .common import UserError, read_text
+from .common import UserError, console, read_text
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
@@ -26,7 +27,8 @@ _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate a plan: iteration time, bubbles, communication "
                        "overlap, peak memory, critical path")
-    p.add_argument("plan", metavar="PLAN", help="a .octo plan (or a PyTorch schedule .csv)")
+    p.add_argument("plans", nargs="+", metavar="PLAN",
+                   help="a .octo plan (or a PyTorch schedule .csv); several are compared side by side")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="SPEC",
                      help="model (built-in name or spec file); default: the plan's `model`")
@@ -48,33 +50,39 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    plan = _load(args.plan)
-    if plan is None:
-        return 1
     if args.dp is not None and args.dp < 1:
         raise UserError("--dp must be at least 1")
-    costs, link, device_memory = _costs(args, plan)
+    if len(args.plans) > 1 and (args.trace or args.png):
+        raise UserError("--trace and --png take one plan at a time")
     dp_link = _link(args.dp_link) if args.dp_link else None
-
     warm_up()  # start-up (loading the compiled walk) is not simulating
-    t0 = time.perf_counter()
-    try:
-        result = simulate(compile(plan), costs, link, dp=args.dp, dp_link=dp_link)
-    except PlanError as e:
-        raise UserError(f"{args.plan}: {e}") from None
-    seconds = time.perf_counter() - t0
+    rows = []
+    for path in args.plans:
+        plan = _load(path)
+        if plan is None:
+            return 1
+        costs, link, device_memory = _costs(args, path, plan)
+        t0 = time.perf_counter()
+        try:
+            result = simulate(compile(plan), costs, link, dp=args.dp, dp_link=dp_link)
+        except PlanError as e:
+            raise UserError(f"{path}: {e}") from None
+        limit = plan.header.memory if plan.header.memory is not None else device_memory
+        rows.append((path, result, dict(link=link.name, memory_limit=limit,
+                                        simulate_seconds=time.perf_counter() - t0)))
+    from ..sim.report import comparison, summary, to_json
 
-    from ..sim.report import summary, to_json
-
-    limit = plan.header.memory if plan.header.memory is not None else device_memory
-    info = dict(link=link.name, memory_limit=limit, simulate_seconds=seconds)
     if args.json:
-        json.dump(to_json(result, **info), sys.stdout, indent=1)
+        objs = [to_json(result, **info) for _, result, info in rows]
+        json.dump(objs[0] if len(objs) == 1 else objs, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        from rich.console import Console
-
-        Console(highlight=False).print(summary(result, **info))
+        out = console()
+        if len(rows) == 1:
+            out.print(summary(rows[0][1], **rows[0][2]))
+        else:
+            out.print(comparison([(path, result) for path, result, _ in rows]))
+    _, result, _ = rows[0]
     if args.trace:
         from ..sim.trace import write_trace
 
@@ -110,7 +118,7 @@ def _load(path: str) -> Plan | None:
     return plan
 
 
-def _costs(args, plan: Plan) -> tuple[SimCosts, Link, int | None]:
+def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
     """The costs, the pipeline's link, and the memory of the device the costs are for."""
     model = args.model or (None if args.costs or args.profile else plan.header.model)
     if model or args.profile:
@@ -119,7 +127,7 @@ def _costs(args, plan: Plan) -> tuple[SimCosts, Link, int | None]:
                                microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len)
             costs = SimCosts.from_table(table, plan)
         except PlanError as e:
-            raise UserError(f"{args.plan}: {e}; partition the plan over the model's layers, or "
+            raise UserError(f"{path}: {e}; partition the plan over the model's layers, or "
                             "simulate it with --costs") from None
         except ValueError as e:
             raise UserError(str(e)) from None

@@ -163,3 +163,20 @@ def _bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:g} B"
+
+
+def comparison(rows: list[tuple[str, SimResult]]) -> Table:
+    """Several plans side by side, one row each; speed-up is against the first row."""
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("plan", "stages", "iteration", "tokens/dev/s", "bubble", "overlap", "efficiency",
+                "peak memory", "speed-up"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    base = rows[0][1].iteration_time
+    for path, r in rows:
+        p = r.program
+        table.add_row(
+            p.plan.header.name or path, str(p.plan.num_stages), _time(r.iteration_time),
+            f"{r.throughput:,.0f}" if r.throughput is not None else "-", f"{r.bubble_ratio:.1%}",
+            f"{r.overlap_rate:.1%}", f"{r.efficiency:.1%}", _bytes(float(r.peak_memory.max())),
+            f"{base / r.iteration_time:.2f}x")
+    return table

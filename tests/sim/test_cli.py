@@ -134,3 +134,21 @@ def test_plan_with_errors(plan_file, capsys):
 def test_missing_file(capsys):
     assert main(["simulate", "no/such/plan.octo"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_several_plans_side_by_side(tmp_path, capsys):
+    paths = []
+    for name in ("1f1b", "zb-h1"):
+        path = tmp_path / f"{name}.octo"
+        path.write_text(generate_text(name, devices=4, microbatches=8))
+        paths.append(str(path))
+    assert main(["simulate", *paths]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith(("1f1b", "zb-h1"))]
+    assert len(lines) == 2 and lines[0].split()[-1] == "1.00x"
+    # Uniform F=B=W=1: 1F1B takes (m+p-1)*3 = 33, ZB-H1 takes 3m + (p-1)(F+B-W) = 27.
+    assert lines[1].split()[-1] == f"{33 / 27:.2f}x"
+    assert main(["simulate", *paths, "--json"]) == 0
+    objs = json.loads(capsys.readouterr().out)
+    assert [o["iteration_time"] for o in objs] == [33.0, 27.0]
+    assert main(["simulate", *paths, "--png", str(tmp_path / "x.png")]) == 2

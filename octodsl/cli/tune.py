@@ -1,0 +1,200 @@
+"""`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
+[--budget 60s] [--seed N] [--from PLAN] [--compare random,milp,milp-warm] [--explain] [--json]`:
+search partition, placement and schedule together for the fastest plan that fits in memory,
+and show it next to the classic schedules on the same simulator."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+from .common import UserError, read_text, write_output
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="tune partition, placement and schedule together; compare "
+                       "with the classic schedules")
+    p.add_argument("--model", metavar="SPEC", help="model (built-in name or spec file); default: "
+                   "the --from plan's")
+    p.add_argument("--devices", "-p", type=int, metavar="P", help="pipeline devices")
+    p.add_argument("--microbatches", "-m", type=int, metavar="M", help="micro-batches per iteration")
+    p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
+    p.add_argument("--link", default="nvlink", help="link between devices (default nvlink)")
+    p.add_argument("--memory", metavar="SIZE", help="memory limit per device, e.g. 80GiB, or "
+                   "'none' (default: the device's memory)")
+    p.add_argument("--microbatch-size", type=int, metavar="N", help="sequences per micro-batch")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
+    p.add_argument("--budget", default="60s", metavar="TIME",
+                   help="wall-time budget of the search, e.g. 60s, 2m (default 60s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    p.add_argument("--from", dest="start", metavar="PLAN", help="refine this plan (its partition "
+                   "must name the model's layers)")
+    p.add_argument("--compare", default="", metavar="LIST",
+                   help="also run, with the same budget: random, milp, milp-warm (comma-separated)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="write the tuned plan here")
+    p.add_argument("--explain", action="store_true", help="print each round: phase, move, "
+                   "iteration time before and after")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..lint import lint_source
+    from ..tune.compare import OTHERS, NoPlanFits, tune_and_compare
+    from ..tune.report import comparison_table, explain, to_json
+
+    start, model, devices, microbatches = _start(args)
+    others = [x for x in args.compare.split(",") if x]
+    unknown = [x for x in others if x not in OTHERS]
+    if unknown:
+        raise UserError(f"--compare: unknown {', '.join(unknown)} (choose from {', '.join(OTHERS)})")
+    problem = _problem(args, model, devices, microbatches)
+    if start is not None:
+        from ..plan import PlanError
+        from ..tune.evaluate import fits_problem
+
+        try:
+            fits_problem(start, problem)
+        except PlanError as e:
+            raise UserError(f"{args.start}: {e}") from None
+    budget = _seconds(args.budget)
+
+    with _Progress(budget, enabled=not args.json) as progress:
+        try:
+            outcome = tune_and_compare(problem, budget=budget, seed=args.seed, start=start,
+                                       others=others, progress=progress)
+        except NoPlanFits as e:
+            raise UserError(str(e), exit_code=1) from None
+    best = outcome.tuned.best
+    text = _render(replace(best.plan, header=problem.header.model_copy()), problem, best, args)
+    _, diags = lint_source(text, args.output)
+    errors = [d for d in diags if d.is_error]
+    if errors:  # the tuner only proposes valid plans: this is a bug, not a user error
+        raise RuntimeError(f"the tuned plan does not lint clean: {errors[0].message}")
+    write_output(args.output, text)
+
+    if args.json:
+        json.dump(to_json(problem, outcome.tuned, outcome.baselines, args.output, outcome.others),
+                  sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if args.explain:
+        console.print("rounds (phase, move, iteration before -> after):", style="bold")
+        for line in explain(outcome.tuned.rounds):
+            console.print(line)
+        console.print()
+    console.print(comparison_table(problem, outcome.tuned, outcome.baselines, outcome.others))
+    t = outcome.tuned
+    notes = "; ".join(f"{k}: {v}" for k, v in outcome.notes.items())
+    console.print(f"wrote {args.output}; {t.evaluations} plans simulated in {t.seconds:.1f} s"
+                  + ("" if t.finished else " (stopped by the budget)")
+                  + (f"; {notes}" if notes else ""), style="dim")
+    return 0
+
+
+def _start(args):
+    """The --from plan (or None), and the model, devices and micro-batches to tune for."""
+    start = None
+    model, devices, microbatches = args.model, args.devices, args.microbatches
+    if args.start:
+        from ..lint import lint_source
+        from ..sim.memory_check import CODE as MEMORY_CODE
+
+        source = read_text(args.start)
+        start, diags = lint_source(source, args.start)
+        # Over the memory limit is what the tuner can fix; anything else must be fixed first.
+        errors = [d for d in diags if d.is_error and d.code != MEMORY_CODE]
+        if start is None or errors:
+            first = errors[0].render(args.start, source) if errors else ""
+            raise UserError(f"{args.start}: the plan has errors (`octodsl lint {args.start}`)\n{first}")
+        model = model or start.header.model
+        for what, given, own in (("--devices", devices, start.devices),
+                                 ("--microbatches", microbatches, start.microbatches)):
+            if given is not None and given != own:
+                raise UserError(f"{what} {given} differs from {args.start}'s {own}")
+        devices, microbatches = start.devices, start.microbatches
+    if model is None:
+        raise UserError("--model is required (or a --from plan that names its model)")
+    if devices is None or microbatches is None:
+        raise UserError("--devices and --microbatches are required (or a --from plan)")
+    if devices < 1 or microbatches < 1:
+        raise UserError("--devices and --microbatches must be at least 1")
+    return start, model, devices, microbatches
+
+
+def _problem(args, model: str, devices: int, microbatches: int):
+    from ..costs.devices import get_device
+    from ..lang.parser import parse_size
+    from ..tune.problem import Problem
+
+    try:
+        if args.memory is None:
+            memory = get_device(args.device).memory
+        elif args.memory.lower() == "none":
+            memory = None
+        else:
+            memory = parse_size(args.memory)
+        return Problem.create(model, devices, microbatches, device=args.device, memory=memory,
+                              link=args.link, microbatch_size=args.microbatch_size,
+                              seq_len=args.seq_len)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _seconds(text: str) -> float:
+    """'60s', '2m', '90' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise UserError(f"--budget: cannot read {text!r} (e.g. 60s, 2m)") from None
+    if value <= 0:
+        raise UserError("--budget must be positive")
+    return value
+
+
+def _render(plan, problem, best, args) -> str:
+    from ..gen import render_plan
+
+    title = (f"Tuned by `octodsl tune` (seed {args.seed}): {problem.header.model}, "
+             f"{problem.devices} devices, {problem.microbatches} micro-batches.\n"
+             f"Simulated iteration {best.time * 1e3:.1f} ms, efficiency "
+             f"{problem.lower_bound() / best.time:.3f} against the lower bound.")
+    return render_plan(plan, title=title)
+
+
+class _Progress:
+    """The search's phase, best iteration time so far and time left, on standard error while
+    it runs (only on a terminal)."""
+
+    def __init__(self, budget: float, enabled: bool) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.enabled = enabled and self.console.is_terminal
+        self.budget = budget
+        self.live = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.live import Live
+
+            self.live = Live(console=self.console, transient=True, refresh_per_second=8)
+            self.live.__enter__()
+        return self if self.enabled else None
+
+    def __call__(self, phase: str, best: float, left: float) -> None:
+        from rich.text import Text
+
+        best_text = "-" if best == float("inf") else f"{best * 1e3:,.1f} ms"
+        self.live.update(Text(f"tuning: {phase:<10} best {best_text:>12}   "
+                              f"{max(left, 0.0):5.1f} s left", style="cyan"))
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
