@@ -1,0 +1,25 @@
+"""Run any linted plan with the DeepSpeed launcher (`octodsl.deepspeed_ext`).
+
+    engine, optimizer, _, scheduler = octodsl.deepspeed_ext.initialize(
+        layer_specs, "plan.octo", config="ds_config.json", loss_fn=lm_loss)
+    loss = engine.train_batch(data_iter)
+
+Modules, one job each: launch (the entry point and the plan-vs-launch checks), partition
+(layers per stage), module (several stages per rank), program (the plan's DAG compiled into
+one rank's instructions), p2p (message streams between any two ranks), split_backward (B and
+W), engine (DeepSpeed's PipelineEngine running the program), watchdog, trace (Chrome traces).
+"""
+
+from .errors import PlanLaunchError
+
+__all__ = ["PlanLaunchError", "check_launch", "initialize"]
+
+
+def __getattr__(name: str):
+    # DeepSpeed is imported on first use, so that split_backward (pure torch, used by the
+    # profiler) does not pay for it.
+    if name in ("check_launch", "initialize"):
+        from . import launch
+
+        return getattr(launch, name)
+    raise AttributeError(name)

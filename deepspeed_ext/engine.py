@@ -1,0 +1,343 @@
+"""OctoPipeEngine: DeepSpeed's PipelineEngine running any plan.
+
+`train_batch()` and `eval_batch()` are DeepSpeed's own; what they execute is the plan compiled
+for this rank (program.py) instead of TrainSchedule. The engine holds several stages per rank
+(module.py), sends to any rank (p2p.py), splits backward into B and W where the plan does
+(split_backward.py), computes the loss on whichever rank holds the last stage, and keeps
+DeepSpeed's optimizer, scheduler, bf16 / ZeRO-1, gradient clipping, data parallelism, tied
+weights and checkpoints working.
+
+Per step, per rank: the instructions of each of the plan's slots (post receives ahead, wait for
+inputs, compute, send), then wait for the sends, reduce tied and data-parallel gradients, and
+step the optimizer.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from deepspeed import comm as dist
+from deepspeed.runtime.pipe.engine import PipelineEngine
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+from ..plan import Op, OpKind, Plan
+from . import program
+from .module import OctoPipeModule, as_leaf
+from .p2p import P2P, flat
+from .split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
+from .trace import Span, op_span, write_trace
+from .watchdog import Watchdog
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds a rank may wait on one message before the watchdog stops the job."""
+
+
+@dataclass(slots=True)
+class _Saved:
+    """What a stage keeps of one micro-batch between its forward and its backward ops."""
+
+    inputs: object
+    root: object
+    """The stage's output, or on the loss stage its scaled loss."""
+    segments: list | None = None
+    """(input, output) per layer when the backward is split (the last output is `root`)."""
+    weight: WeightGradState | None = None
+    """After B: what W runs."""
+
+
+class OctoPipeEngine(PipelineEngine):
+    def __init__(self, *args, plan: Plan, timeout: float = DEFAULT_TIMEOUT, trace: bool = False,
+                 **kwargs):
+        self._in_parent_init = True  # the parent's warm-up uses topological first/last stages
+        super().__init__(*args, **kwargs)
+        self._in_parent_init = False
+        module = self.module
+        assert isinstance(module, OctoPipeModule), "model must be an OctoPipeModule"
+        assert self.zero_optimization_stage() < ZeroStageEnum.gradients
+        assert not (self.is_pipe_partitioned or self.is_grad_partitioned), \
+            "OctoPipeEngine does not support pipe_partitioned or grad_partitioned"
+        self.plan = plan
+        self.loss_stage = plan.num_stages - 1
+        self.loss_device = module.stage_device[self.loss_stage]
+        self.local_stages = module.local_stages
+        self._stage_params = {s: module.stage_params(s) for s in self.local_stages}
+        self._split = plan.split_stages()
+        self._probed: set[int] = set()
+        self._fused_in_b: set[int] = set()
+        self._train_sched = program.PlanSchedule(plan, self.stage_id, train=True)
+        self._eval_sched: program.PlanSchedule | None = None
+        dp_id = self.grid.data_parallel_id
+        self._trace_pid = (self.stage_id if self.grid.data_parallel_size == 1 else self.global_rank) \
+            if trace else None
+        self.watchdog = Watchdog(timeout, f"rank {self.global_rank} (device {self.stage_id}, "
+                                          f"data-parallel copy {dp_id})")
+        self.p2p = P2P(self.stage_id, lambda d: self.grid.stage_to_global(stage_id=d, data=dp_id),
+                       self._stream_groups(), self.device, self.watchdog, self._trace_pid)
+        self._op_spans: list[Span] = []
+        self._reset_buffers()
+        if self.training_data:  # the parent gave the loader to the topological end ranks
+            self._build_data_iter(self.training_data)
+
+    def _stream_groups(self) -> dict[tuple[int, int], dist.ProcessGroup]:
+        """A two-rank group per direction between devices that exchange messages, in each
+        data-parallel copy (every rank creates every group, in the same order)."""
+        pairs = sorted({(m.src, m.dst) for m in self._train_sched.messages})
+        mine = {}
+        for dp in range(self.grid.data_parallel_size):
+            for a, b in pairs:
+                ranks = [self.grid.stage_to_global(stage_id=d, data=dp) for d in (a, b)]
+                group = dist.new_group(ranks=ranks)
+                if dp == self.grid.data_parallel_id:
+                    mine[(a, b)] = group
+        return mine
+
+    def _reset_buffers(self) -> None:
+        self._inputs: dict[int, object] = {}
+        self._labels: dict[int, object] = {}
+        self._inbox: dict[tuple[int, int], object] = {}
+        self._grads: dict[tuple[int, int], list] = {}
+        self._outbox: dict[tuple, object] = {}
+        self._saved: dict[tuple[int, int], _Saved] = {}
+
+    # Which ranks play DeepSpeed's first / last stage roles (data loading, the loss).
+    def is_first_stage(self):
+        if getattr(self, "_in_parent_init", True):
+            return super().is_first_stage()
+        return 0 in self.local_stages
+
+    def is_last_stage(self):
+        if getattr(self, "_in_parent_init", True):
+            return super().is_last_stage()
+        return self.loss_stage in self.local_stages
+
+    def _loss_stage_global_rank(self):
+        return self.grid.stage_to_global(self.loss_device)
+
+    def _train_schedule(self):
+        return self._train_sched
+
+    def _inference_schedule(self, micro_batches):
+        if micro_batches != self.plan.microbatches:
+            raise ValueError(f"the plan runs {self.plan.microbatches} micro-batches, not {micro_batches}")
+        if self._eval_sched is None:
+            self._eval_sched = program.PlanSchedule(self.plan, self.stage_id, train=False)
+        return self._eval_sched
+
+    def reset_activation_shape(self):
+        """Call on every rank when the shapes between stages change."""
+        super().reset_activation_shape()
+        self.p2p.reset_shapes()
+
+    def _exec_schedule(self, pipe_schedule):
+        self._reset_buffers()
+        self.p2p.begin(pipe_schedule.messages)
+        self.tput_timer.start()
+        super()._exec_schedule(pipe_schedule)
+        self._reset_buffers()
+
+    # Instructions.
+    def _exec_load(self, mb: int):
+        batch = self._next_batch()
+        if 0 in self.local_stages:
+            x = batch[0]
+            self._inputs[mb] = x.clone().detach().to(self.device) if torch.is_tensor(x) else \
+                tuple(t.clone().detach().to(self.device) for t in x)
+        if self.loss_stage in self.local_stages:
+            y = batch[1]
+            self._labels[mb] = y.to(self.device) if torch.is_tensor(y) else tuple(t.to(self.device) for t in y)
+
+    def _exec_post(self, ids):
+        self.p2p.post(ids)
+
+    def _exec_recv(self, msg: program.Message):
+        value = self.p2p.recv(msg)
+        if msg.act:
+            self._inbox[(msg.consumer.stage, msg.mb)] = value
+        else:
+            self._grads[(msg.consumer.stage, msg.mb)] = value
+
+    def _exec_send(self, msg: program.Message):
+        self.p2p.send(msg, self._outbox.pop(msg.producer.key()))
+
+    def _exec_finish_sends(self):
+        self.p2p.finish()
+
+    def _exec_run(self, op: Op):
+        start = time.time()
+        {OpKind.F: self._forward, OpKind.B: self._backward_input, OpKind.W: self._backward_weight,
+         OpKind.BW: self._backward}[op.kind](op)
+        if self._trace_pid is not None:
+            self._op_spans.append(op_span(self._trace_pid, op.kind.value, op.stage, op.mb, start, time.time()))
+            self.p2p.poll()
+        self.watchdog.last_done = str(op)
+
+    # Compute.
+    def _forward(self, op: Op):
+        s, m = op.stage, op.mb
+        x = self._inputs.pop(m) if s == 0 else self._inbox.pop((s, m))
+        training = torch.is_grad_enabled()
+        out, segments = self.module.run_stage(s, x, segmented=training and self._split[s])
+        if s != self.loss_stage:
+            if training:
+                self._saved[(s, m)] = _Saved(x, out, segments)
+            self._deliver(op, out)
+            return
+        labels = self._labels.pop(m)
+        loss = self.module.loss_fn(out, labels) if self._compute_loss and self.module.loss_fn else out
+        if self.eval_return_logits:
+            self.outputs = out
+        self.fwd_outputs.append(loss.detach())
+        if self.total_loss is None:
+            self.total_loss = torch.zeros_like(loss)
+        self.total_loss += loss.detach()
+        if training:
+            root = self._scaled(loss)
+            if segments:
+                segments[-1] = (segments[-1][0], root)
+            self._saved[(s, m)] = _Saved(x, root, segments)
+
+    def _scaled(self, loss):
+        """The loss as DeepSpeedEngine.backward differentiates it: averaged over the
+        micro-batches (whichever rank computes it) and loss-scaled where the optimizer says."""
+        loss = loss / self.gradient_accumulation_steps()
+        return self.optimizer.scale_if_loss(loss) if isinstance(self.optimizer, ZeROOptimizer) else loss
+
+    def _backward(self, op: Op):
+        """BW: the fused backward of one stage and micro-batch."""
+        s, m = op.stage, op.mb
+        saved = self._saved.pop((s, m))
+        roots, grads = self._roots(s, m, saved.root)
+        with self._weight_grads():
+            torch.autograd.backward(roots, grads)
+        if s > 0:
+            ins = flat(saved.inputs)
+            self._deliver(op, _input_grads(ins, [t.grad for t in ins]))
+
+    def _backward_input(self, op: Op):
+        """B: input gradients now, layer by layer down the stage; weight gradients kept for W."""
+        s, m = op.stage, op.mb
+        saved = self._saved[(s, m)]
+        probe = s not in self._probed  # the first B of a stage checks that weights wait for W
+        fired: list[torch.nn.Parameter] = []
+        hooks = [p.register_post_accumulate_grad_hook(fired.append)
+                 for p in self._stage_params[s]] if probe else []
+        states = []
+        with self._weight_grads() if probe or s in self._fused_in_b else _nothing():
+            outs, grads = self._roots(s, m, saved.root)
+            for k in reversed(range(len(saved.segments))):
+                ins, layer_out = saved.segments[k]
+                if k < len(saved.segments) - 1:  # below the top layer: what the layer above sent
+                    keep = [(t, g) for t, g in zip(flat(layer_out), grads) if g is not None and t.requires_grad]
+                    outs, grads = [t for t, _ in keep], [g for _, g in keep]
+                try:
+                    grads, state = backward_input(outs, grads, flat(ins))
+                    states.append(state)
+                except CannotSplit:  # this layer runs its whole backward now (the probe says so)
+                    torch.autograd.backward(outs, grads)
+                    grads = [t.grad for t in flat(ins)]
+        for h in hooks:
+            h.remove()
+        if probe:
+            self._probed.add(s)
+            if fired:
+                self._fused_in_b.add(s)
+                self._warn_unsplit(s, fired)
+        saved.weight = WeightGradState.merge(states)
+        saved.segments = saved.root = None
+        if s > 0:
+            self._deliver(op, _input_grads(flat(saved.inputs), grads))
+
+    def _backward_weight(self, op: Op):
+        """W: the weight gradients B left, where the plan puts them."""
+        saved = self._saved.pop((op.stage, op.mb))
+        with self._weight_grads():
+            backward_weight(saved.weight, self._stage_params[op.stage])
+
+    def _roots(self, s: int, m: int, root) -> tuple[list, list]:
+        """What the stage's backward starts from: the scaled loss, or the float outputs that
+        require grad with the gradients received for them."""
+        if s == self.loss_stage:
+            return [root], [torch.ones_like(root)]
+        outs = [t for t in flat(root) if t.is_floating_point()]
+        grads = self._grads.pop((s, m))
+        keep = [(o, g) for o, g in zip(outs, grads, strict=True) if o.requires_grad]
+        return [o for o, _ in keep], [g for _, g in keep]
+
+    def _deliver(self, op: Op, value):
+        """Hand an op's result (F: the stage output; B/BW: the input gradients) to the stage
+        that needs it on this rank, or leave it for the Send that follows the op."""
+        s = op.stage + 1 if op.kind is OpKind.F else op.stage - 1
+        if self.module.stage_device[s] != self.stage_id:
+            self._outbox[op.key()] = value
+        elif op.kind is OpKind.F:
+            self._inbox[(s, op.mb)] = as_leaf(value)
+        else:
+            self._grads[(s, op.mb)] = value
+
+    @contextmanager
+    def _weight_grads(self):
+        """Around every backward that accumulates weight gradients (W, BW): what DeepSpeed's
+        own backward does for the optimizer (bf16: fresh low-precision grads, then added to
+        the fp32 ones)."""
+        bf16 = self.using_bf16_optimizer
+        if bf16:
+            self.optimizer.clear_lp_grads()
+        self._running_engine_backward = True
+        try:
+            yield
+        finally:
+            self._running_engine_backward = False
+        if bf16 and not self._config.bfloat16_config.immediate_grad_update:
+            self.optimizer.update_hp_grads(clear_lp_grads=False)
+
+    def _warn_unsplit(self, s: int, fired) -> None:
+        fired_ids = {id(p) for p in fired}
+        layers = [i for i, ps in self.module.stage_layer_params(s) if any(id(p) in fired_ids for p in ps)]
+        if self.grid.data_parallel_id == 0:
+            print(f"octodsl: stage {s}: layer(s) {', '.join(map(str, layers))} cannot split their "
+                  "backward (e.g. reentrant activation checkpointing): they run a fused backward "
+                  "in B; the stage's other layers still leave their weight gradients to W",
+                  file=sys.stderr, flush=True)
+
+    # Traces.
+    def trace_spans(self) -> list[Span]:
+        return self._op_spans + self.p2p.spans
+
+    def write_trace(self, path: str) -> None:
+        """Gather every rank's spans; rank 0 writes the Chrome trace (collective)."""
+        gathered = [None] * dist.get_world_size()
+        torch.distributed.all_gather_object(gathered, self.trace_spans())
+        if self.global_rank == 0:
+            names = {}
+            for rank in range(dist.get_world_size()):
+                coord = self.grid._topo.get_coord(rank)
+                pid = coord.pipe if self.grid.data_parallel_size == 1 else rank
+                names[pid] = f"device {coord.pipe}" + (f" (dp {coord.data})" if self.grid.data_parallel_size > 1 else "")
+            write_trace(path, [s for spans in gathered for s in spans], names)
+
+    _INSTRUCTION_MAP = {
+        **PipelineEngine._INSTRUCTION_MAP,
+        program.LoadMicroBatch: _exec_load,
+        program.PostRecvs: _exec_post,
+        program.Recv: _exec_recv,
+        program.Send: _exec_send,
+        program.RunOp: _exec_run,
+        program.FinishSends: _exec_finish_sends,
+    }
+
+
+def _input_grads(inputs, grads) -> list:
+    """The gradients of a stage's float inputs, zeros where none flowed (the receiver expects
+    one tensor per float activation)."""
+    return [torch.zeros_like(t) if g is None else g
+            for t, g in zip(inputs, grads) if t.is_floating_point()]
+
+
+@contextmanager
+def _nothing():
+    yield

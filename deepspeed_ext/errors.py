@@ -1,0 +1,6 @@
+"""Errors a user can fix."""
+
+
+class PlanLaunchError(ValueError):
+    """The plan does not fit the model or the launch (world size, DP degree, layers,
+    micro-batches); raised on every rank before any pipeline communication."""

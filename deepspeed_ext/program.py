@@ -1,0 +1,153 @@
+"""Compile a plan into one rank's DeepSpeed instructions, from the plan's one DAG.
+
+Every message is a cross-device data edge of `octodsl.dag` (an activation F -> F, or an input
+gradient B/BW -> B/BW); nothing here re-derives dependencies. Why the instruction order cannot
+deadlock, for any plan whose DAG admits an execution (what lint checks):
+- a send is an isend issued right after its producer op and never waited on before the end of
+  the step, so a sender never blocks;
+- the messages from one device to another form a FIFO stream, in the order the sender runs
+  their producers; the receiver posts its receives of that stream in the same order, before it
+  needs them (a window ahead of the consumer), so each posted receive matches its own send;
+- a rank blocks only waiting for a message its next op needs, whose producer comes earlier
+  in the DAG's execution order. A cycle of such waits would be a cycle in the DAG plus the
+  devices' orders, which lint has ruled out.
+Posting receives a few slots ahead and sending at once overlaps communication with compute
+and keeps each message's span short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepspeed.runtime.pipe import schedule as ds
+
+from ..dag import Graph, build_graph
+from ..plan import Op, OpKind, Plan, Slot
+
+LOOKAHEAD = 2
+"""Slots ahead of the current one whose incoming messages are posted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One cross-device data edge: the result of `producer` on device `src`, which `consumer`
+    on device `dst` needs. `id` orders the messages of each (src, dst) stream as sent."""
+
+    id: int
+    src: int
+    dst: int
+    producer: Op
+    consumer: Op
+
+    @property
+    def act(self) -> bool:
+        """An activation (else an input gradient)."""
+        return self.producer.kind is OpKind.F
+
+    @property
+    def boundary(self) -> int:
+        """The stage whose output this carries (or whose output's gradient)."""
+        return self.producer.stage if self.act else self.consumer.stage
+
+    @property
+    def mb(self) -> int:
+        return self.producer.mb
+
+
+def plan_messages(g: Graph) -> list[Message]:
+    """Every message of the plan, numbered stream by stream in each sender's order."""
+    pos = {n: i for order in g.order for i, n in enumerate(order)}
+    edges = sorted(g.messages(), key=lambda e: (g.node_device[e.src], g.node_device[e.dst],
+                                               pos[e.src], g.node_ops[e.src].index(e.producer)))
+    return [Message(i, g.node_device[e.src], g.node_device[e.dst], e.producer, e.consumer)
+            for i, e in enumerate(edges)]
+
+
+# Instructions (run by OctoPipeEngine through DeepSpeed's instruction map).
+class LoadMicroBatch(ds.PipeInstruction):
+    """Draw micro-batch `mb` from the data iterator (inputs and/or labels)."""
+
+
+class PostRecvs(ds.PipeInstruction):
+    """Post the receives of messages `ids` (and those before them on their streams)."""
+
+
+class Recv(ds.PipeInstruction):
+    """Wait for message `msg` and hand its tensors to the consumer."""
+
+
+class Send(ds.PipeInstruction):
+    """isend message `msg` (its producer has just run)."""
+
+
+class RunOp(ds.PipeInstruction):
+    """Compute `op`: F, B, W or BW of one stage and micro-batch."""
+
+
+class FinishSends(ds.PipeInstruction):
+    """Wait until every send of the step has completed."""
+
+
+def forward_only(plan: Plan) -> Plan:
+    """The plan's forwards in the same orders (eval): removing backward ops keeps the orders
+    executable, since forwards depend on forwards only."""
+    schedule = [[Slot(tuple(op for op in slot.ops if op.kind is OpKind.F), slot.span)
+                 for slot in slots if any(op.kind is OpKind.F for op in slot.ops)]
+                for slots in plan.schedule]
+    return Plan(plan.header, plan.stages, plan.placement, schedule)
+
+
+class PlanSchedule(ds.PipeSchedule):
+    """One rank's instructions for one step of `plan`, a list per slot of the plan.
+
+    Each slot: post the receives of the next LOOKAHEAD slots, wait for this slot's messages,
+    draw the micro-batches its forwards need, run its ops and send their results. After the
+    last slot: wait for the sends; in training, reduce tied and data-parallel gradients and
+    step the optimizer."""
+
+    def __init__(self, plan: Plan, device: int, train: bool):
+        super().__init__(micro_batches=plan.microbatches, stages=plan.num_stages, stage_id=device)
+        self.plan = plan if train else forward_only(plan)
+        self.graph = build_graph(self.plan)
+        self.messages = plan_messages(self.graph)
+        self.train = train
+        self._steps = self._compile(device)
+
+    def num_pipe_buffers(self) -> int:
+        return 0  # the engine keeps its own per-(stage, micro-batch) state
+
+    def steps(self):
+        yield from self._steps
+
+    def _compile(self, d: int) -> list[list[ds.PipeInstruction]]:
+        g = self.graph
+        steps = []
+        last = self.plan.num_stages - 1
+        recv_at: dict[int, list[Message]] = {}
+        send_of: dict[tuple, Message] = {}
+        for m in self.messages:
+            if m.dst == d:
+                recv_at.setdefault(g.op_node[m.consumer.key()], []).append(m)
+            if m.src == d:
+                send_of[m.producer.key()] = m
+        order = g.order[d]
+        drawn = 0
+        for i, node in enumerate(order):
+            cmds: list[ds.PipeInstruction] = []
+            ahead = [m.id for n in order[i:i + 1 + LOOKAHEAD] for m in recv_at.get(n, ())]
+            if ahead:
+                cmds.append(PostRecvs(ids=tuple(ahead)))
+            cmds += [Recv(msg=m) for m in recv_at.get(node, ())]
+            for op in g.node_ops[node]:
+                if op.kind is OpKind.F and op.stage in (0, last):
+                    while drawn <= op.mb:  # micro-batches come from the iterator in order
+                        cmds.append(LoadMicroBatch(mb=drawn))
+                        drawn += 1
+                cmds.append(RunOp(op=op))
+                if op.key() in send_of:
+                    cmds.append(Send(msg=send_of[op.key()]))
+            steps.append(cmds)
+        cmds = [FinishSends()]
+        if self.train:
+            cmds += [ds.ReduceTiedGrads(), ds.ReduceGrads(), ds.OptimizerStep()]
+        return steps + [cmds]

@@ -1,0 +1,67 @@
+"""Chrome-trace JSON for pipeline timelines, measured (the executor) or simulated.
+
+Layout, shared with the simulator so both open side by side in chrome://tracing or Perfetto:
+one process per device (pid = device, or global rank when DP > 1), thread 0 = compute,
+thread 1 = communication; every span is a complete ("X") event. A compute span is named after
+its op ("F3:5") with args {"kind", "stage", "mb"}; a communication span is named after the op
+whose result the message carries ("F3:5": the activation of F3:5, "B4:5": the gradient of B4:5)
+with args {"kind": "send" | "recv", "stage", "mb", "peer"}.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COMPUTE, COMM = 0, 1
+"""Thread ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    pid: int
+    tid: int
+    name: str
+    start: float
+    """Seconds, on a clock shared by every span of the trace."""
+    end: float
+    args: dict = field(default_factory=dict)
+
+
+def op_span(pid: int, kind: str, stage: int, mb: int, start: float, end: float) -> Span:
+    return Span(pid, COMPUTE, f"{kind}{stage}:{mb}", start, end,
+                {"kind": kind, "stage": stage, "mb": mb})
+
+
+def comm_span(pid: int, direction: str, kind: str, stage: int, mb: int, peer: int,
+              start: float, end: float) -> Span:
+    """A message carrying the result of op `kind stage:mb`, sent to or received from `peer`."""
+    return Span(pid, COMM, f"{kind}{stage}:{mb}", start, end,
+                {"kind": direction, "stage": stage, "mb": mb, "peer": peer})
+
+
+def chrome_trace(spans: Iterable[Span], process_names: dict[int, str] | None = None) -> dict:
+    """{"traceEvents": [...]} with times in microseconds from the earliest span."""
+    spans = list(spans)
+    t0 = min((s.start for s in spans), default=0.0)
+    pids = sorted({s.pid for s in spans} | set(process_names or {}))
+    events: list[dict] = []
+    for pid in pids:
+        name = (process_names or {}).get(pid, f"device {pid}")
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}})
+        events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+        for tid, tname in ((COMPUTE, "compute"), (COMM, "communication")):
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                           "args": {"name": tname}})
+    for s in sorted(spans, key=lambda s: (s.pid, s.tid, s.start)):
+        events.append({"ph": "X", "pid": s.pid, "tid": s.tid, "name": s.name,
+                       "ts": (s.start - t0) * 1e6, "dur": max(s.end - s.start, 0.0) * 1e6,
+                       "args": s.args})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(path: str | Path, spans: Iterable[Span],
+                process_names: dict[int, str] | None = None) -> None:
+    Path(path).write_text(json.dumps(chrome_trace(spans, process_names)))

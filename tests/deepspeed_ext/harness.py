@@ -1,0 +1,305 @@
+"""Multi-process checks of the DeepSpeed executor, run under the deepspeed launcher by
+test_executor.py:
+
+    deepspeed --num_gpus N tests/deepspeed_ext/harness.py CASE OUT.json
+
+Every case trains a CPU-sized hybrid (the Nemotron-H tiny pattern, narrower, tied embeddings)
+with stock DeepSpeed and with plans through octodsl.deepspeed_ext, in one process group, and
+rank 0 writes what it measured to OUT.json for the test to judge.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import deepspeed  # noqa: E402
+from deepspeed import comm as dist  # noqa: E402
+from deepspeed.pipe import LayerSpec  # noqa: E402
+
+from octodsl.deepspeed_ext import initialize  # noqa: E402
+from octodsl.deepspeed_ext.module import FixedPartitionModule  # noqa: E402
+from octodsl.gen import generate  # noqa: E402
+from octodsl.lang import parse_plan  # noqa: E402
+from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
+from octodsl.models import parse_model  # noqa: E402
+from octodsl.models.builtin import BUILTINS  # noqa: E402
+from octodsl.plan import Plan, Stage  # noqa: E402
+from train import step_data  # noqa: E402
+
+SEED, SEQ, M, STEPS = 7, 32, 4, 3
+
+
+def micro_spec():
+    d = copy.deepcopy(BUILTINS["nemotron-h-tiny"])
+    d.update(name="nemotron-h-micro", hidden=64, vocab=512, seq_len=SEQ, microbatch_size=1,
+             tie_embeddings=True)
+    d["mamba2"].update(heads=4, head_dim=32, groups=1, state=16, chunk=16)
+    d["attention"].update(heads=2, kv_heads=1, head_dim=32)
+    d["mlp"].update(ffn=128)
+    return parse_model(d, "micro")
+
+
+SPEC = micro_spec()
+LAYERS = SPEC.num_layers  # 24
+
+
+def config(**extra) -> dict:
+    c = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": M,
+         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+         "gradient_clipping": 0.0, "steps_per_print": 10**9}
+    c.update(extra)
+    return c
+
+
+def with_partition(plan: Plan, bounds: list[int], dp: int = 1) -> Plan:
+    stages = [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:])]
+    return Plan(plan.header.model_copy(update={"dp": dp}), stages, plan.placement, plan.schedule)
+
+
+def even(parts: int) -> list[int]:
+    return [LAYERS * i // parts for i in range(parts + 1)]
+
+
+def octo(name: str, devices: int, bounds: list[int], placement: dict[int, list[int]],
+         orders: dict[int, list[str]]) -> Plan:
+    """A hand-written plan, through the parser."""
+    part = "\n".join(f"  stage {i}: layers {a}..{b - 1}" for i, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    place = "\n".join(f"  device {d}: stages {', '.join(map(str, ss))}" for d, ss in placement.items())
+    sched = "\n".join(f"  device {d} {{ {' '.join(ops)} }}" for d, ops in orders.items())
+    text = (f'plan "{name}" {{\n  devices {devices}\n  microbatches {M}\n}}\n'
+            f"partition {{\n{part}\n}}\nplacement {{\n{place}\n}}\nschedule {{\n{sched}\n}}\n")
+    return parse_plan(text, name)
+
+
+def irregular(devices: int, placement: dict[int, list[int]], fused: set[int]) -> Plan:
+    """Every forward in micro-batch order, then every backward, each device's W delayed to its
+    end (stages in `fused` use BW): a projection of one global order, so executable."""
+    stages = sum(len(v) for v in placement.values())
+    where = {s: d for d, ss in placement.items() for s in ss}
+    orders: dict[int, list[str]] = {d: [] for d in placement}
+    for m in range(M):
+        for s in range(stages):
+            orders[where[s]].append(f"F{s}:{m}")
+    for m in range(M):
+        for s in reversed(range(stages)):
+            orders[where[s]].append(f"{'BW' if s in fused else 'B'}{s}:{m}")
+    for d, ss in placement.items():
+        orders[d] += [f"W{s}:{m}" for s in ss if s not in fused for m in reversed(range(M))]
+    return octo(f"irregular-p{devices}", devices, even(stages), placement, orders)
+
+
+class Reentrant(torch.nn.Module):
+    """A layer whose weight gradients cannot wait for W: reentrant activation checkpointing
+    computes them inside the backward of its output."""
+
+    def __init__(self, spec: LayerSpec):
+        super().__init__()
+        self.inner = spec.build()
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=True)
+
+
+def specs(unsplittable: int | None = None) -> list:
+    out = pipeline_specs(SPEC)
+    if unsplittable is not None:
+        out[unsplittable] = LayerSpec(Reentrant, out[unsplittable])
+    return out
+
+
+def build_ours(plan: Plan, cfg: dict, layers: list | None = None):
+    engine, *_ = initialize(layers or specs(), plan, config=cfg, loss_fn=lm_loss,
+                            seed_layers=True, base_seed=SEED)
+    return engine
+
+
+def build_stock(parts: list[int], dp: int, cfg: dict, layers: list | None = None):
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    topo = PipeDataParallelTopology(num_pp=len(parts) - 1, num_dp=dp)
+    module = FixedPartitionModule(layers or specs(), parts, topology=topo, loss_fn=lm_loss,
+                                  seed_layers=True, base_seed=SEED)
+    engine, *_ = deepspeed.initialize(model=module, config=cfg,
+                                      model_parameters=[p for p in module.parameters() if p.requires_grad])
+    return engine
+
+
+def train(engine, steps: int = STEPS, first: int = 0) -> list[float]:
+    dp_rank = engine.grid.data_parallel_id
+    losses = []
+    for step in range(first, first + steps):
+        data = step_data(SEED, step, dp_rank, M, 1, SEQ, SPEC.vocab)
+        losses.append(engine.train_batch(data).item())
+    return losses
+
+
+def evaluate(engine) -> float:
+    data = step_data(SEED, 10**6, engine.grid.data_parallel_id, M, 1, SEQ, SPEC.vocab)
+    return engine.eval_batch(data).item()
+
+
+def weights(engine) -> dict[int, dict[str, torch.Tensor]]:
+    """Every layer's parameters (fp32 masters where the optimizer keeps them), on rank 0."""
+    module = engine.module
+    stages = getattr(module, "stage_funcs", None) or {0: module.forward_funcs}
+    starts = {s: module.stage_ranges[s].start for s in stages} if hasattr(module, "stage_ranges") \
+        else {0: module._local_start}
+    tied = {id(m): module.tied_weight_attrs[k] for k, m in module.tied_modules.items()}
+    local = {}
+    for s, funcs in stages.items():
+        for i, f in enumerate(funcs):
+            f = f.args[0] if hasattr(f, "args") else f
+            # a tied module holds some parameters only its other use trains (the head's norm):
+            # the embedding's copy on another rank keeps just the tied weight in sync
+            keep = tied.get(id(f)) if i == 0 and starts[s] == 0 else None
+            local[starts[s] + i] = {k: v.detach().float().cpu().clone() for k, v in f.state_dict().items()
+                                    if keep is None or k in keep}
+    everything = [None] * dist.get_world_size()
+    torch.distributed.all_gather_object(everything, local)
+    merged: dict[int, dict] = {}
+    for part in everything:
+        merged.update(part)
+    return merged
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max((x[k] - y[k]).abs().max().item() for i in a for x, y in [(a[i], b[i])] for k in x)
+
+
+def compare(name: str, engine, ref_losses, ref_weights, ref_eval, steps=STEPS) -> dict:
+    start = time.time()
+    losses = train(engine, steps)
+    out = {"plan": name, "losses": losses, "ref_losses": ref_losses,
+           "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+           "weight_diff": max_diff(weights(engine), ref_weights),
+           "exact": losses == ref_losses, "seconds": time.time() - start}
+    if ref_eval is not None:
+        out["eval_diff"] = abs(evaluate(engine) - ref_eval)
+    return out
+
+
+def case_plans(out_dir: Path) -> dict:
+    """2 processes: every classic plan and an irregular one against stock 1F1B, fp32; bf16,
+    ZeRO-1 and clipping; a layer that cannot split its backward; a checkpoint round trip; a
+    measured trace."""
+    results = []
+    stock = build_stock(even(2), 1, config())
+    ref = train(stock)
+    ref_w, ref_eval = weights(stock), evaluate(stock)
+    plans = {name: with_partition(generate(name, devices=2, microbatches=M), even(2))
+             for name in ("1f1b", "gpipe", "zb-h1", "zb-h2")}
+    plans.update({name: with_partition(generate(name, devices=2, microbatches=M), even(4))
+                  for name in ("interleaved", "zb-v", "dualpipev")})
+    plans["irregular"] = irregular(2, {0: [0, 1, 4], 1: [2, 3]}, fused={2})
+    for name, plan in plans.items():
+        results.append(compare(name, build_ours(plan, config()), ref, ref_w, ref_eval))
+
+    for label, extra in (("bf16", {"bf16": {"enabled": True}}),
+                         ("zero1", {"zero_optimization": {"stage": 1}}),
+                         ("bf16-zero1", {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}),
+                         ("clip", {"gradient_clipping": 1.0})):
+        stock = build_stock(even(2), 1, config(**extra))
+        ref = train(stock)
+        ref_w = weights(stock)
+        for name in ("1f1b", "zb-h1", "zb-v"):
+            results.append(compare(f"{name}/{label}", build_ours(plans[name], config(**extra)),
+                                   ref, ref_w, None))
+    layers = specs(unsplittable=5)
+    stock = build_stock(even(2), 1, config(), layers)
+    ref, ref_w = train(stock), weights(stock)
+    results.append(compare("zb-h1/unsplittable", build_ours(plans["zb-h1"], config(), layers),
+                           ref, ref_w, None))
+
+    traced = build_ours(plans["zb-v"], {**config(), "octo": {"trace": True}})
+    train(traced, 1)
+    traced.write_trace(str(out_dir / "trace.json"))
+    return {"results": results, "checkpoint": checkpoint_round_trip(plans["zb-v"]),
+            "trace": str(out_dir / "trace.json")}
+
+
+def checkpoint_round_trip(plan: Plan) -> dict:
+    engine = build_ours(plan, config())
+    first = train(engine, 2)
+    with tempfile.TemporaryDirectory() if dist.get_rank() == 0 else _nothing() as tmp:
+        box = [tmp]
+        torch.distributed.broadcast_object_list(box, src=0)
+        engine.save_checkpoint(box[0], tag="t")
+        after = train(engine, 2, first=2)
+        again = build_ours(plan, config())
+        again.load_checkpoint(box[0], tag="t")
+        resumed = train(again, 2, first=2)
+        dist.barrier()
+    return {"before": first, "continued": after, "resumed": resumed}
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def case_dp(out_dir: Path) -> dict:
+    """4 processes: data parallelism 2 x pipelines of 2, and a 4-device irregular plan whose
+    messages skip ranks, each against stock."""
+    results = []
+    stock = build_stock(even(2), 2, config())
+    ref, ref_w = train(stock), weights(stock)
+    for name in ("1f1b", "zb-h1"):
+        plan = with_partition(generate(name, devices=2, microbatches=M), even(2), dp=2)
+        results.append(compare(f"{name}/dp2", build_ours(plan, config()), ref, ref_w, None))
+    plan = with_partition(generate("zb-v", devices=2, microbatches=M), even(4), dp=2)
+    results.append(compare("zb-v/dp2", build_ours(plan, config()), ref, ref_w, None))
+
+    stock = build_stock(even(4), 1, config())
+    ref, ref_w = train(stock), weights(stock)
+    plan = irregular(4, {0: [0, 5], 1: [3], 2: [1, 4], 3: [2]}, fused={3})
+    results.append(compare("irregular-p4", build_ours(plan, config()), ref, ref_w, None))
+    return {"results": results}
+
+
+def case_stall(out_dir: Path) -> dict:
+    """The loss rank stalls in its data loader: the other rank's watchdog must end the job."""
+    plan = with_partition(generate("1f1b", devices=2, microbatches=M), even(2))
+    engine = build_ours(plan, {**config(), "octo": {"timeout": 5}})
+    data = step_data(SEED, 0, 0, M, 1, SEQ, SPEC.vocab)
+    if dist.get_rank() == 1:
+        data = _stalling(data)
+    engine.train_batch(data)
+    return {"finished": True}
+
+
+def _stalling(it):
+    yield next(it)
+    time.sleep(120)
+    yield from it
+
+
+CASES = {"plans": case_plans, "dp": case_dp, "stall": case_stall}
+
+
+def main() -> None:
+    case, out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    result = CASES[case](Path(out).parent)
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
