@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: octodsl's main job on a built-in default.
 #   1. generate the classic schedules for nemotron-h-8b on 8 devices x 32 micro-batches,
-#   2. lint them, 3. simulate them side by side (H800, NVLink).
+#   2. lint them, 3. simulate them side by side (H800, NVLink),
+#   4. train a generated plan on the tiny hybrid with the DeepSpeed executor (2 CPU processes;
+#      the very first launch on a machine compiles two DeepSpeed ops, 2-3 minutes).
 # Outputs go to out/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,3 +28,11 @@ octodsl lint "${plans[@]}"
 
 step "3. side by side (simulated, H800 with NVLink; speed-up against 1F1B)"
 octodsl simulate "${plans[@]}"
+
+step "4. train a generated plan on the tiny hybrid (DeepSpeed executor, 2 processes, CPU)"
+octodsl gen zb-h1 --devices 2 --microbatches 8 --model nemotron-h-tiny --device cpu --seq-len 128 \
+    -o "$OUT/zb-h1-tiny.octo"
+DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} OMP_NUM_THREADS=1 deepspeed --num_gpus 2 examples/train.py \
+    --deepspeed_config examples/ds_config.json --schedule "$OUT/zb-h1-tiny.octo" --steps 3 \
+    --trace "$OUT/measured.json"
+echo "measured trace: $OUT/measured.json (open in https://ui.perfetto.dev)"
