@@ -6,7 +6,6 @@ from ..lang import analyze
 from ..lang.errors import Diagnostic
 from ..models import SpecError, load_model
 from ..plan import Plan
-from ..sim.memory_check import memory_diagnostics
 from .rules import RULES, Context, run_rules
 
 __all__ = ["RULES", "lint_plan", "lint_source"]
@@ -34,4 +33,12 @@ def lint_plan(plan: Plan) -> list[Diagnostic]:
             diags.append(Diagnostic("E206", str(e), plan.header.spans.get("model")))
         else:
             ctx.num_layers, ctx.pattern = spec.num_layers, spec.pattern
-    return diags + run_rules(ctx, extra=[lambda c: memory_diagnostics(c.plan)])
+    return diags + run_rules(ctx, extra=[_memory] if plan.header.memory and plan.header.model else [])
+
+
+def _memory(ctx: Context) -> list[Diagnostic]:
+    # Imported here: the simulator (numba) costs a third of a second to import, which plans
+    # without a model and a memory limit should not pay.
+    from ..sim.memory_check import memory_diagnostics
+
+    return memory_diagnostics(ctx.plan)
