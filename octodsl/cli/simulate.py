@@ -40,7 +40,8 @@ def register(sub) -> None:
     p.add_argument("--device", default="H800", help="device for a model's analytical costs (default H800)")
     p.add_argument("--link", metavar="NAME",
                    help="link between pipeline devices: nvlink, nvlink4, ib-ndr, loopback, none "
-                   "(none: communication is free). Default: nvlink with a model, --costs' comm without")
+                   "(none: communication is free). Default: a calibrated profile's link, else nvlink "
+                   "with a model, --costs' comm without")
     p.add_argument("--dp-link", metavar="NAME", help="link of the data-parallel all-reduce (default: --link)")
     p.add_argument("--dp", type=int, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
@@ -135,7 +136,9 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
             device_memory = get_device(table.meta.get("device", args.device)).memory
         except ValueError:  # a profile measured on a device we hold no description of
             device_memory = None
-        return costs, _link(args.link or "nvlink"), device_memory
+        calibrated = table.calibration.link if table.calibration is not None else None
+        link = _link(args.link) if args.link else calibrated or _link("nvlink")
+        return costs, link, device_memory
     values = _parse_costs(args.costs or _UNIT_COSTS)
     costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
                      source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))

@@ -52,10 +52,10 @@ def run(args) -> int:
     problem = _problem(args, model, devices, microbatches)
     if start is not None:
         from ..plan import PlanError
-        from ..tune.evaluate import fits_problem
+        from ..tune.evaluate import check_plan
 
         try:
-            fits_problem(start, problem)
+            check_plan(start, problem)
         except PlanError as e:
             raise UserError(f"{args.start}: {e}") from None
     budget = _seconds(args.budget)
@@ -83,7 +83,7 @@ def run(args) -> int:
 
     console = Console(highlight=False)
     if args.explain:
-        console.print("rounds (phase, move, iteration before -> after):", style="bold")
+        console.print("rounds (phase, iteration before -> after, move):", style="bold")
         for line in explain(outcome.tuned.rounds):
             console.print(line)
         console.print()

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..models.spec import ModelSpec
-from .table import CostTable, LayerCost
+from .table import Calibration, CostTable, LayerCost, Link
 
 
 class ProfileError(ValueError):
@@ -46,6 +46,59 @@ class MeasuredLayer(BaseModel):
     """Bytes of the layer's output activation."""
 
 
+class FittedLink(BaseModel):
+    """Point-to-point link between two pipeline devices: latency + bytes / bandwidth."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    latency: float = Field(ge=0)
+    """Seconds per message."""
+    bandwidth: float = Field(gt=0)
+    """Bytes per second."""
+
+
+class ProfileCalibration(BaseModel):
+    """Cost parameters fitted against real runs of the executor (`octodsl calibrate`): what a
+    per-layer profile cannot see. Applied through the cost table (`Calibration`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    created: str
+    """ISO 8601 time of the fit."""
+    source: str
+    """What was fitted on: the calibration plans run, or the trace files given."""
+    processes: list[int] = []
+    """Pipeline process counts the fit saw."""
+    link: FittedLink
+    op_scale: dict[Literal["F", "B", "W", "BW"], float] = {}
+    """Per op kind: factor on the profiled per-layer seconds summed over the op's stage."""
+    op_overhead: dict[Literal["F", "B", "W", "BW"], float] = {}
+    """Per op kind: seconds the executor adds to each op."""
+    update_per_param: float = Field(default=0.0, ge=0)
+    """Optimizer step seconds per parameter."""
+    step_overhead: float = Field(default=0.0, ge=0)
+    """Seconds per iteration spent synchronising the pipeline at the step."""
+    cores: float | None = Field(default=None, gt=0)
+    """Processors the pipeline's processes share (None: one each)."""
+    contention: float = Field(default=0.0, ge=0)
+    """Compute slowdown per other process computing at the same time."""
+    overlap_slowdown: float = Field(default=0.0, ge=0)
+    """Compute slowdown while the process's own messages are in flight."""
+    act_w_extra: dict[str, float] = {}
+    """Per layer kind: bytes a split backward holds from B until W beyond the profiled `act_w`
+    (the gradients W restarts from), added to each layer's act_w."""
+    fit: dict = {}
+    """How well the fit matches the runs it saw (errors per plan, residuals)."""
+
+    def table_calibration(self) -> Calibration:
+        return Calibration(scale=dict(self.op_scale), overhead=dict(self.op_overhead),
+                           update_per_param=self.update_per_param,
+                           step_overhead=self.step_overhead,
+                           link=Link("calibrated", self.link.latency, self.link.bandwidth),
+                           cores=self.cores, contention=self.contention,
+                           overlap_slowdown=self.overlap_slowdown)
+
+
 class Profile(BaseModel):
     """Measured costs of a model (at the spec's micro-batch size and sequence length)."""
 
@@ -69,6 +122,8 @@ class Profile(BaseModel):
     created: str
     """ISO 8601 time of the measurement."""
     layers: list[MeasuredLayer]
+    calibration: ProfileCalibration | None = None
+    """Fitted against real runs (`octodsl calibrate`); absent in a plain profile."""
 
     @model_validator(mode="after")
     def _covers_every_layer(self):
@@ -85,20 +140,23 @@ class Profile(BaseModel):
     def cost_table(self, path: str | Path) -> CostTable:
         """The per-layer cost table, in the model's layer order (`path`: where it was read)."""
         by_index: dict[int, MeasuredLayer] = {i: m for m in self.layers for i in m.layers}
+        extra = self.calibration.act_w_extra if self.calibration is not None else {}
         layers = [
-            LayerCost(kind=m.kind, f=m.f, b=m.b, w=m.w, act=m.act, act_w=m.act_w,
-                      static=float(m.params * self.bytes_per_param), params=m.params,
+            LayerCost(kind=m.kind, f=m.f, b=m.b, w=m.w, act=m.act,
+                      act_w=m.act_w + extra.get(m.kind, 0.0), static=float(m.params * self.bytes_per_param), params=m.params,
                       out_bytes=m.out_bytes)
             for m in (by_index[i] for i in range(self.model.num_layers))
         ]
         spec = self.model
+        calibrated = "calibrated " if self.calibration is not None else ""
         return CostTable(
-            layers=layers, source=f"profile {path} ({spec.name} on {self.device_name})",
+            layers=layers, source=f"{calibrated}profile {path} ({spec.name} on {self.device_name})",
             tokens_per_microbatch=spec.tokens,
             meta={"model": spec.name, "device": self.device_name, "threads": self.threads,
                   "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
                   "dtype": spec.dtype, "bytes_per_param": self.bytes_per_param,
                   "pattern": spec.pattern, "profile": True},
+            calibration=None if self.calibration is None else self.calibration.table_calibration(),
         )
 
 

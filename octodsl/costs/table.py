@@ -44,6 +44,10 @@ class StageCost:
     static: float
     send_bytes: float
     """Activation bytes sent to the next stage (the gradient sent back has the same size)."""
+    bw: float | None = None
+    """A fused backward (BW) op's seconds, when calibration says it differs from b + w."""
+    update: float = 0.0
+    """Seconds of the optimizer step over the stage's parameters, once per iteration."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,35 @@ class Link:
         return self.latency + nbytes / self.bandwidth
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What calibration against real runs adds to a per-layer table (octodsl.calibrate), all of
+    it costs that a per-layer profile cannot see. The defaults change nothing."""
+
+    scale: dict[str, float] = field(default_factory=dict)
+    """Per op kind (F, B, W, BW): factor on the summed per-layer seconds of the op's stage
+    (BW: on b + w), for what running layers back to back in the executor does to them."""
+    overhead: dict[str, float] = field(default_factory=dict)
+    """Per op kind: seconds the executor adds to each op (launch, bookkeeping)."""
+    update_per_param: float = 0.0
+    """Optimizer step seconds per parameter, per iteration."""
+    step_overhead: float = 0.0
+    """Seconds per iteration the pipeline spends synchronising at the step (gradient-norm
+    all-reduce, loss broadcast), after every device is done."""
+    link: Link | None = None
+    """The fitted link between pipeline devices."""
+    cores: float | None = None
+    """Processors the pipeline's devices share (None: one each, no sharing)."""
+    contention: float = 0.0
+    """Slowdown of each device's compute per other device computing at the same time (shared
+    memory bandwidth and caches), up to `cores` devices."""
+    overlap_slowdown: float = 0.0
+    """Slowdown of a device's compute while its own messages are in flight."""
+
+    def op_seconds(self, kind: str, layer_seconds: float) -> float:
+        return self.scale.get(kind, 1.0) * layer_seconds + self.overhead.get(kind, 0.0)
+
+
 @dataclass(slots=True)
 class CostTable:
     """Per-layer costs of a model on a device, in the model's layer order."""
@@ -70,9 +103,11 @@ class CostTable:
     """Where the numbers came from, e.g. 'analytical nemotron-h-8b on H800' or a profile path."""
     tokens_per_microbatch: int = 0
     meta: dict = field(default_factory=dict)
+    calibration: Calibration | None = None
+    """Fitted against real runs (a calibrated profile); None for plain per-layer costs."""
 
     def stage_costs(self, plan: Plan) -> list[StageCost]:
-        """Sum layer costs over each stage of the plan's partition."""
+        """Sum layer costs over each stage of the plan's partition (and apply the calibration)."""
         out = []
         for i, st in enumerate(plan.stages):
             if st.abstract:
@@ -81,10 +116,16 @@ class CostTable:
                 raise PlanError(f"stage {i} layers {st.first}..{st.last} are outside the model's "
                                 f"{len(self.layers)} layers")
             ls = self.layers[st.first: st.last + 1]
+            f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
+            cal = self.calibration
+            extra = {}
+            if cal is not None:
+                f, b, w, extra["bw"] = (cal.op_seconds("F", f), cal.op_seconds("B", b),
+                                        cal.op_seconds("W", w), cal.op_seconds("BW", b + w))
+                extra["update"] = cal.update_per_param * sum(l.params for l in ls)
             out.append(StageCost(
-                f=sum(l.f for l in ls), b=sum(l.b for l in ls), w=sum(l.w for l in ls),
-                act=sum(l.act for l in ls), act_w=sum(l.act_w for l in ls),
-                static=sum(l.static for l in ls), send_bytes=ls[-1].out_bytes,
+                f=f, b=b, w=w, act=sum(l.act for l in ls), act_w=sum(l.act_w for l in ls),
+                static=sum(l.static for l in ls), send_bytes=ls[-1].out_bytes, **extra,
             ))
         return out
 

@@ -19,6 +19,11 @@ The model (after OctoPipe's simulator):
   down to act_w when B ends and the rest when W ends (all of it when a fused BW ends).
 - DP > 1: each device all-reduces its stages' gradients over a ring once its compute and
   messages are done (a formula, not simulated per rank).
+- Calibrated costs (octodsl.calibrate) may add: a fused BW's own cost (StageCost.bw); devices
+  that share processors (SimCosts.sharing, sharing.py: walks repeated until every op's duration
+  is consistent with how many devices compute beside it); an optimizer step per device
+  (StageCost.update) once every device is done, and a fixed step overhead. Without them the
+  walk is the one above.
 
 Metrics (SimResult): iteration time; per device busy, idle (bubble), communication and the part
 of it not under the device's own compute (exposed); bubble ratio = idle / iteration time;

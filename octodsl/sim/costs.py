@@ -8,6 +8,7 @@ from typing import Sequence
 from ..costs.table import CostTable, StageCost
 from ..models.spec import DTYPE_BYTES
 from ..plan import Plan
+from .sharing import Sharing
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class SimCosts:
     """For the throughput (None: unknown)."""
     source: str = ""
     """Where the numbers came from, for reports."""
+    sharing: Sharing | None = None
+    """Devices that share processors (a calibrated CPU machine); None: each has its own."""
+    step_overhead: float = 0.0
+    """Seconds per iteration after every device is done (synchronising at the step)."""
 
     @classmethod
     def of(cls, costs: SimCosts | Sequence[StageCost]) -> SimCosts:
@@ -35,5 +40,9 @@ class SimCosts:
         per_param = DTYPE_BYTES.get(table.meta.get("dtype", "bf16"), 2)
         grads = tuple(float(sum(layer.params for layer in table.layers[st.first:st.last + 1]) * per_param)
                       for st in plan.stages)
+        cal = table.calibration
+        sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown)
         return cls(tuple(stages), grads, max(layer.f + layer.b + layer.w for layer in table.layers),
-                   table.tokens_per_microbatch or None, table.source)
+                   table.tokens_per_microbatch or None, table.source,
+                   sharing if sharing is not None and sharing.active else None,
+                   0.0 if cal is None else cal.step_overhead)

@@ -108,6 +108,10 @@ class SimResult:
     msg_pred: np.ndarray
     stream_log: np.ndarray
     allreduce_start: np.ndarray
+    update: np.ndarray | None = None
+    """Per device: seconds of its optimizer step (from update_start; None: not modelled)."""
+    update_start: float = 0.0
+    """When the optimizer step starts, every device at once."""
 
     @property
     def devices(self) -> int:

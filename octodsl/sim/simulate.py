@@ -16,6 +16,7 @@ from .costs import SimCosts
 from .memory import memory
 from .program import SimProgram, compile
 from .result import SimResult
+from .sharing import ROUNDS, TOLERANCE, Sharing, comm_overlap, shared_phase, stretch
 
 
 class SimDeadlock(PlanError):
@@ -44,18 +45,31 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     f = np.array([c.f for c in stage_costs], float)
     b = np.array([c.b for c in stage_costs], float)
     w = np.array([c.w for c in stage_costs], float)
+    bw = np.array([c.b + c.w if c.bw is None else c.bw for c in stage_costs], float)
     # Columns by kind code: F, B, W, BW.
-    op_dur = np.stack([f, b, w, b + w], axis=1)[p.op_stage, p.op_kind]
-    dur = p.per_node(op_dur)
+    op_dur = np.stack([f, b, w, bw], axis=1)[p.op_stage, p.op_kind]
+    work = p.per_node(op_dur)
     cut_time = np.array([link.time(c.send_bytes) for c in stage_costs], float)
     msg_dur = cut_time[p.msg_boundary]
 
-    (done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
-     comm_free) = walk(p.order_ptr, p.order_nodes, p.node_dev, dur, p.in_deg, p.out_ptr,
-                       p.out_dst, p.out_msg, p.msg_dst_node, p.msg_src_dev, p.msg_dst_dev,
-                       msg_dur, p.stream_ptr)
-    if done < p.num_nodes:
-        raise _deadlock(p.plan)
+    sharing = costs.sharing if costs.sharing is not None and costs.sharing.active else None
+    dur = work
+    for _ in range(ROUNDS if sharing is not None else 1):
+        (done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
+         comm_free) = walk(p.order_ptr, p.order_nodes, p.node_dev, dur, p.in_deg, p.out_ptr,
+                           p.out_dst, p.out_msg, p.msg_dst_node, p.msg_src_dev, p.msg_dst_dev,
+                           msg_dur, p.stream_ptr)
+        if done < p.num_nodes:
+            raise _deadlock(p.plan)
+        if sharing is None:
+            break
+        new = _shared_durations(p, sharing, work, start, end, stream_log, msg_start, msg_end)
+        if np.all(np.abs(new - dur) <= TOLERANCE * np.maximum(dur, 1e-12)):
+            break
+        dur = 0.5 * (dur + new)
+    if sharing is not None:  # each op of an overlap group keeps its share of the slot
+        op_dur = op_dur * np.repeat(np.divide(dur, work, out=np.ones_like(dur), where=work > 0),
+                                    np.diff(p.op_ptr))
     comm, hidden = hidden_comm(p.order_ptr, p.order_nodes, start, end, p.stream_ptr, stream_log,
                                msg_start, msg_end)
     pipeline_time = float(end.max()) if p.num_nodes else 0.0
@@ -67,6 +81,12 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
                                                 minlength=p.devices), ranks, dp_link or link)
     allreduce_start = np.maximum(dev_free, comm_free)
     iteration_time = max(pipeline_time, float((allreduce_start + allreduce).max()))
+    # The optimizer step, once every device is done (DeepSpeed synchronises the pipeline there:
+    # the gradient-norm all-reduce, the loss broadcast), then the step's fixed overhead.
+    update = shared_phase(np.bincount(p.stage_device, weights=[c.update for c in stage_costs],
+                                      minlength=p.devices), sharing)
+    update_start = iteration_time
+    iteration_time += float(update.max(initial=0.0)) + costs.step_overhead
     comm = comm + allreduce
 
     busy = np.bincount(p.node_dev, weights=dur, minlength=p.devices)
@@ -85,7 +105,21 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
         seconds=time.perf_counter() - t0,
         op_dur=op_dur, start=start, end=end, pred=pred, msg_start=msg_start, msg_end=msg_end,
         msg_pred=msg_pred, stream_log=stream_log, allreduce_start=allreduce_start,
+        update=update, update_start=update_start,
     )
+
+
+def _shared_durations(p: SimProgram, sharing: Sharing, work, start, end, stream_log, msg_start,
+                      msg_end) -> np.ndarray:
+    """Node durations under processor sharing given the last walk's timeline (sharing.py)."""
+    if sharing.overlap_slowdown > 0 and p.num_messages:
+        busy = comm_overlap(p.order_ptr, p.order_nodes, start, end, p.stream_ptr, stream_log,
+                            msg_start, msg_end)
+        span = end - start
+        work = work * (1 + sharing.overlap_slowdown * np.divide(busy, span, out=np.zeros_like(span),
+                                                                where=span > 0))
+    cores = -1.0 if sharing.cores is None else float(sharing.cores)
+    return stretch(start, end, work, cores, sharing.contention)
 
 
 def warm_up() -> None:

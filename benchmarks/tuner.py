@@ -1,0 +1,174 @@
+"""The tuner against every baseline on the benchmark suite: writes benchmarks/tuner.md.
+
+    .venv/bin/python benchmarks/tuner.py [--budget 60] [--jobs 2] [--others random,milp,milp-warm]
+        [--models ...] [--devices 4 8 16] [--memory 80 none] [-o benchmarks/tuner.md]
+
+Each case (model, devices, micro-batches = 2x and 4x devices, H800 costs, NVLink messages, a
+memory limit per device in GiB or none) runs in its own single-threaded process: the classic
+baselines, the tuner (which also refines the best baseline), then random search and CP-SAT with
+the tuner's budget. One table per memory setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = ("nemotron-h-8b", "nemotron-h-56b", "jamba-v0.1", "qwen3-next-80b", "llama3-8b")
+HYBRIDS = MODELS[:4]
+GIB = 2**30
+
+
+def run_case(model: str, devices: int, microbatches: int, memory: float | None, budget: float,
+             seed: int, others: tuple[str, ...]) -> dict:
+    from octodsl.tune.baselines import best_baseline
+    from octodsl.tune.compare import NoPlanFits, tune_and_compare
+    from octodsl.tune.problem import Problem
+
+    problem = Problem.create(model, devices, microbatches,
+                             memory=None if memory is None else int(memory * GIB))
+    out = {"model": model, "devices": devices, "microbatches": microbatches,
+           "lower_bound": problem.lower_bound()}
+    t0 = time.perf_counter()
+    try:
+        o = tune_and_compare(problem, budget=budget, seed=seed, others=others)
+    except NoPlanFits as e:
+        static = sum(l.static for l in problem.table.layers) / devices
+        out.update(error=f"no plan fits ({static / GIB:.0f} GiB static per device)", note=str(e))
+        return out
+    best = best_baseline(o.baselines)
+    base = {b.name: (b.score.time if b.usable else None) for b in o.baselines}
+    out.update(
+        tuned=o.tuned.best.time, tuner_seconds=o.tuned.seconds, evaluations=o.tuned.evaluations,
+        finished=o.tuned.finished, rounds=len(o.tuned.rounds),
+        best_baseline=best.name if best else None, best_time=best.score.time if best else None,
+        one_f_one_b=base.get("1f1b-equal"),
+        others={k: (s.time if s is not None and s.fits else None) for k, s in o.others.items()},
+        notes=o.notes, wall=time.perf_counter() - t0)
+    return out
+
+
+def cases(models, device_counts, memory):
+    return [(m, p, k * p, memory) for m in models for p in device_counts for k in (2, 4)]
+
+
+def _ms(t):
+    return "-" if t is None else f"{t * 1e3:,.1f}"
+
+
+def _x(a, b):
+    return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def table(results: list[dict], others: tuple[str, ...]) -> list[str]:
+    head = ["model", "P", "M", "tuned ms", "eff.", "best baseline", "ms", "vs best",
+            "1f1b-equal ms", "vs 1f1b-eq."] + [f"{k} ms" for k in others] + ["tuner s", "plans"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [r["model"], str(r["devices"]), str(r["microbatches"])]
+        if "error" in r:
+            cells += [r["error"]] + [""] * (len(head) - 4)
+        else:
+            eff = r["lower_bound"] / r["tuned"]
+            cells += [_ms(r["tuned"]), f"{eff:.3f}", r["best_baseline"] or "none fits",
+                      _ms(r["best_time"]), _x(r["best_time"], r["tuned"]), _ms(r["one_f_one_b"]),
+                      _x(r["one_f_one_b"], r["tuned"])]
+            cells += [_ms(r["others"].get(k)) + (f" ({r['notes'][k]})" if k in r["notes"] else "")
+                      for k in others]
+            cells += [f"{r['tuner_seconds']:.1f}" + ("" if r["finished"] else "*"),
+                      str(r["evaluations"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def geomean(xs) -> str:
+    return f"{math.exp(sum(map(math.log, xs)) / len(xs)):.3f}x" if xs else "n/a"
+
+
+def summary(results: list[dict], others: tuple[str, ...]) -> list[str]:
+    ok = [r for r in results if "error" not in r]
+    with_base = [r for r in ok if r["best_time"] is not None]
+    eff = [r["lower_bound"] / r["tuned"] for r in ok]
+    hyb = [r["best_time"] / r["tuned"] for r in with_base if r["model"] in HYBRIDS]
+    nem = [r["one_f_one_b"] / r["tuned"] for r in ok
+           if r["model"].startswith("nemotron-h") and r["one_f_one_b"] is not None]
+    slower = [r for r in with_base if r["tuned"] > r["best_time"] * (1 + 1e-9)]
+    big = [r["tuner_seconds"] for r in ok if r["devices"] == 16 and r["microbatches"] == 64]
+    lines = [
+        f"- cases: {len(results)}; a plan fits in memory: {len(ok)}; some classic baseline "
+        f"fits: {len(with_base)}",
+        f"- efficiency >= 0.95: {sum(e >= 0.95 for e in eff)} of {len(eff)} (min {min(eff):.3f}, "
+        f"median {sorted(eff)[len(eff) // 2]:.3f})" if eff else "- efficiency: no case",
+        f"- slower than the best baseline: {len(slower)} of {len(with_base)}",
+        f"- hybrids, geometric mean over the best baseline: {geomean(hyb)} ({len(hyb)} cases)",
+        f"- nemotron-h, geometric mean over 1F1B with equal layer counts: {geomean(nem)} "
+        f"({len(nem)} cases)",
+        f"- tuner wall time at 16 devices x 64 micro-batches: max {max(big):.1f} s" if big else "",
+    ]
+    for k in others:
+        beat = [r for r in ok if r["others"].get(k) is not None]
+        worse = sum(r["others"][k] >= r["tuned"] * (1 - 1e-9) for r in beat)
+        lines.append(f"- {k}: found a plan that fits in {len(beat)} of {len(ok)} cases; no better "
+                     f"than the tuner in {worse} of them")
+    return [x for x in lines if x]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="cases run at once, one core each")
+    ap.add_argument("--others", default="random,milp,milp-warm")
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--devices", nargs="+", type=int, default=[4, 8, 16])
+    ap.add_argument("--memory", nargs="+", default=["80", "none"],
+                    help="memory limits per device in GiB, or none; one table each")
+    ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner.md"))
+    args = ap.parse_args()
+    others = tuple(x for x in args.others.split(",") if x)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[var] = "1"
+    limits = [None if m == "none" else float(m) for m in args.memory]
+    todo = [c for limit in limits for c in cases(args.models, args.devices, limit)]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_case, *c, args.budget, args.seed, others) for c in todo]
+        results = []
+        for c, f in zip(todo, futures):
+            results.append(f.result() | {"memory": c[3]})
+            r = results[-1]
+            print(r["model"], r["devices"], r["microbatches"], r["memory"], r.get("error") or
+                  f"eff {r['lower_bound'] / r['tuned']:.3f}", flush=True)
+    command = " ".join(["python benchmarks/tuner.py"] + sys.argv[1:])
+    text = [
+        "# Tuner benchmark",
+        "",
+        f"Made by `{command}` on {platform.processor() or platform.machine()} "
+        f"({os.cpu_count()} cores; each case in one single-threaded process), "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+        f"Analytical H800 costs (16 bytes of static memory per parameter), NVLink messages "
+        f"(8 us + 160 GB/s), seed {args.seed}. The tuner, random search and CP-SAT each get "
+        f"{args.budget:.0f} s; the tuner also refines the best classic baseline. Times are "
+        "simulated iteration times in ms; `eff.` is the lower bound (largest of total work / "
+        "devices, heaviest layer x micro-batches, one micro-batch's path) over the tuned time; "
+        "`vs` columns are speed-ups of the tuned plan; `-` is a plan over the memory limit (or "
+        "none found in time); `*` a tuner stopped by the budget.",
+    ]
+    for limit in limits:
+        part = [r for r in results if r["memory"] == limit]
+        title = "no memory limit" if limit is None else f"{limit:g} GiB per device"
+        text += ["", f"## {title}", "", *table(part, others), "", f"### Against the targets ({title})",
+                 "", *summary(part, others)]
+    Path(args.output).write_text("\n".join(text) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""A measured Chrome trace (the executor's `--trace`, deepspeed_ext/trace.py) read back as steps.
+
+The executor records every training step of a run in one trace: per rank, a compute span per op
+("F3:5", args kind/stage/mb) and a communication span per message (args kind send|recv, peer).
+Step k is the k-th occurrence of each span on its rank. Measured figures, per step, then the
+median over the steps after the first (whose shape exchanges and first allocations make it
+slower):
+
+- iteration time: from the step's first op start (on any device) to the next step's (the
+  optimizer step and the synchronisation between steps included), so the last step has none;
+  a trace of fewer than three steps falls back to the span of its ops (flagged);
+- per device: busy = the sum of its op spans, idle = iteration - busy;
+- memory, when the trace has "memory" counter tracks (calibration runs add them; see
+  worker.py): the peak per device.
+Calibration runs also add an "optimizer" span per rank and step (`optimizer.step()`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..plan import OpKind, Plan
+
+OP_KINDS = {k.value for k in OpKind}
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read or does not fit the plan; the message is for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredOp:
+    device: int
+    kind: str
+    stage: int
+    mb: int
+    start: float
+    """Seconds from the trace's origin."""
+    end: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.stage}:{self.mb}"
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredMessage:
+    device: int
+    direction: str
+    """'send' or 'recv'."""
+    kind: str
+    """Kind of the producing op."""
+    stage: int
+    mb: int
+    peer: int
+    start: float
+    end: float
+
+
+@dataclass
+class MeasuredStep:
+    index: int
+    ops: list[MeasuredOp]
+    messages: list[MeasuredMessage]
+    updates: dict[int, tuple[float, float]]
+    """Per device: its optimizer span (calibration runs only)."""
+    start: float = 0.0
+    end: float = 0.0
+    period: float | None = None
+    """Until the next step's start (None for the last step)."""
+
+    def busy(self, devices: int) -> np.ndarray:
+        out = np.zeros(devices)
+        for op in self.ops:
+            out[op.device] += op.end - op.start
+        return out
+
+
+@dataclass
+class MeasuredTrace:
+    path: str
+    devices: int
+    steps: list[MeasuredStep]
+    memory: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    """Per device: (seconds, bytes) samples of the "memory" counter."""
+    info: dict = field(default_factory=dict)
+    """The trace's otherData (calibration runs: plan, model, processes, memory method)."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def timed(self) -> list[MeasuredStep]:
+        """The steps that count: all but the first, when there are several."""
+        return self.steps[1:] if len(self.steps) > 1 else self.steps
+
+    @property
+    def has_period(self) -> bool:
+        return any(s.period is not None for s in self.timed)
+
+    @property
+    def iteration_time(self) -> float:
+        periods = [s.period for s in self.timed if s.period is not None]
+        if periods:
+            return statistics.median(periods)
+        return statistics.median(s.end - s.start for s in self.timed)
+
+    def representative(self) -> MeasuredStep:
+        """The timed step whose period (or span) is closest to the median."""
+        t = self.iteration_time
+        return min(self.timed, key=lambda s: abs((s.period if s.period is not None
+                                                  else s.end - s.start) - t))
+
+    @property
+    def busy(self) -> np.ndarray:
+        return np.median(np.stack([s.busy(self.devices) for s in self.timed]), axis=0)
+
+    @property
+    def idle(self) -> np.ndarray:
+        return self.iteration_time - self.busy
+
+    @property
+    def peak_memory(self) -> np.ndarray | None:
+        if not self.memory:
+            return None
+        return np.array([max((b for _, b in self.memory.get(d, [])), default=np.nan)
+                         for d in range(self.devices)])
+
+    @property
+    def update_times(self) -> np.ndarray | None:
+        """Per device: median optimizer-step seconds (calibration runs), else None."""
+        spans = [s.updates for s in self.timed if s.updates]
+        if not spans:
+            return None
+        return np.array([statistics.median(u[d][1] - u[d][0] for u in spans if d in u)
+                         if any(d in u for u in spans) else 0.0 for d in range(self.devices)])
+
+
+_NAME = re.compile(r"device (\d+)(?: \(dp (\d+)\))?")
+
+
+def read_trace(path: str | Path) -> MeasuredTrace:
+    """Read a measured trace; TraceError says what is wrong with it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: not a Chrome trace (no traceEvents list)")
+    return parse_trace(events, str(path), data.get("otherData", {}) if isinstance(data, dict) else {})
+
+
+def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = None) -> MeasuredTrace:
+    # Which pids are which pipeline device (data-parallel copy 0 only).
+    device_of: dict[int, int] = {}
+    names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    for pid, name in names.items():
+        m = _NAME.fullmatch(str(name))
+        if m and int(m.group(2) or 0) == 0:
+            device_of[pid] = int(m.group(1))
+    notes = []
+    if any(_NAME.fullmatch(str(n)) and _NAME.fullmatch(str(n)).group(2) for n in names.values()):
+        notes.append("data-parallel trace: figures are those of copy 0")
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        raise TraceError(f"{path}: the trace has no spans")
+
+    def dev(pid):
+        if device_of:
+            return device_of.get(pid)
+        return pid if isinstance(pid, int) else None
+
+    counts: dict[tuple, int] = defaultdict(int)
+    per_step: dict[int, MeasuredStep] = {}
+
+    def step(k: int) -> MeasuredStep:
+        if k not in per_step:
+            per_step[k] = MeasuredStep(k, [], [], {})
+        return per_step[k]
+
+    for e in sorted(spans, key=lambda e: (e.get("ts", 0.0))):
+        d = dev(e.get("pid"))
+        if d is None:
+            continue
+        args = e.get("args") or {}
+        kind = args.get("kind")
+        start = float(e.get("ts", 0.0)) / 1e6
+        end = start + float(e.get("dur", 0.0)) / 1e6
+        try:
+            if e.get("tid") == 0 and kind in OP_KINDS:
+                key = (d, "op", e.get("name"))
+                k = counts[key]
+                counts[key] += 1
+                step(k).ops.append(MeasuredOp(d, kind, int(args["stage"]), int(args["mb"]), start, end))
+            elif e.get("tid") == 0 and kind == "optimizer":
+                key = (d, "optimizer")
+                k = counts[key]
+                counts[key] += 1
+                step(k).updates[d] = (start, end)
+            elif e.get("tid") == 1 and kind in ("send", "recv"):
+                key = (d, kind, e.get("name"))
+                k = counts[key]
+                counts[key] += 1
+                op = re.fullmatch(r"(BW|F|B|W)(\d+):(\d+)", str(e.get("name")))
+                if op:
+                    step(k).messages.append(MeasuredMessage(d, kind, op.group(1), int(op.group(2)),
+                                                            int(op.group(3)), int(args.get("peer", -1)),
+                                                            start, end))
+        except (KeyError, TypeError, ValueError):
+            raise TraceError(f"{path}: span {e.get('name')!r} lacks its stage or micro-batch") from None
+    steps = [per_step[k] for k in sorted(per_step) if per_step[k].ops]
+    if not steps:
+        raise TraceError(f"{path}: the trace has no compute ops (F, B, W, BW spans on thread 0)")
+    devices = 1 + max(op.device for s in steps for op in s.ops)
+    for s in steps:
+        s.start = min(op.start for op in s.ops)
+        s.end = max(op.end for op in s.ops)
+    for a, b in zip(steps, steps[1:]):
+        a.period = b.start - a.start
+    if len(steps) < 3:
+        notes.append(f"{len(steps)} step(s) in the trace: the iteration time is the span of the ops "
+                     "(the optimizer step and the time between steps are not seen); record 3 or more")
+    memory: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "C" and e.get("name") == "memory":
+            d = dev(e.get("pid"))
+            if d is not None:
+                memory[d].append((float(e.get("ts", 0.0)) / 1e6, float(e.get("args", {}).get("bytes", 0.0))))
+    return MeasuredTrace(path, devices, steps, dict(memory), dict(info or {}), notes)
+
+
+def check_against(trace: MeasuredTrace, plan: Plan) -> None:
+    """Raise TraceError unless every step of the trace ran exactly the plan's ops per device (an
+    incomplete last step is dropped)."""
+    if trace.devices != plan.devices:
+        raise TraceError(f"{trace.path} has {trace.devices} devices, the plan {plan.devices}")
+    want = sorted((d, op.kind.value, op.stage, op.mb) for d, _, op in plan.ops())
+    good = []
+    for s in trace.steps:
+        got = sorted((op.device, op.kind, op.stage, op.mb) for op in s.ops)
+        if got == want:
+            good.append(s)
+            continue
+        if s is trace.steps[-1] and good and len(got) < len(want):
+            trace.notes.append(f"step {s.index} is incomplete and left out")
+            continue
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        what = (f"missing {_ops(missing)}" if missing else "") + \
+               ("; " if missing and extra else "") + (f"not in the plan: {_ops(extra)}" if extra else "")
+        raise TraceError(f"{trace.path}: step {s.index} did not run the plan's ops ({what or 'duplicates'}); "
+                         "was it recorded with this plan?")
+    trace.steps = good
+
+
+def _ops(items) -> str:
+    shown = [f"{k}{s}:{m} on device {d}" for d, k, s, m in items[:3]]
+    return ", ".join(shown) + (f" and {len(items) - 3} more" if len(items) > 3 else "")

@@ -1,0 +1,275 @@
+"""`octodsl calibrate --model SPEC [--ranks 2,4] [--profile BASE.json] -o PROFILE.json
+[--microbatch-size B] [--seq-len S] [--steps 4] [--workdir DIR] [--trace TRACE.json --plan PLAN.octo ...] [--json]`: profile the
+model, run calibration plans of its own through the executor on this machine (deepspeed
+launcher), fit what the layer profile does not capture (link latency and bandwidth, per-op
+overhead and scale, processor sharing, overlap slowdown, optimizer step, step overhead, memory
+held for W) and write a calibrated profile that `simulate --profile` accepts. With --trace (and
+one --plan per trace), fit from runs measured already instead."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from .common import UserError
+
+BUSY = 0.25
+"""CPU cores used by other processes during the calibration runs above which a warning says the
+fit is noisy."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulator's costs to real runs on this machine "
+                       "and write a calibrated profile")
+    p.add_argument("--model", metavar="SPEC", help="model (built-in name or spec file); default: "
+                   "the --profile's")
+    p.add_argument("--profile", metavar="BASE.json", help="start from this profile (default: "
+                   "profile the model now)")
+    p.add_argument("-o", "--output", required=True, metavar="PROFILE.json",
+                   help="where to write the calibrated profile")
+    p.add_argument("--ranks", default="2,4", metavar="N[,N...]",
+                   help="process counts of the calibration plans (default 2,4: pipelines of 2 "
+                   "and 4 processes)")
+    p.add_argument("--microbatch-size", type=int, metavar="B", help="profile at this micro-batch "
+                   "size (default: the spec's)")
+    p.add_argument("--seq-len", type=int, metavar="S", help="profile at this sequence length "
+                   "(default: the spec's)")
+    p.add_argument("--steps", type=int, default=4, metavar="N",
+                   help="training steps per calibration plan; the first is not timed (default 4)")
+    p.add_argument("--trace", action="append", default=[], metavar="TRACE.json",
+                   help="fit from this measured trace instead of running plans (repeat; one "
+                   "--plan per --trace, in the same order)")
+    p.add_argument("--plan", action="append", default=[], metavar="PLAN.octo",
+                   help="the plan each --trace ran")
+    p.add_argument("--workdir", metavar="DIR", help="keep the calibration plans and traces here "
+                   "(default: a temporary directory, removed)")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..costs.profile import ProfileError, read_profile, write_profile
+    from ..models import SpecError, load_model
+
+    if args.steps < 2:
+        raise UserError("--steps must be at least 2 (the first step is not timed)")
+    if len(args.trace) != len(args.plan):
+        raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
+                        f"{len(args.plan)} plans)")
+    ranks = _ranks(args.ranks)
+    if args.profile is None and args.model is None:
+        raise UserError("give --model (or a --profile to start from)")
+    base = None
+    if args.profile:
+        try:
+            base = read_profile(args.profile)
+        except ProfileError as e:
+            raise UserError(str(e)) from None
+        if base.calibration is not None:
+            base = base.model_copy(update={"calibration": None})  # refit from the layer costs
+    try:
+        spec = load_model(args.model) if args.model else base.model
+    except SpecError as e:
+        raise UserError(str(e)) from None
+    if base is not None and (args.microbatch_size or args.seq_len):
+        raise UserError("--microbatch-size and --seq-len are for profiling; the --profile fixes them")
+    try:
+        spec = spec.with_shape(args.microbatch_size, args.seq_len)
+    except (SpecError, ValueError) as e:
+        raise UserError(str(e)) from None
+    if base is not None and args.model and _layers(spec) != _layers(base.model):
+        raise UserError(f"{args.profile} measured {base.model.name}, not {args.model}")
+
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="octodsl-calibrate-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        if base is None:
+            base = _profile(spec, console)
+        base_path = work / "base.profile.json"
+        write_profile(base, base_path)
+        if args.trace:
+            runs, probe, source = _from_traces(args, base, base_path)
+        else:
+            runs, probe, source = _from_launches(args, base, base_path, _model_ref(base.model, work),
+                                                  ranks, work, console)
+        from ..calibrate.fit import fit
+
+        with console.status("fitting"):
+            calibration = fit(base.cost_table(base_path), runs, probe=probe, source=source)
+        profile = base.model_copy(update={"calibration": calibration})
+        try:
+            write_profile(profile, args.output)
+        except OSError as e:
+            raise UserError(f"{args.output}: cannot write: {e.strerror}") from None
+    finally:
+        if not args.workdir:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        json.dump(json.loads(calibration.model_dump_json()), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        Console(highlight=False).print(render(calibration, args.output))
+    return 0
+
+
+def _layers(spec) -> dict:
+    """A spec without its name and shape (what a profile must match)."""
+    return spec.model_dump(exclude={"name", "description", "microbatch_size", "seq_len"})
+
+
+def _model_ref(spec, work: Path) -> str:
+    """How the calibration plans name the model: the built-in's name, else a spec file."""
+    from ..models import SpecError, load_model
+
+    try:
+        if _layers(load_model(spec.name)) == _layers(spec):
+            return spec.name
+    except SpecError:
+        pass
+    path = work / "model.json"
+    path.write_text(spec.model_dump_json(indent=1))
+    return str(path)
+
+
+def _shape(spec) -> dict:
+    return {"microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len}
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UserError(f"--ranks: cannot read {text!r} (e.g. 2,4)") from None
+    if not ranks or min(ranks) < 2:
+        raise UserError("--ranks: pipelines need at least 2 processes")
+    return ranks
+
+
+def _profile(spec, console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..costs.profiler import profile_model
+
+    with Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(spec.name, total=None)
+
+        def progress(done, total, label):
+            bar.update(task, completed=done, total=total, description=f"{spec.name}: {label}")
+
+        try:
+            return profile_model(spec, "cpu", 1, 2, 5, progress)
+        except (NotImplementedError, ValueError) as e:
+            raise UserError(str(e)) from None
+
+
+def _from_traces(args, base, base_path):
+    from ..calibrate.fit import Run
+    from ..calibrate.measured import TraceError, read_trace
+    from ..lang import PlanSyntaxError, load_plan
+
+    table = base.cost_table(base_path)
+    runs = []
+    for trace_path, plan_path in zip(args.trace, args.plan):
+        try:
+            plan = load_plan(plan_path)
+        except PlanSyntaxError as e:
+            raise UserError(e.render() if hasattr(e, "render") else str(e)) from None
+        except OSError as e:
+            raise UserError(f"{plan_path}: {e.strerror}") from None
+        try:
+            table.stage_costs(plan)
+            runs.append(Run(plan, read_trace(trace_path), Path(plan_path).stem))
+        except (TraceError, ValueError) as e:
+            raise UserError(f"{trace_path}: {e}") from None
+    return runs, [], "traces " + ", ".join(args.trace)
+
+
+def _from_launches(args, base, base_path, model, ranks, work, console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..calibrate.fit import Run
+    from ..calibrate.measured import read_trace
+    from ..calibrate.plans import calibration_plans
+    from ..calibrate.runner import RunError, run_plans
+    from ..lang import parse_plan
+
+    try:
+        plans = calibration_plans(model, str(base_path), ranks, shape=_shape(base.model))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for _, name, text in plans:
+        (work / f"{name}.octo").write_text(text)
+    runs, probe = [], []
+    total = len(plans) * args.steps
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("calibration runs", total=total)
+
+        def progress(event, fields):
+            if event == "launch":
+                bar.update(task, description=f"starting {fields['processes']} processes")
+            elif event == "probe":
+                bar.update(task, description="probing the link")
+            elif event == "run":
+                bar.update(task, description=f"running {fields['run']}")
+            elif event == "step":
+                bar.advance(task)
+
+        for p in ranks:
+            mine = [(name, text) for q, name, text in plans if q == p]
+            try:
+                launch = run_plans(base.model, mine, p, work, steps=args.steps, progress=progress)
+            except RunError as e:
+                raise UserError(str(e)) from None
+            if not probe:
+                probe = launch.link
+            busy = [r.other_load for r in launch.runs if r.other_load is not None]
+            if busy and max(busy) > BUSY:
+                console.print(f"warning: other processes used up to {max(busy):.1f} CPU cores while "
+                              f"the {p}-process calibration plans ran: their timings, and so the "
+                              "fit, are noisy; calibrate on a quiet machine", style="yellow")
+            for r in launch.runs:
+                text = (work / f"{r.name}.octo").read_text()
+                runs.append(Run(parse_plan(text, r.name), read_trace(r.trace), r.name))
+    source = (f"{len(runs)} calibration plans on {', '.join(map(str, ranks))} processes, "
+              f"{args.steps} steps each")
+    return runs, probe, source
+
+
+def render(cal, output: str):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text(f"calibrated on {cal.source}\n", style="bold")
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("parameter", "value"):
+        t.add_column(col)
+    t.add_row("link", f"{cal.link.latency * 1e6:.0f} us + bytes / {cal.link.bandwidth / 1e9:.2f} GB/s")
+    for k in ("F", "B", "W", "BW"):
+        if k in cal.op_scale:
+            t.add_row(f"{k} ops", f"x{cal.op_scale[k]:.3f} profiled + {cal.op_overhead.get(k, 0) * 1e3:.2f} ms")
+    t.add_row("processor sharing", "none" if cal.cores is None and not cal.contention else
+              f"{'unlimited' if cal.cores is None else f'{cal.cores:g}'} cores, contention "
+              f"{cal.contention:.2f} per other busy process")
+    t.add_row("overlap slowdown", f"{cal.overlap_slowdown:.2f}")
+    t.add_row("optimizer step", f"{cal.update_per_param * 1e9:.2f} ns per parameter")
+    t.add_row("step overhead", f"{cal.step_overhead * 1e3:.1f} ms per iteration")
+    if cal.act_w_extra:
+        t.add_row("held for W", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in cal.act_w_extra.items()))
+    runs = Table(box=None, pad_edge=False, header_style="bold", title="calibration runs (fitted on)",
+                 title_justify="left")
+    for col in ("plan", "measured", "simulated", "error"):
+        runs.add_column(col, justify="left" if col == "plan" else "right")
+    for r in cal.fit.get("runs", []):
+        runs.add_row(r["plan"], f"{r['measured']:.3f} s", f"{r['simulated']:.3f} s", f"{r['error']:+.1%}")
+    notes = Text("".join(f"note: {n}\n" for n in cal.fit.get("notes", [])), style="yellow")
+    return Group(head, t, Text(""), runs, notes, Text(f"wrote {output}", style="dim"))

@@ -1,0 +1,185 @@
+"""`octodsl compare PLAN --trace MEASURED.json [--profile FILE | --model SPEC [--device D]]
+[--link NAME] [--json] [--side-by-side FILE] [--png FILE] [--no-files]`: the simulator's
+iteration time, per-device busy and idle time and peak memory next to a measured run's, with the
+error of each, and both timelines side by side (one Chrome trace, one PNG)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from .common import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="simulated vs measured: iteration time, busy and idle time "
+                       "per device, peak memory, and the two timelines side by side")
+    p.add_argument("plan", metavar="PLAN", help="the .octo plan the trace ran")
+    p.add_argument("--trace", required=True, metavar="MEASURED.json",
+                   help="Chrome trace of a run (examples/train.py --trace, or octodsl calibrate's)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--profile", metavar="FILE", help="measured (and calibrated) per-layer costs")
+    src.add_argument("--model", metavar="SPEC", help="analytical costs of this model (default: the "
+                     "plan's model)")
+    p.add_argument("--device", default="cpu", help="device of the analytical costs (default cpu)")
+    p.add_argument("--link", metavar="NAME", help="link between devices (default: the calibrated "
+                   "profile's, else loopback for CPU costs, else nvlink)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--side-by-side", metavar="FILE", help="write both timelines as one Chrome trace "
+                   "(default: TRACE.compare.json beside the trace)")
+    p.add_argument("--png", metavar="FILE", help="write both timelines as one picture (default: "
+                   "TRACE.compare.png beside the trace; needs matplotlib)")
+    p.add_argument("--no-files", action="store_true", help="write neither file")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..calibrate.compare import compare, write_png, write_side_by_side
+    from ..calibrate.measured import TraceError, read_trace
+    from ..plan import PlanError
+
+    plan = load_plan_or_report(args.plan)
+    if plan is None:
+        return 1
+    costs, link = resolve_costs(args, plan)
+    try:
+        trace = read_trace(args.trace)
+        result = compare(plan, costs, link, trace)
+    except TraceError as e:
+        raise UserError(str(e)) from None
+    except PlanError as e:
+        raise UserError(f"{args.plan}: {e}") from None
+
+    written = []
+    if not args.no_files:
+        stem = Path(args.trace)
+        stem = stem.with_name(stem.name.removesuffix(".json"))
+        trace_out = args.side_by_side or f"{stem}.compare.json"
+        png_out = args.png or f"{stem}.compare.png"
+        _write(trace_out, lambda path: write_side_by_side(result, path))
+        written.append(trace_out)
+        try:
+            _write(png_out, lambda path: write_png(result, path))
+            written.append(png_out)
+        except ImportError:
+            if args.png:
+                raise UserError("--png needs matplotlib: pip install matplotlib") from None
+    if args.json:
+        out = result.to_json()
+        out["written"] = written
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    console.print(render(result))
+    for path in written:
+        console.print(f"wrote {path}", style="dim")
+    return 0
+
+
+def load_plan_or_report(path: str):
+    """The plan, or None after printing its errors (lint's memory error is no reason: the
+    comparison shows the memory)."""
+    from ..lint import lint_source
+    from ..sim.memory_check import CODE as MEMORY_CODE
+    from .common import read_text
+
+    source = read_text(path)
+    plan, diags = lint_source(source, path)
+    errors = [d for d in diags if d.is_error and d.code != MEMORY_CODE]
+    for d in errors:
+        print(d.render(path, source), file=sys.stderr)
+    if plan is None or errors:
+        print(f"{path}: the plan has errors; `octodsl lint {path}` lists them", file=sys.stderr)
+        return None
+    return plan
+
+
+def resolve_costs(args, plan):
+    """(SimCosts, Link) as `octodsl simulate` resolves them, with compare's link default."""
+    from ..costs.devices import get_link
+    from ..costs.resolve import cost_table
+    from ..sim import SimCosts
+
+    model = args.model or (None if args.profile else plan.header.model)
+    if model is None and args.profile is None:
+        raise UserError(f"{args.plan} names no model: give --profile or --model")
+    try:
+        table = cost_table(model=model, profile=args.profile, device=args.device,
+                           microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len)
+        costs = SimCosts.from_table(table, plan)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
+        if args.link:
+            link = get_link(args.link)
+        elif table.calibration is not None and table.calibration.link is not None:
+            link = table.calibration.link
+        else:
+            link = get_link("loopback" if _on_cpu(args) else "nvlink")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return costs, link
+
+
+def _on_cpu(args) -> bool:
+    """Whether the costs are for a CPU (processes of one machine talk over loopback)."""
+    if args.profile:
+        from ..costs.profile import read_profile
+
+        return read_profile(args.profile).device == "cpu"
+    return args.device.lower() == "cpu"
+
+
+def render(c):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text()
+    head.append(c.plan.header.name, style="bold")
+    head.append(f": {c.plan.devices} devices x {c.plan.microbatches} micro-batches; "
+                f"{len(c.measured.timed)} of {len(c.measured.steps)} measured steps timed\n")
+    head.append(f"{c.result.costs.source}; link {c.link.name} ({c.link.latency * 1e6:.0f} us + "
+                f"bytes / {c.link.bandwidth / 1e9:.2f} GB/s)", style="dim")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("metric", "device", "simulated", "measured", "error"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for m in c.metrics():
+        fmt = _bytes if m.name == "peak memory" else _time
+        err = m.error
+        style = "" if math.isnan(err) or abs(err) <= 0.05 else "bold red"
+        table.add_row(m.name, "" if m.device is None else str(m.device), fmt(m.simulated),
+                      fmt(m.measured), Text("-" if math.isnan(err) else f"{err:+.1%}", style=style))
+    foot = Text()
+    busy = [abs(m.error) for m in c.busy if not math.isnan(m.error)]
+    foot.append(f"iteration time error {c.iteration.error:+.1%}; mean |error| busy "
+                f"{sum(busy) / max(len(busy), 1):.1%}")
+    if c.memory_error is not None:
+        foot.append(f", peak memory {c.memory_error:.1%}")
+    else:
+        foot.append("; the trace has no memory counters (calibration runs record them)")
+    for note in c.notes:
+        foot.append(f"\nnote: {note}", style="yellow")
+    return Group(head, Text(""), table, Text(""), foot)
+
+
+def _time(seconds: float) -> str:
+    if abs(seconds) >= 1:
+        return f"{seconds:.3f} s"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _write(path: str, write) -> None:
+    try:
+        write(path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write: {e.strerror}") from None

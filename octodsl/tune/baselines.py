@@ -1,0 +1,86 @@
+"""The classic schedules the tuner must beat, each with three partitions, on the same simulator.
+
+Schedules and partitions as `octodsl gen --model` makes them: 1F1B, interleaved with 2 and 4
+chunks, ZB-H1, ZB-H2, ZB-V, DualPipeV; equal layer counts (`equal`), DeepSpeed's parameter
+balance (`parameters`) and the time-balanced optimum by dynamic programming (`time`).
+A baseline is named `SCHEDULE[-vCHUNKS]-PARTITION`, e.g. `1f1b-equal`, `interleaved-v4-time`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ..gen import PARTITIONS, ScheduleError, layout
+from ..gen.model_partition import model_stages
+from ..plan import Plan, Stage
+from .evaluate import Evaluator, Score
+from .problem import Problem
+
+SCHEDULES: tuple[tuple[str, int | None], ...] = (
+    ("1f1b", None), ("interleaved", 2), ("interleaved", 4), ("zb-h1", None), ("zb-h2", None),
+    ("zb-v", None), ("dualpipev", None))
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    score: Score | None
+    """None when the schedule cannot be built for this problem (`error` says why)."""
+    error: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        """Built and within the memory limit."""
+        return self.score is not None and self.score.fits
+
+
+def baseline_name(schedule: str, chunks: int | None, partition: str) -> str:
+    return f"{schedule}{f'-v{chunks}' if chunks else ''}-{partition}"
+
+
+def partition_stages(problem: Problem, method: str, num_stages: int) -> list[Stage]:
+    """The stages of `gen --model --partition METHOD`, on the problem's device and shape."""
+    h = problem.header
+    stages, _ = model_stages(h.model, num_stages, method, device=problem.table.meta["device"],
+                             microbatch_size=h.microbatch_size, seq_len=h.seq_len)
+    return stages
+
+
+def classic_plans(problem: Problem) -> Iterable[tuple[str, Plan | None, str | None]]:
+    """(name, plan, None) for each schedule and partition, or (name, None, why not)."""
+    for schedule, chunks in SCHEDULES:
+        try:
+            lay = layout(schedule, problem.devices, problem.microbatches, chunks)
+            if lay.num_stages > problem.num_layers:
+                raise ScheduleError(f"{lay.num_stages} stages for {problem.num_layers} layers")
+        except ScheduleError as e:
+            for method in PARTITIONS:
+                yield baseline_name(schedule, chunks, method), None, str(e)
+            continue
+        orders, _ = lay.orders()
+        for method in PARTITIONS:
+            name = baseline_name(schedule, chunks, method)
+            header = problem.header.model_copy(update={"name": name})
+            yield name, Plan(header, partition_stages(problem, method, lay.num_stages),
+                             lay.placement, orders), None
+
+
+def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
+                      on_each: Callable[[str], None] | None = None) -> list[Baseline]:
+    evaluate = evaluate or Evaluator(problem)
+    out = []
+    for name, plan, error in classic_plans(problem):
+        if on_each:
+            on_each(name)
+        out.append(Baseline(name, evaluate(plan) if plan is not None else None, error))
+    return out
+
+
+def best_baseline(baselines: Iterable[Baseline]) -> Baseline | None:
+    """The fastest baseline within the memory limit."""
+    best = None
+    for b in baselines:
+        if b.usable and (best is None or b.score.time < best.score.time):
+            best = b
+    return best

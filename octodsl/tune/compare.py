@@ -1,0 +1,66 @@
+"""One tuning run as `octodsl tune` and the benchmark make it: the classic baselines, the tuner
+(refining the given plan and the best baseline besides its own starts), and optionally random
+search and the CP-SAT model with the same budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..plan import Plan
+from .baselines import Baseline, best_baseline, classic_baselines
+from .evaluate import Evaluator, Score
+from .loop import Progress, TuneResult, tune
+from .problem import Problem
+
+OTHERS = ("random", "milp", "milp-warm")
+"""Baselines with the tuner's budget: random search, CP-SAT cold, CP-SAT warm-started from the
+best classic baseline."""
+
+
+class NoPlanFits(ValueError):
+    """Neither the tuner nor any baseline found a plan within the memory limit."""
+
+
+@dataclass
+class Outcome:
+    problem: Problem
+    tuned: TuneResult
+    baselines: list[Baseline]
+    others: dict[str, Score | None] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    """Per other baseline: what it did (evaluations, solver status)."""
+
+
+def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: Plan | None = None,
+                     others: Sequence[str] = (), progress: Progress | None = None) -> Outcome:
+    def note(phase: str):
+        if progress:
+            progress(phase, float("inf"), budget)
+
+    note("baselines")
+    baselines = classic_baselines(problem, Evaluator(problem))
+    best = best_baseline(baselines)
+    starts = ([start] if start is not None else []) + ([best.score.plan] if best else [])
+    tuned = tune(problem, budget=budget, seed=seed, starts=starts, progress=progress)
+    if not tuned.best.fits:
+        peak = float(tuned.best.peak.max())
+        raise NoPlanFits(f"no plan found fits in {problem.memory / 2**30:.1f} GiB per device: the "
+                         f"best peaks at {peak / 2**30:.1f} GiB; use more devices or a larger "
+                         "memory limit")
+    out = Outcome(problem, tuned, baselines)
+    for name in others:
+        note(name)
+        if name == "random":
+            from .random_search import random_search
+
+            out.others[name], count = random_search(problem, budget, seed)
+            out.notes[name] = f"{count} plans"
+        else:
+            from .milp import solve_milp
+
+            hint = best.score.plan if name == "milp-warm" and best else None
+            r = solve_milp(problem, budget, hint=hint)
+            out.others[name] = r.score
+            out.notes[name] = r.status.lower()
+    return out

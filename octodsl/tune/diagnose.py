@@ -1,0 +1,51 @@
+"""Where a simulated iteration loses time, and so which phase the next round works on.
+
+Per device the idle time splits into the lead (before its first op), the tail (after its last)
+and the gaps between. Stage imbalance shows as the busiest device's excess over the mean; fill
+and drain as lead and tail; scheduling as gaps. Memory over the limit comes before all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sim import SimResult
+
+PHASES = ("memory", "partition", "placement", "schedule")
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    imbalance: float
+    """(busiest device's compute - mean compute) / iteration time."""
+    fill: float
+    """Mean lead + tail idle / iteration time."""
+    gaps: float
+    """Mean idle between ops / iteration time."""
+    lead: np.ndarray
+    tail: np.ndarray
+    """Per device, seconds."""
+
+    def phases(self, over_memory: bool) -> list[str]:
+        """Phases by the share of time each could win back, the paper's order on ties; memory
+        first when over the limit."""
+        share = {"partition": self.imbalance, "placement": self.fill, "schedule": self.gaps}
+        return ["memory"] * over_memory + sorted(share, key=lambda k: -share[k])
+
+
+def diagnose(result: SimResult) -> Bottleneck:
+    p = result.program
+    T = result.iteration_time
+    lead = np.zeros(p.devices)
+    tail = np.full(p.devices, T)
+    for d in range(p.devices):
+        lo, hi = p.order_ptr[d], p.order_ptr[d + 1]
+        if hi > lo:
+            lead[d] = result.start[p.order_nodes[lo]]
+            tail[d] = T - result.end[p.order_nodes[hi - 1]]
+    gaps = result.idle - lead - tail
+    busy = result.busy
+    return Bottleneck(float((busy.max() - busy.mean()) / T), float((lead + tail).mean() / T),
+                      float(gaps.mean() / T), lead, tail)

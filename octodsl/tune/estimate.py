@@ -1,0 +1,159 @@
+"""The partition phase's objective: a closed-form, bubble-aware bound on when each device can
+finish, used to rank the many cuts a partition search visits before the simulator times the few
+it keeps.
+
+For device d, with its stages' per-micro-batch work `load_d`, the bound is
+
+    a_d + max(M * load_d + fill_d, M * pace_d)
+
+- a_d: when micro-batch 0 first reaches d (the forwards and messages before d's first stage);
+- fill_d: the warm-up gap d cannot fill: until the first input gradient comes back to d's
+  deepest stage, d can only run forwards: of each of its stages, the micro-batches that reach
+  it by then (one per slowest forward upstream; all of them at the first stage) and that its
+  memory admits;
+- cap_d: micro-batches whose activations fit beside d's static bytes (no limit: M);
+- pace_d: the memory throttle: each stage s of d holds a micro-batch's activations a_s for
+  its round trip R_s (forward to input-gradient backward), so one micro-batch every pace_d
+  needs about sum(a_s * R_s / pace_d) bytes beside the static ones.
+A layout whose static bytes and one micro-batch overflow some device scores above any that
+fits, the more the larger the overflow, so a search is led toward layouts that fit.
+
+This prices balance and the fill/drain bubble together: a deep device starts late, so it should
+carry less work, and a device whose first stage is tiny idles until its first backward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..sim.jit import njit
+from .problem import Problem
+
+_UNFIT = 1e12
+"""Seconds no real layout takes: the scale of the score of one that does not fit."""
+
+
+class FillModel:
+    """`model(cuts)` -> the bound above for one placement (`devices[s]` per stage)."""
+
+    def __init__(self, problem: Problem, devices: tuple[int, ...]) -> None:
+        layers = problem.table.layers
+
+        def prefix(values) -> np.ndarray:
+            return np.concatenate([[0.0], np.cumsum(values, dtype=float)])
+
+        self.pf = prefix([l.f for l in layers])
+        self.pb = prefix([l.b for l in layers])
+        self.pw = prefix([l.w for l in layers])
+        self.pa = prefix([l.act for l in layers])
+        self.ps = prefix([l.static for l in layers])
+        self.hop = np.array([problem.link.time(l.out_bytes) for l in layers])
+        self.sd = np.array(devices, np.int64)
+        self.P = problem.devices
+        self.M = problem.microbatches
+        self.limit = float(problem.memory) if problem.memory is not None else np.inf
+
+    def __call__(self, cuts) -> float:
+        return _bound(np.asarray(cuts, np.int64), *self._args())
+
+    def descend(self, cuts: np.ndarray) -> float:
+        """Steepest descent over one-layer shifts of single cuts, in place; the final value."""
+        return _descend(cuts, *self._args())
+
+    def _args(self):
+        return (self.sd, self.P, self.M, self.limit, self.pf, self.pb, self.pw, self.pa, self.ps,
+                self.hop)
+
+
+@njit
+def _descend(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
+    cur = _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop)
+    while True:
+        best, best_i, best_d = cur, -1, 0
+        for i in range(1, c.shape[0] - 1):
+            for d in (-1, 1):
+                if c[i - 1] < c[i] + d < c[i + 1]:
+                    c[i] += d
+                    v = _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop)
+                    c[i] -= d
+                    if v < best:
+                        best, best_i, best_d = v, i, d
+        if best_i < 0:
+            return cur
+        cur = best
+        c[best_i] += best_d
+
+
+@njit
+def _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
+    S = sd.shape[0]
+    sf = pf[c[1:]] - pf[c[:-1]]
+    sb = pb[c[1:]] - pb[c[:-1]]
+    load_s = sf + sb + pw[c[1:]] - pw[c[:-1]]
+    sa = pa[c[1:]] - pa[c[:-1]]
+    ss = ps[c[1:]] - ps[c[:-1]]
+    # Message time after each stage (none between stages of one device).
+    h = np.zeros(S)
+    for s in range(S - 1):
+        if sd[s] != sd[s + 1]:
+            h[s] = hop[c[s + 1] - 1]
+    arrive = np.zeros(S)  # micro-batch 0's forward reaches stage s
+    for s in range(1, S):
+        arrive[s] = arrive[s - 1] + sf[s - 1] + h[s - 1]
+    back = np.zeros(S)  # micro-batch 0's input gradient can start on stage s
+    back[S - 1] = arrive[S - 1] + sf[S - 1]
+    for s in range(S - 2, -1, -1):
+        back[s] = back[s + 1] + sb[s + 1] + h[s]
+    first = np.full(P, -1, np.int64)
+    deepest = np.full(P, -1, np.int64)
+    load = np.zeros(P)
+    fwd = np.zeros(P)
+    act = np.zeros(P)
+    static = np.zeros(P)
+    for s in range(S):
+        d = sd[s]
+        if first[d] < 0:
+            first[d] = s
+        deepest[d] = s
+        load[d] += load_s[s]
+        fwd[d] += sf[s]
+        act[d] += sa[s]
+        static[d] += ss[s]
+    overflow = 0.0
+    for d in range(P):
+        overflow += max(0.0, static[d] + act[d] - limit)
+    if overflow > 0:
+        return _UNFIT * (1.0 + overflow / limit)
+    # Forwards reach stage s no faster than the slowest forward before it lets them through.
+    pace = np.zeros(S)
+    for s in range(1, S):
+        pace[s] = max(pace[s - 1], sf[s - 1])
+    worst = 0.0
+    total = 0.0
+    for d in range(P):
+        if first[d] < 0:
+            continue
+        cap = float(M)
+        if limit < np.inf and act[d] > 0:
+            cap = min(cap, float(np.floor((limit - static[d]) / act[d])))
+        a = arrive[first[d]]
+        hs = deepest[d]
+        early = 0.0
+        for s in range(first[d], hs + 1):
+            if sd[s] == d:
+                reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
+                early += sf[s] * min(cap, reach)
+        fill = max(0.0, back[hs] - a - early)
+        # Memory throttle: stage s holds a micro-batch's activations for its round trip, so
+        # at one micro-batch per `pace` it holds about trip / pace of them; the fastest pace
+        # whose activations fit beside the static bytes.
+        held = 0.0
+        for s in range(first[d], hs + 1):
+            if sd[s] == d:
+                held += sa[s] * (back[s] + sb[s] - arrive[s])
+        throttle = held / (limit - static[d])
+        t = a + max(M * load[d] + fill, M * throttle)
+        worst = max(worst, t)
+        total += t
+    # The mean breaks ties between layouts with the same slowest device.
+    return worst + 1e-3 * total / P

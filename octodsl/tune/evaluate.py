@@ -1,0 +1,74 @@
+"""Every evaluation the tuner (and its baselines) makes goes through the project's simulator."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan import Plan, PlanError
+from ..sim import SimCosts, SimDeadlock, SimProgram, SimResult, compile, simulate
+from .problem import Problem
+
+
+@dataclass(frozen=True)
+class Score:
+    """A plan's simulated iteration, or why it has none."""
+
+    plan: Plan
+    time: float
+    """Simulated iteration time, seconds; inf for a plan that deadlocks."""
+    peak: np.ndarray
+    """Peak memory per device, bytes."""
+    fits: bool
+    """Every device's peak is within the problem's memory limit."""
+    result: SimResult | None
+
+    def better_than(self, other: Score | None) -> bool:
+        """Fitting beats not fitting; then the shorter iteration; then the lower peak. A plan
+        that deadlocks is never better."""
+        if self.result is None:
+            return False
+        if other is None or other.result is None:
+            return True
+        if self.fits != other.fits:
+            return self.fits
+        if not self.fits:  # neither fits: closer to fitting is better
+            return float(self.peak.max()) < float(other.peak.max())
+        rel = (other.time - self.time) / other.time if other.time > 0 else 0.0
+        if abs(rel) > 1e-9:
+            return rel > 0
+        return float(self.peak.max()) < float(other.peak.max()) - 1.0
+
+
+class Evaluator:
+    """Simulates plans of one problem; counts evaluations. Compiling reuses the previous
+    program when only device orders changed (the schedule moves)."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.count = 0
+        self._last: SimProgram | None = None
+
+    def __call__(self, plan: Plan) -> Score:
+        self.count += 1
+        p = self.problem
+        costs = SimCosts.from_table(p.table, plan)
+        program = compile(plan, like=self._last)
+        self._last = program
+        try:
+            result = simulate(program, costs, p.link)
+        except SimDeadlock:
+            return Score(plan, math.inf, np.zeros(p.devices), False, None)
+        peak = result.peak_memory
+        fits = p.memory is None or bool((peak <= p.memory).all())
+        return Score(plan, result.iteration_time, peak, fits, result)
+
+
+def check_plan(plan: Plan, problem: Problem) -> None:
+    """Raise PlanError unless the plan is for the problem's devices, micro-batches and layers."""
+    if plan.devices != problem.devices or plan.microbatches != problem.microbatches:
+        raise PlanError(f"the plan is for {plan.devices} devices and {plan.microbatches} "
+                        f"micro-batches, not {problem.devices} and {problem.microbatches}")
+    problem.table.stage_costs(plan)

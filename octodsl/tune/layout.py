@@ -1,0 +1,71 @@
+"""A plan's partition and placement as two tuples, the form the tuner's moves edit.
+
+`Layout(cuts, devices)`: stage s holds layers cuts[s] .. cuts[s + 1] - 1 and runs on device
+devices[s]. A Layout is hashable, so the tuner remembers which ones it has evaluated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import DevicePlacement, Plan, PlanError, Stage
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    cuts: tuple[int, ...]
+    """Stage boundaries: cuts[0] = 0, cuts[-1] = number of layers, strictly increasing."""
+    devices: tuple[int, ...]
+    """Device of each stage."""
+
+    def __post_init__(self) -> None:
+        if len(self.cuts) != len(self.devices) + 1 or self.cuts[0] != 0 or any(
+                a >= b for a, b in zip(self.cuts, self.cuts[1:])):
+            raise ValueError(f"bad layout: cuts {self.cuts} for {len(self.devices)} stages")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_layers(self) -> int:
+        return self.cuts[-1]
+
+    @classmethod
+    def of(cls, plan: Plan) -> Layout:
+        """The layout of a plan whose stages name their layers; PlanError otherwise."""
+        if any(st.abstract for st in plan.stages):
+            raise PlanError("the plan's partition names no layers (an abstract plan)")
+        return cls(tuple(st.first for st in plan.stages) + (plan.stages[-1].last + 1,),
+                   tuple(plan.stage_device()))
+
+    def stages(self) -> list[Stage]:
+        return [Stage(a, b - 1) for a, b in zip(self.cuts, self.cuts[1:])]
+
+    def placement(self, num_devices: int) -> list[DevicePlacement]:
+        return [DevicePlacement(d, tuple(s for s, x in enumerate(self.devices) if x == d))
+                for d in range(num_devices)]
+
+    def device_stages(self, num_devices: int) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(num_devices)]
+        for s, d in enumerate(self.devices):
+            out[d].append(s)
+        return out
+
+    def with_cuts(self, cuts) -> Layout:
+        return Layout(tuple(int(c) for c in cuts), self.devices)
+
+
+def looped(num_devices: int, chunks: int) -> tuple[int, ...]:
+    """Stage s on device s mod P, `chunks` stages per device (1F1B's and interleaved's)."""
+    return tuple(s % num_devices for s in range(num_devices * chunks))
+
+
+def v_shape(num_devices: int) -> tuple[int, ...]:
+    """Down the devices and back up: device d holds stages d and 2P - 1 - d (ZB-V's)."""
+    return tuple(range(num_devices)) + tuple(reversed(range(num_devices)))
+
+
+def even_cuts(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Equal layer counts: the starting point before any balancing."""
+    return tuple(round(num_layers * i / num_stages) for i in range(num_stages + 1))

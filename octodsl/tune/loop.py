@@ -1,0 +1,185 @@
+"""The tuner's loop (OctoPipe's iterative, bubble-aware search).
+
+1. Starts: each regular placement (V, looped with 1-4 chunks) with bubble-aware cuts and a list
+   scheduled order, plus any plans given (a hand-written one, a baseline); best first.
+2. Rounds: simulate the current plan, find where it loses time (diagnose.py), and try that
+   phase's moves (propose.py), most promising first; the first move that shortens the iteration
+   (or, over the memory limit, lowers the peak) is kept and the next round starts. When no move
+   of any phase helps, the search goes on from the next start.
+3. Kicks: once every start is refined, a random placement or partition change of the best plan
+   (seeded), refined in turn; the search ends after `PATIENCE` kicks in a row find nothing better.
+The best plan that fits in memory wins. Every plan is timed by the simulator.
+
+Deterministic for a seed as long as the search ends before the budget (`TuneResult.finished`);
+a budget that cuts it short stops it at a point that depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..plan import Plan
+from .diagnose import diagnose
+from .evaluate import Evaluator, Score
+from .layout import Layout, even_cuts
+from .moves.partition import rebalance
+from .moves.placement import families
+from .moves.schedule import rebuild
+from .problem import Problem
+from .propose import State, kick, proposals
+
+PATIENCE = 8
+"""Kicks in a row without a better plan before the search ends."""
+
+Progress = Callable[[str, float, float], None]
+"""progress(phase, best iteration time so far (inf: none yet), seconds left)."""
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int
+    phase: str
+    move: str
+    before: float
+    """Iteration time before the move, seconds (inf when there was no plan yet)."""
+    after: float
+
+
+@dataclass
+class TuneResult:
+    best: Score
+    rounds: list[Round]
+    evaluations: int
+    seconds: float
+    finished: bool
+    """The search ended by itself (every start refined until no move helped), not by budget."""
+    starts: list[tuple[str, Score]] = field(default_factory=list)
+
+
+class _OutOfBudget(Exception):
+    pass
+
+
+def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Sequence[Plan] = (),
+         max_evaluations: int | None = None, progress: Progress | None = None) -> TuneResult:
+    """Search for the fastest plan that fits the problem's memory limit within `budget` seconds
+    (and `max_evaluations` simulations, when given). `starts`: plans to refine, besides the
+    tuner's own starting points."""
+    return _Search(problem, budget, seed, max_evaluations, progress).run(starts)
+
+
+def _order(a: Score, b: Score) -> int:
+    return -1 if a.better_than(b) else (1 if b.better_than(a) else 0)
+
+
+class _Search:
+    def __init__(self, problem: Problem, budget: float, seed: int, max_evaluations: int | None,
+                 progress: Progress | None) -> None:
+        self.problem = problem
+        self.seed = seed
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + budget
+        self.max_evaluations = max_evaluations
+        self.progress = progress
+        self.evaluate = Evaluator(problem)
+        self.best: Score | None = None
+        self.best_w_gap = False
+        """How the best plan's order was built (its kicks rebuild orders the same way)."""
+        self.rounds: list[Round] = []
+        self.tried: set[tuple[Layout, bool]] = set()
+
+    def score(self, plan: Plan, phase: str, w_gap: bool) -> Score:
+        if time.perf_counter() > self.deadline or (
+                self.max_evaluations is not None and self.evaluate.count >= self.max_evaluations):
+            raise _OutOfBudget
+        if self.progress:
+            self.progress(phase, self.best.time if self.best else math.inf,
+                          self.deadline - time.perf_counter())
+        s = self.evaluate(plan)
+        if s.better_than(self.best):
+            self.best, self.best_w_gap = s, w_gap
+        return s
+
+    def run(self, given: Sequence[Plan]) -> TuneResult:
+        starts: list[tuple[str, Score, Layout, bool]] = []
+        finished = True
+        try:
+            starts = self._starts(given)
+            for name, s, layout, w_gap in starts:
+                self.rounds.append(Round(len(self.rounds), "start", name, math.inf, s.time))
+                self._refine(s, layout, w_gap)
+            self._kicks()
+        except _OutOfBudget:
+            finished = False
+        if self.best is None:
+            raise RuntimeError("the budget ran out before the tuner could simulate one plan")
+        return TuneResult(self.best, self.rounds, self.evaluate.count,
+                          time.perf_counter() - self.t0, finished,
+                          [(name, s) for name, s, _, _ in starts])
+
+    def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, Layout, bool]]:
+        p = self.problem
+        out = []
+        for plan in given:
+            # The given order is kept; the schedule phase may rebuild it (w_gap=True makes its
+            # first proposal the usually better rebuild without W held back).
+            out.append((f"given plan {plan.header.name!r}", self.score(plan, "start", True),
+                        Layout.of(plan), True))
+        for name, devices in families(p.devices, p.num_layers):
+            layout = rebalance(Layout(even_cuts(p.num_layers, len(devices)), devices), p,
+                               seed=self.seed)
+            for w_gap in (False, True):
+                self.tried.add((layout, w_gap))
+                plan = rebuild(p.skeleton(layout), p, w_gap)
+                out.append((f"placement {name}, bubble-aware cuts"
+                            + (", W held for gaps" if w_gap else ""),
+                            self.score(plan, "start", w_gap), layout, w_gap))
+        out.sort(key=functools.cmp_to_key(lambda a, b: _order(a[1], b[1])))
+        return out
+
+    def _kicks(self) -> None:
+        rng = random.Random(self.seed)
+        misses = 0
+        while misses < PATIENCE:
+            best = self.best
+            st = State(self.problem, best, Layout.of(best.plan), self.best_w_gap,
+                       diagnose(best.result), self.seed)
+            prop = kick(st, rng)
+            s = self.score(prop.build(), "kick", prop.w_gap)
+            self.rounds.append(Round(len(self.rounds), "kick", prop.move, best.time, s.time))
+            self._refine(s, prop.layout, prop.w_gap)
+            misses = 0 if self.best is not best else misses + 1
+
+    def _refine(self, cur: Score, layout: Layout, w_gap: bool) -> None:
+        """Rounds from one start until no move of any phase improves it."""
+        while cur.result is not None:  # a given plan may deadlock: nothing to refine
+            st = State(self.problem, cur, layout, w_gap, diagnose(cur.result),
+                       self.seed + len(self.rounds))
+            for phase in st.bottleneck.phases(not cur.fits):
+                found = self._round(phase, st)
+                if found is not None:
+                    cur, layout, w_gap = found
+                    break
+            else:
+                return
+
+    def _round(self, phase: str, st: State) -> tuple[Score, Layout, bool] | None:
+        for prop in proposals(phase, st):
+            # Layouts are remembered (many moves lead to the same one); order edits are not
+            # (each comes from the current plan, and only improvements are kept).
+            if prop.layout is not None:
+                if (prop.layout, prop.w_gap) in self.tried:
+                    continue
+                self.tried.add((prop.layout, prop.w_gap))
+            plan = prop.build()
+            w_gap = st.w_gap if prop.w_gap is None else prop.w_gap
+            s = self.score(plan, phase, w_gap)
+            if s.better_than(st.score):
+                self.rounds.append(Round(len(self.rounds), phase, prop.move, st.score.time, s.time))
+                return s, prop.layout or st.layout, w_gap
+        return None

@@ -1,0 +1,59 @@
+"""Placement moves: which stages live on which device, against fill and drain bubbles.
+
+- `families`: the regular placements worth starting from (looped with 1-4 chunks, V);
+- `disperse`: split a stage and place its second part on another device, so that a device that
+  waits at the start gets early work (and, since backwards run in reverse, late work too);
+- `exchange`: a device's early stage takes a layer from its neighbour while its late stage
+  gives one back, or the reverse: device loads barely move, but the device's work shifts
+  toward the start or the end of the micro-batch's path;
+- `merge`: stages next to each other on one device become one (no message between them).
+"""
+
+from __future__ import annotations
+
+from ..layout import Layout, looped, v_shape
+from .partition import shift
+
+
+def families(num_devices: int, num_layers: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Named regular placements whose stages the model's layers can fill."""
+    out = [("v", v_shape(num_devices))] + [
+        (f"loop{v}", looped(num_devices, v)) for v in (1, 2, 3, 4)]
+    return [(name, devs) for name, devs in out if len(devs) <= num_layers]
+
+
+def disperse(layout: Layout, stage: int, device: int) -> Layout | None:
+    """Split `stage` in the middle of its layers; the second half runs on `device`. None when
+    the stage has one layer or already runs there."""
+    a, b = layout.cuts[stage], layout.cuts[stage + 1]
+    if b - a < 2 or layout.devices[stage] == device:
+        return None
+    cuts = layout.cuts[:stage + 1] + ((a + b) // 2,) + layout.cuts[stage + 1:]
+    devices = layout.devices[:stage + 1] + (device,) + layout.devices[stage + 1:]
+    return Layout(cuts, devices)
+
+
+def exchange(layout: Layout, device: int, earlier: bool) -> Layout | None:
+    """Move one layer of `device`'s work toward the start of the path (`earlier`) or the end:
+    its first stage grows by its successor's first layer and its last stage gives its first
+    layer to its predecessor (or the reverse). None if the device has one stage or a shift
+    would empty a stage."""
+    stages = [s for s, d in enumerate(layout.devices) if d == device]
+    if len(stages) < 2:
+        return None
+    first, last = stages[0], stages[-1]
+    step = 1 if earlier else -1
+    out = shift(layout, first + 1, step)
+    return shift(out, last, step) if out is not None else None
+
+
+def merge(layout: Layout) -> Layout:
+    """Neighbouring stages on the same device joined into one."""
+    cuts, devices = [0], []
+    for s, d in enumerate(layout.devices):
+        if devices and devices[-1] == d:
+            cuts[-1] = layout.cuts[s + 1]
+        else:
+            devices.append(d)
+            cuts.append(layout.cuts[s + 1])
+    return Layout(tuple(cuts), tuple(devices))

@@ -1,0 +1,109 @@
+"""Scheduling moves: the order of ops on each device, the partition and placement kept.
+
+- `rebuild`: a fresh order from the list scheduler (construct.py), with or without W held back
+  for gaps;
+- `advance`: move one op earlier in its device's order;
+- `fill_gaps`: for the largest idle gaps of the busiest devices, advance a later op that was
+  already ready when the gap opened: an F or B (advance into gaps) or a W (independent compute
+  while the device waits on a message);
+- `delay_w`: where the critical path waits because a W held the device, run the W after the
+  op it delayed (W has no dependants but the optimizer step).
+
+Advancing an op that was ready when the gap opened cannot deadlock: its producers finished
+before any op it now overtakes started, so they never depend on those ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ...plan import OpKind, Plan
+from ...sim import SimResult
+from ..construct import build_schedule
+from ..problem import Problem
+
+
+def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
+    """The plan with the list scheduler's order for its partition and placement, within the
+    problem's memory limit."""
+    return build_schedule(plan, problem.stage_costs(plan), problem.link, problem.memory,
+                          w_gap=w_gap)
+
+
+def advance(plan: Plan, device: int, src: int, dst: int) -> Plan:
+    """Device `device`'s slot at index `src` moved to index `dst` (dst < src)."""
+    order = list(plan.schedule[device])
+    order.insert(dst, order.pop(src))
+    schedule = list(plan.schedule)
+    schedule[device] = order
+    return replace(plan, schedule=schedule)
+
+
+def ready_times(result: SimResult) -> np.ndarray:
+    """Per node: when every input it needs had arrived (its local producers ended, its
+    messages were received)."""
+    p = result.program
+    ready = np.zeros(p.num_nodes)
+    src = np.repeat(np.arange(p.num_nodes), np.diff(p.out_ptr))
+    arrive = np.where(p.out_msg >= 0, result.msg_end[np.maximum(p.out_msg, 0)], result.end[src])
+    np.maximum.at(ready, p.out_dst, arrive)
+    return ready
+
+
+def gaps(result: SimResult, device: int) -> list[tuple[float, int]]:
+    """(idle seconds, index of the slot after the gap) for each gap on a device, largest first."""
+    p = result.program
+    nodes = p.order_nodes[p.order_ptr[device]:p.order_ptr[device + 1]]
+    if not len(nodes):
+        return []
+    ends = np.concatenate([[0.0], result.end[nodes[:-1]]])
+    idle = result.start[nodes] - ends
+    at = np.flatnonzero(idle > 1e-9)
+    return sorted(((float(idle[i]), int(i)) for i in at), key=lambda g: (-g[0], g[1]))
+
+
+def fill_gaps(plan: Plan, result: SimResult, kinds: tuple[OpKind, ...], devices: int = 2,
+              per_device: int = 3) -> list[Plan]:
+    """Plans with one op of `kinds` advanced into one of the largest gaps of the `devices`
+    busiest devices: the first later op that was ready when the gap opened and fits in it."""
+    p = result.program
+    ready = ready_times(result)
+    out = []
+    for d in np.argsort(-result.busy, kind="stable")[:devices]:
+        d = int(d)
+        nodes = p.order_nodes[p.order_ptr[d]:p.order_ptr[d + 1]]
+        for idle, i in gaps(result, d)[:per_device]:
+            opened = float(result.end[nodes[i - 1]]) if i > 0 else 0.0
+            for j in range(i + 1, len(nodes)):
+                n = nodes[j]
+                slot = plan.schedule[d][j]
+                if (ready[n] <= opened + 1e-12 and slot.ops[0].kind in kinds
+                        and result.end[n] - result.start[n] <= idle + 1e-12):
+                    out.append(advance(plan, d, j, i))
+                    break
+    return out
+
+
+def delay_w(plan: Plan, result: SimResult, limit: int = 4) -> list[Plan]:
+    """Plans with one W on the critical path moved after the op it held up."""
+    p = result.program
+    where = {}  # (device, start time) -> index in the device's order
+    for d in range(p.devices):
+        nodes = p.order_nodes[p.order_ptr[d]:p.order_ptr[d + 1]]
+        where.update(((d, float(t)), j) for j, t in enumerate(result.start[nodes].tolist()))
+    out = []
+    for step in result.critical_path():
+        j = where.get((step.device, step.start)) if step.kind == "compute" else None
+        if not j:
+            continue
+        d = step.device
+        at = p.order_ptr[d] + j
+        if (plan.schedule[d][j - 1].ops[0].kind is OpKind.W
+                and result.pred[p.order_nodes[at]] == p.order_nodes[at - 1]):
+            out.append(advance(plan, d, j, j - 1))
+            if len(out) == limit:
+                break
+    return out
+

@@ -1,0 +1,81 @@
+"""What the tuner is asked: a model's per-layer costs, devices, micro-batches, a memory limit and
+a link; and the one way it turns a layout and a schedule into a Plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..costs.devices import get_link
+from ..costs.resolve import cost_table
+from ..costs.table import CostTable, Link, StageCost
+from ..plan import Header, Plan, Slot
+from .layout import Layout
+
+
+@dataclass
+class Problem:
+    table: CostTable
+    header: Header
+    """Header of every plan the tuner writes: devices, micro-batches, model, memory limit."""
+    link: Link
+    work: np.ndarray = field(init=False, repr=False)
+    """F + B + W seconds of each layer."""
+
+    def __post_init__(self) -> None:
+        self.work = np.array([l.f + l.b + l.w for l in self.table.layers])
+
+    @classmethod
+    def create(cls, model: str, devices: int, microbatches: int, *, device: str = "H800",
+               memory: int | None = None, link: str | Link = "nvlink",
+               microbatch_size: int | None = None, seq_len: int | None = None,
+               name: str | None = None) -> Problem:
+        """Analytical costs of a model (built-in name or spec path) on a built-in device.
+        Raises ValueError with a message for the user."""
+        table = cost_table(model=model, device=device, microbatch_size=microbatch_size,
+                           seq_len=seq_len)
+        header = Header(name=name or f"tuned-{model}-p{devices}-m{microbatches}", devices=devices,
+                        microbatches=microbatches, model=model, microbatch_size=microbatch_size,
+                        seq_len=seq_len, memory=memory)
+        return cls(table, header, link if isinstance(link, Link) else get_link(link))
+
+    @property
+    def devices(self) -> int:
+        return self.header.devices
+
+    @property
+    def microbatches(self) -> int:
+        return self.header.microbatches
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.table.layers)
+
+    @property
+    def memory(self) -> int | None:
+        return self.header.memory
+
+    def lower_bound(self) -> float:
+        """No plan runs faster than the largest of: all work spread evenly over the devices; the
+        heaviest layer times the micro-batches (a layer is never split); one micro-batch's path
+        through every layer (all forwards, the input-gradient backwards down to some layer, its
+        W), messages left out since a plan may keep layers together. Unlike the simulator's
+        bound, which is a plan's (its stages, its messages), this one holds for every plan of
+        the problem, so all are measured against the same number."""
+        layers = self.table.layers
+        b_from = np.cumsum([l.b for l in reversed(layers)])[::-1]
+        path = sum(l.f for l in layers) + float(np.max(b_from + [l.w for l in layers]))
+        return max(float(self.work.sum()) * self.microbatches / self.devices,
+                   float(self.work.max()) * self.microbatches, path)
+
+    def skeleton(self, layout: Layout) -> Plan:
+        """A plan with the layout's partition and placement and an empty schedule."""
+        return Plan(self.header.model_copy(), layout.stages(), layout.placement(self.devices),
+                    [[] for _ in range(self.devices)])
+
+    def stage_costs(self, plan: Plan) -> list[StageCost]:
+        return self.table.stage_costs(plan)
+
+    def with_schedule(self, plan: Plan, schedule: list[list[Slot]]) -> Plan:
+        return replace(plan, schedule=schedule)

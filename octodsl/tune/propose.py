@@ -1,0 +1,143 @@
+"""The candidate moves of each phase for the current plan, most promising first, and the random
+kick that restarts the search from a changed copy of the best plan.
+
+A proposal is a description for `--explain` and a function that builds the plan, so a round
+that accepts its first candidate builds no others. Partition and placement proposals change the
+layout and get a fresh order from the list scheduler; schedule and memory proposals edit the
+current order.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..plan import OpKind, Plan
+from .diagnose import Bottleneck
+from .evaluate import Score
+from .layout import Layout, even_cuts
+from .moves import memory, partition, placement, schedule
+from .problem import Problem
+
+
+@dataclass(frozen=True)
+class Proposal:
+    move: str
+    build: Callable[[], Plan]
+    layout: Layout | None = None
+    """Set for partition and placement moves: the layout the plan will have."""
+    w_gap: bool | None = None
+    """The list scheduler's setting the plan is built with, when it is rebuilt."""
+
+
+@dataclass
+class State:
+    problem: Problem
+    score: Score
+    layout: Layout
+    w_gap: bool
+    """How the current plan's order was built (schedule moves keep it)."""
+    bottleneck: Bottleneck
+    seed: int
+
+
+def proposals(phase: str, st: State) -> Iterator[Proposal]:
+    return {"memory": _memory, "partition": _partition, "placement": _placement,
+            "schedule": _schedule}[phase](st)
+
+
+def _layout(st: State, move: str, layout: Layout | None) -> Iterator[Proposal]:
+    if layout is not None and layout != st.layout:
+        yield Proposal(move, lambda: schedule.rebuild(st.problem.skeleton(layout), st.problem,
+                                                      st.w_gap), layout, st.w_gap)
+
+
+def _partition(st: State) -> Iterator[Proposal]:
+    yield from _layout(st, "rebalance: bubble-aware cuts",
+                       partition.rebalance(st.layout, st.problem, seed=st.seed))
+    busy = st.score.result.busy
+    top = int(np.argmax(busy))
+    for new in partition.relieve(st.layout, busy):
+        moved = [s for s, (a, b) in enumerate(zip(st.layout.cuts, new.cuts)) if a != b][0]
+        yield from _layout(st, f"relieve device {top}: move cut {moved} to layer {new.cuts[moved]}",
+                           new)
+
+
+def _placement(st: State) -> Iterator[Proposal]:
+    P = st.problem.devices
+    b = st.bottleneck
+    idle = b.lead + b.tail
+    for d in map(int, np.argsort(-idle, kind="stable")[:2]):
+        for s in range(min(3, st.layout.num_stages)):
+            new = placement.disperse(st.layout, s, d)
+            if new is not None:
+                yield from _layout(st, f"disperse stage {s} onto device {d}",
+                                   partition.rebalance(new, st.problem, seed=st.seed))
+    for d in map(int, np.argsort(-idle, kind="stable")[:2]):
+        for earlier in (True, False):
+            yield from _layout(st, f"exchange: device {d}'s work {'earlier' if earlier else 'later'}",
+                               placement.exchange(st.layout, d, earlier))
+    merged = placement.merge(st.layout)
+    yield from _layout(st, "merge neighbouring stages of one device",
+                       partition.rebalance(merged, st.problem, seed=st.seed))
+    for name, devices in placement.families(P, st.problem.num_layers):
+        start = Layout(even_cuts(st.problem.num_layers, len(devices)), devices)
+        yield from _layout(st, f"placement {name}",
+                           partition.rebalance(start, st.problem, seed=st.seed))
+
+
+def _schedule(st: State) -> Iterator[Proposal]:
+    plan, result = st.score.plan, st.score.result
+    yield Proposal(f"rebuild the order, W {'not ' if st.w_gap else ''}held for gaps",
+                   lambda: schedule.rebuild(plan, st.problem, not st.w_gap), None, not st.w_gap)
+    for new in schedule.fill_gaps(plan, result, (OpKind.F, OpKind.B)):
+        yield Proposal("advance an F/B into a gap", lambda new=new: new)
+    for new in schedule.fill_gaps(plan, result, (OpKind.W,)):
+        yield Proposal("run a W while waiting on a message", lambda new=new: new)
+    for new in schedule.delay_w(plan, result):
+        yield Proposal("delay a W that held up the critical path", lambda new=new: new)
+
+
+def _memory(st: State) -> Iterator[Proposal]:
+    plan, result = st.score.plan, st.score.result
+    for d in memory.over_limit(result, st.problem.memory):
+        new = memory.advance_w(plan, result, d)
+        if new is not None:
+            yield Proposal(f"advance a W before device {d}'s peak", lambda new=new: new)
+    yield Proposal("rebuild the order within the memory limit",
+                   lambda: schedule.rebuild(plan, st.problem, st.w_gap), None, st.w_gap)
+
+
+def kick(st: State, rng: random.Random) -> Proposal:
+    """A random placement move (disperse a stage, move a stage to another device, exchange) with
+    cuts rebalanced, or a random shift of up to three cuts."""
+    lay, P = st.layout, st.problem.devices
+    for _ in range(20):
+        what = rng.choice(("disperse", "move", "exchange", "shift"))
+        s = rng.randrange(lay.num_stages)
+        d = rng.randrange(P)
+        if what == "disperse":
+            new, move = placement.disperse(lay, s, d), f"kick: disperse stage {s} onto device {d}"
+        elif what == "move":
+            new = Layout(lay.cuts, lay.devices[:s] + (d,) + lay.devices[s + 1:])
+            move = f"kick: move stage {s} to device {d}"
+        elif what == "exchange":
+            new = placement.exchange(lay, d, rng.random() < 0.5)
+            move = f"kick: exchange device {d}'s work"
+        else:
+            new = lay
+            for _ in range(rng.randint(1, 3)):
+                cut = rng.randrange(1, lay.num_stages) if lay.num_stages > 1 else 0
+                new = partition.shift(new, cut, rng.choice((-2, -1, 1, 2))) or new
+            move = "kick: shift cuts"
+        if new is None or new == lay or len(set(new.devices)) < P:
+            continue
+        if what != "shift":
+            new = partition.rebalance(placement.merge(new), st.problem, seed=rng.randrange(1 << 30))
+        return Proposal(move, lambda new=new: schedule.rebuild(st.problem.skeleton(new),
+                                                                st.problem, st.w_gap),
+                        new, st.w_gap)
+    return Proposal("kick: none found", lambda: st.score.plan)

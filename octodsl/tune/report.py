@@ -1,0 +1,123 @@
+"""What `octodsl tune` reports: the tuned plan's figures next to every baseline's, as a table or
+as JSON, and the tuner's rounds for `--explain`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.table import Table
+from rich.text import Text
+
+from .baselines import Baseline, best_baseline
+from .evaluate import Score
+from .loop import Round, TuneResult
+from .problem import Problem
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One plan's simulated figures."""
+
+    iteration_time: float
+    throughput: float | None
+    """Tokens per device per second."""
+    bubble_ratio: float
+    peak_memory: list[float]
+    """Per device, bytes."""
+    efficiency: float
+    """The problem's lower bound over the iteration time."""
+    fits: bool
+
+    @classmethod
+    def of(cls, score: Score, problem: Problem) -> Figures:
+        r = score.result
+        return cls(score.time, r.throughput, r.bubble_ratio, [float(x) for x in score.peak],
+                   problem.lower_bound() / score.time, score.fits)
+
+
+def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan_path: str | None,
+            extra: dict[str, Score | None] | None = None) -> dict:
+    """At least: plan, iteration_time, lower_bound, efficiency, peak_memory (per device),
+    baselines (name -> iteration time, null when the schedule could not be built or does not
+    fit in memory)."""
+    f = Figures.of(tuned.best, problem)
+    others = _others(baselines, extra)
+    best = best_baseline(baselines)
+    return {
+        "plan": plan_path,
+        "model": problem.header.model,
+        "devices": problem.devices,
+        "microbatches": problem.microbatches,
+        "memory_limit": problem.memory,
+        "iteration_time": f.iteration_time,
+        "lower_bound": problem.lower_bound(),
+        "efficiency": f.efficiency,
+        "throughput": f.throughput,
+        "bubble_ratio": f.bubble_ratio,
+        "peak_memory": f.peak_memory,
+        "baselines": {name: (s.time if s is not None and s.fits else None)
+                      for name, s in others.items()},
+        "speedup": {name: (s.time / f.iteration_time if s is not None and s.fits else None)
+                    for name, s in others.items()},
+        "best_baseline": best.name if best else None,
+        "tuner": {"seconds": tuned.seconds, "evaluations": tuned.evaluations,
+                  "finished": tuned.finished, "rounds": len(tuned.rounds)},
+    }
+
+
+def _others(baselines: list[Baseline], extra: dict[str, Score | None] | None) -> dict:
+    out = {b.name: b.score for b in baselines}
+    out.update(extra or {})
+    return out
+
+
+def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseline],
+                     extra: dict[str, Score | None] | None = None) -> Table:
+    """One row for the tuned plan, one per baseline, fastest first; baselines that cannot run
+    or do not fit at the bottom."""
+    f_tuned = Figures.of(tuned.best, problem)
+    table = Table(title=f"{problem.header.model}: {problem.devices} devices x "
+                  f"{problem.microbatches} micro-batches (lower bound {_ms(problem.lower_bound())})",
+                  header_style="bold", title_justify="left")
+    table.add_column("plan", no_wrap=True, min_width=20)
+    for col in ("iteration", "tok/dev/s", "bubble", "peak mem", "eff.", "speed-up"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_row(*_cells("tuned", f_tuned, f_tuned), style="bold green")
+    rows = []
+    for name, s in _others(baselines, extra).items():
+        if s is None:
+            rows.append((math.inf, name, None))
+        else:
+            rows.append((s.time if s.fits else math.inf, name, Figures.of(s, problem)))
+    for _, name, f in sorted(rows, key=lambda r: (r[0], r[1])):
+        if f is None:
+            table.add_row(name, Text("cannot be built", style="dim"), *[""] * 5)
+        else:
+            table.add_row(*_cells(name, f, f_tuned))
+    return table
+
+
+def _cells(name: str, f: Figures, tuned: Figures) -> list:
+    peak = Text(_gib(max(f.peak_memory)), style="" if f.fits else "bold red")
+    return [name, _ms(f.iteration_time),
+            f"{f.throughput:,.0f}" if f.throughput is not None else "",
+            f"{f.bubble_ratio:.1%}", peak, f"{f.efficiency:.3f}",
+            f"{f.iteration_time / tuned.iteration_time:.2f}x" if f.fits else "over mem."]
+
+
+def explain(rounds: list[Round]) -> list[str]:
+    """One line per round: number, phase, iteration time before and after, move."""
+    out = []
+    for r in rounds:
+        before = "-" if math.isinf(r.before) else _ms(r.before)
+        out.append(f"{r.number:4} {r.phase:<9} {before:>11} -> {_ms(r.after):>11}  {r.move}")
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return "inf" if math.isinf(seconds) else f"{seconds * 1e3:.5g} ms"
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"

@@ -1,0 +1,23 @@
+"""Small problems with hand-picked costs, for tests whose optimum is known."""
+
+from __future__ import annotations
+
+from octodsl.costs.table import CostTable, LayerCost, Link
+from octodsl.plan import Header
+from octodsl.tune.problem import Problem
+
+FREE = Link("none", 0.0, 0.0)
+
+
+def problem(work: list[float] | list[tuple[float, float, float]], devices: int, microbatches: int,
+            memory: float | None = None, act: float = 1.0, static: float = 0.0,
+            link: Link = FREE) -> Problem:
+    """A problem over layers of the given F + B + W (split 1:1:1) or (F, B, W) seconds; each
+    layer holds `act` bytes per micro-batch (half of it until W) and `static` bytes."""
+    layers = []
+    for x in work:
+        f, b, w = (x / 3,) * 3 if isinstance(x, (int, float)) else x
+        layers.append(LayerCost("mlp", f, b, w, act, act / 2, static, 1, 1.0))
+    header = Header(name="test", devices=devices, microbatches=microbatches,
+                    memory=None if memory is None else int(memory))
+    return Problem(CostTable(layers, "test"), header, link)

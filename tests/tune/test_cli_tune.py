@@ -1,0 +1,64 @@
+"""`octodsl tune`: the written plan, the JSON figures, --from, --explain, user errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from octodsl.cli import main
+from octodsl.lint import lint_source
+
+ARGS = ["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "20s"]
+
+
+def test_json_figures_and_a_clean_plan(tmp_path, capsys):
+    out = tmp_path / "t.octo"
+    assert main(ARGS + ["-o", str(out), "--json", "--memory", "80GiB"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("plan", "iteration_time", "lower_bound", "efficiency", "peak_memory", "baselines"):
+        assert key in data
+    assert data["plan"] == str(out) and len(data["peak_memory"]) == 4
+    assert max(data["peak_memory"]) <= 80 * 2**30
+    assert data["iteration_time"] <= min(t for t in data["baselines"].values() if t)
+    assert data["baselines"]["1f1b-equal"] / data["iteration_time"] == pytest.approx(
+        data["speedup"]["1f1b-equal"])
+    assert data["efficiency"] == pytest.approx(data["lower_bound"] / data["iteration_time"])
+    plan, diags = lint_source(out.read_text(), str(out))
+    assert not [d for d in diags if d.is_error] and plan.header.memory == 80 * 2**30
+
+
+def test_table_explain_and_from(tmp_path, capsys):
+    start = tmp_path / "zbv.octo"
+    assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
+                 "-o", str(start)]) == 0
+    out = tmp_path / "t.octo"
+    assert main(["tune", "--from", str(start), "--budget", "20s", "-o", str(out),
+                 "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert "given plan" in text and "tuned" in text and "zb-v-time" in text
+    assert "start" in text.split("rounds")[1]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["tune", "-p", "4", "-m", "8"], "--model is required"),
+    (ARGS[:-2] + ["--budget", "soon"], "--budget"),
+    (ARGS + ["--compare", "annealing"], "--compare: unknown annealing"),
+    (["tune", "--model", "no-such-model", "-p", "2", "-m", "2"], "no-such-model"),
+])
+def test_user_errors(tmp_path, capsys, args, message):
+    assert main(args + ["-o", str(tmp_path / "t.octo")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
+    start = tmp_path / "abstract.octo"
+    assert main(["gen", "1f1b", "-p", "2", "-m", "2", "-o", str(start)]) == 0
+    assert main(["tune", "--from", str(start), "--model", "nemotron-h-tiny",
+                 "-o", str(tmp_path / "t.octo")]) == 2
+    assert "names no layers" in capsys.readouterr().err
+
+
+def test_no_plan_fits_exits_1(tmp_path, capsys):
+    assert main(ARGS + ["--memory", "1MiB", "-o", str(tmp_path / "t.octo")]) == 1
+    assert "no plan found fits" in capsys.readouterr().err

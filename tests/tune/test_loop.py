@@ -1,0 +1,87 @@
+"""The tuner's loop, baselines and the other searches on small problems."""
+
+from __future__ import annotations
+
+import pytest
+
+from octodsl.lint import lint_plan
+from octodsl.tune.baselines import SCHEDULES, PARTITIONS, best_baseline, classic_baselines
+from octodsl.tune.evaluate import Evaluator
+from octodsl.tune.loop import tune
+from octodsl.tune.problem import Problem
+from octodsl.tune.random_search import random_search
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Problem.create("nemotron-h-tiny", 4, 8, memory=80 * GIB)
+
+
+@pytest.fixture(scope="module")
+def tuned(tiny):
+    return tune(tiny, budget=60, max_evaluations=400)
+
+
+def _errors(plan):
+    return [d for d in lint_plan(plan) if d.is_error]
+
+
+def test_tuned_plan_lints_clean_and_fits(tiny, tuned):
+    assert tuned.best.fits and not _errors(tuned.best.plan)
+    assert (tuned.best.peak <= tiny.memory).all()
+    assert tuned.best.time >= tiny.lower_bound()
+
+
+def test_tuned_plan_beats_every_classic_baseline(tiny, tuned):
+    baselines = classic_baselines(tiny)
+    assert len(baselines) == len(SCHEDULES) * len(PARTITIONS)
+    best = best_baseline(baselines)
+    assert tuned.best.time <= best.score.time
+    one_f_one_b = next(b for b in baselines if b.name == "1f1b-equal")
+    assert one_f_one_b.usable and tuned.best.time < one_f_one_b.score.time
+
+
+def test_rounds_explain_each_improvement(tuned):
+    assert tuned.rounds[0].phase == "start"
+    for r in tuned.rounds:
+        assert r.phase in ("start", "kick", "memory", "partition", "placement", "schedule")
+        if r.phase in ("memory", "partition", "placement", "schedule"):
+            assert r.after <= r.before
+
+
+def test_same_seed_same_plan(tiny):
+    a = tune(tiny, budget=60, seed=5, max_evaluations=120)
+    b = tune(tiny, budget=60, seed=5, max_evaluations=120)
+    assert a.best.plan.same_as(b.best.plan)
+    assert [r.move for r in a.rounds] == [r.move for r in b.rounds]
+
+
+def test_refines_a_given_plan_and_never_returns_worse(tiny):
+    start = best_baseline(classic_baselines(tiny)).score.plan
+    out = tune(tiny, budget=60, starts=[start], max_evaluations=60)
+    assert out.rounds[0].move.startswith("given plan") or any(
+        r.move.startswith("given plan") for r in out.rounds)
+    assert out.best.time <= Evaluator(tiny)(start).time
+
+
+def test_a_tight_memory_limit_is_respected():
+    free = tune(Problem.create("nemotron-h-tiny", 4, 16), budget=60, max_evaluations=80)
+    limit = int(0.6 * free.best.peak.max())  # binds: the free plan peaks above it
+    pr = Problem.create("nemotron-h-tiny", 4, 16, memory=limit)
+    out = tune(pr, budget=60, max_evaluations=150)
+    assert out.best.fits and (out.best.peak <= limit).all() and not _errors(out.best.plan)
+
+
+def test_baselines_that_cannot_be_built_say_why():
+    pr = Problem.create("jamba-tiny", 8, 8)  # 18 layers: no room for 4 chunks per device
+    out = {b.name: b for b in classic_baselines(pr)}
+    assert out["interleaved-v4-time"].score is None and "stages" in out["interleaved-v4-time"].error
+    assert out["1f1b-equal"].usable
+
+
+def test_random_search_is_deterministic_for_a_seed(tiny):
+    a, n = random_search(tiny, budget=60, seed=1, max_evaluations=15)
+    b, _ = random_search(tiny, budget=60, seed=1, max_evaluations=15)
+    assert n == 15 and a.plan.same_as(b.plan) and not _errors(a.plan)

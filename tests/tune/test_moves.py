@@ -1,0 +1,135 @@
+"""Each move on small plans whose effect (or optimum) is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from octodsl.lint import lint_plan
+from octodsl.partition import balance_time
+from octodsl.tune.evaluate import Evaluator
+from octodsl.tune.layout import Layout, looped, v_shape
+from octodsl.tune.moves import memory, partition, placement, schedule
+
+from .helpers import problem
+from .plans import with_orders
+
+TWO = Layout((0, 1, 2), (0, 1))
+
+
+# -- partition ---------------------------------------------------------------------------------
+
+def test_shift_moves_a_cut_and_keeps_stages_non_empty():
+    lay = Layout((0, 2, 4, 6), (0, 1, 2))
+    assert partition.shift(lay, 1, 1).cuts == (0, 3, 4, 6)
+    assert partition.shift(lay, 2, -1).cuts == (0, 2, 3, 6)
+    assert partition.shift(lay, 1, 2) is None  # stage 1 would be empty
+    assert partition.shift(lay, 0, 1) is None  # the model's start is not a cut
+
+
+def test_rebalance_reaches_the_time_balanced_optimum_when_fill_is_negligible():
+    work = [5.0, 1.0, 2.0, 7.0, 3.0, 3.0, 2.0, 4.0, 1.0, 6.0]
+    pr = problem(work, 3, 500)
+    best = partition.rebalance(Layout((0, 1, 2, 10), looped(3, 1)), pr)
+    loads = [sum(work[a:b]) for a, b in zip(best.cuts, best.cuts[1:])]
+    optimum = max(sum(work[a:b + 1]) for a, b in balance_time(work, 3))
+    assert max(loads) == optimum
+
+
+def test_rebalance_is_deterministic_for_a_seed():
+    pr = problem([1.0, 3.0, 2.0, 2.0, 5.0, 1.0, 1.0, 4.0, 2.0], 2, 4)
+    start = Layout((0, 2, 4, 6, 9), v_shape(2))
+    assert partition.rebalance(start, pr, seed=3) == partition.rebalance(start, pr, seed=3)
+
+
+def test_relieve_moves_a_layer_off_the_busiest_device():
+    lay = Layout((0, 3, 5, 6), (0, 1, 2))
+    out = partition.relieve(lay, busy=[9.0, 2.0, 1.0])
+    assert [x.cuts for x in out] == [(0, 2, 5, 6)]
+    out = partition.relieve(lay, busy=[1.0, 9.0, 2.0])
+    # Device 1 gives its first layer to device 0 (the least busy), else its last to device 2.
+    assert [x.cuts for x in out] == [(0, 4, 5, 6), (0, 3, 4, 6)]
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+def test_disperse_splits_a_stage_onto_another_device():
+    lay = Layout((0, 4, 6), (0, 1))
+    assert placement.disperse(lay, 0, 1) == Layout((0, 2, 4, 6), (0, 1, 1))
+    assert placement.disperse(Layout((0, 1, 6), (0, 1)), 0, 1) is None  # one layer
+    assert placement.disperse(lay, 0, 0) is None  # already there
+
+
+def test_exchange_on_a_v_trades_layers_between_two_devices():
+    lay = Layout((0, 2, 4, 6, 8), v_shape(2))  # device 0: stages 0, 3; device 1: 1, 2
+    out = placement.exchange(lay, 0, earlier=True)
+    assert out.cuts == (0, 3, 4, 7, 8)  # device 0: layers 0..2 and 7; device 1 keeps 4
+    assert placement.exchange(Layout((0, 1, 2), (0, 1)), 0, True) is None
+
+
+def test_merge_joins_neighbouring_stages_of_one_device():
+    assert placement.merge(Layout((0, 1, 3, 4, 6), (0, 0, 1, 0))) == Layout((0, 3, 4, 6), (0, 1, 0))
+
+
+def test_families_need_enough_layers():
+    names = [n for n, _ in placement.families(4, 10)]
+    assert names == ["v", "loop1", "loop2"]
+
+
+# -- schedule ----------------------------------------------------------------------------------
+
+def _time(pr, plan):
+    return Evaluator(pr)(plan).time
+
+
+def test_fill_gaps_advances_a_ready_forward_into_a_gap():
+    # Device 0 runs F0:1 only after its first backward: a 2-unit gap after F0:0. Advancing it
+    # fills the gap; 10 -> 8.
+    pr = problem([3.0, 3.0], 2, 2)
+    plan = with_orders(pr, TWO, "F0:0 B0:0 W0:0 F0:1 B0:1 W0:1", "F1:0 B1:0 W1:0 F1:1 B1:1 W1:1")
+    s = Evaluator(pr)(plan)
+    assert s.time == 10
+    from octodsl.plan import OpKind
+    out = schedule.fill_gaps(plan, s.result, (OpKind.F, OpKind.B))
+    assert min(_time(pr, p) for p in out) == 8
+    assert all(not [d for d in lint_plan(p) if d.is_error] for p in out)
+
+
+def test_delay_w_twice_reaches_the_optimum():
+    # 1F1B with W right after each B: 8; the optimum for P = 2, M = 2 is 3M + P - 1 = 7.
+    pr = problem([3.0, 3.0], 2, 2)
+    plan = with_orders(pr, TWO, "F0:0 F0:1 B0:0 W0:0 B0:1 W0:1", "F1:0 B1:0 W1:0 F1:1 B1:1 W1:1")
+    ev = Evaluator(pr)
+    s = ev(plan)
+    assert s.time == 8
+    for _ in range(2):
+        s = min((ev(p) for p in schedule.delay_w(s.plan, s.result)), key=lambda x: x.time)
+    assert s.time == 7
+
+
+def test_rebuild_orders_by_list_scheduling():
+    pr = problem([3.0, 3.0], 2, 4)
+    plan = schedule.rebuild(pr.skeleton(TWO), pr, w_gap=False)
+    assert _time(pr, plan) == pytest.approx(3 * 4 + 1)
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+def test_advance_w_lowers_the_peak():
+    # One device: F allocates 1, B frees half, W the rest. Peak 1.5 at F0:1; with W0:0 before
+    # it, 1.
+    pr = problem([3.0], 1, 2, memory=1)
+    plan = with_orders(pr, Layout((0, 1), (0,)), "F0:0 B0:0 F0:1 B0:1 W0:0 W0:1")
+    s = Evaluator(pr)(plan)
+    assert s.peak[0] == 1.5 and not s.fits
+    assert memory.over_limit(s.result, 1) == [0]
+    fixed = Evaluator(pr)(memory.advance_w(plan, s.result, 0))
+    assert fixed.peak[0] == 1.0 and fixed.fits
+    assert memory.advance_w(fixed.plan, fixed.result, 0) is None
+
+
+def test_a_deadlocking_order_scores_infinity_and_is_never_better():
+    pr = problem([3.0, 3.0], 2, 1)
+    ok = Evaluator(pr)(with_orders(pr, TWO, "F0:0 B0:0 W0:0", "F1:0 B1:0 W1:0"))
+    stuck = Evaluator(pr)(with_orders(pr, TWO, "B0:0 F0:0 W0:0", "F1:0 B1:0 W1:0"))
+    assert stuck.time == float("inf") and stuck.result is None
+    assert not stuck.better_than(ok) and ok.better_than(stuck)
