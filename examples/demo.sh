@@ -2,7 +2,8 @@
 # `make demo`: octodsl's main job on a built-in default.
 #   1. generate the classic schedules for nemotron-h-8b on 8 devices x 32 micro-batches,
 #   2. lint them, 3. simulate them side by side (H800, NVLink),
-#   4. train a generated plan on the tiny hybrid with the DeepSpeed executor (2 CPU processes;
+#   4. tune a plan for the same setting (80 GiB per device) and compare it with every baseline,
+#   5. train a generated plan on the tiny hybrid with the DeepSpeed executor (2 CPU processes;
 #      the very first launch on a machine compiles two DeepSpeed ops, 2-3 minutes).
 # Outputs go to out/demo/.
 set -euo pipefail
@@ -29,7 +30,12 @@ octodsl lint "${plans[@]}"
 step "3. side by side (simulated, H800 with NVLink; speed-up against 1F1B)"
 octodsl simulate "${plans[@]}"
 
-step "4. train a generated plan on the tiny hybrid (DeepSpeed executor, 2 processes, CPU)"
+step "4. tune partition, placement and schedule together (30 s budget, 80 GiB per device)"
+octodsl tune --model "$MODEL" --devices "$P" --microbatches "$M" --memory 80GiB --budget "${BUDGET:-30s}" \
+    -o "$OUT/tuned.octo"
+octodsl lint "$OUT/tuned.octo"
+
+step "5. train a generated plan on the tiny hybrid (DeepSpeed executor, 2 processes, CPU)"
 octodsl gen zb-h1 --devices 2 --microbatches 8 --model nemotron-h-tiny --device cpu --seq-len 128 \
     -o "$OUT/zb-h1-tiny.octo"
 DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} OMP_NUM_THREADS=1 deepspeed --num_gpus 2 examples/train.py \

@@ -39,7 +39,7 @@ def write_output(path: str, text: str) -> None:
         raise UserError(f"{path}: cannot write: {e.strerror}") from None
 
 
-def console():
+def stdout_console():
     """A rich Console for command output; piped output gets a wide page instead of rich's
     80-column default, so tables stay one line per row."""
     import sys

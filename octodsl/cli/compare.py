@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from .common import UserError
+from .common import UserError, stdout_console
 
 
 def register(sub) -> None:
@@ -72,9 +72,7 @@ def run(args) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
-
-    console = Console(highlight=False)
+    console = stdout_console()
     console.print(render(result))
     for path in written:
         console.print(f"wrote {path}", style="dim")

@@ -19,7 +19,7 @@ from ..lint import lint_source
 from ..plan import Plan, PlanError
 from ..sim import SimCosts, compile, simulate, warm_up
 from ..sim.memory_check import CODE as MEMORY_CODE
-from .common import UserError, console, read_text
+from .common import UserError, read_text, stdout_console
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
@@ -78,7 +78,7 @@ def run(args) -> int:
         json.dump(objs[0] if len(objs) == 1 else objs, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        out = console()
+        out = stdout_console()
         if len(rows) == 1:
             out.print(summary(rows[0][1], **rows[0][2]))
         else:

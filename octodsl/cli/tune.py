@@ -9,7 +9,7 @@ import json
 import sys
 from dataclasses import replace
 
-from .common import UserError, read_text, write_output
+from .common import UserError, read_text, write_output, stdout_console
 
 
 def register(sub) -> None:
@@ -79,9 +79,7 @@ def run(args) -> int:
                   sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
-
-    console = Console(highlight=False)
+    console = stdout_console()
     if args.explain:
         console.print("rounds (phase, iteration before -> after, move):", style="bold")
         for line in explain(outcome.tuned.rounds):
