@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .common import UserError, stdout_console
+from .simulate import load_plan_or_report
 
 
 def register(sub) -> None:
@@ -77,24 +78,6 @@ def run(args) -> int:
     for path in written:
         console.print(f"wrote {path}", style="dim")
     return 0
-
-
-def load_plan_or_report(path: str):
-    """The plan, or None after printing its errors (lint's memory error is no reason: the
-    comparison shows the memory)."""
-    from ..lint import lint_source
-    from ..sim.memory_check import CODE as MEMORY_CODE
-    from .common import read_text
-
-    source = read_text(path)
-    plan, diags = lint_source(source, path)
-    errors = [d for d in diags if d.is_error and d.code != MEMORY_CODE]
-    for d in errors:
-        print(d.render(path, source), file=sys.stderr)
-    if plan is None or errors:
-        print(f"{path}: the plan has errors; `octodsl lint {path}` lists them", file=sys.stderr)
-        return None
-    return plan
 
 
 def resolve_costs(args, plan):

@@ -59,7 +59,7 @@ def run(args) -> int:
     warm_up()  # start-up (loading the compiled walk) is not simulating
     rows = []
     for path in args.plans:
-        plan = _load(path)
+        plan = load_plan_or_report(path)
         if plan is None:
             return 1
         costs, link, device_memory = _costs(args, path, plan)
@@ -98,7 +98,7 @@ def run(args) -> int:
     return 0
 
 
-def _load(path: str) -> Plan | None:
+def load_plan_or_report(path: str) -> Plan | None:
     """The plan, or None after printing why it cannot be simulated. Lint's memory error is no
     reason: the simulation shows the memory."""
     source = read_text(path)
