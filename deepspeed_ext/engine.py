@@ -30,7 +30,7 @@ from . import program
 from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
 from .split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
-from .trace import Span, op_span, write_trace
+from ..trace import Span, op_span, write_trace
 from .watchdog import Watchdog
 
 DEFAULT_TIMEOUT = 300.0

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .program import Message
-from .trace import Span, comm_span
+from ..trace import Span, comm_span
 from .watchdog import Watchdog
 
 META_SIZE = 256

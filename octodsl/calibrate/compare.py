@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..costs.table import Link
-from ..deepspeed_ext.trace import COMM, COMPUTE, Span, chrome_trace, comm_span, op_span
+from ..trace import COMM, COMPUTE, Span, chrome_trace, comm_span, op_span
 from ..plan import Plan
 from ..sim import SimCosts, SimResult, compile, simulate
 from .measured import MeasuredTrace, check_against

@@ -1,4 +1,4 @@
-"""A measured Chrome trace (the executor's `--trace`, deepspeed_ext/trace.py) read back as steps.
+"""A measured Chrome trace (the executor's `--trace`, octodsl/trace.py) read back as steps.
 
 The executor records every training step of a run in one trace: per rank, a compute span per op
 ("F3:5", args kind/stage/mb) and a communication span per message (args kind send|recv, peer).

@@ -5,7 +5,7 @@
 JOB.json (written by the runner) names the model, the DeepSpeed config, the plans to run and
 where to write. For each plan the worker builds the executor (`octodsl.deepspeed_ext.initialize`),
 runs `steps` training steps with tracing on, and rank 0 writes a Chrome trace in the executor's
-layout (deepspeed_ext/trace.py) with two additions:
+layout (octodsl/trace.py) with two additions:
 
 - an "optimizer" span on each rank's compute thread per step: the optimizer's update of the
   rank's parameters (`optimizer.step()`, without the gradient-norm all-reduce before it);
@@ -152,7 +152,7 @@ def instrument(engine, meter: MemoryMeter | None, spans: list):
     from deepspeed.runtime.pipe import schedule as ds
 
     from octodsl.deepspeed_ext import program
-    from octodsl.deepspeed_ext.trace import Span
+    from octodsl.trace import Span
 
     table = dict(type(engine)._INSTRUCTION_MAP)
     run_op = table[program.RunOp]
@@ -193,7 +193,7 @@ def run_plan(job: dict, run: dict, spec) -> dict:
     import torch.distributed as dist
 
     from octodsl.deepspeed_ext import initialize
-    from octodsl.deepspeed_ext.trace import chrome_trace
+    from octodsl.trace import chrome_trace
     from octodsl.lang import parse_plan
     from octodsl.layers import lm_loss, pipeline_specs
 

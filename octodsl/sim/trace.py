@@ -1,5 +1,5 @@
 """A simulated iteration as a Chrome / Perfetto trace, in the executor's layout
-(deepspeed_ext/trace.py) so measured and simulated traces open side by side, plus what only a
+(octodsl/trace.py) so measured and simulated traces open side by side, plus what only a
 simulation knows: flow arrows from each send to its receive, and a "memory" counter track per
 device (bytes)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..deepspeed_ext.trace import COMM, Span, chrome_trace as layout, comm_span, op_span
+from ..trace import COMM, Span, chrome_trace as layout, comm_span, op_span
 from .result import SimResult
 
 

@@ -1,7 +1,7 @@
 """Synthetic profiles and measured traces with known parameters, for the fit and compare tests.
 
 A "measured" trace here is what the simulator predicts with a known calibration, laid out as the
-executor writes traces (deepspeed_ext/trace.py) plus what calibration runs add (optimizer spans,
+executor writes traces (octodsl/trace.py) plus what calibration runs add (optimizer spans,
 memory counters), repeated for several steps; so a fit of it must give the known parameters back.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from octodsl.costs.profile import FittedLink, MeasuredLayer, Profile, ProfileCalibration
-from octodsl.deepspeed_ext.trace import COMPUTE, Span, chrome_trace, comm_span, op_span
+from octodsl.trace import COMPUTE, Span, chrome_trace, comm_span, op_span
 from octodsl.gen import generate
 from octodsl.models import load_model
 from octodsl.plan import Plan
