@@ -116,7 +116,11 @@ def explain(rounds: list[Round]) -> list[str]:
 
 
 def _ms(seconds: float) -> str:
-    return "inf" if math.isinf(seconds) else f"{seconds * 1e3:.5g} ms"
+    """One decimal from 10 ms on; four significant digits below (small models' iterations)."""
+    if math.isinf(seconds):
+        return "inf"
+    ms = seconds * 1e3
+    return f"{ms:,.1f} ms" if ms >= 10 else f"{ms:.4g} ms"
 
 
 def _gib(nbytes: float) -> str:
