@@ -1,8 +1,9 @@
 """Simulator accuracy against real runs of the executor on this machine, before and after
 calibration (issue 7).
 
-    .venv/bin/python benchmarks/accuracy.py [--models nemotron-h-tiny,jamba-tiny] [--steps 4]
-        [--out benchmarks/accuracy.md] [--workdir DIR]
+    .venv/bin/python benchmarks/accuracy.py [--models nemotron-h-tiny,jamba-tiny:1x128]
+        [--allocator steady,default] [--steps 8] [--warmup 3] [--out benchmarks/accuracy.md]
+        [--workdir DIR]
 
 Per model:
 1. profile it (`octodsl profile`: one thread, medians of 5);
@@ -15,13 +16,21 @@ Per model:
    on 2 and 4 processes;
 4. simulate each evaluation plan with the plain profile (and the built-in `loopback` link) and
    with the calibrated profile, and compare with the measured run (octodsl.calibrate.compare):
-   iteration time (median over the timed steps of step start to next step start) and peak
+   iteration time (median over the steps after the warm-up of step start to next step start) and peak
    memory per rank (parameters, gradients and optimizer state as allocated, plus activations as
    the profiler counts them: saved-tensor hooks and the W state, sampled after every op of the
    first step).
 
+Allocator configurations (--allocator): `steady` runs every process (calibration and
+evaluation alike) with glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_,
+MALLOC_TRIM_THRESHOLD_); `default` leaves glibc's defaults, under which it hands freed
+activation memory back to the system between micro-batches and page-faults it back in later (about
+0.45 ms per MiB here), which makes the same op 1.0x or 1.6x its profiled time from one step to
+the next.
+
 Writes the markdown report (--out) and the raw numbers beside it (.json). Run it on a quiet
-machine: the report states the load average and the other busy processes before and after.
+machine: the report states the load average, the other busy processes before and after, and
+the CPU other processes used while each plan ran.
 """
 
 from __future__ import annotations
@@ -54,11 +63,14 @@ from octodsl.plan import Header  # noqa: E402
 from octodsl.sim import SimCosts  # noqa: E402
 
 RANKS = (2, 4)
+ALLOCATORS = {
+    "steady": {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(16 << 30)},
+    "default": {},
+}
 
 # (processes, schedule, micro-batches, partition, chunks): classic evaluation plans
 CLASSIC = [
     (2, "gpipe", 4, "time", None),
-    (2, "1f1b", 8, "time", None),
     (2, "dualpipev", 4, "time", None),
     (4, "1f1b", 4, "parameters", None),
     (4, "zb-h2", 8, "time", None),
@@ -108,8 +120,22 @@ def tuned_plan(model: str, profile_path: Path, base_path: Path, processes: int,
                              f"(simulated {best.time:.3f} s).")
 
 
-def evaluate(model: str, work: Path, steps: int, shape: tuple[int, int] | None) -> dict:
+def evaluate(model: str, work: Path, steps: int, warmup: int, shape: tuple[int, int] | None,
+             env: dict) -> dict:
     spec = load_model(model).with_shape(*(shape or (None, None)))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the launched processes inherit it
+    try:
+        return _evaluate(model, spec, work, steps, warmup)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log(f"{model}: profiling")
     base = profile_model(spec, "cpu", threads=1, warmup=2, repeats=5)
@@ -128,12 +154,13 @@ def evaluate(model: str, work: Path, steps: int, shape: tuple[int, int] | None) 
         probe = probe or launch.link
         for r in launch.runs:
             text = dict(mine)[r.name]
-            runs.append(Run(parse_plan(text, r.name), read_trace(r.trace), r.name))
+            runs.append(Run(parse_plan(text, r.name), read_trace(r.trace, warmup), r.name))
             fitted_on.append(r.name)
             cal_loads[r.name] = r.other_load
     log(f"{model}: fitting")
     cal = fit(base.cost_table(base_path), runs, probe=probe,
-              source=f"{len(runs)} calibration plans on {RANKS} processes, {steps} steps each")
+              source=f"{len(runs)} calibration plans on {RANKS} processes, {steps} steps each, "
+                     f"{warmup} not timed")
     cal_path = work / "calibrated.profile.json"
     write_profile(base.model_copy(update={"calibration": cal}), cal_path)
 
@@ -157,10 +184,10 @@ def evaluate(model: str, work: Path, steps: int, shape: tuple[int, int] | None) 
         for (name, text, kind), r in zip(evals[p], launch.runs):
             plan = parse_plan(text, name)
             (work / f"{name}.octo").write_text(text)
-            trace = read_trace(r.trace)
+            trace = read_trace(r.trace, warmup)
             before = compare(plan, SimCosts.from_table(base_table, plan), loopback, trace)
             after = compare(plan, SimCosts.from_table(cal_table, plan), cal_table.calibration.link,
-                            read_trace(r.trace))
+                            read_trace(r.trace, warmup))
             periods = [s.period for s in trace.timed if s.period is not None]
             rows.append({
                 "model": model, "plan": name, "kind": kind, "processes": p,
@@ -197,65 +224,48 @@ def ranking(rows: list[dict], key: str) -> dict:
             "predicted_order": [rows[i]["plan"] for i in order_p]}
 
 
-def report(results: list[dict], loads: list[dict], steps: int, seconds: float, command: str) -> str:
+def _summary(sel: list[dict], label: str) -> str:
+    tb = [abs(r["before_error"]) for r in sel]
+    ta = [abs(r["after_error"]) for r in sel]
+    mb = [abs(x) for r in sel for x in r["memory_before"]]
+    ma = [abs(x) for r in sel for x in r["memory_after"]]
+    worst = max(sel, key=lambda r: abs(r["after_error"]))
+    worst_m = max(ma) if ma else float("nan")
+    return (f"| {label} | {len(sel)} | {statistics.mean(tb):.1%} | {max(tb):.1%} | "
+            f"**{statistics.mean(ta):.1%}** | {max(ta):.1%} ({worst['model']} {worst['plan']}) | "
+            f"{statistics.mean(mb):.1%} | {max(mb):.1%} | **{statistics.mean(ma):.1%}** | {worst_m:.1%} |")
+
+
+SUMMARY_HEAD = ["| plans | n | time MAE before | worst before | time MAE after | worst after | "
+                "memory MAE before | worst before | memory MAE after | worst after |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def _section(name: str, results: list[dict]) -> list[str]:
     rows = [r for res in results for r in res["rows"]]
-    out = ["# Simulator accuracy against real runs (issue 7)", "",
-           f"Command: `{command}` ({seconds / 60:.1f} min).", "",
-           "Machine: " + _machine() + f". Each plan ran {steps} training steps through the executor "
-           "(deepspeed launcher, gloo, one thread per process); the first step is not timed. "
-           "Measured iteration = median over the timed steps of step start to next step start "
-           "(optimizer step included). Error = (simulated - measured) / measured.", "",
-           "Load while it ran (load average 1/5/15 min; other processes above 5% CPU):", ""]
-    for ld in loads:
-        out.append(f"- {ld['label']} {ld['time']}: load {ld['loadavg']}; "
-                   + ("; ".join(ld["busy"]) if ld["busy"] else "no other busy process"))
-    out += ["", "Other load = CPU cores used by processes outside the benchmark while the plan ran "
-            "(from /proc); the machine has 2. Step spread = (slowest - fastest) / median of the "
-            "timed steps' iteration times.", ""]
-    out += ["", "**Before**: the plain profile and the built-in `loopback` link. **After**: the "
-            "profile calibrated on the calibration plans only (`octodsl calibrate`); none of the "
-            "plans below was run by calibration.", ""]
-    out += ["| model | plan | kind | proc. | m | other load | measured s | step spread | before s | "
-            "before err | after s | after err | memory err before (mean/worst rank) | memory err after "
-            "(mean/worst rank) |",
+    out = [f"## Allocator `{name}`", "", *SUMMARY_HEAD, _summary(rows, "all")]
+    for res in results:
+        out.append(_summary(res["rows"], res["model"]))
+    for p in RANKS:
+        sel = [r for r in rows if r["processes"] == p]
+        if sel:
+            out.append(_summary(sel, f"{p} processes"))
+    out += ["", "Per plan (memory errors per rank: mean / worst rank):", "",
+            "| model | plan | kind | proc. | m | other load | measured s | step spread | before s | "
+            "before err | after s | after err | memory err before | memory err after |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mb, ma = [abs(x) for x in r["memory_before"]], [abs(x) for x in r["memory_after"]]
         out.append(f"| {r['model']} | {r['plan']} | {r['kind']} | {r['processes']} | {r['microbatches']} "
-                   f"| {_cores(r['other_load'])} | {r['measured']:.3f} | {_pct(r['spread'])} | {r['before']:.3f} | {r['before_error']:+.1%} "
-                   f"| {r['after']:.3f} | {r['after_error']:+.1%} "
-                   f"| {_mem(mb)} | {_mem(ma)} |")
-    out.append("")
-
-    def summary(sel, label):
-        tb = [abs(r["before_error"]) for r in sel]
-        ta = [abs(r["after_error"]) for r in sel]
-        mb = [abs(x) for r in sel for x in r["memory_before"]]
-        ma = [abs(x) for r in sel for x in r["memory_after"]]
-        worst = max(sel, key=lambda r: abs(r["after_error"]))
-        return (f"| {label} | {len(sel)} | {statistics.mean(tb):.1%} | {max(tb):.1%} | "
-                f"{statistics.mean(ta):.1%} | {max(ta):.1%} ({worst['plan']}) | "
-                f"{statistics.mean(mb):.1%} | {max(mb):.1%} | {statistics.mean(ma):.1%} | {max(ma):.1%} |")
-
-    out += ["| plans | n | time MAE before | worst before | time MAE after | worst after | "
-            "memory MAE before | worst before | memory MAE after | worst after |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    out.append(summary(rows, "all"))
+                   f"| {_cores(r['other_load'])} | {r['measured']:.3f} | {_pct(r['spread'])} "
+                   f"| {r['before']:.3f} | {r['before_error']:+.1%} | {r['after']:.3f} "
+                   f"| {r['after_error']:+.1%} | {_mem(mb)} | {_mem(ma)} |")
+    out += ["", "Ranking (plans ordered by iteration time, measured vs predicted after calibration; "
+            "Kendall tau 1 = the same order):", ""]
     for res in results:
-        out.append(summary(res["rows"], res["model"]))
-    for p in RANKS:
-        sel = [r for r in rows if r["processes"] == p]
-        if sel:
-            out.append(summary(sel, f"{p} processes"))
-    out += ["", "Memory errors are per rank (peak of that rank); MAE over all ranks of all plans.", "",
-            "## Ranking", "",
-            "Plans ordered by iteration time, measured vs predicted after calibration (Kendall tau "
-            "1 = same order):", ""]
-    for res in results:
-        rk = ranking(res["rows"], "after")
-        rb = ranking(res["rows"], "before")
-        out.append(f"- {res['model']}, all plans: {'same order' if rk['same'] else 'order differs'} "
-                   f"(tau {rk['tau']:.2f}; before calibration tau {rb['tau']:.2f}). Measured: "
+        rk, rb = ranking(res["rows"], "after"), ranking(res["rows"], "before")
+        out.append(f"- {res['model']}, all plans: **{'same order' if rk['same'] else 'order differs'}** "
+                   f"(tau {rk['tau']:.2f}; before calibration {rb['tau']:.2f}). Measured: "
                    f"{' < '.join(rk['measured_order'])}. Predicted: {' < '.join(rk['predicted_order'])}.")
         groups: dict[tuple, list] = {}
         for r in res["rows"]:
@@ -263,25 +273,55 @@ def report(results: list[dict], loads: list[dict], steps: int, seconds: float, c
         for (p, m), sel in sorted(groups.items()):
             if len(sel) > 1:
                 g = ranking(sel, "after")
+                gaps = sorted(r["measured"] for r in sel)
+                close = min(b / a - 1 for a, b in zip(gaps, gaps[1:]))
                 out.append(f"  - {p} processes, {m} micro-batches: {'same order' if g['same'] else 'order differs'}"
-                           f" ({' < '.join(g['measured_order'])} measured)")
-    out += ["", "## Calibration", ""]
+                           f" (measured {' < '.join(g['measured_order'])}; predicted "
+                           f"{' < '.join(g['predicted_order'])}; closest measured pair {close:.1%} apart)")
+    out += ["", "Calibration (fitted on the calibration plans only):", ""]
     for res in results:
         c = res["calibration"]
-        out.append(f"- {res['model']}: fitted on {', '.join(res['fitted_on'])}. Link "
-                   f"{c['link']['latency'] * 1e6:.0f} us + bytes / {c['link']['bandwidth'] / 1e9:.2f} GB/s; "
+        out.append(f"- {res['model']}: link {c['link']['latency'] * 1e6:.0f} us + bytes / "
+                   f"{c['link']['bandwidth'] / 1e9:.2f} GB/s; "
                    + ", ".join(f"{k} x{c['op_scale'][k]:.3f} + {c['op_overhead'][k] * 1e3:.2f} ms"
                                for k in ("F", "B", "W", "BW"))
-                   + f"; cores {c['cores']}, contention {c['contention']:.2f}, overlap slowdown "
+                   + f"; cores {c['cores']}, contention {c['contention']:.2f}, oversubscription "
+                   f"{c.get('oversubscription', 0.0):.2f}, overlap slowdown "
                    f"{c['overlap_slowdown']:.2f}; optimizer {c['update_per_param'] * 1e9:.2f} ns/parameter; "
                    f"step overhead {c['step_overhead'] * 1e3:.1f} ms; held for W "
                    + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in c.get("act_w_extra", {}).items())
-                   + ". Fit on its own runs: "
-                   + ", ".join(f"{r['plan']} {r['error']:+.1%} (other load {_cores(res['calibration_load'].get(r['plan']))})"
-                               for r in c["fit"]["runs"]) + ".")
+                   + ". Its own runs, simulated after the fit: "
+                   + ", ".join(f"{r['plan']} {r['error']:+.1%} (other load "
+                               f"{_cores(res['calibration_load'].get(r['plan']))})" for r in c["fit"]["runs"])
+                   + ".")
         for n in c["fit"].get("notes", []):
             out.append(f"  - note: {n}")
-    return "\n".join(out) + "\n"
+    return out + [""]
+
+
+def report(configs: dict[str, list[dict]], loads: list[dict], steps: int, warmup: int,
+           seconds: float, command: str) -> str:
+    out = ["# Simulator accuracy against real runs (issue 7)", "",
+           f"Command: `{command}` ({seconds / 60:.1f} min).", "",
+           "Machine: " + _machine() + f". Each plan ran {steps} training steps through the executor "
+           f"(deepspeed launcher, gloo, one thread per process); the first {warmup} are not timed. "
+           "Measured iteration = median over the timed steps of step start to next step start "
+           "(optimizer step included). Error = (simulated - measured) / measured. **Before**: the "
+           "plain profile and the built-in `loopback` link. **After**: the profile calibrated on the "
+           "calibration plans (1F1B, ZB-H1, ZB-V on 2 and 4 processes) only; none of the plans "
+           "evaluated below was run by calibration. Peak memory per rank: measured as the "
+           "profiler counts (parameters, gradients, optimizer state as allocated; activations: "
+           "saved-tensor hooks plus the W state, after every op of the first step).", "",
+           "Load (load average 1/5/15 min; other processes above 5% CPU):", ""]
+    for ld in loads:
+        out.append(f"- {ld['label']} {ld['time']}: load {ld['loadavg']}; "
+                   + ("; ".join(ld["busy"]) if ld["busy"] else "no other busy process"))
+    out += ["", "Other load (per plan) = CPU cores used by processes outside the benchmark while "
+            "the plan ran, from /proc; the machine has 2. Step spread = (slowest - fastest) / median "
+            "of the timed steps' iteration times.", ""]
+    for name, results in configs.items():
+        out += _section(name, results)
+    return "\n".join(out)
 
 
 def _cores(x) -> str:
@@ -316,25 +356,31 @@ def main() -> int:
                    help="models, each optionally NAME:BxS (micro-batch size x sequence length); "
                    "default nemotron-h-tiny at its 2 x 256, jamba-tiny at 1 x 128 (its Mamba1 "
                    "scan is slow on a CPU)")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--allocator", default="steady,default",
+                   help="allocator configurations to run, of: " + ", ".join(ALLOCATORS))
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3, help="steps not timed at the start of each run")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "accuracy.md"))
     p.add_argument("--workdir", help="keep plans, traces and profiles here (default: a temporary directory)")
     args = p.parse_args()
-    command = "python benchmarks/accuracy.py" + "".join(
-        f" {a}" for a in sys.argv[1:])
+    command = "python benchmarks/accuracy.py" + "".join(f" {a}" for a in sys.argv[1:])
     work = Path(args.workdir or tempfile.mkdtemp(prefix="octodsl-accuracy-"))
     start = time.perf_counter()
     loads = [{"label": "before", **machine_load()}]
-    results = []
-    for item in args.models.split(","):
-        model, _, shape = item.partition(":")
-        dims = tuple(int(x) for x in shape.split("x")) if shape else None
-        results.append(evaluate(model, work / Path(model).stem, args.steps, dims))
-        loads.append({"label": f"after {model}", **machine_load()})
+    configs: dict[str, list[dict]] = {}
+    for name in args.allocator.split(","):
+        configs[name] = []
+        for item in args.models.split(","):
+            model, _, shape = item.partition(":")
+            dims = tuple(int(x) for x in shape.split("x")) if shape else None
+            configs[name].append(evaluate(model, work / name / Path(model).stem, args.steps,
+                                          args.warmup, dims, ALLOCATORS[name]))
+            loads.append({"label": f"after {model} ({name})", **machine_load()})
     seconds = time.perf_counter() - start
-    text = report(results, loads, args.steps, seconds, command)
+    text = report(configs, loads, args.steps, args.warmup, seconds, command)
     Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"results": results, "loads": loads}, indent=1))
+    Path(args.out).with_suffix(".json").write_text(json.dumps({"configs": configs, "loads": loads},
+                                                              indent=1))
     print(text)
     log(f"wrote {args.out}; traces in {work}")
     return 0

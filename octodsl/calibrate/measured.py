@@ -3,12 +3,12 @@
 The executor records every training step of a run in one trace: per rank, a compute span per op
 ("F3:5", args kind/stage/mb) and a communication span per message (args kind send|recv, peer).
 Step k is the k-th occurrence of each span on its rank. Measured figures, per step, then the
-median over the steps after the first (whose shape exchanges and first allocations make it
-slower):
+median over the steps after the warm-up (by default the first step, whose shape exchanges and
+first allocations make it slower; on a CPU the next ones are often slower too):
 
 - iteration time: from the step's first op start (on any device) to the next step's (the
   optimizer step and the synchronisation between steps included), so the last step has none;
-  a trace of fewer than three steps falls back to the span of its ops (flagged);
+  a trace with no such interval after the warm-up falls back to the span of its ops (flagged);
 - per device: busy = the sum of its op spans, idle = iteration - busy;
 - memory, when the trace has "memory" counter tracks (calibration runs add them; see
   worker.py): the peak per device.
@@ -93,11 +93,14 @@ class MeasuredTrace:
     info: dict = field(default_factory=dict)
     """The trace's otherData (calibration runs: plan, model, processes, memory method)."""
     notes: list[str] = field(default_factory=list)
+    warmup: int = 1
+    """Steps at the start that are not timed (shapes exchanged, memory first allocated)."""
 
     @property
     def timed(self) -> list[MeasuredStep]:
-        """The steps that count: all but the first, when there are several."""
-        return self.steps[1:] if len(self.steps) > 1 else self.steps
+        """The steps that count: those after the warm-up, or the last one when there are no
+        more."""
+        return self.steps[self.warmup:] if len(self.steps) > self.warmup else self.steps[-1:]
 
     @property
     def has_period(self) -> bool:
@@ -144,8 +147,9 @@ class MeasuredTrace:
 _NAME = re.compile(r"device (\d+)(?: \(dp (\d+)\))?")
 
 
-def read_trace(path: str | Path) -> MeasuredTrace:
-    """Read a measured trace; TraceError says what is wrong with it."""
+def read_trace(path: str | Path, warmup: int = 1) -> MeasuredTrace:
+    """Read a measured trace whose first `warmup` steps are not timed; TraceError says what is
+    wrong with it."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
@@ -155,10 +159,12 @@ def read_trace(path: str | Path) -> MeasuredTrace:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{path}: not a Chrome trace (no traceEvents list)")
-    return parse_trace(events, str(path), data.get("otherData", {}) if isinstance(data, dict) else {})
+    return parse_trace(events, str(path), data.get("otherData", {}) if isinstance(data, dict) else {},
+                       warmup)
 
 
-def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = None) -> MeasuredTrace:
+def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = None,
+                warmup: int = 1) -> MeasuredTrace:
     # Which pids are which pipeline device (data-parallel copy 0 only).
     device_of: dict[int, int] = {}
     names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
@@ -226,16 +232,17 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
         s.end = max(op.end for op in s.ops)
     for a, b in zip(steps, steps[1:]):
         a.period = b.start - a.start
-    if len(steps) < 3:
-        notes.append(f"{len(steps)} step(s) in the trace: the iteration time is the span of the ops "
-                     "(the optimizer step and the time between steps are not seen); record 3 or more")
+    if len(steps) < warmup + 2:
+        notes.append(f"{len(steps)} step(s) in the trace, {warmup} not timed: the iteration time is "
+                     "the span of the ops (the optimizer step and the time between steps are not "
+                     f"seen); record {warmup + 2} or more")
     memory: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for e in events:
         if e.get("ph") == "C" and e.get("name") == "memory":
             d = dev(e.get("pid"))
             if d is not None:
                 memory[d].append((float(e.get("ts", 0.0)) / 1e6, float(e.get("args", {}).get("bytes", 0.0))))
-    return MeasuredTrace(path, devices, steps, dict(memory), dict(info or {}), notes)
+    return MeasuredTrace(path, devices, steps, dict(memory), dict(info or {}), notes, warmup)
 
 
 def check_against(trace: MeasuredTrace, plan: Plan) -> None:

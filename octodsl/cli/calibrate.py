@@ -1,5 +1,5 @@
 """`octodsl calibrate --model SPEC [--ranks 2,4] [--profile BASE.json] -o PROFILE.json
-[--microbatch-size B] [--seq-len S] [--steps 4] [--workdir DIR] [--trace TRACE.json --plan PLAN.octo ...] [--json]`: profile the
+[--microbatch-size B] [--seq-len S] [--steps 6] [--warmup 2] [--workdir DIR] [--trace TRACE.json --plan PLAN.octo ...] [--json]`: profile the
 model, run calibration plans of its own through the executor on this machine (deepspeed
 launcher), fit what the layer profile does not capture (link latency and bandwidth, per-op
 overhead and scale, processor sharing, overlap slowdown, optimizer step, step overhead, memory
@@ -36,8 +36,10 @@ def register(sub) -> None:
                    "size (default: the spec's)")
     p.add_argument("--seq-len", type=int, metavar="S", help="profile at this sequence length "
                    "(default: the spec's)")
-    p.add_argument("--steps", type=int, default=4, metavar="N",
-                   help="training steps per calibration plan; the first is not timed (default 4)")
+    p.add_argument("--steps", type=int, default=6, metavar="N",
+                   help="training steps per calibration plan (default 6)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="steps at the start of each run (or --trace) that are not timed (default 2)")
     p.add_argument("--trace", action="append", default=[], metavar="TRACE.json",
                    help="fit from this measured trace instead of running plans (repeat; one "
                    "--plan per --trace, in the same order)")
@@ -53,8 +55,11 @@ def run(args) -> int:
     from ..costs.profile import ProfileError, read_profile, write_profile
     from ..models import SpecError, load_model
 
-    if args.steps < 2:
-        raise UserError("--steps must be at least 2 (the first step is not timed)")
+    if args.warmup < 0:
+        raise UserError("--warmup cannot be negative")
+    if args.steps < args.warmup + 2:
+        raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
+                        "after the warm-up are timed, from one step's start to the next's)")
     if len(args.trace) != len(args.plan):
         raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
                         f"{len(args.plan)} plans)")
@@ -186,7 +191,7 @@ def _from_traces(args, base, base_path):
             raise UserError(f"{plan_path}: {e.strerror}") from None
         try:
             table.stage_costs(plan)
-            runs.append(Run(plan, read_trace(trace_path), Path(plan_path).stem))
+            runs.append(Run(plan, read_trace(trace_path, args.warmup), Path(plan_path).stem))
         except (TraceError, ValueError) as e:
             raise UserError(f"{trace_path}: {e}") from None
     return runs, [], "traces " + ", ".join(args.trace)
@@ -238,7 +243,7 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
                               "fit, are noisy; calibrate on a quiet machine", style="yellow")
             for r in launch.runs:
                 text = (work / f"{r.name}.octo").read_text()
-                runs.append(Run(parse_plan(text, r.name), read_trace(r.trace), r.name))
+                runs.append(Run(parse_plan(text, r.name), read_trace(r.trace, args.warmup), r.name))
     source = (f"{len(runs)} calibration plans on {', '.join(map(str, ranks))} processes, "
               f"{args.steps} steps each")
     return runs, probe, source
@@ -259,7 +264,9 @@ def render(cal, output: str):
             t.add_row(f"{k} ops", f"x{cal.op_scale[k]:.3f} profiled + {cal.op_overhead.get(k, 0) * 1e3:.2f} ms")
     t.add_row("processor sharing", "none" if cal.cores is None and not cal.contention else
               f"{'unlimited' if cal.cores is None else f'{cal.cores:g}'} cores, contention "
-              f"{cal.contention:.2f} per other busy process")
+              f"{cal.contention:.2f} per other busy process"
+              + (f", {cal.oversubscription:.2f} per busy process beyond the cores"
+                 if cal.oversubscription else ""))
     t.add_row("overlap slowdown", f"{cal.overlap_slowdown:.2f}")
     t.add_row("optimizer step", f"{cal.update_per_param * 1e9:.2f} ns per parameter")
     t.add_row("step overhead", f"{cal.step_overhead * 1e3:.1f} ms per iteration")

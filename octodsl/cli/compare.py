@@ -1,5 +1,5 @@
 """`octodsl compare PLAN --trace MEASURED.json [--profile FILE | --model SPEC [--device D]]
-[--link NAME] [--json] [--side-by-side FILE] [--png FILE] [--no-files]`: the simulator's
+[--link NAME] [--warmup N] [--json] [--side-by-side FILE] [--png FILE] [--no-files]`: the simulator's
 iteration time, per-device busy and idle time and peak memory next to a measured run's, with the
 error of each, and both timelines side by side (one Chrome trace, one PNG)."""
 
@@ -27,6 +27,8 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="device of the analytical costs (default cpu)")
     p.add_argument("--link", metavar="NAME", help="link between devices (default: the calibrated "
                    "profile's, else loopback for CPU costs, else nvlink)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="steps at the start of the trace that are not timed (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--side-by-side", metavar="FILE", help="write both timelines as one Chrome trace "
                    "(default: TRACE.compare.json beside the trace)")
@@ -41,12 +43,14 @@ def run(args) -> int:
     from ..calibrate.measured import TraceError, read_trace
     from ..plan import PlanError
 
+    if args.warmup < 0:
+        raise UserError("--warmup cannot be negative")
     plan = load_plan_or_report(args.plan)
     if plan is None:
         return 1
     costs, link = resolve_costs(args, plan)
     try:
-        trace = read_trace(args.trace)
+        trace = read_trace(args.trace, args.warmup)
         result = compare(plan, costs, link, trace)
     except TraceError as e:
         raise UserError(str(e)) from None

@@ -84,6 +84,9 @@ class ProfileCalibration(BaseModel):
     """Compute slowdown per other process computing at the same time."""
     overlap_slowdown: float = Field(default=0.0, ge=0)
     """Compute slowdown while the process's own messages are in flight."""
+    oversubscription: float = Field(default=0.0, ge=0)
+    """Compute slowdown per process computing beyond `cores`, on top of the fair share
+    (time-slicing: context switches, caches refilled)."""
     act_w_extra: dict[str, float] = {}
     """Per layer kind: bytes a split backward holds from B until W beyond the profiled `act_w`
     (the gradients W restarts from), added to each layer's act_w."""
@@ -96,7 +99,8 @@ class ProfileCalibration(BaseModel):
                            step_overhead=self.step_overhead,
                            link=Link("calibrated", self.link.latency, self.link.bandwidth),
                            cores=self.cores, contention=self.contention,
-                           overlap_slowdown=self.overlap_slowdown)
+                           overlap_slowdown=self.overlap_slowdown,
+                           oversubscription=self.oversubscription)
 
 
 class Profile(BaseModel):

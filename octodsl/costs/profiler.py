@@ -3,7 +3,8 @@
 Each distinct layer (identical configurations are measured once) is built alone and run on a
 random micro-batch of the spec's shape: F is a plain forward (the LM head's includes the loss);
 B and W go through `octodsl.deepspeed_ext.split_backward` (`backward_input`, `backward_weight`),
-the split the executor runs. Times are medians of `repeats` runs after `warmup` runs.
+the split the executor runs. Times are medians of `repeats` runs after `warmup` runs, taken
+round-robin over the layers (a slow spell of a shared machine costs each layer one sample).
 
 Activation memory: on CPU, saved-tensor hooks record every distinct non-parameter storage
 autograd saves in F (`act`); after B, the bytes still held are those saved storages still alive
@@ -211,22 +212,30 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
     groups = distinct_layers(spec)
     measured = []
     try:
-        for n, indices in enumerate(groups):
-            kind = spec.layers[indices[0]].kind
+        runs = [_LayerRun(spec, indices[0], dev) for indices in groups]
+        for run in runs:
+            for _ in range(warmup):
+                run.time_once()
+        # Round-robin, one sample of every layer per round: a slow spell of the machine (a
+        # shared host) then costs each layer one sample, which the median drops, instead of
+        # all the samples of one layer.
+        samples: list[list[tuple[float, float, float]]] = [[] for _ in runs]
+        for r in range(repeats):
             if progress:
-                progress(n, len(groups), f"{kind} (layer {indices[0]}, x{len(indices)})")
-            run = _LayerRun(spec, indices[0], dev)
-            samples = [run.time_once() for _ in range(warmup + repeats)][warmup:]
-            fs, bs, ws = (list(col) for col in zip(*samples))
+                progress(r, repeats, f"round {r + 1} of {repeats} over {len(runs)} layers")
+            for run, mine in zip(runs, samples):
+                mine.append(run.time_once())
+        for indices, run, mine in zip(groups, runs, samples):
+            fs, bs, ws = (list(col) for col in zip(*mine))
             act, act_w = run.memory()
             measured.append(MeasuredLayer(
-                layers=indices, kind=kind, f=statistics.median(fs), b=statistics.median(bs),
-                w=statistics.median(ws), f_samples=fs, b_samples=bs, w_samples=ws, act=act,
-                act_w=act_w, params=spec.layer_params(indices[0]),
+                layers=indices, kind=spec.layers[indices[0]].kind, f=statistics.median(fs),
+                b=statistics.median(bs), w=statistics.median(ws), f_samples=fs, b_samples=bs,
+                w_samples=ws, act=act, act_w=act_w, params=spec.layer_params(indices[0]),
                 out_bytes=layer_work(spec, spec.layers[indices[0]]).out))
-            del run
+        del runs
         if progress:
-            progress(len(groups), len(groups), "done")
+            progress(repeats, repeats, "done")
     finally:
         torch.set_num_threads(old_threads)
     return Profile(

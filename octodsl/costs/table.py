@@ -89,6 +89,8 @@ class Calibration:
     memory bandwidth and caches), up to `cores` devices."""
     overlap_slowdown: float = 0.0
     """Slowdown of a device's compute while its own messages are in flight."""
+    oversubscription: float = 0.0
+    """Slowdown of each device's compute per device computing beyond `cores` (time-slicing)."""
 
     def op_seconds(self, kind: str, layer_seconds: float) -> float:
         return self.scale.get(kind, 1.0) * layer_seconds + self.overhead.get(kind, 0.0)

@@ -41,7 +41,8 @@ class SimCosts:
         grads = tuple(float(sum(layer.params for layer in table.layers[st.first:st.last + 1]) * per_param)
                       for st in plan.stages)
         cal = table.calibration
-        sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown)
+        sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown,
+                                                 cal.oversubscription)
         return cls(tuple(stages), grads, max(layer.f + layer.b + layer.w for layer in table.layers),
                    table.tokens_per_microbatch or None, table.source,
                    sharing if sharing is not None and sharing.active else None,

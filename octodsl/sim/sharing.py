@@ -5,8 +5,10 @@ cores share memory bandwidth, an op runs slower while other devices compute. The
 (processor sharing): with k devices computing at time t, each progresses at
 
     rate(k) = min(1, cores / k) / (1 + contention * (min(k, cores) - 1))
+              / (1 + oversubscription * max(0, k - cores))
 
-of its own speed, and a device whose own messages are in flight for a fraction x of its op
+of its own speed (the last factor: what time-slicing more processes than cores costs beyond the
+fair share, such as context switches and caches refilled), and a device whose own messages are in flight for a fraction x of its op
 needs (1 + overlap_slowdown * x) times the work. An op of nominal duration w that starts at s
 ends at the e with integral of rate over [s, e] = w.
 
@@ -36,24 +38,27 @@ class Sharing:
     """Processors the devices share (None: one each)."""
     contention: float = 0.0
     overlap_slowdown: float = 0.0
+    oversubscription: float = 0.0
 
     @property
     def active(self) -> bool:
-        return self.cores is not None or self.contention > 0 or self.overlap_slowdown > 0
+        return (self.cores is not None or self.contention > 0 or self.overlap_slowdown > 0
+                or self.oversubscription > 0)
 
     def rate(self, k: float) -> float:
         """Speed of each of k devices computing at once, as a fraction of running alone."""
-        return _rate(float(k), -1.0 if self.cores is None else float(self.cores), self.contention)
+        return _rate(float(k), -1.0 if self.cores is None else float(self.cores), self.contention,
+                     self.oversubscription)
 
 
 @njit
-def _rate(k, cores, contention):
+def _rate(k, cores, contention, oversubscription):
     if k <= 1.0:
         return 1.0
     within = k if cores <= 0.0 else min(k, cores)
     r = 1.0 / (1.0 + contention * (within - 1.0))
     if cores > 0.0 and k > cores:
-        r *= cores / k
+        r *= cores / k / (1.0 + oversubscription * (k - cores))
     return r
 
 
@@ -83,7 +88,7 @@ def comm_overlap(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg
 
 
 @njit
-def stretch(start, end, work, cores, contention):
+def stretch(start, end, work, cores, contention, oversubscription):
     """Durations under processor sharing, given the last timeline (start, end per node) and
     each node's work in seconds alone: node n starts at start[n] and runs until it has done
     work[n] at the rate the other nodes' last intervals leave it."""
@@ -136,7 +141,7 @@ def stretch(start, end, work, cores, contention):
             if bt[seg] >= e_old:
                 k += 1.0
             t_next = bt[seg + 1] if seg + 1 < nb else np.inf
-            r = _rate(max(k, 1.0), cores, contention)
+            r = _rate(max(k, 1.0), cores, contention, oversubscription)
             if (t_next - t) * r >= left:
                 t += left / r
                 break

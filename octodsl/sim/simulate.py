@@ -119,7 +119,7 @@ def _shared_durations(p: SimProgram, sharing: Sharing, work, start, end, stream_
         work = work * (1 + sharing.overlap_slowdown * np.divide(busy, span, out=np.zeros_like(span),
                                                                 where=span > 0))
     cores = -1.0 if sharing.cores is None else float(sharing.cores)
-    return stretch(start, end, work, cores, sharing.contention)
+    return stretch(start, end, work, cores, sharing.contention, sharing.oversubscription)
 
 
 def warm_up() -> None:

@@ -66,7 +66,8 @@ def test_recalibrating_a_calibrated_profile_starts_from_its_layers(files, capsys
     (["--trace", "t.json"], "one --plan per --trace"),
     (["--ranks", "1"], "at least 2 processes"),
     (["--ranks", "two"], "cannot read"),
-    (["--steps", "1"], "at least 2"),
+    (["--steps", "3"], "at least --warmup + 2"),
+    (["--warmup", "-1"], "cannot be negative"),
 ])
 def test_user_errors(files, capsys, argv, message):
     tmp, base, _ = files

@@ -50,8 +50,17 @@ def test_reproduces_its_runs(exact):
 
 def test_contention_without_core_limit(tmp_path):
     truth = syn.TRUE.model_copy(update={"cores": None, "contention": 0.12})
-    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, CASES[:4], truth), probe=syn.probe())
+    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, CASES[:4], truth), probe=syn.probe(),
+              cpus=8)
     assert cal.cores is None and cal.contention == pytest.approx(0.12)
+
+
+def test_more_processes_than_cores_always_share(tmp_path):
+    """On a 2-core machine 4 processes cannot each have a core, whatever fits the ops best."""
+    truth = syn.TRUE.model_copy(update={"cores": None, "contention": 0.12})
+    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, CASES[:4], truth), probe=syn.probe(),
+              cpus=2)
+    assert cal.cores is not None and cal.cores <= 2
 
 
 def test_noisy_traces_still_fit_closely(tmp_path):
@@ -109,3 +118,16 @@ def test_overlap_slowdown_when_messages_cover_compute(tmp_path):
     assert cal.cores == 2.0 and cal.contention == pytest.approx(0.05, abs=0.011)
     for r in cal.fit["runs"]:
         assert abs(r["error"]) < 0.01, r
+
+
+def test_oversubscription_from_iteration_times(tmp_path):
+    """Four processes on two cores, each slowed a further 20% per process beyond the cores."""
+    truth = syn.TRUE.model_copy(update={"oversubscription": 0.2})
+    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, truth=truth), probe=syn.probe(truth))
+    assert cal.cores == 2.0 and cal.oversubscription == pytest.approx(0.2, abs=0.021)
+    for r in cal.fit["runs"]:
+        assert abs(r["error"]) < 0.01, r
+
+
+def test_no_oversubscription_fitted_with_a_core_each(exact):
+    assert exact.oversubscription == 0.0

@@ -24,7 +24,7 @@ def profile():
     spec = load_model("nemotron-h-tiny").with_shape(**SHAPE)
     prof = profile_model(spec, threads=1, warmup=1, repeats=2,
                          progress=lambda done, total, label: calls.append((done, total)))
-    assert calls[0] == (0, 5) and calls[-1] == (5, 5)
+    assert calls == [(0, 2), (1, 2), (2, 2)]  # one step per round over the 5 layers
     return prof
 
 
