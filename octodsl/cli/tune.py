@@ -49,7 +49,7 @@ def run(args) -> int:
     unknown = [x for x in others if x not in OTHERS]
     if unknown:
         raise UserError(f"--compare: unknown {', '.join(unknown)} (choose from {', '.join(OTHERS)})")
-    problem = _problem(args, model, devices, microbatches)
+    problem = _problem(args, model, devices, microbatches, start)
     if start is not None:
         from ..plan import PlanError
         from ..tune.evaluate import check_plan
@@ -124,23 +124,32 @@ def _start(args):
     return start, model, devices, microbatches
 
 
-def _problem(args, model: str, devices: int, microbatches: int):
+def _problem(args, model: str, devices: int, microbatches: int, start):
+    """The options given, else the --from plan's header (micro-batch shape, memory limit, data
+    parallelism), else the defaults."""
     from ..costs.devices import get_device
     from ..lang.parser import parse_size
     from ..tune.problem import Problem
 
+    own = start.header if start is not None else None
     try:
-        if args.memory is None:
+        if args.memory is None and own is not None and own.memory is not None:
+            memory = own.memory
+        elif args.memory is None:
             memory = get_device(args.device).memory
         elif args.memory.lower() == "none":
             memory = None
         else:
             memory = parse_size(args.memory)
-        return Problem.create(model, devices, microbatches, device=args.device, memory=memory,
-                              link=args.link, microbatch_size=args.microbatch_size,
-                              seq_len=args.seq_len)
+        problem = Problem.create(
+            model, devices, microbatches, device=args.device, memory=memory, link=args.link,
+            microbatch_size=args.microbatch_size or (own and own.microbatch_size),
+            seq_len=args.seq_len or (own and own.seq_len))
     except ValueError as e:
         raise UserError(str(e)) from None
+    if own is not None and own.dp != 1:
+        problem.header = problem.header.model_copy(update={"dp": own.dp})
+    return problem
 
 
 def _seconds(text: str) -> float:

@@ -55,11 +55,14 @@ def _header(h: Header) -> list[tuple[str, str]]:
     return out
 
 
+_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10),
+          ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+
+
 def _size(n: int) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
+    """The shortest exact spelling: 80 GiB as `80GiB`, a device's 80 GB as `80GB`."""
+    exact = [f"{n // scale}{unit}" for unit, scale in _UNITS if n % scale == 0]
+    return min(exact, key=len, default=str(n))
 
 
 def _partition(plan: Plan) -> str | list[tuple[int, int]]:

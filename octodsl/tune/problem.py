@@ -69,6 +69,20 @@ class Problem:
         return max(float(self.work.sum()) * self.microbatches / self.devices,
                    float(self.work.max()) * self.microbatches, path)
 
+    def tight_lower_bound(self) -> float:
+        """lower_bound() made tighter by the wait of each layer's device: no op of a layer can
+        start before the forwards of the layers before it (for the first micro-batch), and after
+        the layer's last input-gradient backward come either its remaining W or the backwards of
+        the layers before it. So per layer: forwards before + M x (F + B) + max(M x W,
+        backwards before). Where one layer outweighs a device's fair share (an LM head on 16
+        devices), this is what even a perfect plan needs, and lower_bound() cannot be reached."""
+        f, b, w = (np.array([getattr(l, k) for l in self.table.layers]) for k in "fbw")
+        before_f = np.cumsum(f) - f
+        before_b = np.cumsum(b) - b
+        m = self.microbatches
+        layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
+        return max(self.lower_bound(), float(layer.max()))
+
     def skeleton(self, layout: Layout) -> Plan:
         """A plan with the layout's partition and placement and an empty schedule."""
         return Plan(self.header.model_copy(), layout.stages(), layout.placement(self.devices),

@@ -140,4 +140,4 @@ def kick(st: State, rng: random.Random) -> Proposal:
         return Proposal(move, lambda new=new: schedule.rebuild(st.problem.skeleton(new),
                                                                 st.problem, st.w_gap),
                         new, st.w_gap)
-    return Proposal("kick: none found", lambda: st.score.plan)
+    return Proposal("kick: none found", lambda: st.score.plan, st.layout, st.w_gap)

@@ -80,6 +80,15 @@ def test_render_states_header_partition_placement_and_groups():
     assert parse_plan(text).same_as(plan)
 
 
+@pytest.mark.parametrize("nbytes, spelled", [(80 << 30, "80GiB"), (80 * 10**9, "80GB"),
+                                              (3 << 20, "3MiB"), (1500, "1500")])
+def test_render_spells_memory_exactly_and_shortest(nbytes, spelled):
+    plan = _plan([_slots([("F", 0, 0)]), _slots([("F", 1, 0)])], memory=nbytes)
+    text = render_plan(plan)
+    assert f"memory {spelled}\n" in text
+    assert parse_plan(text).header.memory == nbytes
+
+
 def test_render_pattern_partition():
     plan = _plan([_slots([("F", 0, 0)]), _slots([("F", 1, 0)])],
                  stages=[Stage(0, 2, "[M-"), Stage(3, 5, "M*]")])

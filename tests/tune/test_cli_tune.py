@@ -40,6 +40,19 @@ def test_table_explain_and_from(tmp_path, capsys):
     assert "start" in text.split("rounds")[1]
 
 
+def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
+    start = tmp_path / "zbv.octo"
+    assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
+                 "-o", str(start)]) == 0
+    start.write_text(start.read_text().replace(
+        "  microbatches 8\n", "  microbatches 8\n  dp 2\n  seq_len 128\n  memory 40GB\n"))
+    out = tmp_path / "t.octo"
+    assert main(["tune", "--from", str(start), "--budget", "5s", "-o", str(out)]) == 0
+    h = lint_source(out.read_text(), str(out))[0].header
+    assert (h.dp, h.seq_len, h.memory) == (2, 128, 40 * 10**9)
+    assert "memory 40GB" in out.read_text()
+
+
 @pytest.mark.parametrize("args,message", [
     (["tune", "-p", "4", "-m", "8"], "--model is required"),
     (ARGS[:-2] + ["--budget", "soon"], "--budget"),

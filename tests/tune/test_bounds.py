@@ -1,0 +1,45 @@
+"""The two lower bounds: the issue's (work / devices, heaviest layer x M, one micro-batch's path)
+and the tighter one that adds each layer's wait for the first forward."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from octodsl.tune.loop import tune
+from octodsl.tune.random_search import random_search
+
+from .helpers import problem
+
+# Three light layers and a heavy last one (an LM head) on 4 devices, 4 micro-batches. The head's
+# device waits 3 s for the first forward, then runs 4 x (F + B) = 32 s and its 4 W = 16 s: 51 s,
+# while the issue's bound is the head's work alone, 4 x 12 = 48 s.
+HEAD = [(1.0, 1.0, 1.0)] * 3 + [(4.0, 4.0, 4.0)]
+
+
+def test_tight_bound_counts_the_heavy_layers_wait():
+    pr = problem(HEAD, 4, 4)
+    assert pr.lower_bound() == pytest.approx(48.0)
+    assert pr.tight_lower_bound() == pytest.approx(51.0)
+
+
+def test_the_tuner_reaches_the_tight_bound_when_it_is_the_optimum():
+    pr = problem(HEAD, 4, 4)
+    assert tune(pr, budget=30, max_evaluations=300, seed=0).best.time == pytest.approx(51.0)
+
+
+def test_tight_bound_equals_the_issues_bound_when_work_is_even():
+    pr = problem([3.0] * 16, 4, 32)
+    assert pr.tight_lower_bound() == pytest.approx(pr.lower_bound())
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=4, max_size=10),
+       st.sampled_from([2, 4]), st.sampled_from([4, 8]), st.integers(0, 100))
+def test_no_plan_found_beats_the_tight_bound(layers, devices, microbatches, seed):
+    pr = problem(layers, devices, microbatches)
+    found, _ = random_search(pr, budget=30, seed=seed, max_evaluations=5)
+    tuned = tune(pr, budget=30, max_evaluations=40, seed=seed).best
+    for score in (found, tuned):
+        assert score.time >= pr.tight_lower_bound() * (1 - 1e-9)
