@@ -2,18 +2,21 @@
 calibration (issue 7).
 
     .venv/bin/python benchmarks/accuracy.py [--models nemotron-h-tiny,jamba-tiny:1x128]
-        [--allocator steady,default] [--steps 8] [--warmup 3] [--out benchmarks/accuracy.md]
+        [--allocator steady[,default]] [--steps 8] [--warmup 3] [--out benchmarks/accuracy.md]
         [--workdir DIR]
 
 Per model:
-1. profile it (`octodsl profile`: one thread, medians of 5);
-2. calibrate (what `octodsl calibrate --model M --ranks 2,4` does): run the calibration plans
-   (1F1B, ZB-H1, ZB-V on 2 and 4 processes, 2 x processes micro-batches) through the executor
-   with the deepspeed launcher and fit the calibrated profile;
-3. run the evaluation plans, which calibration never ran: classic schedules (GPipe, 1F1B with
-   other micro-batch counts, ZB-H2, interleaved, DualPipeV, a 1F1B cut by parameter counts as
-   DeepSpeed does) and plans tuned by `octodsl tune`'s search against the calibrated profile,
-   on 2 and 4 processes;
+1. profile it (`octodsl profile`: one thread, medians of 5 taken round-robin);
+2. calibrate once (what `octodsl calibrate --model M --ranks 2,4` does: run the calibration
+   plans, 1F1B, ZB-H1 and ZB-V on 2 and 4 processes with 2 x processes micro-batches, through
+   the executor with the deepspeed launcher, and fit), only to tune plans against it with
+   `octodsl tune`'s search;
+3. per process count, one launch that runs the calibration plans again alternating with the
+   evaluation plans, which calibration never ran: classic schedules (GPipe, ZB-H2, interleaved,
+   DualPipeV, a 1F1B cut by parameter counts as DeepSpeed does) and the tuned plans. The
+   calibration the errors are for is fitted on this launch's calibration runs alone: measured
+   side by side with the evaluation plans, a slow spell of this shared machine (its speed drifts
+   by up to 10-20% over minutes) falls on both alike;
 4. simulate each evaluation plan with the plain profile (and the built-in `loopback` link) and
    with the calibrated profile, and compare with the measured run (octodsl.calibrate.compare):
    iteration time (median over the steps after the warm-up of step start to next step start) and peak
@@ -28,7 +31,8 @@ activation memory back to the system between micro-batches and page-faults it ba
 0.45 ms per MiB here), which makes the same op 1.0x or 1.6x its profiled time from one step to
 the next.
 
-Writes the markdown report (--out) and the raw numbers beside it (.json). Run it on a quiet
+Writes the markdown report (--out) and the raw numbers beside it (.json); `--report-only` writes
+the report again from those numbers. Run it on a quiet
 machine: the report states the load average, the other busy processes before and after, and
 the CPU other processes used while each plan ran.
 """
@@ -44,6 +48,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from itertools import zip_longest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,30 +146,23 @@ def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
     base = profile_model(spec, "cpu", threads=1, warmup=2, repeats=5)
     base_path = work / "base.profile.json"
     write_profile(base, base_path)
-
-    log(f"{model}: calibration runs")
+    table = base.cost_table(base_path)
     shape = {"microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len}
-    plans = calibration_plans(model, str(base_path), list(RANKS), shape=shape)
-    runs, probe, fitted_on = [], [], []
-    cal_loads: dict[str, float | None] = {}
-    for p in RANKS:
-        mine = [(name, text) for q, name, text in plans if q == p]
-        launch = run_plans(spec, mine, p, work, steps=steps,
-                           progress=lambda e, f: log(f"  {e} {f}") if e in ("run", "launch") else None)
-        probe = probe or launch.link
-        for r in launch.runs:
-            text = dict(mine)[r.name]
-            runs.append(Run(parse_plan(text, r.name), read_trace(r.trace, warmup), r.name))
-            fitted_on.append(r.name)
-            cal_loads[r.name] = r.other_load
-    log(f"{model}: fitting")
-    cal = fit(base.cost_table(base_path), runs, probe=probe,
-              source=f"{len(runs)} calibration plans on {RANKS} processes, {steps} steps each, "
-                     f"{warmup} not timed")
-    cal_path = work / "calibrated.profile.json"
-    write_profile(base.model_copy(update={"calibration": cal}), cal_path)
+    calibration = {p: [(name, text) for q, name, text in
+                       calibration_plans(model, str(base_path), list(RANKS), shape=shape) if q == p]
+                   for p in RANKS}
+    say = lambda e, f: log(f"  {e} {f}") if e in ("run", "launch") else None  # noqa: E731
 
-    log(f"{model}: evaluation plans")
+    # A first calibration, only to tune the tuned plans against.
+    log(f"{model}: calibration runs for the tuner")
+    runs, probe = [], []
+    for p in RANKS:
+        launch = run_plans(spec, calibration[p], p, work / "for-tuner", steps=steps, progress=say)
+        probe = probe or launch.link
+        runs += [Run(parse_plan(dict(calibration[p])[r.name], r.name), read_trace(r.trace, warmup),
+                     r.name) for r in launch.runs]
+    pre_path = work / "for-tuner.profile.json"
+    write_profile(base.model_copy(update={"calibration": fit(table, runs, probe=probe)}), pre_path)
     evals: dict[int, list[tuple[str, str, str]]] = {p: [] for p in RANKS}
     for p, sched, m, part, chunks in CLASSIC:
         text = generate_text(sched, p, m, chunks, model, part, profile=str(base_path), **shape)
@@ -172,20 +170,42 @@ def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
         evals[p].append((name, text, "classic"))
     for p, m in TUNED:
         log(f"  tuning p{p} m{m}")
-        evals[p].append((f"tuned-p{p}-m{m}", tuned_plan(model, cal_path, base_path, p, m), "tuned"))
+        evals[p].append((f"tuned-p{p}-m{m}", tuned_plan(model, pre_path, base_path, p, m), "tuned"))
+
+    # The calibration the errors are for, run in the same launches as the evaluation plans and
+    # alternating with them, so that a slow spell of the machine falls on both alike.
+    log(f"{model}: calibration and evaluation runs")
+    runs, fitted_on, cal_loads, measured = [], [], {}, {}
+    for p in RANKS:
+        mine = [x for pair in zip_longest(calibration[p], [(n, t) for n, t, _ in evals[p]])
+                for x in pair if x is not None]
+        launch = run_plans(spec, mine, p, work, steps=steps, progress=say)
+        probe = launch.link or probe
+        for r in launch.runs:
+            if r.name in dict(calibration[p]):
+                runs.append(Run(parse_plan(dict(calibration[p])[r.name], r.name),
+                                read_trace(r.trace, warmup), r.name))
+                fitted_on.append(r.name)
+                cal_loads[r.name] = r.other_load
+            else:
+                measured[r.name] = r
+    log(f"{model}: fitting")
+    cal = fit(table, runs, probe=probe,
+              source=f"{len(runs)} calibration plans on {RANKS} processes, {steps} steps each, "
+                     f"{warmup} not timed")
+    cal_path = work / "calibrated.profile.json"
+    write_profile(base.model_copy(update={"calibration": cal}), cal_path)
+
     rows = []
-    base_table = base.cost_table(base_path)
     cal_table = read_profile(cal_path).cost_table(cal_path)
     loopback = get_link("loopback")
     for p in RANKS:
-        launch = run_plans(spec, [(n, t) for n, t, _ in evals[p]], p, work, steps=steps,
-                           link_probe=False,
-                           progress=lambda e, f: log(f"  {e} {f}") if e in ("run", "launch") else None)
-        for (name, text, kind), r in zip(evals[p], launch.runs):
+        for name, text, kind in evals[p]:
+            r = measured[name]
             plan = parse_plan(text, name)
             (work / f"{name}.octo").write_text(text)
             trace = read_trace(r.trace, warmup)
-            before = compare(plan, SimCosts.from_table(base_table, plan), loopback, trace)
+            before = compare(plan, SimCosts.from_table(table, plan), loopback, trace)
             after = compare(plan, SimCosts.from_table(cal_table, plan), cal_table.calibration.link,
                             read_trace(r.trace, warmup))
             periods = [s.period for s in trace.timed if s.period is not None]
@@ -214,14 +234,24 @@ def kendall(a: list[float], b: list[float]) -> float:
     return s / (n * (n - 1) / 2) if n > 1 else 1.0
 
 
+SEPARATED = 0.05
+"""Pairs of plans whose measured times differ by at least this fraction: apart by more than the
+run-to-run noise of this machine, so the prediction must order them right."""
+
+
 def ranking(rows: list[dict], key: str) -> dict:
     meas = [r["measured"] for r in rows]
     pred = [r[key] for r in rows]
     order_m = sorted(range(len(rows)), key=lambda i: meas[i])
     order_p = sorted(range(len(rows)), key=lambda i: pred[i])
+    apart = [(i, j) for i in range(len(rows)) for j in range(i + 1, len(rows))
+             if abs(meas[i] - meas[j]) >= SEPARATED * min(meas[i], meas[j])]
+    swapped = [(rows[i]["plan"], rows[j]["plan"]) for i, j in apart
+               if (meas[i] - meas[j]) * (pred[i] - pred[j]) < 0]
     return {"same": order_m == order_p, "tau": kendall(meas, pred),
             "measured_order": [rows[i]["plan"] for i in order_m],
-            "predicted_order": [rows[i]["plan"] for i in order_p]}
+            "predicted_order": [rows[i]["plan"] for i in order_p],
+            "apart": len(apart), "swapped": swapped}
 
 
 def _summary(sel: list[dict], label: str) -> str:
@@ -265,8 +295,13 @@ def _section(name: str, results: list[dict]) -> list[str]:
     for res in results:
         rk, rb = ranking(res["rows"], "after"), ranking(res["rows"], "before")
         out.append(f"- {res['model']}, all plans: **{'same order' if rk['same'] else 'order differs'}** "
-                   f"(tau {rk['tau']:.2f}; before calibration {rb['tau']:.2f}). Measured: "
-                   f"{' < '.join(rk['measured_order'])}. Predicted: {' < '.join(rk['predicted_order'])}.")
+                   f"(tau {rk['tau']:.2f}; before calibration {rb['tau']:.2f}); of the "
+                   f"{rk['apart']} pairs at least {SEPARATED:.0%} apart in measured time, "
+                   f"**{rk['apart'] - len(rk['swapped'])} ordered right**"
+                   + (f" (swapped: {', '.join(f'{a} / {b}' for a, b in rk['swapped'])})"
+                      if rk["swapped"] else "")
+                   + f". Measured: {' < '.join(rk['measured_order'])}. Predicted: "
+                   f"{' < '.join(rk['predicted_order'])}.")
         groups: dict[tuple, list] = {}
         for r in res["rows"]:
             groups.setdefault((r["processes"], r["microbatches"]), []).append(r)
@@ -308,8 +343,10 @@ def report(configs: dict[str, list[dict]], loads: list[dict], steps: int, warmup
            "Measured iteration = median over the timed steps of step start to next step start "
            "(optimizer step included). Error = (simulated - measured) / measured. **Before**: the "
            "plain profile and the built-in `loopback` link. **After**: the profile calibrated on the "
-           "calibration plans (1F1B, ZB-H1, ZB-V on 2 and 4 processes) only; none of the plans "
-           "evaluated below was run by calibration. Peak memory per rank: measured as the "
+           "calibration plans (1F1B, ZB-H1, ZB-V on 2 and 4 processes) only, run in the same "
+           "launches as the evaluation plans, alternating with them; none of the plans "
+           "evaluated below was run by calibration (the tuned plans were tuned against an "
+           "earlier calibration). Peak memory per rank: measured as the "
            "profiler counts (parameters, gradients, optimizer state as allocated; activations: "
            "saved-tensor hooks plus the W state, after every op of the first step).", "",
            "Load (load average 1/5/15 min; other processes above 5% CPU):", ""]
@@ -356,13 +393,24 @@ def main() -> int:
                    help="models, each optionally NAME:BxS (micro-batch size x sequence length); "
                    "default nemotron-h-tiny at its 2 x 256, jamba-tiny at 1 x 128 (its Mamba1 "
                    "scan is slow on a CPU)")
-    p.add_argument("--allocator", default="steady,default",
+    p.add_argument("--allocator", default="steady",
                    help="allocator configurations to run, of: " + ", ".join(ALLOCATORS))
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3, help="steps not timed at the start of each run")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "accuracy.md"))
     p.add_argument("--workdir", help="keep plans, traces and profiles here (default: a temporary directory)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report again from the raw numbers beside --out (.json), "
+                   "without running anything")
     args = p.parse_args()
+    raw = Path(args.out).with_suffix(".json")
+    if args.report_only:
+        data = json.loads(raw.read_text())
+        text = report(data["configs"], data["loads"], data["steps"], data["warmup"],
+                      data["seconds"], data["command"])
+        Path(args.out).write_text(text)
+        print(text)
+        return 0
     command = "python benchmarks/accuracy.py" + "".join(f" {a}" for a in sys.argv[1:])
     work = Path(args.workdir or tempfile.mkdtemp(prefix="octodsl-accuracy-"))
     start = time.perf_counter()
@@ -379,8 +427,9 @@ def main() -> int:
     seconds = time.perf_counter() - start
     text = report(configs, loads, args.steps, args.warmup, seconds, command)
     Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"configs": configs, "loads": loads},
-                                                              indent=1))
+    raw.write_text(json.dumps({"command": command, "seconds": seconds, "steps": args.steps,
+                               "warmup": args.warmup, "configs": configs, "loads": loads},
+                              indent=1))
     print(text)
     log(f"wrote {args.out}; traces in {work}")
     return 0

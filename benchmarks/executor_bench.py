@@ -35,7 +35,7 @@ import deepspeed  # noqa: E402
 from deepspeed import comm as dist  # noqa: E402
 
 from octodsl.costs.profiler import profile_model  # noqa: E402
-from octodsl.deepspeed_ext import initialize  # noqa: E402
+from octodsl.deepspeed_ext import init_distributed, initialize  # noqa: E402
 from octodsl.deepspeed_ext.module import FixedPartitionModule, parameters_parts  # noqa: E402
 from octodsl.deepspeed_ext.partition import balanced_split  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
@@ -76,7 +76,7 @@ def layer_seconds(spec) -> list[float]:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed("gloo")
     devices = dist.get_world_size()
     spec = load_model(args.model).with_shape(1, args.seq_len)
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": args.microbatches,

@@ -163,8 +163,9 @@ def main() -> int:
         f"{time.strftime('%Y-%m-%d')}.",
         "",
         f"Analytical H800 costs (16 bytes of static memory per parameter), NVLink messages "
-        f"(8 us + 160 GB/s), seed {args.seed}. The tuner, random search and CP-SAT each get "
-        f"{args.budget:.0f} s; the tuner also refines the best classic baseline. Times are "
+        f"(8 us + 160 GB/s), seed {args.seed}. "
+        + (f"The tuner and {', '.join(others)} each get " if others else "The tuner gets ")
+        + f"{args.budget:.0f} s; the tuner also refines the best classic baseline. Times are "
         "simulated iteration times in ms; `eff.` is the lower bound (largest of total work / "
         "devices, heaviest layer x micro-batches, one micro-batch's path) over the tuned time; "
         "`tight eff.` uses the tighter bound that adds each layer's wait for the first "

@@ -12,7 +12,7 @@ W), engine (DeepSpeed's PipelineEngine running the program), watchdog; Chrome tr
 
 from .errors import PlanLaunchError
 
-__all__ = ["PlanLaunchError", "check_launch", "initialize"]
+__all__ = ["PlanLaunchError", "check_launch", "init_distributed", "initialize"]
 
 
 def __getattr__(name: str):
@@ -22,4 +22,8 @@ def __getattr__(name: str):
         from . import launch
 
         return getattr(launch, name)
+    if name == "init_distributed":
+        from .distributed import init_distributed
+
+        return init_distributed
     raise AttributeError(name)

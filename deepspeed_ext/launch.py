@@ -23,6 +23,7 @@ import torch
 from ..lang import load_plan
 from ..lint import lint_plan
 from ..plan import Plan
+from .distributed import init_distributed
 from .engine import DEFAULT_TIMEOUT, OctoPipeEngine
 from .errors import PlanLaunchError
 from .module import OctoPipeModule, layer_name
@@ -63,7 +64,7 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
         print("octodsl: the plan names no layers; the model's layers split over its stages by cost:\n"
               + describe_split(ranges, [layer_name(spec) for spec in layers], layer_costs), flush=True)
 
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    init_distributed()
     topology = PipeDataParallelTopology(num_pp=plan.devices, num_dp=world // plan.devices)
     module = OctoPipeModule(layers, plan, ranges, loss_fn=loss_fn, topology=topology, **module_kwargs)
     mpu = module.mpu()

@@ -80,7 +80,7 @@ def build_engine(args, plan: Plan, spec, config: dict):
     """The octodsl engine running the plan, or with --stock DeepSpeed's own."""
     import deepspeed
 
-    from octodsl.deepspeed_ext import initialize
+    from octodsl.deepspeed_ext import init_distributed, initialize
     from octodsl.deepspeed_ext.module import FixedPartitionModule, parameters_parts
     from octodsl.layers import lm_loss, pipeline_specs
 
@@ -91,7 +91,7 @@ def build_engine(args, plan: Plan, spec, config: dict):
             if all(st.abstract for st in plan.stages) else None
         engine, *_ = initialize(specs, plan, config=config, layer_costs=costs, **common)
         return engine
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    init_distributed()
     parts = stock_parts(plan) or parameters_parts(specs, plan.devices)
     module = FixedPartitionModule(specs, parts, num_stages=plan.devices, **common)
     config = {k: v for k, v in config.items() if k != "octo"}

@@ -259,12 +259,12 @@ def main() -> int:
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     job = json.loads(Path(args[0]).read_text())
     torch.set_num_threads(int(job.get("threads", 1)))
-    import deepspeed
     import torch.distributed as dist
 
+    from octodsl.deepspeed_ext import init_distributed
     from octodsl.models import parse_model
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed("gloo")
     spec = parse_model(job["model"], "calibration job")
     out = {"processes": dist.get_world_size(), "runs": [], "link": []}
     if job.get("link_probe") and dist.get_world_size() > 1:

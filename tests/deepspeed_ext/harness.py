@@ -28,7 +28,7 @@ import deepspeed  # noqa: E402
 from deepspeed import comm as dist  # noqa: E402
 from deepspeed.pipe import LayerSpec  # noqa: E402
 
-from octodsl.deepspeed_ext import initialize  # noqa: E402
+from octodsl.deepspeed_ext import init_distributed, initialize  # noqa: E402
 from octodsl.deepspeed_ext.module import FixedPartitionModule  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
@@ -295,7 +295,7 @@ CASES = {"plans": case_plans, "dp": case_dp, "stall": case_stall}
 def main() -> None:
     case, out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed("gloo")
     result = CASES[case](Path(out).parent)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(result, indent=1))

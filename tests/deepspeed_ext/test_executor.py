@@ -7,6 +7,7 @@ DeepSpeed's small CPU communication op, about 90 s, cached afterwards).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import socket
@@ -40,8 +41,12 @@ def _free_port() -> int:
 def launch(procs: int, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
-    cmd = [DEEPSPEED, "--num_gpus", str(procs), "--master_port", str(_free_port()), *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    port = _free_port()
+    cmd = [DEEPSPEED, "--num_gpus", str(procs), "--master_port", str(port), *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    # DeepSpeed's CPU all-reduce segments (69 MB a rank) must not outlive the launch
+    assert not glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*")
+    return proc
 
 
 def run_case(tmp_path_factory, procs: int, case: str) -> dict:
