@@ -280,6 +280,10 @@ def _section(name: str, results: list[dict]) -> list[str]:
         sel = [r for r in rows if r["processes"] == p]
         if sel:
             out.append(_summary(sel, f"{p} processes"))
+    for kind in ("classic", "tuned"):
+        sel = [r for r in rows if r["kind"] == kind]
+        if sel:
+            out.append(_summary(sel, f"{kind} plans"))
     out += ["", "Per plan (memory errors per rank: mean / worst rank):", "",
             "| model | plan | kind | proc. | m | other load | measured s | step spread | before s | "
             "before err | after s | after err | memory err before | memory err after |",
