@@ -208,11 +208,10 @@ def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
             before = compare(plan, SimCosts.from_table(table, plan), loopback, trace)
             after = compare(plan, SimCosts.from_table(cal_table, plan), cal_table.calibration.link,
                             read_trace(r.trace, warmup))
-            periods = [s.period for s in trace.timed if s.period is not None]
             rows.append({
                 "model": model, "plan": name, "kind": kind, "processes": p,
                 "microbatches": plan.microbatches, "measured": after.iteration.measured,
-                "spread": (max(periods) - min(periods)) / statistics.median(periods) if periods else None,
+                "spread": trace.spread,
                 "before": before.iteration.simulated, "before_error": before.iteration.error,
                 "after": after.iteration.simulated, "after_error": after.iteration.error,
                 "memory_before": [m.error for m in before.peak or []],

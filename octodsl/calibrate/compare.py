@@ -74,7 +74,7 @@ class Comparison:
                 "link": {"name": self.link.name, "latency": self.link.latency,
                          "bandwidth": self.link.bandwidth},
                 "trace": self.measured.path, "steps": len(self.measured.steps),
-                "timed_steps": len(self.measured.timed),
+                "timed_steps": len(self.measured.timed), "step_spread": self.measured.spread,
                 "iteration_error": self.iteration.error, "memory_error": self.memory_error,
                 "metrics": [m.to_json() for m in self.metrics()], "notes": self.notes}
 

@@ -113,6 +113,15 @@ class MeasuredTrace:
             return statistics.median(periods)
         return statistics.median(s.end - s.start for s in self.timed)
 
+    @property
+    def spread(self) -> float | None:
+        """(slowest - fastest) / median of the timed steps' iteration times: how much the
+        machine let the same step vary (None with fewer than two)."""
+        periods = [s.period for s in self.timed if s.period is not None]
+        if len(periods) < 2:
+            return None
+        return (max(periods) - min(periods)) / statistics.median(periods)
+
     def representative(self) -> MeasuredStep:
         """The timed step whose period (or span) is closest to the median."""
         t = self.iteration_time

@@ -128,7 +128,9 @@ def render(c):
     head = Text()
     head.append(c.plan.header.name, style="bold")
     head.append(f": {c.plan.devices} devices x {c.plan.microbatches} micro-batches; "
-                f"{len(c.measured.timed)} of {len(c.measured.steps)} measured steps timed\n")
+                f"{len(c.measured.timed)} of {len(c.measured.steps)} measured steps timed"
+                + ("" if c.measured.spread is None else
+                   f", {c.measured.spread:.0%} apart from fastest to slowest") + "\n")
     head.append(f"{c.result.costs.source}; link {c.link.name} ({c.link.latency * 1e6:.0f} us + "
                 f"bytes / {c.link.bandwidth / 1e9:.2f} GB/s)", style="dim")
     table = Table(box=None, pad_edge=False, header_style="bold")

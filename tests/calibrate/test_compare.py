@@ -39,6 +39,18 @@ def test_steps_periods_and_busy(setup):
     assert trace.update_times is not None and (trace.update_times > 0).all()
 
 
+def test_warmup_steps_are_not_timed_and_spread_shows_noise(setup):
+    _, plan, _, _ = setup
+    exact = syn.measured_trace(plan, steps=6)["traceEvents"]
+    trace = parse_trace(exact, warmup=2)
+    assert [s.index for s in trace.timed] == [2, 3, 4, 5]
+    assert trace.spread == pytest.approx(0, abs=1e-9)
+    assert parse_trace(exact, warmup=6).timed == trace.steps[-1:]  # no step after the warm-up
+    period = trace.steps[3].period
+    trace.steps[3].period = 1.2 * period  # one slow step of the four timed
+    assert trace.spread == pytest.approx(0.2)
+
+
 def test_errors_show_a_slower_machine(setup):
     _, plan, table, _ = setup
     c = compare(plan, *_costs(table, plan), parse_trace(syn.measured_trace(plan, slowdown=1.25)["traceEvents"]))
@@ -138,6 +150,7 @@ def test_cli_compare(setup, tmp_path, capsys):
                  "--no-files", "--side-by-side", str(tmp_path / "x.json")]) == 0
     text = capsys.readouterr().out
     assert "iteration" in text and "peak memory" in text and not (tmp_path / "x.json").exists()
+    assert "3 of 4 measured steps timed, 0% apart from fastest to slowest" in text
 
 
 def test_cli_compare_user_errors(setup, tmp_path, capsys):
