@@ -175,27 +175,42 @@ def walk(order_ptr, order_nodes, node_dev, dur, in_deg, out_ptr, out_dst, out_ms
 
 
 @njit
+def comm_overlap(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg_start, msg_end):
+    """Per node: seconds during which its device's communication stream is busy. A device's
+    nodes and its stream's messages are each disjoint and in time order, so one merge per
+    device suffices."""
+    out = np.zeros(start.shape[0])
+    P = order_ptr.shape[0] - 1
+    for d in range(P):
+        j = stream_ptr[d]
+        j1 = stream_ptr[d + 1]
+        for i in range(order_ptr[d], order_ptr[d + 1]):
+            n = order_nodes[i]
+            a = start[n]
+            b = end[n]
+            while j < j1 and msg_end[stream_log[j]] <= a:
+                j += 1
+            k = j
+            while k < j1 and msg_start[stream_log[k]] < b:
+                lo = max(a, msg_start[stream_log[k]])
+                hi = min(b, msg_end[stream_log[k]])
+                if hi > lo:
+                    out[n] += hi - lo
+                k += 1
+    return out
+
+
+@njit
 def hidden_comm(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg_start, msg_end):
-    """Per device: communication time, and the part of it under the device's own compute.
-    Both streams hold disjoint intervals in time order, so one merge per device suffices."""
+    """Per device: communication time, and the part of it under the device's own compute."""
+    under = comm_overlap(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg_start,
+                         msg_end)
     P = order_ptr.shape[0] - 1
     comm = np.zeros(P)
     hidden = np.zeros(P)
     for d in range(P):
-        i = order_ptr[d]
-        i_end = order_ptr[d + 1]
         for j in range(stream_ptr[d], stream_ptr[d + 1]):
-            m = stream_log[j]
-            a = msg_start[m]
-            b = msg_end[m]
-            comm[d] += b - a
-            while i < i_end and end[order_nodes[i]] <= a:
-                i += 1
-            k = i
-            while k < i_end and start[order_nodes[k]] < b:
-                lo = max(a, start[order_nodes[k]])
-                hi = min(b, end[order_nodes[k]])
-                if hi > lo:
-                    hidden[d] += hi - lo
-                k += 1
+            comm[d] += msg_end[stream_log[j]] - msg_start[stream_log[j]]
+        for i in range(order_ptr[d], order_ptr[d + 1]):
+            hidden[d] += under[order_nodes[i]]
     return comm, hidden

@@ -63,31 +63,6 @@ def _rate(k, cores, contention, oversubscription):
 
 
 @njit
-def comm_overlap(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg_start, msg_end):
-    """Per node: seconds during which its device's communication stream is busy."""
-    out = np.zeros(start.shape[0])
-    P = order_ptr.shape[0] - 1
-    for d in range(P):
-        j0 = stream_ptr[d]
-        j1 = stream_ptr[d + 1]
-        j = j0
-        for i in range(order_ptr[d], order_ptr[d + 1]):
-            n = order_nodes[i]
-            a = start[n]
-            b = end[n]
-            while j < j1 and msg_end[stream_log[j]] <= a:
-                j += 1
-            k = j
-            while k < j1 and msg_start[stream_log[k]] < b:
-                lo = max(a, msg_start[stream_log[k]])
-                hi = min(b, msg_end[stream_log[k]])
-                if hi > lo:
-                    out[n] += hi - lo
-                k += 1
-    return out
-
-
-@njit
 def stretch(start, end, work, cores, contention, oversubscription):
     """Durations under processor sharing, given the last timeline (start, end per node) and
     each node's work in seconds alone: node n starts at start[n] and runs until it has done

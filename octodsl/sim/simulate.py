@@ -11,12 +11,12 @@ from ..costs.table import Link, StageCost, uniform_stage_costs
 from ..dag import build_graph, describe_cycle, execution_order
 from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
 from .bounds import lower_bound, ring_allreduce_time
-from .core import hidden_comm, walk
+from .core import comm_overlap, hidden_comm, walk
 from .costs import SimCosts
 from .memory import memory
 from .program import SimProgram, compile
 from .result import SimResult
-from .sharing import ROUNDS, TOLERANCE, Sharing, comm_overlap, shared_phase, stretch
+from .sharing import ROUNDS, TOLERANCE, Sharing, shared_phase, stretch
 
 
 class SimDeadlock(PlanError):
