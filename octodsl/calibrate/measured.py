@@ -27,27 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from ..plan import OpKind, Plan
+from ..sim.result import OpSpan
 
 OP_KINDS = {k.value for k in OpKind}
 
 
 class TraceError(ValueError):
     """A trace that cannot be read or does not fit the plan; the message is for the user."""
-
-
-@dataclass(frozen=True, slots=True)
-class MeasuredOp:
-    device: int
-    kind: str
-    stage: int
-    mb: int
-    start: float
-    """Seconds from the trace's origin."""
-    end: float
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind}{self.stage}:{self.mb}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +53,8 @@ class MeasuredMessage:
 @dataclass
 class MeasuredStep:
     index: int
-    ops: list[MeasuredOp]
+    ops: list[OpSpan]
+    """Times in seconds from the trace's origin."""
     messages: list[MeasuredMessage]
     updates: dict[int, tuple[float, float]]
     """Per device: its optimizer span (calibration runs only)."""
@@ -215,7 +202,7 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
                 key = (d, "op", e.get("name"))
                 k = counts[key]
                 counts[key] += 1
-                step(k).ops.append(MeasuredOp(d, kind, int(args["stage"]), int(args["mb"]), start, end))
+                step(k).ops.append(OpSpan(d, kind, int(args["stage"]), int(args["mb"]), start, end))
             elif e.get("tid") == 0 and kind == "optimizer":
                 key = (d, "optimizer")
                 k = counts[key]
