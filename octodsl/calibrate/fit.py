@@ -298,8 +298,6 @@ def _oversubscribed_sharing(ops: list[_OpObs], cpus: int, Pmax: int, found):
         x = min(OVERSUBSCRIPTION, key=lambda x: _fit_kinds(
             ops, _rates(Pmax, replace(sharing, oversubscription=x)))[1])
         res, sharing, params = _best_sharing(ops, cpus, Pmax, 0.0, x)
-        if sharing.cores is not None:
-            sharing = replace(sharing, oversubscription=x)
     return res, sharing, params
 
 
@@ -381,9 +379,8 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
     else:  # alternate: the slowdown for the sharing, the sharing for the slowdown
         for _ in range(2):
             overlap = float(min((_fit_kinds(ops, rates, b)[1], b) for b in np.arange(0, 1.001, 0.02))[1])
-            report.residual, found, params = _best_sharing(ops, cpus, Pmax, overlap,
-                                                           sharing.oversubscription)
-            sharing = replace(found, oversubscription=sharing.oversubscription)
+            report.residual, sharing, params = _best_sharing(ops, cpus, Pmax, overlap,
+                                                             sharing.oversubscription)
             rates = _rates(Pmax, sharing)
 
     scale = {k: params[k][0] for k in params}
@@ -449,13 +446,15 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
         cal = cal.model_copy(update={"act_w_extra": extra})
 
     # 8. oversubscription: the runs' iteration times settle what the erratic single ops cannot
+    programs = [compile(r.plan) for r in runs]
     if cal.cores is not None and Pmax > cal.cores:
         say("fitting the oversubscription slowdown")
-        x = min(OVERSUBSCRIPTION, key=lambda x: (_iteration_loss(table, runs, cal, x), x))
+        x = min(OVERSUBSCRIPTION,
+                key=lambda x: (_iteration_loss(table, runs, programs, cal, x), x))
         cal = cal.model_copy(update={"oversubscription": float(x)})
 
     # how well the calibration reproduces its own runs
-    for r, sim_t in zip(runs, _simulated(table, runs, cal)):
+    for r, sim_t in zip(runs, _simulated(table, runs, programs, cal)):
         report.runs.append({"plan": r.name, "devices": r.plan.devices,
                             "microbatches": r.plan.microbatches, "measured": r.trace.iteration_time,
                             "simulated": sim_t,
@@ -467,23 +466,25 @@ OVERSUBSCRIPTION = [round(x, 2) for x in np.arange(0.0, 1.001, 0.02)]
 """Values of the oversubscription slowdown the fit tries."""
 
 
-def _simulated(table: CostTable, runs: Sequence[Run], cal: ProfileCalibration) -> list[float]:
-    """Each run's simulated iteration time (the span of its ops, when its trace has no period)."""
-    calibrated = replace(table, calibration=cal.table_calibration())
+def _simulated(table: CostTable, runs: Sequence[Run], programs: Sequence, cal: ProfileCalibration
+               ) -> list[float]:
+    """Each run's simulated iteration time (the span of its ops, when its trace has no period);
+    `programs`: the runs' plans, compiled."""
+    tc = cal.table_calibration()
+    calibrated = replace(table, calibration=tc)
     out = []
-    for r in runs:
-        sim = simulate(compile(r.plan), SimCosts.from_table(calibrated, r.plan),
-                       cal.table_calibration().link)
+    for r, program in zip(runs, programs):
+        sim = simulate(program, SimCosts.from_table(calibrated, r.plan), tc.link)
         out.append(sim.iteration_time if r.trace.has_period else sim.pipeline_time)
     return out
 
 
-def _iteration_loss(table: CostTable, runs: Sequence[Run], cal: ProfileCalibration,
-                    oversubscription: float) -> float:
+def _iteration_loss(table: CostTable, runs: Sequence[Run], programs: Sequence,
+                    cal: ProfileCalibration, oversubscription: float) -> float:
     """Mean squared relative error of the runs' simulated iteration times."""
     cal = cal.model_copy(update={"oversubscription": oversubscription})
     return float(np.mean([((t - r.trace.iteration_time) / r.trace.iteration_time) ** 2
-                          for r, t in zip(runs, _simulated(table, runs, cal))]))
+                          for r, t in zip(runs, _simulated(table, runs, programs, cal))]))
 
 
 def _device_params(table: CostTable, plan: Plan) -> np.ndarray:
