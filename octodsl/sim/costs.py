@@ -45,5 +45,5 @@ class SimCosts:
                                                  cal.oversubscription)
         return cls(tuple(stages), grads, max(layer.f + layer.b + layer.w for layer in table.layers),
                    table.tokens_per_microbatch or None, table.source,
-                   sharing if sharing is not None and sharing.active else None,
+                   sharing,
                    0.0 if cal is None else cal.step_overhead)
