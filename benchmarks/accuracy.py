@@ -54,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from octodsl.calibrate.compare import compare  # noqa: E402
-from octodsl.calibrate.fit import Run, fit  # noqa: E402
+from octodsl.calibrate.fit import fit  # noqa: E402
 from octodsl.calibrate.measured import read_trace  # noqa: E402
 from octodsl.calibrate.plans import calibration_plans  # noqa: E402
 from octodsl.calibrate.runner import run_plans  # noqa: E402
@@ -159,8 +159,7 @@ def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
     for p in RANKS:
         launch = run_plans(spec, calibration[p], p, work / "for-tuner", steps=steps, progress=say)
         probe = probe or launch.link
-        runs += [Run(parse_plan(dict(calibration[p])[r.name], r.name), read_trace(r.trace, warmup),
-                     r.name) for r in launch.runs]
+        runs += launch.fit_runs(dict(calibration[p]), warmup)
     pre_path = work / "for-tuner.profile.json"
     write_profile(base.model_copy(update={"calibration": fit(table, runs, probe=probe)}), pre_path)
     evals: dict[int, list[tuple[str, str, str]]] = {p: [] for p in RANKS}
@@ -181,10 +180,9 @@ def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
                 for x in pair if x is not None]
         launch = run_plans(spec, mine, p, work, steps=steps, progress=say)
         probe = launch.link or probe
+        runs += launch.fit_runs(dict(calibration[p]), warmup)
         for r in launch.runs:
             if r.name in dict(calibration[p]):
-                runs.append(Run(parse_plan(dict(calibration[p])[r.name], r.name),
-                                read_trace(r.trace, warmup), r.name))
                 fitted_on.append(r.name)
                 cal_loads[r.name] = r.other_load
             else:
@@ -207,7 +205,7 @@ def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
             trace = read_trace(r.trace, warmup)
             before = compare(plan, SimCosts.from_table(table, plan), loopback, trace)
             after = compare(plan, SimCosts.from_table(cal_table, plan), cal_table.calibration.link,
-                            read_trace(r.trace, warmup))
+                            trace)
             rows.append({
                 "model": model, "plan": name, "kind": kind, "processes": p,
                 "microbatches": plan.microbatches, "measured": after.iteration.measured,

@@ -62,6 +62,16 @@ class Launch:
     other_load: float | None = None
     """CPU cores that processes outside this launch used meanwhile, on average (None: unknown)."""
 
+    def fit_runs(self, plans: dict[str, str], warmup: int) -> list:
+        """The runs of `plans` (name -> .octo text) in this launch, in its order, as the fit
+        takes them (octodsl.calibrate.fit.Run), their first `warmup` steps not timed."""
+        from ..lang import parse_plan
+        from .fit import Run
+        from .measured import read_trace
+
+        return [Run(parse_plan(plans[r.name], r.name), read_trace(r.trace, warmup), r.name)
+                for r in self.runs if r.name in plans]
+
 
 class LoadMonitor:
     """Measures, in a background thread, the CPU time of every process that is not this one or

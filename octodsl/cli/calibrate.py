@@ -200,11 +200,8 @@ def _from_traces(args, base, base_path):
 def _from_launches(args, base, base_path, model, ranks, work, console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..calibrate.fit import Run
-    from ..calibrate.measured import read_trace
     from ..calibrate.plans import calibration_plans
     from ..calibrate.runner import RunError, run_plans
-    from ..lang import parse_plan
 
     try:
         plans = calibration_plans(model, str(base_path), ranks, shape=_shape(base.model))
@@ -241,9 +238,7 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
                 console.print(f"warning: other processes used up to {max(busy):.1f} CPU cores while "
                               f"the {p}-process calibration plans ran: their timings, and so the "
                               "fit, are noisy; calibrate on a quiet machine", style="yellow")
-            for r in launch.runs:
-                text = (work / f"{r.name}.octo").read_text()
-                runs.append(Run(parse_plan(text, r.name), read_trace(r.trace, args.warmup), r.name))
+            runs += launch.fit_runs(dict(mine), args.warmup)
     source = (f"{len(runs)} calibration plans on {', '.join(map(str, ranks))} processes, "
               f"{args.steps} steps each")
     return runs, probe, source
