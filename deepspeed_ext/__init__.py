@@ -7,7 +7,8 @@
 Modules, one job each: launch (the entry point and the plan-vs-launch checks), partition
 (layers per stage), module (several stages per rank), program (the plan's DAG compiled into
 one rank's instructions), p2p (message streams between any two ranks), split_backward (B and
-W), engine (DeepSpeed's PipelineEngine running the program), watchdog; Chrome traces are written in octodsl.trace's layout.
+W), engine (DeepSpeed's PipelineEngine running the program), watchdog, distributed
+(init_distributed); Chrome traces are written in octodsl.trace's layout.
 """
 
 from .errors import PlanLaunchError

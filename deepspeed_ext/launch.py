@@ -18,8 +18,6 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
-
 from ..lang import load_plan
 from ..lint import lint_plan
 from ..plan import Plan

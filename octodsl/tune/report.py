@@ -44,6 +44,7 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
     f = Figures.of(tuned.best, problem)
     others = _others(baselines, extra)
     best = best_baseline(baselines)
+    tight = problem.tight_lower_bound()
     return {
         "plan": plan_path,
         "model": problem.header.model,
@@ -53,8 +54,8 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
         "iteration_time": f.iteration_time,
         "lower_bound": problem.lower_bound(),
         "efficiency": f.efficiency,
-        "tight_lower_bound": problem.tight_lower_bound(),
-        "tight_efficiency": problem.tight_lower_bound() / f.iteration_time,
+        "tight_lower_bound": tight,
+        "tight_efficiency": tight / f.iteration_time,
         "throughput": f.throughput,
         "bubble_ratio": f.bubble_ratio,
         "peak_memory": f.peak_memory,
