@@ -16,7 +16,8 @@ import sys
 from .common import UserError
 
 # Module names under octodsl.cli, one per command, in the order `--help` lists them.
-COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile", "tune", "compare", "calibrate")
+COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile", "tune", "compare",
+            "calibrate")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -147,7 +147,8 @@ class Profile(BaseModel):
         extra = self.calibration.act_w_extra if self.calibration is not None else {}
         layers = [
             LayerCost(kind=m.kind, f=m.f, b=m.b, w=m.w, act=m.act,
-                      act_w=m.act_w + extra.get(m.kind, 0.0), static=float(m.params * self.bytes_per_param), params=m.params,
+                      act_w=m.act_w + extra.get(m.kind, 0.0),
+                      static=float(m.params * self.bytes_per_param), params=m.params,
                       out_bytes=m.out_bytes)
             for m in (by_index[i] for i in range(self.model.num_layers))
         ]
