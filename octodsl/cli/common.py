@@ -47,3 +47,21 @@ def stdout_console():
     from rich.console import Console
 
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def link_named(name: str):
+    """A built-in link by name (--link, --dp-link)."""
+    from ..costs.devices import get_link
+
+    try:
+        return get_link(name)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def pipeline_link(name: str | None, table, default: str):
+    """The link between pipeline devices: --link NAME, else the fitted link of a calibrated
+    profile's table, else the built-in `default`."""
+    if not name and table.calibration is not None and table.calibration.link is not None:
+        return table.calibration.link
+    return link_named(name or default)

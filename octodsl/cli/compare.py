@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from .common import UserError, stdout_console
+from .common import UserError, pipeline_link, stdout_console
 from .simulate import load_plan_or_report
 
 
@@ -86,7 +86,6 @@ def run(args) -> int:
 
 def resolve_costs(args, plan):
     """(SimCosts, Link) as `octodsl simulate` resolves them, with compare's link default."""
-    from ..costs.devices import get_link
     from ..costs.resolve import cost_table
     from ..sim import SimCosts
 
@@ -99,16 +98,7 @@ def resolve_costs(args, plan):
         costs = SimCosts.from_table(table, plan)
     except ValueError as e:
         raise UserError(str(e)) from None
-    try:
-        if args.link:
-            link = get_link(args.link)
-        elif table.calibration is not None and table.calibration.link is not None:
-            link = table.calibration.link
-        else:
-            link = get_link("loopback" if _on_cpu(args) else "nvlink")
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    return costs, link
+    return costs, pipeline_link(args.link, table, "loopback" if _on_cpu(args) else "nvlink")
 
 
 def _on_cpu(args) -> bool:

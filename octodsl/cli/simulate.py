@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..costs.devices import get_device, get_link
+from ..costs.devices import get_device
 from ..costs.resolve import cost_table
 from ..costs.table import Link, uniform_stage_costs
 from ..interop import read_csv
@@ -19,7 +19,7 @@ from ..lint import lint_source
 from ..plan import Plan, PlanError
 from ..sim import SimCosts, compile, simulate, warm_up
 from ..sim.memory_check import CODE as MEMORY_CODE
-from .common import UserError, read_text, stdout_console
+from .common import UserError, link_named, pipeline_link, read_text, stdout_console
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
@@ -55,7 +55,7 @@ def run(args) -> int:
         raise UserError("--dp must be at least 1")
     if len(args.plans) > 1 and (args.trace or args.png):
         raise UserError("--trace and --png take one plan at a time")
-    dp_link = _link(args.dp_link) if args.dp_link else None
+    dp_link = link_named(args.dp_link) if args.dp_link else None
     warm_up()  # start-up (loading the compiled walk) is not simulating
     rows = []
     for path in args.plans:
@@ -136,14 +136,12 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
             device_memory = get_device(table.meta.get("device", args.device)).memory
         except ValueError:  # a profile measured on a device we hold no description of
             device_memory = None
-        calibrated = table.calibration.link if table.calibration is not None else None
-        link = _link(args.link) if args.link else calibrated or _link("nvlink")
-        return costs, link, device_memory
+        return costs, pipeline_link(args.link, table, "nvlink"), device_memory
     values = _parse_costs(args.costs or _UNIT_COSTS)
     costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
                      source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
     fixed = Link(f"{values['comm']:g} s per message", values["comm"], 0.0)
-    return costs, _link(args.link) if args.link else fixed, None
+    return costs, link_named(args.link) if args.link else fixed, None
 
 
 def _parse_costs(text: str) -> dict[str, float]:
@@ -165,13 +163,6 @@ def _parse_costs(text: str) -> dict[str, float]:
     if missing:
         raise UserError(f"--costs: give {', '.join(missing)} too (e.g. {_UNIT_COSTS})")
     return {k: values[k] for k in ("F", "B", "W", "comm")}
-
-
-def _link(name: str) -> Link:
-    try:
-        return get_link(name)
-    except ValueError as e:
-        raise UserError(str(e)) from None
 
 
 def _write(path: str, write) -> None:
