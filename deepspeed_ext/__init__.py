@@ -8,12 +8,12 @@ Modules, one job each: launch (the entry point and the plan-vs-launch checks), p
 (layers per stage), module (several stages per rank), program (the plan's DAG compiled into
 one rank's instructions), p2p (message streams between any two ranks), split_backward (B and
 W), engine (DeepSpeed's PipelineEngine running the program), watchdog, distributed
-(init_distributed); Chrome traces are written in octodsl.trace's layout.
+(init_distributed, released_groups); Chrome traces are written in octodsl.trace's layout.
 """
 
 from .errors import PlanLaunchError
 
-__all__ = ["PlanLaunchError", "check_launch", "init_distributed", "initialize"]
+__all__ = ["PlanLaunchError", "check_launch", "init_distributed", "initialize", "released_groups"]
 
 
 def __getattr__(name: str):
@@ -23,8 +23,8 @@ def __getattr__(name: str):
         from . import launch
 
         return getattr(launch, name)
-    if name == "init_distributed":
-        from .distributed import init_distributed
+    if name in ("init_distributed", "released_groups"):
+        from . import distributed
 
-        return init_distributed
+        return getattr(distributed, name)
     raise AttributeError(name)

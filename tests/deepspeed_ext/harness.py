@@ -28,7 +28,7 @@ import deepspeed  # noqa: E402
 from deepspeed import comm as dist  # noqa: E402
 from deepspeed.pipe import LayerSpec  # noqa: E402
 
-from octodsl.deepspeed_ext import init_distributed, initialize  # noqa: E402
+from octodsl.deepspeed_ext import init_distributed, initialize, released_groups  # noqa: E402
 from octodsl.deepspeed_ext.module import FixedPartitionModule  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
@@ -204,8 +204,11 @@ def case_plans(out_dir: Path) -> dict:
     plans.update({name: with_partition(generate(name, devices=2, microbatches=M), even(4))
                   for name in ("interleaved", "zb-v", "dualpipev")})
     plans["irregular"] = irregular(2, {0: [0, 1, 4], 1: [2, 3]}, fused={2})
+    threads = []
     for name, plan in plans.items():
-        results.append(compare(name, build_ours(plan, config()), ref, ref_w, ref_eval))
+        with released_groups():
+            results.append(compare(name, build_ours(plan, config()), ref, ref_w, ref_eval))
+        threads.append(len(os.listdir("/proc/self/task")))
 
     for label, extra in (("bf16", {"bf16": {"enabled": True}}),
                          ("zero1", {"zero_optimization": {"stage": 1}}),
@@ -227,7 +230,7 @@ def case_plans(out_dir: Path) -> dict:
     train(traced, 1)
     traced.write_trace(str(out_dir / "trace.json"))
     return {"results": results, "checkpoint": checkpoint_round_trip(plans["zb-v"]),
-            "trace": str(out_dir / "trace.json")}
+            "trace": str(out_dir / "trace.json"), "threads": threads}
 
 
 def checkpoint_round_trip(plan: Plan) -> dict:

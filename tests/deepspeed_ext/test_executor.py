@@ -80,6 +80,14 @@ def test_every_plan_trains_like_stock(plans):
 
 
 @pytest.mark.slow
+def test_released_groups_keep_the_thread_count_flat(plans):
+    # Each engine's gloo groups hold polling threads; released after each plan, the eighth
+    # plan leaves no more threads than the first (without it: about 20 more per plan).
+    threads = plans["threads"]
+    assert len(threads) == 8 and max(threads) <= threads[0], threads
+
+
+@pytest.mark.slow
 def test_a_layer_that_cannot_split_runs_fused_and_says_so(plans):
     assert "octodsl: stage 0: layer(s) 5 cannot split their backward" in plans["stderr"]
     assert any(r["plan"] == "zb-h1/unsplittable" for r in plans["results"])
