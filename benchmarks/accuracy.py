@@ -24,8 +24,8 @@ Per model:
    the profiler counts them: saved-tensor hooks and the W state, sampled after every op of the
    first step).
 
-Allocator configurations (--allocator): `steady` runs every process (calibration and
-evaluation alike) with glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_,
+Allocator configurations (--allocator): `steady` runs every process (the profiler,
+calibration and evaluation alike) with glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_); `default` leaves glibc's defaults, under which it hands freed
 activation memory back to the system between micro-batches and page-faults it back in later (about
 0.45 ms per MiB here), which makes the same op 1.0x or 1.6x its profiled time from one step to
@@ -60,7 +60,6 @@ from octodsl.calibrate.plans import calibration_plans  # noqa: E402
 from octodsl.calibrate.runner import run_plans  # noqa: E402
 from octodsl.costs.devices import get_link  # noqa: E402
 from octodsl.costs.profile import read_profile, write_profile  # noqa: E402
-from octodsl.costs.profiler import profile_model  # noqa: E402
 from octodsl.gen import generate_text, render_plan  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
 from octodsl.models import load_model  # noqa: E402
@@ -140,12 +139,27 @@ def evaluate(model: str, work: Path, steps: int, warmup: int, shape: tuple[int, 
                 os.environ[k] = v
 
 
+def _profile(spec, work: Path, path: Path):
+    """`octodsl profile` in a fresh process, so that it measures under the allocator the runs
+    get: glibc reads its settings when a process starts, and under its defaults (this
+    process's) an op that frees and reallocates large tensors takes 1x or 3.5x its time from
+    one sample to the next (jamba-tiny's MoE W: 8 or 29 ms)."""
+    spec_path = work / "model.json"
+    spec_path.write_text(json.dumps(spec.model_dump()))
+    cmd = [str(Path(sys.executable).parent / "octodsl"), "profile", "--model", str(spec_path),
+           "--threads", "1", "--warmup", "2", "--repeats", "5", "-o", str(path)]
+    done = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        sys.exit(f"profiling failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return read_profile(path)
+
+
 def _evaluate(model: str, spec, work: Path, steps: int, warmup: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log(f"{model}: profiling")
-    base = profile_model(spec, "cpu", threads=1, warmup=2, repeats=5)
     base_path = work / "base.profile.json"
-    write_profile(base, base_path)
+    base = _profile(spec, work, base_path)
     table = base.cost_table(base_path)
     shape = {"microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len}
     calibration = {p: [(name, text) for q, name, text in
