@@ -8,12 +8,14 @@ Modules, one job each: launch (the entry point and the plan-vs-launch checks), p
 (layers per stage), module (several stages per rank), program (the plan's DAG compiled into
 one rank's instructions), p2p (message streams between any two ranks), split_backward (B and
 W), engine (DeepSpeed's PipelineEngine running the program), watchdog, distributed
-(init_distributed, released_groups); Chrome traces are written in octodsl.trace's layout.
+(init_distributed, released_groups, shutdown); Chrome traces are written in octodsl.trace's
+layout.
 """
 
 from .errors import PlanLaunchError
 
-__all__ = ["PlanLaunchError", "check_launch", "init_distributed", "initialize", "released_groups"]
+__all__ = ["PlanLaunchError", "check_launch", "init_distributed", "initialize", "released_groups",
+           "shutdown"]
 
 
 def __getattr__(name: str):
@@ -23,7 +25,7 @@ def __getattr__(name: str):
         from . import launch
 
         return getattr(launch, name)
-    if name in ("init_distributed", "released_groups"):
+    if name in ("init_distributed", "released_groups", "shutdown"):
         from . import distributed
 
         return getattr(distributed, name)

@@ -1,5 +1,6 @@
 """`init_distributed()`: `deepspeed.init_distributed` that leaves nothing behind in /dev/shm;
-`released_groups()`: a scope whose process groups are destroyed when it ends.
+`released_groups()`: a scope whose process groups are destroyed when it ends; `shutdown()`: the
+orderly end of a script.
 
 On CPU, DeepSpeed's shared-memory all-reduce gives each rank a 69 MB segment
 (/dev/shm/deepspeed_allreduce_buffer_UID_ADDR_PORT_RANK) that it never removes, so every launch
@@ -60,3 +61,13 @@ def released_groups() -> Iterator[None]:
             for group in [g for g in registry if g not in before]:
                 dist.destroy_process_group(group)
             gc.collect()  # the threads stop when the last reference to the group goes
+
+
+def shutdown() -> None:
+    """Destroy every process group, once all ranks get here; call it last in a script. Left to
+    the interpreter's teardown, gloo's threads are sometimes destroyed while still running and
+    the rank aborts ("terminate called without an active exception") after all its work is
+    done, so the launcher reports a failed job. A no-op when torch.distributed is not set up."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -159,4 +159,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from octodsl.deepspeed_ext import shutdown
+
+    shutdown()  # else a rank may abort in the interpreter's teardown
+    sys.exit(code)

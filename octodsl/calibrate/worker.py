@@ -261,7 +261,7 @@ def main() -> int:
     torch.set_num_threads(int(job.get("threads", 1)))
     import torch.distributed as dist
 
-    from octodsl.deepspeed_ext import init_distributed, released_groups
+    from octodsl.deepspeed_ext import init_distributed, released_groups, shutdown
     from octodsl.models import parse_model
 
     init_distributed("gloo")
@@ -277,7 +277,7 @@ def main() -> int:
         _say(event="done", run=run["name"])
     if dist.get_rank() == 0:
         Path(job["out"]).write_text(json.dumps(out, indent=1))
-    dist.barrier()
+    shutdown()  # else a rank may abort in the interpreter's teardown
     return 0
 
 

@@ -28,7 +28,8 @@ import deepspeed  # noqa: E402
 from deepspeed import comm as dist  # noqa: E402
 from deepspeed.pipe import LayerSpec  # noqa: E402
 
-from octodsl.deepspeed_ext import init_distributed, initialize, released_groups  # noqa: E402
+from octodsl.deepspeed_ext import (init_distributed, initialize, released_groups,  # noqa: E402
+                                   shutdown)
 from octodsl.deepspeed_ext.module import FixedPartitionModule  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
@@ -302,6 +303,7 @@ def main() -> None:
     result = CASES[case](Path(out).parent)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(result, indent=1))
+    shutdown()
 
 
 if __name__ == "__main__":
