@@ -46,7 +46,8 @@ def test_tuned_plan_beats_every_classic_baseline(tiny, tuned):
 def test_rounds_explain_each_improvement(tuned):
     assert tuned.rounds[0].phase == "start"
     for r in tuned.rounds:
-        assert r.phase in ("start", "kick", "memory", "partition", "placement", "schedule")
+        assert r.phase in ("start", "kick", "memory", "partition", "placement", "schedule",
+                           "restart")
         if r.phase in ("memory", "partition", "placement", "schedule"):
             assert r.after <= r.before
 
@@ -56,6 +57,18 @@ def test_same_seed_same_plan(tiny):
     b = tune(tiny, budget=60, seed=5, max_evaluations=120)
     assert a.best.plan.same_as(b.best.plan)
     assert [r.move for r in a.rounds] == [r.move for r in b.rounds]
+
+
+def test_restarts_keep_the_best_of_the_searches(tiny):
+    one = tune(tiny, budget=60, seed=3, restarts=1)
+    three = tune(tiny, budget=60, seed=3, restarts=3)
+    assert one.finished and three.finished
+    assert three.best.time <= one.best.time
+    assert [r.move for r in three.rounds[:len(one.rounds)]] == [r.move for r in one.rounds]
+    marks = [r for r in three.rounds if r.phase == "restart"]
+    assert [r.move for r in marks] == ["search again, seed 4", "search again, seed 5"]
+    assert [r.number for r in three.rounds] == list(range(len(three.rounds)))
+    assert three.evaluations > one.evaluations
 
 
 def test_refines_a_given_plan_and_never_returns_worse(tiny):
