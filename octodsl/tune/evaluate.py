@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,21 +43,29 @@ class Score:
         return float(self.peak.max()) < float(other.peak.max()) - 1.0
 
 
+PROGRAMS = 32
+"""Compiled programs kept per evaluator, one per placement, most recently used."""
+
+
 class Evaluator:
-    """Simulates plans of one problem; counts evaluations. Compiling reuses the previous
-    program when only device orders changed (the schedule moves)."""
+    """Simulates plans of one problem; counts evaluations. Compiling reuses the program of the
+    last plan with the same placement: a partition or schedule move changes only costs and
+    device orders, and the search comes back to a few placements again and again."""
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.count = 0
-        self._last: SimProgram | None = None
+        self._programs: OrderedDict[tuple[int, ...], SimProgram] = OrderedDict()
 
     def __call__(self, plan: Plan) -> Score:
         self.count += 1
         p = self.problem
         costs = SimCosts.from_table(p.table, plan)
-        program = compile(plan, like=self._last)
-        self._last = program
+        key = tuple(plan.stage_device())
+        program = compile(plan, like=self._programs.pop(key, None))
+        self._programs[key] = program
+        if len(self._programs) > PROGRAMS:
+            self._programs.popitem(last=False)
         try:
             result = simulate(program, costs, p.link)
         except SimDeadlock:

@@ -85,6 +85,9 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
     t0 = time.perf_counter()
     # 1% held back: the moves being built when the searches stop take time too.
     deadline = t0 + 0.99 * budget
+    # One evaluator for all searches: they come back to the same placements, whose compiled
+    # programs it keeps.
+    evaluate = Evaluator(problem)
     out: TuneResult | None = None
     for k in range(restarts):
         if out is not None:
@@ -93,10 +96,9 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
                 break
             out.rounds.append(Round(len(out.rounds), "restart", f"search again, seed {seed + k}",
                                     out.best.time, out.best.time))
-        left = None if max_evaluations is None else max_evaluations - (out.evaluations if out else 0)
         shown = _best_shown(progress, out.best.time if out else math.inf)
         try:
-            r = _Search(problem, deadline, seed + k, left, shown).run(starts)
+            r = _Search(problem, evaluate, deadline, seed + k, max_evaluations, shown).run(starts)
         except _NothingSimulated:
             if out is None:
                 raise RuntimeError("the budget ran out before the tuner could simulate one plan") from None
@@ -129,15 +131,17 @@ def _order(a: Score, b: Score) -> int:
 
 
 class _Search:
-    def __init__(self, problem: Problem, deadline: float, seed: int, max_evaluations: int | None,
-                 progress: Progress | None) -> None:
+    def __init__(self, problem: Problem, evaluate: Evaluator, deadline: float, seed: int,
+                 max_evaluations: int | None, progress: Progress | None) -> None:
         self.problem = problem
         self.seed = seed
         self.t0 = time.perf_counter()
         self.deadline = deadline
         self.max_evaluations = max_evaluations
+        """Of all searches together (the evaluator counts them all)."""
         self.progress = progress
-        self.evaluate = Evaluator(problem)
+        self.evaluate = evaluate
+        self.count0 = evaluate.count
         self.best: Score | None = None
         self.best_w_gap = False
         """How the best plan's order was built (its kicks rebuild orders the same way)."""
@@ -174,7 +178,7 @@ class _Search:
             finished = False
         if self.best is None:
             raise _NothingSimulated
-        return TuneResult(self.best, self.rounds, self.evaluate.count,
+        return TuneResult(self.best, self.rounds, self.evaluate.count - self.count0,
                           time.perf_counter() - self.t0, finished,
                           [(name, s) for name, s, _, _ in starts])
 
