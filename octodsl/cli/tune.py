@@ -74,11 +74,13 @@ def run(args) -> int:
         raise RuntimeError(f"the tuned plan does not lint clean: {errors[0].message}")
     write_output(args.output, text)
 
+    # Ctrl-C stopped the search: the plan is written, the exit status still says interrupted.
+    status = 130 if outcome.tuned.interrupted else 0
     if args.json:
         json.dump(to_json(problem, outcome.tuned, outcome.baselines, args.output, outcome.others),
                   sys.stdout, indent=1)
         sys.stdout.write("\n")
-        return 0
+        return status
     console = stdout_console()
     if args.explain:
         console.print("rounds (phase, iteration before -> after, move):", style="bold")
@@ -88,10 +90,12 @@ def run(args) -> int:
     console.print(comparison_table(problem, outcome.tuned, outcome.baselines, outcome.others))
     t = outcome.tuned
     notes = "; ".join(f"{k}: {v}" for k, v in outcome.notes.items())
+    stopped = ("" if t.finished else
+               " (interrupted: the best plan found so far)" if t.interrupted else
+               " (stopped by the budget)")
     console.print(f"wrote {args.output}; {t.evaluations} plans simulated in {t.seconds:.1f} s"
-                  + ("" if t.finished else " (stopped by the budget)")
-                  + (f"; {notes}" if notes else ""), style="dim")
-    return 0
+                  + stopped + (f"; {notes}" if notes else ""), style="dim")
+    return status
 
 
 def _start(args):

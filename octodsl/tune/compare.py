@@ -43,12 +43,17 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
     best = best_baseline(baselines)
     starts = ([start] if start is not None else []) + ([best.score.plan] if best else [])
     tuned = tune(problem, budget=budget, seed=seed, starts=starts, progress=progress)
+    if tuned.interrupted and not tuned.best.fits:
+        raise KeyboardInterrupt  # nothing worth keeping
     if not tuned.best.fits:
         peak = float(tuned.best.peak.max())
         raise NoPlanFits(f"no plan found fits in {problem.memory / 2**30:.1f} GiB per device: the "
                          f"best peaks at {peak / 2**30:.1f} GiB; use more devices or a larger "
                          "memory limit")
     out = Outcome(problem, tuned, baselines)
+    if tuned.interrupted:  # the user wants the tuned plan now, not the other searches' budgets
+        out.notes.update((name, "not run: interrupted") for name in others)
+        return out
     for name in others:
         note(name)
         if name == "random":

@@ -10,7 +10,8 @@
    (seeded), refined in turn; the search ends after `PATIENCE` kicks in a row find nothing better.
 4. Restarts: the whole search again with the next seeds, `RESTARTS` searches in all while the
    budget lasts; each ends in its own local optimum.
-The best plan that fits in memory wins. Every plan is timed by the simulator.
+The best plan that fits in memory wins. Every plan is timed by the simulator. Ctrl-C stops the
+search as the end of the budget does (`TuneResult.interrupted`), so the best plan is kept.
 
 Deterministic for a seed as long as the searches end before the budget (`TuneResult.finished`);
 a budget that cuts them short stops at a point that depends on the machine's speed.
@@ -65,6 +66,8 @@ class TuneResult:
     finished: bool
     """The search ended by itself (every start refined until no move helped), not by budget."""
     starts: list[tuple[str, Score]] = field(default_factory=list)
+    interrupted: bool = False
+    """Ctrl-C stopped the search; `best` is the best plan found until then."""
 
 
 class _OutOfBudget(Exception):
@@ -104,6 +107,11 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
                 raise RuntimeError("the budget ran out before the tuner could simulate one plan") from None
             out.finished = False
             break
+        except KeyboardInterrupt:
+            if out is None:  # nothing found yet: nothing to keep
+                raise
+            out.finished, out.interrupted = False, True
+            break
         out = r if out is None else _merge(out, r)
     assert out is not None
     out.seconds = time.perf_counter() - t0
@@ -123,7 +131,7 @@ def _merge(a: TuneResult, b: TuneResult) -> TuneResult:
     rounds = a.rounds + [replace(r, number=r.number + offset) for r in b.rounds]
     best = b.best if b.best.better_than(a.best) else a.best
     return TuneResult(best, rounds, a.evaluations + b.evaluations, a.seconds + b.seconds,
-                      b.finished, a.starts)
+                      b.finished, a.starts, b.interrupted)
 
 
 def _order(a: Score, b: Score) -> int:
@@ -167,7 +175,7 @@ class _Search:
 
     def run(self, given: Sequence[Plan]) -> TuneResult:
         starts: list[tuple[str, Score, Layout, bool]] = []
-        finished = True
+        finished, interrupted = True, False
         try:
             starts = self._starts(given)
             for name, s, layout, w_gap in starts:
@@ -176,11 +184,16 @@ class _Search:
             self._kicks()
         except _OutOfBudget:
             finished = False
+        except KeyboardInterrupt:
+            # Ctrl-C ends the search as the budget does: the best plan so far is the result.
+            if self.best is None:
+                raise
+            finished, interrupted = False, True
         if self.best is None:
             raise _NothingSimulated
         return TuneResult(self.best, self.rounds, self.evaluate.count - self.count0,
                           time.perf_counter() - self.t0, finished,
-                          [(name, s) for name, s, _, _ in starts])
+                          [(name, s) for name, s, _, _ in starts], interrupted)
 
     def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, Layout, bool]]:
         p = self.problem

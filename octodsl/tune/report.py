@@ -65,7 +65,8 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
                     for name, s in others.items()},
         "best_baseline": best.name if best else None,
         "tuner": {"seconds": tuned.seconds, "evaluations": tuned.evaluations,
-                  "finished": tuned.finished, "rounds": len(tuned.rounds)},
+                  "finished": tuned.finished, "interrupted": tuned.interrupted,
+                  "rounds": len(tuned.rounds)},
     }
 
 

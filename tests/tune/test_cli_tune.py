@@ -75,3 +75,36 @@ def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
 def test_no_plan_fits_exits_1(tmp_path, capsys):
     assert main(ARGS + ["--memory", "1MiB", "-o", str(tmp_path / "t.octo")]) == 1
     assert "no plan found fits" in capsys.readouterr().err
+
+
+def _press_ctrl_c_at(monkeypatch, calls: int) -> None:
+    """Ctrl-C when the tuner is about to simulate its `calls`-th plan."""
+    from octodsl.tune import loop
+
+    score, seen = loop._Search.score, []
+
+    def interrupted(self, *args):
+        seen.append(1)
+        if len(seen) == calls:
+            raise KeyboardInterrupt
+        return score(self, *args)
+
+    monkeypatch.setattr(loop._Search, "score", interrupted)
+
+
+def test_ctrl_c_writes_the_best_plan_so_far(tmp_path, capsys, monkeypatch):
+    _press_ctrl_c_at(monkeypatch, 25)
+    out = tmp_path / "t.octo"
+    assert main(ARGS + ["-o", str(out), "--json", "--compare", "random"]) == 130
+    data = json.loads(capsys.readouterr().out)
+    assert data["tuner"]["interrupted"] and data["tuner"]["evaluations"] == 24
+    assert "random" not in data["baselines"]  # the other searches are not started
+    plan, diags = lint_source(out.read_text(), str(out))
+    assert not [d for d in diags if d.is_error]
+
+
+def test_ctrl_c_before_the_first_plan_writes_nothing(tmp_path, capsys, monkeypatch):
+    _press_ctrl_c_at(monkeypatch, 1)
+    out = tmp_path / "t.octo"
+    assert main(ARGS + ["-o", str(out)]) == 130
+    assert "interrupted" in capsys.readouterr().err and not out.exists()

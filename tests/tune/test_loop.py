@@ -98,3 +98,35 @@ def test_random_search_is_deterministic_for_a_seed(tiny):
     a, n = random_search(tiny, budget=60, seed=1, max_evaluations=15)
     b, _ = random_search(tiny, budget=60, seed=1, max_evaluations=15)
     assert n == 15 and a.plan.same_as(b.plan) and not _errors(a.plan)
+
+
+def _interrupt_after(calls: int):
+    """A progress display whose user presses Ctrl-C at its `calls`-th update."""
+    seen = []
+
+    def progress(phase, best, left):
+        seen.append(phase)
+        if len(seen) == calls:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def test_ctrl_c_keeps_the_best_plan_so_far(tiny):
+    out = tune(tiny, budget=60, seed=3, restarts=1, progress=_interrupt_after(30))
+    assert out.interrupted and not out.finished
+    assert out.best.fits and not _errors(out.best.plan)
+    assert out.evaluations == 29  # the 30th simulation was not run
+    assert out.best.time == min(r.after for r in out.rounds)
+
+
+def test_ctrl_c_in_a_restart_keeps_the_earlier_searches(tiny):
+    first = tune(tiny, budget=60, seed=3, restarts=1)
+    out = tune(tiny, budget=60, seed=3, restarts=3, progress=_interrupt_after(first.evaluations + 1))
+    assert out.interrupted and out.best.time == first.best.time
+    assert [r.phase for r in out.rounds[len(first.rounds):]] == ["restart"]
+
+
+def test_ctrl_c_before_any_plan_is_passed_on(tiny):
+    with pytest.raises(KeyboardInterrupt):
+        tune(tiny, budget=60, progress=_interrupt_after(1))
