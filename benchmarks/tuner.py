@@ -36,7 +36,7 @@ def run_case(model: str, devices: int, microbatches: int, memory: float | None, 
     problem = Problem.create(model, devices, microbatches,
                              memory=None if memory is None else int(memory * GIB))
     out = {"model": model, "devices": devices, "microbatches": microbatches,
-           "lower_bound": problem.lower_bound(), "tight_bound": problem.tight_lower_bound()}
+           "lower_bound": problem.lower_bound(), "tight_bound": _finite(problem.tight_lower_bound())}
     t0 = time.perf_counter()
     try:
         o = tune_and_compare(problem, budget=budget, seed=seed, others=others)
@@ -54,6 +54,12 @@ def run_case(model: str, devices: int, microbatches: int, memory: float | None, 
         others={k: (s.time if s is not None and s.fits else None) for k, s in o.others.items()},
         notes=o.notes, wall=time.perf_counter() - t0)
     return out
+
+
+def _finite(x: float) -> float | None:
+    """None for inf (static bytes over the devices' memory: no plan at all), so the JSON is
+    strict."""
+    return x if math.isfinite(x) else None
 
 
 def cases(models, device_counts, memory):
@@ -169,8 +175,9 @@ def main() -> int:
         "simulated iteration times in ms; `eff.` is the lower bound (largest of total work / "
         "devices, heaviest layer x micro-batches, one micro-batch's path) over the tuned time; "
         "`tight eff.` uses the tighter bound that adds each layer's wait for the first "
-        "micro-batch's forward (`Problem.tight_lower_bound`; an LM head on 16 devices cannot "
-        "start before the other layers' forward); "
+        "micro-batch's forward (an LM head on 16 devices cannot start before the other "
+        "layers' forward) and the memory limit (the activation byte-seconds every micro-batch "
+        "holds, over the memory left beside the static bytes; `Problem.tight_lower_bound`); "
         "`vs` columns are speed-ups of the tuned plan; `-` is a plan over the memory limit (or "
         "none found in time); `*` a tuner stopped by the budget.",
     ]

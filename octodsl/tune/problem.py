@@ -3,6 +3,7 @@ a link; and the one way it turns a layout and a schedule into a Plan."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -70,18 +71,40 @@ class Problem:
                    float(self.work.max()) * self.microbatches, path)
 
     def tight_lower_bound(self) -> float:
-        """lower_bound() made tighter by the wait of each layer's device: no op of a layer can
-        start before the forwards of the layers before it (for the first micro-batch), and after
-        the layer's last input-gradient backward come either its remaining W or the backwards of
-        the layers before it. So per layer: forwards before + M x (F + B) + max(M x W,
-        backwards before). Where one layer outweighs a device's fair share (an LM head on 16
-        devices), this is what even a perfect plan needs, and lower_bound() cannot be reached."""
+        """lower_bound() made tighter by the wait of each layer's device and by the memory limit
+        (memory_lower_bound()). The wait: no op of a layer can start before the forwards of the
+        layers before it (for the first micro-batch), and after the layer's last input-gradient
+        backward come either its remaining W or the backwards of the layers before it. So per
+        layer: forwards before + M x (F + B) + max(M x W, backwards before). Where one layer
+        outweighs a device's fair share (an LM head on 16 devices), this is what even a perfect
+        plan needs, and lower_bound() cannot be reached."""
         f, b, w = (np.array([getattr(l, k) for l in self.table.layers]) for k in "fbw")
         before_f = np.cumsum(f) - f
         before_b = np.cumsum(b) - b
         m = self.microbatches
         layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
-        return max(self.lower_bound(), float(layer.max()))
+        return max(self.lower_bound(), float(layer.max()), self.memory_lower_bound())
+
+    def memory_lower_bound(self) -> float:
+        """No plan within the memory limit runs faster than this (0 without a limit, inf when
+        the static bytes alone overflow the devices). A micro-batch holds a layer's activations
+        from the start of its forward to the end of its input-gradient backward, at least the F
+        and B of that layer and of every later one, and the part kept for W through W too. In
+        an iteration of T seconds the devices offer T x (P x limit - all static bytes)
+        byte-seconds beside the static bytes, so T >= M x (byte-seconds held per micro-batch) /
+        (P x limit - all static bytes). It binds when the memory left beside the parameters
+        throttles the micro-batches in flight (nemotron-h-56b on 16 devices of 80 GiB)."""
+        if self.memory is None:
+            return 0.0
+        layers = self.table.layers
+        f, b, w, act, act_w, static = (np.array([getattr(l, k) for l in layers], float)
+                                       for k in ("f", "b", "w", "act", "act_w", "static"))
+        later = np.cumsum((f + b)[::-1])[::-1]  # F + B of each layer and all after it
+        held = self.microbatches * float((act * later + act_w * w).sum())
+        room = self.devices * float(self.memory) - float(static.sum())
+        if held == 0:
+            return 0.0
+        return held / room if room > 0 else math.inf
 
     def skeleton(self, layout: Layout) -> Plan:
         """A plan with the layout's partition and placement and an empty schedule."""

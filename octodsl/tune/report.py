@@ -108,7 +108,9 @@ def _tight(problem: Problem) -> str:
     tight = problem.tight_lower_bound()
     if tight <= problem.lower_bound() * 1.001:
         return ""
-    return f"; {_ms(tight)} counting each layer's wait for the first forward"
+    why = ("the activations the memory limit leaves room for"
+           if tight == problem.memory_lower_bound() else "each layer's wait for the first forward")
+    return f"; {_ms(tight)} counting {why}"
 
 
 def _cells(name: str, f: Figures, tuned: Figures) -> list:

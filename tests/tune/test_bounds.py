@@ -1,5 +1,5 @@
 """The two lower bounds: the issue's (work / devices, heaviest layer x M, one micro-batch's path)
-and the tighter one that adds each layer's wait for the first forward."""
+and the tighter one that adds each layer's wait for the first forward and the memory limit."""
 
 from __future__ import annotations
 
@@ -43,3 +43,40 @@ def test_no_plan_found_beats_the_tight_bound(layers, devices, microbatches, seed
     tuned = tune(pr, budget=30, max_evaluations=40, seed=seed).best
     for score in (found, tuned):
         assert score.time >= pr.tight_lower_bound() * (1 - 1e-9)
+
+
+# F = B = W = 1 per layer; 100 bytes of activations per layer and micro-batch, 50 of them kept
+# for W. A micro-batch holds 100 x (16 + 14 + ... + 2) + 50 x 8 x 1 = 7,600 byte-seconds, 8 of them
+# 60,800; four devices of 200 bytes (two layers' worth: one micro-batch at a time) offer 800
+# bytes: 76 s at least, above the issue's bound (all work over the devices: 48 s).
+MEMORY_BOUND = dict(work=[3.0] * 8, devices=4, microbatches=8, memory=200, act=100.0)
+
+
+def test_memory_bound_counts_the_activation_byte_seconds():
+    pr = problem(**MEMORY_BOUND)
+    assert pr.lower_bound() == pytest.approx(48.0)
+    assert pr.memory_lower_bound() == pytest.approx(76.0)
+    assert pr.tight_lower_bound() == pytest.approx(76.0)
+    assert problem(**(MEMORY_BOUND | {"memory": None})).memory_lower_bound() == 0.0
+    assert problem(**(MEMORY_BOUND | {"static": 100.0})).memory_lower_bound() == float("inf")
+
+
+def test_plans_within_the_memory_limit_respect_the_memory_bound():
+    pr = problem(**MEMORY_BOUND)
+    out = tune(pr, budget=30, max_evaluations=200, seed=0).best
+    assert out.fits and out.time >= pr.memory_lower_bound() * (1 - 1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=8, max_size=12),
+       st.sampled_from([4, 8]), st.sampled_from([4, 8]), st.floats(1.0, 2.0), st.integers(0, 100))
+def test_no_plan_within_the_limit_beats_the_tight_bound(layers, devices, microbatches, room, seed):
+    # Room for the activations of `room` micro-batches on a device's share of the layers: the
+    # memory bound is the largest in about 4 of 10 such problems.
+    share = -(-len(layers) // devices)
+    pr = problem(layers, devices, microbatches, memory=room * 100 * share, act=100.0)
+    found, _ = random_search(pr, budget=30, seed=seed, max_evaluations=5)
+    tuned = tune(pr, budget=30, max_evaluations=40, seed=seed).best
+    for score in (found, tuned):
+        if score.fits:
+            assert score.time >= pr.tight_lower_bound() * (1 - 1e-9)
