@@ -56,6 +56,12 @@ class FillModel:
     def __call__(self, cuts) -> float:
         return _bound(np.asarray(cuts, np.int64), *self._args())
 
+    @staticmethod
+    def fits(value: float) -> bool:
+        """Whether a value of this model is of a layout whose every device holds its static
+        bytes and one micro-batch's activations within the limit."""
+        return value < _UNFIT
+
     def descend(self, cuts: np.ndarray) -> float:
         """Steepest descent over one-layer shifts of single cuts, in place; the final value."""
         return _descend(cuts, *self._args())

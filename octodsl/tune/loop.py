@@ -30,7 +30,8 @@ from ..plan import Plan
 from .diagnose import diagnose
 from .evaluate import Evaluator, Score
 from .layout import Layout, even_cuts
-from .moves.partition import rebalance
+from .estimate import FillModel
+from .moves.partition import fitting, rebalance
 from .moves.placement import families
 from .moves.schedule import rebuild
 from .problem import Problem
@@ -91,6 +92,7 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
     # One evaluator for all searches: they come back to the same placements, whose compiled
     # programs it keeps.
     evaluate = Evaluator(problem)
+    fitted: dict[tuple[int, ...], Layout | None] = {}
     out: TuneResult | None = None
     for k in range(restarts):
         if out is not None:
@@ -101,7 +103,8 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
                                     out.best.time, out.best.time))
         shown = _best_shown(progress, out.best.time if out else math.inf)
         try:
-            r = _Search(problem, evaluate, deadline, seed + k, max_evaluations, shown).run(starts)
+            r = _Search(problem, evaluate, deadline, seed + k, max_evaluations, shown,
+                        fitted).run(starts)
         except _NothingSimulated:
             if out is None:
                 raise RuntimeError("the budget ran out before the tuner could simulate one plan") from None
@@ -140,7 +143,8 @@ def _order(a: Score, b: Score) -> int:
 
 class _Search:
     def __init__(self, problem: Problem, evaluate: Evaluator, deadline: float, seed: int,
-                 max_evaluations: int | None, progress: Progress | None) -> None:
+                 max_evaluations: int | None, progress: Progress | None,
+                 fitted: dict[tuple[int, ...], Layout | None]) -> None:
         self.problem = problem
         self.seed = seed
         self.t0 = time.perf_counter()
@@ -150,6 +154,8 @@ class _Search:
         self.progress = progress
         self.evaluate = evaluate
         self.count0 = evaluate.count
+        self.fitted = fitted
+        """Per family placement, `fitting`'s cuts (the same for every search)."""
         self.best: Score | None = None
         self.best_w_gap = False
         """How the best plan's order was built (its kicks rebuild orders the same way)."""
@@ -204,16 +210,31 @@ class _Search:
             out.append((f"given plan {plan.header.name!r}", self.score(plan, "start", True),
                         Layout.of(plan), True))
         for name, devices in families(p.devices, p.num_layers):
-            layout = rebalance(Layout(even_cuts(p.num_layers, len(devices)), devices), p,
-                               seed=self.seed)
+            layout, cuts = self._start_cuts(devices)
             for w_gap in (False, True):
                 self.tried.add((layout, w_gap))
                 plan = rebuild(p.skeleton(layout), p, w_gap)
-                out.append((f"placement {name}, bubble-aware cuts"
-                            + (", W held for gaps" if w_gap else ""),
+                out.append((f"placement {name}, {cuts}" + (", W held for gaps" if w_gap else ""),
                             self.score(plan, "start", w_gap), layout, w_gap))
         out.sort(key=functools.cmp_to_key(lambda a, b: _order(a[1], b[1])))
         return out
+
+    def _start_cuts(self, devices: tuple[int, ...]) -> tuple[Layout, str]:
+        """Bubble-aware cuts for a family placement, and what they are. Where shifts found
+        none that fit in memory, from the cuts `fitting` finds."""
+        p = self.problem
+        layout = rebalance(Layout(even_cuts(p.num_layers, len(devices)), devices), p,
+                           seed=self.seed)
+        model = FillModel(p, devices)
+        if model.fits(model(layout.cuts)):
+            return layout, "bubble-aware cuts"
+        if devices not in self.fitted:
+            self.fitted[devices] = fitting(layout, p)
+        fit = self.fitted[devices]
+        if fit is None:
+            return layout, "bubble-aware cuts"
+        # Shifts from cuts that fit keep them fitting: the model ranks any overflow last.
+        return rebalance(fit, p, seed=self.seed), "cuts that fit, then bubble-aware"
 
     def _kicks(self) -> None:
         rng = random.Random(self.seed)

@@ -10,14 +10,16 @@ FREE = Link("none", 0.0, 0.0)
 
 
 def problem(work: list[float] | list[tuple[float, float, float]], devices: int, microbatches: int,
-            memory: float | None = None, act: float = 1.0, static: float = 0.0,
+            memory: float | None = None, act: float = 1.0, static: float | list[float] = 0.0,
             link: Link = FREE) -> Problem:
     """A problem over layers of the given F + B + W (split 1:1:1) or (F, B, W) seconds; each
-    layer holds `act` bytes per micro-batch (half of it until W) and `static` bytes."""
+    layer holds `act` bytes per micro-batch (half of it until W) and `static` bytes (one
+    number for all layers, or one per layer)."""
     layers = []
-    for x in work:
+    for i, x in enumerate(work):
         f, b, w = (x / 3,) * 3 if isinstance(x, (int, float)) else x
-        layers.append(LayerCost("mlp", f, b, w, act, act / 2, static, 1, 1.0))
+        held = static[i] if isinstance(static, list) else static
+        layers.append(LayerCost("mlp", f, b, w, act, act / 2, held, 1, 1.0))
     header = Header(name="test", devices=devices, microbatches=microbatches,
                     memory=None if memory is None else int(memory))
     return Problem(CostTable(layers, "test"), header, link)

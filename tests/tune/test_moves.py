@@ -52,6 +52,41 @@ def test_relieve_moves_a_layer_off_the_busiest_device():
 
 # -- placement ---------------------------------------------------------------------------------
 
+# Three 50-byte layers (MoE-like) and three of 10 on 3 devices of 100 bytes, one byte of
+# activations per layer: two 50s on one device (102 bytes with one micro-batch) never fit, so
+# equal work per device (cuts 0, 2, 4, 6) does not, and the only cuts that do are 0, 1, 2, 6.
+HEAVY = dict(work=[3.0] * 6, devices=3, microbatches=4, static=[50.0, 50.0, 50.0, 10.0, 10.0, 10.0])
+
+
+def test_fitting_finds_the_only_cuts_that_fit():
+    pr = problem(**HEAVY, memory=100)
+    even = Layout((0, 2, 4, 6), (0, 1, 2))
+    assert partition.fitting(even, pr).cuts == (0, 1, 2, 6)
+
+
+def test_fitting_says_none_when_no_cuts_fit_or_there_is_no_limit():
+    assert partition.fitting(Layout((0, 3, 6), (0, 1)), problem(**(HEAVY | {"devices": 2}),
+                                                                memory=100)) is None
+    assert partition.fitting(Layout((0, 2, 4, 6), (0, 1, 2)), problem(**HEAVY)) is None
+
+
+def test_fitting_gets_jamba_into_80_gib_where_shifts_do_not():
+    # jamba-v0.1's MoE layers hold 45 GiB each: one per device of 80 GiB. From equal layer
+    # counts, one-layer shifts end with two on some device; the fitting cuts, then shifts, fit.
+    from octodsl.tune.estimate import FillModel
+    from octodsl.tune.layout import even_cuts
+    from octodsl.tune.problem import Problem
+
+    pr = Problem.create("jamba-v0.1", 16, 32, memory=80 * 2**30)
+    devices = looped(16, 1)
+    model = FillModel(pr, devices)
+    shifted = partition.rebalance(Layout(even_cuts(pr.num_layers, 16), devices), pr)
+    assert not model.fits(model(shifted.cuts))
+    fit = partition.fitting(shifted, pr)
+    assert model.fits(model(fit.cuts))
+    assert model.fits(model(partition.rebalance(fit, pr).cuts))
+
+
 def test_disperse_splits_a_stage_onto_another_device():
     lay = Layout((0, 4, 6), (0, 1))
     assert placement.disperse(lay, 0, 1) == Layout((0, 2, 4, 6), (0, 1, 1))

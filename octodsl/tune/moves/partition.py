@@ -4,7 +4,9 @@
 - `rebalance`: the partition that minimises the bubble-aware bound of estimate.py, found by
   iterated local search over cuts (deterministic for a seed);
 - `relieve`: the cuts that move a layer off the most loaded device to a neighbouring stage on
-  a less loaded one, most idle receiver first (the simulator measured the loads).
+  a less loaded one, most idle receiver first (the simulator measured the loads);
+- `fitting`: cuts under which every device has room for one micro-batch, found by CP-SAT, for
+  when shifts cannot reach them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def shift(layout: Layout, cut: int, delta: int) -> Layout | None:
 def rebalance(layout: Layout, problem: Problem, seed: int = 0, rounds: int = 60) -> Layout:
     """The best cuts found for this placement: steepest descent over one-layer shifts from the
     current cuts, then `rounds` random kicks of a few cuts, each followed by descent, keeping
-    the best."""
+    the best. Over the memory limit, the result may not fit where some cuts do (`fitting`)."""
     S = layout.num_stages
     if S < 2:
         return layout
@@ -76,3 +78,53 @@ def relieve(layout: Layout, busy: Sequence[float]) -> list[Layout]:
         if new is not None:
             out.append(new)
     return out
+
+
+_STEPS = 2**20
+"""The memory limit in `fitting`'s units."""
+_FITTING_EFFORT = 2.0
+"""CP-SAT's deterministic time limit for `fitting` (about a second of solving here): its work,
+not the wall clock, bounds it, so the answer is the same on every machine."""
+
+
+def fitting(layout: Layout, problem: Problem) -> Layout | None:
+    """Cuts for this placement that leave room on every device for its static bytes and one
+    micro-batch's activations, the busiest device's work as small as possible (CP-SAT); None
+    when no cuts fit, or no problem limit, or none found within the effort. Shifts one cut at
+    a time cannot always get there: with MoE layers of 45 GiB (jamba-v0.1) every shift off an
+    overfull device of 80 GiB overfills the next."""
+    if problem.memory is None:
+        return None
+    from ortools.sat.python import cp_model
+
+    layers = problem.table.layers
+    n, S = len(layers), layout.num_stages
+    # Bytes rounded up and seconds to whole microseconds: a solution fits the real limit.
+    room = np.concatenate([[0], np.cumsum(
+        [int(np.ceil((l.static + l.act) * _STEPS / problem.memory)) for l in layers])]).tolist()
+    work = np.concatenate([[0], np.cumsum(
+        [int(round((l.f + l.b + l.w) * 1e6)) for l in layers])]).tolist()
+    m = cp_model.CpModel()
+    cut = [m.NewConstant(0)] + [m.NewIntVar(1, n - 1, f"c{s}") for s in range(1, S)] + [
+        m.NewConstant(n)]
+    at_room, at_work = [], []
+    for s in range(S + 1):
+        if s < S:
+            m.Add(cut[s + 1] >= cut[s] + 1)
+        if 0 < s < S:
+            m.AddHint(cut[s], layout.cuts[s])
+        at_room.append(m.NewIntVar(0, room[-1], f"r{s}"))
+        m.AddElement(cut[s], room, at_room[-1])
+        at_work.append(m.NewIntVar(0, work[-1], f"w{s}"))
+        m.AddElement(cut[s], work, at_work[-1])
+    busiest = m.NewIntVar(0, work[-1], "busiest")
+    for stages in layout.device_stages(problem.devices):
+        m.Add(sum(at_room[s + 1] - at_room[s] for s in stages) <= _STEPS)
+        m.Add(sum(at_work[s + 1] - at_work[s] for s in stages) <= busiest)
+    m.Minimize(busiest)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_deterministic_time = _FITTING_EFFORT
+    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return layout.with_cuts([solver.Value(c) for c in cut])
