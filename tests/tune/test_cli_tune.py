@@ -72,9 +72,19 @@ def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
     assert "names no layers" in capsys.readouterr().err
 
 
-def test_no_plan_fits_exits_1(tmp_path, capsys):
-    assert main(ARGS + ["--memory", "1MiB", "-o", str(tmp_path / "t.octo")]) == 1
-    assert "no plan found fits" in capsys.readouterr().err
+# nemotron-h-tiny on 4 devices: 60.1 MiB of static bytes per device and 38.6 MiB of one
+# micro-batch's activations; its LM head holds 49.0 MiB with one micro-batch.
+@pytest.mark.parametrize("args,message", [
+    (["-p", "4", "--memory", "65MiB"], "take 60.1 MiB per device and one micro-batch's "
+                                       "activations 38.6 MiB more; use at least 7 devices"),
+    (["-p", "16", "--memory", "45MiB"], "layer 23 (lm_head_loss) alone holds 49.0 MiB"),
+    (["-p", "4", "--memory", "100MiB"], "no plan found fits in 100.0 MiB per device"),
+])
+def test_no_plan_fits_exits_1_and_says_why(tmp_path, capsys, args, message):
+    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", "--budget", "5s", *args,
+                 "-o", str(tmp_path / "t.octo")]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "t.octo").exists()
 
 
 def _press_ctrl_c_at(monkeypatch, calls: int) -> None:
