@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+from ..units import size
 from .common import UserError, pipeline_link, stdout_console
 from .simulate import load_plan_or_report
 
@@ -127,7 +128,7 @@ def render(c):
     for col in ("metric", "device", "simulated", "measured", "error"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for m in c.metrics():
-        fmt = _bytes if m.name == "peak memory" else _time
+        fmt = size if m.name == "peak memory" else _time
         err = m.error
         style = "" if math.isnan(err) or abs(err) <= 0.05 else "bold red"
         table.add_row(m.name, "" if m.device is None else str(m.device), fmt(m.simulated),
@@ -149,10 +150,6 @@ def _time(seconds: float) -> str:
     if abs(seconds) >= 1:
         return f"{seconds:.3f} s"
     return f"{seconds * 1e3:.1f} ms"
-
-
-def _bytes(n: float) -> str:
-    return f"{n / 2**20:.1f} MiB"
 
 
 def _write(path: str, write) -> None:

@@ -132,7 +132,7 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     """The options given, else the --from plan's header (micro-batch shape, memory limit, data
     parallelism), else the defaults."""
     from ..costs.devices import get_device
-    from ..lang.parser import parse_size
+    from ..units import parse_size
     from ..tune.problem import Problem
 
     own = start.header if start is not None else None

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import jinja2
 
 from ..plan import Header, Plan, PlanError, Slot, placement_loop, placement_v
+from ..units import exact_size
 from .compact import compact
 
 WRAP = 100
@@ -51,18 +52,8 @@ def _header(h: Header) -> list[tuple[str, str]]:
     if h.dp != 1:
         out.append(("dp", str(h.dp)))
     if h.memory is not None:
-        out.append(("memory", _size(h.memory)))
+        out.append(("memory", exact_size(h.memory)))
     return out
-
-
-_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10),
-          ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
-
-
-def _size(n: int) -> str:
-    """The shortest exact spelling: 80 GiB as `80GiB`, a device's 80 GB as `80GB`."""
-    exact = [f"{n // scale}{unit}" for unit, scale in _UNITS if n % scale == 0]
-    return min(exact, key=len, default=str(n))
 
 
 def _partition(plan: Plan) -> str | list[tuple[int, int]]:

@@ -11,6 +11,7 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from ..plan import Span
+from ..units import parse_size
 from . import syntax as ast
 from .errors import Diagnostic, PlanSyntaxError
 
@@ -121,7 +122,6 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
     """Parse .octo text into a syntax tree; raises PlanSyntaxError with every syntax error found
     (the parser skips the offending token and goes on, so later errors are reported too)."""
     errors: list[Diagnostic] = []
-    error_lines: set[int] = set()
 
     def record(d: Diagnostic) -> None:
         # After the first error the parser skips tokens to resynchronise; what it trips over on
@@ -269,25 +269,3 @@ class _ToAst(Transformer):
     add = _bin("+")
     sub = _bin("-")
     mul = _bin("*")
-
-
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """'80GiB' -> bytes. Also accepts a plain integer."""
-    text = text.strip()
-    for unit in sorted(_UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            return int(round(float(text[: -len(unit)]) * _UNITS[unit]))
-    return int(text)
-
-
-def format_size(nbytes: int) -> str:
-    """Bytes -> the shortest exact size text ('80GiB'), or the plain number."""
-    for unit in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB"):
-        q, r = divmod(nbytes, _UNITS[unit])
-        if q and not r:
-            return f"{q}{unit}"
-    return str(nbytes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..costs.resolve import cost_table
 from ..lang.errors import Diagnostic
 from ..plan import Plan
+from ..units import size
 from .costs import SimCosts
 from .memory import memory
 from .program import compile
@@ -34,12 +35,9 @@ def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
         if peak > h.memory:
             at = f" at {program.node_label(node)}" if node >= 0 else ""
             out.append(Diagnostic(
-                CODE, f"device {d} peaks at {_gib(peak)}{at}, {_gib(peak - h.memory)} over the "
-                f"{_gib(h.memory)} limit", h.spans.get("memory"),
+                CODE, f"device {d} peaks at {size(peak, 2)}{at}, {size(peak - h.memory, 2)} over the "
+                f"{size(h.memory, 2)} limit", h.spans.get("memory"),
                 hint="run W ops earlier, hold fewer micro-batches in flight, or move layers off "
                      "this device"))
     return out
 
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..units import size
 from .result import SimResult, Step
 
 
@@ -114,7 +115,7 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
         head.append(f"   DP all-reduce {_time(float(result.allreduce.max()))}")
     if memory_limit is not None:
         over = [d for d in range(p.devices) if result.peak_memory[d] > memory_limit]
-        head.append(f"\nmemory limit    {_bytes(memory_limit)}")
+        head.append(f"\nmemory limit    {size(memory_limit, 2)}")
         if over:
             head.append(f", exceeded on device{'s' * (len(over) > 1)} {', '.join(map(str, over))}",
                         style="bold red")
@@ -130,7 +131,7 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
             str(d), ",".join(map(str, stages[d])), _time(float(result.busy[d])),
             f"{result.bubble_ratios[d]:.1%}", _time(float(result.comm[d])),
             _time(float(result.comm_exposed[d])),
-            Text(_bytes(peak), style="bold red" if memory_limit is not None and peak > memory_limit else ""),
+            Text(size(peak, 2), style="bold red" if memory_limit is not None and peak > memory_limit else ""),
             peak_ops[d] or "")
 
     segs = path_segments(result.critical_path())
@@ -158,13 +159,6 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} µs"
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:g} B"
-
-
 def comparison(rows: list[tuple[str, SimResult]]) -> Table:
     """Several plans side by side, one row each; speed-up is against the first row."""
     table = Table(header_style="bold", box=None, pad_edge=False)
@@ -177,6 +171,6 @@ def comparison(rows: list[tuple[str, SimResult]]) -> Table:
         table.add_row(
             p.plan.header.name or path, str(p.plan.num_stages), _time(r.iteration_time),
             f"{r.throughput:,.0f}" if r.throughput is not None else "-", f"{r.bubble_ratio:.1%}",
-            f"{r.overlap_rate:.1%}", f"{r.efficiency:.1%}", _bytes(float(r.peak_memory.max())),
+            f"{r.overlap_rate:.1%}", f"{r.efficiency:.1%}", size(float(r.peak_memory.max()), 2),
             f"{base / r.iteration_time:.2f}x")
     return table

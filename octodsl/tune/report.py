@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
+from ..units import size
 from .baselines import Baseline, best_baseline
 from .evaluate import Score
 from .loop import Round, TuneResult
@@ -114,7 +115,7 @@ def _tight(problem: Problem) -> str:
 
 
 def _cells(name: str, f: Figures, tuned: Figures) -> list:
-    peak = Text(_gib(max(f.peak_memory)), style="" if f.fits else "bold red")
+    peak = Text(size(max(f.peak_memory)), style="" if f.fits else "bold red")
     return [name, _ms(f.iteration_time),
             f"{f.throughput:,.0f}" if f.throughput is not None else "",
             f"{f.bubble_ratio:.1%}", peak, f"{f.efficiency:.3f}",
@@ -137,6 +138,3 @@ def _ms(seconds: float) -> str:
     ms = seconds * 1e3
     return f"{ms:,.1f} ms" if ms >= 10 else f"{ms:.4g} ms"
 
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"

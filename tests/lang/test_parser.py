@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from octodsl.lang import PlanSyntaxError, analyze, parse_plan
-from octodsl.lang.parser import format_size, parse_size
 from octodsl.plan import OpKind
 
 HEAD = 'plan "t" { devices 2 microbatches 4 }\n'
@@ -46,13 +45,6 @@ schedule {
 def test_v_placement_needs_twice_the_devices():
     msgs = errors(HEAD + "stages 3 placement v schedule { }")
     assert any("E131" in m and "2 x devices = 4 stages" in m for m in msgs)
-
-
-def test_sizes():
-    assert parse_size("1.5TB") == 1_500_000_000_000
-    assert parse_size("512MiB") == 512 * 2**20
-    assert format_size(80 * 2**30) == "80GiB"
-    assert format_size(1234) == "1234"
 
 
 def test_syntax_error_names_expected_in_words():

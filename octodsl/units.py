@@ -1,0 +1,35 @@
+"""Byte sizes as people write and read them: `parse_size('80GiB')`, the exact spelling a plan
+file keeps (`exact_size`) and the rounded one reports print (`size`)."""
+
+from __future__ import annotations
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+_EXACT_ORDER = ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB")
+"""Of two spellings as short, the first here wins."""
+
+
+def parse_size(text: str) -> int:
+    """'80GiB' -> bytes; '1.5GB' and a plain integer too. ValueError for anything else."""
+    text = text.strip()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            return int(round(float(text[: -len(unit)]) * _UNITS[unit]))
+    return int(text)
+
+
+def exact_size(nbytes: int) -> str:
+    """The shortest exact spelling, as a plan file writes it: 80 GiB as `80GiB`, a device's
+    80 GB as `80GB`, else the plain number."""
+    exact = [f"{nbytes // _UNITS[unit]}{unit}" for unit in _EXACT_ORDER
+             if nbytes % _UNITS[unit] == 0]
+    return min(exact, key=len, default=str(nbytes))
+
+
+def size(nbytes: float, digits: int = 1) -> str:
+    """Rounded, in the largest binary unit it reaches: `79.5 GiB`, `38.6 MiB`."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if abs(nbytes) >= _UNITS[unit]:
+            return f"{nbytes / _UNITS[unit]:.{digits}f} {unit}"
+    return f"{nbytes:g} B"
