@@ -63,12 +63,13 @@ class TuneResult:
     best: Score
     rounds: list[Round]
     evaluations: int
-    seconds: float
     finished: bool
     """The search ended by itself (every start refined until no move helped), not by budget."""
     starts: list[tuple[str, Score]] = field(default_factory=list)
     interrupted: bool = False
     """Ctrl-C stopped the search; `best` is the best plan found until then."""
+    seconds: float = 0.0
+    """Wall time of the whole `tune()` call, all searches and the budget's stops included."""
 
 
 class _OutOfBudget(Exception):
@@ -133,8 +134,8 @@ def _merge(a: TuneResult, b: TuneResult) -> TuneResult:
     offset = len(a.rounds)
     rounds = a.rounds + [replace(r, number=r.number + offset) for r in b.rounds]
     best = b.best if b.best.better_than(a.best) else a.best
-    return TuneResult(best, rounds, a.evaluations + b.evaluations, a.seconds + b.seconds,
-                      b.finished, a.starts, b.interrupted)
+    return TuneResult(best, rounds, a.evaluations + b.evaluations, b.finished, a.starts,
+                      b.interrupted)
 
 
 def _order(a: Score, b: Score) -> int:
@@ -147,7 +148,6 @@ class _Search:
                  fitted: dict[tuple[int, ...], Layout | None]) -> None:
         self.problem = problem
         self.seed = seed
-        self.t0 = time.perf_counter()
         self.deadline = deadline
         self.max_evaluations = max_evaluations
         """Of all searches together (the evaluator counts them all)."""
@@ -197,8 +197,7 @@ class _Search:
             finished, interrupted = False, True
         if self.best is None:
             raise _NothingSimulated
-        return TuneResult(self.best, self.rounds, self.evaluate.count - self.count0,
-                          time.perf_counter() - self.t0, finished,
+        return TuneResult(self.best, self.rounds, self.evaluate.count - self.count0, finished,
                           [(name, s) for name, s, _, _ in starts], interrupted)
 
     def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, Layout, bool]]:

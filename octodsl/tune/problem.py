@@ -12,6 +12,7 @@ from ..costs.devices import get_link
 from ..costs.resolve import cost_table
 from ..costs.table import CostTable, Link, StageCost
 from ..plan import Header, Plan, Slot
+from ..units import size
 from .layout import Layout
 
 
@@ -105,6 +106,34 @@ class Problem:
         if held == 0:
             return 0.0
         return held / room if room > 0 else math.inf
+
+    def why_no_plan_fits(self) -> str | None:
+        """Why no partition can fit the memory limit, for the user; None when some may. A
+        device holds its layers' static bytes all the time and, while its deepest stage runs
+        the first micro-batch's forward, that micro-batch's activations of all its layers
+        (their backwards come later): so the static bytes and one micro-batch's activations of
+        all layers must fit in all the devices' memory together, and each layer's in one
+        device's. (memory_lower_bound() is finite whenever this is None.)"""
+        limit = self.memory
+        if limit is None:
+            return None
+        layers = self.table.layers
+        P = self.devices
+        static = sum(l.static for l in layers)
+        act = sum(l.act for l in layers)
+        if static + act > P * limit:
+            return (f"no plan fits in {size(limit)} per device: on {P} devices the parameters, "
+                    f"gradients and optimizer state take {size(static / P)} per device and one "
+                    f"micro-batch's activations {size(act / P)} more; use at least "
+                    f"{math.ceil((static + act) / limit)} devices, a larger memory limit or "
+                    "smaller micro-batches")
+        i = max(range(len(layers)), key=lambda k: layers[k].static + layers[k].act)
+        if layers[i].static + layers[i].act > limit:
+            return (f"no plan fits in {size(limit)} per device: layer {i} ({layers[i].kind}) "
+                    f"alone holds {size(layers[i].static + layers[i].act)} with one "
+                    "micro-batch's activations; use a larger memory limit or smaller "
+                    "micro-batches")
+        return None
 
     def skeleton(self, layout: Layout) -> Plan:
         """A plan with the layout's partition and placement and an empty schedule."""

@@ -3,6 +3,8 @@ and the tighter one that adds each layer's wait for the first forward and the me
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,3 +82,20 @@ def test_no_plan_within_the_limit_beats_the_tight_bound(layers, devices, microba
     for score in (found, tuned):
         if score.fits:
             assert score.time >= pr.tight_lower_bound() * (1 - 1e-9)
+
+
+@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=12), st.floats(0.0, 300.0),
+       st.integers(1, 6), st.integers(100, 2000))
+def test_a_problem_said_to_fit_has_a_finite_memory_bound(statics, act, devices, memory):
+    pr = problem(work=[3.0] * len(statics), devices=devices, microbatches=4, memory=memory,
+                 act=act, static=statics)
+    reason = pr.why_no_plan_fits()
+    if reason is None:
+        assert math.isfinite(pr.memory_lower_bound())
+    else:
+        assert reason.startswith("no plan fits in ")
+    # The static bytes and one micro-batch's activations over all the devices' memory (or
+    # one layer's over one device's) is exactly when it says no.
+    over = (sum(statics) + sum([act] * len(statics)) > devices * int(memory)
+            or max(statics) + act > int(memory))
+    assert (reason is not None) == over
