@@ -46,10 +46,13 @@ class MilpResult:
 
 
 def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
-               workers: int = 1) -> MilpResult:
+               workers: int = 1, keep_partition: bool = False) -> MilpResult:
     """Solve for `budget` seconds. The placement is the hint's when given (its partition and
     op start times are the warm start), else the V shape (looped for fewer layers than V
-    stages)."""
+    stages). `keep_partition` (with a hint): the hint's partition too, so only the order is
+    solved for, which measures how far the hint's order is from the best one of its layout."""
+    if keep_partition and hint is None:
+        raise ValueError("keep_partition needs a hint plan")
     from ortools.sat.python import cp_model
 
     P, M, L = problem.devices, problem.microbatches, problem.num_layers
@@ -79,6 +82,11 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
         stage_of.append(sum(s * x[l][s] for s in range(S)))
     m.add(stage_of[0] == 0)
     m.add(stage_of[-1] == S - 1)
+    if keep_partition:
+        cuts = Layout.of(hint).cuts
+        for l in range(L):
+            for s in range(S):
+                m.add(x[l][s] == int(cuts[s] <= l < cuts[s + 1]))
     for l in range(L - 1):
         m.add(stage_of[l + 1] >= stage_of[l])
         m.add(stage_of[l + 1] <= stage_of[l] + 1)

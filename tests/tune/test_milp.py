@@ -32,3 +32,21 @@ def test_warm_start_keeps_the_hint_placement_and_does_no_worse():
     assert out.warm and out.score.fits
     assert Layout.of(out.score.plan).devices == (0, 1)
     assert out.score.time <= before.time + 1e-9
+
+
+def test_keep_partition_solves_only_the_order():
+    # A lopsided partition (one layer, then four): a cold solve would move the cut; kept, the
+    # solver only orders the ops, and proves its order the best for these cuts.
+    pr = problem([1.0, 4.0, 2.0, 2.0, 3.0], 2, 3)
+    hint = rebuild(pr.skeleton(Layout((0, 1, 5), looped(2, 1))), pr, w_gap=False)
+    out = solve_milp(pr, budget=20, hint=hint, keep_partition=True)
+    assert Layout.of(out.score.plan) == Layout.of(hint)
+    assert out.status == "OPTIMAL"
+    assert out.score.time == pytest.approx(out.bound, rel=1e-5)
+    assert out.score.time <= Evaluator(pr)(hint).time + 1e-9
+    assert solve_milp(pr, budget=20).score.time < out.score.time - 1.0
+
+
+def test_keep_partition_needs_a_hint():
+    with pytest.raises(ValueError, match="hint"):
+        solve_milp(problem([1.0, 1.0], 2, 2), budget=1, keep_partition=True)
