@@ -32,6 +32,7 @@ def run_case(model: str, devices: int, microbatches: int, memory: float | None, 
     from octodsl.tune.baselines import best_baseline
     from octodsl.tune.compare import NoPlanFits, tune_and_compare
     from octodsl.tune.problem import Problem
+    from octodsl.units import size
 
     problem = Problem.create(model, devices, microbatches,
                              memory=None if memory is None else int(memory * GIB))
@@ -42,7 +43,7 @@ def run_case(model: str, devices: int, microbatches: int, memory: float | None, 
         o = tune_and_compare(problem, budget=budget, seed=seed, others=others)
     except NoPlanFits as e:
         static = sum(l.static for l in problem.table.layers) / devices
-        out.update(error=f"no plan fits ({static / GIB:.0f} GiB static per device)", note=str(e))
+        out.update(error=f"no plan fits ({size(static, 0)} static per device)", note=str(e))
         return out
     best = best_baseline(o.baselines)
     base = {b.name: (b.score.time if b.usable else None) for b in o.baselines}

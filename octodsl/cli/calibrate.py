@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..units import size
 from .common import UserError
 
 BUSY = 0.25
@@ -266,7 +267,7 @@ def render(cal, output: str):
     t.add_row("optimizer step", f"{cal.update_per_param * 1e9:.2f} ns per parameter")
     t.add_row("step overhead", f"{cal.step_overhead * 1e3:.1f} ms per iteration")
     if cal.act_w_extra:
-        t.add_row("held for W", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in cal.act_w_extra.items()))
+        t.add_row("held for W", ", ".join(f"{k} {size(v, 2)}" for k, v in cal.act_w_extra.items()))
     runs = Table(box=None, pad_edge=False, header_style="bold", title="calibration runs (fitted on)",
                  title_justify="left")
     for col in ("plan", "measured", "simulated", "error"):
