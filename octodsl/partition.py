@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate
+from .errors import OctoError
 
 
 def equal_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
@@ -107,9 +108,9 @@ def _stages_needed(prefix: list[float], cap: float) -> int:
 
 def _check(n_layers: int, n_stages: int) -> None:
     if n_stages < 1:
-        raise ValueError("a partition needs at least one stage")
+        raise OctoError("a partition needs at least one stage")
     if n_layers < n_stages:
-        raise ValueError(f"{n_layers} layers cannot fill {n_stages} stages (a stage needs a layer)")
+        raise OctoError(f"{n_layers} layers cannot fill {n_stages} stages (a stage needs a layer)")
 
 
 def _ranges(bounds: list[int]) -> list[tuple[int, int]]:

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import limits
+from .errors import OctoError
+
 
 @dataclass(frozen=True, slots=True)
 class Span:
@@ -85,19 +88,19 @@ class Header(BaseModel):
 
     name: str
     """Plan name, free text."""
-    devices: int = Field(ge=1)
+    devices: int = Field(ge=1, le=limits.MAX_DEVICES)
     """Pipeline devices (ranks of one pipeline)."""
-    microbatches: int = Field(ge=1)
+    microbatches: int = Field(ge=1, le=limits.MAX_MICROBATCHES)
     """Micro-batches per iteration (gradient-accumulation steps)."""
     model: str | None = None
     """Built-in model name or path to a model spec; None for an abstract plan."""
-    microbatch_size: int | None = Field(default=None, ge=1)
+    microbatch_size: int | None = Field(default=None, ge=1, le=limits.MAX_MICROBATCH_SIZE)
     """Sequences per micro-batch."""
-    seq_len: int | None = Field(default=None, ge=1)
+    seq_len: int | None = Field(default=None, ge=1, le=limits.MAX_SEQ_LEN)
     """Tokens per sequence."""
-    dp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1, le=limits.MAX_DP)
     """Data-parallel degree: copies of this pipeline."""
-    memory: int | None = Field(default=None, ge=1)
+    memory: int | None = Field(default=None, ge=1, le=limits.MAX_MEMORY)
     """Memory limit per device, bytes."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
@@ -131,7 +134,7 @@ class DevicePlacement:
     span: Span | None = field(default=None, compare=False, repr=False)
 
 
-class PlanError(ValueError):
+class PlanError(OctoError):
     """A plan that cannot be interpreted (lint reports the details with positions)."""
 
 

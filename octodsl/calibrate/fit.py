@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from ..errors import OctoError
 from ..costs.devices import get_link
 from ..costs.profile import FittedLink, ProfileCalibration
 from ..costs.table import CostTable
@@ -322,10 +323,10 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
         ) -> ProfileCalibration:
     """The calibration of `table` (a profile's, uncalibrated) from measured runs."""
     if table.calibration is not None:
-        raise ValueError("fit the calibration on the profile's own costs (the profile without "
+        raise OctoError("fit the calibration on the profile's own costs (the profile without "
                          "its calibration section)")
     if not runs:
-        raise ValueError("calibration needs at least one measured run")
+        raise OctoError("calibration needs at least one measured run")
     report = FitReport()
     say = progress or (lambda _msg: None)
     Pmax = max(r.plan.devices for r in runs)

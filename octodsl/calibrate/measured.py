@@ -26,13 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import OctoError
 from ..plan import OpKind, Plan
 from ..sim.result import OpSpan
 
 OP_KINDS = {k.value for k in OpKind}
 
 
-class TraceError(ValueError):
+class TraceError(OctoError):
     """A trace that cannot be read or does not fit the plan; the message is for the user."""
 
 

@@ -1,8 +1,8 @@
 """`octodsl` command line: a thin entry point that dispatches to one module per command.
 
 Each command module defines `register(subparsers)`, which adds its parser and sets
-`func(args) -> int` (the exit code). Errors meant for the user are raised as `UserError` and
-printed without a traceback unless `--debug` is given.
+`func(args) -> int` (the exit code). Errors meant for the user are `OctoError`s, raised where
+they are found and printed here, the one place, without a traceback unless `--debug` is given.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import importlib
 import sys
 
-from .common import UserError
+from ..errors import OctoError
 
 # Module names under octodsl.cli, one per command, in the order `--help` lists them.
 COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile", "tune", "compare",
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except UserError as e:
+    except OctoError as e:
         if args.debug:
             raise
         print(f"octodsl: error: {e}", file=sys.stderr)

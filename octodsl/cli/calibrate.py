@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..errors import OctoError
 from ..units import size
 from .common import UserError
 
@@ -172,13 +173,13 @@ def _profile(spec, console):
 
         try:
             return profile_model(spec, "cpu", 1, 2, 5, progress)
-        except (NotImplementedError, ValueError) as e:
+        except (NotImplementedError, OctoError) as e:
             raise UserError(str(e)) from None
 
 
 def _from_traces(args, base, base_path):
     from ..calibrate.fit import Run
-    from ..calibrate.measured import TraceError, read_trace
+    from ..calibrate.measured import read_trace
     from ..lang import PlanSyntaxError, load_plan
 
     table = base.cost_table(base_path)
@@ -193,7 +194,7 @@ def _from_traces(args, base, base_path):
         try:
             table.stage_costs(plan)
             runs.append(Run(plan, read_trace(trace_path, args.warmup), Path(plan_path).stem))
-        except (TraceError, ValueError) as e:
+        except OctoError as e:
             raise UserError(f"{trace_path}: {e}") from None
     return runs, [], "traces " + ", ".join(args.trace)
 
@@ -206,7 +207,7 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
 
     try:
         plans = calibration_plans(model, str(base_path), ranks, shape=_shape(base.model))
-    except ValueError as e:
+    except OctoError as e:
         raise UserError(str(e)) from None
     for _, name, text in plans:
         (work / f"{name}.octo").write_text(text)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+from ..errors import OctoError
 
-class UserError(Exception):
-    """An error the user can fix (bad argument, unreadable file); printed without a traceback."""
 
-    def __init__(self, message: str, exit_code: int = 2):
-        super().__init__(message)
-        self.exit_code = exit_code
+class UserError(OctoError):
+    """A bad command-line argument or an unreadable file."""
 
 
 def read_text(path: str) -> str:
@@ -55,7 +53,7 @@ def link_named(name: str):
 
     try:
         return get_link(name)
-    except ValueError as e:
+    except OctoError as e:
         raise UserError(str(e)) from None
 
 

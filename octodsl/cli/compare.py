@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+from ..errors import OctoError
 from ..units import size
 from .common import UserError, pipeline_link, stdout_console
 from .simulate import load_plan_or_report
@@ -97,7 +98,7 @@ def resolve_costs(args, plan):
         table = cost_table(model=model, profile=args.profile, device=args.device,
                            microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len)
         costs = SimCosts.from_table(table, plan)
-    except ValueError as e:
+    except OctoError as e:
         raise UserError(str(e)) from None
     return costs, pipeline_link(args.link, table, "loopback" if _on_cpu(args) else "nvlink")
 

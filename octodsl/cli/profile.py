@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import OctoError
 from ..models import SpecError, load_model
 from .common import UserError
 
@@ -53,7 +54,7 @@ def run(args) -> int:
         try:
             profile = profile_model(spec, args.device, args.threads, args.warmup, args.repeats,
                                     progress)
-        except (NotImplementedError, ValueError) as e:
+        except (NotImplementedError, OctoError) as e:
             raise UserError(str(e)) from None
     try:
         write_profile(profile, output)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import OctoError
 from ..costs.devices import get_device
 from ..costs.resolve import cost_table
 from ..costs.table import Link, uniform_stage_costs
@@ -130,11 +131,11 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
         except PlanError as e:
             raise UserError(f"{path}: {e}; partition the plan over the model's layers, or "
                             "simulate it with --costs") from None
-        except ValueError as e:
+        except OctoError as e:
             raise UserError(str(e)) from None
         try:
             device_memory = get_device(table.meta.get("device", args.device)).memory
-        except ValueError:  # a profile measured on a device we hold no description of
+        except OctoError:  # a profile measured on a device we hold no description of
             device_memory = None
         return costs, pipeline_link(args.link, table, "nvlink"), device_memory
     values = _parse_costs(args.costs or _UNIT_COSTS)

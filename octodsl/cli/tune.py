@@ -9,6 +9,7 @@ import json
 import sys
 from dataclasses import replace
 
+from ..errors import OctoError
 from .common import UserError, read_text, write_output, stdout_console
 
 
@@ -149,7 +150,7 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
             model, devices, microbatches, device=args.device, memory=memory, link=args.link,
             microbatch_size=args.microbatch_size or (own and own.microbatch_size),
             seq_len=args.seq_len or (own and own.seq_len))
-    except ValueError as e:
+    except OctoError as e:
         raise UserError(str(e)) from None
     if own is not None and own.dp != 1:
         problem.header = problem.header.model_copy(update={"dp": own.dp})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import OctoError
 from .table import Link
 
 
@@ -84,16 +85,16 @@ LINKS: dict[str, Link] = {
 
 
 def get_device(name: str) -> Device:
-    """A built-in device by name (case-insensitive); ValueError lists the known ones."""
+    """A built-in device by name (case-insensitive); an OctoError lists the known ones."""
     for key, device in DEVICES.items():
         if key.lower() == name.lower():
             return device
-    raise ValueError(f"unknown device {name!r} (built-ins: {', '.join(DEVICES)})")
+    raise OctoError(f"unknown device {name!r} (built-ins: {', '.join(DEVICES)})")
 
 
 def get_link(name: str) -> Link:
-    """A built-in link by name; ValueError lists the known ones."""
+    """A built-in link by name; an OctoError lists the known ones."""
     try:
         return LINKS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown link {name!r} (built-ins: {', '.join(LINKS)})") from None
+        raise OctoError(f"unknown link {name!r} (built-ins: {', '.join(LINKS)})") from None

@@ -11,11 +11,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..errors import OctoError
 from ..models.spec import ModelSpec
 from .table import Calibration, CostTable, LayerCost, Link
 
 
-class ProfileError(ValueError):
+class ProfileError(OctoError):
     """A profile that cannot be read or does not fit; the message is for the user."""
 
 

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from ..errors import OctoError
 from ..deepspeed_ext.split_backward import backward_input, backward_weight
 from ..layers import TORCH_DTYPES, TiedHead, build_layers, lm_loss
 from ..models.spec import ModelSpec
@@ -199,11 +200,11 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
 
     On CPU torch runs with `threads` threads (the executor's per-rank count; None keeps torch's
     setting), restored afterwards. Raises NotImplementedError for layer kinds without a torch
-    layer, ValueError for an unusable device."""
+    layer, an OctoError for an unusable device."""
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, not {device!r}")
+        raise OctoError(f"device must be cpu or cuda, not {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("no CUDA device is available here; profile with --device cpu")
+        raise OctoError("no CUDA device is available here; profile with --device cpu")
     dev = torch.device(device)
     old_threads = torch.get_num_threads()
     if dev.type == "cpu" and threads is not None:

@@ -3,6 +3,7 @@ analytical model of a model spec on a device."""
 
 from __future__ import annotations
 
+from ..errors import OctoError
 from ..models import load_model
 from .analytical import analytical_costs
 from .devices import get_device
@@ -38,6 +39,6 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
                                    f"for {want}; profile again with that {what}")
         return prof.cost_table(profile)
     if model is None:
-        raise ValueError("costs need a model (built-in name or spec file) or a profile")
+        raise OctoError("costs need a model (built-in name or spec file) or a profile")
     spec = load_model(model).with_shape(microbatch_size, seq_len)
     return analytical_costs(spec, get_device(device))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..errors import OctoError
 from ..lang import parse_plan
 from ..plan import Header, Plan, Stage
 from .classic import gpipe, interleaved, one_f_one_b
@@ -77,7 +78,7 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
     if model is not None:
         try:
             stages, note = model_stages(model, lay.num_stages, partition, **costs)
-        except ValueError as e:
+        except OctoError as e:
             raise ScheduleError(str(e)) from None
         shape = {k: costs[k] for k in ("microbatch_size", "seq_len") if costs.get(k) is not None}
         header = header.model_copy(update={"model": model, **shape})

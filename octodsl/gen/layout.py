@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..errors import OctoError
 from ..plan import DevicePlacement, Op, OpKind, Slot
 
 
-class ScheduleError(ValueError):
+class ScheduleError(OctoError):
     """A schedule cannot be generated for the requested devices / micro-batches / chunks; the
     message says what the schedule needs."""
 

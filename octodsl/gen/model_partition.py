@@ -3,6 +3,7 @@ schedule's stages."""
 
 from __future__ import annotations
 
+from ..errors import OctoError
 from ..costs.resolve import cost_table
 from ..models import load_model
 from ..partition import balance_parameters, balance_time, equal_layers
@@ -15,13 +16,13 @@ def model_stages(model: str, num_stages: int, method: str = "time", device: str 
                  profile: str | None = None, microbatch_size: int | None = None,
                  seq_len: int | None = None) -> tuple[list[Stage], str]:
     """The stages (layer ranges, with the model's pattern symbols so the plan shows each
-    stage's layer kinds) and one line saying how they were cut. Raises ValueError (the models'
-    and costs' errors are ValueErrors) with a message for the user."""
+    stage's layer kinds) and one line saying how they were cut. Raises an OctoError with a message
+    for the user."""
     if method not in METHODS:
-        raise ValueError(f"unknown partition method '{method}'; methods are {', '.join(METHODS)}")
+        raise OctoError(f"unknown partition method '{method}'; methods are {', '.join(METHODS)}")
     pattern = load_model(model).pattern
     if len(pattern) < num_stages:
-        raise ValueError(f"{model} has {len(pattern)} layers, too few for {num_stages} stages")
+        raise OctoError(f"{model} has {len(pattern)} layers, too few for {num_stages} stages")
     if method == "equal":
         ranges = equal_layers(len(pattern), num_stages)
         note = "equal layer counts (DeepSpeed's 'uniform')"

@@ -9,11 +9,12 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from ..errors import OctoError
 from .builtin import BUILTINS
 from .spec import ModelSpec
 
 
-class SpecError(ValueError):
+class SpecError(OctoError):
     """A model that cannot be found or whose spec is invalid; the message is for the user."""
 
 

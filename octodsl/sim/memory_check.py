@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import OctoError
 from ..costs.resolve import cost_table
 from ..lang.errors import Diagnostic
 from ..plan import Plan
@@ -27,7 +28,7 @@ def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
                            seq_len=h.seq_len)
         costs = SimCosts.from_table(table, plan)
         program = compile(plan)
-    except ValueError:  # an unknown model (SpecError), a partition that does not fit (PlanError)
+    except OctoError:  # an unknown model (SpecError), a partition that does not fit (PlanError)
         return []
     mem = memory(program, costs.stages)
     out = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..errors import OctoError
 from ..plan import Plan
 from ..units import size
 from .baselines import Baseline, best_baseline, classic_baselines
@@ -19,8 +20,10 @@ OTHERS = ("random", "milp", "milp-warm")
 best classic baseline."""
 
 
-class NoPlanFits(ValueError):
+class NoPlanFits(OctoError):
     """Neither the tuner nor any baseline found a plan within the memory limit."""
+
+    exit_code = 1
 
 
 @dataclass

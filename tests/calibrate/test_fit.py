@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from octodsl.errors import OctoError
 from octodsl.calibrate.fit import Run, fit, fit_link, fit_memory
 from octodsl.calibrate.measured import parse_trace
 
@@ -103,7 +104,7 @@ def test_fit_memory_none_without_counters(tmp_path):
 
 
 def test_refuses_a_calibrated_table(tmp_path):
-    with pytest.raises(ValueError, match="without"):
+    with pytest.raises(OctoError, match="without"):
         fit(syn.profile(syn.TRUE).cost_table("<syn>"), _runs(tmp_path, CASES[:1]))
 
 

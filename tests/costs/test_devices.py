@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from octodsl.errors import OctoError
 from octodsl.costs.devices import DEVICES, get_device, get_link
 
 
@@ -12,7 +13,7 @@ def test_devices():
     assert get_device("h800") is DEVICES["H800"]
     assert get_device("H200").mem_bandwidth > get_device("H100").mem_bandwidth
     assert get_device("cpu").matmul_flops("fp32") < get_device("cpu").matmul_flops("bf16")
-    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+    with pytest.raises(OctoError, match="unknown device 'tpu'"):
         get_device("tpu")
 
 
@@ -22,5 +23,5 @@ def test_links():
     assert nvlink.time(mb) < ib.time(mb) < loop.time(mb)
     assert nvlink.time(mb) == pytest.approx(nvlink.latency + mb / nvlink.bandwidth)
     assert none.time(mb) == 0
-    with pytest.raises(ValueError, match="unknown link"):
+    with pytest.raises(OctoError, match="unknown link"):
         get_link("ethernet")

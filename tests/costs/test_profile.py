@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from octodsl.errors import OctoError
 from octodsl.cli import main
 from octodsl.costs.profile import ProfileError, load_profile, read_profile, write_profile
 from octodsl.costs.resolve import cost_table
@@ -70,7 +71,7 @@ def test_resolver(profile, tmp_path):
         cost_table(model="jamba-tiny", profile=str(path))
     table = cost_table(model="nemotron-h-8b", device="H100", seq_len=1024)
     assert table.source == "analytical nemotron-h-8b on H100" and table.tokens_per_microbatch == 1024
-    with pytest.raises(ValueError, match="need a model"):
+    with pytest.raises(OctoError, match="need a model"):
         cost_table()
     with pytest.raises(SpecError):
         cost_table(model="no-such-model")

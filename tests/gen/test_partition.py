@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from octodsl.errors import OctoError
 from octodsl.partition import balance_parameters, balance_time, equal_layers
 
 
@@ -58,5 +59,5 @@ def test_balance_time_isolates_a_heavy_layer():
 
 def test_too_few_layers():
     for f, arg in ((equal_layers, 2), (balance_parameters, [1, 2]), (balance_time, [1.0, 2.0])):
-        with pytest.raises(ValueError, match="cannot fill 3 stages"):
+        with pytest.raises(OctoError, match="cannot fill 3 stages"):
             f(arg, 3)

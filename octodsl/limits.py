@@ -1,0 +1,35 @@
+"""The largest values octodsl accepts, one place for every input (plan text, CSV, options).
+
+Each bounds the work or memory a single number can cause, so that a typo such as `devices 1e8`
+or `for i in 0..1000000000000 {}` is refused at once with a message naming the limit, instead of
+hanging or exhausting memory. They are far above what any real plan needs (the paper's largest
+runs: 8192 GPUs, pipelines of 32-64 devices, a few hundred micro-batches). docs/language.md
+lists them under "Limits"; tests/test_limits.py checks that list against these values.
+"""
+
+from __future__ import annotations
+
+MAX_INT = 10**12
+"""Any whole number written in a plan or a CSV."""
+MAX_DEVICES = 4096
+"""Pipeline devices of one plan (`devices`, `-p`)."""
+MAX_STAGES = 65536
+"""Stages of one plan."""
+MAX_MICROBATCHES = 65536
+"""Micro-batches per iteration (`microbatches`, `-m`)."""
+MAX_OPS = 1_000_000
+"""Ops of one plan after loops and ranges are unrolled (lint takes about 12 s at this size)."""
+MAX_LOOP_ITERATIONS = 1_000_000
+"""Iterations of all `for` loops of a plan together, empty bodies included."""
+MAX_NESTING = 64
+"""Nesting depth of `for` loops, and of parentheses and operators in one expression."""
+MAX_DP = 1 << 20
+"""Data-parallel copies (`dp`)."""
+MAX_MICROBATCH_SIZE = 1 << 16
+"""Sequences per micro-batch."""
+MAX_SEQ_LEN = 1 << 24
+"""Tokens per sequence."""
+MAX_MEMORY = 1 << 50
+"""Memory per device, bytes (1 PiB)."""
+MAX_LAYERS = 65536
+"""Layers of one model spec."""
