@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from deepspeed import comm as dist
+from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
@@ -66,6 +67,8 @@ class OctoPipeEngine(PipelineEngine):
         self.loss_device = module.stage_device[self.loss_stage]
         self.local_stages = module.local_stages
         self._stage_params = {s: module.stage_params(s) for s in self.local_stages}
+        self._shared = self._params_of_several_stages()
+        self._use_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._split = plan.split_stages()
         self._probed: set[int] = set()
         self._fused_in_b: set[int] = set()
@@ -212,7 +215,7 @@ class OctoPipeEngine(PipelineEngine):
         s, m = op.stage, op.mb
         saved = self._saved.pop((s, m))
         roots, grads = self._roots(s, m, saved.root)
-        with self._weight_grads():
+        with self._weight_grads(s):
             torch.autograd.backward(roots, grads)
         if s > 0:
             ins = flat(saved.inputs)
@@ -227,7 +230,7 @@ class OctoPipeEngine(PipelineEngine):
         hooks = [p.register_post_accumulate_grad_hook(fired.append)
                  for p in self._stage_params[s]] if probe else []
         states = []
-        with self._weight_grads() if probe or s in self._fused_in_b else _nothing():
+        with self._weight_grads(s) if probe or s in self._fused_in_b else _nothing():
             outs, grads = self._roots(s, m, saved.root)
             for k in reversed(range(len(saved.segments))):
                 ins, layer_out = saved.segments[k]
@@ -255,7 +258,7 @@ class OctoPipeEngine(PipelineEngine):
     def _backward_weight(self, op: Op):
         """W: the weight gradients B left, where the plan puts them."""
         saved = self._saved.pop((op.stage, op.mb))
-        with self._weight_grads():
+        with self._weight_grads(op.stage):
             backward_weight(saved.weight, self._stage_params[op.stage])
 
     def _roots(self, s: int, m: int, root) -> tuple[list, list]:
@@ -280,20 +283,63 @@ class OctoPipeEngine(PipelineEngine):
             self._grads[(s, op.mb)] = value
 
     @contextmanager
-    def _weight_grads(self):
-        """Around every backward that accumulates weight gradients (W, BW): what DeepSpeed's
-        own backward does for the optimizer (bf16: fresh low-precision grads, then added to
-        the fp32 ones)."""
+    def _weight_grads(self, stage: int):
+        """Around every backward of `stage` that accumulates weight gradients (W, BW): what
+        DeepSpeed's own backward does for the optimizer (bf16: fresh low-precision grads, then
+        added to the fp32 ones), with a parameter that another local stage also trains
+        accumulating into this stage's own gradient (see `_params_of_several_stages`)."""
         bf16 = self.using_bf16_optimizer
         if bf16:
             self.optimizer.clear_lp_grads()
+        shared = self._shared.get(stage, ())
+        held = [p.grad for p in shared]
+        for p in shared:
+            p.grad = self._use_grads.pop((stage, id(p)), None)
         self._running_engine_backward = True
         try:
             yield
         finally:
             self._running_engine_backward = False
+            for p, grad in zip(shared, held):
+                self._use_grads[(stage, id(p))] = p.grad
+                p.grad = grad
         if bf16 and not self._config.bfloat16_config.immediate_grad_update:
             self.optimizer.update_hp_grads(clear_lp_grads=False)
+
+    def _params_of_several_stages(self) -> dict[int, list[torch.nn.Parameter]]:
+        """Per local stage, the parameters another local stage also trains: a tied module (the
+        embedding and the LM head) with both uses on this rank. Stock DeepSpeed sums each use's
+        micro-batches on its own rank and adds the two sums in the tied all-reduce; one `.grad`
+        taking both uses in schedule order would round differently (4.8e-7 on the loss after
+        three steps). So each use keeps its own sum and `_exec_reduce_tied_grads` adds them.
+        bf16 accumulates in the optimizer's fp32 copies instead, and keeps schedule order."""
+        if self.using_bf16_optimizer:
+            return {}
+        users: dict[int, list[int]] = {}
+        params: dict[int, torch.nn.Parameter] = {}
+        for s in self.local_stages:
+            for p in self._stage_params[s]:
+                users.setdefault(id(p), []).append(s)
+                params[id(p)] = p
+        shared: dict[int, list[torch.nn.Parameter]] = {}
+        for key, stages in users.items():
+            for s in stages if len(stages) > 1 else ():
+                shared.setdefault(s, []).append(params[key])
+        return shared
+
+    def _exec_reduce_tied_grads(self):
+        # Each use's sum joins the gradient in stage order, as stock's all-reduce adds the ranks'
+        # (with two uses the order does not matter: a + b == b + a).
+        for s in sorted(self._shared):
+            for p in self._shared[s]:
+                grad = self._use_grads.pop((s, id(p)), None)
+                if grad is None:
+                    continue
+                if p.grad is None:
+                    p.grad = grad
+                else:
+                    p.grad.add_(grad)
+        super()._exec_reduce_tied_grads()
 
     def _warn_unsplit(self, s: int, fired) -> None:
         fired_ids = {id(p) for p in fired}
@@ -328,6 +374,7 @@ class OctoPipeEngine(PipelineEngine):
         program.Send: _exec_send,
         program.RunOp: _exec_run,
         program.FinishSends: _exec_finish_sends,
+        schedule.ReduceTiedGrads: _exec_reduce_tied_grads,
     }
 
 

@@ -26,10 +26,29 @@ DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 TIMEOUT = 900
 
 EXACT = ("1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "zb-v", "dualpipev", "irregular",
-         "1f1b/bf16", "zb-h1/bf16", "1f1b/zero1", "zb-h1/zero1", "zb-v/zero1", "1f1b/bf16-zero1",
-         "zb-h1/bf16-zero1", "1f1b/clip",
-         "zb-h1/clip", "1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "irregular-p4", "zb-h1/unsplittable")
-"""Plans whose losses equal stock DeepSpeed's bit for bit (same additions in the same order)."""
+         "1f1b/bf16", "zb-h1/bf16", "1f1b/zero1", "zb-h1/zero1", "1f1b/bf16-zero1",
+         "zb-h1/bf16-zero1", "1f1b/clip", "zb-h1/clip", "1f1b/dp2", "zb-h1/dp2", "zb-v/dp2",
+         "irregular-p4", "zb-h1/unsplittable")
+"""Plans whose losses and weights equal stock DeepSpeed's bit for bit on every CPU, because each
+number is the same operations on the same operands: each parameter's gradient sums its
+micro-batches in micro-batch order as stock's does (a tied embedding and LM head on one rank
+keep a sum per use, added as stock's tied all-reduce adds the two ranks'), and the optimizer
+steps the same tensors (per parameter; with ZeRO-1 the same flat buffer, as the partition is
+stock's). The others differ in rounding only, by construction:
+- irregular/reversed-w sums its weight gradients last micro-batch first;
+- zb-v/zero1 and zb-v/bf16-zero1 flatten other parameters into each rank's ZeRO buffer than
+  stock, and DeepSpeed's CPU Adam rounds an element differently in its vector body and its
+  scalar tail, so where an element sits in the buffer matters;
+- zb-v/bf16 accumulates both tied uses in schedule order in the bf16 optimizer's fp32 copies;
+- zb-v/clip: stock leaves the LM head's norm out of the gradient norm (DeepSpeed marks every
+  parameter of a tied module on its second rank as replicated), ours counts it."""
+
+ADAM_BOUND = 2 * 3 * 1e-3 * 1.01
+"""How far two runs' weights can drift in three AdamW steps at lr 1e-3 when their gradients
+differ in rounding only: Adam's step m_hat / (sqrt(v_hat) + eps) is at most 1.00 in size over
+steps 1-3 at betas (0.9, 0.999) (Cauchy-Schwarz over the moment sums, with the bias
+corrections), so a step moves a weight by at most lr, and two runs by 2 lr (a rounding that
+flips a near-zero gradient's sign moves it the whole way), plus 1% for the decay term."""
 
 
 def _free_port() -> int:
@@ -58,12 +77,13 @@ def run_case(tmp_path_factory, procs: int, case: str) -> dict:
 
 def _check(results: list[dict]) -> None:
     for r in results:
+        # the first step starts from the same weights: the same forwards on the same inputs,
+        # and the loss summed over the micro-batches in order, on every plan
+        assert r["losses"][0] == r["ref_losses"][0], r
         assert r["loss_diff"] <= 1e-3 * max(r["ref_losses"]), r
-        assert r["weight_diff"] <= 1e-2, r
+        assert r["weight_diff"] <= ADAM_BOUND, r
         if r["plan"] in EXACT:
-            assert r["exact"], r
-            # tied embedding and head on one rank add two gradients in another order
-            assert r["weight_diff"] <= 1e-6, r
+            assert r["exact"] and r["weight_diff"] == 0.0, r
         assert r.get("eval_diff", 0.0) == 0.0, r
 
 
@@ -75,16 +95,16 @@ def plans(tmp_path_factory):
 @pytest.mark.slow
 def test_every_plan_trains_like_stock(plans):
     names = {r["plan"] for r in plans["results"]}
-    assert {"1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "zb-v", "dualpipev", "irregular"} <= names
+    assert {n for n in EXACT if "dp2" not in n and n != "irregular-p4"} <= names
     _check(plans["results"])
 
 
 @pytest.mark.slow
 def test_released_groups_keep_the_thread_count_flat(plans):
-    # Each engine's gloo groups hold polling threads; released after each plan, the eighth
+    # Each engine's gloo groups hold polling threads; released after each plan, the ninth
     # plan leaves no more threads than the first (without it: about 20 more per plan).
     threads = plans["threads"]
-    assert len(threads) == 8 and max(threads) <= threads[0], threads
+    assert len(threads) == 9 and max(threads) <= threads[0], threads
 
 
 @pytest.mark.slow
@@ -114,13 +134,17 @@ def test_measured_trace_has_every_op_in_the_simulator_layout(plans):
 
 @pytest.mark.slow
 def test_checkpoint_resume_gives_the_same_losses(plans):
+    # exact: the resumed engine loads the same weights and optimizer state and then runs the
+    # same operations (with torch's AdamW: see harness.TORCH_ADAMW for DeepSpeed's CPU Adam)
     ck = plans["checkpoint"]
     assert ck["resumed"] == ck["continued"]
 
 
 @pytest.mark.slow
 def test_data_parallel_and_non_adjacent_ranks(tmp_path_factory):
-    _check(run_case(tmp_path_factory, 4, "dp")["results"])
+    results = run_case(tmp_path_factory, 4, "dp")["results"]
+    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "irregular-p4"} <= {r["plan"] for r in results}
+    _check(results)
 
 
 @pytest.mark.slow
