@@ -18,16 +18,16 @@ from .layout import Layout, ScheduleError
 from .model_partition import METHODS as PARTITIONS
 from .model_partition import model_stages
 from .render import render_plan
-from .zero_bubble import zb_h1, zb_h2, zb_v
+from .zero_bubble import EQUAL_TIMES, Times, zb_h1, zb_h2, zb_v, zb_v_handcrafted
 
-__all__ = ["PARTITIONS", "SCHEDULES", "ScheduleError", "generate", "generate_text", "layout",
-           "render_plan"]
+__all__ = ["PARTITIONS", "SCHEDULES", "ScheduleError", "Times", "generate", "generate_text",
+           "layout", "render_plan"]
 
 _SINGLE: dict[str, Callable[[int, int], Layout]] = {
     "gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2,
 }
 """Schedules with one stage per device."""
-_V_SHAPE: dict[str, Callable[[int, int], Layout]] = {"zb-v": zb_v, "dualpipev": dualpipe_v}
+_V_SHAPE = ("zb-v", "dualpipev")
 """Schedules with two stages per device in a V."""
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipev")
@@ -43,33 +43,40 @@ _TITLES = {
 }
 
 
-def layout(name: str, devices: int, microbatches: int, chunks: int | None = None) -> Layout:
+def layout(name: str, devices: int, microbatches: int, chunks: int | None = None,
+           times: Times | None = None) -> Layout:
     """The schedule's stages, placement and phased orders; ScheduleError if the request does
-    not suit it."""
+    not suit it. `times` (F, B, W of one stage, default equal) is what zb-v below 2P-1
+    micro-batches places its weight gradients for; the other orders do not depend on times."""
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule '{name}'; schedules are {', '.join(SCHEDULES)}")
     if devices < 1 or microbatches < 1:
         raise ScheduleError("devices and micro-batches must be at least 1")
+    if times is not None and (len(times) != 3 or min(times) <= 0):
+        raise ScheduleError(f"times are F, B and W, three positive numbers, not {times}")
     if name == "interleaved":
         return interleaved(devices, microbatches, 2 if chunks is None else chunks)
     if name in _V_SHAPE:
         if chunks not in (None, 2):
             raise ScheduleError(f"{name} places exactly 2 chunks per device, not {chunks}")
-        return _V_SHAPE[name](devices, microbatches)
+        if name == "zb-v":
+            return zb_v(devices, microbatches, times or EQUAL_TIMES)
+        return dualpipe_v(devices, microbatches)
     if chunks not in (None, 1):
         raise ScheduleError(f"{name} places one stage per device; --chunks is for interleaved")
     return _SINGLE[name](devices, microbatches)
 
 
 def generate_text(name: str, devices: int, microbatches: int, chunks: int | None = None,
-                  model: str | None = None, partition: str = "time", **costs) -> str:
-    """The schedule as .octo text, each phase introduced by a comment.
+                  model: str | None = None, partition: str = "time", times: Times | None = None,
+                  **costs) -> str:
+    """The schedule as .octo text, each phase introduced by a comment (`times`: see layout).
 
     Without `model` the plan is abstract (`stages N`). With one (built-in name or spec path)
     the header names it and its layers are cut into the stages by `partition`: "time"
     (balanced F+B+W time, the default), "parameters" or "equal"; `costs` go to the cost table
     (device, profile, microbatch_size, seq_len; the last two also into the header)."""
-    lay = layout(name, devices, microbatches, chunks)
+    lay = layout(name, devices, microbatches, chunks, times)
     v = chunks or 2
     plan_name = f"{name}-p{devices}-m{microbatches}" + (f"-v{v}" if name == "interleaved" else "")
     title = [_TITLES[name].format(chunks=v) + f"; {devices} devices, {microbatches} micro-batches."]
@@ -83,13 +90,17 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
         shape = {k: costs[k] for k in ("microbatch_size", "seq_len") if costs.get(k) is not None}
         header = header.model_copy(update={"model": model, **shape})
         title.append(f"Layers of {model}: {note}.")
+    if name == "zb-v" and not zb_v_handcrafted(devices, microbatches):
+        f, b, w = times or EQUAL_TIMES
+        title.append(f"Weight gradients placed for op times F={f:g}, B={b:g}, W={w:g}.")
     schedule, comments = lay.orders()
     title.append("Written by `octodsl gen`.")
     return render_plan(Plan(header, stages, lay.placement, schedule), comments, "\n".join(title))
 
 
 def generate(name: str, devices: int, microbatches: int, chunks: int | None = None,
-             model: str | None = None, partition: str = "time", **costs) -> Plan:
+             model: str | None = None, partition: str = "time", times: Times | None = None,
+             **costs) -> Plan:
     """The schedule as a Plan, parsed from `generate_text` (same arguments)."""
-    text = generate_text(name, devices, microbatches, chunks, model, partition, **costs)
+    text = generate_text(name, devices, microbatches, chunks, model, partition, times, **costs)
     return parse_plan(text, path="<gen>")

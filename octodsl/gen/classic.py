@@ -8,7 +8,9 @@ from .layout import BW, F, Layout, Order, ScheduleError
 
 def gpipe(devices: int, microbatches: int) -> Layout:
     """Every forward, then every backward (in micro-batch order, as PyTorch's ScheduleGPipe):
-    bubble (P-1)(F+B+W), all M micro-batches' activations held at once."""
+    bubble (P-1)(F+B+W), all M micro-batches' activations held at once. The makespan
+    (M+P-1)(F+B+W) is the lower bound for any M: the last device cannot start before (P-1)F,
+    and its last backward is followed by one on each of the P-1 devices upstream."""
     orders = []
     for d in range(devices):
         o = Order()
@@ -23,7 +25,8 @@ def gpipe(devices: int, microbatches: int) -> Layout:
 
 
 def one_f_one_b(devices: int, microbatches: int) -> Layout:
-    """PipeDream-Flush / Megatron 1F1B: GPipe's bubble, at most P micro-batches in flight."""
+    """PipeDream-Flush / Megatron 1F1B: GPipe's bubble, so GPipe's optimal makespan for any M,
+    with at most min(P-d, M) micro-batches in flight on device d."""
     orders = []
     for d in range(devices):
         # Device d runs P-1-d forwards before its first backward can come back; the steady
@@ -49,7 +52,9 @@ def interleaved(devices: int, microbatches: int, chunks: int) -> Layout:
     groups of g; within a group, forwards take chunk 0 for every micro-batch of the group, then
     chunk 1, ...; backwards the same with the chunks reversed. Megatron uses g = P (so needs
     P | M); for other M, g is the smallest divisor of M not below P, which is what PyTorch's
-    ScheduleInterleaved1F1B picks whenever it accepts M (M divisible by M // P)."""
+    ScheduleInterleaved1F1B picks whenever it accepts M (M divisible by M // P). Needs M >= P.
+    The makespan, V*M(F+B+W) + (P-1)(F+B+W) in chunk times, is the lower bound for every such
+    M with a fused backward."""
     P, M, V = devices, microbatches, chunks
     if V < 2:
         raise ScheduleError("interleaved needs --chunks 2 or more (with one chunk it is 1f1b)")

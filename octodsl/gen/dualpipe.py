@@ -5,7 +5,12 @@ Device d holds stage d (phase 0: activations flow away from device 0) and stage 
 1: they flow back), so device 0 both embeds and computes the loss. In the main phase each step
 overlaps the forward of one phase with the backward of the other. DeepSpeed keeps the weight
 gradient inside the backward (the reference DualPipe defers some), so every backward is a
-fused BW here too."""
+fused BW here too.
+
+M >= 2P, as DeepSpeed and the reference require. With uniform chunk times and free messages
+the makespan is 2M(F+B+W) + (P-2)F + 2(P-1)(B+W) (F = B = W and B = 2F = 2W, tested), above
+the lower bound (P 4, M 8, F = B = W = 1: 62 against 57): the order is DeepSpeed's, made to
+hide communication under the overlapped pairs, which the simulator runs back to back."""
 
 from __future__ import annotations
 

@@ -19,7 +19,11 @@ from ..conftest import REPO, check_golden
 GOLDEN = REPO / "tests" / "gen" / "golden"
 SMALL = [("gpipe", 3, 4, None), ("1f1b", 4, 8, None), ("interleaved", 4, 8, 2),
          ("zb-h1", 4, 8, None), ("zb-h2", 4, 8, None), ("zb-v", 4, 8, None),
-         ("dualpipev", 4, 8, None)]
+         ("dualpipev", 4, 8, None),
+         # few micro-batches: M = P, M < P, P < M < 2P-1 (dualpipev needs 2P)
+         ("1f1b", 4, 2, None), ("interleaved", 4, 4, 2), ("interleaved", 4, 6, 2),
+         ("zb-h1", 4, 4, None), ("zb-h1", 4, 2, None), ("zb-h2", 4, 4, None),
+         ("zb-h2", 4, 6, None), ("zb-v", 4, 4, None), ("zb-v", 4, 6, None), ("zb-v", 8, 8, None)]
 
 
 @pytest.mark.parametrize("name, p, m, v", SMALL)
@@ -33,7 +37,8 @@ def test_generated_text_is_fmt_stable_and_lints_clean(name, p, m, v):
     text = generate_text(name, p, m, v)
     assert format_file(parse_syntax(text)) == text
     _, diags = lint_source(text, "<gen>")
-    assert diags == []
+    # fewer micro-batches than devices: lint's warning that the pipeline is never full
+    assert [d.code for d in diags] == (["W402"] if m < p else [])
 
 
 def test_phases_are_comments():

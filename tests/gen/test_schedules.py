@@ -1,6 +1,7 @@
 """The schedule algorithms: complete and deadlock-free over the P x M grid, the properties the
-papers state, and order-for-order agreement with the reference implementations installed here
-(PyTorch's torch.distributed.pipelining, DeepSpeed's DualPipeV)."""
+papers state, makespans at the lower bound or the best known figure for every M (bounds.py),
+and order-for-order agreement with the reference implementations installed here (PyTorch's
+torch.distributed.pipelining, DeepSpeed's DualPipeV) where those are optimal."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from collections import Counter
 
 import pytest
 
+from octodsl.costs import Link, uniform_stage_costs
 from octodsl.dag import build_graph, execution_order
-from octodsl.gen import SCHEDULES, ScheduleError, generate, layout
-from octodsl.plan import Header, OpKind, Plan, Stage
+from octodsl.gen import SCHEDULES, ScheduleError, Times, generate, layout
+from octodsl.lint import lint_plan
+from octodsl.plan import Header, Op, OpKind, Plan, Slot, Stage, placement_v
+from octodsl.sim import simulate
 
+from .bounds import best_known, lower_bound
+from .exact import optimum
 from .unit_sim import peak_in_flight, run
 
 K = OpKind
@@ -22,25 +28,27 @@ FULL_GRID = os.environ.get("OCTODSL_FULL_GRID") == "1"
 
 
 def grid():
-    """P in 2..16; M in P..8P, every one with OCTODSL_FULL_GRID=1, else those where the
-    schedules change shape (around P and 2P, uneven groups, the ends)."""
+    """P in 2..16; M in 1..8P, every one with OCTODSL_FULL_GRID=1, else those where the
+    schedules change shape (the smallest, around P and 2P, uneven groups, the ends)."""
     for p in range(2, 17):
-        ms = range(p, 8 * p + 1) if FULL_GRID else sorted(
-            {p, p + 1, 2 * p - 1, 2 * p, 2 * p + 1, 3 * p + 2, 5 * p - 1, 8 * p})
+        ms = range(1, 8 * p + 1) if FULL_GRID else sorted(
+            {1, 2, p - 1, p, p + 1, 2 * p - 2, 2 * p - 1, 2 * p, 2 * p + 1, 3 * p + 2, 5 * p - 1,
+             8 * p})
         for m in ms:
             yield p, m
 
 
-def as_plan(name: str, p: int, m: int, chunks: int | None = None) -> Plan:
+def as_plan(name: str, p: int, m: int, chunks: int | None = None,
+            times: Times | None = None) -> Plan:
     """The algorithm's output as a Plan, without the text round trip (fast)."""
-    lay = layout(name, p, m, chunks)
+    lay = layout(name, p, m, chunks, times)
     schedule, _ = lay.orders()
     return Plan(Header(name=name, devices=p, microbatches=m),
                 [Stage() for _ in range(lay.num_stages)], lay.placement, schedule)
 
 
 def supported(name: str, p: int, m: int) -> bool:
-    return not (name == "dualpipev" and m < 2 * p)
+    return not (name == "dualpipev" and m < 2 * p or name == "interleaved" and m < p)
 
 
 def check_complete(plan: Plan) -> None:
@@ -158,6 +166,63 @@ def test_dualpipev_overlaps_the_two_phases_in_its_steady_phase():
             assert f.kind is K.F and b.kind is K.BW and {f.stage, b.stage} == {d, 2 * p - 1 - d}
 
 
+# -- makespans: the bound or the best known, for every M ---------------------------------------
+# Op times here are small multiples of 0.5 and every makespan a sum of them, exact in floating
+# point, so makespans are compared with ==.
+
+TIMES = {"F=B=W": (1.0, 1.0, 1.0), "B=2F=2W": (1.0, 2.0, 1.0)}
+CAP = {"gpipe": lambda p, m: m, "1f1b": lambda p, m: p, "zb-h1": lambda p, m: p,
+       "zb-h2": lambda p, m: 2 * p - 1, "zb-v": lambda p, m: 2 * p}
+"""Micro-batch-stages a device may hold (peak_in_flight), each schedule's defining memory."""
+
+
+def simulated(plan: Plan, times: Times) -> float:
+    """The project's simulator with uniform op times and free messages."""
+    return simulate(plan, uniform_stage_costs(plan.num_stages, *times),
+                    Link("free", 0.0, 0.0)).iteration_time
+
+
+@pytest.mark.parametrize("times", TIMES.values(), ids=TIMES.keys())
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_makespan_is_the_bound_or_the_best_known_for_every_m(name, times):
+    """P in 2..8, M in 1..2P: zb-v built for the times it runs at (its other orders and every
+    other schedule do not depend on them), within its memory, lint clean."""
+    for p in range(2, 9):
+        for m in range(1, 2 * p + 1):
+            if not supported(name, p, m):
+                continue
+            plan = as_plan(name, p, m, times=times)
+            assert not [d for d in lint_plan(plan) if d.is_error], (p, m)
+            assert simulated(plan, times) == best_known(name, plan, times), (p, m)
+            if name in CAP:
+                assert max(peak_in_flight(plan)) <= CAP[name](p, m), (p, m)
+
+
+def test_zb_v_at_8_devices_and_8_micro_batches():
+    """The issue's figures, F = B = W = 1 and F = 1, B = 2, W = 1 per device (half of each
+    per chunk): ZeroBubble's ZB-V scheduler's 27.5 and 39, the lower bound both times; the
+    handcrafted pattern truncated (PyTorch's order, ours before) took 31 and 46."""
+    for times, best, truncated in [((0.5, 0.5, 0.5), 27.5, 31.0), ((0.5, 1.0, 0.5), 39.0, 46.0)]:
+        plan = as_plan("zb-v", 8, 8, times=times)
+        assert simulated(plan, times) == lower_bound(plan, times) == best
+        S = pytest.importorskip("torch.distributed.pipelining.schedules")
+        rows = _torch_ranks(S.ScheduleZBVZeroBubble, 8, 8, num_stages=16)
+        torch_plan = Plan(plan.header, plan.stages, placement_v(16, 8),
+                          [[Slot(tuple(Op(*op) for op in slot)) for slot in row] for row in rows])
+        assert simulated(torch_plan, times) == truncated
+
+
+@pytest.mark.parametrize("name, p, m", [("zb-h1", 3, 5), ("zb-h1", 4, 8), ("zb-v", 2, 3),
+                                        ("zb-v", 3, 4), ("zb-v", 3, 6), ("zb-v", 4, 5)])
+def test_memory_figure_is_optimal_where_it_beats_the_bound(name, p, m):
+    """With B = 2F = 2W the memory cap costs more than the lower bound: no order within the
+    cap does better than the best known figure (CP-SAT, each stage's micro-batches in order)."""
+    times = (1, 2, 1)
+    plan = as_plan(name, p, m, times=times)
+    assert best_known(name, plan, times) > lower_bound(plan, times)
+    assert optimum(plan, times, CAP[name](p, m)) == best_known(name, plan, times)
+
+
 @pytest.mark.parametrize("name, p, m, chunks, needs", [
     ("dualpipev", 4, 7, None, "2 x devices = 8"),
     ("interleaved", 4, 3, None, "at least as many micro-batches as devices"),
@@ -169,6 +234,12 @@ def test_dualpipev_overlaps_the_two_phases_in_its_steady_phase():
 def test_unsupported_requests_say_what_is_needed(name, p, m, chunks, needs):
     with pytest.raises(ScheduleError, match=needs):
         generate(name, p, m, chunks)
+
+
+def test_op_times_are_three_positive_numbers():
+    for times in [(1.0, 0.0, 1.0), (1.0, 2.0)]:
+        with pytest.raises(ScheduleError, match="three positive numbers"):
+            layout("zb-v", 4, 4, times=times)
 
 
 # -- reference implementations ---------------------------------------------------------------
@@ -200,11 +271,14 @@ def _torch_ranks(cls, p: int, m: int, **attrs) -> list[list[tuple]]:
 
 
 def test_zero_bubble_and_interleaved_match_pytorch():
+    """ZB-V from 2P-1 micro-batches on only: below, PyTorch truncates the pattern and idles
+    (test_zb_v_at_8_devices_and_8_micro_batches)."""
     S = pytest.importorskip("torch.distributed.pipelining.schedules")
     for p in range(2, 7):
         for m in range(p, 4 * p + 1):
-            assert _rows(as_plan("zb-v", p, m)) == _torch_ranks(
-                S.ScheduleZBVZeroBubble, p, m, num_stages=2 * p), (p, m)
+            if m >= 2 * p - 1:
+                assert _rows(as_plan("zb-v", p, m)) == _torch_ranks(
+                    S.ScheduleZBVZeroBubble, p, m, num_stages=2 * p), (p, m)
             rounds = m // p
             if m % rounds:
                 continue  # torch rejects these M; see interleaved's docstring
