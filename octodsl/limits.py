@@ -33,3 +33,10 @@ MAX_MEMORY = 1 << 50
 """Memory per device, bytes (1 PiB)."""
 MAX_LAYERS = 65536
 """Layers of one model spec."""
+MAX_STEPS = 1000
+"""Training steps or timed runs a command makes itself (`calibrate --steps`, `profile
+--repeats` and `--warmup`)."""
+MAX_THREADS = 1024
+"""CPU threads of one process (`profile --threads`)."""
+MAX_SECONDS = 10**6
+"""Any time in seconds given on the command line (`--costs`, `tune --budget`): 11.6 days."""

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .fileio import write_atomic
+
 COMPUTE, COMM = 0, 1
 """Thread ids."""
 
@@ -64,4 +66,4 @@ def chrome_trace(spans: Iterable[Span], process_names: dict[int, str] | None = N
 
 def write_trace(path: str | Path, spans: Iterable[Span],
                 process_names: dict[int, str] | None = None) -> None:
-    Path(path).write_text(json.dumps(chrome_trace(spans, process_names)))
+    write_atomic(path, json.dumps(chrome_trace(spans, process_names), allow_nan=False))

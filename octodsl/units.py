@@ -3,6 +3,9 @@ file keeps (`exact_size`) and the rounded one reports print (`size`)."""
 
 from __future__ import annotations
 
+import re
+from fractions import Fraction
+
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -10,13 +13,19 @@ _EXACT_ORDER = ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB")
 """Of two spellings as short, the first here wins."""
 
 
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(" + "|".join(_UNITS) + r")?\s*")
+"""A plain decimal number (no sign, exponent, nan or inf) and an optional unit."""
+
+
 def parse_size(text: str) -> int:
-    """'80GiB' -> bytes; '1.5GB' and a plain integer too. ValueError for anything else."""
-    text = text.strip()
-    for unit in sorted(_UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            return int(round(float(text[: -len(unit)]) * _UNITS[unit]))
-    return int(text)
+    """'80GiB' -> bytes, rounded to a whole byte; '1.5GB' and a plain number too. ValueError
+    for anything else, negative sizes included; no upper bound (the caller has one)."""
+    m = _SIZE.fullmatch(text) if len(text) <= 64 else None
+    if m is None:
+        raise ValueError(f"cannot read {text.strip()[:64]!r} as a size (e.g. 80GiB, 512MB, 1024)")
+    number, unit = m.groups()
+    # Exact arithmetic: a float would round 1.1TB, and overflow on a long number.
+    return round(Fraction(number) * _UNITS[unit or "B"])
 
 
 def exact_size(nbytes: int) -> str:

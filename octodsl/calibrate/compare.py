@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..costs.table import Link
+from ..fileio import open_atomic, write_atomic
 from ..trace import COMM, COMPUTE, Span, chrome_trace, comm_span, op_span
 from ..plan import Plan
 from ..sim import SimCosts, SimResult, compile, simulate
@@ -43,6 +44,7 @@ class Metric:
 
 
 def _finite(x: float) -> float | None:
+    """JSON has no nan: an undefined figure is null."""
     return x if math.isfinite(x) else None
 
 
@@ -69,13 +71,16 @@ class Comparison:
         return float(np.mean([abs(m.error) for m in self.peak]))
 
     def to_json(self) -> dict:
+        """The `octodsl compare --json` object; an error is null where nothing was measured
+        (see Metric.error)."""
         return {"plan": self.plan.header.name, "devices": self.plan.devices,
                 "microbatches": self.plan.microbatches, "costs": self.result.costs.source,
                 "link": {"name": self.link.name, "latency": self.link.latency,
                          "bandwidth": self.link.bandwidth},
                 "trace": self.measured.path, "steps": len(self.measured.steps),
                 "timed_steps": len(self.measured.timed), "step_spread": self.measured.spread,
-                "iteration_error": self.iteration.error, "memory_error": self.memory_error,
+                "iteration_error": _finite(self.iteration.error),
+                "memory_error": None if self.memory_error is None else _finite(self.memory_error),
                 "metrics": [m.to_json() for m in self.metrics()], "notes": self.notes}
 
 
@@ -167,7 +172,7 @@ def side_by_side(c: Comparison) -> dict:
 
 
 def write_side_by_side(c: Comparison, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(side_by_side(c), separators=(",", ":")))
+    write_atomic(path, json.dumps(side_by_side(c), separators=(",", ":"), allow_nan=False))
 
 
 def write_png(c: Comparison, path: str | Path) -> None:
@@ -228,5 +233,8 @@ def write_png(c: Comparison, path: str | Path) -> None:
     ax.set_title(f"{c.plan.header.name}: simulated {c.iteration.simulated * scale:.1f} {unit} vs measured "
                  f"{c.iteration.measured * scale:.1f} {unit} ({c.iteration.error:+.1%}{mem})",
                  loc="left", fontsize=10)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with open_atomic(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)

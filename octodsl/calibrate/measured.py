@@ -18,6 +18,7 @@ Calibration runs also add an "optimizer" span per rank and step (`optimizer.step
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import limits
 from ..errors import OctoError
 from ..plan import OpKind, Plan
 from ..sim.result import OpSpan
@@ -160,8 +162,59 @@ def read_trace(path: str | Path, warmup: int = 1) -> MeasuredTrace:
                        warmup)
 
 
+def _check_events(events: list, path: str) -> None:
+    """TraceError unless every event is an object whose args (if any) are an object, and every
+    span and counter sample has a finite, non-negative time (and a span a duration, a memory
+    sample its bytes): what the rest of the reader relies on."""
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise TraceError(f"{path}: event {i} is not a JSON object")
+        if not isinstance(e.get("pid", 0), (int, str)):
+            raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its pid is not a number")
+        if not isinstance(e.get("name", ""), str) or not isinstance(e.get("tid", 0), (int, str)):
+            raise TraceError(f"{path}: event {i}: its name is not a string or its tid not a "
+                             "number")
+        if not isinstance(e.get("args", {}), dict):
+            raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its args are not an object")
+        if not isinstance(e.get("args", {}).get("kind", ""), str):
+            raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its kind is not a string")
+        fields = {"X": ("ts", "dur"), "C": ("ts",)}.get(e.get("ph"), ())
+        if e.get("ph") == "C" and e.get("name") == "memory":
+            fields += ("bytes",)
+        for key in fields:
+            value = e.get("args", {}).get(key) if key == "bytes" else e.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise TraceError(f"{path}: event {i} ({e.get('name')!r}): {key} is {value!r}, "
+                                 "not a finite number of at least 0")
+
+
+def _whole(e: dict, key: str, path: str) -> int:
+    """The span's args[key], a whole number of at least 0 (a stage, micro-batch or peer)."""
+    value = e["args"].get(key) if isinstance(e.get("args"), dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(f"{path}: span {e.get('name')!r} lacks its {key} (a whole number of "
+                         f"at least 0, not {value!r})")
+    return value
+
+
+def _check_overlaps(steps: list[MeasuredStep], path: str) -> None:
+    """TraceError where two compute spans of one device overlap by more than half the shorter
+    one: a device computes one op at a time, so only its clock's jitter can make them touch
+    (a trace of two runs, or edited by hand, overlaps by whole spans)."""
+    ops = sorted((op for s in steps for op in s.ops), key=lambda op: (op.device, op.start))
+    for a, b in zip(ops, ops[1:]):
+        if a.device == b.device and a.end - b.start > min(a.end - a.start, b.end - b.start) / 2:
+            raise TraceError(f"{path}: device {a.device} runs {a.kind}{a.stage}:{a.mb} and "
+                             f"{b.kind}{b.stage}:{b.mb} at the same time ({a.start:.6f}-"
+                             f"{a.end:.6f} s and {b.start:.6f}-{b.end:.6f} s), which one device "
+                             "cannot: is this one run's trace?")
+
+
 def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = None,
                 warmup: int = 1) -> MeasuredTrace:
+    """The steps of a trace's events; TraceError when they are not a measured run's."""
+    _check_events(events, path)
     # Which pids are which pipeline device (data-parallel copy 0 only).
     device_of: dict[int, int] = {}
     names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
@@ -178,9 +231,11 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
         raise TraceError(f"{path}: the trace has no spans")
 
     def dev(pid):
-        if device_of:
-            return device_of.get(pid)
-        return pid if isinstance(pid, int) else None
+        d = device_of.get(pid) if device_of else (pid if isinstance(pid, int) else None)
+        if d is not None and not 0 <= d < limits.MAX_DEVICES:
+            raise TraceError(f"{path}: device {d} (pid {pid!r}) is past octodsl's limit of "
+                             f"{limits.MAX_DEVICES} devices")
+        return d
 
     counts: dict[tuple, int] = defaultdict(int)
     per_step: dict[int, MeasuredStep] = {}
@@ -198,31 +253,30 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
         kind = args.get("kind")
         start = float(e.get("ts", 0.0)) / 1e6
         end = start + float(e.get("dur", 0.0)) / 1e6
-        try:
-            if e.get("tid") == 0 and kind in OP_KINDS:
-                key = (d, "op", e.get("name"))
-                k = counts[key]
-                counts[key] += 1
-                step(k).ops.append(OpSpan(d, kind, int(args["stage"]), int(args["mb"]), start, end))
-            elif e.get("tid") == 0 and kind == "optimizer":
-                key = (d, "optimizer")
-                k = counts[key]
-                counts[key] += 1
-                step(k).updates[d] = (start, end)
-            elif e.get("tid") == 1 and kind in ("send", "recv"):
-                key = (d, kind, e.get("name"))
-                k = counts[key]
-                counts[key] += 1
-                op = re.fullmatch(r"(BW|F|B|W)(\d+):(\d+)", str(e.get("name")))
-                if op:
-                    step(k).messages.append(MeasuredMessage(d, kind, op.group(1), int(op.group(2)),
-                                                            int(op.group(3)), int(args.get("peer", -1)),
-                                                            start, end))
-        except (KeyError, TypeError, ValueError):
-            raise TraceError(f"{path}: span {e.get('name')!r} lacks its stage or micro-batch") from None
+        if e.get("tid") == 0 and kind in OP_KINDS:
+            key = (d, "op", e.get("name"))
+            k = counts[key]
+            counts[key] += 1
+            step(k).ops.append(OpSpan(d, kind, _whole(e, "stage", path), _whole(e, "mb", path),
+                                      start, end))
+        elif e.get("tid") == 0 and kind == "optimizer":
+            key = (d, "optimizer")
+            k = counts[key]
+            counts[key] += 1
+            step(k).updates[d] = (start, end)
+        elif e.get("tid") == 1 and kind in ("send", "recv"):
+            key = (d, kind, e.get("name"))
+            k = counts[key]
+            counts[key] += 1
+            op = re.fullmatch(r"(BW|F|B|W)(\d+):(\d+)", str(e.get("name")))
+            if op:
+                peer = _whole(e, "peer", path) if "peer" in args else -1
+                step(k).messages.append(MeasuredMessage(d, kind, op.group(1), int(op.group(2)),
+                                                        int(op.group(3)), peer, start, end))
     steps = [per_step[k] for k in sorted(per_step) if per_step[k].ops]
     if not steps:
         raise TraceError(f"{path}: the trace has no compute ops (F, B, W, BW spans on thread 0)")
+    _check_overlaps(steps, path)
     devices = 1 + max(op.device for s in steps for op in s.ops)
     for s in steps:
         s.start = min(op.start for op in s.ops)

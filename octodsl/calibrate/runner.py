@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..fileio import write_atomic
 from ..models.spec import ModelSpec
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -179,7 +180,7 @@ def run_plans(spec: ModelSpec, plans: list[tuple[str, str]], processes: int, wor
         "runs": [{"name": name, "plan": text, "trace": str(workdir / f"{name}.trace.json")}
                  for name, text in plans],
     }
-    job_path.write_text(json.dumps(job))
+    write_atomic(job_path, json.dumps(job, allow_nan=False))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
            "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
     root = Path(__file__).resolve().parents[2]

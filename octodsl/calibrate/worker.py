@@ -193,6 +193,7 @@ def run_plan(job: dict, run: dict, spec) -> dict:
     import torch.distributed as dist
 
     from octodsl.deepspeed_ext import initialize
+    from octodsl.fileio import write_atomic
     from octodsl.trace import chrome_trace
     from octodsl.lang import parse_plan
     from octodsl.layers import lm_loss, pipeline_specs
@@ -248,7 +249,7 @@ def run_plan(job: dict, run: dict, spec) -> dict:
                              "gradients, optimizer state), first step",
             "memory": {str(k): v for k, v in memory.items()},
         }
-        Path(run["trace"]).write_text(json.dumps(trace))
+        write_atomic(run["trace"], json.dumps(trace, allow_nan=False))
         result["memory"] = memory
     del engine, meter
     gc.collect()
@@ -262,6 +263,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from octodsl.deepspeed_ext import init_distributed, released_groups, shutdown
+    from octodsl.fileio import write_atomic
     from octodsl.models import parse_model
 
     init_distributed("gloo")
@@ -276,7 +278,7 @@ def main() -> int:
             out["runs"].append(run_plan(job, run, spec))
         _say(event="done", run=run["name"])
     if dist.get_rank() == 0:
-        Path(job["out"]).write_text(json.dumps(out, indent=1))
+        write_atomic(job["out"], json.dumps(out, indent=1, allow_nan=False))
     shutdown()  # else a rank may abort in the interpreter's teardown
     return 0
 

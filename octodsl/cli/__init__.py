@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import importlib
+import os
 import sys
 
 from ..errors import OctoError
+from .common import Parser
 
 # Module names under octodsl.cli, one per command, in the order `--help` lists them.
 COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile", "tune", "compare",
@@ -25,7 +26,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     pull in heavy libraries that `octodsl lint` should not pay for)."""
     chosen = next((a for a in argv or () if not a.startswith("-")), None)
     names = [chosen] if chosen in COMMANDS else COMMANDS
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="octodsl",
         description="Plan, check, simulate, tune and run pipeline-parallel training of hybrid LLMs.",
     )
@@ -42,12 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     # collector thresholds would walk them again and again (a third of lint's time).
     gc.set_threshold(100_000, 50, 100)
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    # Known before parsing: a bad option value is reported like every other error.
+    debug = "--debug" in argv
     try:
+        args = build_parser(argv).parse_args(argv)
         return int(args.func(args) or 0)
     except OctoError as e:
-        if args.debug:
+        if debug:
             raise
         print(f"octodsl: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print("octodsl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the one place an unexpected error is turned into a message
-        if args.debug:
+        if debug:
             raise
         print(f"octodsl: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
               file=sys.stderr)

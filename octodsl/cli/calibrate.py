@@ -8,14 +8,17 @@ one --plan per trace), fit from runs measured already instead."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
+from .. import limits
 from ..errors import OctoError
 from ..units import size
-from .common import UserError
+from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, integer, output,
+                     print_json, write_output, writing)
 
 BUSY = 0.25
 """CPU cores used by other processes during the calibration runs above which a warning says the
@@ -29,18 +32,18 @@ def register(sub) -> None:
                    "the --profile's")
     p.add_argument("--profile", metavar="BASE.json", help="start from this profile (default: "
                    "profile the model now)")
-    p.add_argument("-o", "--output", required=True, metavar="PROFILE.json",
-                   help="where to write the calibrated profile")
-    p.add_argument("--ranks", default="2,4", metavar="N[,N...]",
+    p.add_argument("-o", "--output", type=output(".json"), required=True, metavar="PROFILE.json",
+                   help="where to write the calibrated profile (a .json file)")
+    p.add_argument("--ranks", type=_ranks, default="2,4", metavar="N[,N...]",
                    help="process counts of the calibration plans (default 2,4: pipelines of 2 "
                    "and 4 processes)")
-    p.add_argument("--microbatch-size", type=int, metavar="B", help="profile at this micro-batch "
-                   "size (default: the spec's)")
-    p.add_argument("--seq-len", type=int, metavar="S", help="profile at this sequence length "
+    p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="B", help="profile at this "
+                   "micro-batch size (default: the spec's)")
+    p.add_argument("--seq-len", type=SEQ_LEN, metavar="S", help="profile at this sequence length "
                    "(default: the spec's)")
-    p.add_argument("--steps", type=int, default=6, metavar="N",
+    p.add_argument("--steps", type=STEPS, default=6, metavar="N",
                    help="training steps per calibration plan (default 6)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N",
+    p.add_argument("--warmup", type=WARMUP, default=2, metavar="N",
                    help="steps at the start of each run (or --trace) that are not timed (default 2)")
     p.add_argument("--trace", action="append", default=[], metavar="TRACE.json",
                    help="fit from this measured trace instead of running plans (repeat; one "
@@ -57,15 +60,13 @@ def run(args) -> int:
     from ..costs.profile import ProfileError, read_profile, write_profile
     from ..models import SpecError, load_model
 
-    if args.warmup < 0:
-        raise UserError("--warmup cannot be negative")
     if args.steps < args.warmup + 2:
         raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
                         "after the warm-up are timed, from one step's start to the next's)")
     if len(args.trace) != len(args.plan):
         raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
                         f"{len(args.plan)} plans)")
-    ranks = _ranks(args.ranks)
+    ranks = args.ranks
     if args.profile is None and args.model is None:
         raise UserError("give --model (or a --profile to start from)")
     base = None
@@ -82,10 +83,8 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     if base is not None and (args.microbatch_size or args.seq_len):
         raise UserError("--microbatch-size and --seq-len are for profiling; the --profile fixes them")
-    try:
-        spec = spec.with_shape(args.microbatch_size, args.seq_len)
-    except (SpecError, ValueError) as e:
-        raise UserError(str(e)) from None
+    # The options are bounded where they are read: the spec accepts any shape they allow.
+    spec = spec.with_shape(args.microbatch_size, args.seq_len)
     if base is not None and args.model and _layers(spec) != _layers(base.model):
         raise UserError(f"{args.profile} measured {base.model.name}, not {args.model}")
 
@@ -93,12 +92,14 @@ def run(args) -> int:
 
     console = Console(stderr=True)
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="octodsl-calibrate-"))
-    work.mkdir(parents=True, exist_ok=True)
+    with writing(work):
+        work.mkdir(parents=True, exist_ok=True)
     try:
         if base is None:
             base = _profile(spec, console)
         base_path = work / "base.profile.json"
-        write_profile(base, base_path)
+        with writing(base_path):
+            write_profile(base, base_path)
         if args.trace:
             runs, probe, source = _from_traces(args, base, base_path)
         else:
@@ -109,20 +110,19 @@ def run(args) -> int:
         with console.status("fitting"):
             calibration = fit(base.cost_table(base_path), runs, probe=probe, source=source)
         profile = base.model_copy(update={"calibration": calibration})
-        try:
+        with writing(args.output):
             write_profile(profile, args.output)
-        except OSError as e:
-            raise UserError(f"{args.output}: cannot write: {e.strerror}") from None
     finally:
         if not args.workdir:
             import shutil
 
             shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        json.dump(json.loads(calibration.model_dump_json()), sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        spec = profile.model
+        print_json({"model": spec.name, "microbatch_size": spec.microbatch_size,
+                    "seq_len": spec.seq_len, **json.loads(calibration.model_dump_json())})
     else:
-        Console(highlight=False).print(render(calibration, args.output))
+        Console(highlight=False).print(render(calibration, args.output, profile.model))
     return 0
 
 
@@ -141,7 +141,7 @@ def _model_ref(spec, work: Path) -> str:
     except SpecError:
         pass
     path = work / "model.json"
-    path.write_text(spec.model_dump_json(indent=1))
+    write_output(path, spec.model_dump_json(indent=1))
     return str(path)
 
 
@@ -149,14 +149,19 @@ def _shape(spec) -> dict:
     return {"microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len}
 
 
+_PROCESSES = integer(2, limits.MAX_DEVICES)
+
+
 def _ranks(text: str) -> list[int]:
+    """--ranks: process counts, each at least 2 (a pipeline)."""
+    parts = [x for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} (e.g. 2,4)")
     try:
-        ranks = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise UserError(f"--ranks: cannot read {text!r} (e.g. 2,4)") from None
-    if not ranks or min(ranks) < 2:
-        raise UserError("--ranks: pipelines need at least 2 processes")
-    return ranks
+        return sorted({_PROCESSES(x) for x in parts})
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (pipelines need at least 2 processes; e.g. "
+                                         "2,4)") from None
 
 
 def _profile(spec, console):
@@ -180,9 +185,9 @@ def _profile(spec, console):
 def _from_traces(args, base, base_path):
     from ..calibrate.fit import Run
     from ..calibrate.measured import read_trace
+    from ..costs.resolve import cost_table
     from ..lang import PlanSyntaxError, load_plan
 
-    table = base.cost_table(base_path)
     runs = []
     for trace_path, plan_path in zip(args.trace, args.plan):
         try:
@@ -192,10 +197,14 @@ def _from_traces(args, base, base_path):
         except OSError as e:
             raise UserError(f"{plan_path}: {e.strerror}") from None
         try:
-            table.stage_costs(plan)
-            runs.append(Run(plan, read_trace(trace_path, args.warmup), Path(plan_path).stem))
+            # The profile's shape must be the one the plan states, as for `simulate --profile`.
+            cost_table(profile=args.profile or str(base_path),
+                       microbatch_size=plan.header.microbatch_size,
+                       seq_len=plan.header.seq_len).stage_costs(plan)
         except OctoError as e:
-            raise UserError(f"{trace_path}: {e}") from None
+            raise UserError(f"{plan_path}: {e}") from None
+        # A TraceError names the trace already.
+        runs.append(Run(plan, read_trace(trace_path, args.warmup), Path(plan_path).stem))
     return runs, [], "traces " + ", ".join(args.trace)
 
 
@@ -210,7 +219,7 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
     except OctoError as e:
         raise UserError(str(e)) from None
     for _, name, text in plans:
-        (work / f"{name}.octo").write_text(text)
+        write_output(work / f"{name}.octo", text)
     runs, probe = [], []
     total = len(plans) * args.steps
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -246,12 +255,15 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
     return runs, probe, source
 
 
-def render(cal, output: str):
+def render(cal, output: str, spec):
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
+    from .profile import shape
+
     head = Text(f"calibrated on {cal.source}\n", style="bold")
+    head.append(f"{spec.name} at {shape(spec)}\n", style="")
     t = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("parameter", "value"):
         t.add_column(col)

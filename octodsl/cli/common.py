@@ -1,13 +1,116 @@
-"""Helpers shared by the command modules."""
+"""Helpers shared by the command modules: reading inputs, checking and writing outputs, and the
+one parser of each kind of option value (counts, byte sizes, seconds), bounded by
+octodsl.limits, so that every command refuses the same bad values with the same message."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .. import limits
 from ..errors import OctoError
+from ..fileio import write_atomic
+from ..units import exact_size, parse_size
 
 
 class UserError(OctoError):
     """A bad command-line argument or an unreadable file."""
 
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors raised as UserErrors so that `main` prints them as it
+    prints every other error (one line, exit 2)."""
+
+    def error(self, message: str):
+        # "argument --memory: must be ..." -> "--memory: must be ..."; an error about no one
+        # option value (a missing argument, an unknown option) points to the help.
+        if message.startswith("argument "):
+            raise UserError(message.removeprefix("argument "))
+        raise UserError(f"{message} (`{self.prog} --help` lists the options)")
+
+
+# --- Option values ------------------------------------------------------------------------
+
+def integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse `type`: a whole number from `low` to `high`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:,} (octodsl's limit)")
+        return value
+    return parse
+
+
+DEVICES = integer(1, limits.MAX_DEVICES)
+MICROBATCHES = integer(1, limits.MAX_MICROBATCHES)
+MICROBATCH_SIZE = integer(1, limits.MAX_MICROBATCH_SIZE)
+SEQ_LEN = integer(1, limits.MAX_SEQ_LEN)
+DP = integer(1, limits.MAX_DP)
+SEED = integer(0, limits.MAX_INT)
+STEPS = integer(1, limits.MAX_STEPS)
+"""Timed repetitions a command runs itself (profile --repeats, calibrate --steps)."""
+WARMUP = integer(0, limits.MAX_STEPS)
+
+
+def seconds_value(text: str, *, zero: bool = False, unit: float = 1.0,
+                  shown: str | None = None) -> float:
+    """`text` x `unit` seconds, finite and at most MAX_SECONDS; 0 only if `zero`.
+    ArgumentTypeError otherwise (also for nan and inf, which float() reads), quoting `shown`
+    (default: `text`)."""
+    shown = (text if shown is None else shown).strip()
+    try:
+        value = float(text) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a number of seconds") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a finite number of seconds")
+    if value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"must be {'at least 0' if zero else 'more than 0'} "
+                                         "seconds")
+    if value > limits.MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {limits.MAX_SECONDS:g} seconds "
+                                         "(octodsl's limit)")
+    return value
+
+
+_TIME_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration(text: str) -> float:
+    """An argparse `type`: '60s', '2m', '1h' or plain seconds ('90'), more than 0."""
+    t = text.strip().lower()
+    unit = _TIME_UNITS.get(t[-1:])
+    try:
+        return seconds_value(t[:-1] if unit else t, unit=unit or 1, shown=text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (e.g. 60s, 2m)") from None
+
+
+def memory_size(text: str) -> int:
+    """An argparse `type`: a byte size such as 80GiB, from 1 byte to MAX_MEMORY."""
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read {text.strip()!r} as a size "
+                                         "(e.g. 80GiB, 512MB)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte (e.g. 80GiB)")
+    if value > limits.MAX_MEMORY:
+        raise argparse.ArgumentTypeError(f"must be at most {exact_size(limits.MAX_MEMORY)} "
+                                         "(octodsl's limit)")
+    return value
+
+
+# --- Files --------------------------------------------------------------------------------
 
 def read_text(path: str) -> str:
     """A file's text ('-' for standard input), or a UserError saying why it cannot be read."""
@@ -28,13 +131,69 @@ def read_text(path: str) -> str:
         raise UserError(f"{path}: {e.strerror}") from None
 
 
-def write_output(path: str, text: str) -> None:
-    """Write a command's result to `path`, or a UserError saying why it cannot be written."""
+def check_output(path: str, suffixes: tuple[str, ...], option: str) -> str:
+    """`path` if a file of one of `suffixes` can be written there, else a UserError naming
+    `option`: called before a command does its work, so that the work is not lost to a typo."""
+    why = _unwritable(path, suffixes)
+    if why:
+        raise UserError(f"{option}: {why}")
+    return path
+
+
+def output(*suffixes: str) -> Callable[[str], str]:
+    """An argparse `type`: an output file that check_output accepts."""
+    def parse(path: str) -> str:
+        why = _unwritable(path, suffixes)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return path
+    return parse
+
+
+def _unwritable(path: str, suffixes: tuple[str, ...]) -> str | None:
+    if not path:
+        return "no file name given"
+    if os.path.isdir(path):
+        return f"{path} is a folder"
+    if Path(path).suffix.lower() not in suffixes:
+        # Written exactly where asked, never under another name: the name must say what it is.
+        return f"{path} must end in {' or '.join(suffixes)} (the file written is that kind)"
+    folder = os.path.dirname(os.path.realpath(path))
+    shown = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        return f"cannot write {path}: there is no folder {shown}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write {path}: the folder {shown} is not writable"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"cannot write {path}: it is read-only"
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Turn an OSError of writing `path` inside the block into a UserError."""
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield
     except OSError as e:
-        raise UserError(f"{path}: cannot write: {e.strerror}") from None
+        raise UserError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def write_output(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write a command's result to `path` atomically (a failure leaves any old file whole), or
+    a UserError saying why it cannot be written."""
+    with writing(path):
+        write_atomic(path, data)
+
+
+def print_json(obj) -> None:
+    """A command's --json result on standard output. Strict JSON: a value that cannot be a JSON
+    number (nan, inf) is a bug here, each producer turns those into null where it means
+    "undefined" (and its docstring says when)."""
+    import json
+    import sys
+
+    json.dump(obj, sys.stdout, indent=1, allow_nan=False)
+    sys.stdout.write("\n")
 
 
 def stdout_console():

@@ -5,14 +5,13 @@ error of each, and both timelines side by side (one Chrome trace, one PNG)."""
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from pathlib import Path
 
 from ..errors import OctoError
 from ..units import size
-from .common import UserError, pipeline_link, stdout_console
+from .common import (WARMUP, UserError, check_output, output, pipeline_link, print_json,
+                     stdout_console, writing)
 from .simulate import load_plan_or_report
 
 
@@ -29,13 +28,13 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="device of the analytical costs (default cpu)")
     p.add_argument("--link", metavar="NAME", help="link between devices (default: the calibrated "
                    "profile's, else loopback for CPU costs, else nvlink)")
-    p.add_argument("--warmup", type=int, default=1, metavar="N",
+    p.add_argument("--warmup", type=WARMUP, default=1, metavar="N",
                    help="steps at the start of the trace that are not timed (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--side-by-side", metavar="FILE", help="write both timelines as one Chrome trace "
-                   "(default: TRACE.compare.json beside the trace)")
-    p.add_argument("--png", metavar="FILE", help="write both timelines as one picture (default: "
-                   "TRACE.compare.png beside the trace; needs matplotlib)")
+    p.add_argument("--side-by-side", type=output(".json"), metavar="FILE", help="write both "
+                   "timelines as one Chrome trace (default: TRACE.compare.json beside the trace)")
+    p.add_argument("--png", type=output(".png"), metavar="FILE", help="write both timelines as one "
+                   "picture (default: TRACE.compare.png beside the trace; needs matplotlib)")
     p.add_argument("--no-files", action="store_true", help="write neither file")
     p.set_defaults(func=run)
 
@@ -45,8 +44,12 @@ def run(args) -> int:
     from ..calibrate.measured import TraceError, read_trace
     from ..plan import PlanError
 
-    if args.warmup < 0:
-        raise UserError("--warmup cannot be negative")
+    if not args.no_files:
+        stem = Path(args.trace)
+        stem = stem.with_name(stem.name.removesuffix(".json"))
+        trace_out = args.side_by_side or check_output(f"{stem}.compare.json", (".json",),
+                                                      "--side-by-side (default)")
+        png_out = args.png or check_output(f"{stem}.compare.png", (".png",), "--png (default)")
     plan = load_plan_or_report(args.plan)
     if plan is None:
         return 1
@@ -61,14 +64,12 @@ def run(args) -> int:
 
     written = []
     if not args.no_files:
-        stem = Path(args.trace)
-        stem = stem.with_name(stem.name.removesuffix(".json"))
-        trace_out = args.side_by_side or f"{stem}.compare.json"
-        png_out = args.png or f"{stem}.compare.png"
-        _write(trace_out, lambda path: write_side_by_side(result, path))
+        with writing(trace_out):
+            write_side_by_side(result, trace_out)
         written.append(trace_out)
         try:
-            _write(png_out, lambda path: write_png(result, path))
+            with writing(png_out):
+                write_png(result, png_out)
             written.append(png_out)
         except ImportError:
             if args.png:
@@ -76,8 +77,7 @@ def run(args) -> int:
     if args.json:
         out = result.to_json()
         out["written"] = written
-        json.dump(out, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print_json(out)
         return 0
     console = stdout_console()
     console.print(render(result))
@@ -151,10 +151,3 @@ def _time(seconds: float) -> str:
     if abs(seconds) >= 1:
         return f"{seconds:.3f} s"
     return f"{seconds * 1e3:.1f} ms"
-
-
-def _write(path: str, write) -> None:
-    try:
-        write(path)
-    except OSError as e:
-        raise UserError(f"{path}: cannot write: {e.strerror}") from None

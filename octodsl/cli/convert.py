@@ -11,7 +11,7 @@ from ..gen import render_plan
 from ..interop import read_csv, write_csv
 from ..lang import PlanSyntaxError
 from ..lint import lint_source
-from .common import UserError, read_text, write_output
+from .common import UserError, check_output, read_text, write_output
 
 
 def register(sub) -> None:
@@ -27,6 +27,7 @@ def run(args) -> int:
     if kinds not in ((".octo", ".csv"), (".csv", ".octo")):
         raise UserError(f"convert turns .octo into .csv or .csv into .octo, not "
                         f"{kinds[0] or 'no extension'} into {kinds[1] or 'no extension'}")
+    check_output(args.output, (kinds[1],), "-o/--output")
     source = read_text(args.input)
     if kinds[0] == ".octo":
         plan, diags = lint_source(source, args.input)

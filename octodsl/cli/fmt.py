@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ..lang import PlanSyntaxError, analyze, parse_syntax
 from ..lang.fmt import format_file
-from .common import read_text
+from .common import read_text, write_output
 
 
 def register(sub) -> None:
@@ -37,7 +36,7 @@ def run(args) -> int:
                 print(f"{path}: would reformat")
                 status = 1
             else:
-                Path(path).write_text(text)
+                write_output(path, text)  # atomic: a full disk leaves the plan as it was
                 print(f"{path}: reformatted")
     return status
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import sys
 
 from ..gen import PARTITIONS, SCHEDULES, ScheduleError, generate_text
-from .common import UserError, write_output
+from .. import limits
+from .common import (DEVICES, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, UserError, integer,
+                     output, write_output)
 
 
 def register(sub) -> None:
@@ -15,10 +17,10 @@ def register(sub) -> None:
                        "...) as a .octo plan")
     p.add_argument("name", choices=SCHEDULES, metavar="NAME",
                    help="one of: " + ", ".join(SCHEDULES))
-    p.add_argument("--devices", "-p", type=int, required=True, metavar="P", help="pipeline devices")
-    p.add_argument("--microbatches", "-m", type=int, required=True, metavar="M",
+    p.add_argument("--devices", "-p", type=DEVICES, required=True, metavar="P", help="pipeline devices")
+    p.add_argument("--microbatches", "-m", type=MICROBATCHES, required=True, metavar="M",
                    help="micro-batches per iteration")
-    p.add_argument("--chunks", "-v", type=int, metavar="V",
+    p.add_argument("--chunks", "-v", type=integer(1, limits.MAX_STAGES), metavar="V",
                    help="stages per device for interleaved (default 2); zb-v and dualpipev use 2")
     p.add_argument("--model", metavar="SPEC", help="name this model (built-in name or spec file) "
                    "and cut its layers into the stages")
@@ -28,13 +30,23 @@ def register(sub) -> None:
     p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
     p.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile) "
                    "instead of the analytical ones")
-    p.add_argument("--microbatch-size", type=int, metavar="N", help="sequences per micro-batch")
-    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
+    p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
+                   help="sequences per micro-batch")
+    p.add_argument("--seq-len", type=SEQ_LEN, metavar="N", help="tokens per sequence")
+    p.add_argument("-o", "--output", type=output(".octo"), metavar="FILE",
+                   help="write here, a .octo file (default: standard output)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    # Every schedule has at least `chunks` stages per device and two ops per stage and
+    # micro-batch: refuse a plan past the limit before spending minutes building it.
+    ops = args.devices * (args.chunks or 1) * args.microbatches * 2
+    if ops > limits.MAX_OPS:
+        raise UserError(f"{args.devices} devices x {args.microbatches} micro-batches"
+                        + (f" x {args.chunks} chunks" if args.chunks else "")
+                        + f" make at least {ops:,} ops, more than octodsl's limit of "
+                        f"{limits.MAX_OPS:,} per plan")
     try:
         text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
                              args.model, args.partition, device=args.device, profile=args.profile,

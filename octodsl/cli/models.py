@@ -3,14 +3,12 @@ model's layer kinds with their analytical costs."""
 
 from __future__ import annotations
 
-import json
-
 from ..costs.analytical import analytical_costs
 from ..costs.devices import DEVICES, get_device
 from ..models import KIND_SYMBOL, KINDS, SpecError, builtin_models, load_model
 from ..models.builtin import PUBLISHED_PARAMS
 from ..models.spec import ModelSpec
-from .common import UserError
+from .common import MICROBATCH_SIZE, SEQ_LEN, UserError, print_json
 
 _SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
           "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}
@@ -26,8 +24,8 @@ def register(sub) -> None:
                    help="print SPEC as a spec file (a starting point for your own model)")
     p.add_argument("--device", default="H800", choices=list(DEVICES),
                    help="device for SPEC's analytical costs (default H800)")
-    p.add_argument("--microbatch-size", type=int, metavar="B", help="override the spec's")
-    p.add_argument("--seq-len", type=int, metavar="S", help="override the spec's")
+    p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="B", help="override the spec's")
+    p.add_argument("--seq-len", type=SEQ_LEN, metavar="S", help="override the spec's")
     p.set_defaults(func=run)
 
 
@@ -68,7 +66,7 @@ def _billions(n: float | None) -> str:
 def _list(as_json: bool) -> int:
     specs = [load_model(name) for name in builtin_models()]
     if as_json:
-        print(json.dumps([_summary(s) for s in specs], indent=1))
+        print_json([_summary(s) for s in specs])
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -99,9 +97,9 @@ def _show(spec: ModelSpec, device: str, as_json: bool) -> int:
             "f": cost.f, "b": cost.b, "w": cost.w, "act": cost.act, "act_w": cost.act_w})
         row["count"] += 1
     if as_json:
-        print(json.dumps({**_summary(spec), "pattern": spec.pattern, "device": device,
-                          "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
-                          "kinds": list(rows.values())}, indent=1))
+        print_json({**_summary(spec), "pattern": spec.pattern, "device": device,
+                    "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
+                    "kinds": list(rows.values())})
         return 0
     from rich.console import Console
     from rich.table import Table

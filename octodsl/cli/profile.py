@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import sys
 
+from .. import limits
 from ..errors import OctoError
 from ..models import SpecError, load_model
-from .common import UserError
+from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_output, integer,
+                     output, writing)
 
 
 def register(sub) -> None:
@@ -17,21 +19,20 @@ def register(sub) -> None:
                    help="a built-in model name or a spec file (.yaml/.json)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where to measure (default cpu)")
-    p.add_argument("-o", "--output", metavar="PROFILE.json",
+    p.add_argument("-o", "--output", type=output(".json"), metavar="PROFILE.json",
                    help="where to write the profile (default NAME.DEVICE.profile.json)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
+    p.add_argument("--threads", type=integer(1, limits.MAX_THREADS), default=1, metavar="N",
                    help="CPU threads, as each executor rank will use (default 1: one rank per core)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed runs per layer")
-    p.add_argument("--repeats", type=int, default=5, metavar="N",
+    p.add_argument("--warmup", type=WARMUP, default=2, metavar="N", help="untimed runs per layer")
+    p.add_argument("--repeats", type=STEPS, default=5, metavar="N",
                    help="timed runs per layer; the median is kept (default 5)")
-    p.add_argument("--microbatch-size", type=int, metavar="B", help="override the spec's")
-    p.add_argument("--seq-len", type=int, metavar="S", help="override the spec's")
+    p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="B",
+                   help="override the spec's")
+    p.add_argument("--seq-len", type=SEQ_LEN, metavar="S", help="override the spec's")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
-        raise UserError("--repeats and --threads must be at least 1, --warmup at least 0")
     try:
         spec = load_model(args.model).with_shape(args.microbatch_size, args.seq_len)
     except SpecError as e:
@@ -43,7 +44,8 @@ def run(args) -> int:
     from ..costs.profiler import profile_model
 
     console = Console(stderr=True)
-    output = args.output or f"{spec.name}.{args.device}.profile.json"
+    output = args.output or check_output(f"{spec.name}.{args.device}.profile.json", (".json",),
+                                         "-o/--output (default)")
     with Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=not sys.stderr.isatty()) as bar:
         task = bar.add_task(spec.name, total=None)
@@ -56,10 +58,8 @@ def run(args) -> int:
                                     progress)
         except (NotImplementedError, OctoError) as e:
             raise UserError(str(e)) from None
-    try:
+    with writing(output):
         write_profile(profile, output)
-    except OSError as e:
-        raise UserError(f"{output}: cannot write: {e.strerror}") from None
     _print_summary(profile, output)
     return 0
 
@@ -70,8 +70,8 @@ def _print_summary(profile, output: str) -> None:
 
     spec = profile.model
     threads = f", {profile.threads} thread(s)" if profile.threads else ""
-    table = Table(title=f"{spec.name} on {profile.device_name}{threads}: micro-batch "
-                        f"{spec.microbatch_size} x {spec.seq_len}, median of {profile.repeats}")
+    table = Table(title=f"{spec.name} on {profile.device_name}{threads}: {shape(spec)}, median "
+                        f"of {profile.repeats}")
     for col in ("layers", "kind", "count", "F ms", "B ms", "W ms", "act MiB", "act_w MiB"):
         table.add_column(col, justify="left" if col in ("layers", "kind") else "right")
     for m in profile.layers:
@@ -80,4 +80,10 @@ def _print_summary(profile, output: str) -> None:
                       f"{m.w * 1e3:.2f}", f"{m.act / 2**20:.2f}", f"{m.act_w / 2**20:.2f}")
     console = Console()
     console.print(table)
-    console.print(f"wrote {output}", highlight=False)
+    console.print(f"wrote {output}, measured at {shape(spec)}", highlight=False, soft_wrap=True)
+
+
+def shape(spec) -> str:
+    """The micro-batch a profile measured, as `profile` and `calibrate` print it."""
+    return (f"micro-batch size {spec.microbatch_size}, sequence length {spec.seq_len} "
+            f"({spec.tokens:,} tokens)")

@@ -5,7 +5,7 @@ are compared side by side, one row each."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -20,7 +20,8 @@ from ..lint import lint_source
 from ..plan import Plan, PlanError
 from ..sim import SimCosts, compile, simulate, warm_up
 from ..sim.memory_check import CODE as MEMORY_CODE
-from .common import UserError, link_named, pipeline_link, read_text, stdout_console
+from .common import (DP, UserError, link_named, output, pipeline_link, print_json, read_text,
+                     seconds_value, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
@@ -34,7 +35,7 @@ def register(sub) -> None:
     src.add_argument("--model", metavar="SPEC",
                      help="model (built-in name or spec file); default: the plan's `model`")
     src.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile)")
-    src.add_argument("--costs", metavar="F=..,B=..,W=..[,comm=..]",
+    src.add_argument("--costs", type=_parse_costs, metavar="F=..,B=..,W=..[,comm=..]",
                      help="the same costs for every stage, per micro-batch, in seconds (a fused "
                      f"backward costs B + W); comm is each message's time. Default for a plan "
                      f"without a model: {_UNIT_COSTS}")
@@ -44,16 +45,16 @@ def register(sub) -> None:
                    "(none: communication is free). Default: a calibrated profile's link, else nvlink "
                    "with a model, --costs' comm without")
     p.add_argument("--dp-link", metavar="NAME", help="link of the data-parallel all-reduce (default: --link)")
-    p.add_argument("--dp", type=int, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
+    p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
-    p.add_argument("--trace", metavar="FILE", help="write a Chrome / Perfetto trace (JSON)")
-    p.add_argument("--png", metavar="FILE", help="write a Gantt chart (PNG; needs matplotlib)")
+    p.add_argument("--trace", type=output(".json"), metavar="FILE",
+                   help="write a Chrome / Perfetto trace (a .json file)")
+    p.add_argument("--png", type=output(".png"), metavar="FILE",
+                   help="write a Gantt chart (a .png file; needs matplotlib)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if args.dp is not None and args.dp < 1:
-        raise UserError("--dp must be at least 1")
     if len(args.plans) > 1 and (args.trace or args.png):
         raise UserError("--trace and --png take one plan at a time")
     dp_link = link_named(args.dp_link) if args.dp_link else None
@@ -76,8 +77,7 @@ def run(args) -> int:
 
     if args.json:
         objs = [to_json(result, **info) for _, result, info in rows]
-        json.dump(objs[0] if len(objs) == 1 else objs, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print_json(objs[0] if len(objs) == 1 else objs)
     else:
         out = stdout_console()
         if len(rows) == 1:
@@ -88,12 +88,14 @@ def run(args) -> int:
     if args.trace:
         from ..sim.trace import write_trace
 
-        _write(args.trace, lambda path: write_trace(result, path))
+        with writing(args.trace):
+            write_trace(result, args.trace)
     if args.png:
         from ..sim.gantt import write_gantt
 
         try:
-            _write(args.png, lambda path: write_gantt(result, path))
+            with writing(args.png):
+                write_gantt(result, args.png)
         except ImportError:
             raise UserError("--png needs matplotlib: pip install matplotlib") from None
     return 0
@@ -138,7 +140,7 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
         except OctoError:  # a profile measured on a device we hold no description of
             device_memory = None
         return costs, pipeline_link(args.link, table, "nvlink"), device_memory
-    values = _parse_costs(args.costs or _UNIT_COSTS)
+    values = args.costs or _parse_costs(_UNIT_COSTS)
     costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
                      source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
     fixed = Link(f"{values['comm']:g} s per message", values["comm"], 0.0)
@@ -146,28 +148,20 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
 
 
 def _parse_costs(text: str) -> dict[str, float]:
+    """--costs: seconds per op kind (and per message), each finite and at least 0."""
     values = {"comm": 0.0}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         key = key.strip()
         key = key if key == "comm" else key.upper()
+        if not sep or key not in ("F", "B", "W", "comm"):
+            raise argparse.ArgumentTypeError(f"cannot read {part.strip()!r}; write F=1,B=1,W=1 "
+                                             "and optionally comm=0 (seconds)")
         try:
-            if not sep or key not in ("F", "B", "W", "comm"):
-                raise ValueError
-            values[key] = float(value)
-        except ValueError:
-            raise UserError(f"--costs: cannot read {part.strip()!r}; write F=1,B=1,W=1 and "
-                            "optionally comm=0 (seconds)") from None
-        if values[key] < 0:
-            raise UserError(f"--costs: {key} cannot be negative")
+            values[key] = seconds_value(value, zero=True)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{key}: {e}") from None
     missing = [k for k in ("F", "B", "W") if k not in values]
     if missing:
-        raise UserError(f"--costs: give {', '.join(missing)} too (e.g. {_UNIT_COSTS})")
+        raise argparse.ArgumentTypeError(f"give {', '.join(missing)} too (e.g. {_UNIT_COSTS})")
     return {k: values[k] for k in ("F", "B", "W", "comm")}
-
-
-def _write(path: str, write) -> None:
-    try:
-        write(path)
-    except OSError as e:
-        raise UserError(f"{path}: cannot write: {e.strerror}") from None

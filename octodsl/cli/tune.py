@@ -5,12 +5,12 @@ and show it next to the classic schedules on the same simulator."""
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import replace
 
 from ..errors import OctoError
-from .common import UserError, read_text, write_output, stdout_console
+from .common import (DEVICES, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN, UserError, duration,
+                     memory_size, output, print_json, read_text, stdout_console,
+                     write_output)
 
 
 def register(sub) -> None:
@@ -18,22 +18,27 @@ def register(sub) -> None:
                        "with the classic schedules")
     p.add_argument("--model", metavar="SPEC", help="model (built-in name or spec file); default: "
                    "the --from plan's")
-    p.add_argument("--devices", "-p", type=int, metavar="P", help="pipeline devices")
-    p.add_argument("--microbatches", "-m", type=int, metavar="M", help="micro-batches per iteration")
+    p.add_argument("--devices", "-p", type=DEVICES, metavar="P",
+                   help="pipeline devices (2 up to the model's layer count)")
+    p.add_argument("--microbatches", "-m", type=MICROBATCHES, metavar="M",
+                   help="micro-batches per iteration")
     p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
     p.add_argument("--link", default="nvlink", help="link between devices (default nvlink)")
-    p.add_argument("--memory", metavar="SIZE", help="memory limit per device, e.g. 80GiB, or "
-                   "'none' (default: the device's memory)")
-    p.add_argument("--microbatch-size", type=int, metavar="N", help="sequences per micro-batch")
-    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence")
-    p.add_argument("--budget", default="60s", metavar="TIME",
-                   help="wall-time budget of the search, e.g. 60s, 2m (default 60s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    p.add_argument("--memory", type=_memory_limit, metavar="SIZE", help="memory limit per "
+                   "device, e.g. 80GiB, or 'none' (default: the device's memory)")
+    p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
+                   help="sequences per micro-batch")
+    p.add_argument("--seq-len", type=SEQ_LEN, metavar="N", help="tokens per sequence")
+    p.add_argument("--budget", type=duration, default="60s", metavar="TIME",
+                   help="wall time of the baselines and the search, e.g. 60s, 2m (default 60s; "
+                   "each --compare search gets as much again)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument("--from", dest="start", metavar="PLAN", help="refine this plan (its partition "
                    "must name the model's layers)")
     p.add_argument("--compare", default="", metavar="LIST",
                    help="also run, with the same budget: random, milp, milp-warm (comma-separated)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="write the tuned plan here")
+    p.add_argument("-o", "--output", type=output(".octo"), required=True, metavar="FILE",
+                   help="write the tuned plan here (a .octo file)")
     p.add_argument("--explain", action="store_true", help="print each round: phase, move, "
                    "iteration time before and after")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -59,11 +64,9 @@ def run(args) -> int:
             check_plan(start, problem)
         except PlanError as e:
             raise UserError(f"{args.start}: {e}") from None
-    budget = _seconds(args.budget)
-
-    with _Progress(budget, enabled=not args.json) as progress:
+    with _Progress(args.budget, enabled=not args.json) as progress:
         try:
-            outcome = tune_and_compare(problem, budget=budget, seed=args.seed, start=start,
+            outcome = tune_and_compare(problem, budget=args.budget, seed=args.seed, start=start,
                                        others=others, progress=progress)
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None
@@ -78,9 +81,7 @@ def run(args) -> int:
     # Ctrl-C stopped the search: the plan is written, the exit status still says interrupted.
     status = 130 if outcome.tuned.interrupted else 0
     if args.json:
-        json.dump(to_json(problem, outcome.tuned, outcome.baselines, args.output, outcome.others),
-                  sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        print_json(to_json(problem, outcome.tuned, outcome.baselines, args.output, outcome.others))
         return status
     console = stdout_console()
     if args.explain:
@@ -94,7 +95,9 @@ def run(args) -> int:
     stopped = ("" if t.finished else
                " (interrupted: the best plan found so far)" if t.interrupted else
                " (stopped by the budget)")
-    console.print(f"wrote {args.output}; {t.evaluations} plans simulated in {t.seconds:.1f} s"
+    built = sum(b.score is not None for b in outcome.baselines)
+    console.print(f"wrote {args.output}; {built} baselines and {t.evaluations} plans simulated in "
+                  f"{outcome.seconds:.1f} s"
                   + stopped + (f"; {notes}" if notes else ""), style="dim")
     return status
 
@@ -124,8 +127,6 @@ def _start(args):
         raise UserError("--model is required (or a --from plan that names its model)")
     if devices is None or microbatches is None:
         raise UserError("--devices and --microbatches are required (or a --from plan)")
-    if devices < 1 or microbatches < 1:
-        raise UserError("--devices and --microbatches must be at least 1")
     return start, model, devices, microbatches
 
 
@@ -133,7 +134,6 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     """The options given, else the --from plan's header (micro-batch shape, memory limit, data
     parallelism), else the defaults."""
     from ..costs.devices import get_device
-    from ..units import parse_size
     from ..tune.problem import Problem
 
     own = start.header if start is not None else None
@@ -142,10 +142,8 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
             memory = own.memory
         elif args.memory is None:
             memory = get_device(args.device).memory
-        elif args.memory.lower() == "none":
-            memory = None
         else:
-            memory = parse_size(args.memory)
+            memory = None if args.memory == NO_LIMIT else args.memory
         problem = Problem.create(
             model, devices, microbatches, device=args.device, memory=memory, link=args.link,
             microbatch_size=args.microbatch_size or (own and own.microbatch_size),
@@ -157,17 +155,12 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     return problem
 
 
-def _seconds(text: str) -> float:
-    """'60s', '2m', '90' -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    t = text.strip().lower()
-    try:
-        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise UserError(f"--budget: cannot read {text!r} (e.g. 60s, 2m)") from None
-    if value <= 0:
-        raise UserError("--budget must be positive")
-    return value
+NO_LIMIT = "none"
+
+
+def _memory_limit(text: str) -> int | str:
+    """--memory: a size, or NO_LIMIT."""
+    return NO_LIMIT if text.strip().lower() == NO_LIMIT else memory_size(text)
 
 
 def _render(plan, problem, best, args) -> str:

@@ -7,11 +7,13 @@ A profile is accepted wherever the analytical model is: `load_profile(path)` giv
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .. import limits
 from ..errors import OctoError
+from ..fileio import write_atomic
 from ..models.spec import ModelSpec
 from .table import Calibration, CostTable, LayerCost, Link
 
@@ -20,49 +22,57 @@ class ProfileError(OctoError):
     """A profile that cannot be read or does not fit; the message is for the user."""
 
 
+Amount = Annotated[float, Field(ge=0)]
+"""A factor or a rate: finite (every model below refuses nan and inf) and not negative."""
+Seconds = Annotated[float, Field(ge=0, le=limits.MAX_SECONDS)]
+Bytes = Annotated[float, Field(ge=0, le=limits.MAX_MEMORY)]
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
 class MeasuredLayer(BaseModel):
     """One distinct layer, measured once, standing for every layer index in `layers`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    layers: list[int]
+    layers: list[Annotated[int, Field(ge=0)]]
     """Indices (in the model's layer list) of the identical layers this measurement is for."""
     kind: str
-    f: float = Field(ge=0)
+    f: Seconds
     """Median forward seconds."""
-    b: float = Field(ge=0)
+    b: Seconds
     """Median input-gradient backward seconds (`backward_input`)."""
-    w: float = Field(ge=0)
+    w: Seconds
     """Median weight-gradient backward seconds (`backward_weight`)."""
-    f_samples: list[float] = []
+    f_samples: list[Seconds] = []
     """Every timed forward, seconds (the spread shows the noise)."""
-    b_samples: list[float] = []
-    w_samples: list[float] = []
-    act: float = Field(ge=0)
+    b_samples: list[Seconds] = []
+    w_samples: list[Seconds] = []
+    act: Bytes
     """Activation bytes held from F until B."""
-    act_w: float = Field(ge=0)
+    act_w: Bytes
     """Of `act`, bytes still held after B until W."""
-    params: int = Field(ge=0)
-    out_bytes: float = Field(ge=0)
+    params: int = Field(ge=0, le=limits.MAX_INT)
+    out_bytes: Bytes
     """Bytes of the layer's output activation."""
 
 
 class FittedLink(BaseModel):
     """Point-to-point link between two pipeline devices: latency + bytes / bandwidth."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    latency: float = Field(ge=0)
+    latency: Seconds
     """Seconds per message."""
-    bandwidth: float = Field(gt=0)
-    """Bytes per second."""
+    bandwidth: float = Field(ge=1)
+    """Bytes per second (at least 1: a message must take finite time)."""
 
 
 class ProfileCalibration(BaseModel):
     """Cost parameters fitted against real runs of the executor (`octodsl calibrate`): what a
     per-layer profile cannot see. Applied through the cost table (`Calibration`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     created: str
     """ISO 8601 time of the fit."""
@@ -71,16 +81,17 @@ class ProfileCalibration(BaseModel):
     processes: list[int] = []
     """Pipeline process counts the fit saw."""
     link: FittedLink
-    op_scale: dict[Literal["F", "B", "W", "BW"], float] = {}
+    op_scale: dict[Literal["F", "B", "W", "BW"], Amount] = {}
     """Per op kind: factor on the profiled per-layer seconds summed over the op's stage."""
-    op_overhead: dict[Literal["F", "B", "W", "BW"], float] = {}
+    op_overhead: dict[Literal["F", "B", "W", "BW"], Seconds] = {}
     """Per op kind: seconds the executor adds to each op."""
     update_per_param: float = Field(default=0.0, ge=0)
     """Optimizer step seconds per parameter."""
-    step_overhead: float = Field(default=0.0, ge=0)
+    step_overhead: Seconds = 0.0
     """Seconds per iteration spent synchronising the pipeline at the step."""
-    cores: float | None = Field(default=None, gt=0)
-    """Processors the pipeline's processes share (None: one each)."""
+    cores: float | None = Field(default=None, ge=0.01, le=limits.MAX_DEVICES)
+    """Processors the pipeline's processes share (None: one each); a fit of a loaded machine
+    may find less than one, never less than a hundredth (it would divide every op's time)."""
     contention: float = Field(default=0.0, ge=0)
     """Compute slowdown per other process computing at the same time."""
     overlap_slowdown: float = Field(default=0.0, ge=0)
@@ -88,7 +99,7 @@ class ProfileCalibration(BaseModel):
     oversubscription: float = Field(default=0.0, ge=0)
     """Compute slowdown per process computing beyond `cores`, on top of the fair share
     (time-slicing: context switches, caches refilled)."""
-    act_w_extra: dict[str, float] = {}
+    act_w_extra: dict[str, Bytes] = {}
     """Per layer kind: bytes a split backward holds from B until W beyond the profiled `act_w`
     (the gradients W restarts from), added to each layer's act_w."""
     fit: dict = {}
@@ -107,7 +118,7 @@ class ProfileCalibration(BaseModel):
 class Profile(BaseModel):
     """Measured costs of a model (at the spec's micro-batch size and sequence length)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     version: Literal[1] = 1
     model: ModelSpec
@@ -115,13 +126,13 @@ class Profile(BaseModel):
     device: Literal["cpu", "cuda"]
     device_name: str
     """The processor or GPU, as the system names it."""
-    threads: int | None = None
+    threads: int | None = Field(default=None, ge=1)
     """CPU threads torch used (the executor's per-rank count); None on CUDA."""
     memory_method: str
     """How activation bytes were obtained."""
-    warmup: int
-    repeats: int
-    bytes_per_param: int
+    warmup: int = Field(ge=0)
+    repeats: int = Field(ge=1)
+    bytes_per_param: int = Field(ge=0, le=limits.MAX_INT)
     """Static bytes per parameter: parameters, gradients and optimizer state."""
     torch_version: str
     created: str
@@ -182,8 +193,8 @@ def read_profile(path: str | Path) -> Profile:
 
 
 def write_profile(profile: Profile, path: str | Path) -> None:
-    """Write a profile as indented JSON."""
-    Path(path).write_text(profile.model_dump_json(indent=1) + "\n")
+    """Write a profile as indented JSON (atomically: a failure leaves the old file whole)."""
+    write_atomic(path, profile.model_dump_json(indent=1) + "\n")
 
 
 def load_profile(path: str | Path) -> CostTable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..fileio import open_atomic
 from .result import SimResult
 
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "BW": "#8172B3"}
@@ -82,8 +83,12 @@ def write_gantt(result: SimResult, path: str, title: str | None = None) -> None:
               title="lighter: later chunk" if chunked else None, title_fontsize=7,
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(title or p.plan.header.name, loc="left")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        # PNG whatever the path's extension: the command line checks that it ends in .png.
+        with open_atomic(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def _unit(seconds: float) -> tuple[float, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..fileio import write_atomic
 from ..trace import COMM, Span, chrome_trace as layout, comm_span, op_span
 from .result import SimResult
 
@@ -39,4 +40,4 @@ def chrome_trace(result: SimResult) -> dict:
 
 
 def write_trace(result: SimResult, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(chrome_trace(result), separators=(",", ":")))
+    write_atomic(path, json.dumps(chrome_trace(result), separators=(",", ":"), allow_nan=False))

@@ -8,6 +8,7 @@ A baseline is named `SCHEDULE[-vCHUNKS]-PARTITION`, e.g. `1f1b-equal`, `interlea
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -26,8 +27,11 @@ SCHEDULES: tuple[tuple[str, int | None], ...] = (
 class Baseline:
     name: str
     score: Score | None
-    """None when the schedule cannot be built for this problem (`error` says why)."""
+    """None when the schedule cannot be built for this problem or was not run (`error` says
+    why)."""
     error: str | None = None
+    seconds: float = 0.0
+    """Wall time of building and simulating it."""
 
     @property
     def usable(self) -> bool:
@@ -66,14 +70,32 @@ def classic_plans(problem: Problem) -> Iterable[tuple[str, Plan | None, str | No
                              lay.placement, orders), None
 
 
+NOT_RUN = "not run: the budget ran out"
+"""The error of a baseline left out for the deadline."""
+
+
 def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
-                      on_each: Callable[[str], None] | None = None) -> list[Baseline]:
+                      on_each: Callable[[str], None] | None = None,
+                      deadline: float | None = None) -> list[Baseline]:
+    """Every baseline, in SCHEDULES order; with a `deadline` (time.perf_counter()), those that
+    would likely end past it (by the slowest one so far, built and simulated) are not run."""
     evaluate = evaluate or Evaluator(problem)
-    out = []
-    for name, plan, error in classic_plans(problem):
+    names = [baseline_name(s, c, m) for s, c in SCHEDULES for m in PARTITIONS]
+    out: list[Baseline] = []
+    slowest = 0.0
+    plans = classic_plans(problem)
+    while len(out) < len(names):
+        began = time.perf_counter()
+        if deadline is not None and began + slowest > deadline:
+            out += [Baseline(name, None, NOT_RUN) for name in names[len(out):]]
+            break
+        name, plan, error = next(plans)
         if on_each:
             on_each(name)
-        out.append(Baseline(name, evaluate(plan) if plan is not None else None, error))
+        score = evaluate(plan) if plan is not None else None
+        seconds = time.perf_counter() - began
+        out.append(Baseline(name, score, error, seconds))
+        slowest = max(slowest, seconds)
     return out
 
 

@@ -4,15 +4,18 @@ search and the CP-SAT model with the same budget."""
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import OctoError
 from ..plan import Plan
+from ..sim import warm_up
 from ..units import size
 from .baselines import Baseline, best_baseline, classic_baselines
 from .evaluate import Evaluator, Score
-from .loop import Progress, TuneResult, tune
+from .loop import BudgetTooShort, Progress, TuneResult, tune
 from .problem import Problem
 
 OTHERS = ("random", "milp", "milp-warm")
@@ -34,10 +37,17 @@ class Outcome:
     others: dict[str, Score | None] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     """Per other baseline: what it did (evaluations, solver status)."""
+    seconds: float = 0.0
+    """Wall time of the baselines and the tuner (the other searches not included)."""
 
 
 def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: Plan | None = None,
                      others: Sequence[str] = (), progress: Progress | None = None) -> Outcome:
+    """The baselines and the tuner within `budget` seconds together (the baselines take at most
+    half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own."""
+    warm_up()  # loading the compiled simulator is start-up, not the budget's
+    t0 = time.perf_counter()
+
     def note(phase: str):
         if progress:
             progress(phase, float("inf"), budget)
@@ -46,17 +56,33 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
     if reason is not None:
         raise NoPlanFits(reason)
     note("baselines")
-    baselines = classic_baselines(problem, Evaluator(problem))
+    baselines = classic_baselines(problem, Evaluator(problem), deadline=t0 + budget / 2)
     best = best_baseline(baselines)
     starts = ([start] if start is not None else []) + ([best.score.plan] if best else [])
-    tuned = tune(problem, budget=budget, seed=seed, starts=starts, progress=progress)
+    left = t0 + budget - time.perf_counter()
+    try:
+        # A start of the tuner costs about what a baseline does: none fits in less time.
+        if left <= 0 or (best is not None and left < max(b.seconds for b in baselines)):
+            raise BudgetTooShort("no time left after the baselines")
+        tuned = tune(problem, budget=left, seed=seed, starts=starts, progress=progress)
+    except BudgetTooShort:
+        # The best baseline is the best plan found in time (the checks below say if it does
+        # not fit).
+        scored = [b.score for b in baselines if b.score is not None and b.score.result is not None]
+        if not scored:
+            raise BudgetTooShort(f"the budget of {budget:.3g} s ran out before one plan was "
+                                 "simulated; give it more time") from None
+        first = functools.reduce(lambda a, b: b if b.better_than(a) else a, scored)
+        tuned = TuneResult(first, [], 0, finished=False)
     if tuned.interrupted and not tuned.best.fits:
         raise KeyboardInterrupt  # nothing worth keeping
     if not tuned.best.fits:
         peak = float(tuned.best.peak.max())
+        more = "" if tuned.finished else " (the budget stopped the search: a longer one may)"
         raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device: the best "
-                         f"peaks at {size(peak)}; use more devices or a larger memory limit")
-    out = Outcome(problem, tuned, baselines)
+                         f"peaks at {size(peak)}; use more devices or a larger memory limit"
+                         + more)
+    out = Outcome(problem, tuned, baselines, seconds=time.perf_counter() - t0)
     if tuned.interrupted:  # the user wants the tuned plan now, not the other searches' budgets
         out.notes.update((name, "not run: interrupted") for name in others)
         return out

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from ..errors import OctoError
 from ..plan import Plan
 from .diagnose import diagnose
 from .evaluate import Evaluator, Score
@@ -80,6 +81,10 @@ class _NothingSimulated(Exception):
     """The budget ran out before a search simulated one plan."""
 
 
+class BudgetTooShort(OctoError):
+    """The budget ran out before the tuner simulated one plan."""
+
+
 def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Sequence[Plan] = (),
          max_evaluations: int | None = None, progress: Progress | None = None,
          restarts: int = RESTARTS) -> TuneResult:
@@ -94,6 +99,7 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
     # programs it keeps.
     evaluate = Evaluator(problem)
     fitted: dict[tuple[int, ...], Layout | None] = {}
+    step_cost: dict[str, float] = {}
     out: TuneResult | None = None
     for k in range(restarts):
         if out is not None:
@@ -105,10 +111,11 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
         shown = _best_shown(progress, out.best.time if out else math.inf)
         try:
             r = _Search(problem, evaluate, deadline, seed + k, max_evaluations, shown,
-                        fitted).run(starts)
+                        fitted, step_cost).run(starts)
         except _NothingSimulated:
             if out is None:
-                raise RuntimeError("the budget ran out before the tuner could simulate one plan") from None
+                raise BudgetTooShort(f"the budget of {budget:.3g} s ran out before the tuner "
+                                     "could simulate one plan; give it more time") from None
             out.finished = False
             break
         except KeyboardInterrupt:
@@ -145,7 +152,8 @@ def _order(a: Score, b: Score) -> int:
 class _Search:
     def __init__(self, problem: Problem, evaluate: Evaluator, deadline: float, seed: int,
                  max_evaluations: int | None, progress: Progress | None,
-                 fitted: dict[tuple[int, ...], Layout | None]) -> None:
+                 fitted: dict[tuple[int, ...], Layout | None],
+                 step_cost: dict[str, float]) -> None:
         self.problem = problem
         self.seed = seed
         self.deadline = deadline
@@ -163,18 +171,35 @@ class _Search:
         self.tried: set[tuple[Layout, bool]] = set()
         self.last_cost = 0.0
         """Seconds the last simulation took."""
+        self.step_cost = step_cost
+        """Per phase: the most seconds one step took, from the end of the step before (or the
+        start) to the end of its simulation, building the plan and the moves included (of
+        all searches: a later one starts as dear)."""
+        self.step_start = time.perf_counter()
+
+    def ready(self, phase: str) -> None:
+        """Raise _OutOfBudget before building a plan of `phase` that would likely be finished
+        past the deadline (by the cost of that phase's slowest step so far, else of any
+        phase's): the budget is a limit, not a target, and building a start or a placement
+        move of a large problem takes longer than simulating it."""
+        cost = self.step_cost.get(phase, max(self.step_cost.values(), default=0.0))
+        if time.perf_counter() + cost > self.deadline:
+            raise _OutOfBudget
 
     def score(self, plan: Plan, phase: str, w_gap: bool) -> Score:
         now = time.perf_counter()
         # Stop when the next simulation (and the moves around it) would likely end past the
-        # deadline: the budget is a limit, not a target.
+        # deadline.
         if now + 2 * self.last_cost > self.deadline or (
                 self.max_evaluations is not None and self.evaluate.count >= self.max_evaluations):
             raise _OutOfBudget
         if self.progress:
             self.progress(phase, self.best.time if self.best else math.inf, self.deadline - now)
         s = self.evaluate(plan)
-        self.last_cost = time.perf_counter() - now
+        end = time.perf_counter()
+        self.last_cost = end - now
+        self.step_cost[phase] = max(self.step_cost.get(phase, 0.0), end - self.step_start)
+        self.step_start = end
         if s.better_than(self.best):
             self.best, self.best_w_gap = s, w_gap
         return s
@@ -209,8 +234,10 @@ class _Search:
             out.append((f"given plan {plan.header.name!r}", self.score(plan, "start", True),
                         Layout.of(plan), True))
         for name, devices in families(p.devices, p.num_layers):
+            self.ready("start")
             layout, cuts = self._start_cuts(devices)
             for w_gap in (False, True):
+                self.ready("start")
                 self.tried.add((layout, w_gap))
                 plan = rebuild(p.skeleton(layout), p, w_gap)
                 out.append((f"placement {name}, {cuts}" + (", W held for gaps" if w_gap else ""),
@@ -240,6 +267,7 @@ class _Search:
         misses = 0
         while misses < PATIENCE:
             best = self.best
+            self.ready("kick")
             st = State(self.problem, best, Layout.of(best.plan), self.best_w_gap,
                        diagnose(best.result), self.seed)
             prop = kick(st, rng)
@@ -269,6 +297,7 @@ class _Search:
                 if (prop.layout, prop.w_gap) in self.tried:
                     continue
                 self.tried.add((prop.layout, prop.w_gap))
+            self.ready(phase)
             plan = prop.build()
             w_gap = st.w_gap if prop.w_gap is None else prop.w_gap
             s = self.score(plan, phase, w_gap)

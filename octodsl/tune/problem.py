@@ -7,13 +7,35 @@ import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from pydantic import ValidationError
 
+from .. import limits
 from ..costs.devices import get_link
 from ..costs.resolve import cost_table
 from ..costs.table import CostTable, Link, StageCost
+from ..errors import OctoError
 from ..plan import Header, Plan, Slot
 from ..units import size
 from .layout import Layout
+
+
+def check_size(model: str, num_layers: int, devices: int, microbatches: int) -> None:
+    """OctoError unless the tuner can work on this many devices and micro-batches: a pipeline
+    of 2 or more devices (one device has nothing to partition or place), each holding at
+    least one layer, and plans within MAX_OPS with one stage per device and split backwards
+    (the fewest ops of the plans it tries)."""
+    if devices < 2:
+        raise OctoError(f"tune needs at least 2 devices (a pipeline), not {devices}; a single "
+                        "device runs every layer in one stage: `octodsl gen 1f1b -p 1 -m "
+                        f"{microbatches} --model {model}` writes that plan")
+    if devices > num_layers:
+        raise OctoError(f"{model} has {num_layers} layers: tune takes 2 to {num_layers} devices "
+                        f"(each device holds at least one layer), not {devices}")
+    ops = 3 * devices * microbatches
+    if ops > limits.MAX_OPS:
+        raise OctoError(f"{devices} devices x {microbatches} micro-batches make at least {ops:,} "
+                        f"ops per plan, more than octodsl's limit of {limits.MAX_OPS:,}; use "
+                        f"at most {limits.MAX_OPS // (3 * devices):,} micro-batches")
 
 
 @dataclass
@@ -34,12 +56,18 @@ class Problem:
                microbatch_size: int | None = None, seq_len: int | None = None,
                name: str | None = None) -> Problem:
         """Analytical costs of a model (built-in name or spec path) on a built-in device.
-        Raises ValueError with a message for the user."""
-        table = cost_table(model=model, device=device, microbatch_size=microbatch_size,
-                           seq_len=seq_len)
-        header = Header(name=name or f"tuned-{model}-p{devices}-m{microbatches}", devices=devices,
-                        microbatches=microbatches, model=model, microbatch_size=microbatch_size,
-                        seq_len=seq_len, memory=memory)
+        Raises OctoError with a message for the user."""
+        try:
+            table = cost_table(model=model, device=device, microbatch_size=microbatch_size,
+                               seq_len=seq_len)
+            check_size(model, len(table.layers), devices, microbatches)
+            header = Header(name=name or f"tuned-{model}-p{devices}-m{microbatches}",
+                            devices=devices, microbatches=microbatches, model=model,
+                            microbatch_size=microbatch_size, seq_len=seq_len, memory=memory)
+        except ValidationError as e:  # a value out of the plan header's (or the spec's) range
+            first = e.errors()[0]
+            raise OctoError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (given "
+                            f"{first['input']!r})") from None
         return cls(table, header, link if isinstance(link, Link) else get_link(link))
 
     @property

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..units import size
-from .baselines import Baseline, best_baseline
+from .baselines import NOT_RUN, Baseline, best_baseline
 from .evaluate import Score
 from .loop import Round, TuneResult
 from .problem import Problem
@@ -40,8 +40,8 @@ class Figures:
 def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan_path: str | None,
             extra: dict[str, Score | None] | None = None) -> dict:
     """At least: plan, iteration_time, lower_bound, efficiency, peak_memory (per device),
-    baselines (name -> iteration time, null when the schedule could not be built or does not
-    fit in memory)."""
+    baselines (name -> iteration time, null when the schedule could not be built, was not run
+    for the budget (those are listed in not_run) or does not fit in memory)."""
     f = Figures.of(tuned.best, problem)
     others = _others(baselines, extra)
     best = best_baseline(baselines)
@@ -65,6 +65,7 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
         "speedup": {name: (s.time / f.iteration_time if s is not None and s.fits else None)
                     for name, s in others.items()},
         "best_baseline": best.name if best else None,
+        "not_run": [b.name for b in baselines if b.error == NOT_RUN],
         "tuner": {"seconds": tuned.seconds, "evaluations": tuned.evaluations,
                   "finished": tuned.finished, "interrupted": tuned.interrupted,
                   "rounds": len(tuned.rounds)},
@@ -91,6 +92,7 @@ def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseli
         table.add_column(col, justify="right", no_wrap=True)
     table.add_row(*_cells("tuned", f_tuned, f_tuned), style="bold green")
     rows = []
+    not_run = {b.name for b in baselines if b.error == NOT_RUN}
     for name, s in _others(baselines, extra).items():
         if s is None:
             rows.append((math.inf, name, None))
@@ -98,7 +100,8 @@ def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseli
             rows.append((s.time if s.fits else math.inf, name, Figures.of(s, problem)))
     for _, name, f in sorted(rows, key=lambda r: (r[0], r[1])):
         if f is None:
-            table.add_row(name, Text("cannot be built", style="dim"), *[""] * 5)
+            table.add_row(name, Text("not run (budget)" if name in not_run else "cannot be built",
+                                     style="dim"), *[""] * 5)
         else:
             table.add_row(*_cells(name, f, f_tuned))
     return table

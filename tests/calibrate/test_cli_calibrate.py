@@ -35,6 +35,7 @@ def test_calibrate_from_traces(files, capsys):
     assert main(["calibrate", "--profile", str(base), "-o", str(out), *args]) == 0
     text = capsys.readouterr().out
     assert "calibration runs" in text and "wrote" in text
+    assert "nemotron-h-tiny at micro-batch size 2, sequence length" in text
     prof = read_profile(out)
     cal = prof.calibration
     assert cal is not None and cal.source.startswith("traces ")
@@ -59,15 +60,22 @@ def test_recalibrating_a_calibrated_profile_starts_from_its_layers(files, capsys
     out = tmp / "again.json"
     assert main(["calibrate", "--profile", str(first), "-o", str(out), "--json", *args]) == 0
     cal = json.loads(capsys.readouterr().out)
+    spec = syn.profile().model
+    assert (cal["model"], cal["microbatch_size"], cal["seq_len"]) == (
+        spec.name, spec.microbatch_size, spec.seq_len)
     assert cal["op_scale"]["F"] == pytest.approx(syn.TRUE.op_scale["F"], rel=1e-3)
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--trace", "t.json"], "one --plan per --trace"),
     (["--ranks", "1"], "at least 2 processes"),
-    (["--ranks", "two"], "cannot read"),
+    (["--ranks", "two"], "--ranks: 'two' is not a whole number"),
+    (["--ranks", ","], "--ranks: cannot read ','"),
+    (["--ranks", "2,5000"], "--ranks: must be at most 4,096"),
     (["--steps", "3"], "at least --warmup + 2"),
-    (["--warmup", "-1"], "cannot be negative"),
+    (["--steps", "100000"], "--steps: must be at most 1,000"),
+    (["--warmup", "-1"], "--warmup: must be at least 0"),
+    (["--microbatch-size", "0"], "--microbatch-size: must be at least 1"),
 ])
 def test_user_errors(files, capsys, argv, message):
     tmp, base, _ = files

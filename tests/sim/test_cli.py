@@ -111,13 +111,21 @@ def test_png(plan_file, tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--costs", "F=1,B=x"], "--costs: cannot read 'B=x'"),
+    (["--costs", "F=1,B=x"], "--costs: B: 'x' is not a number of seconds"),
+    (["--costs", "F=1,X=1"], "--costs: cannot read 'X=1'"),
     (["--costs", "F=1,B=1"], "--costs: give W too"),
-    (["--costs", "F=1,B=1,W=-1"], "cannot be negative"),
+    (["--costs", "F=1,B=1,W=-1"], "--costs: W: must be at least 0 seconds"),
+    (["--costs", "F=nan,B=1,W=1"], "--costs: F: 'nan' is not a finite number of seconds"),
+    (["--costs", "F=1,B=inf,W=1"], "--costs: B: 'inf' is not a finite number of seconds"),
+    (["--costs", "F=1,B=1,W=1,comm=1e300"], "--costs: comm: must be at most 1e+06 seconds"),
     (["--link", "carrier-pigeon"], "unknown link 'carrier-pigeon'"),
     (["--model", "nemotron-h-8b"], "stage 0 names no layers"),
     (["--model", "no-such-model"], "no-such-model"),
-    (["--dp", "0"], "--dp must be at least 1"),
+    (["--dp", "0"], "--dp: must be at least 1"),
+    (["--dp", "two"], "--dp: 'two' is not a whole number"),
+    (["--png", "gantt.txt"], "--png: gantt.txt must end in .png"),
+    (["--trace", "trace.png"], "--trace: trace.png must end in .json"),
+    (["--trace", "/no/such/folder/t.json"], "cannot write /no/such/folder/t.json: there is no folder"),
 ])
 def test_bad_input_is_a_message(plan_file, capsys, argv, message):
     assert main(["simulate", plan_file(), *argv]) == 2

@@ -1,0 +1,109 @@
+"""The budget is a limit: neither the baselines nor the tuner start work they would likely not
+finish before the deadline. Timed on a fake clock that only the work moves (each simulation
+and each start built takes a fixed number of fake seconds), so the tests time nothing real."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from octodsl.tune import loop
+from octodsl.tune.baselines import NOT_RUN, classic_baselines
+from octodsl.tune.compare import tune_and_compare
+from octodsl.tune.evaluate import Evaluator
+from octodsl.tune.problem import Problem
+from octodsl.tune.report import comparison_table, to_json
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.late = []
+        """Work started at or past these deadlines."""
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
+
+
+def costs(monkeypatch, clock, simulate: float, build_start: float = 0.0) -> None:
+    """Each simulation takes `simulate` fake seconds, building a tuner's start `build_start`."""
+    evaluate = Evaluator.__call__
+
+    def timed_evaluate(self, plan):
+        clock.now += simulate
+        return evaluate(self, plan)
+
+    rebuild = loop.rebuild
+
+    def timed_rebuild(*args, **kwargs):
+        clock.now += build_start
+        return rebuild(*args, **kwargs)
+
+    monkeypatch.setattr(Evaluator, "__call__", timed_evaluate)
+    monkeypatch.setattr(loop, "rebuild", timed_rebuild)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Problem.create("nemotron-h-tiny", 4, 8)
+
+
+def test_the_tuner_does_not_build_a_start_it_cannot_finish(monkeypatch, clock, tiny):
+    # A start takes 5 s to build and 1 s to simulate: with 20 s, three fit (18 s); a fourth
+    # would end at 24 s. Before, the budget was checked only before simulating, after building.
+    costs(monkeypatch, clock, simulate=1.0, build_start=5.0)
+    t0 = clock.now
+    out = loop.tune(tiny, budget=20.0)
+    assert not out.finished and out.evaluations == 3
+    assert clock.now - t0 <= 20.0
+
+
+def test_the_tuner_stops_within_the_budget_when_simulating_is_dear(monkeypatch, clock, tiny):
+    costs(monkeypatch, clock, simulate=2.0)
+    t0 = clock.now
+    out = loop.tune(tiny, budget=15.0)
+    assert not out.finished and clock.now - t0 <= 15.0 and out.evaluations >= 1
+
+
+def test_baselines_past_the_deadline_are_not_run(monkeypatch, clock, tiny):
+    costs(monkeypatch, clock, simulate=1.0)
+    t0 = clock.now
+    out = classic_baselines(tiny, deadline=t0 + 3.5)
+    run = [b for b in out if b.error != NOT_RUN]
+    assert [b.seconds for b in run] == [1.0, 1.0, 1.0] and clock.now - t0 == 3.0
+    assert len(out) == 21 and [b.name for b in run] == ["1f1b-time", "1f1b-parameters",
+                                                         "1f1b-equal"]
+
+
+def test_tune_and_compare_keeps_to_the_budget(monkeypatch, clock, tiny):
+    # Half of 10 s for the baselines (5 of 1 s each: a sixth would end past 5 s), the rest
+    # for the tuner; the baselines left out are reported as not run.
+    costs(monkeypatch, clock, simulate=1.0)
+    t0 = clock.now
+    out = tune_and_compare(tiny, budget=10.0)
+    assert clock.now - t0 <= 10.0 and out.seconds <= 10.0
+    assert sum(b.error != NOT_RUN for b in out.baselines) == 5
+    data = to_json(tiny, out.tuned, out.baselines, "t.octo")
+    assert len(data["not_run"]) == 16 and data["baselines"][data["not_run"][0]] is None
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(comparison_table(tiny, out.tuned, out.baselines))
+    assert "not run (budget)" in console.export_text()
+
+
+def test_no_time_for_the_tuner_keeps_the_best_baseline(monkeypatch, clock, tiny):
+    costs(monkeypatch, clock, simulate=3.0)
+    t0 = clock.now
+    out = tune_and_compare(tiny, budget=4.0)
+    assert clock.now - t0 == 3.0  # one baseline; the 1 s left would not simulate a plan
+    assert out.tuned.evaluations == 0 and not out.tuned.finished
+    assert out.tuned.best is out.baselines[0].score
