@@ -31,6 +31,7 @@ from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
 from .split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
 from ..trace import Span, op_span, write_trace
+from .checkpoint import Checkpoints
 from .watchdog import DEFAULT_TIMEOUT, Watchdog
 
 
@@ -47,7 +48,7 @@ class _Saved:
     """After B: what W runs."""
 
 
-class OctoPipeEngine(PipelineEngine):
+class OctoPipeEngine(Checkpoints, PipelineEngine):
     def __init__(self, *args, plan: Plan, timeout: float = DEFAULT_TIMEOUT, trace: bool = False,
                  **kwargs):
         self._in_parent_init = True  # the parent's warm-up uses topological first/last stages
