@@ -33,3 +33,10 @@ MAX_MEMORY = 1 << 50
 """Memory per device, bytes (1 PiB)."""
 MAX_LAYERS = 65536
 """Layers of one model spec."""
+MAX_TIMEOUT = 86400.0
+"""Seconds the executor's watchdog lets a rank wait for one message (`"octo": {"timeout"}`)."""
+MAX_STEPS = 10**7
+"""Training steps of one `examples/train.py` run (`--steps`)."""
+MAX_SEED = 2**32 - 1
+"""Random seeds (`examples/train.py --seed`; its data seeds derive from it and stay in torch's
+64-bit range)."""
