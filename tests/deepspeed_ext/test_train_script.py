@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from octodsl.costs.resolve import cost_table
@@ -22,7 +24,10 @@ from octodsl.sim import SimCosts
 from ..conftest import REPO
 
 sys.path.insert(0, str(REPO / "examples"))
+_accelerator = os.environ.get("DS_ACCELERATOR")
 train = importlib.import_module("train")
+if _accelerator is None:  # train.py chooses the CPU for its own process, not for the test session
+    del os.environ["DS_ACCELERATOR"]
 
 
 @pytest.fixture
@@ -30,6 +35,9 @@ def files(tmp_path, monkeypatch):
     """Writes a one-device plan (this process is the whole job) and a DeepSpeed config."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("RANK", "0")
+    # what train.py sets for its own process, not for the test session
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
 
     def write(plan_text=None, **config):
         plan = tmp_path / "plan.octo"
