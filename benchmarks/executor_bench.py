@@ -37,10 +37,10 @@ from deepspeed import comm as dist  # noqa: E402
 from octodsl.costs.profiler import profile_model  # noqa: E402
 from octodsl.deepspeed_ext import init_distributed, initialize  # noqa: E402
 from octodsl.deepspeed_ext.module import FixedPartitionModule, parameters_parts  # noqa: E402
-from octodsl.deepspeed_ext.partition import balanced_split  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
 from octodsl.models import load_model  # noqa: E402
+from octodsl.partition import balance_time  # noqa: E402
 from octodsl.plan import Plan, Stage  # noqa: E402
 from train import step_data  # noqa: E402
 
@@ -61,6 +61,10 @@ def parse_args():
 
 def with_partition(plan: Plan, ranges: list[range]) -> Plan:
     return Plan(plan.header, [Stage(r.start, r.stop - 1) for r in ranges], plan.placement, plan.schedule)
+
+
+def balanced(costs: list[float], stages: int) -> list[range]:
+    return [range(a, b + 1) for a, b in balance_time(costs, stages)]
 
 
 def layer_seconds(spec) -> list[float]:
@@ -91,9 +95,9 @@ def main() -> None:
         p for p in stock_module.parameters() if p.requires_grad])[0]}
     layouts = {
         "1f1b-same": ("1f1b", [range(a, b) for a, b in zip(parts, parts[1:])]),
-        "1f1b-balanced": ("1f1b", balanced_split(costs, devices)),
-        "zb-h1-balanced": ("zb-h1", balanced_split(costs, devices)),
-        "zb-v-balanced": ("zb-v", balanced_split(costs, 2 * devices)),
+        "1f1b-balanced": ("1f1b", balanced(costs, devices)),
+        "zb-h1-balanced": ("zb-h1", balanced(costs, devices)),
+        "zb-v-balanced": ("zb-v", balanced(costs, 2 * devices)),
     }
     for name, (schedule, ranges) in layouts.items():
         plan = with_partition(generate(schedule, devices=devices, microbatches=args.microbatches), ranges)

@@ -4,18 +4,19 @@
         layer_specs, "plan.octo", config="ds_config.json", loss_fn=lm_loss)
     loss = engine.train_batch(data_iter)
 
-Modules, one job each: launch (the entry point and the plan-vs-launch checks), partition
-(layers per stage), module (several stages per rank), program (the plan's DAG compiled into
-one rank's instructions), p2p (message streams between any two ranks), split_backward (B and
-W), engine (DeepSpeed's PipelineEngine running the program), watchdog, distributed
-(init_distributed, released_groups, shutdown); Chrome traces are written in octodsl.trace's
-layout.
+Modules, one job each: launch (the entry point and the plan-vs-launch checks), config (the
+DeepSpeed config's "octo" section and batch sizes), partition (layers per stage), module
+(several stages per rank), program (the plan's DAG compiled into one rank's instructions), p2p
+(message streams between any two ranks), split_backward (B and W), engine (DeepSpeed's
+PipelineEngine running the program), checkpoint (saves and loads checked on every rank),
+watchdog (hangs and lost peers), distributed (init_distributed, released_groups, shutdown);
+Chrome traces are written in octodsl.trace's layout.
 """
 
-from .errors import PlanLaunchError
+from .errors import CheckpointError, PlanLaunchError
 
-__all__ = ["PlanLaunchError", "check_launch", "init_distributed", "initialize", "released_groups",
-           "shutdown"]
+__all__ = ["CheckpointError", "PlanLaunchError", "check_launch", "init_distributed", "initialize",
+           "released_groups", "shutdown"]
 
 
 def __getattr__(name: str):

@@ -32,10 +32,8 @@ from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
 from .split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
 from ..trace import Span, op_span, write_trace
-from .watchdog import Watchdog
-
-DEFAULT_TIMEOUT = 300.0
-"""Seconds a rank may wait on one message before the watchdog stops the job."""
+from .checkpoint import Checkpoints
+from .watchdog import DEFAULT_TIMEOUT, Watchdog
 
 
 @dataclass(slots=True)
@@ -51,7 +49,7 @@ class _Saved:
     """After B: what W runs."""
 
 
-class OctoPipeEngine(PipelineEngine):
+class OctoPipeEngine(Checkpoints, PipelineEngine):
     def __init__(self, *args, plan: Plan, timeout: float = DEFAULT_TIMEOUT, trace: bool = False,
                  **kwargs):
         self._in_parent_init = True  # the parent's warm-up uses topological first/last stages
@@ -123,6 +121,16 @@ class OctoPipeEngine(PipelineEngine):
 
     def _train_schedule(self):
         return self._train_sched
+
+    def train_batch(self, data_iter=None):
+        # The plan's own messages report a lost peer precisely (p2p.py); this catches it in
+        # DeepSpeed's collectives (tied and data-parallel gradients, the loss broadcast).
+        with self.watchdog.watching("another rank", "the step's collectives (gradients, loss)"):
+            return super().train_batch(data_iter)
+
+    def eval_batch(self, data_iter, *args, **kwargs):
+        with self.watchdog.watching("another rank", "the evaluation's collectives (loss)"):
+            return super().eval_batch(data_iter, *args, **kwargs)
 
     def _inference_schedule(self, micro_batches):
         if micro_batches != self.plan.microbatches:

@@ -3,26 +3,27 @@ DeepSpeed `LayerSpec`s (as for a `PipelineModule`) and calls this instead; `engi
 then runs the plan.
 
 The plan comes from the `plan` argument (a Plan, or the path of a .octo file) or else from the
-DeepSpeed config's `"octo"` section:
+DeepSpeed config's `"octo"` section (config.py):
 
     "octo": {"schedule": "plan.octo", "timeout": 300, "trace": false}
 
 `timeout` is the watchdog's limit on one wait (seconds); `trace` records per-op times for
-`engine.write_trace(path)`. Everything else in the config is DeepSpeed's, unchanged.
+`engine.write_trace(path)`. The batch sizes are the plan's (`config.batch_config`); everything
+else in the config is DeepSpeed's, unchanged.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..lang import load_plan
+from ..lang import PlanSyntaxError, load_plan
 from ..lint import lint_plan
 from ..plan import Plan
+from .config import batch_config, octo_section, read_config
 from .distributed import init_distributed
-from .engine import DEFAULT_TIMEOUT, OctoPipeEngine
+from .engine import OctoPipeEngine
 from .errors import PlanLaunchError
 from .module import OctoPipeModule, layer_name
 from .partition import describe_split, stage_layers
@@ -31,35 +32,45 @@ from .partition import describe_split, stage_layers
 def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, config: dict | str | Path,
                loss_fn: Callable | None = None, args=None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, collate_fn=None,
-               layer_costs: Sequence[float] | None = None, **module_kwargs):
+               layer_costs: Sequence[float] | None = None, microbatch_size: int | None = None,
+               octo: dict | None = None, **module_kwargs):
     """Build the pipeline module and engine for `plan`; returns DeepSpeed's
     (engine, optimizer, training_dataloader, lr_scheduler).
 
     `layers`: the model as LayerSpecs / modules in order (a stage runs the plan's layers of
-    them). `layer_costs`: per-layer costs used to split the layers over the stages of a plan
-    that names no layers. `module_kwargs` go to DeepSpeed's PipelineModule (e.g. `seed_layers`,
-    `base_seed`, `activation_checkpoint_interval`).
+    them). `config`: the DeepSpeed config (a dict or a JSON file); its batch sizes may be left
+    out, and those it gives must be the plan's. `layer_costs`: per-layer costs (F + B + W) used
+    to split the layers over the stages of a plan that names no layers. `microbatch_size`:
+    sequences per micro-batch when the plan states none (the model's default). `octo`: fields
+    that override the config's "octo" section. `module_kwargs` go to DeepSpeed's PipelineModule
+    (e.g. `seed_layers`, `base_seed`, `activation_checkpoint_interval`).
 
     Raises PlanLaunchError, on every rank and before any pipeline communication, when the plan
-    does not lint clean or does not fit the launch."""
+    does not lint clean or does not fit the launch, or the config's "octo" section or batch
+    sizes are wrong."""
     import deepspeed
     from deepspeed import comm as dist
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-    config = dict(json.loads(Path(config).read_text()) if isinstance(config, (str, Path)) else config)
-    octo = config.pop("octo", {})
+    config_name = str(config) if isinstance(config, (str, Path)) else None
+    config, section = read_config(config)
+    if octo:
+        section = octo_section({**section.model_dump(exclude_none=True), **octo}, config_name)
     if plan is None:
-        if "schedule" not in octo:
+        if section.schedule is None:
             raise PlanLaunchError('no plan: pass plan=... or set "octo": {"schedule": "plan.octo"} '
                                   "in the DeepSpeed config")
-        plan = octo["schedule"]
+        plan = section.schedule
+    names = {"plan_name": None if isinstance(plan, Plan) else str(plan), "config_name": config_name}
     if not isinstance(plan, Plan):
-        plan = load_plan(plan)
+        plan = _read_plan(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    ranges = check_launch(plan, world, config, len(layers), layer_costs)
+    ranges = check_launch(plan, world, config, len(layers), layer_costs, microbatch_size, **names)
+    config = batch_config(config, plan, microbatch_size, **names)
     if all(st.abstract for st in plan.stages) and os.environ.get("RANK", "0") == "0":
-        print("octodsl: the plan names no layers; the model's layers split over its stages by cost:\n"
+        print("octodsl: the plan names no layers; the model's layers split over its stages by cost "
+              "(octodsl.partition.plan_partition, as `octodsl simulate` splits them):\n"
               + describe_split(ranges, [layer_name(spec) for spec in layers], layer_costs), flush=True)
 
     init_distributed()
@@ -70,9 +81,8 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
     deepspeed.set_optimizer_flags(config_class, module)
     if model_parameters is None:
         model_parameters = [p for p in module.parameters() if p.requires_grad]
-    engine = OctoPipeEngine(plan=plan, timeout=float(octo.get("timeout", DEFAULT_TIMEOUT)),
-                            trace=bool(octo.get("trace", False)), args=args, model=module,
-                            optimizer=optimizer, model_parameters=model_parameters,
+    engine = OctoPipeEngine(plan=plan, timeout=section.wait_seconds, trace=section.trace, args=args,
+                            model=module, optimizer=optimizer, model_parameters=model_parameters,
                             training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
                             dist_init_required=False, collate_fn=collate_fn, config=config,
                             config_class=config_class)
@@ -80,10 +90,21 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 
+def _read_plan(path: str | Path) -> Plan:
+    try:
+        return load_plan(path)
+    except OSError as e:
+        raise PlanLaunchError(f"cannot read the plan: {e.strerror or e}", path=str(path)) from None
+    except PlanSyntaxError as e:
+        raise PlanLaunchError(e.render()) from None
+
+
 def check_launch(plan: Plan, world: int, config: dict, num_layers: int,
-                 layer_costs: Sequence[float] | None = None) -> list[range]:
+                 layer_costs: Sequence[float] | None = None, microbatch_size: int | None = None, *,
+                 plan_name: str | None = None, config_name: str | None = None) -> list[range]:
     """The layers of each stage, once the plan is known to lint clean and to fit a launch of
-    `world` processes with this DeepSpeed config and a model of `num_layers` layers."""
+    `world` processes with this DeepSpeed config (its batch sizes: `config.batch_config`) and a
+    model of `num_layers` layers."""
     errors = [d for d in lint_plan(plan) if d.is_error]
     if errors:
         raise PlanLaunchError("the plan does not lint clean:\n" +
@@ -99,18 +120,5 @@ def check_launch(plan: Plan, world: int, config: dict, num_layers: int,
             f"pipeline ({devices * dp} processes), but the job has {world} processes"
             + (f"; for data parallelism set `dp {world // devices}` in the plan header"
                if world % devices == 0 else ""))
-    gas = _accumulation_steps(config, dp)
-    if gas is not None and gas != plan.microbatches:
-        raise PlanLaunchError(f"the plan runs {plan.microbatches} micro-batches per step, but the "
-                              f"DeepSpeed config gives {gas} gradient-accumulation steps")
+    batch_config(config, plan, microbatch_size, plan_name=plan_name, config_name=config_name)
     return stage_layers(plan, num_layers, layer_costs)
-
-
-def _accumulation_steps(config: dict, dp: int) -> int | None:
-    """Gradient-accumulation steps as DeepSpeed derives them from the batch sizes."""
-    if "gradient_accumulation_steps" in config:
-        return int(config["gradient_accumulation_steps"])
-    batch, micro = config.get("train_batch_size"), config.get("train_micro_batch_size_per_gpu")
-    if batch is not None and micro is not None:
-        return int(batch) // (int(micro) * dp)
-    return None

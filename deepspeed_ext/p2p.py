@@ -125,7 +125,7 @@ class P2P:
         self._post_through(msg, block=True)
         posted = self._posted.pop(msg.id)
         for w in posted.works:
-            self.watchdog.wait(w, f"the {_what(msg)} from device {msg.src}")
+            self.watchdog.wait(w, f"the {_what(msg)} from device {msg.src}", self._peer(msg.src))
         self._record(msg, "recv", msg.src, posted.start)
         if not msg.act:
             return posted.tensors
@@ -143,7 +143,8 @@ class P2P:
                 return
             tensors = [torch.empty(shape, dtype=dtype, device=self.torch_device)
                        for shape, dtype in spec.entries]
-            works = [dist.irecv(t, peer, group=group) for t in tensors]
+            with self.watchdog.watching(self._peer(src), f"the {_what(m)} from device {src}"):
+                works = [dist.irecv(t, peer, group=group) for t in tensors]
             self._posted[m.id] = _Posted(works, tensors, time.time())
             self._next[src] += 1
 
@@ -153,13 +154,15 @@ class P2P:
             return None if spec is None else spec.grads()
         if m.boundary in self.specs:
             return self.specs[m.boundary]
+        what = f"the shapes of the {_what(m)} from device {m.src}"
         if m.boundary not in self._meta:
             buf = torch.empty(META_SIZE, dtype=torch.int64, device=self.torch_device)
-            self._meta[m.boundary] = (dist.irecv(buf, peer, group=group), buf)
+            with self.watchdog.watching(self._peer(m.src), what):
+                self._meta[m.boundary] = (dist.irecv(buf, peer, group=group), buf)
         work, buf = self._meta[m.boundary]
         if not block and not work.is_completed():
             return None
-        self.watchdog.wait(work, f"the shapes of the {_what(m)} from device {m.src}")
+        self.watchdog.wait(work, what, self._peer(m.src))
         del self._meta[m.boundary]
         self.specs[m.boundary] = Spec.decode(buf.cpu())
         return self.specs[m.boundary]
@@ -172,14 +175,15 @@ class P2P:
             self.specs[msg.boundary] = Spec.of(value)
             tensors.insert(0, self.specs[msg.boundary].encode(self.torch_device))  # meta goes first
             self._sent_meta.add(msg.boundary)
-        works = [dist.isend(t, peer, group=group) for t in tensors]
+        with self.watchdog.watching(self._peer(msg.dst), f"device {msg.dst} to receive the {_what(msg)}"):
+            works = [dist.isend(t, peer, group=group) for t in tensors]
         self._sends.append((msg, works, tensors, time.time()))
         self.poll()
 
     def finish(self) -> None:
         for msg, works, _, start in self._sends:
             for w in works:
-                self.watchdog.wait(w, f"device {msg.dst} to receive the {_what(msg)}")
+                self.watchdog.wait(w, f"device {msg.dst} to receive the {_what(msg)}", self._peer(msg.dst))
             self._record(msg, "send", msg.dst, start)
         self._sends = []
 
@@ -192,6 +196,9 @@ class P2P:
             else:
                 keep.append(entry)
         self._sends = keep
+
+    def _peer(self, device: int) -> str:
+        return f"rank {self.rank_of(device)} (device {device})"
 
     def _record(self, msg: Message, direction: str, peer: int, start: float) -> None:
         if self.trace_pid is not None:

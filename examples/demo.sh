@@ -36,8 +36,9 @@ octodsl tune --model "$MODEL" --devices "$P" --microbatches "$M" --memory 80GiB 
 octodsl lint "$OUT/tuned.octo"
 
 step "5. train a generated plan on the tiny hybrid (DeepSpeed executor, 2 processes, CPU)"
-octodsl gen zb-h1 --devices 2 --microbatches 8 --model nemotron-h-tiny --device cpu --seq-len 128 \
-    -o "$OUT/zb-h1-tiny.octo"
+# the plan states its micro-batch shape: the executor trains it and `simulate` costs it
+octodsl gen zb-h1 --devices 2 --microbatches 8 --model nemotron-h-tiny --device cpu \
+    --microbatch-size 1 --seq-len 128 -o "$OUT/zb-h1-tiny.octo"
 DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} OMP_NUM_THREADS=1 deepspeed --num_gpus 2 examples/train.py \
     --deepspeed_config examples/ds_config.json --schedule "$OUT/zb-h1-tiny.octo" --steps 3 \
     --trace "$OUT/measured.json"

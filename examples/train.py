@@ -1,12 +1,20 @@
 """Train a hybrid model with any linted plan, or with stock DeepSpeed for comparison.
 
     deepspeed --num_gpus 4 examples/train.py --deepspeed_config examples/ds_config.json \\
-        --schedule plan.octo [--model nemotron-h-tiny] [--steps N] [--trace measured.json] [--stock]
+        --schedule plan.octo [--model nemotron-h-tiny] [--steps N] [--trace measured.json] \\
+        [--save DIR] [--load DIR] [--stock]
 
-Rank 0 prints one JSON line per step: {"step", "loss", "tokens_per_s", "step_seconds"}.
-Without a GPU, DeepSpeed runs on the CPU (DS_ACCELERATOR=cpu) over gloo. The data are
-synthetic, deterministic token sequences (each next token a fixed function of the last one, so
-the loss falls); the same for every engine, so losses compare across runs.
+Rank 0 prints a start-up line (the model and the micro-batch shape), then one JSON line per step:
+{"step", "loss", "tokens_per_s", "step_seconds"}. Without a GPU, DeepSpeed runs on the CPU
+(DS_ACCELERATOR=cpu) over gloo. The data are synthetic, deterministic token sequences (each next
+token a fixed function of the last one, so the loss falls); the same for every engine, so losses
+compare across runs.
+
+The micro-batch shape is the plan's, as `octodsl simulate` costs it: the header's
+`microbatch_size` and `seq_len`, else the model's defaults. The DeepSpeed config may leave its
+batch sizes out (they are set from the plan); sizes it gives must agree. A mistake in the
+arguments, the plan, the model, the config or the --save / --load folders is one line on rank 0
+(`train.py: error: ...`, exit 2), found before training.
 
 --stock runs DeepSpeed's own PipelineEngine (TrainSchedule, 1F1B) on the same model and data:
 with the plan's partition when the plan has one stage per device, stage d on device d, and
@@ -27,28 +35,66 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from octodsl.lang import PlanSyntaxError, load_plan  # noqa: E402
-from octodsl.models import SpecError, load_model  # noqa: E402
+from octodsl import limits  # noqa: E402
+from octodsl.cli.common import read_text  # noqa: E402
+from octodsl.cli.common import integer  # noqa: E402
+from octodsl.errors import OctoError  # noqa: E402
+from octodsl.lang import PlanSyntaxError, parse_plan  # noqa: E402
+from octodsl.models import load_model  # noqa: E402
 from octodsl.plan import Plan  # noqa: E402
 
 DEFAULT_MODEL = "nemotron-h-tiny"
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # every rank parses the same arguments: main prints the mistake once, on rank 0
+        raise OctoError(message)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The arguments; OctoError on a bad one (no exit, no usage text)."""
+    p = _Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--deepspeed_config", required=True, help="DeepSpeed config (JSON)")
     p.add_argument("--schedule", required=True, help="the plan (.octo)")
     p.add_argument("--model", help="built-in model or spec file (default: the plan's model, "
                                    "else nemotron-h-tiny)")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: plan, then model)")
-    p.add_argument("--seed", type=int, default=1234, help="model init and data seed")
+    p.add_argument("--steps", type=integer(0, limits.MAX_TRAIN_STEPS), default=5)
+    p.add_argument("--seed", type=integer(0, limits.MAX_SEED), default=1234,
+                   help="model init and data seed")
     p.add_argument("--trace", help="write the measured per-op timeline (Chrome trace JSON)")
     p.add_argument("--stock", action="store_true", help="run stock DeepSpeed instead")
     p.add_argument("--save", help="save a checkpoint here after the last step")
     p.add_argument("--load", help="resume from a checkpoint saved with --save")
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.stock and (args.trace or args.save or args.load):
+        raise OctoError("--trace, --save and --load need the octodsl executor, not --stock")
+    return args
+
+
+def model_spec(plan: Plan, model: str | None):
+    """The model the plan trains (`model`, else the plan's, else nemotron-h-tiny) at the plan's
+    micro-batch shape: its header's microbatch_size and seq_len, else the spec's defaults; the
+    shape `octodsl simulate` costs for the same plan and model (costs.resolve.cost_table)."""
+    return load_model(model_name(plan, model)).with_shape(plan.header.microbatch_size,
+                                                          plan.header.seq_len)
+
+
+def model_name(plan: Plan, model: str | None) -> str:
+    return model or plan.header.model or DEFAULT_MODEL
+
+
+def startup_line(plan: Plan, spec) -> str:
+    """What the run trains, and where its micro-batch shape comes from."""
+    source = "; ".join(
+        f"{field} {getattr(spec, field)}: " + ("the plan's" if getattr(plan.header, field) is not None
+                                               else "the model's default, the plan states none")
+        for field in ("microbatch_size", "seq_len"))
+    dp = plan.header.dp
+    return (f"train.py: {spec.name}, {plan.microbatches} micro-batches of {spec.microbatch_size} x "
+            f"{spec.seq_len} tokens per step" + (f" on each of {dp} data-parallel copies" if dp > 1 else "")
+            + f" ({source})")
 
 
 def synthetic_batch(seed: int, step: int, dp: int, mb: int, batch: int, seq: int, vocab: int):
@@ -76,67 +122,73 @@ def stock_parts(plan: Plan) -> list[int] | None:
     return [st.first for st in plan.stages] + [plan.stages[-1].last + 1]
 
 
-def build_engine(args, plan: Plan, spec, config: dict):
-    """The octodsl engine running the plan, or with --stock DeepSpeed's own."""
+def build_engine(args, plan: Plan, spec):
+    """The octodsl engine running the plan, or with --stock DeepSpeed's own. PlanLaunchError,
+    before any communication, when the plan, the config and the model do not fit the launch."""
     import deepspeed
 
     from octodsl.deepspeed_ext import init_distributed, initialize
+    from octodsl.deepspeed_ext.config import batch_config, read_config
     from octodsl.deepspeed_ext.module import FixedPartitionModule, parameters_parts
     from octodsl.layers import lm_loss, pipeline_specs
 
     specs = pipeline_specs(spec)
     common = dict(loss_fn=lm_loss, seed_layers=True, base_seed=args.seed)
     if not args.stock:
-        costs = layer_costs(args.model or plan.header.model or DEFAULT_MODEL, spec) \
-            if all(st.abstract for st in plan.stages) else None
-        engine, *_ = initialize(specs, plan, config=config, layer_costs=costs, **common)
+        costs = layer_costs(plan, args.model) if all(st.abstract for st in plan.stages) else None
+        engine, *_ = initialize(specs, args.schedule, config=args.deepspeed_config, layer_costs=costs,
+                                microbatch_size=spec.microbatch_size,
+                                octo={"trace": True} if args.trace else None, **common)
         return engine
+    config = batch_config(read_config(args.deepspeed_config)[0], plan, spec.microbatch_size,
+                          plan_name=args.schedule, config_name=args.deepspeed_config)
     init_distributed()
     parts = stock_parts(plan) or parameters_parts(specs, plan.devices)
     module = FixedPartitionModule(specs, parts, num_stages=plan.devices, **common)
-    config = {k: v for k, v in config.items() if k != "octo"}
     engine, *_ = deepspeed.initialize(model=module, config=config,
                                       model_parameters=[p for p in module.parameters() if p.requires_grad])
     return engine
 
 
-def layer_costs(model: str, spec) -> list[float]:
-    """Per-layer F + B + W seconds from the cost model, to balance an abstract plan's stages."""
+def layer_costs(plan: Plan, model: str | None) -> list[float]:
+    """Per-layer F + B + W seconds, to split a plan's stages that name no layers: the costs
+    `octodsl simulate --device cpu` (H100 with a GPU) takes for the same plan and model, so the
+    executor runs the split it simulates."""
     from octodsl.costs.resolve import cost_table
 
     device = "H100" if torch.cuda.is_available() else "cpu"
-    table = cost_table(model=model, device=device, microbatch_size=spec.microbatch_size,
-                       seq_len=spec.seq_len)
-    return [lc.f + lc.b + lc.w for lc in table.layers]
+    return cost_table(model=model_name(plan, model), device=device,
+                      microbatch_size=plan.header.microbatch_size,
+                      seq_len=plan.header.seq_len).layer_work()
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    rank0 = os.environ.get("RANK", "0") == "0"
-    from octodsl.deepspeed_ext import PlanLaunchError
+def check_outputs(engine, args) -> None:
+    """Collective, before training: --save's folder and --trace's can be written (CheckpointError
+    / OctoError on every rank, naming the rank that cannot)."""
+    from octodsl.deepspeed_ext.checkpoint import agree, probe_dir
 
+    if args.save:
+        engine.check_save_dir(args.save)
+    if args.trace:
+        mine = probe_dir(Path(args.trace).resolve().parent) if engine.global_rank == 0 else None
+        agree(mine, f"cannot write the trace {args.trace}", OctoError)
+
+
+def run(args, rank0: bool) -> int:
     try:
-        plan = load_plan(args.schedule)
-        config = json.loads(Path(args.deepspeed_config).read_text())
-        spec = load_model(args.model or plan.header.model or DEFAULT_MODEL)
-        spec = spec.with_shape(config.get("train_micro_batch_size_per_gpu", spec.microbatch_size),
-                               args.seq_len or plan.header.seq_len)
-        if args.trace:
-            config.setdefault("octo", {})["trace"] = True
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        engine = build_engine(args, plan, spec, config)
+        plan = parse_plan(read_text(args.schedule), args.schedule)
     except PlanSyntaxError as e:
-        if rank0:
-            print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
-    except (PlanLaunchError, SpecError, OSError, ValueError) as e:
-        if rank0:
-            print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
+        raise OctoError(e.render()) from None
+    spec = model_spec(plan, args.model)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    engine = build_engine(args, plan, spec)
+    if rank0:
+        print(startup_line(plan, spec), flush=True)
 
-    dp_rank, dp = engine.grid.data_parallel_id, engine.grid.data_parallel_size
+    check_outputs(engine, args)
     if args.load:
         engine.load_checkpoint(args.load)
+    dp_rank, dp = engine.grid.data_parallel_id, engine.grid.data_parallel_size
     tokens = spec.microbatch_size * spec.seq_len * plan.microbatches * dp
     for _ in range(args.steps):
         step = engine.global_steps
@@ -151,11 +203,21 @@ def main(argv=None) -> int:
     if args.save:
         engine.save_checkpoint(args.save)
     if args.trace:
-        if args.stock:
-            print("train.py: --trace needs the octodsl executor, not --stock", file=sys.stderr)
-        else:
+        try:
             engine.write_trace(args.trace)
+        except OSError as e:  # rank 0 writes it
+            raise OctoError(f"{args.trace}: cannot write the trace: {e.strerror}") from None
     return 0
+
+
+def main(argv=None) -> int:
+    rank0 = os.environ.get("RANK", "0") == "0"
+    try:
+        return run(parse_args(argv), rank0)
+    except OctoError as e:  # the same on every rank (or agreed by all): said once
+        if rank0:
+            print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
 
 
 if __name__ == "__main__":

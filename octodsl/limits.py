@@ -40,3 +40,10 @@ MAX_THREADS = 1024
 """CPU threads of one process (`profile --threads`)."""
 MAX_SECONDS = 10**6
 """Any time in seconds given on the command line (`--costs`, `tune --budget`): 11.6 days."""
+MAX_TIMEOUT = 86400.0
+"""Seconds the executor's watchdog lets a rank wait for one message (`"octo": {"timeout"}`)."""
+MAX_TRAIN_STEPS = 10**7
+"""Training steps of one `examples/train.py` run (`--steps`)."""
+MAX_SEED = 2**32 - 1
+"""Random seeds (`examples/train.py --seed`; its data seeds derive from it and stay in torch's
+64-bit range)."""

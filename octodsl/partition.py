@@ -2,13 +2,52 @@
 
 Each function returns the stages as (first, last) layer index pairs, inclusive, covering
 layers 0..n-1 in order, no stage empty (so there must be at least as many layers as stages).
+`plan_partition` is the one place a plan's stages get their layers, for the simulator's costs
+and the executor alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate
+
 from .errors import OctoError
+from .plan import Plan, PlanError
+
+
+def plan_partition(plan: Plan, num_layers: int,
+                   work: Sequence[float] | None = None) -> list[tuple[int, int]]:
+    """The (first, last) layers of each stage of `plan` on a model of `num_layers` layers.
+
+    A plan that names its layers must cover exactly the model's, in order. A plan whose stages
+    name none (`stages N`, an imported PyTorch schedule) gets the model's layers split by
+    `balance_time(work)`, `work` being each layer's F + B + W seconds: `octodsl simulate` costs
+    and the executor runs this same split. Raises PlanError when the partition does not fit the
+    model, or when an abstract plan comes without `work`."""
+    stages = plan.stages
+    if all(st.abstract for st in stages):
+        if work is None:
+            raise PlanError(f"the plan names no layers for its {len(stages)} stages; give a model "
+                            "so that its layers can be split over the stages by cost")
+        if len(work) != num_layers:
+            raise PlanError(f"{len(work)} layer costs for a model of {num_layers} layers")
+        if num_layers < len(stages):
+            raise PlanError(f"the plan's {len(stages)} stages need at least {len(stages)} layers, "
+                            f"but the model has {num_layers}")
+        return balance_time(work, len(stages))
+    if any(st.abstract for st in stages):
+        raise PlanError("the plan's partition names layers for some stages but not all")
+    expect = 0
+    for i, st in enumerate(stages):
+        if st.first != expect or st.last < st.first:
+            raise PlanError(f"stage {i} runs layers {st.first}..{st.last}, but the stages before "
+                            f"it end at layer {expect - 1}: a partition must cover the model's "
+                            "layers in order")
+        expect = st.last + 1
+    if expect != num_layers:
+        raise PlanError(f"the plan's partition covers {expect} layers (0..{expect - 1}), but the "
+                        f"model has {num_layers} (0..{num_layers - 1})")
+    return [(st.first, st.last) for st in stages]
 
 
 def equal_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..plan import Plan, PlanError
+from ..partition import plan_partition
+from ..plan import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +109,27 @@ class CostTable:
     calibration: Calibration | None = None
     """Fitted against real runs (a calibrated profile); None for plain per-layer costs."""
 
+    def layer_work(self) -> list[float]:
+        """F + B + W seconds of each layer: what a partition balances."""
+        return [layer.f + layer.b + layer.w for layer in self.layers]
+
+    def stage_ranges(self, plan: Plan) -> list[tuple[int, int]]:
+        """The (first, last) layers of each stage: the plan's partition, which must cover this
+        model's layers exactly, or for a plan that names no layers the split balanced on
+        `layer_work` that the executor runs too (`octodsl.partition.plan_partition`). Raises
+        PlanError."""
+        return plan_partition(plan, len(self.layers), self.layer_work())
+
     def stage_costs(self, plan: Plan) -> list[StageCost]:
-        """Sum layer costs over each stage of the plan's partition (and apply the calibration)."""
+        """Sum layer costs over each stage of the plan's partition (and apply the calibration).
+        Raises PlanError when the partition does not fit the model (`stage_ranges`)."""
+        return self.range_costs(self.stage_ranges(plan))
+
+    def range_costs(self, ranges: list[tuple[int, int]]) -> list[StageCost]:
+        """The StageCost of each (first, last) layer range."""
         out = []
-        for i, st in enumerate(plan.stages):
-            if st.abstract:
-                raise PlanError(f"stage {i} names no layers, so a model's costs cannot apply")
-            if not (0 <= st.first <= st.last < len(self.layers)):
-                raise PlanError(f"stage {i} layers {st.first}..{st.last} are outside the model's "
-                                f"{len(self.layers)} layers")
-            ls = self.layers[st.first: st.last + 1]
+        for first, last in ranges:
+            ls = self.layers[first: last + 1]
             f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
             cal = self.calibration
             extra = {}

@@ -34,12 +34,14 @@ class SimCosts:
 
     @classmethod
     def from_table(cls, table: CostTable, plan: Plan) -> SimCosts:
-        """Stage costs of the plan's partition; gradients all-reduced in the model's dtype.
+        """Stage costs of the plan's partition (for a plan that names no layers, the split the
+        executor runs: `CostTable.stage_ranges`); gradients all-reduced in the model's dtype.
         Raises PlanError when the partition does not fit the table's layers."""
-        stages = table.stage_costs(plan)
+        ranges = table.stage_ranges(plan)
+        stages = table.range_costs(ranges)
         per_param = DTYPE_BYTES.get(table.meta.get("dtype", "bf16"), 2)
-        grads = tuple(float(sum(layer.params for layer in table.layers[st.first:st.last + 1]) * per_param)
-                      for st in plan.stages)
+        grads = tuple(float(sum(layer.params for layer in table.layers[a:b + 1]) * per_param)
+                      for a, b in ranges)
         cal = table.calibration
         sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown,
                                                  cal.oversubscription)

@@ -10,7 +10,7 @@ pytest.importorskip("deepspeed")
 
 from octodsl.deepspeed_ext.errors import PlanLaunchError  # noqa: E402
 from octodsl.deepspeed_ext.launch import check_launch  # noqa: E402
-from octodsl.deepspeed_ext.partition import balanced_split, stage_layers  # noqa: E402
+from octodsl.deepspeed_ext.partition import stage_layers  # noqa: E402
 from octodsl.deepspeed_ext.program import (  # noqa: E402
     LoadMicroBatch, PlanSchedule, PostRecvs, Recv, RunOp, Send, forward_only)
 from octodsl.gen import SCHEDULES, generate  # noqa: E402
@@ -127,7 +127,7 @@ def test_check_launch_accepts_a_fitting_plan():
     (2, {**CONFIG, "gradient_accumulation_steps": 8}, 10,
      "4 micro-batches per step, but the DeepSpeed config gives 8 gradient-accumulation steps"),
     (2, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, 10, "gives 8 gradient"),
-    (2, CONFIG, 12, "covers layers 0..9, but the model has 12 layers"),
+    (2, CONFIG, 12, "covers 10 layers (0..9), but the model has 12 (0..11)"),
 ])
 def test_check_launch_rejects_a_mismatch(world, config, layers, message):
     plan = _with_layers(generate("1f1b", devices=2, microbatches=4), [0, 5, 10])
@@ -154,4 +154,3 @@ def test_abstract_plan_is_split_by_cost():
     with pytest.raises(PlanLaunchError, match="give a model"):
         stage_layers(plan, 6)
     assert stage_layers(plan, 6, [1, 1, 1, 1, 4, 1]) == [range(0, 4), range(4, 6)]
-    assert balanced_split([3, 1, 1, 1, 3], 3) == [range(0, 1), range(1, 4), range(4, 5)]

@@ -11,6 +11,7 @@ from octodsl.cli import main
 from octodsl.costs.resolve import cost_table
 from octodsl.gen import generate_text
 from octodsl.lang import load_plan
+from octodsl.models import load_model
 
 MODEL_PLAN = Path(__file__).parent / "data" / "nemotron-1f1b.octo"
 
@@ -119,7 +120,6 @@ def test_png(plan_file, tmp_path):
     (["--costs", "F=1,B=inf,W=1"], "--costs: B: 'inf' is not a finite number of seconds"),
     (["--costs", "F=1,B=1,W=1,comm=1e300"], "--costs: comm: must be at most 1e+06 seconds"),
     (["--link", "carrier-pigeon"], "unknown link 'carrier-pigeon'"),
-    (["--model", "nemotron-h-8b"], "stage 0 names no layers"),
     (["--model", "no-such-model"], "no-such-model"),
     (["--dp", "0"], "--dp: must be at least 1"),
     (["--dp", "two"], "--dp: 'two' is not a whole number"),
@@ -131,6 +131,28 @@ def test_bad_input_is_a_message(plan_file, capsys, argv, message):
     assert main(["simulate", plan_file(), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_plan_that_names_no_layers_is_costed_with_the_executors_split(plan_file, capsys):
+    # the split is octodsl.partition.plan_partition's, which the executor runs too
+    # (tests/deepspeed_ext/test_train_script.py checks that both agree)
+    table = cost_table(model="nemotron-h-tiny", device="cpu")
+    split = table.stage_ranges(load_plan(plan_file()))
+    obj = run_json(capsys, plan_file(), "--model", "nemotron-h-tiny", "--device", "cpu")
+    work = table.layer_work()
+    busy = [sum(work[a:b + 1]) * 8 for a, b in split]  # 8 micro-batches, one stage per device
+    assert obj["busy"] == pytest.approx(busy, rel=1e-9)
+
+
+def test_a_partition_over_other_layers_than_the_model_is_refused(tmp_path, capsys):
+    plan = tmp_path / "p24.octo"
+    plan.write_text(generate_text("1f1b", 2, 4, model="nemotron-h-tiny"))  # 24 layers
+    spec = tmp_path / "wide.json"
+    spec.write_text(json.dumps({**load_model("nemotron-h-tiny").compact(), "name": "wide",
+                                "pattern": "[" + "M-" * 498 + "M*]"}))  # 1000 layers
+    assert main(["simulate", str(plan), "--model", str(spec)]) == 2
+    assert f"{plan}: the plan's partition covers 24 layers (0..23), but the model has 1000 " \
+           "(0..999)" in capsys.readouterr().err
 
 
 def test_plan_with_errors(plan_file, capsys):

@@ -1,0 +1,144 @@
+"""The DeepSpeed config as the executor reads it, checked on every rank before any
+communication: its `"octo"` section (`OctoSection`, removed before DeepSpeed sees the config) and
+its batch sizes, which must be the plan's (`batch_config`). Every problem is one PlanLaunchError
+line naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .. import limits
+from ..plan import Plan
+from .errors import PlanLaunchError
+from .watchdog import DEFAULT_TIMEOUT
+
+
+class OctoSection(BaseModel):
+    """`"octo": {"schedule": "plan.octo", "timeout": 300, "trace": false}` in a DeepSpeed
+    config; every field may be left out."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    schedule: str | None = None
+    """The plan (a .octo file), for a script that passes `initialize` no plan."""
+    timeout: float | None = Field(default=None, gt=0, le=limits.MAX_TIMEOUT, allow_inf_nan=False)
+    """Seconds a rank may wait for one message before the watchdog prints what every stuck rank
+    waits for and the job exits non-zero; null (or absent) means the default, 300."""
+    trace: bool = False
+    """Record per-op compute and communication times for `engine.write_trace(path)`."""
+
+    @property
+    def wait_seconds(self) -> float:
+        """The watchdog's limit."""
+        return DEFAULT_TIMEOUT if self.timeout is None else self.timeout
+
+
+class _Batch(BaseModel):
+    """The batch sizes of a DeepSpeed config (the rest is DeepSpeed's own business)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    train_micro_batch_size_per_gpu: int | None = Field(default=None, ge=1,
+                                                       le=limits.MAX_MICROBATCH_SIZE)
+    """Sequences per micro-batch."""
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=limits.MAX_MICROBATCHES)
+    """Micro-batches per step (the plan's `microbatches`)."""
+    train_batch_size: int | None = Field(default=None, ge=1, le=limits.MAX_INT)
+    """Sequences per step over all data-parallel copies: micro-batch size x accumulation steps
+    x dp."""
+
+
+def read_config(config: dict | str | Path) -> tuple[dict, OctoSection]:
+    """The DeepSpeed config (a dict, or the path of a JSON file) without its "octo" section, and
+    that section. PlanLaunchError when the file cannot be read or is no JSON object, or when the
+    section or a batch size is not what the executor can use."""
+    name = str(config) if isinstance(config, (str, Path)) else None
+    if name is not None:
+        try:
+            config = json.loads(Path(name).read_text())
+        except OSError as e:
+            raise PlanLaunchError(f"cannot read the DeepSpeed config: {e.strerror or e}", path=name) from None
+        except ValueError as e:
+            raise PlanLaunchError(f"the DeepSpeed config is not JSON: {e}", path=name) from None
+    if not isinstance(config, dict):
+        raise PlanLaunchError(f"a DeepSpeed config is a JSON object, not {_json_type(config)}", path=name)
+    config = dict(config)
+    octo = config.pop("octo", {})
+    if not isinstance(octo, dict):
+        raise PlanLaunchError(f'"octo" is an object such as {{"timeout": 300}}, not {_json_type(octo)}',
+                              path=name)
+    section = octo_section(octo, name)
+    _validate(_Batch, config, "", name)
+    return config, section
+
+
+def octo_section(fields: dict, config_name: str | None = None) -> OctoSection:
+    """The "octo" section of `config_name` (for the message); PlanLaunchError when wrong."""
+    return _validate(OctoSection, fields, '"octo": ', config_name)
+
+
+def batch_config(config: dict, plan: Plan, default_microbatch_size: int | None = None, *,
+                 plan_name: str | None = None, config_name: str | None = None) -> dict:
+    """`config` with DeepSpeed's batch sizes set from the plan: gradient-accumulation steps =
+    its micro-batches, micro-batch size = its header's `microbatch_size`, else
+    `default_microbatch_size` (the model's default, which `octodsl simulate` assumes too). Sizes
+    the config gives (train_batch_size included, as DeepSpeed derives the others from it) must
+    agree: PlanLaunchError naming both values and both sources otherwise."""
+    plan_name = plan_name or f'the plan "{plan.header.name}"'
+    config_name = config_name or "the DeepSpeed config"
+    given = _validate(_Batch, config, "", config_name)
+    dp, m = plan.header.dp, plan.microbatches
+    stated = plan.header.microbatch_size
+    size = stated if stated is not None else default_microbatch_size
+    total, micro, gas = (given.train_batch_size, given.train_micro_batch_size_per_gpu,
+                         given.gradient_accumulation_steps)
+    if gas is None and total is not None and micro is not None:
+        gas, how = total // (micro * dp), f" (train_batch_size {total} / micro-batch size {micro} / dp {dp})"
+    else:
+        how = ""
+    if gas is not None and gas != m:
+        raise PlanLaunchError(f"{plan_name} runs {m} micro-batches per step, but {config_name} gives "
+                              f"{gas} gradient-accumulation steps{how}")
+    if micro is None and total is not None:
+        micro, how = total // (m * dp), f" (train_batch_size {total} / {m} micro-batches / dp {dp})"
+    else:
+        how = " (train_micro_batch_size_per_gpu)"
+    if micro is not None and size is not None and micro != size:
+        why = "" if stated is not None else " (it states no microbatch_size: the model's default)"
+        raise PlanLaunchError(
+            f"{plan_name} trains micro-batches of {size} sequence{'s' if size > 1 else ''}{why}, but "
+            f"{config_name} gives "
+            f"{micro}{how}: leave the batch sizes out of the config (the plan's are used) or "
+            f"state `microbatch_size {micro}` in the plan's header")
+    micro = micro if micro is not None else size
+    if micro is None:
+        raise PlanLaunchError(f"the micro-batch size is unknown: state `microbatch_size` in "
+                              f"{plan_name} or train_micro_batch_size_per_gpu in {config_name}")
+    if total is not None and total != micro * m * dp:
+        raise PlanLaunchError(f"{config_name} gives train_batch_size {total}, but {plan_name} trains "
+                              f"{micro} x {m} micro-batches x dp {dp} = {micro * m * dp} sequences "
+                              "per step")
+    return {**config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": m}
+
+
+def _validate(model: type[BaseModel], data: dict, prefix: str, name: str | None):
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise PlanLaunchError(prefix + "; ".join(_problem(err) for err in e.errors()), path=name) from None
+
+
+def _problem(err: dict) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"unknown field {where!r} (the fields are {', '.join(OctoSection.model_fields)})"
+    msg = err["msg"]
+    return f"{where}: {msg[0].lower()}{msg[1:]}, not {json.dumps(err['input'], default=str)}"
+
+
+def _json_type(value) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(value), type(value).__name__)

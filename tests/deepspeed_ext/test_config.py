@@ -1,0 +1,108 @@
+"""The DeepSpeed config as the executor reads it: the "octo" section validated (one line per
+problem, naming the file), and the batch sizes taken from the plan or checked against it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from octodsl.deepspeed_ext.config import batch_config, read_config
+from octodsl.deepspeed_ext.errors import PlanLaunchError
+from octodsl.gen import generate
+from octodsl.limits import MAX_TIMEOUT
+
+
+def test_the_octo_section_is_removed_and_validated():
+    ds, octo = read_config({"octo": {"schedule": "p.octo", "timeout": 5, "trace": True},
+                            "optimizer": {"type": "AdamW"}})
+    assert ds == {"optimizer": {"type": "AdamW"}}
+    assert (octo.schedule, octo.wait_seconds, octo.trace) == ("p.octo", 5.0, True)
+
+
+@pytest.mark.parametrize("octo", [{}, {"timeout": None}])
+def test_no_timeout_or_null_means_the_default(octo):
+    assert read_config({"octo": octo})[1].wait_seconds == 300.0
+
+
+@pytest.mark.parametrize("octo,message", [
+    ({"timeout": -1}, "timeout: input should be greater than 0, not -1"),
+    ({"timeout": 0}, "timeout: input should be greater than 0, not 0"),
+    ({"timeout": float("inf")}, "timeout: input should be a finite number, not Infinity"),
+    ({"timeout": MAX_TIMEOUT + 1}, "timeout: input should be less than or equal to 86400, not 86401.0"),
+    ({"timeout": "300"}, 'timeout: input should be a valid number, not "300"'),
+    ({"trace": "yes"}, 'trace: input should be a valid boolean, not "yes"'),
+    ({"timout": 300}, "unknown field 'timout' (the fields are schedule, timeout, trace)"),
+])
+def test_a_bad_octo_section_is_one_line_naming_the_file(tmp_path, octo, message):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"octo": octo}))
+    with pytest.raises(PlanLaunchError) as e:
+        read_config(path)
+    assert str(e.value) == f'{path}: "octo": {message}'
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[1]", "a DeepSpeed config is a JSON object, not an array"),
+    ("{", "the DeepSpeed config is not JSON: "),
+    ('{"octo": 5}', '"octo" is an object such as {"timeout": 300}, not a number'),
+    ('{"train_micro_batch_size_per_gpu": 0}',
+     "train_micro_batch_size_per_gpu: input should be greater than or equal to 1, not 0"),
+    ('{"gradient_accumulation_steps": null}', None),
+])
+def test_a_bad_file_is_one_line(tmp_path, text, message):
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    if message is None:  # null is DeepSpeed's "not given"
+        read_config(path)
+        return
+    with pytest.raises(PlanLaunchError, match=None) as e:
+        read_config(path)
+    assert message in str(e.value) and str(e.value).startswith(f"{path}: ")
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(PlanLaunchError, match="no-such.json: cannot read the DeepSpeed config: No such file"):
+        read_config(tmp_path / "no-such.json")
+
+
+PLAN = generate("1f1b", devices=2, microbatches=4)
+
+
+def test_batch_sizes_left_out_come_from_the_plan():
+    shaped = PLAN.__class__(PLAN.header.model_copy(update={"microbatch_size": 3}), PLAN.stages,
+                            PLAN.placement, PLAN.schedule)
+    assert batch_config({"x": 1}, shaped) == {"x": 1, "train_micro_batch_size_per_gpu": 3,
+                                               "gradient_accumulation_steps": 4}
+    # a plan that states no size: the caller's default (the model's)
+    assert batch_config({}, PLAN, 2)["train_micro_batch_size_per_gpu"] == 2
+    # a consistent config is kept as it is
+    full = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}
+    assert batch_config(full, PLAN, 2) == full
+
+
+@pytest.mark.parametrize("config,default,message", [
+    ({"train_micro_batch_size_per_gpu": 1}, 2,
+     "plan.octo trains micro-batches of 2 sequences (it states no microbatch_size: the model's "
+     "default), but ds.json gives 1 (train_micro_batch_size_per_gpu): leave the batch sizes out of "
+     "the config (the plan's are used) or state `microbatch_size 1` in the plan's header"),
+    ({"train_batch_size": 4}, 2, "but ds.json gives 1 (train_batch_size 4 / 4 micro-batches / dp 1)"),
+    ({"gradient_accumulation_steps": 8}, 2,
+     "plan.octo runs 4 micro-batches per step, but ds.json gives 8 gradient-accumulation steps"),
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 2,
+     "ds.json gives train_batch_size 10, but plan.octo trains 2 x 4 micro-batches x dp 1 = 8"),
+    ({}, None, "the micro-batch size is unknown: state `microbatch_size` in plan.octo or "
+               "train_micro_batch_size_per_gpu in ds.json"),
+])
+def test_batch_sizes_that_differ_from_the_plan_name_both(config, default, message):
+    with pytest.raises(PlanLaunchError) as e:
+        batch_config(config, PLAN, default, plan_name="plan.octo", config_name="ds.json")
+    assert message in str(e.value)
+
+
+def test_a_size_the_plan_states_wins_over_the_default():
+    shaped = PLAN.__class__(PLAN.header.model_copy(update={"microbatch_size": 1}), PLAN.stages,
+                            PLAN.placement, PLAN.schedule)
+    assert batch_config({}, shaped, 2)["train_micro_batch_size_per_gpu"] == 1
+    with pytest.raises(PlanLaunchError, match="trains micro-batches of 1 sequence, but"):
+        batch_config({"train_micro_batch_size_per_gpu": 2}, shaped, 2)
