@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import OctoError
+from ..fileio import write_atomic
 from ..units import size
 from .errors import CheckpointError
 
@@ -75,7 +76,7 @@ class Checkpoints:
             problem = None
             if self.global_rank == 0:
                 try:
-                    (Path(save_dir) / "latest").write_text(tag)
+                    write_atomic(Path(save_dir) / "latest", tag)
                 except OSError as e:
                     problem = _os_problem(e)
             agree(problem, failed)
