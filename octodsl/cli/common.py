@@ -82,6 +82,27 @@ def seconds_value(text: str, *, zero: bool = False, unit: float = 1.0,
     return value
 
 
+def op_costs(text: str) -> dict[str, float]:
+    """An argparse `type` (--costs): seconds per op kind of one stage, F=1,B=1,W=1, and
+    optionally per message, comm=0; each finite and at least 0."""
+    values = {"comm": 0.0}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        key = key if key == "comm" else key.upper()
+        if not sep or key not in ("F", "B", "W", "comm"):
+            raise argparse.ArgumentTypeError(f"cannot read {part.strip()!r}; write F=1,B=1,W=1 "
+                                             "and optionally comm=0 (seconds)")
+        try:
+            values[key] = seconds_value(value, zero=True)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{key}: {e}") from None
+    missing = [k for k in ("F", "B", "W") if k not in values]
+    if missing:
+        raise argparse.ArgumentTypeError(f"give {', '.join(missing)} too (e.g. F=1,B=1,W=1)")
+    return {k: values[k] for k in ("F", "B", "W", "comm")}
+
+
 _TIME_UNITS = {"s": 1, "m": 60, "h": 3600}
 
 

@@ -1,15 +1,16 @@
 """`octodsl gen NAME --devices P --microbatches M [--chunks V] [--model SPEC [--partition HOW]
-[--device GPU] [--profile FILE] [--microbatch-size N] [--seq-len N]] [-o FILE]`: write a classic
+[--device GPU] [--profile FILE] [--microbatch-size N] [--seq-len N]] [--costs F=..,B=..,W=..]
+[-o FILE]`: write a classic
 schedule as a .octo plan."""
 
 from __future__ import annotations
 
 import sys
 
-from ..gen import PARTITIONS, SCHEDULES, ScheduleError, generate_text
+from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
 from .common import (DEVICES, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, UserError, integer,
-                     output, write_output)
+                     op_costs, output, write_output)
 
 
 def register(sub) -> None:
@@ -22,6 +23,10 @@ def register(sub) -> None:
                    help="micro-batches per iteration")
     p.add_argument("--chunks", "-v", type=integer(1, limits.MAX_STAGES), metavar="V",
                    help="stages per device for interleaved (default 2); zb-v and dualpipev use 2")
+    p.add_argument("--costs", type=op_costs, metavar="F=..,B=..,W=..",
+                   help="the op times of one stage (a chunk on a V) that zb-v with fewer than "
+                   "2P-1 micro-batches places its weight gradients for (default equal; only "
+                   "their ratio matters; the other schedules do not depend on times)")
     p.add_argument("--model", metavar="SPEC", help="name this model (built-in name or spec file) "
                    "and cut its layers into the stages")
     p.add_argument("--partition", choices=PARTITIONS, default="time",
@@ -47,12 +52,12 @@ def run(args) -> int:
                         + (f" x {args.chunks} chunks" if args.chunks else "")
                         + f" make at least {ops:,} ops, more than octodsl's limit of "
                         f"{limits.MAX_OPS:,} per plan")
-    try:
-        text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
-                             args.model, args.partition, device=args.device, profile=args.profile,
-                             microbatch_size=args.microbatch_size, seq_len=args.seq_len)
-    except ScheduleError as e:
-        raise UserError(str(e)) from None
+    times = None if args.costs is None else (args.costs["F"], args.costs["B"], args.costs["W"])
+    if times is not None and min(times) <= 0:
+        raise UserError("--costs: F, B and W must each be more than 0 (their ratio is what counts)")
+    text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
+                         args.model, args.partition, times, device=args.device, profile=args.profile,
+                         microbatch_size=args.microbatch_size, seq_len=args.seq_len)
     if args.output:
         write_output(args.output, text)
     else:

@@ -5,7 +5,6 @@ are compared side by side, one row each."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -20,8 +19,8 @@ from ..lint import lint_source
 from ..plan import Plan, PlanError
 from ..sim import SimCosts, compile, simulate, warm_up
 from ..sim.memory_check import CODE as MEMORY_CODE
-from .common import (DP, UserError, link_named, output, pipeline_link, print_json, read_text,
-                     seconds_value, stdout_console, writing)
+from .common import (DP, UserError, link_named, op_costs, output, pipeline_link, print_json,
+                     read_text, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
@@ -35,7 +34,7 @@ def register(sub) -> None:
     src.add_argument("--model", metavar="SPEC",
                      help="model (built-in name or spec file); default: the plan's `model`")
     src.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile)")
-    src.add_argument("--costs", type=_parse_costs, metavar="F=..,B=..,W=..[,comm=..]",
+    src.add_argument("--costs", type=op_costs, metavar="F=..,B=..,W=..[,comm=..]",
                      help="the same costs for every stage, per micro-batch, in seconds (a fused "
                      f"backward costs B + W); comm is each message's time. Default for a plan "
                      f"without a model: {_UNIT_COSTS}")
@@ -140,28 +139,8 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
         except OctoError:  # a profile measured on a device we hold no description of
             device_memory = None
         return costs, pipeline_link(args.link, table, "nvlink"), device_memory
-    values = args.costs or _parse_costs(_UNIT_COSTS)
+    values = args.costs or op_costs(_UNIT_COSTS)
     costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
                      source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
     fixed = Link(f"{values['comm']:g} s per message", values["comm"], 0.0)
     return costs, link_named(args.link) if args.link else fixed, None
-
-
-def _parse_costs(text: str) -> dict[str, float]:
-    """--costs: seconds per op kind (and per message), each finite and at least 0."""
-    values = {"comm": 0.0}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        key = key if key == "comm" else key.upper()
-        if not sep or key not in ("F", "B", "W", "comm"):
-            raise argparse.ArgumentTypeError(f"cannot read {part.strip()!r}; write F=1,B=1,W=1 "
-                                             "and optionally comm=0 (seconds)")
-        try:
-            values[key] = seconds_value(value, zero=True)
-        except argparse.ArgumentTypeError as e:
-            raise argparse.ArgumentTypeError(f"{key}: {e}") from None
-    missing = [k for k in ("F", "B", "W") if k not in values]
-    if missing:
-        raise argparse.ArgumentTypeError(f"give {', '.join(missing)} too (e.g. {_UNIT_COSTS})")
-    return {k: values[k] for k in ("F", "B", "W", "comm")}

@@ -14,7 +14,7 @@ from octodsl import limits
 from octodsl.cli import main
 from octodsl.cli.common import (DEVICES, check_output, duration, integer, memory_size, output,
                                 seconds_value)
-from octodsl.cli.simulate import _parse_costs
+from octodsl.cli.common import op_costs
 from octodsl.gen import generate_text
 
 TUNE = ["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "1s"]
@@ -162,7 +162,7 @@ def test_costs(parts):
     def bounded(values):
         assert set(values) == {"F", "B", "W", "comm"}
         assert all(math.isfinite(v) and 0 <= v <= limits.MAX_SECONDS for v in values.values())
-    _refused_or_bounded(_parse_costs, ",".join(f"{k}={v}" for k, v in parts), bounded)
+    _refused_or_bounded(op_costs, ",".join(f"{k}={v}" for k, v in parts), bounded)
 
 
 def test_small_parsers():

@@ -26,3 +26,12 @@ def test_gen_errors_say_what_is_needed(capsys):
     assert "at least 1" in capsys.readouterr().err
     assert main(["gen", "1f1b", "-p", "2", "-m", "2", "-o", "/nonexistent/dir/x.octo"]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_gen_places_zb_v_weight_gradients_for_the_given_times(capsys):
+    # below 2P-1 micro-batches zb-v's order depends on the op times: --costs gives them
+    assert main(["gen", "zb-v", "-p", "8", "-m", "8", "--costs", "F=1,B=2,W=1"]) == 0
+    assert capsys.readouterr().out == generate_text("zb-v", 8, 8, times=(1.0, 2.0, 1.0))
+    assert generate_text("zb-v", 8, 8, times=(1.0, 2.0, 1.0)) != generate_text("zb-v", 8, 8)
+    assert main(["gen", "zb-v", "-p", "8", "-m", "8", "--costs", "F=0,B=2,W=1"]) == 2
+    assert "--costs: F, B and W must each be more than 0" in capsys.readouterr().err
