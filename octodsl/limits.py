@@ -33,3 +33,13 @@ MAX_MEMORY = 1 << 50
 """Memory per device, bytes (1 PiB)."""
 MAX_LAYERS = 65536
 """Layers of one model spec."""
+
+LIMITS_DOC = "docs/language.md#limits"
+"""Where the limits are listed for users; every refusal's message points there."""
+
+
+def at_most(limit: int, what: str) -> str:
+    """How a refusal names its limit: `at_most(MAX_DEVICES, "devices")` is
+    'at most 4096 devices (docs/language.md#limits)'; `what` may be empty."""
+    shown = f"{limit:,}" if limit >= 10_000 else str(limit)
+    return f"at most {shown}{' ' + what if what else ''} ({LIMITS_DOC})"
