@@ -167,8 +167,8 @@ class _Reader:
         if m is None:
             self.error("E601", f"{_shown(text)} is not an action", span, _HINT)
             return None
-        stage_digits, kind, mb = m.groups()
-        stage = self.index(stage_digits, MAX_STAGES, "a stage", span)
+        _, kind, mb = m.groups()
+        stage = self.index(m, 1, MAX_STAGES, "a stage", span)
         if kind in _DROPPED_SILENTLY:
             return None
         if kind not in FROM_TORCH:
@@ -180,14 +180,17 @@ class _Reader:
         if not mb:
             self.error("E602", f"'{text}' names no micro-batch", span, f"e.g. {text}0")
             return None
-        microbatch = self.index(mb, MAX_MICROBATCHES, "a micro-batch", span)
+        microbatch = self.index(m, 3, MAX_MICROBATCHES, "a micro-batch", span)
         if stage is None or microbatch is None:
             return None
         return Op(FROM_TORCH[kind], stage, microbatch, span)
 
-    def index(self, digits: str, count: int, what: str, span: Span) -> int | None:
-        """A stage or micro-batch number, of which a plan has at most `count` (0..count - 1)."""
-        return whole_number(digits, span, self.diags, code="E607", limit=count - 1,
+    def index(self, m: re.Match, group: int, count: int, what: str, span: Span) -> int | None:
+        """The stage or micro-batch number of an action (group `group` of its match `m`, at
+        `span`), of which a plan has at most `count` (0..count - 1)."""
+        col = span.col + m.start(group)
+        at = Span(span.line, col, span.line, col + len(m.group(group)))
+        return whole_number(m.group(group), at, self.diags, code="E607", limit=count - 1,
                             what=f"{what} number")
 
     # -- the whole file ----------------------------------------------------------------------

@@ -194,18 +194,20 @@ def test_invisible_characters_are_shown_escaped():
 
 
 @pytest.mark.parametrize("text, col, message", [
-    ("0F0,0B0,0F99999999999999\n", 9,
+    ("0F0,0B0,0F99999999999999\n", 11,
      "99999999999999 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
-    ("0F0,0B0,0F65536\n", 9,
+    ("0F0,0B0,0F65536\n", 11,
      "65536 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
     ("0F0,0B0,65536F0\n", 9,
      "65536 is too large: a stage number is at most 65,535 (docs/language.md#limits)"),
-    ("0F0,0B0,(1F0;0F" + "9" * 5000 + ")OVERLAP_F_B\n", 14,
+    ("0F0,0B0,(1F0;0F" + "9" * 5000 + ")OVERLAP_F_B\n", 16,
      "a 5000-digit number is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
 ])
 def test_stage_and_microbatch_numbers_are_bounded(text, col, message):
     (d,) = errors_of(text)
     assert (d.code, d.span.line, d.span.col, d.message) == ("E607", 1, col, message)
+    digits = message.split(" ")[0] if message[0].isdigit() else "9" * 5000
+    assert d.span.end_col - d.span.col == len(digits)  # the number, not the whole action
 
 
 def test_stages_times_microbatches_bounded_before_completeness_is_checked():

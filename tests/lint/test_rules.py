@@ -193,3 +193,14 @@ def test_more_abstract_stages_than_model_layers():
     assert (d.span.line, d.span.col) == (2, 1)
     src = head + f"stages {layers} placement loop schedule {{ }}"
     assert "E202" not in [d.code for d in lint_source(src, "t.octo")[1]]
+
+
+def test_a_plan_without_stages_is_not_simulated(tmp_path, capsys):
+    # It linted clean and simulated at "efficiency 100%".
+    from octodsl.cli import main
+
+    f = tmp_path / "empty.octo"
+    f.write_text(HEAD + "partition { }\nplacement loop\nschedule { device 0 { } device 1 { } }\n")
+    assert main(["simulate", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"{f}:2:1: error[E205]: the partition has no stages" in err and "efficiency" not in err
