@@ -40,10 +40,20 @@ MAX_THREADS = 1024
 """CPU threads of one process (`profile --threads`)."""
 MAX_SECONDS = 10**6
 """Any time in seconds given on the command line (`--costs`, `tune --budget`): 11.6 days."""
-MAX_TIMEOUT = 86400.0
+MAX_TIMEOUT = 86400
 """Seconds the executor's watchdog lets a rank wait for one message (`"octo": {"timeout"}`)."""
 MAX_TRAIN_STEPS = 10**7
 """Training steps of one `examples/train.py` run (`--steps`)."""
 MAX_SEED = 2**32 - 1
 """Random seeds (`examples/train.py --seed`; its data seeds derive from it and stay in torch's
 64-bit range)."""
+
+LIMITS_DOC = "docs/language.md#limits"
+"""Where the limits are listed for users; every refusal's message points there."""
+
+
+def at_most(limit: int, what: str) -> str:
+    """How a refusal names its limit: `at_most(MAX_DEVICES, "devices")` is
+    'at most 4096 devices (docs/language.md#limits)'; `what` may be empty."""
+    shown = f"{limit:,}" if limit >= 10_000 else str(limit)
+    return f"at most {shown}{' ' + what if what else ''} ({LIMITS_DOC})"

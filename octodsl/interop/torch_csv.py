@@ -14,27 +14,38 @@ from the plan's dependencies (a warning says they were dropped). A stage whose b
 fused and split forms (torch's own DualPipeV does) cannot be written in .octo: its fused
 backwards are split into B then W in the same place, with a warning.
 
+Rows end at a line feed (LF or CR LF, as in .octo files); a leading byte-order mark is ignored;
+numbers are ASCII digits, bounded by octodsl.limits. A file that passes these checks is then
+checked as lint checks a plan, so a schedule that deadlocks is refused as lint refuses it.
+
 Diagnostics (line = row, col = where the cell's text starts):
 E601 a cell that is no action; E602 a compute action without a micro-batch; E603 a stage on
-two rows; E604 an op given twice; E605 a stage or op missing; E606 an empty file;
-W601 communication actions dropped; W602 fused backwards split.
+two rows; E604 an op given twice; E605 a stage, op or micro-batch missing; E606 an empty file;
+E607 a number past a limit; E310 a deadlock (lint's); W601 communication actions dropped;
+W602 fused backwards split.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePath
 
-from ..lang.errors import Diagnostic, PlanSyntaxError, Severity
+from ..lang.bounds import ops_beyond_limit, whole_number
+from ..lang.errors import Diagnostic, PlanSyntaxError, Severity, ranges_text, source_lines
+from ..lint import lint_plan
+from ..limits import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, at_most
 from ..plan import DevicePlacement, Header, Op, OpKind, Plan, PlanError, Slot, Span, Stage
 
 TO_TORCH = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
 GROUP = "OVERLAP_F_B"
 
-_ACTION = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
+# [0-9], not \d: \d takes any script's digits (Arabic-Indic, Devanagari, ...), which int() reads.
+_ACTION = re.compile(r"([0-9]+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)")
+_IN_CSV_TERMS = "(device 0 is row 1; F1:4 is the action 1F4, BW1:4 is 1B4, B1:4 is 1I4)"
+"""How lint's words for a plan read in a CSV's terms."""
 _DROPPED_SILENTLY = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}
 _HINT = ("actions look like 0F1 (stage 0, forward, micro-batch 1), 3I0, 3W0, 2B5 "
          "or (0F7;7B3)OVERLAP_F_B")
@@ -73,11 +84,20 @@ def read_csv(text: str, path: str = "<csv>",
     reader = _Reader()
     # Every line is a rank, a blank one too (as torch's csv.reader sees it); the final newline
     # ends the last row.
-    rows = [reader.row(n + 1, line) for n, line in enumerate(text.splitlines())]
+    lines = source_lines(text)
+    if lines[-1] == "":
+        lines.pop()
+    if len(lines) > MAX_DEVICES:
+        reader.error("E607", f"{len(lines):,} rows, one device each: a plan has "
+                     f"{at_most(MAX_DEVICES, 'devices')}", Span(MAX_DEVICES + 1, 1, MAX_DEVICES + 1, 2))
+        raise PlanSyntaxError(reader.diags, path, text)
+    rows = [reader.row(n + 1, line) for n, line in enumerate(lines)]
     if not any(rows):
         reader.error("E606", "the file has no actions", None,
                      "one row per rank, its actions separated by commas")
     plan = reader.plan(rows, name or PurePath(path).stem)
+    if not reader.has_errors():
+        reader.lint(plan)
     if reader.has_errors():
         raise PlanSyntaxError([d for d in reader.diags if d.is_error], path, text)
     return plan, reader.diags
@@ -123,7 +143,7 @@ class _Reader:
         if text.startswith("("):
             close = text.find(")")
             if close < 0 or text[close + 1:] != GROUP:
-                self.error("E601", f"'{text}' is not an action", span,
+                self.error("E601", f"{_shown(text)} is not an action", span,
                            f"an overlap group is written (ACTION;ACTION){GROUP}")
                 return None
             ops, start = [], col + 1
@@ -145,9 +165,10 @@ class _Reader:
         span = Span(line, col, line, col + len(text))
         m = _ACTION.fullmatch(text)
         if m is None:
-            self.error("E601", f"'{text}' is not an action", span, _HINT)
+            self.error("E601", f"{_shown(text)} is not an action", span, _HINT)
             return None
-        stage, kind, mb = m.groups()
+        _, kind, mb = m.groups()
+        stage = self.index(m, 1, MAX_STAGES, "a stage", span)
         if kind in _DROPPED_SILENTLY:
             return None
         if kind not in FROM_TORCH:
@@ -159,7 +180,18 @@ class _Reader:
         if not mb:
             self.error("E602", f"'{text}' names no micro-batch", span, f"e.g. {text}0")
             return None
-        return Op(FROM_TORCH[kind], int(stage), int(mb), span)
+        microbatch = self.index(m, 3, MAX_MICROBATCHES, "a micro-batch", span)
+        if stage is None or microbatch is None:
+            return None
+        return Op(FROM_TORCH[kind], stage, microbatch, span)
+
+    def index(self, m: re.Match, group: int, count: int, what: str, span: Span) -> int | None:
+        """The stage or micro-batch number of an action (group `group` of its match `m`, at
+        `span`), of which a plan has at most `count` (0..count - 1)."""
+        col = span.col + m.start(group)
+        at = Span(span.line, col, span.line, col + len(m.group(group)))
+        return whole_number(m.group(group), at, self.diags, code="E607", limit=count - 1,
+                            what=f"{what} number")
 
     # -- the whole file ----------------------------------------------------------------------
 
@@ -169,6 +201,10 @@ class _Reader:
         ops = [(d, op) for d, cells in enumerate(rows) for c in cells for op in c.ops]
         num_stages = 1 + max((op.stage for _, op in ops), default=-1)
         microbatches = 1 + max((op.mb for _, op in ops), default=0)
+        too_many = ops_beyond_limit(num_stages, microbatches)
+        if too_many is not None:
+            self.error("E607", too_many, None, "the file names stages up to "
+                       f"{num_stages - 1} and micro-batches up to {microbatches - 1}")
         home = self.placement(ops, num_stages, check_missing=not self.has_errors())
         rows = self.split_mixed(rows)
         self.completeness(rows, num_stages, microbatches, check_missing=not self.has_errors())
@@ -191,10 +227,11 @@ class _Reader:
                            f"{home[op.stage] + 1}", op.span,
                            f"{_torch(first[op.stage])} runs it on row {home[op.stage] + 1}; "
                            "a stage lives on one rank")
-        for s in range(num_stages if check_missing else 0):
-            if s not in home:
-                self.error("E605", f"stage {s} appears in no row", None,
-                           f"the file has stages up to {num_stages - 1}")
+        absent = [s for s in range(num_stages if check_missing else 0) if s not in home]
+        if absent:
+            self.error("E605", f"stage{'s' * (len(absent) > 1)} {ranges_text(absent)} "
+                       f"appear{'s' * (len(absent) == 1)} in no row", None,
+                       f"the file has stages up to {num_stages - 1}")
         return home
 
     def split_mixed(self, rows: list[list[_Cell]]) -> list[list[_Cell]]:
@@ -239,16 +276,73 @@ class _Reader:
                                    f"column {seen[op.key()].span.col}")
                     else:
                         seen[op.key()] = op
-        for s in range(num_stages if check_missing else 0):
+        if not check_missing:
+            return
+        partial = self.absent_microbatches(seen, sorted(row_of), microbatches, row_of)
+        for s in range(num_stages):
             need = (OpKind.F, OpKind.B, OpKind.W) if s in split else (OpKind.F, OpKind.BW)
             missing = [_torch(Op(k, s, m)) for m in range(microbatches) for k in need
-                       if (k, s, m) not in seen]
+                       if (k, s, m) not in seen and m not in partial.get(s, ())]
             if missing and s in row_of:
                 shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
                 self.error("E605", f"stage {s} lacks {len(missing)} action(s): {shown}",
                            Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
                            f"every stage needs a forward and a backward for each micro-batch "
                            f"0..{microbatches - 1}")
+
+    def absent_microbatches(self, seen: dict[tuple[OpKind, int, int], Op], stages: list[int],
+                            microbatches: int, row_of: dict[int, int]) -> dict[int, set[int]]:
+        """Report the micro-batches that some stages have no action of at all, by micro-batch:
+        a stray `1F4` in a file of micro-batches 0..3 appears only on stage 1, rather than
+        making every other stage lack micro-batch 4. Returns, per stage, the micro-batches so
+        reported, whose missing actions are not listed again by stage."""
+        having: dict[int, set[int]] = defaultdict(set)
+        first: dict[int, Op] = {}
+        for (_, s, m), op in seen.items():
+            having[m].add(s)
+            first.setdefault(m, op)
+        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for m in range(microbatches):
+            if len(having[m]) < len(stages):
+                groups[tuple(sorted(having[m]))].append(m)
+        reported: dict[int, set[int]] = defaultdict(set)
+        for on, ms in groups.items():
+            lacking = [s for s in stages if s not in on]
+            stray = on and len(lacking) >= len(on)
+            for s in stages if stray else lacking:
+                reported[s].update(ms)
+            mbs = f"micro-batch{'es' * (len(ms) > 1)} {ranges_text(ms)}"
+            if not on:
+                self.error("E605", f"no action names {mbs}", None,
+                           f"micro-batches are numbered from 0 without gaps; the file names "
+                           f"micro-batches up to {microbatches - 1}")
+            elif not stray:
+                s = lacking[0]
+                self.error("E605", f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
+                           f"{'have' if len(lacking) > 1 else 'has'} no action of {mbs}",
+                           Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
+                           f"stage{'s' * (len(on) > 1)} {ranges_text(on)} "
+                           f"{'have' if len(on) > 1 else 'has'} {'them' if len(ms) > 1 else 'it'}")
+            else:
+                self.error("E605", f"{mbs} appear{'s' * (len(ms) == 1)} only on "
+                           f"stage{'s' * (len(on) > 1)} {ranges_text(on)}", first[ms[0]].span,
+                           f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
+                           f"{'have' if len(lacking) > 1 else 'has'} none of "
+                           f"{'their' if len(ms) > 1 else 'its'} actions; every stage needs a "
+                           "forward and a backward for each micro-batch")
+        return reported
+
+    def lint(self, plan: Plan) -> None:
+        """Lint's errors for a plan read without errors: a schedule that deadlocks (E310)."""
+        for d in lint_plan(plan):
+            if d.is_error:
+                self.diags.append(replace(d, hint=(d.hint + " " if d.hint else "") + _IN_CSV_TERMS))
+
+
+def _shown(text: str) -> str:
+    """A cell quoted for a message, with what a terminal would not show written as escapes
+    (a byte-order mark or a zero-width space inside a cell would otherwise be invisible)."""
+    return "'" + "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text) + "'"
 
 
 def _split(line: str) -> list[tuple[int, str]]:

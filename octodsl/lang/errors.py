@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..plan import Span
@@ -51,16 +52,42 @@ class Diagnostic:
         return "\n".join(out)
 
 
+BOM = "\ufeff"
+"""The UTF-8 byte-order mark some editors put at the start of a file."""
+
+
+def source_lines(source: str) -> list[str]:
+    r"""The lines of a text as positions count them: only \n ends a line (a \r before it is
+    part of the line end). str.splitlines() also splits at \f, \v, \x1c..\x1e, \x85, U+2028
+    and U+2029, which a comment may hold. A leading byte-order mark is no character of line 1."""
+    return [line.removesuffix("\r") for line in source.removeprefix(BOM).split("\n")]
+
+
 def _excerpt(source: str, s: Span) -> list[str]:
-    lines = source.splitlines()
+    lines = source_lines(source)
     if not 1 <= s.line <= len(lines):
         return []
-    text = lines[s.line - 1].expandtabs(1)
+    # One column per character, as the parser counts them; what a terminal would not show as
+    # one character (a form feed, U+2028, ...) is shown as '?' so that the caret stays aligned.
+    text = "".join(c if c.isprintable() else "?" for c in lines[s.line - 1].expandtabs(1))
     end = s.end_col if s.end_line == s.line else len(text) + 1
     width = max(1, end - s.col)
     gutter = str(s.line)
     pad = " " * len(gutter)
     return [f"  {gutter} | {text}", f"  {pad} | {' ' * (s.col - 1)}{'^' * width}"]
+
+
+def ranges_text(values: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> '0..2, 5'."""
+    vs = sorted(set(values))
+    parts, i = [], 0
+    while i < len(vs):
+        j = i
+        while j + 1 < len(vs) and vs[j + 1] == vs[j] + 1:
+            j += 1
+        parts.append(str(vs[i]) if i == j else f"{vs[i]}..{vs[j]}")
+        i = j + 1
+    return ", ".join(parts)
 
 
 class PlanSyntaxError(Exception):

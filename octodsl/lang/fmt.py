@@ -143,7 +143,7 @@ def _items(out: _Writer, items: list[ast.Item], depth: int) -> None:
     for item in items:
         if isinstance(item, ast.Loop) and item.span.end_line > item.span.line:
             emit()
-            out.open(f"for {item.var} in {_expr(item.first)}..{_expr(item.last)}", depth, item.span)
+            out.open(f"for {item.var} in {expr_text(item.first)}..{expr_text(item.last)}", depth, item.span)
             _items(out, item.body, depth + 1)
             out.close(depth, item.span)
         else:
@@ -157,27 +157,28 @@ def _items(out: _Writer, items: list[ast.Item], depth: int) -> None:
 
 def _inline(item: ast.Item) -> str:
     if isinstance(item, ast.OpItem):
-        mb = _expr(item.mb) + (f"..{_expr(item.mb_last)}" if item.mb_last is not None else "")
-        stage = _expr(item.stage)
+        mb = expr_text(item.mb) + (f"..{expr_text(item.mb_last)}" if item.mb_last is not None else "")
+        stage = expr_text(item.stage)
         if not isinstance(item.stage, (ast.Num, ast.Var)):
             stage = f"({stage})"
         return f"{item.kind}{stage}:{mb}"
     if isinstance(item, ast.Overlap):
         return "(" + " & ".join(_inline(o) for o in item.ops) + ")"
     body = " ".join(_inline(i) for i in item.body)
-    return f"for {item.var} in {_expr(item.first)}..{_expr(item.last)} {{ {body} }}"
+    return f"for {item.var} in {expr_text(item.first)}..{expr_text(item.last)} {{ {body} }}"
 
 
 _PREC = {"+": 1, "-": 1, "*": 2}
 
 
-def _expr(e: ast.Expr) -> str:
+def expr_text(e: ast.Expr) -> str:
+    """An expression as fmt writes it: the fewest parentheses that keep its meaning."""
     if isinstance(e, ast.Num):
         return str(e.value)
     if isinstance(e, ast.Var):
         return e.name
     p = _PREC[e.op]
-    left, right = _expr(e.left), _expr(e.right)
+    left, right = expr_text(e.left), expr_text(e.right)
     if isinstance(e.left, ast.BinOp) and _PREC[e.left.op] < p:
         left = f"({left})"
     if isinstance(e.right, ast.BinOp) and (_PREC[e.right.op] < p or (_PREC[e.right.op] == p and e.op == "-")):

@@ -2,18 +2,24 @@
 
 Problems found here (an unknown header field, an undefined loop variable) are diagnostics; the
 plan is still built whenever devices and micro-batches are known, so lint can report the rest.
+A plan past one of octodsl.limits is not built: each range and loop is counted before it is
+unrolled, and nothing is unrolled once a limit is reached.
 """
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from ..limits import MAX_INT, MAX_LAYERS, MAX_LOOP_ITERATIONS, MAX_OPS, MAX_STAGES, at_most
 from ..plan import (DevicePlacement, Header, Op, OpKind, Plan, Slot, Span, Stage,
                     placement_loop, placement_v)
+from . import bounds
 from . import syntax as ast
 from .errors import Diagnostic
+from .fmt import expr_text
 
 PATTERN_SYMBOLS = "[Mm*G-E]"
 """Layer-pattern symbols (docs/language.md); `|` cuts stages."""
@@ -34,8 +40,13 @@ def lower(file: ast.File) -> tuple[Plan | None, list[Diagnostic]]:
         return None, diags
     sections = _sections(file, diags)
     stages, partition_span = _partition(sections.get("partition"), diags)
+    if stages is None or not _ops_fit(len(stages), header, partition_span, diags):
+        return None, diags
     placement, placement_span = _placement(sections.get("placement"), len(stages), header.devices, diags)
-    schedule, schedule_spans = _schedule(sections.get("schedule"), header.devices, diags)
+    unroller = _Unroller(diags)
+    schedule, schedule_spans = unroller.schedule(sections.get("schedule"), header.devices)
+    if unroller.stopped:
+        return None, diags
     plan = Plan(header, stages, placement, schedule, partition_span, placement_span, schedule_spans)
     return plan, diags
 
@@ -75,7 +86,13 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
     except ValidationError as err:
         for item in err.errors():
             key = str(item["loc"][0]) if item["loc"] else ""
-            diags.append(Diagnostic("E114", f"'{key}': {item['msg'].lower()}", spans.get(key, block.span)))
+            if item["type"] == "less_than_equal":
+                msg = f"must be {at_most(item['ctx']['le'], 'bytes' if key == 'memory' else '')}"
+            elif item["type"] == "greater_than_equal":
+                msg = f"must be at least {item['ctx']['ge']}"
+            else:
+                msg = item["msg"].lower()
+            diags.append(Diagnostic("E114", f"'{key}' {msg}", spans.get(key, block.span)))
         return None
 
 
@@ -108,12 +125,20 @@ def _section_name(sec: ast.Section) -> str:
 
 # -- partition ---------------------------------------------------------------------------------
 
-def _partition(sec, diags: list[Diagnostic]) -> tuple[list[Stage], Span | None]:
+def _partition(sec, diags: list[Diagnostic]) -> tuple[list[Stage] | None, Span | None]:
+    """The stages; None when there are more than MAX_STAGES or a layer past MAX_LAYERS."""
     if sec is None:
         return [], None
+    count = (sec.count if isinstance(sec, ast.PartitionAbstract) else
+             len(sec.stages) if isinstance(sec, ast.PartitionLayers) else sec.pattern.count("|") + 1)
+    if count > MAX_STAGES:
+        diags.append(Diagnostic("E207", f"{count:,} stages: a plan has {at_most(MAX_STAGES, 'stages')}",
+                                sec.span))
+        return None, sec.span
+    if count == 0:
+        diags.append(Diagnostic("E205", "the partition has no stages", sec.span,
+                                hint="a plan needs at least one stage"))
     if isinstance(sec, ast.PartitionAbstract):
-        if sec.count < 1:
-            diags.append(Diagnostic("E114", "a plan needs at least one stage", sec.span))
         return [Stage(span=sec.span) for _ in range(sec.count)], sec.span
     if isinstance(sec, ast.PartitionLayers):
         stages = []
@@ -122,8 +147,26 @@ def _partition(sec, diags: list[Diagnostic]) -> tuple[list[Stage], Span | None]:
                 diags.append(Diagnostic("E203", f"stage {d.index} is declared where stage {i} is expected",
                                         d.span, hint="declare stages in order, numbered from 0"))
             stages.append(Stage(d.first, d.last, None, d.span))
-        return stages, sec.span
+        past = [d for d in sec.stages if max(d.first, d.last) >= MAX_LAYERS]
+        for d in past:
+            diags.append(Diagnostic("E207", f"layer {max(d.first, d.last):,}: a model has "
+                                    f"{at_most(MAX_LAYERS, 'layers')}", d.span,
+                                    hint=f"layers are numbered 0..{MAX_LAYERS - 1}"))
+        return (None if past else stages), sec.span
+    layers = sum(not ch.isspace() and ch != "|" for ch in sec.pattern)
+    if layers > MAX_LAYERS:
+        diags.append(Diagnostic("E207", f"a pattern of {layers:,} layers: a model has "
+                                f"{at_most(MAX_LAYERS, 'layers')}", sec.value_span))
+        return None, sec.span
     return _pattern_stages(sec, diags), sec.span
+
+
+def _ops_fit(stages: int, header: Header, span: Span | None, diags: list[Diagnostic]) -> bool:
+    why = bounds.ops_beyond_limit(stages, header.microbatches)
+    if why is not None:
+        diags.append(Diagnostic("E157", why, span or header.spans.get("microbatches"),
+                                hint="fewer stages or fewer micro-batches"))
+    return why is None
 
 
 def _pattern_stages(sec: ast.PartitionPattern, diags: list[Diagnostic]) -> list[Stage]:
@@ -183,79 +226,124 @@ def _with_span(entries: list[DevicePlacement], span: Span) -> list[DevicePlaceme
     return entries
 
 
-# -- schedule ----------------------------------------------------------------------------------
+# -- schedule ---------------------------------------------------------------------------------
 
-def _schedule(sec: ast.ScheduleBlock | None, devices: int,
-              diags: list[Diagnostic]) -> tuple[list[list[Slot]], list[Span | None]]:
-    schedule: list[list[Slot]] = [[] for _ in range(devices)]
-    spans: list[Span | None] = [None] * devices
-    if sec is None:
-        return schedule, spans
-    for block in sec.devices:
-        d = block.device
-        if d >= devices:
-            diags.append(Diagnostic("E154", f"device {d} does not exist: the plan has {devices} "
-                                    f"devices (0..{devices - 1})", block.span))
-            continue
-        if spans[d] is not None:
-            diags.append(Diagnostic("E153", f"device {d} has a second schedule block", block.span,
-                                    hint=f"the first is at line {spans[d].line}"))
-            continue
-        spans[d] = block.span
-        _unroll(block.items, {}, schedule[d], diags)
-    return schedule, spans
+@dataclass
+class _Unroller:
+    """Unrolls ranges and loops into slots. Each range's ops and each loop's iterations are
+    counted against MAX_OPS and MAX_LOOP_ITERATIONS before they are expanded; past a limit, or
+    at an index expression beyond MAX_INT, it reports once and stops (`stopped`)."""
 
+    diags: list[Diagnostic]
+    ops_left: int = MAX_OPS
+    iterations_left: int = MAX_LOOP_ITERATIONS
+    stopped: bool = False
+    seen: set = field(default_factory=set)
 
-def _unroll(items: list[ast.Item], env: dict[str, int], out: list[Slot],
-            diags: list[Diagnostic]) -> None:
-    for item in items:
-        if isinstance(item, ast.OpItem):
-            out.extend(Slot((op,), item.span) for op in _ops(item, env, diags))
-        elif isinstance(item, ast.Overlap):
-            ops = []
-            for o in item.ops:
-                got = _ops(o, env, diags)
-                if o.mb_last is not None:
-                    diags.append(Diagnostic("E155", "an overlap group holds single ops, not ranges", o.span))
-                ops.extend(got[:1])
-            if ops:
-                out.append(Slot(tuple(ops), item.span))
-        else:
-            first, last = _eval(item.first, env, diags), _eval(item.last, env, diags)
-            if first is None or last is None:
+    def schedule(self, sec: ast.ScheduleBlock | None,
+                 devices: int) -> tuple[list[list[Slot]], list[Span | None]]:
+        schedule: list[list[Slot]] = [[] for _ in range(devices)]
+        spans: list[Span | None] = [None] * devices
+        if sec is None:
+            return schedule, spans
+        for block in sec.devices:
+            d = block.device
+            if d >= devices:
+                self.note(Diagnostic("E154", f"device {d} does not exist: the plan has {devices} "
+                                             f"devices (0..{devices - 1})", block.span))
                 continue
-            if item.var in env:
-                diags.append(Diagnostic("E156", f"loop variable '{item.var}' hides an outer one", item.span))
-            if last < first:
-                diags.append(Diagnostic("E151", f"the loop range {first}..{last} is empty", item.span,
-                                        hint="ranges are inclusive and must not run backwards"))
-            for v in range(first, last + 1):
-                _unroll(item.body, {**env, item.var: v}, out, diags)
+            if spans[d] is not None:
+                self.note(Diagnostic("E153", f"device {d} has a second schedule block", block.span,
+                                             hint=f"the first is at line {spans[d].line}"))
+                continue
+            spans[d] = block.span
+            self.items(block.items, {}, schedule[d])
+        return schedule, spans
 
+    def items(self, items: list[ast.Item], env: dict[str, int], out: list[Slot]) -> None:
+        for item in items:
+            if self.stopped:
+                return
+            if isinstance(item, ast.OpItem):
+                out.extend(Slot((op,), item.span) for op in self.ops(item, env))
+            elif isinstance(item, ast.Overlap):
+                ops = []
+                for o in item.ops:
+                    got = self.ops(o, env)
+                    if o.mb_last is not None:
+                        self.note(Diagnostic("E155", "an overlap group holds single ops, not ranges",
+                                                     o.span))
+                    ops.extend(got[:1])
+                if ops:
+                    out.append(Slot(tuple(ops), item.span))
+            else:
+                self.loop(item, env, out)
 
-def _ops(item: ast.OpItem, env: dict[str, int], diags: list[Diagnostic]) -> list[Op]:
-    kind = OpKind(item.kind)
-    stage = _eval(item.stage, env, diags)
-    first = _eval(item.mb, env, diags)
-    last = first if item.mb_last is None else _eval(item.mb_last, env, diags)
-    if stage is None or first is None or last is None:
-        return []
-    if last < first:
-        diags.append(Diagnostic("E151", f"the micro-batch range {first}..{last} is empty", item.span,
-                                hint="ranges are inclusive and must not run backwards"))
-    return [Op(kind, stage, m, item.span) for m in range(first, last + 1)]
+    def loop(self, item: ast.Loop, env: dict[str, int], out: list[Slot]) -> None:
+        first, last = self.eval(item.first, env), self.eval(item.last, env)
+        if first is None or last is None:
+            return
+        if item.var in env:
+            self.note(Diagnostic("E156", f"loop variable '{item.var}' hides an outer one", item.span))
+        if last < first:
+            self.note(Diagnostic("E151", f"the loop range {first}..{last} is empty", item.span,
+                                         hint="ranges are inclusive and must not run backwards"))
+        count = max(0, last - first + 1)
+        if count > self.iterations_left:
+            self.stop(Diagnostic("E158", f"the loop over {first}..{last} takes the plan's loops past the "
+                                 f"limit: loops iterate {at_most(MAX_LOOP_ITERATIONS, 'times in all')}",
+                                 item.span))
+            return
+        self.iterations_left -= count
+        for v in range(first, last + 1):
+            self.items(item.body, {**env, item.var: v}, out)
 
+    def ops(self, item: ast.OpItem, env: dict[str, int]) -> list[Op]:
+        kind = OpKind(item.kind)
+        stage = self.eval(item.stage, env)
+        first = self.eval(item.mb, env)
+        last = first if item.mb_last is None else self.eval(item.mb_last, env)
+        if stage is None or first is None or last is None:
+            return []
+        if last < first:
+            self.note(Diagnostic("E151", f"the micro-batch range {first}..{last} is empty", item.span,
+                                         hint="ranges are inclusive and must not run backwards"))
+        count = max(0, last - first + 1)
+        if count > self.ops_left:
+            self.stop(Diagnostic("E157", f"{item.kind}{stage}:{first}..{last} takes the plan past the limit: "
+                                 f"a plan has {at_most(MAX_OPS, 'ops')}", item.span))
+            return []
+        self.ops_left -= count
+        return [Op(kind, stage, m, item.span) for m in range(first, last + 1)]
 
-def _eval(e: ast.Expr, env: dict[str, int], diags: list[Diagnostic]) -> int | None:
-    if isinstance(e, ast.Num):
-        return e.value
-    if isinstance(e, ast.Var):
-        if e.name not in env:
-            diags.append(Diagnostic("E150", f"'{e.name}' is not a loop variable here", e.span,
-                                    hint="names in ops must be variables of an enclosing 'for'"))
+    def eval(self, e: ast.Expr, env: dict[str, int]) -> int | None:
+        """The expression's value; None after a diagnostic. Recursive: the parser bounds an
+        expression to MAX_NESTING operators."""
+        if isinstance(e, ast.Num):
+            return e.value
+        if isinstance(e, ast.Var):
+            if e.name not in env:
+                self.note(Diagnostic("E150", f"'{e.name}' is not a loop variable here", e.span,
+                                             hint="names in ops must be variables of an enclosing 'for'"))
+                return None
+            return env[e.name]
+        a, b = self.eval(e.left, env), self.eval(e.right, env)
+        if a is None or b is None:
             return None
-        return env[e.name]
-    a, b = _eval(e.left, env, diags), _eval(e.right, env, diags)
-    if a is None or b is None:
-        return None
-    return a + b if e.op == "+" else a - b if e.op == "-" else a * b
+        v = a + b if e.op == "+" else a - b if e.op == "-" else a * b
+        if abs(v) > MAX_INT:
+            self.stop(Diagnostic("E159", f"the value of {expr_text(e)} is too large: an index is "
+                                 f"{at_most(MAX_INT, '')}", e.span))
+            return None
+        return v
+
+    def note(self, d: Diagnostic) -> None:
+        """Report `d` once: a loop finds the same problem on every iteration."""
+        key = (d.code, d.message, d.span)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.diags.append(d)
+
+    def stop(self, d: Diagnostic) -> None:
+        self.note(d)
+        self.stopped = True

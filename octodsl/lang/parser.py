@@ -3,20 +3,29 @@ nowhere else, worded for people (no terminal names)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from importlib import resources
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from ..plan import Span
 from ..units import parse_size
+from . import bounds
 from . import syntax as ast
-from .errors import Diagnostic, PlanSyntaxError
+from .errors import BOM, Diagnostic, PlanSyntaxError, source_lines
 
 MAX_SYNTAX_ERRORS = 20
+MAX_RECOVERIES = 5 * MAX_SYNTAX_ERRORS
+"""Errors the parser goes on after, reported or not (what it trips over next on the same line is
+not): each costs time in proportion to the nesting, so a long line of garbage is cut short."""
 _STRING_OR_COMMENT = re.compile(r'"[^"\n]*"|#[^\n]*')
+_NUMBER_LIKE = re.compile(r"[0-9A-Za-z_]+(?:\.[0-9A-Za-z_]+)*")
+"""What a malformed number such as `1e8`, `1.5` or `80Gib` runs to (the lexer stops at it)."""
+_NUMBER_HINT = ("a number is written in decimal digits only, such as 100000000; a size is a "
+                "number and a unit, such as 80GiB or 1.5TB")
 
 # How each terminal is named in "expected ..." messages; string terminals print as 'literal'.
 _WORDS = {
@@ -65,8 +74,19 @@ def _meta_span(meta) -> Span:
     return Span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
+def _malformed_number(e: UnexpectedInput, source: str) -> str | None:
+    """The text of the malformed number lark stopped at, if that is what it stopped at: the
+    grammar's numbers refuse to be followed by a letter, so `1e8` is not read as 1 then `e8`."""
+    m = _NUMBER_LIKE.match(source, e.pos_in_stream) if isinstance(e, UnexpectedCharacters) else None
+    return m.group(0) if m and m.group(0)[0] in "0123456789" else None
+
+
 def _syntax_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
     """One lark error, in words."""
+    bad = _malformed_number(e, source)
+    if bad is not None:
+        span = Span(e.line, e.column, e.line, e.column + len(bad))
+        return Diagnostic("E103", f"'{bad}' is not a number", span, hint=_NUMBER_HINT)
     if isinstance(e, UnexpectedCharacters):
         ch = source[e.pos_in_stream] if e.pos_in_stream < len(source) else ""
         span = Span(e.line, e.column, e.line, e.column + 1)
@@ -93,11 +113,16 @@ def _repair(e: UnexpectedToken) -> None:
     """Insert the one missing token that lets the parser take the unexpected one (as in `B1: }`),
     so that one slip gives one error; otherwise lark drops the unexpected token."""
     ip = e.interactive_parser
+    # Trials share the parsed values and build no trees, as lark's own accepts() does: a deep
+    # copy of the value stack costs as much as everything parsed so far.
+    bare = copy.copy(ip.parser_state.parse_conf)
+    bare.callbacks = {}
     for name in sorted(e.expected):
         value = _PLACEHOLDERS.get(name) or _terminal_words().get(name, "").strip("'")
         if not value:
             continue
-        trial = ip.copy()
+        trial = ip.copy(deepcopy_values=False)
+        trial.parser_state.parse_conf = bare
         try:
             trial.feed_token(Token(name, value))
             if e.token.type not in trial.accepts():
@@ -107,6 +132,15 @@ def _repair(e: UnexpectedToken) -> None:
             return
         except UnexpectedInput:
             continue
+
+
+def _skip_number(e: UnexpectedCharacters, bad: str) -> None:
+    """Go on after a malformed number as after a number (a placeholder, where one may stand),
+    so that it gives one error, not one more for each piece of it."""
+    ip = e.interactive_parser
+    if "INT" in ip.accepts():
+        ip.feed_token(Token("INT", "0"))
+    ip.lexer_thread.state.line_ctr.feed(bad)
 
 
 def _end_span(source: str) -> Span:
@@ -120,8 +154,11 @@ def _end_span(source: str) -> Span:
 
 def parse_syntax(source: str, path: str = "<string>") -> ast.File:
     """Parse .octo text into a syntax tree; raises PlanSyntaxError with every syntax error found
-    (the parser skips the offending token and goes on, so later errors are reported too)."""
+    (the parser skips the offending token and goes on, so later errors are reported too).
+    A leading byte-order mark is ignored."""
+    source = source.removeprefix(BOM)
     errors: list[Diagnostic] = []
+    recoveries = 0
 
     def record(d: Diagnostic) -> None:
         # After the first error the parser skips tokens to resynchronise; what it trips over on
@@ -131,12 +168,17 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
             errors.append(d)
 
     def on_error(e: UnexpectedInput) -> bool:
+        nonlocal recoveries
+        recoveries += 1
         record(_syntax_diagnostic(e, source))
-        if isinstance(e, UnexpectedToken):
+        bad = _malformed_number(e, source)
+        if bad is not None:
+            _skip_number(e, bad)
+        elif isinstance(e, UnexpectedToken):
             if e.token.type == "$END":
                 return False
             _repair(e)
-        return len(errors) < MAX_SYNTAX_ERRORS
+        return len(errors) < MAX_SYNTAX_ERRORS and recoveries < MAX_RECOVERIES
 
     lark = _parser()
     try:
@@ -145,13 +187,18 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
         record(_syntax_diagnostic(e, source))
         tree = None
     if errors or tree is None:
+        raise PlanSyntaxError(bounds.parentheses(source) + errors, path, source)
+    errors = bounds.parentheses(source) + bounds.nesting(tree)
+    to_ast = _ToAst()
+    file = None if errors else to_ast.transform(tree)
+    errors += to_ast.diags
+    if errors:
         raise PlanSyntaxError(errors, path, source)
     # Comments are ignored by the grammar; collect them with their positions for fmt.
-    comments = [ast.Comment(m.group(0).rstrip(), _comment_span(source, m.start(), m.group(0)))
+    comments = [ast.Comment(m.group(0).rstrip(), bounds.offset_span(source, m.start(), len(m.group(0))))
                 for m in _comment_matches(source)]
-    file = _ToAst().transform(tree)
     file.comments = comments
-    file.blank_lines = frozenset(i for i, text in enumerate(source.splitlines(), 1) if not text.strip())
+    file.blank_lines = frozenset(i for i, text in enumerate(source_lines(source), 1) if not text.strip())
     return file
 
 
@@ -160,15 +207,19 @@ def _comment_matches(source: str):
     return (m for m in _STRING_OR_COMMENT.finditer(source) if m.group(0).startswith("#"))
 
 
-def _comment_span(source: str, start: int, text: str) -> Span:
-    line = source.count("\n", 0, start) + 1
-    col = start - (source.rfind("\n", 0, start) + 1) + 1
-    return Span(line, col, line, col + len(text))
-
-
 @v_args(meta=True)
-class _ToAst(Transformer):
-    """lark tree -> syntax tree, spans attached."""
+class _ToAst(Transformer_NonRecursive):
+    """lark tree -> syntax tree, spans attached; without recursion, so that how deep a tree it
+    can take does not hang on Python's recursion limit. Numbers above MAX_INT are noted in
+    `diags` (and stand as 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.diags: list[Diagnostic] = []
+
+    def _int(self, t: Token) -> int:
+        value = bounds.whole_number(t.value, _token_span(t), self.diags)
+        return 0 if value is None else value
 
     # header
     def start(self, meta, children):
@@ -184,11 +235,13 @@ class _ToAst(Transformer):
 
     def int_value(self, meta, children):
         (t,) = children
-        return int(t), "int", t.value, _token_span(t)
+        return self._int(t), "int", t.value, _token_span(t)
 
     def size_value(self, meta, children):
         (t,) = children
-        return parse_size(t.value), "size", t.value, _token_span(t)
+        whole = re.match(r"[0-9]+", t.value).group(0)
+        fits = bounds.whole_number(whole, _token_span(t), self.diags) is not None
+        return parse_size(t.value) if fits else 0, "size", t.value, _token_span(t)
 
     def string_value(self, meta, children):
         (t,) = children
@@ -203,7 +256,7 @@ class _ToAst(Transformer):
         return ast.PartitionLayers(children, _meta_span(meta))
 
     def stage_decl(self, meta, children):
-        i, a, b = (int(t) for t in children)
+        i, a, b = (self._int(t) for t in children)
         return ast.StageDecl(i, a, b, _meta_span(meta))
 
     def partition_pattern(self, meta, children):
@@ -212,7 +265,7 @@ class _ToAst(Transformer):
 
     def partition_abstract(self, meta, children):
         (t,) = children
-        return ast.PartitionAbstract(int(t), _meta_span(meta))
+        return ast.PartitionAbstract(self._int(t), _meta_span(meta))
 
     # placement
     def placement_explicit(self, meta, children):
@@ -224,10 +277,10 @@ class _ToAst(Transformer):
 
     def device_place(self, meta, children):
         d, stages = children
-        return ast.DevicePlace(int(d), stages, _meta_span(meta))
+        return ast.DevicePlace(self._int(d), stages, _meta_span(meta))
 
     def int_list(self, meta, children):
-        return [int(t) for t in children]
+        return [self._int(t) for t in children]
 
     # schedule
     def schedule(self, meta, children):
@@ -235,7 +288,7 @@ class _ToAst(Transformer):
 
     def device_block(self, meta, children):
         d, *items = children
-        return ast.DeviceBlock(int(d), items, _meta_span(meta))
+        return ast.DeviceBlock(self._int(d), items, _meta_span(meta))
 
     def op(self, meta, children):
         kind, stage, (mb, mb_last) = children
@@ -254,7 +307,7 @@ class _ToAst(Transformer):
     # expressions
     def num(self, meta, children):
         (t,) = children
-        return ast.Num(int(t), _token_span(t))
+        return ast.Num(self._int(t), _token_span(t))
 
     def var(self, meta, children):
         (t,) = children

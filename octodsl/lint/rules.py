@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator
 
 from ..dag import Graph, build_graph, describe_cycle, execution_order
 from ..plan import Op, OpKind, Plan, Span
-from ..lang.errors import Diagnostic, Severity
+from ..lang.errors import Diagnostic, Severity, ranges_text
 
 
 @dataclass
@@ -55,22 +55,14 @@ def rule(cls: type[Rule]) -> type[Rule]:
     return cls
 
 
-def _ranges(values: Iterable[int]) -> str:
-    """[0, 1, 2, 5] -> '0..2, 5'."""
-    vs = sorted(set(values))
-    parts, i = [], 0
-    while i < len(vs):
-        j = i
-        while j + 1 < len(vs) and vs[j + 1] == vs[j] + 1:
-            j += 1
-        parts.append(str(vs[i]) if i == j else f"{vs[i]}..{vs[j]}")
-        i = j + 1
-    return ", ".join(parts)
+def _span_text(r: range) -> str:
+    """range(4, 7) -> '4..6', without listing it (layer indices can be large)."""
+    return str(r[0]) if len(r) == 1 else f"{r[0]}..{r[-1]}"
 
 
 def _layers(r: range) -> str:
     """'layer 4 is' / 'layers 4..6 are'."""
-    return f"layer {r[0]} is" if len(r) == 1 else f"layers {_ranges(r)} are"
+    return f"layer {r[0]} is" if len(r) == 1 else f"layers {_span_text(r)} are"
 
 
 # -- partition ---------------------------------------------------------------------------------
@@ -83,6 +75,10 @@ class PartitionCoverage(Rule):
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         stages = ctx.plan.stages
+        if stages and stages[0].abstract and ctx.num_layers is not None and len(stages) > ctx.num_layers:
+            yield Diagnostic("E202", f"{len(stages)} stages for a model of {ctx.num_layers} layers: "
+                             f"{len(stages) - ctx.num_layers} of them would be empty", ctx.plan.partition_span,
+                             hint=f"at most {ctx.num_layers} stages, one layer or more each")
         if not stages or stages[0].abstract:
             return
         expected = 0
@@ -97,7 +93,7 @@ class PartitionCoverage(Rule):
                                  st.span, hint=f"stage {i} should start at layer {expected}")
             elif st.first < expected:
                 yield Diagnostic("E201", f"stage {i} starts at layer {st.first}, but layers "
-                                 f"{_ranges(range(st.first, expected))} already belong to an earlier stage",
+                                 f"{_span_text(range(st.first, expected))} already belong to an earlier stage",
                                  st.span, hint=f"stage {i} should start at layer {expected}")
             expected = max(expected, st.last + 1)
         if ctx.num_layers is not None:
@@ -146,7 +142,7 @@ class PlacementValid(Rule):
                     seen[s] = e.device
         missing = [s for s in range(plan.num_stages) if s not in seen]
         if missing:
-            yield Diagnostic("E211", f"stage{'s' if len(missing) > 1 else ''} {_ranges(missing)} "
+            yield Diagnostic("E211", f"stage{'s' if len(missing) > 1 else ''} {ranges_text(missing)} "
                              f"{'are' if len(missing) > 1 else 'is'} on no device", plan.placement_span)
 
 
@@ -195,7 +191,7 @@ class OpsComplete(Rule):
                 missing = [m for m in range(M) if (kind, s, m) not in seen]
                 if missing:
                     yield Diagnostic("E301", f"stage {s} has no {kind} for micro-batch{'es' if len(missing) > 1 else ''} "
-                                     f"{_ranges(missing)}", self._where(ctx, s),
+                                     f"{ranges_text(missing)}", self._where(ctx, s),
                                      hint=self._hint(kind, split))
 
     @staticmethod

@@ -69,3 +69,25 @@ def test_fmt_syntax_error(tmp_path, capsys):
     assert main(["fmt", str(f)]) == 1
     assert "error[E101]" in capsys.readouterr().err
     assert f.read_text() == "plan {"
+
+
+def test_fmt_of_odd_line_separators_in_comments_is_stable(tmp_path, capsys):
+    f = tmp_path / "odd.octo"
+    f.write_text(GOOD.replace("  devices 1\n", "  devices 1  # a\u2028b\x0cc\n\n"), encoding="utf-8")
+    assert main(["fmt", str(f)]) == 0
+    once = f.read_text(encoding="utf-8")
+    assert "# a\u2028b\x0cc\n\n  microbatches 1" in once
+    assert main(["fmt", "--check", str(f)]) == 0
+    assert main(["lint", str(f)]) == 0
+
+
+def test_lint_of_hostile_files_never_an_internal_error(tmp_path, capsys):
+    hostile = {"bom": "\ufeff" + GOOD, "nul": GOOD.replace("F0:0", "F0:\x000"),
+               "digits": GOOD.replace("F0:0", "F0:\u0663"), "huge": GOOD.replace("F0:0", "F0:" + "9" * 5000)}
+    for name, text in hostile.items():
+        f = tmp_path / f"{name}.octo"
+        f.write_text(text, encoding="utf-8")
+        status = main(["lint", str(f)])
+        err = capsys.readouterr().err
+        assert status == (0 if name == "bom" else 1), err
+        assert "internal error" not in err

@@ -164,3 +164,123 @@ def test_convert_cli_errors(tmp_path, capsys):
     assert main(["convert", str(broken), "-o", str(tmp_path / "b.csv")]) == 1
     assert "E301" in capsys.readouterr().err
     assert not (tmp_path / "b.csv").exists()
+
+
+# -- hostile files -------------------------------------------------------------------------------
+
+def errors_of(text: str) -> list:
+    with pytest.raises(PlanSyntaxError) as e:
+        read_csv(text, "bad.csv")
+    return e.value.diagnostics
+
+
+def test_byte_order_mark_is_ignored():
+    plan, warnings = read_csv("\ufeff0F0,0B0\n1F0,1B0\n", "bom.csv")
+    assert warnings == [] and [str(s) for s in plan.schedule[0]] == ["F0:0", "BW0:0"]
+    (d,) = errors_of("\ufeff0F0,0X0\n")  # positions count from after the mark
+    assert (d.code, d.span.line, d.span.col) == ("E601", 1, 5)
+
+
+@pytest.mark.parametrize("cell", ["0F\u0663", "\u0660F0", "0F\u00b9", "0F\uff11"])
+def test_only_ascii_digits_are_numbers(cell):
+    # Arabic-Indic three, zero, a superscript one, a full-width one: int() reads the first three.
+    (d,) = errors_of(f"0F0,{cell},0B0\n")
+    assert (d.code, d.span.col, d.message) == ("E601", 5, f"'{cell}' is not an action")
+
+
+def test_invisible_characters_are_shown_escaped():
+    (d,) = errors_of("0F0,\u200b0B0\n")
+    assert d.message == "'\\u200b0B0' is not an action"
+
+
+@pytest.mark.parametrize("text, col, message", [
+    ("0F0,0B0,0F99999999999999\n", 11,
+     "99999999999999 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
+    ("0F0,0B0,0F65536\n", 11,
+     "65536 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
+    ("0F0,0B0,65536F0\n", 9,
+     "65536 is too large: a stage number is at most 65,535 (docs/language.md#limits)"),
+    ("0F0,0B0,(1F0;0F" + "9" * 5000 + ")OVERLAP_F_B\n", 16,
+     "a 5000-digit number is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
+])
+def test_stage_and_microbatch_numbers_are_bounded(text, col, message):
+    (d,) = errors_of(text)
+    assert (d.code, d.span.line, d.span.col, d.message) == ("E607", 1, col, message)
+    digits = message.split(" ")[0] if message[0].isdigit() else "9" * 5000
+    assert d.span.end_col - d.span.col == len(digits)  # the number, not the whole action
+
+
+def test_stages_times_microbatches_bounded_before_completeness_is_checked():
+    (d,) = errors_of("0F0,0B0,0F999\n1F0,999F0\n")
+    assert d.code == "E607" and d.message == ("1,000 stages and 1,000 micro-batches need 2,000,000 ops "
+                                              "or more: a plan has at most 1,000,000 ops (docs/language.md#limits)")
+
+
+def test_rows_are_bounded_by_max_devices():
+    (d,) = errors_of("0F0,0B0\n" * 4097)
+    assert (d.code, d.span.line) == ("E607", 4097)
+    assert d.message == "4,097 rows, one device each: a plan has at most 4096 devices (docs/language.md#limits)"
+    plan, _ = read_csv("0F0,0B0\n" + "\n" * 4095, "wide.csv")  # 4096 rows, most idle
+    assert plan.devices == 4096
+
+
+def test_rows_end_at_line_feeds_only():
+    plan, _ = read_csv("0F0,0B0\r\n1F0,1B0\r\n", "crlf.csv")
+    assert plan.devices == 2
+    (d,) = errors_of("0F0,0B0\u20281F0,1B0\n")  # not a row end: part of a cell
+    assert (d.code, d.span.col, d.message) == ("E601", 5, "'0B0\\u20281F0' is not an action")
+
+
+def test_a_stray_microbatch_is_named_as_such():
+    # PyTorch's 1F1B export with a stray 1F4: micro-batch 4 is the odd one out, not stage 0.
+    text = "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1F1,1F2,1F3,1F4,1B0,1B1,1B2,1B3\n"
+    (d,) = errors_of(text)
+    assert (d.code, d.message) == ("E605", "micro-batch 4 appears only on stage 1")
+    assert (d.span.line, d.span.col, d.span.end_col) == (2, 17, 20)  # the stray 1F4
+    assert d.hint.startswith("stage 0 has none of its actions")
+
+
+def test_a_stage_that_lacks_a_microbatch_others_have():
+    text = "".join(f"{s}F0,{s}F1,{s}B0,{s}B1\n" for s in range(3)).replace("0F1,0B0,0B1", "0B0")
+    (d,) = errors_of(text)
+    assert (d.code, d.message, d.hint) == ("E605", "stage 0 has no action of micro-batch 1",
+                                           "stages 1..2 have it")
+    assert (d.span.line, d.span.col) == (1, 1)
+
+
+def test_a_gap_in_the_microbatch_numbers():
+    (d,) = errors_of("0F0,0F2,0B0,0B2\n1F0,1F2,1B0,1B2\n")
+    assert (d.code, d.message) == ("E605", "no action names micro-batch 1")
+
+
+def test_partly_missing_actions_are_still_listed_by_stage():
+    (d,) = errors_of("0F0,0F1,0B0\n")
+    assert d.message == "stage 0 lacks 1 action(s): 0B1"
+
+
+def test_stages_in_no_row_are_reported_together():
+    (d,) = errors_of("0F0,0B0\n5000F0,5000B0\n")
+    assert (d.code, d.message) == ("E605", "stages 1..4999 appear in no row")
+
+
+DEADLOCK = "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n"
+"""Rank 0 runs 0B0 before 0F1; rank 1 runs 1F1 (which needs 0F1) before 1B0 (which 0B0 needs)."""
+
+
+def test_a_deadlocking_file_is_refused_as_lint_refuses_it():
+    (d,) = errors_of(DEADLOCK)
+    assert d.code == "E310" and d.message == "the schedule deadlocks: devices 0, 1 wait on each other in a cycle"
+    assert (d.span.line, d.span.col) == (1, 5)  # 0B0
+    assert d.notes == ("BW0:0 on device 0 waits for BW1:0 on device 1, queued behind F1:1",
+                       "F1:1 on device 1 waits for F0:1 on device 0, queued behind BW0:0")
+    assert "device 0 is row 1" in d.hint
+
+
+def test_convert_refuses_a_deadlocking_file(tmp_path, capsys):
+    src, out = tmp_path / "dead.csv", tmp_path / "dead.octo"
+    src.write_text(DEADLOCK)
+    assert main(["convert", str(src), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"{src}:1:5: error[E310]: the schedule deadlocks" in err
+    assert "  1 | 0F0,0B0,0F1,0B1" in err
+    assert not out.exists()

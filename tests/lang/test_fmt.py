@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from octodsl.cli.fmt import format_source
 from octodsl.lang import parse_plan
+from octodsl.lint import lint_source
 
 from ..conftest import check_golden
 
@@ -47,7 +49,10 @@ def test_every_comment_survives():
 
 ops = st.tuples(st.sampled_from(["F", "B", "W", "BW"]), st.integers(0, 3), st.integers(0, 7))
 sep = st.sampled_from([" ", "  ", "\n", "\n\n", " \n   ", "\t"])
-comment = st.text(alphabet="abc xyz-#", max_size=12).map(lambda t: f"# {t}\n")
+# Comments may hold anything but a line feed: line separators of other kinds, a form feed, NUL,
+# a byte-order mark, a lone surrogate.
+comment = st.text(alphabet=list("abc xyz-#\u2028\u2029\f\v\x1c\x1d\x1e\x85\r\x00\ufeff\u200b\ud800é"),
+                  max_size=12).map(lambda t: f"# {t}\n")
 
 
 @st.composite
@@ -92,3 +97,41 @@ def test_fmt_round_trip(src):
     assert format_source(out) == out
     assert parse_plan(out).same_as(parse_plan(src))
     assert src.count("#") == out.count("#")
+
+
+# -- line ends: only \n ends a line, whatever a comment holds -----------------------------------
+
+LINE_SEPARATORS = ["\u2028", "\u2029", "\f", "\v", "\x1c", "\x1d", "\x1e", "\x85", "\r"]
+"""What str.splitlines() takes for a line end, and the parser (lark) does not."""
+
+
+@pytest.mark.parametrize("sep", LINE_SEPARATORS, ids=ascii)
+def test_line_separators_in_comments_keep_fmt_idempotent(sep):
+    src = (f'plan "t" {{  # a{sep}b\n  devices 1\n\n  # c{sep}d{sep}e\n  microbatches 1\n}}\n\n'
+           f"stages 1\n\n\nplacement loop  # f{sep}\n\nschedule {{\n  device 0 {{\n    F0:0 BW0:0\n  }}\n}}\n")
+    once = format_source(src)
+    assert format_source(once) == once
+    assert parse_plan(once).same_as(parse_plan(src))
+    # Comments keep their text (less trailing whitespace); blank lines are those of the source.
+    assert f"# a{sep}b" in once and f"# c{sep}d{sep}e" in once
+    assert "\n\n  # c" in once and "stages 1\n\nplacement loop  # f\n" in once
+
+
+@pytest.mark.parametrize("sep", LINE_SEPARATORS, ids=ascii)
+def test_excerpt_shows_the_line_the_parser_counted(sep):
+    src = f'plan "t" {{ devices 1 microbatches 1 }}  # a{sep}b\nstages 1\n# c{sep}\nplacement loop\n' \
+          "schedule { device 0 { F0:0 BW0:0 BW0:0 } }\n"
+    _, diags = lint_source(src, "t.octo")
+    (d,) = diags
+    assert d.render("t.octo", src).splitlines()[:3] == [
+        "t.octo:5:34: error[E302]: BW0:0 appears twice",
+        "  5 | schedule { device 0 { F0:0 BW0:0 BW0:0 } }",
+        "    |                                  ^^^^^"]
+
+
+def test_excerpt_shows_unprintable_characters_as_one_column():
+    src = 'plan "t" { devices 1 microbatches 1 }\nstages 1 # \f\x85\nplacement loop\x1c\n'
+    _, diags = lint_source(src, "t.octo")
+    text = diags[0].render("t.octo", src)
+    assert text.splitlines()[:3] == ["t.octo:3:15: error[E101]: unexpected character '\\x1c'",
+                                     "  3 | placement loop?", "    |               ^"]

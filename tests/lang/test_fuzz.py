@@ -1,4 +1,5 @@
-"""Random and mutated input never escapes as an exception: always diagnostics with a position."""
+"""Random, mutated and hostile input never escapes as an exception: always diagnostics with a
+position; and whatever parses into a plan, fmt lays out idempotently without changing the plan."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from octodsl.cli.fmt import format_source
+from octodsl.lang import analyze, parse_plan
 from octodsl.lint import lint_source
 
 SEED = (Path(__file__).parent / "golden" / "messy.octo").read_text()
@@ -15,12 +18,18 @@ TOKENS = ["plan", "{", "}", "device", "stages", "stage", "layers", "..", ":", "F
 
 
 def _check(src: str) -> None:
-    _, diags = lint_source(src, "fuzz.octo")
+    """lint returns diagnostics (never raises), each rendered with a position; a text whose plan
+    is built without errors is laid out by fmt idempotently, stating the same plan."""
+    plan, diags = lint_source(src, "fuzz.octo")
     for d in diags:
         text = d.render("fuzz.octo", src)
         assert text.startswith("fuzz.octo")
         if d.code.startswith("E1"):  # syntax errors always point somewhere
             assert d.span is not None and d.span.line >= 1 and d.span.col >= 1
+    if plan is not None and not any(d.is_error for d in analyze(src)[1]):
+        once = format_source(src)
+        assert format_source(once) == once
+        assert parse_plan(once).same_as(plan)
 
 
 @settings(max_examples=300, deadline=None)
@@ -45,3 +54,46 @@ def test_mutated_plan(data):
         insert = data.draw(st.sampled_from(TOKENS + [""]))
         src = src[:i] + insert + src[j:]
     _check(src)
+
+
+# -- hostile input: odd characters, huge numbers, deep nesting --------------------------------
+
+ODD = ["\u2028", "\u2029", "\f", "\v", "\x1c", "\x1d", "\x1e", "\x85", "\x00", "\r", "\r\n", "\t",
+       "\ufeff", "\u200b", "\u0663", "\u00b9", "\ud800", "\U0001f600", "\uffff", "é"]
+"""Line separators str.splitlines() knows and lark does not, NUL, a byte-order mark, a lone
+surrogate (possible in a str, though no UTF-8 file decodes to one), digits of other scripts."""
+NUMBERS = st.one_of(st.integers(0, 2).map(lambda n: "9" * n + "1"),
+                    st.integers(12, 6000).map(lambda n: "9" * n + "1"),
+                    st.sampled_from(["1e8", "1e9", "1.5", "80Gib", "1000000000001", "٣", "0x10"]))
+"""Small numbers, numbers above MAX_INT and malformed ones. (Numbers in between are valid, and
+a range up to one of them makes a plan of up to MAX_OPS ops, which takes seconds to lint.)"""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_hostile_values_in_a_plan(data):
+    """A number, an odd character or a deep construct put anywhere in a plan."""
+    src = SEED
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(src)))
+        piece = data.draw(st.one_of(
+            NUMBERS, st.sampled_from(ODD),
+            st.integers(0, 300).map(lambda n: "for i in 0..0 { " * n + "}" * n),
+            st.integers(0, 300).map(lambda n: "F0:" + "+".join(["1"] * (n + 1))),
+            st.integers(0, 300).map(lambda n: "F0:" + "(" * n + "1" + ")" * n)))
+        src = src[:i] + piece + src[i:]
+    _check(src)
+
+
+@settings(max_examples=100, deadline=None)
+@given(loops=st.integers(0, 200), terms=st.integers(1, 200), parens=st.integers(0, 200))
+def test_nesting_is_refused_exactly_past_the_limit(loops, terms, parens):
+    from octodsl.limits import MAX_NESTING
+
+    expr = "(" * parens + "+".join(["0"] * (terms - 1) + ["1"]) + ")" * parens
+    body = "".join(f"for v{k} in 0..0 {{ " for k in range(loops)) + "}" * loops
+    src = ('plan "t" { devices 1 microbatches 2 }\nstages 1 placement loop\n'
+           f"schedule {{ device 0 {{ {body} F0:0 F0:{expr} BW0:0 BW0:1 }} }}\n")
+    _, diags = lint_source(src, "t.octo")
+    over = (loops > MAX_NESTING) + (terms - 1 > MAX_NESTING) + (parens > MAX_NESTING)
+    assert [d.code for d in diags] == ["E105"] * over

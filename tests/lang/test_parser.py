@@ -110,3 +110,89 @@ def test_parse_plan_raises_with_all_errors():
     with pytest.raises(PlanSyntaxError) as e:
         parse_plan('plan "t" { devcies 2 }', "x.octo")
     assert "x.octo:1:12: error[E110]" in str(e.value)
+
+
+def test_error_recovery_is_bounded(monkeypatch):
+    # A long line of garbage: lark would recover after each ':' (and each recovery costs time
+    # in proportion to the nesting); the parser gives up after MAX_RECOVERIES.
+    from octodsl.lang import parser
+
+    calls = []
+    real = parser._syntax_diagnostic
+    monkeypatch.setattr(parser, "_syntax_diagnostic", lambda e, src: calls.append(1) or real(e, src))
+    src = HEAD + "stages 2 placement loop schedule { device 0 { F0:0 " + ": " * 1000 + "} }"
+    msgs = errors(src)
+    assert msgs and "t.octo:2:52: error[E101]: unexpected ':'" in msgs[0]
+    assert len(calls) <= parser.MAX_RECOVERIES + 1
+
+
+def test_byte_order_mark_is_ignored():
+    src = "\ufeff" + HEAD + "stages 2 placement loop schedule { device 5 { } }"
+    (msg,) = [m for m in errors(src) if "E154" in m]
+    assert msg.startswith("t.octo:2:36: error[E154]")
+    # Positions on line 1 and its excerpt are those of the text without the mark.
+    msg = errors("\ufeff" + HEAD.replace("devices 2", "devices x2"))[0]
+    assert msg.startswith("t.octo:1:20:") and '  1 | plan "t" { devices x2' in msg
+
+
+# -- one test per code, with its position and message ------------------------------------------
+
+def only(src: str, code: str):
+    _, diags = analyze(src, "t.octo")
+    found = [d for d in diags if d.code == code]
+    assert len(found) == 1, [d.render("t.octo", src) for d in diags]
+    return found[0]
+
+
+def where(d) -> tuple[int, int, int, int]:
+    s = d.span
+    return s.line, s.col, s.end_line, s.end_col
+
+
+SECTIONS = "stages 2\nplacement loop\nschedule { device 0 { } }\n"
+
+
+def test_e120_a_section_given_twice():
+    src = HEAD + SECTIONS + "placement { device 0: stages 0, 1 }\n"
+    d = only(src, "E120")
+    assert d.message == "a second placement section"
+    assert where(d) == (5, 1, 5, 36)
+    assert d.hint == "the first is at line 3"
+
+
+def test_e121_a_section_missing():
+    src = HEAD + "stages 2\nschedule { device 0 { } }\n"
+    d = only(src, "E121")
+    assert d.message == "the plan has no placement"
+    assert where(d) == (1, 1, 1, 38)  # the plan block, for want of a better place
+    assert d.hint == "add 'placement loop'"
+
+
+def test_e130_an_unknown_placement():
+    src = HEAD + SECTIONS.replace("placement loop", "placement zigzag")
+    d = only(src, "E130")
+    assert d.message == "unknown placement 'zigzag'"
+    assert where(d) == (3, 1, 3, 17)
+    assert "use 'loop', 'v'" in d.hint
+
+
+def test_e155_a_range_in_an_overlap_group():
+    src = HEAD + SECTIONS.replace("device 0 { }", "device 0 { (F0:0..1 & BW1:0) }")
+    d = only(src, "E155")
+    assert d.message == "an overlap group holds single ops, not ranges"
+    assert where(d) == (4, 24, 4, 31)  # the range F0:0..1, not the group
+
+
+def test_e156_a_loop_variable_hiding_an_outer_one():
+    src = HEAD + SECTIONS.replace("device 0 { }", "device 0 { for i in 0..1 { for i in 0..1 { F0:i } } }")
+    d = only(src, "E156")
+    assert d.message == "loop variable 'i' hides an outer one"
+    assert where(d) == (4, 39, 4, 61)  # the inner loop, reported once for both iterations
+
+
+def test_e205_a_partition_without_stages():
+    for partition, width in (("partition { }", 13), ("stages 0", 8)):
+        src = HEAD + SECTIONS.replace("stages 2", partition)
+        d = only(src, "E205")
+        assert d.message == "the partition has no stages"
+        assert where(d) == (2, 1, 2, 1 + width)

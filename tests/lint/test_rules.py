@@ -136,3 +136,71 @@ def test_memory_limit_checked_by_simulation():
     assert "device 0 peaks at" in e501[0].message and "over the 20.00 GiB limit" in e501[0].message
     _, diags = lint_source(text.replace("memory 20GiB", "memory 80GiB"), "m.octo")
     assert diags == []
+
+
+def test_e201_layers_left_out_or_given_twice():
+    src = HEAD + ONE_F_ONE_B.replace("stages 2", "partition {\n  stage 0: layers 0..3\n  stage 1: layers 5..7\n}")
+    _, diags = lint_source(src, "t.octo")
+    (d,) = diags
+    assert (d.code, d.message, d.hint) == ("E201", "layer 4 is in no stage", "stage 1 should start at layer 4")
+    assert (d.span.line, d.span.col, d.span.end_col) == (5, 3, 23)  # stage 1's declaration
+    src = src.replace("layers 5..7", "layers 2..7")
+    (d,) = lint_source(src, "t.octo")[1]
+    assert (d.code, d.span.line) == ("E201", 5)
+    assert d.message == "stage 1 starts at layer 2, but layers 2..3 already belong to an earlier stage"
+
+
+def test_e201_layer_numbers_are_not_listed_one_by_one():
+    # A Plan built in Python need not respect MAX_LAYERS: a gap of a trillion layers is worded as
+    # a range (listing it would not end).
+    from octodsl.lang import parse_plan
+    from octodsl.lint import lint_plan
+    from octodsl.plan import Stage
+
+    plan = parse_plan(HEAD + ONE_F_ONE_B)
+    plan.stages = [Stage(0, 3), Stage(10**12, 10**12 + 1)]
+    (d,) = lint_plan(plan)
+    assert d.message == "layers 4..999999999999 are in no stage"
+
+
+def test_e201_partition_against_the_model_layers():
+    head = HEAD.replace("microbatches 2", 'microbatches 2 model "nemotron-h-8b"')
+    src = head + ONE_F_ONE_B.replace("stages 2", "partition { stage 0: layers 0..9 stage 1: layers 10..23 }")
+    (d,) = lint_source(src, "t.octo")[1]
+    assert (d.code, d.message) == ("E201", "layers 24..53 are in no stage")
+    assert d.hint == "the model has 54 layers (0..53)"
+    src = src.replace("10..23", "10..99")
+    (d,) = lint_source(src, "t.octo")[1]
+    assert d.message == "the partition names layers up to 99, but the model has 54 (0..53)"
+
+
+def test_no_stages_is_an_error_not_an_empty_pipeline():
+    for partition in ("partition { }", "stages 0"):
+        src = HEAD + ONE_F_ONE_B.replace("stages 2", partition).replace("F0:0 F0:1 BW0:0 BW0:1", "") \
+            .replace("F1:0 BW1:0 F1:1 BW1:1", "")
+        assert "E205" in codes(src[len(HEAD):])
+
+
+def test_more_abstract_stages_than_model_layers():
+    head = 'plan "t" { devices 2 microbatches 2 model "nemotron-h-tiny" }\n'
+    from octodsl.models import load_model
+
+    layers = load_model("nemotron-h-tiny").num_layers
+    src = head + f"stages {layers + 1} placement loop schedule {{ }}"
+    _, diags = lint_source(src, "t.octo")
+    (d,) = [d for d in diags if d.code == "E202"]
+    assert d.message == f"{layers + 1} stages for a model of {layers} layers: 1 of them would be empty"
+    assert (d.span.line, d.span.col) == (2, 1)
+    src = head + f"stages {layers} placement loop schedule {{ }}"
+    assert "E202" not in [d.code for d in lint_source(src, "t.octo")[1]]
+
+
+def test_a_plan_without_stages_is_not_simulated(tmp_path, capsys):
+    # It linted clean and simulated at "efficiency 100%".
+    from octodsl.cli import main
+
+    f = tmp_path / "empty.octo"
+    f.write_text(HEAD + "partition { }\nplacement loop\nschedule { device 0 { } device 1 { } }\n")
+    assert main(["simulate", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"{f}:2:1: error[E205]: the partition has no stages" in err and "efficiency" not in err
