@@ -310,11 +310,12 @@ def _stalling(it):
 CASES = {"plans": case_plans, "dp": case_dp, "stall": case_stall}
 
 
-def main() -> None:
+def main(cases: dict = CASES) -> None:
+    """Run the case the command line names (CASE OUT.json); rank 0 writes its result."""
     case, out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     torch.set_num_threads(1)
     init_distributed("gloo")
-    result = CASES[case](Path(out).parent)
+    result = cases[case](Path(out).parent)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(result, indent=1))
     shutdown()

@@ -9,7 +9,6 @@ findings written by rank 0 to OUT.json.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import signal
@@ -21,13 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import (M, SEED, SEQ, SPEC, build_ours, config, even, train,  # noqa: E402
+from harness import (M, SEED, SEQ, SPEC, build_ours, config, even, main, train,  # noqa: E402
                      with_partition)
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from octodsl.deepspeed_ext import init_distributed, shutdown  # noqa: E402
 from octodsl.errors import OctoError  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from train import step_data  # noqa: E402
@@ -109,15 +106,5 @@ def _dying(it):
 CASES = {"checkpoints": case_checkpoints, "killed": case_killed}
 
 
-def main() -> None:
-    case, out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-    torch.set_num_threads(1)
-    init_distributed("gloo")
-    result = CASES[case](Path(out).parent)
-    if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(result, indent=1))
-    shutdown()
-
-
 if __name__ == "__main__":
-    main()
+    main(CASES)
