@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .plan import Op, OpKind
+
 COMPUTE, COMM = 0, 1
 """Thread ids."""
 
@@ -31,14 +33,14 @@ class Span:
 
 
 def op_span(pid: int, kind: str, stage: int, mb: int, start: float, end: float) -> Span:
-    return Span(pid, COMPUTE, f"{kind}{stage}:{mb}", start, end,
+    return Span(pid, COMPUTE, Op(OpKind(kind), stage, mb).label, start, end,
                 {"kind": kind, "stage": stage, "mb": mb})
 
 
 def comm_span(pid: int, direction: str, kind: str, stage: int, mb: int, peer: int,
               start: float, end: float) -> Span:
     """A message carrying the result of op `kind stage:mb`, sent to or received from `peer`."""
-    return Span(pid, COMM, f"{kind}{stage}:{mb}", start, end,
+    return Span(pid, COMM, Op(OpKind(kind), stage, mb).label, start, end,
                 {"kind": direction, "stage": stage, "mb": mb, "peer": peer})
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..dag import build_graph
-from ..plan import OpKind, Plan, PlanError
+from ..plan import Op, OpKind, Plan, PlanError, Slot
 
 KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 """Op kinds by their code in `SimProgram.op_kind`."""
@@ -84,18 +84,17 @@ class SimProgram:
         """Sum a per-op array over each node's ops."""
         return np.add.reduceat(per_op, self.op_ptr[:-1]) if self.grouped else per_op
 
-    def op_label(self, k: int) -> str:
-        return f"{KINDS[self.op_kind[k]].value}{self.op_stage[k]}:{self.op_mb[k]}"
+    def op(self, k: int) -> Op:
+        """Op k, in the numbering of op_ptr."""
+        return Op(KINDS[self.op_kind[k]], int(self.op_stage[k]), int(self.op_mb[k]))
 
-    def msg_label(self, m: int) -> str:
-        """The producing op: 'F3:5' carries F3:5's activation, 'B4:5' B4:5's input gradient."""
-        return f"{KINDS[self.msg_kind[m]].value}{self.msg_stage[m]}:{self.msg_mb[m]}"
+    def msg_producer(self, m: int) -> Op:
+        """The op whose result message m carries: F3:5 its activation, B4:5 its input gradient."""
+        return Op(KINDS[self.msg_kind[m]], int(self.msg_stage[m]), int(self.msg_mb[m]))
 
     def node_label(self, n: int) -> str:
-        """'F3:5', or '(F0:7 & B7:3)' for an overlap group."""
-        ks = range(self.op_ptr[n], self.op_ptr[n + 1])
-        names = [self.op_label(k) for k in ks]
-        return names[0] if len(names) == 1 else "(" + " & ".join(names) + ")"
+        """'F3:5', or '(F0:7 & B7:3)' for an overlap group: the node's slot as plans write it."""
+        return str(Slot(tuple(self.op(k) for k in range(self.op_ptr[n], self.op_ptr[n + 1]))))
 
 
 def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: A001 - the API's name

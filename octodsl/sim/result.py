@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..plan import Op, OpKind
 from .core import NO_PRED, msg_pred_code
 from .costs import SimCosts
 from .memory import Memory
@@ -43,8 +44,12 @@ class OpSpan:
     end: float
 
     @property
+    def op(self) -> Op:
+        return Op(OpKind(self.kind), self.stage, self.mb)
+
+    @property
     def label(self) -> str:
-        return f"{self.kind}{self.stage}:{self.mb}"
+        return self.op.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +67,13 @@ class MessageSpan:
     end: float
 
     @property
+    def producer(self) -> Op:
+        """The op whose result the message carries."""
+        return Op(OpKind(self.kind), self.stage, self.mb)
+
+    @property
     def label(self) -> str:
-        return f"{self.kind}{self.stage}:{self.mb}"
+        return self.producer.label
 
 
 @dataclass(frozen=True, eq=False)
@@ -192,7 +202,7 @@ class SimResult:
                 elif before != NO_PRED:
                     msg = int(msg_pred_code(before))
             else:
-                steps.append(Step("message", p.msg_label(msg), int(p.msg_src_dev[msg]),
+                steps.append(Step("message", p.msg_producer(msg).label, int(p.msg_src_dev[msg]),
                                   float(self.msg_start[msg]), float(self.msg_end[msg]),
                                   int(p.msg_dst_dev[msg])))
                 before = int(self.msg_pred[msg])

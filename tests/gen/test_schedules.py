@@ -12,7 +12,7 @@ import pytest
 
 from octodsl.dag import build_graph, execution_order
 from octodsl.gen import SCHEDULES, ScheduleError, generate, layout
-from octodsl.plan import Header, OpKind, Plan, Stage
+from octodsl.plan import Header, Op, OpKind, Plan, Stage
 
 from .unit_sim import peak_in_flight, run
 
@@ -56,7 +56,7 @@ def check_complete(plan: Plan) -> None:
         kinds = (K.F, K.B, K.W) if split[s] else (K.F, K.BW)
         for m in range(plan.microbatches):
             for k in kinds:
-                assert seen[(k, s, m)] == 1, f"{k}{s}:{m} missing"
+                assert seen[(k, s, m)] == 1, f"{Op(k, s, m)} missing"
     assert len(seen) == sum(3 if sp else 2 for sp in split) * plan.microbatches, "extra ops"
 
 
