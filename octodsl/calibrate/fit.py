@@ -52,8 +52,8 @@ from ..errors import OctoError
 from ..costs.devices import get_link
 from ..costs.profile import FittedLink, ProfileCalibration
 from ..costs.table import CostTable
-from ..dag import build_graph
-from ..plan import OpKind, Plan
+from ..dag import Message, build_graph
+from ..plan import Op, Plan
 from ..sim import SimCosts, compile, simulate
 from ..sim.sharing import Sharing
 from .measured import MeasuredStep, MeasuredTrace, check_against
@@ -168,23 +168,19 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
         plan = run.plan
         bases = _stage_bases(table, plan)
         stage_bytes = [table.layers[st.last].out_bytes for st in plan.stages]
-        g = build_graph(plan)
-        # cross-device producers of each op
-        needs: dict[tuple, list[tuple]] = defaultdict(list)
-        for e in g.messages():
-            needs[e.consumer.key()].append(e.producer.key())
-        sd = plan.stage_device()
+        messages = build_graph(plan).messages
+        inputs: dict[Op, list[Message]] = defaultdict(list)  # each op's messages in
+        for msg in messages:
+            inputs[msg.consumer].append(msg)
         for step in run.trace.timed:
             intervals = _step_intervals(step)
-            end_of = {(op.kind, op.stage, op.mb): op.end for op in step.ops}
+            end_of = {op.op: op.end for op in step.ops}
             transfers: dict[int, list] = defaultdict(list)
-            for e in g.messages():
-                p = e.producer
-                t = end_of.get((p.kind.value, p.stage, p.mb))
+            for msg in messages:
+                t = end_of.get(msg.producer)
                 if t is not None:
-                    nbytes = stage_bytes[min(p.stage, e.consumer.stage)]
-                    for d in (sd[p.stage], sd[e.consumer.stage]):
-                        transfers[d].append((t, nbytes))
+                    for d in (msg.src, msg.dst):
+                        transfers[d].append((t, stage_bytes[msg.boundary]))
             by_dev: dict[int, list] = defaultdict(list)
             for op in step.ops:
                 by_dev[op.device].append(op)
@@ -194,17 +190,15 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
             for d, seq in by_dev.items():
                 seq.sort(key=lambda o: o.start)
                 for prev, nxt in zip(seq, seq[1:]):
-                    key = (OpKind(nxt.kind), nxt.stage, nxt.mb)
-                    ready = max((end_of[(p[0].value, p[1], p[2])] for p in needs.get(key, ())),
-                                default=-math.inf)
+                    waits = inputs.get(nxt.op, ())
+                    ready = max((end_of[m.producer] for m in waits), default=-math.inf)
                     if ready <= prev.end:
                         gaps.append((nxt.start - prev.end,
                                      _pad(_occupancy(intervals, d, prev.end, nxt.start, Pmax), Pmax)))
                     else:
                         # waited for a message: the latest producer's
-                        producer = max(needs[key], key=lambda p: end_of[(p[0].value, p[1], p[2])])
-                        nbytes = stage_bytes[min(producer[1], key[1])]
-                        handoffs.append((nxt.start - ready, nbytes))
+                        last = max(waits, key=lambda m: end_of[m.producer])
+                        handoffs.append((nxt.start - ready, stage_bytes[last.boundary]))
     return ops, gaps, handoffs
 
 

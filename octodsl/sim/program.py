@@ -135,25 +135,20 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     op_kind = np.fromiter((KIND_CODE[op.kind] for op in flat), _I, K)
     op_stage = np.fromiter((op.stage for op in flat), _I, K)
 
-    # Edges in the graph's order (consumer node by node); the crossing ones are the messages,
-    # numbered in that order, as Graph.messages() lists them.
+    # Edges in the graph's order (consumer node by node); messages numbered as Graph.messages.
     edges = [e for es in g.deps for e in es]
     E = len(edges)
     src = np.fromiter((e.src for e in edges), _I, E)
     dst = np.fromiter((n for n, es in enumerate(g.deps) for _ in es), _I, E)
-    crossing = node_dev[src] != node_dev[dst]
-    edge_msg = np.full(E, -1, _I)
-    edge_msg[crossing] = np.arange(int(crossing.sum()))
+    edge_msg = np.fromiter((e.msg for e in edges), _I, E)
     by_src = np.argsort(src, kind="stable")
     out_ptr = np.zeros(N + 1, _I)
     out_ptr[1:] = np.cumsum(np.bincount(src, minlength=N))
 
-    messages = [edges[i] for i in np.flatnonzero(crossing).tolist()]
-    sent = [e.producer for e in messages]
-    M = len(sent)
-    msg_stage = np.fromiter((op.stage for op in sent), _I, M)
-    msg_src_dev = node_dev[src[crossing]]
-    msg_dst_dev = node_dev[dst[crossing]]
+    messages = g.messages
+    M = len(messages)
+    msg_src_dev = np.fromiter((m.src for m in messages), _I, M)
+    msg_dst_dev = np.fromiter((m.dst for m in messages), _I, M)
     stream_ptr = np.zeros(P + 1, _I)
     stream_ptr[1:] = np.cumsum(np.bincount(msg_src_dev, minlength=P)
                                + np.bincount(msg_dst_dev, minlength=P))
@@ -166,11 +161,13 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         op_mb=np.fromiter((op.mb for op in flat), _I, K),
         in_deg=np.bincount(dst, minlength=N).astype(_I),
         out_ptr=out_ptr, out_dst=dst[by_src], out_msg=edge_msg[by_src],
-        msg_src_node=src[crossing], msg_dst_node=dst[crossing],
+        msg_src_node=np.fromiter((m.src_node for m in messages), _I, M),
+        msg_dst_node=np.fromiter((m.dst_node for m in messages), _I, M),
         msg_src_dev=msg_src_dev, msg_dst_dev=msg_dst_dev,
-        msg_kind=np.fromiter((KIND_CODE[op.kind] for op in sent), _I, M), msg_stage=msg_stage,
-        msg_mb=np.fromiter((op.mb for op in sent), _I, M),
-        msg_boundary=np.minimum(msg_stage, np.fromiter((e.consumer.stage for e in messages), _I, M)),
+        msg_kind=np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
+        msg_stage=np.fromiter((m.producer.stage for m in messages), _I, M),
+        msg_mb=np.fromiter((m.producer.mb for m in messages), _I, M),
+        msg_boundary=np.fromiter((m.boundary for m in messages), _I, M),
         stream_ptr=stream_ptr,
     )
 
