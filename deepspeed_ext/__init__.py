@@ -6,10 +6,10 @@
 
 Modules, one job each: launch (the entry point and the plan-vs-launch checks), partition
 (layers per stage), module (several stages per rank), program (the plan's DAG compiled into
-one rank's instructions), p2p (message streams between any two ranks), split_backward (B and
-W), engine (DeepSpeed's PipelineEngine running the program), watchdog, distributed
-(init_distributed, released_groups, shutdown); Chrome traces are written in octodsl.trace's
-layout.
+one rank's instructions), p2p (message streams between any two ranks), engine (DeepSpeed's
+PipelineEngine running the program; B and W by octodsl.layers.split_backward), watchdog,
+distributed (init_distributed, released_groups, shutdown); Chrome traces are written in
+octodsl.trace's layout.
 """
 
 from .errors import PlanLaunchError
@@ -19,8 +19,8 @@ __all__ = ["PlanLaunchError", "check_launch", "init_distributed", "initialize", 
 
 
 def __getattr__(name: str):
-    # DeepSpeed is imported on first use, so that split_backward (pure torch, used by the
-    # profiler) does not pay for it.
+    # DeepSpeed is imported on first use, so that importing the package (PlanLaunchError)
+    # does not pay for it.
     if name in ("check_launch", "initialize"):
         from . import launch
 

@@ -3,8 +3,8 @@
 `train_batch()` and `eval_batch()` are DeepSpeed's own; what they execute is the plan compiled
 for this rank (program.py) instead of TrainSchedule. The engine holds several stages per rank
 (module.py), sends to any rank (p2p.py), splits backward into B and W where the plan does
-(split_backward.py), computes the loss on whichever rank holds the last stage, and keeps
-DeepSpeed's optimizer, scheduler, bf16 / ZeRO-1, gradient clipping, data parallelism, tied
+(octodsl.layers.split_backward), computes the loss on whichever rank holds the last stage, and
+keeps DeepSpeed's optimizer, scheduler, bf16 / ZeRO-1, gradient clipping, data parallelism, tied
 weights and checkpoints working.
 
 Per step, per rank: the instructions of each of the plan's slots (post receives ahead, wait for
@@ -29,7 +29,7 @@ from ..plan import Op, OpKind, Plan
 from . import program
 from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
-from .split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
+from ..layers.split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
 from ..trace import Span, op_span, write_trace
 from .watchdog import Watchdog
 

@@ -19,7 +19,7 @@ from ..lang import PlanSyntaxError
 from ..lint import lint_source
 from ..plan import Plan, PlanError
 from ..sim import SimCosts, compile, simulate, warm_up
-from ..sim.memory_check import CODE as MEMORY_CODE
+from ..lint.memory import CODE as MEMORY_CODE
 from .common import UserError, link_named, pipeline_link, read_text, stdout_console
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
