@@ -9,7 +9,7 @@ Modules, one job each: launch (the entry point and the plan-vs-launch checks), p
 one rank's instructions), p2p (message streams between any two ranks), engine (DeepSpeed's
 PipelineEngine running the program; B and W by octodsl.layers.split_backward), watchdog,
 distributed (init_distributed, released_groups, shutdown); Chrome traces are written in
-octodsl.trace's layout.
+octodsl.trace's format.
 """
 
 from .errors import PlanLaunchError

@@ -30,7 +30,7 @@ from . import program
 from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
 from ..layers.split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
-from ..trace import Span, op_span, write_trace
+from ..trace import TimedSpan, op_span, write_trace
 from .watchdog import Watchdog
 
 DEFAULT_TIMEOUT = 300.0
@@ -78,7 +78,7 @@ class OctoPipeEngine(PipelineEngine):
                                           f"data-parallel copy {dp_id})")
         self.p2p = P2P(self.stage_id, lambda d: self.grid.stage_to_global(stage_id=d, data=dp_id),
                        self._stream_groups(), self.device, self.watchdog, self._trace_pid)
-        self._op_spans: list[Span] = []
+        self._op_spans: list[TimedSpan] = []
         self._reset_buffers()
         if self.training_data:  # the parent gave the loader to the topological end ranks
             self._build_data_iter(self.training_data)
@@ -305,7 +305,7 @@ class OctoPipeEngine(PipelineEngine):
                   file=sys.stderr, flush=True)
 
     # Traces.
-    def trace_spans(self) -> list[Span]:
+    def trace_spans(self) -> list[TimedSpan]:
         return self._op_spans + self.p2p.spans
 
     def write_trace(self, path: str) -> None:

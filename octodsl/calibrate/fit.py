@@ -53,12 +53,10 @@ from ..costs.devices import get_link
 from ..costs.profile import FittedLink, ProfileCalibration
 from ..costs.table import CostTable
 from ..dag import Message, build_graph
-from ..plan import Op, Plan
+from ..plan import Op, OpKind, Plan
 from ..sim import SimCosts, compile, simulate
 from ..sim.sharing import Sharing
 from .measured import MeasuredStep, MeasuredTrace, check_against
-
-KINDS = ("F", "B", "W", "BW")
 
 
 @dataclass
@@ -222,7 +220,7 @@ def _fit_kinds(ops: list[_OpObs], rates: np.ndarray, slowdown: float = 0.0):
     kinds = np.array([o.kind for o in ops])
     params: dict[str, tuple[float, float]] = {}
     resid = np.zeros(len(ops))
-    for kind in KINDS:
+    for kind in (k.value for k in OpKind):
         sel = kinds == kind
         if not sel.any():
             continue
@@ -383,7 +381,7 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
     # kinds no run used: the average scale, the dispatch
     if scale:
         mean_scale = float(np.mean(list(scale.values())))
-        for k in KINDS:
+        for k in (k.value for k in OpKind):
             scale.setdefault(k, mean_scale)
             overhead.setdefault(k, dispatch)
 

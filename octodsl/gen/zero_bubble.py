@@ -9,10 +9,10 @@ from collections import deque
 
 from ..plan import OpKind as K
 from ..plan import placement_loop, placement_v
-from .layout import B, F, Layout, Order, W
+from .phases import B, F, Order, PhasedSchedule, W
 
 
-def zb_h1(devices: int, microbatches: int) -> Layout:
+def zb_h1(devices: int, microbatches: int) -> PhasedSchedule:
     """1F1B's order of F and B, with device d's weight gradients delayed by d backwards, so
     every device holds P micro-batches (F done, W not yet), the peak of 1F1B's device 0; the
     early B passes shorten the fill, the delayed W passes fill the drain. Bubble
@@ -46,10 +46,10 @@ def zb_h1(devices: int, microbatches: int) -> Layout:
         while pending:
             o.add(W(d, pending.popleft()))
         orders.append(o.phases)
-    return Layout(devices, placement_loop(devices, devices), orders)
+    return PhasedSchedule(devices, placement_loop(devices, devices), orders)
 
 
-def zb_h2(devices: int, microbatches: int) -> Layout:
+def zb_h2(devices: int, microbatches: int) -> PhasedSchedule:
     """More warm-up forwards (2(P-1-d)+1 on device d) fill the bubble before the first B; W
     waits until 2P-1 micro-batches are in flight on every device, and the drain's W passes
     trail the B passes, so the pipeline is a parallelogram: with F = B = W no device idles
@@ -80,10 +80,10 @@ def zb_h2(devices: int, microbatches: int) -> Layout:
         while pending:
             o.add(W(d, pending.popleft()))
         orders.append(o.phases)
-    return Layout(P, placement_loop(P, P), orders)
+    return PhasedSchedule(P, placement_loop(P, P), orders)
 
 
-def zb_v(devices: int, microbatches: int) -> Layout:
+def zb_v(devices: int, microbatches: int) -> PhasedSchedule:
     """The paper's handcrafted ZB-V (also sail-sg's reference code and PyTorch's
     ScheduleZBVZeroBubble): device d holds chunk 0 = stage d and chunk 1 = stage 2P-1-d.
     Built for max(M, 2P-1) micro-batches and the ones past M dropped, as the reference does,
@@ -130,4 +130,4 @@ def zb_v(devices: int, microbatches: int) -> Layout:
             while o.count(K.W, chunk) < o.count(K.B, chunk):
                 o.put(K.W, chunk)
         orders.append(o.phases)
-    return Layout(2 * P, placement_v(2 * P, P), orders)
+    return PhasedSchedule(2 * P, placement_v(2 * P, P), orders)

@@ -15,9 +15,10 @@ import numpy as np
 from ..dag import build_graph
 from ..plan import Op, OpKind, Plan, PlanError, Slot
 
-KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
-"""Op kinds by their code in `SimProgram.op_kind`."""
-KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+KIND_OF_CODE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+"""Op kinds by their code in `SimProgram.op_kind` (and the constructor's, tune/construct.py)."""
+KIND_CODE = {k: i for i, k in enumerate(KIND_OF_CODE)}
+"""The code of each op kind."""
 
 _I = np.int64
 
@@ -86,11 +87,11 @@ class SimProgram:
 
     def op(self, k: int) -> Op:
         """Op k, in the numbering of op_ptr."""
-        return Op(KINDS[self.op_kind[k]], int(self.op_stage[k]), int(self.op_mb[k]))
+        return Op(KIND_OF_CODE[self.op_kind[k]], int(self.op_stage[k]), int(self.op_mb[k]))
 
     def msg_producer(self, m: int) -> Op:
         """The op whose result message m carries: F3:5 its activation, B4:5 its input gradient."""
-        return Op(KINDS[self.msg_kind[m]], int(self.msg_stage[m]), int(self.msg_mb[m]))
+        return Op(KIND_OF_CODE[self.msg_kind[m]], int(self.msg_stage[m]), int(self.msg_mb[m]))
 
     def node_label(self, n: int) -> str:
         """'F3:5', or '(F0:7 & B7:3)' for an overlap group: the node's slot as plans write it."""

@@ -16,7 +16,7 @@ from ..plan import Op, OpKind
 from .core import NO_PRED, msg_pred_code
 from .costs import SimCosts
 from .memory import Memory
-from .program import KINDS, SimProgram
+from .program import KIND_OF_CODE, SimProgram
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,16 +151,16 @@ class SimResult:
             t = self.start[n]
             for k in range(p.op_ptr[n], p.op_ptr[n + 1]):
                 e = t + self.op_dur[k]
-                yield OpSpan(int(p.node_dev[n]), KINDS[p.op_kind[k]].value, int(p.op_stage[k]),
-                             int(p.op_mb[k]), float(t), float(e))
+                yield OpSpan(int(p.node_dev[n]), KIND_OF_CODE[p.op_kind[k]].value,
+                             int(p.op_stage[k]), int(p.op_mb[k]), float(t), float(e))
                 t = e
 
     def messages(self) -> Iterator[MessageSpan]:
         p = self.program
         for m in range(p.num_messages):
             yield MessageSpan(m, int(p.msg_src_dev[m]), int(p.msg_dst_dev[m]),
-                              KINDS[p.msg_kind[m]].value, int(p.msg_stage[m]), int(p.msg_mb[m]),
-                              float(self.msg_start[m]), float(self.msg_end[m]))
+                              KIND_OF_CODE[p.msg_kind[m]].value, int(p.msg_stage[m]),
+                              int(p.msg_mb[m]), float(self.msg_start[m]), float(self.msg_end[m]))
 
     def memory_events(self, device: int) -> list[tuple[float, float]]:
         """(time, bytes) each time the device's memory changes, starting from its static bytes."""

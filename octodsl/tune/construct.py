@@ -29,10 +29,10 @@ from typing import Sequence
 import numpy as np
 
 from ..costs.table import Link, StageCost
-from ..plan import Op, OpKind, Plan, Slot
+from ..plan import Op, Plan, Slot
 from ..sim.jit import njit
+from ..sim.program import KIND_OF_CODE
 
-_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 _INF = np.inf
 
 
@@ -53,13 +53,13 @@ def build_schedule(plan: Plan, costs: Sequence[StageCost], link: Link,
 @functools.lru_cache(maxsize=1 << 18)
 def _slot(kind: int, stage: int, mb: int) -> Slot:
     """Slots are immutable: the tuner's thousands of plans share them."""
-    return Slot((Op(_KINDS[kind], stage, mb),))
+    return Slot((Op(KIND_OF_CODE[kind], stage, mb),))
 
 
 def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
                     memory: float | None = None, w_gap: bool = True):
-    """The constructed schedule as arrays in run order: (kind code 0 F / 1 B / 2 W, stage, mb,
-    device)."""
+    """The constructed schedule as arrays in run order: (kind code, the simulator's: 0 F / 1 B /
+    2 W; stage; mb; device)."""
     sd = np.array(plan.stage_device(), np.int64)
     S, P, M = len(sd), plan.devices, plan.microbatches
     dev_stages = [np.flatnonzero(sd == d) for d in range(P)]

@@ -13,7 +13,7 @@ from ..costs.resolve import cost_table
 from ..costs.table import CostTable, Link, StageCost
 from ..plan import Header, Plan, Slot
 from ..units import size
-from .layout import Layout
+from .layout import StageLayout
 
 
 @dataclass
@@ -135,7 +135,7 @@ class Problem:
                     "micro-batches")
         return None
 
-    def skeleton(self, layout: Layout) -> Plan:
+    def skeleton(self, layout: StageLayout) -> Plan:
         """A plan with the layout's partition and placement and an empty schedule."""
         return Plan(self.header.model_copy(), layout.stages(), layout.placement(self.devices),
                     [[] for _ in range(self.devices)])

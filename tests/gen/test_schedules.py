@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from octodsl.dag import build_graph, execution_order
-from octodsl.gen import SCHEDULES, ScheduleError, generate, layout
+from octodsl.gen import SCHEDULES, ScheduleError, generate, phased_schedule
 from octodsl.plan import Header, Op, OpKind, Plan, Stage
 
 from .unit_sim import peak_in_flight, run
@@ -33,10 +33,10 @@ def grid():
 
 def as_plan(name: str, p: int, m: int, chunks: int | None = None) -> Plan:
     """The algorithm's output as a Plan, without the text round trip (fast)."""
-    lay = layout(name, p, m, chunks)
-    schedule, _ = lay.orders()
+    phased = phased_schedule(name, p, m, chunks)
+    schedule, _ = phased.orders()
     return Plan(Header(name=name, devices=p, microbatches=m),
-                [Stage() for _ in range(lay.num_stages)], lay.placement, schedule)
+                [Stage() for _ in range(phased.num_stages)], phased.placement, schedule)
 
 
 def supported(name: str, p: int, m: int) -> bool:
@@ -66,7 +66,7 @@ def test_complete_and_deadlock_free_over_the_grid(name):
     for p, m in grid():
         if not supported(name, p, m):
             with pytest.raises(ScheduleError, match="needs"):
-                layout(name, p, m)
+                phased_schedule(name, p, m)
             continue
         plan = as_plan(name, p, m)
         check_complete(plan)
@@ -148,8 +148,8 @@ def test_interleaved_bubble_shrinks_with_chunks():
 
 def test_dualpipev_overlaps_the_two_phases_in_its_steady_phase():
     p, m = 4, 10
-    lay = layout("dualpipev", p, m)
-    for d, phases in enumerate(lay.phases):
+    phased = phased_schedule("dualpipev", p, m)
+    for d, phases in enumerate(phased.phases):
         steady = next(ph for ph in phases if ph.comment.startswith("steady"))
         groups = [s for s in steady.slots if s.overlapped]
         assert groups

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from octodsl.plan import Op, Slot
-from octodsl.tune.layout import Layout
+from octodsl.tune.layout import StageLayout
 
 
 def ops(text: str) -> list[Slot]:
@@ -11,5 +11,5 @@ def ops(text: str) -> list[Slot]:
     return [Slot((Op.parse(item),)) for item in text.split()]
 
 
-def with_orders(problem, layout: Layout, *orders: str):
+def with_orders(problem, layout: StageLayout, *orders: str):
     return problem.with_schedule(problem.skeleton(layout), [ops(o) for o in orders])

@@ -12,7 +12,7 @@ from octodsl.costs.table import Link
 from octodsl.lint import lint_plan
 from octodsl.tune.construct import build_schedule
 from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import Layout, even_cuts, looped, v_shape
+from octodsl.tune.layout import StageLayout, even_cuts, looped, v_shape
 
 from ..conftest import check_golden
 from .helpers import problem
@@ -21,7 +21,7 @@ GOLDEN = Path(__file__).parent / "data" / "golden_construct.json"
 
 
 def _plan(pr, devices):
-    layout = Layout(even_cuts(pr.num_layers, len(devices)), devices)
+    layout = StageLayout(even_cuts(pr.num_layers, len(devices)), devices)
     skel = pr.skeleton(layout)
     return build_schedule(skel, pr.stage_costs(skel), pr.link, pr.memory)
 
@@ -89,7 +89,7 @@ def test_orders_are_the_recorded_ones():
     }
     out = {}
     for name, (pr, devices, w_gap) in cases.items():
-        skel = pr.skeleton(Layout(even_cuts(pr.num_layers, len(devices)), devices))
+        skel = pr.skeleton(StageLayout(even_cuts(pr.num_layers, len(devices)), devices))
         plan = build_schedule(skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap)
         out[name] = [" ".join(str(slot) for slot in order) for order in plan.schedule]
     check_golden(GOLDEN, json.dumps(out, indent=1) + "\n")
