@@ -42,17 +42,14 @@ class Message(NamedTuple):
     dst: int
     producer: Op
     consumer: Op
+    boundary: int
+    """s when it crosses the cut between stages s and s + 1 (either direction): the stage
+    whose output it carries, or whose output's gradient."""
 
     @property
     def activation(self) -> bool:
         """An activation (F -> F), else an input gradient (B/BW -> B/BW)."""
         return self.producer.kind is OpKind.F
-
-    @property
-    def boundary(self) -> int:
-        """s when it crosses the cut between stages s and s + 1 (either direction): the stage
-        whose output it carries, or whose output's gradient."""
-        return min(self.producer.stage, self.consumer.stage)
 
     @property
     def mb(self) -> int:
@@ -131,6 +128,9 @@ def build_graph(plan: Plan) -> Graph:
     deps: list[list[Edge]] = []
     messages: list[Message] = []
     get = op_node.get
+    # tuple.__new__ rather than the NamedTuples' constructors, whose argument handling costs
+    # three times as much: a large plan has hundreds of thousands of edges.
+    new = tuple.__new__
     for n, ops in enumerate(node_ops):
         edges = []
         d = node_device[n]
@@ -141,10 +141,11 @@ def build_graph(plan: Plan) -> Graph:
                     if src is not None:
                         producer = first[(k, s, m)]
                         if node_device[src] == d:
-                            edges.append(Edge(src, n, producer, op))
+                            edges.append(new(Edge, (src, n, producer, op, -1)))
                         else:
-                            edges.append(Edge(src, n, producer, op, len(messages)))
-                            messages.append(Message(src, n, node_device[src], d, producer, op))
+                            edges.append(new(Edge, (src, n, producer, op, len(messages))))
+                            messages.append(new(Message, (src, n, node_device[src], d, producer, op,
+                                                          min(s, op.stage))))
                         break
         deps.append(edges)
     return Graph(plan, node_ops, node_device, order, deps, op_node, messages)

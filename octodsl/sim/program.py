@@ -7,6 +7,7 @@ ops on some devices changed, the tuner's most common move, without rebuilding th
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import dataclass, replace
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..dag import build_graph
 from ..plan import Op, OpKind, Plan, PlanError, Slot
+from .core import WalkGraph
 
 KIND_OF_CODE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 """Op kinds by their code in `SimProgram.op_kind` (and the constructor's, tune/construct.py)."""
@@ -81,6 +83,11 @@ class SimProgram:
     def microbatches(self) -> int:
         return self.plan.microbatches
 
+    @functools.cached_property
+    def walk_graph(self) -> WalkGraph:
+        """The arrays the walk reads, by name."""
+        return WalkGraph(*(getattr(self, name) for name in WalkGraph._fields))
+
     def per_node(self, per_op: np.ndarray) -> np.ndarray:
         """Sum a per-op array over each node's ops."""
         return np.add.reduceat(per_op, self.op_ptr[:-1]) if self.grouped else per_op
@@ -140,7 +147,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     edges = [e for es in g.deps for e in es]
     E = len(edges)
     src = np.fromiter((e.src for e in edges), _I, E)
-    dst = np.fromiter((n for n, es in enumerate(g.deps) for _ in es), _I, E)
+    dst = np.fromiter((e.dst for e in edges), _I, E)
     edge_msg = np.fromiter((e.msg for e in edges), _I, E)
     by_src = np.argsort(src, kind="stable")
     out_ptr = np.zeros(N + 1, _I)
@@ -148,8 +155,9 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
 
     messages = g.messages
     M = len(messages)
-    msg_src_dev = np.fromiter((m.src for m in messages), _I, M)
-    msg_dst_dev = np.fromiter((m.dst for m in messages), _I, M)
+    is_msg = edge_msg >= 0  # in edge order, as the messages are numbered
+    msg_src_node, msg_dst_node = src[is_msg], dst[is_msg]
+    msg_src_dev, msg_dst_dev = node_dev[msg_src_node], node_dev[msg_dst_node]
     stream_ptr = np.zeros(P + 1, _I)
     stream_ptr[1:] = np.cumsum(np.bincount(msg_src_dev, minlength=P)
                                + np.bincount(msg_dst_dev, minlength=P))
@@ -162,8 +170,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         op_mb=np.fromiter((op.mb for op in flat), _I, K),
         in_deg=np.bincount(dst, minlength=N).astype(_I),
         out_ptr=out_ptr, out_dst=dst[by_src], out_msg=edge_msg[by_src],
-        msg_src_node=np.fromiter((m.src_node for m in messages), _I, M),
-        msg_dst_node=np.fromiter((m.dst_node for m in messages), _I, M),
+        msg_src_node=msg_src_node, msg_dst_node=msg_dst_node,
         msg_src_dev=msg_src_dev, msg_dst_dev=msg_dst_dev,
         msg_kind=np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
         msg_stage=np.fromiter((m.producer.stage for m in messages), _I, M),
