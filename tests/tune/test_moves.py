@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+
 import pytest
 
 from octodsl.lint import lint_plan
 from octodsl.partition import balance_time
 from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import StageLayout, looped, v_shape
+from octodsl.tune.layout import StageLayout, even_cuts, looped, v_shape
 from octodsl.tune.moves import memory, partition, placement, schedule
 
+from ..conftest import REPO
 from .helpers import problem
 from .plans import with_orders
 
@@ -35,10 +41,27 @@ def test_rebalance_reaches_the_time_balanced_optimum_when_fill_is_negligible():
     assert max(loads) == optimum
 
 
+def rebalanced() -> dict[int, tuple[int, ...]]:
+    """Cuts that the random kicks find differently for different seeds."""
+    work = [1.5, 6.0, 5.2, 1.2, 2.3, 4.5, 4.4, 5.7, 2.8, 5.1, 4.2, 2.2, 3.7, 5.4, 5.2, 3.3, 3.7,
+            0.7, 1.8, 4.9]
+    start = StageLayout(even_cuts(len(work), 8), v_shape(4))
+    return {seed: partition.rebalance(start, problem(work, 4, 4), seed=seed).cuts
+            for seed in range(4)}
+
+
 def test_rebalance_is_deterministic_for_a_seed():
-    pr = problem([1.0, 3.0, 2.0, 2.0, 5.0, 1.0, 1.0, 4.0, 2.0], 2, 4)
-    start = StageLayout((0, 2, 4, 6, 9), v_shape(2))
-    assert partition.rebalance(start, pr, seed=3) == partition.rebalance(start, pr, seed=3)
+    # Fresh processes with other hash seeds (other set and dict orders, another global random
+    # state) must find what this one finds; on a problem where the seed makes a difference, so
+    # that a search depending on anything else would show.
+    here = rebalanced()
+    assert len(set(here.values())) > 1, "the seed makes no difference on this problem"
+    code = "from tests.tune.test_moves import rebalanced; print(repr(rebalanced()))"
+    for hash_seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, cwd=REPO,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
+        assert ast.literal_eval(out) == here
 
 
 def test_relieve_moves_a_layer_off_the_busiest_device():
@@ -74,7 +97,6 @@ def test_fitting_gets_jamba_into_80_gib_where_shifts_do_not():
     # jamba-v0.1's MoE layers hold 45 GiB each: one per device of 80 GiB. From equal layer
     # counts, one-layer shifts end with two on some device; the fitting cuts, then shifts, fit.
     from octodsl.tune.estimate import FillModel
-    from octodsl.tune.layout import even_cuts
     from octodsl.tune.problem import Problem
 
     pr = Problem.create("jamba-v0.1", 16, 32, memory=80 * 2**30)
