@@ -28,7 +28,7 @@ class Edge(NamedTuple):
     dst: int
     producer: Op
     consumer: Op
-    msg: int = -1
+    msg: int
     """Its index in Graph.messages when it crosses devices, else -1."""
 
 
