@@ -18,7 +18,7 @@ import time
 import torch
 from torch import nn
 
-from octodsl.deepspeed_ext.split_backward import WeightGradState, backward_input, backward_weight
+from octodsl.layers.split_backward import WeightGradState, backward_input, backward_weight
 from octodsl.layers import build_layers, lm_loss
 from octodsl.models import load_model
 

@@ -7,10 +7,10 @@
 Modules, one job each: launch (the entry point and the plan-vs-launch checks), config (the
 DeepSpeed config's "octo" section and batch sizes), partition (layers per stage), module
 (several stages per rank), program (the plan's DAG compiled into one rank's instructions), p2p
-(message streams between any two ranks), split_backward (B and W), engine (DeepSpeed's
-PipelineEngine running the program), checkpoint (saves and loads checked on every rank),
+(message streams between any two ranks), engine (DeepSpeed's PipelineEngine running the
+program; B and W by octodsl.layers.split_backward), checkpoint (saves and loads checked on every rank),
 watchdog (hangs and lost peers), distributed (init_distributed, released_groups, shutdown);
-Chrome traces are written in octodsl.trace's layout.
+Chrome traces are written in octodsl.trace's format.
 """
 
 from .errors import CheckpointError, PlanLaunchError
@@ -20,8 +20,8 @@ __all__ = ["CheckpointError", "PlanLaunchError", "check_launch", "init_distribut
 
 
 def __getattr__(name: str):
-    # DeepSpeed is imported on first use, so that split_backward (pure torch, used by the
-    # profiler) does not pay for it.
+    # DeepSpeed is imported on first use, so that importing the package (PlanLaunchError)
+    # does not pay for it.
     if name in ("check_launch", "initialize"):
         from . import launch
 

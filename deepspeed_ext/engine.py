@@ -3,8 +3,8 @@
 `train_batch()` and `eval_batch()` are DeepSpeed's own; what they execute is the plan compiled
 for this rank (program.py) instead of TrainSchedule. The engine holds several stages per rank
 (module.py), sends to any rank (p2p.py), splits backward into B and W where the plan does
-(split_backward.py), computes the loss on whichever rank holds the last stage, and keeps
-DeepSpeed's optimizer, scheduler, bf16 / ZeRO-1, gradient clipping, data parallelism, tied
+(octodsl.layers.split_backward), computes the loss on whichever rank holds the last stage, and
+keeps DeepSpeed's optimizer, scheduler, bf16 / ZeRO-1, gradient clipping, data parallelism, tied
 weights and checkpoints working.
 
 Per step, per rank: the instructions of each of the plan's slots (post receives ahead, wait for
@@ -30,8 +30,8 @@ from ..plan import Op, OpKind, Plan
 from . import program
 from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
-from .split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
-from ..trace import Span, op_span, write_trace
+from ..layers.split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
+from ..trace import TimedSpan, op_span, write_trace
 from .checkpoint import Checkpoints
 from .watchdog import DEFAULT_TIMEOUT, Watchdog
 
@@ -79,7 +79,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
                                           f"data-parallel copy {dp_id})")
         self.p2p = P2P(self.stage_id, lambda d: self.grid.stage_to_global(stage_id=d, data=dp_id),
                        self._stream_groups(), self.device, self.watchdog, self._trace_pid)
-        self._op_spans: list[Span] = []
+        self._op_spans: list[TimedSpan] = []
         self._reset_buffers()
         if self.training_data:  # the parent gave the loader to the topological end ranks
             self._build_data_iter(self.training_data)
@@ -359,7 +359,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
                   file=sys.stderr, flush=True)
 
     # Traces.
-    def trace_spans(self) -> list[Span]:
+    def trace_spans(self) -> list[TimedSpan]:
         return self._op_spans + self.p2p.spans
 
     def write_trace(self, path: str) -> None:

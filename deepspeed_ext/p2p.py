@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .program import Message
-from ..trace import Span, comm_span
+from ..trace import TimedSpan, comm_span
 from .watchdog import Watchdog
 
 META_SIZE = 256
@@ -87,7 +87,7 @@ class P2P:
         self.torch_device = torch_device
         self.watchdog = watchdog
         self.trace_pid = trace_pid
-        self.spans: list[Span] = []
+        self.spans: list[TimedSpan] = []
         self.specs: dict[int, Spec] = {}
         """Per stage boundary, the activation it carries (both sides learn it once)."""
         self._sent_meta: set[int] = set()

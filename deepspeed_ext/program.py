@@ -30,24 +30,19 @@ LOOKAHEAD = 2
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One cross-device data edge: the result of `producer` on device `src`, which `consumer`
-    on device `dst` needs. `id` orders the messages of each (src, dst) stream as sent."""
+    """A message of the plan's graph (octodsl.dag.Message) as the executor sends it: the result
+    of `producer` on device `src`, which `consumer` on device `dst` needs. `id` orders the
+    messages of each (src, dst) stream as sent."""
 
     id: int
     src: int
     dst: int
     producer: Op
     consumer: Op
-
-    @property
-    def act(self) -> bool:
-        """An activation (else an input gradient)."""
-        return self.producer.kind is OpKind.F
-
-    @property
-    def boundary(self) -> int:
-        """The stage whose output this carries (or whose output's gradient)."""
-        return self.producer.stage if self.act else self.consumer.stage
+    act: bool
+    """An activation (else an input gradient)."""
+    boundary: int
+    """The stage whose output this carries (or whose output's gradient)."""
 
     @property
     def mb(self) -> int:
@@ -57,10 +52,10 @@ class Message:
 def plan_messages(g: Graph) -> list[Message]:
     """Every message of the plan, numbered stream by stream in each sender's order."""
     pos = {n: i for order in g.order for i, n in enumerate(order)}
-    edges = sorted(g.messages(), key=lambda e: (g.node_device[e.src], g.node_device[e.dst],
-                                               pos[e.src], g.node_ops[e.src].index(e.producer)))
-    return [Message(i, g.node_device[e.src], g.node_device[e.dst], e.producer, e.consumer)
-            for i, e in enumerate(edges)]
+    sent = sorted(g.messages, key=lambda m: (m.src, m.dst, pos[m.src_node],
+                                             g.node_ops[m.src_node].index(m.producer)))
+    return [Message(i, m.src, m.dst, m.producer, m.consumer, m.activation, m.boundary)
+            for i, m in enumerate(sent)]
 
 
 # Instructions (run by OctoPipeEngine through DeepSpeed's instruction map).

@@ -5,7 +5,8 @@ Nodes are slots (an overlap group is one node: its ops start together). Edges:
   backward (B or BW) of (s+1,m); W(s,m) after B(s,m);
 - order: each device runs its nodes in the order the plan lists them.
 A data edge between nodes on different devices is a message: an activation (F -> F) or an
-input gradient (B/BW -> B/BW).
+input gradient (B/BW -> B/BW). The graph lists its messages once (`Graph.messages`); the
+simulator, the executor and the calibration read them there.
 """
 
 from __future__ import annotations
@@ -27,6 +28,32 @@ class Edge(NamedTuple):
     dst: int
     producer: Op
     consumer: Op
+    msg: int
+    """Its index in Graph.messages when it crosses devices, else -1."""
+
+
+class Message(NamedTuple):
+    """A data edge between devices: `consumer` (of node `dst_node`, on device `dst`) needs the
+    result of `producer` (of node `src_node`, on device `src`)."""
+
+    src_node: int
+    dst_node: int
+    src: int
+    dst: int
+    producer: Op
+    consumer: Op
+    boundary: int
+    """s when it crosses the cut between stages s and s + 1 (either direction): the stage
+    whose output it carries, or whose output's gradient."""
+
+    @property
+    def activation(self) -> bool:
+        """An activation (F -> F), else an input gradient (B/BW -> B/BW)."""
+        return self.producer.kind is OpKind.F
+
+    @property
+    def mb(self) -> int:
+        return self.producer.mb
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +78,12 @@ class Graph:
     deps: list[list[Edge]]
     """Data edges into each node."""
     op_node: dict[tuple[OpKind, int, int], int]
+    messages: list[Message]
+    """The data edges that cross devices, in the order of the edges (by consumer node)."""
 
     @property
     def num_nodes(self) -> int:
         return len(self.node_ops)
-
-    def messages(self) -> list[Edge]:
-        """Data edges that cross devices, in node order of the consumer."""
-        return [
-            e for es in self.deps for e in es if self.node_device[e.src] != self.node_device[e.dst]
-        ]
 
 
 def producers(op: Op, num_stages: int) -> list[tuple[tuple[OpKind, ...], int, int]]:
@@ -103,18 +126,29 @@ def build_graph(plan: Plan) -> Graph:
         order.append(ids)
     S = plan.num_stages
     deps: list[list[Edge]] = []
+    messages: list[Message] = []
     get = op_node.get
+    # tuple.__new__ rather than the NamedTuples' constructors, whose argument handling costs
+    # three times as much: a large plan has hundreds of thousands of edges.
+    new = tuple.__new__
     for n, ops in enumerate(node_ops):
         edges = []
+        d = node_device[n]
         for op in ops:
             for kinds, s, m in producers(op, S):
                 for k in kinds:
                     src = get((k, s, m))
                     if src is not None:
-                        edges.append(Edge(src, n, first[(k, s, m)], op))
+                        producer = first[(k, s, m)]
+                        if node_device[src] == d:
+                            edges.append(new(Edge, (src, n, producer, op, -1)))
+                        else:
+                            edges.append(new(Edge, (src, n, producer, op, len(messages))))
+                            messages.append(new(Message, (src, n, node_device[src], d, producer, op,
+                                                          min(s, op.stage))))
                         break
         deps.append(edges)
-    return Graph(plan, node_ops, node_device, order, deps, op_node)
+    return Graph(plan, node_ops, node_device, order, deps, op_node, messages)
 
 
 def execution_order(g: Graph) -> list[int] | list[Wait]:

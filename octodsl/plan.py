@@ -14,6 +14,7 @@ thousands of them and the tuner builds plans in a loop. The header is validated 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,9 +49,16 @@ class OpKind(str, enum.Enum):
         return self.value
 
 
+_LABEL = re.compile(r"(BW|F|B|W)(0|[1-9][0-9]{0,11}):(0|[1-9][0-9]{0,11})")
+"""An op's label: the kind, then stage and micro-batch in ASCII digits without leading zeros
+(so that each op has exactly one label), at most 12 digits (below limits.MAX_INT)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Op:
-    """One unit of work: `kind` for micro-batch `mb` on stage `stage`."""
+    """One unit of work: `kind` for micro-batch `mb` on stage `stage`. Its text form is its
+    `label` ("F3:5", "BW0:2"), which `Op.parse` reads back; every report, trace and message
+    names an op by it."""
 
     kind: OpKind
     stage: int
@@ -60,8 +68,22 @@ class Op:
     def key(self) -> tuple[OpKind, int, int]:
         return (self.kind, self.stage, self.mb)
 
-    def __str__(self) -> str:
+    @property
+    def label(self) -> str:
         return f"{self.kind.value}{self.stage}:{self.mb}"
+
+    @classmethod
+    def parse(cls, text: str) -> Op:
+        """The op `text` is the label of; PlanError unless it is exactly one (no spaces, signs,
+        leading zeros or non-ASCII digits)."""
+        m = _LABEL.fullmatch(text)
+        if m is None:
+            raise PlanError(f"{text!r} is not an op: write the kind (F, B, W or BW), the stage, a "
+                            "colon and the micro-batch, as in F3:5 or BW0:2")
+        return cls(OpKind(m[1]), int(m[2]), int(m[3]))
+
+    def __str__(self) -> str:
+        return self.label
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Chrome-trace JSON for pipeline timelines, measured (the executor) or simulated.
 
-Layout, shared with the simulator so both open side by side in chrome://tracing or Perfetto:
+The format, shared with the simulator so both open side by side in chrome://tracing or Perfetto:
 one process per device (pid = device, or global rank when DP > 1), thread 0 = compute,
 thread 1 = communication; every span is a complete ("X") event. A compute span is named after
 its op ("F3:5") with args {"kind", "stage", "mb"}; a communication span is named after the op
@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .fileio import write_atomic
+from .plan import Op, OpKind
 
 COMPUTE, COMM = 0, 1
 """Thread ids."""
 
 
 @dataclass(frozen=True, slots=True)
-class Span:
+class TimedSpan:
+    """An interval of one thread of the trace (`plan.Span` is a place in a plan's text)."""
+
     pid: int
     tid: int
     name: str
@@ -32,19 +35,19 @@ class Span:
     args: dict = field(default_factory=dict)
 
 
-def op_span(pid: int, kind: str, stage: int, mb: int, start: float, end: float) -> Span:
-    return Span(pid, COMPUTE, f"{kind}{stage}:{mb}", start, end,
-                {"kind": kind, "stage": stage, "mb": mb})
+def op_span(pid: int, kind: str, stage: int, mb: int, start: float, end: float) -> TimedSpan:
+    return TimedSpan(pid, COMPUTE, Op(OpKind(kind), stage, mb).label, start, end,
+                     {"kind": kind, "stage": stage, "mb": mb})
 
 
 def comm_span(pid: int, direction: str, kind: str, stage: int, mb: int, peer: int,
-              start: float, end: float) -> Span:
+              start: float, end: float) -> TimedSpan:
     """A message carrying the result of op `kind stage:mb`, sent to or received from `peer`."""
-    return Span(pid, COMM, f"{kind}{stage}:{mb}", start, end,
-                {"kind": direction, "stage": stage, "mb": mb, "peer": peer})
+    return TimedSpan(pid, COMM, Op(OpKind(kind), stage, mb).label, start, end,
+                     {"kind": direction, "stage": stage, "mb": mb, "peer": peer})
 
 
-def chrome_trace(spans: Iterable[Span], process_names: dict[int, str] | None = None) -> dict:
+def chrome_trace(spans: Iterable[TimedSpan], process_names: dict[int, str] | None = None) -> dict:
     """{"traceEvents": [...]} with times in microseconds from the earliest span."""
     spans = list(spans)
     t0 = min((s.start for s in spans), default=0.0)
@@ -64,6 +67,6 @@ def chrome_trace(spans: Iterable[Span], process_names: dict[int, str] | None = N
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_trace(path: str | Path, spans: Iterable[Span],
+def write_trace(path: str | Path, spans: Iterable[TimedSpan],
                 process_names: dict[int, str] | None = None) -> None:
     write_atomic(path, json.dumps(chrome_trace(spans, process_names), allow_nan=False))

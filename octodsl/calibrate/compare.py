@@ -17,7 +17,7 @@ import numpy as np
 
 from ..costs.table import Link
 from ..fileio import open_atomic, write_atomic
-from ..trace import COMM, COMPUTE, Span, chrome_trace, comm_span, op_span
+from ..trace import COMM, COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
 from ..plan import Plan
 from ..sim import SimCosts, SimResult, compile, simulate
 from .measured import MeasuredTrace, check_against
@@ -112,7 +112,7 @@ def compare(plan: Plan, costs: SimCosts, link: Link, trace: MeasuredTrace) -> Co
 
 
 # Side by side.
-def _sim_spans(result: SimResult, pid_of) -> list[Span]:
+def _sim_spans(result: SimResult, pid_of) -> list[TimedSpan]:
     spans = [op_span(pid_of(op.device), op.kind, op.stage, op.mb, op.start, op.end)
              for op in result.ops()]
     for m in result.messages():
@@ -122,12 +122,12 @@ def _sim_spans(result: SimResult, pid_of) -> list[Span]:
     if result.update is not None:
         for d, u in enumerate(result.update):
             if u > 0:
-                spans.append(Span(pid_of(d), COMPUTE, "optimizer", result.update_start,
-                                  result.update_start + float(u), {"kind": "optimizer"}))
+                spans.append(TimedSpan(pid_of(d), COMPUTE, "optimizer", result.update_start,
+                                       result.update_start + float(u), {"kind": "optimizer"}))
     return spans
 
 
-def _measured_spans(trace: MeasuredTrace, pid_of) -> tuple[list[Span], float]:
+def _measured_spans(trace: MeasuredTrace, pid_of) -> tuple[list[TimedSpan], float]:
     """The representative step's spans, on a clock that starts at the step's first op."""
     step = trace.representative()
     t0 = step.start
@@ -137,7 +137,7 @@ def _measured_spans(trace: MeasuredTrace, pid_of) -> tuple[list[Span], float]:
         spans.append(comm_span(pid_of(m.device), m.direction, m.kind, m.stage, m.mb, m.peer,
                                max(m.start - t0, 0.0), max(m.end - t0, 0.0)))
     for d, (a, b) in step.updates.items():
-        spans.append(Span(pid_of(d), COMPUTE, "optimizer", a - t0, b - t0, {"kind": "optimizer"}))
+        spans.append(TimedSpan(pid_of(d), COMPUTE, "optimizer", a - t0, b - t0, {"kind": "optimizer"}))
     return spans, t0
 
 
@@ -149,8 +149,8 @@ def side_by_side(c: Comparison) -> dict:
     spans = _sim_spans(c.result, sim_pid)
     measured, t0 = _measured_spans(c.measured, meas_pid)
     spans += measured
-    # Both clocks start at 0: anchor the layout's origin there.
-    spans.append(Span(sim_pid(0), COMPUTE, "iteration start", 0.0, 0.0, {"kind": "marker"}))
+    # Both clocks start at 0: anchor the trace's origin there.
+    spans.append(TimedSpan(sim_pid(0), COMPUTE, "iteration start", 0.0, 0.0, {"kind": "marker"}))
     step = c.measured.representative()
     names = {}
     for d in range(P):

@@ -52,13 +52,11 @@ from ..errors import OctoError
 from ..costs.devices import get_link
 from ..costs.profile import FittedLink, ProfileCalibration
 from ..costs.table import CostTable
-from ..dag import build_graph
-from ..plan import OpKind, Plan
+from ..dag import Message, build_graph
+from ..plan import Op, OpKind, Plan
 from ..sim import SimCosts, compile, simulate
 from ..sim.sharing import Sharing
 from .measured import MeasuredStep, MeasuredTrace, check_against
-
-KINDS = ("F", "B", "W", "BW")
 
 
 @dataclass
@@ -168,23 +166,19 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
         plan = run.plan
         bases = _stage_bases(table, plan)
         stage_bytes = [table.layers[st.last].out_bytes for st in plan.stages]
-        g = build_graph(plan)
-        # cross-device producers of each op
-        needs: dict[tuple, list[tuple]] = defaultdict(list)
-        for e in g.messages():
-            needs[e.consumer.key()].append(e.producer.key())
-        sd = plan.stage_device()
+        messages = build_graph(plan).messages
+        inputs: dict[Op, list[Message]] = defaultdict(list)  # each op's messages in
+        for msg in messages:
+            inputs[msg.consumer].append(msg)
         for step in run.trace.timed:
             intervals = _step_intervals(step)
-            end_of = {(op.kind, op.stage, op.mb): op.end for op in step.ops}
+            end_of = {op.op: op.end for op in step.ops}
             transfers: dict[int, list] = defaultdict(list)
-            for e in g.messages():
-                p = e.producer
-                t = end_of.get((p.kind.value, p.stage, p.mb))
+            for msg in messages:
+                t = end_of.get(msg.producer)
                 if t is not None:
-                    nbytes = stage_bytes[min(p.stage, e.consumer.stage)]
-                    for d in (sd[p.stage], sd[e.consumer.stage]):
-                        transfers[d].append((t, nbytes))
+                    for d in (msg.src, msg.dst):
+                        transfers[d].append((t, stage_bytes[msg.boundary]))
             by_dev: dict[int, list] = defaultdict(list)
             for op in step.ops:
                 by_dev[op.device].append(op)
@@ -194,17 +188,15 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
             for d, seq in by_dev.items():
                 seq.sort(key=lambda o: o.start)
                 for prev, nxt in zip(seq, seq[1:]):
-                    key = (OpKind(nxt.kind), nxt.stage, nxt.mb)
-                    ready = max((end_of[(p[0].value, p[1], p[2])] for p in needs.get(key, ())),
-                                default=-math.inf)
+                    waits = inputs.get(nxt.op, ())
+                    ready = max((end_of[m.producer] for m in waits), default=-math.inf)
                     if ready <= prev.end:
                         gaps.append((nxt.start - prev.end,
                                      _pad(_occupancy(intervals, d, prev.end, nxt.start, Pmax), Pmax)))
                     else:
                         # waited for a message: the latest producer's
-                        producer = max(needs[key], key=lambda p: end_of[(p[0].value, p[1], p[2])])
-                        nbytes = stage_bytes[min(producer[1], key[1])]
-                        handoffs.append((nxt.start - ready, nbytes))
+                        last = max(waits, key=lambda m: end_of[m.producer])
+                        handoffs.append((nxt.start - ready, stage_bytes[last.boundary]))
     return ops, gaps, handoffs
 
 
@@ -228,7 +220,7 @@ def _fit_kinds(ops: list[_OpObs], rates: np.ndarray, slowdown: float = 0.0):
     kinds = np.array([o.kind for o in ops])
     params: dict[str, tuple[float, float]] = {}
     resid = np.zeros(len(ops))
-    for kind in KINDS:
+    for kind in (k.value for k in OpKind):
         sel = kinds == kind
         if not sel.any():
             continue
@@ -321,7 +313,8 @@ def fit_link(probe: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
 def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, float]] = (),
         cpus: int | None = None, source: str = "", progress: Progress | None = None
         ) -> ProfileCalibration:
-    """The calibration of `table` (a profile's, uncalibrated) from measured runs."""
+    """The calibration of `table` (a profile's, uncalibrated) from measured runs: the module's
+    steps, in order, each fitted on what the steps before it found."""
     if table.calibration is not None:
         raise OctoError("fit the calibration on the profile's own costs (the profile without "
                          "its calibration section)")
@@ -335,19 +328,64 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
     say("collecting ops")
     ops, gaps, handoffs = _collect(table, runs, Pmax)
     report.ops = len(ops)
-
-    # 1. sharing and per-op costs
     say("fitting compute")
-    res, sharing, params = _oversubscribed_sharing(ops, cpus, Pmax,
-                                                   _best_sharing(ops, cpus, Pmax))
+    compute = _fit_compute(ops, cpus, Pmax, report)
+    dispatch = _fit_dispatch(gaps, compute.rates(Pmax), report)
+    link = _fit_link_latency(probe, gaps, handoffs, report)
+    compute = _fit_overlap(ops, link, compute, cpus, Pmax, report)
+    scale, overhead = _op_costs(compute.params, dispatch)
+    say("fitting the optimizer step")
+    per_param = _fit_update(table, runs, compute.rates(Pmax), Pmax, report)
+    cal = ProfileCalibration(
+        created=datetime.now(timezone.utc).isoformat(), source=source,
+        processes=sorted({r.plan.devices for r in runs}), link=link,
+        op_scale=scale, op_overhead=overhead, update_per_param=per_param, step_overhead=0.0,
+        cores=compute.sharing.cores, contention=compute.sharing.contention,
+        overlap_slowdown=compute.overlap, oversubscription=compute.sharing.oversubscription)
+    say("fitting the step overhead")
+    cal = _fit_step_overhead(runs, cal, report)
+    cal = _fit_memory_after_b(table, runs, cal, report)
+    programs = [compile(r.plan) for r in runs]
+    if cal.cores is not None and Pmax > cal.cores:
+        say("fitting the oversubscription slowdown")
+        cal = _fit_oversubscription(table, runs, programs, cal)
+    report.runs = _reproduction(table, runs, programs, cal)
+    return cal.model_copy(update={"fit": _report_json(report)})
+
+
+@dataclass
+class _Compute:
+    """What the op-work fit found: the sharing model, per-kind (scale, overhead), its loss and
+    the overlap slowdown it assumed."""
+
+    residual: float
+    sharing: Sharing
+    params: dict[str, tuple[float, float]]
+    overlap: float = 0.0
+
+    def rates(self, Pmax: int) -> np.ndarray:
+        return _rates(Pmax, self.sharing)
+
+
+def _fit_compute(ops: list[_OpObs], cpus: int, Pmax: int, report: FitReport) -> _Compute:
+    """Step 1: processor sharing and per-op costs, the oversubscription fitted to the ops too
+    (step 8 settles it)."""
+    res, sharing, params = _oversubscribed_sharing(ops, cpus, Pmax, _best_sharing(ops, cpus, Pmax))
     report.residual = res
-    rates = _rates(Pmax, sharing)
+    return _Compute(res, sharing, params)
 
-    # 2. dispatch between ops, as work at the device's rate meanwhile
-    dispatch = statistics.median(float(h @ rates) for _, h in gaps) if gaps else 0.0
-    report.dispatch = dispatch
 
-    # 3. link
+def _fit_dispatch(gaps: list[tuple[float, np.ndarray]], rates: np.ndarray,
+                  report: FitReport) -> float:
+    """Step 2: the dispatch between ops, as work at the rate the device had meanwhile."""
+    report.dispatch = statistics.median(float(h @ rates) for _, h in gaps) if gaps else 0.0
+    return report.dispatch
+
+
+def _fit_link_latency(probe: Sequence[tuple[int, float]], gaps: list[tuple[float, np.ndarray]],
+                      handoffs: list[tuple[float, float]], report: FitReport) -> FittedLink:
+    """Step 3: the link's bandwidth from the probe (else loopback's), its latency from the
+    hand-offs less the dispatch (else the probe's, else loopback's)."""
     lb = fit_link(probe)
     report.probe = [tuple(p) for p in probe]
     bandwidth = lb[1] if lb else get_link("loopback").bandwidth
@@ -362,40 +400,54 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
         latency = get_link("loopback").latency
         report.notes.append("no message hand-off seen and no probe: the loopback link's latency")
     report.handoffs = len(handoffs)
+    return FittedLink(latency=latency, bandwidth=bandwidth)
 
-    # 4. overlap slowdown: each op's fraction under the transfers of its device's messages
+
+def _fit_overlap(ops: list[_OpObs], link: FittedLink, compute: _Compute, cpus: int, Pmax: int,
+                 report: FitReport) -> _Compute:
+    """Step 4: each op's fraction under the transfers of its device's messages; when they
+    overlap enough compute to tell, the overlap slowdown, alternating with the sharing."""
     for o in ops:
         under = 0.0
         for t, nbytes in o.sends:
-            lo, hi = max(o.start, t), min(o.end, t + latency + nbytes / bandwidth)
+            lo, hi = max(o.start, t), min(o.end, t + link.latency + nbytes / link.bandwidth)
             under += max(hi - lo, 0.0)
         o.comm = min(under / o.span, 1.0) if o.span > 0 else 0.0
     op_time = sum(o.span for o in ops)
     frac = sum(o.comm * o.span for o in ops) / op_time if op_time > 0 else 0.0
     report.overlap_fraction = frac
-    overlap = 0.0
     if frac < 0.02:
         report.notes.append(f"overlap slowdown not identifiable: transfers overlap about "
                             f"{frac:.2%} of compute time; left at 0")
-    else:  # alternate: the slowdown for the sharing, the sharing for the slowdown
-        for _ in range(2):
-            overlap = float(min((_fit_kinds(ops, rates, b)[1], b) for b in np.arange(0, 1.001, 0.02))[1])
-            report.residual, sharing, params = _best_sharing(ops, cpus, Pmax, overlap,
-                                                             sharing.oversubscription)
-            rates = _rates(Pmax, sharing)
+        return compute
+    for _ in range(2):  # the slowdown for the sharing, the sharing for the slowdown
+        rates = compute.rates(Pmax)
+        overlap = float(min((_fit_kinds(ops, rates, b)[1], b) for b in np.arange(0, 1.001, 0.02))[1])
+        res, sharing, params = _best_sharing(ops, cpus, Pmax, overlap,
+                                             compute.sharing.oversubscription)
+        report.residual = res
+        compute = _Compute(res, sharing, params, overlap)
+    return compute
 
+
+def _op_costs(params: dict[str, tuple[float, float]], dispatch: float
+              ) -> tuple[dict[str, float], dict[str, float]]:
+    """Per kind: scale, and overhead with the dispatch; a kind no run used gets the average
+    scale and the dispatch."""
     scale = {k: params[k][0] for k in params}
     overhead = {k: params[k][1] + dispatch for k in params}
-    # kinds no run used: the average scale, the dispatch
     if scale:
         mean_scale = float(np.mean(list(scale.values())))
-        for k in KINDS:
+        for k in (k.value for k in OpKind):
             scale.setdefault(k, mean_scale)
             overhead.setdefault(k, dispatch)
+    return scale, overhead
 
-    # 5. optimizer update per parameter
-    say("fitting the optimizer step")
-    per_param = 0.0
+
+def _fit_update(table: CostTable, runs: Sequence[Run], rates: np.ndarray, Pmax: int,
+                report: FitReport) -> float:
+    """Step 5: the optimizer step's seconds per parameter, from the optimizer spans as work
+    shared between the devices updating at once (least squares through the origin)."""
     xs, ys = [], []
     for run in runs:
         params_dev = _device_params(table, run.plan)
@@ -407,24 +459,18 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
                 h = _pad(_occupancy(spans, d, a, b, Pmax), Pmax)
                 xs.append(params_dev[d])
                 ys.append(float(h @ rates))
-    if xs:
-        x, y = np.array(xs, float), np.array(ys)
-        per_param = float((x * y).sum() / (x * x).sum())
-    else:
+    if not xs:
         report.notes.append("no optimizer spans in the traces: the optimizer step is part of "
                             "the step overhead")
+        return 0.0
+    x, y = np.array(xs, float), np.array(ys)
+    return float((x * y).sum() / (x * x).sum())
 
-    cal = ProfileCalibration(
-        created=datetime.now(timezone.utc).isoformat(), source=source,
-        processes=sorted({r.plan.devices for r in runs}),
-        link=FittedLink(latency=latency, bandwidth=bandwidth),
-        op_scale=scale, op_overhead=overhead, update_per_param=per_param, step_overhead=0.0,
-        cores=sharing.cores, contention=sharing.contention, overlap_slowdown=overlap,
-        oversubscription=sharing.oversubscription)
 
-    # 6. step overhead: the measured time from a step's last op to the next step's first,
-    # less the optimizer's update in it
-    say("fitting the step overhead")
+def _fit_step_overhead(runs: Sequence[Run], cal: ProfileCalibration,
+                       report: FitReport) -> ProfileCalibration:
+    """Step 6: the median time from a step's last op to the next step's first, less the
+    optimizer's update in it."""
     tails = []
     for r in runs:
         for step in r.trace.timed:
@@ -434,33 +480,40 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
             if step.updates:
                 tail -= max(b - a for a, b in step.updates.values())
             tails.append(tail)
-    if tails:
-        cal = cal.model_copy(update={"step_overhead": max(0.0, statistics.median(tails))})
-    else:
+    if not tails:
         report.notes.append("no trace has a timed step followed by another: no step overhead "
                             "fitted")
+        return cal
+    return cal.model_copy(update={"step_overhead": max(0.0, statistics.median(tails))})
 
-    # 7. memory after B
+
+def _fit_memory_after_b(table: CostTable, runs: Sequence[Run], cal: ProfileCalibration,
+                        report: FitReport) -> ProfileCalibration:
+    """Step 7: the bytes a split backward holds after B beyond the profile's act_w (fit_memory),
+    when the traces have memory."""
     extra = fit_memory(table, runs)
-    if extra is not None:
-        report.memory = {"act_w_extra": extra}
-        cal = cal.model_copy(update={"act_w_extra": extra})
+    if extra is None:
+        return cal
+    report.memory = {"act_w_extra": extra}
+    return cal.model_copy(update={"act_w_extra": extra})
 
-    # 8. oversubscription: the runs' iteration times settle what the erratic single ops cannot
-    programs = [compile(r.plan) for r in runs]
-    if cal.cores is not None and Pmax > cal.cores:
-        say("fitting the oversubscription slowdown")
-        x = min(OVERSUBSCRIPTION,
-                key=lambda x: (_iteration_loss(table, runs, programs, cal, x), x))
-        cal = cal.model_copy(update={"oversubscription": float(x)})
 
-    # how well the calibration reproduces its own runs
-    for r, sim_t in zip(runs, _simulated(table, runs, programs, cal)):
-        report.runs.append({"plan": r.name, "devices": r.plan.devices,
-                            "microbatches": r.plan.microbatches, "measured": r.trace.iteration_time,
-                            "simulated": sim_t,
-                            "error": (sim_t - r.trace.iteration_time) / r.trace.iteration_time})
-    return cal.model_copy(update={"fit": _report_json(report)})
+def _fit_oversubscription(table: CostTable, runs: Sequence[Run], programs: Sequence,
+                          cal: ProfileCalibration) -> ProfileCalibration:
+    """Step 8: the oversubscription slowdown whose simulated iteration times match the runs
+    best; `programs`: the runs' plans, compiled."""
+    x = min(OVERSUBSCRIPTION, key=lambda x: (_iteration_loss(table, runs, programs, cal, x), x))
+    return cal.model_copy(update={"oversubscription": float(x)})
+
+
+def _reproduction(table: CostTable, runs: Sequence[Run], programs: Sequence,
+                  cal: ProfileCalibration) -> list[dict]:
+    """How well the calibration reproduces its own runs: measured and simulated iteration
+    time of each."""
+    return [{"plan": r.name, "devices": r.plan.devices, "microbatches": r.plan.microbatches,
+             "measured": r.trace.iteration_time, "simulated": sim_t,
+             "error": (sim_t - r.trace.iteration_time) / r.trace.iteration_time}
+            for r, sim_t in zip(runs, _simulated(table, runs, programs, cal))]
 
 
 OVERSUBSCRIPTION = [round(x, 2) for x in np.arange(0.0, 1.001, 0.02)]

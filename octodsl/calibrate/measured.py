@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import OctoError
-from ..plan import OpKind, Plan
+from ..plan import Op, OpKind, Plan, PlanError
 from ..sim.result import OpSpan
 
 OP_KINDS = {k.value for k in OpKind}
@@ -268,11 +268,13 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
             key = (d, kind, e.get("name"))
             k = counts[key]
             counts[key] += 1
-            op = re.fullmatch(r"(BW|F|B|W)(\d+):(\d+)", str(e.get("name")))
-            if op:
-                peer = _whole(e, "peer", path) if "peer" in args else -1
-                step(k).messages.append(MeasuredMessage(d, kind, op.group(1), int(op.group(2)),
-                                                        int(op.group(3)), peer, start, end))
+            try:
+                op = Op.parse(str(e.get("name")))
+            except PlanError as err:  # a message not named after its producing op
+                raise TraceError(f"{path}: {err.message}") from None
+            peer = _whole(e, "peer", path) if "peer" in args else -1
+            step(k).messages.append(MeasuredMessage(d, kind, op.kind.value, op.stage, op.mb, peer,
+                                                    start, end))
     steps = [per_step[k] for k in sorted(per_step) if per_step[k].ops]
     if not steps:
         raise TraceError(f"{path}: the trace has no compute ops (F, B, W, BW spans on thread 0)")
@@ -321,5 +323,5 @@ def check_against(trace: MeasuredTrace, plan: Plan) -> None:
 
 
 def _ops(items) -> str:
-    shown = [f"{k}{s}:{m} on device {d}" for d, k, s, m in items[:3]]
+    shown = [f"{Op(OpKind(k), s, m)} on device {d}" for d, k, s, m in items[:3]]
     return ", ".join(shown) + (f" and {len(items) - 3} more" if len(items) > 3 else "")

@@ -152,7 +152,7 @@ def instrument(engine, meter: MemoryMeter | None, spans: list):
     from deepspeed.runtime.pipe import schedule as ds
 
     from octodsl.deepspeed_ext import program
-    from octodsl.trace import Span
+    from octodsl.trace import TimedSpan
 
     table = dict(type(engine)._INSTRUCTION_MAP)
     run_op = table[program.RunOp]
@@ -183,7 +183,7 @@ def instrument(engine, meter: MemoryMeter | None, spans: list):
     def timed_update(*args, **kwargs):
         start = time.time()
         out = update(*args, **kwargs)
-        spans.append(Span(pid, 0, "optimizer", start, time.time(), {"kind": "optimizer"}))
+        spans.append(TimedSpan(pid, 0, "optimizer", start, time.time(), {"kind": "optimizer"}))
         return out
 
     engine.optimizer.step = timed_update

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..costs.analytical import analytical_costs
 from ..costs.devices import DEVICES, get_device
-from ..models import KIND_SYMBOL, KINDS, SpecError, builtin_models, load_model
+from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_model
 from ..models.builtin import PUBLISHED_PARAMS
 from ..models.spec import ModelSpec
 from .common import MICROBATCH_SIZE, SEQ_LEN, UserError, print_json
@@ -71,7 +71,7 @@ def _list(as_json: bool) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    kinds = [k for k in KINDS if k not in ("embedding", "lm_head_loss")]
+    kinds = [k for k in LAYER_KINDS if k not in ("embedding", "lm_head_loss")]
     table = Table(title="built-in models (every one also has an embedding and an LM head layer)")
     table.add_column("name")
     table.add_column("layers", justify="right")

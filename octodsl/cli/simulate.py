@@ -18,7 +18,7 @@ from ..lang import PlanSyntaxError
 from ..lint import lint_source
 from ..plan import Plan, PlanError
 from ..sim import SimCosts, compile, simulate, warm_up
-from ..sim.memory_check import CODE as MEMORY_CODE
+from ..lint.memory import CODE as MEMORY_CODE
 from .common import (DP, UserError, link_named, op_costs, output, pipeline_link, print_json,
                      read_text, stdout_console, writing)
 

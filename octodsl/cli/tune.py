@@ -108,7 +108,7 @@ def _start(args):
     model, devices, microbatches = args.model, args.devices, args.microbatches
     if args.start:
         from ..lint import lint_source
-        from ..sim.memory_check import CODE as MEMORY_CODE
+        from ..lint.memory import CODE as MEMORY_CODE
 
         source = read_text(args.start)
         start, diags = lint_source(source, args.start)

@@ -2,7 +2,7 @@
 
 Each distinct layer (identical configurations are measured once) is built alone and run on a
 random micro-batch of the spec's shape: F is a plain forward (the LM head's includes the loss);
-B and W go through `octodsl.deepspeed_ext.split_backward` (`backward_input`, `backward_weight`),
+B and W go through `octodsl.layers.split_backward` (`backward_input`, `backward_weight`),
 the split the executor runs. Times are medians of `repeats` runs after `warmup` runs, taken
 round-robin over the layers (a slow spell of a shared machine costs each layer one sample).
 
@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 import torch
 
 from ..errors import OctoError
-from ..deepspeed_ext.split_backward import backward_input, backward_weight
+from ..layers.split_backward import backward_input, backward_weight
 from ..layers import TORCH_DTYPES, TiedHead, build_layers, lm_loss
 from ..models.spec import ModelSpec
 from .analytical import BYTES_PER_PARAM

@@ -186,7 +186,7 @@ def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
                 act_w=min(act, the + T * V * e), out=0.0)
 
 
-_KINDS = {
+_WORK_OF_KIND = {
     "attention": _attention, "mlp": _mlp, "moe": _moe, "mamba2": _mamba2, "mamba1": _mamba1,
     "gated_deltanet": _gated_deltanet, "embedding": _embedding, "lm_head_loss": _lm_head,
 }
@@ -196,4 +196,4 @@ def layer_work(spec: ModelSpec, layer: LayerConfig) -> Work:
     """The work of one of `spec`'s layers for one micro-batch of the spec's shape."""
     shape = _Shape(spec.tokens, spec.seq_len, spec.microbatch_size, spec.hidden, spec.vocab,
                    spec.dtype_bytes)
-    return _KINDS[layer.kind](layer, shape)
+    return _WORK_OF_KIND[layer.kind](layer, shape)

@@ -1,6 +1,6 @@
 """Classic pipeline schedules as .octo plans (`octodsl gen`).
 
-Each schedule algorithm computes every device's order, phase by phase (layout.py); the plan is
+Each schedule algorithm computes every device's order, phase by phase (phases.py); the plan is
 written as .octo text through the template (render.py), one comment per phase, and `generate`
 returns what the real parser makes of that text.
 """
@@ -14,16 +14,16 @@ from ..lang import parse_plan
 from ..plan import Header, Plan, Stage
 from .classic import gpipe, interleaved, one_f_one_b
 from .dualpipe import dualpipe_v
-from .layout import Layout, ScheduleError
+from .phases import PhasedSchedule, ScheduleError
 from .model_partition import METHODS as PARTITIONS
 from .model_partition import model_stages
 from .render import render_plan
 from .zero_bubble import EQUAL_TIMES, Times, zb_h1, zb_h2, zb_v, zb_v_handcrafted
 
-__all__ = ["PARTITIONS", "SCHEDULES", "ScheduleError", "Times", "generate", "generate_text",
-           "layout", "render_plan"]
+__all__ = ["PARTITIONS", "SCHEDULES", "PhasedSchedule", "ScheduleError", "Times", "generate",
+           "generate_text", "phased_schedule", "render_plan"]
 
-_SINGLE: dict[str, Callable[[int, int], Layout]] = {
+_SINGLE: dict[str, Callable[[int, int], PhasedSchedule]] = {
     "gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2,
 }
 """Schedules with one stage per device."""
@@ -43,8 +43,8 @@ _TITLES = {
 }
 
 
-def layout(name: str, devices: int, microbatches: int, chunks: int | None = None,
-           times: Times | None = None) -> Layout:
+def phased_schedule(name: str, devices: int, microbatches: int, chunks: int | None = None,
+                    times: Times | None = None) -> PhasedSchedule:
     """The schedule's stages, placement and phased orders; ScheduleError if the request does
     not suit it. `times` (F, B, W of one stage, default equal) is what zb-v below 2P-1
     micro-batches places its weight gradients for; the other orders do not depend on times."""
@@ -70,21 +70,21 @@ def layout(name: str, devices: int, microbatches: int, chunks: int | None = None
 def generate_text(name: str, devices: int, microbatches: int, chunks: int | None = None,
                   model: str | None = None, partition: str = "time", times: Times | None = None,
                   **costs) -> str:
-    """The schedule as .octo text, each phase introduced by a comment (`times`: see layout).
+    """The schedule as .octo text, each phase introduced by a comment (`times`: see phased_schedule).
 
     Without `model` the plan is abstract (`stages N`). With one (built-in name or spec path)
     the header names it and its layers are cut into the stages by `partition`: "time"
     (balanced F+B+W time, the default), "parameters" or "equal"; `costs` go to the cost table
     (device, profile, microbatch_size, seq_len; the last two also into the header)."""
-    lay = layout(name, devices, microbatches, chunks, times)
+    phased = phased_schedule(name, devices, microbatches, chunks, times)
     v = chunks or 2
     plan_name = f"{name}-p{devices}-m{microbatches}" + (f"-v{v}" if name == "interleaved" else "")
     title = [_TITLES[name].format(chunks=v) + f"; {devices} devices, {microbatches} micro-batches."]
-    stages = [Stage() for _ in range(lay.num_stages)]
+    stages = [Stage() for _ in range(phased.num_stages)]
     header = Header(name=plan_name, devices=devices, microbatches=microbatches)
     if model is not None:
         try:
-            stages, note = model_stages(model, lay.num_stages, partition, **costs)
+            stages, note = model_stages(model, phased.num_stages, partition, **costs)
         except OctoError as e:
             raise ScheduleError(str(e)) from None
         shape = {k: costs[k] for k in ("microbatch_size", "seq_len") if costs.get(k) is not None}
@@ -93,9 +93,9 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
     if name == "zb-v" and not zb_v_handcrafted(devices, microbatches):
         f, b, w = times or EQUAL_TIMES
         title.append(f"Weight gradients placed for op times F={f:g}, B={b:g}, W={w:g}.")
-    schedule, comments = lay.orders()
+    schedule, comments = phased.orders()
     title.append("Written by `octodsl gen`.")
-    return render_plan(Plan(header, stages, lay.placement, schedule), comments, "\n".join(title))
+    return render_plan(Plan(header, stages, phased.placement, schedule), comments, "\n".join(title))
 
 
 def generate(name: str, devices: int, microbatches: int, chunks: int | None = None,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..plan import placement_loop
-from .layout import BW, F, Layout, Order, ScheduleError
+from .phases import BW, F, Order, PhasedSchedule, ScheduleError
 
 
-def gpipe(devices: int, microbatches: int) -> Layout:
+def gpipe(devices: int, microbatches: int) -> PhasedSchedule:
     """Every forward, then every backward (in micro-batch order, as PyTorch's ScheduleGPipe):
     bubble (P-1)(F+B+W), all M micro-batches' activations held at once. The makespan
     (M+P-1)(F+B+W) is the lower bound for any M: the last device cannot start before (P-1)F,
@@ -21,10 +21,10 @@ def gpipe(devices: int, microbatches: int) -> Layout:
         for m in range(microbatches):
             o.add(BW(d, m))
         orders.append(o.phases)
-    return Layout(devices, placement_loop(devices, devices), orders)
+    return PhasedSchedule(devices, placement_loop(devices, devices), orders)
 
 
-def one_f_one_b(devices: int, microbatches: int) -> Layout:
+def one_f_one_b(devices: int, microbatches: int) -> PhasedSchedule:
     """PipeDream-Flush / Megatron 1F1B: GPipe's bubble, so GPipe's optimal makespan for any M,
     with at most min(P-d, M) micro-batches in flight on device d."""
     orders = []
@@ -44,10 +44,10 @@ def one_f_one_b(devices: int, microbatches: int) -> Layout:
         for m in range(microbatches - warm, microbatches):
             o.add(BW(d, m))
         orders.append(o.phases)
-    return Layout(devices, placement_loop(devices, devices), orders)
+    return PhasedSchedule(devices, placement_loop(devices, devices), orders)
 
 
-def interleaved(devices: int, microbatches: int, chunks: int) -> Layout:
+def interleaved(devices: int, microbatches: int, chunks: int) -> PhasedSchedule:
     """Megatron-LM's interleaved 1F1B: chunk c of device d is stage c*P + d. Micro-batches go in
     groups of g; within a group, forwards take chunk 0 for every micro-batch of the group, then
     chunk 1, ...; backwards the same with the chunks reversed. Megatron uses g = P (so needs
@@ -90,4 +90,4 @@ def interleaved(devices: int, microbatches: int, chunks: int) -> Layout:
         for k in range(total - warm, total):
             o.add(bwd(k))
         orders.append(o.phases)
-    return Layout(P * V, placement_loop(P * V, P), orders)
+    return PhasedSchedule(P * V, placement_loop(P * V, P), orders)

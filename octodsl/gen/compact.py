@@ -22,7 +22,7 @@ def compact(slots: list[Slot]) -> list[str]:
         k, r = _best_repeat(slots, i)
         if k == 1 and r >= 2 and not slots[i].overlapped:
             op = slots[i].ops[0]
-            items.append(f"{op.kind.value}{op.stage}:{op.mb}..{op.mb + r - 1}")
+            items.append(f"{op.label}..{op.mb + r - 1}")
         elif r >= MIN_LOOP:
             items.append(_loop(slots[i:i + k], r))
         else:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from ..plan import OpKind as K
 from ..plan import placement_v
-from .layout import Layout, Order, ScheduleError
+from .phases import Order, PhasedSchedule, ScheduleError
 
 
-def dualpipe_v(devices: int, microbatches: int) -> Layout:
+def dualpipe_v(devices: int, microbatches: int) -> PhasedSchedule:
     P, M = devices, microbatches
     if M < 2 * P:
         raise ScheduleError(
@@ -64,4 +64,4 @@ def dualpipe_v(devices: int, microbatches: int) -> Layout:
         for _ in range(P - d - 1):
             o.put(K.BW, c0)
         orders.append(o.phases)
-    return Layout(2 * P, placement_v(2 * P, P), orders)
+    return PhasedSchedule(2 * P, placement_v(2 * P, P), orders)

@@ -9,10 +9,10 @@ from collections import deque
 
 from ..plan import Op, placement_loop, placement_v
 from ..plan import OpKind as K
-from .layout import B, F, Layout, Order, Phase, W
+from .phases import B, F, PhasedSchedule, Order, Phase, W
 
 
-def zb_h1(devices: int, microbatches: int) -> Layout:
+def zb_h1(devices: int, microbatches: int) -> PhasedSchedule:
     """1F1B's order of F and B, with device d's weight gradients delayed by d backwards, so
     every device holds P micro-batches (F done, W not yet), the peak of 1F1B's device 0; the
     early B passes shorten the fill, the delayed W passes fill the drain. Bubble
@@ -49,10 +49,10 @@ def zb_h1(devices: int, microbatches: int) -> Layout:
         while pending:
             o.add(W(d, pending.popleft()))
         orders.append(o.phases)
-    return Layout(devices, placement_loop(devices, devices), orders)
+    return PhasedSchedule(devices, placement_loop(devices, devices), orders)
 
 
-def zb_h2(devices: int, microbatches: int) -> Layout:
+def zb_h2(devices: int, microbatches: int) -> PhasedSchedule:
     """More warm-up forwards (2(P-1-d)+1 on device d) fill the bubble before the first B; W
     waits until 2P-1 micro-batches are in flight on every device, and the drain's W passes
     trail the B passes, so the pipeline is a parallelogram: with F = B = W no device idles
@@ -84,7 +84,7 @@ def zb_h2(devices: int, microbatches: int) -> Layout:
         while pending:
             o.add(W(d, pending.popleft()))
         orders.append(o.phases)
-    return Layout(P, placement_loop(P, P), orders)
+    return PhasedSchedule(P, placement_loop(P, P), orders)
 
 
 Times = tuple[float, float, float]
@@ -92,7 +92,7 @@ Times = tuple[float, float, float]
 EQUAL_TIMES: Times = (1.0, 1.0, 1.0)
 
 
-def zb_v(devices: int, microbatches: int, times: Times = EQUAL_TIMES) -> Layout:
+def zb_v(devices: int, microbatches: int, times: Times = EQUAL_TIMES) -> PhasedSchedule:
     """ZB-V: device d holds chunk 0 = stage d and chunk 1 = stage 2P-1-d; at most 2P chunk
     micro-batches in flight on a device (1F1B's memory).
 
@@ -117,7 +117,7 @@ def zb_v(devices: int, microbatches: int, times: Times = EQUAL_TIMES) -> Layout:
         forward_backward = [[op for ph in phases for slot in ph.slots for op in slot.ops
                              if op.kind is not K.W] for phases in orders]
         orders = _weight_gradients_in_waits(forward_backward, 2 * P, times, cap=2 * P)
-    return Layout(2 * P, placement_v(2 * P, P), orders)
+    return PhasedSchedule(2 * P, placement_v(2 * P, P), orders)
 
 
 def zb_v_handcrafted(devices: int, microbatches: int) -> bool:

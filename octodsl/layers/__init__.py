@@ -2,7 +2,9 @@
 
 Between layers flows one tensor [batch, seq, hidden]; the embedding takes token ids; the LM head
 returns logits and `lm_loss(logits, labels)` is the loss (DeepSpeed's `loss_fn`). MoE layers
-feed their load-balancing loss into the gradients themselves (see `moe`).
+feed their load-balancing loss into the gradients themselves (see `moe`). `split_backward` splits
+any module's backward into B (input gradients) and W (weight gradients): the executor runs it,
+the profiler times it.
 """
 
 from .attention import Attention

@@ -39,6 +39,6 @@ def lint_plan(plan: Plan) -> list[Diagnostic]:
 def _memory(ctx: Context) -> list[Diagnostic]:
     # Imported here: the simulator (numba) costs a third of a second to import, which plans
     # without a model and a memory limit should not pay.
-    from ..sim.memory_check import memory_diagnostics
+    from .memory import memory_diagnostics
 
     return memory_diagnostics(ctx.plan)

@@ -1,7 +1,7 @@
 """Model specs: hybrid models as ordered lists of atomic sub-layers (no torch needed)."""
 
 from .load import SpecError, builtin_models, load_model, parse_model
-from .pattern import KIND_SYMBOL, KINDS, SYMBOL_KIND, normalize_pattern
+from .pattern import KIND_SYMBOL, LAYER_KINDS, SYMBOL_KIND, normalize_pattern
 from .spec import (
     DTYPE_BYTES,
     AttentionConfig,
@@ -17,7 +17,7 @@ from .spec import (
 )
 
 __all__ = [
-    "DTYPE_BYTES", "KIND_SYMBOL", "KINDS", "SYMBOL_KIND", "AttentionConfig", "EmbeddingConfig",
+    "DTYPE_BYTES", "KIND_SYMBOL", "LAYER_KINDS", "SYMBOL_KIND", "AttentionConfig", "EmbeddingConfig",
     "GatedDeltaNetConfig", "LayerConfig", "LMHeadLossConfig", "Mamba1Config", "Mamba2Config",
     "MLPConfig", "ModelSpec", "MoEConfig", "SpecError", "builtin_models", "load_model",
     "normalize_pattern", "parse_model",

@@ -20,7 +20,7 @@ SYMBOL_KIND: dict[str, str] = {
 KIND_SYMBOL: dict[str, str] = {kind: sym for sym, kind in SYMBOL_KIND.items()}
 """Layer kind -> pattern symbol."""
 
-KINDS: tuple[str, ...] = tuple(SYMBOL_KIND.values())
+LAYER_KINDS: tuple[str, ...] = tuple(SYMBOL_KIND.values())
 """Every layer kind, in the symbol table's order."""
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .pattern import KIND_SYMBOL, KINDS, SYMBOL_KIND, normalize_pattern
+from .pattern import KIND_SYMBOL, LAYER_KINDS, SYMBOL_KIND, normalize_pattern
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -242,7 +242,7 @@ Layer = Annotated[
 ]
 """One layer's configuration, told apart by `kind`."""
 
-_BLOCK_KINDS = tuple(k for k in KINDS if k not in ("embedding", "lm_head_loss"))
+_BLOCK_KINDS = tuple(k for k in LAYER_KINDS if k not in ("embedding", "lm_head_loss"))
 
 
 class ModelSpec(BaseModel):
@@ -335,7 +335,7 @@ class ModelSpec(BaseModel):
     def kind_counts(self) -> dict[str, int]:
         """Number of layers of each kind, every kind listed (0 when absent)."""
         counts = Counter(layer.kind for layer in self.layers)
-        return {kind: counts.get(kind, 0) for kind in KINDS}
+        return {kind: counts.get(kind, 0) for kind in LAYER_KINDS}
 
     def with_shape(self, microbatch_size: int | None = None, seq_len: int | None = None) -> ModelSpec:
         """This spec with the micro-batch size and/or sequence length replaced (None keeps)."""

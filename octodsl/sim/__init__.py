@@ -31,8 +31,8 @@ overlap rate = communication under compute / all communication; peak memory and 
 peak; a lower bound (bounds.py) and efficiency = bound / iteration time; the critical path.
 
 Modules: program (compile), core (the walk), memory, bounds, costs (SimCosts), simulate,
-result; for people: report (summary, JSON), trace (Chrome / Perfetto), gantt (PNG);
-memory_check (lint's E501).
+result; for people: report (summary, JSON), trace (Chrome / Perfetto), gantt (PNG). Lint's
+memory rule (E501) is octodsl.lint.memory, on top of memory.py.
 
 Speed: the walk is numba-compiled when numba is installed (jit.py): about 1 ms for 12k ops,
 against about 40 ms to compile the plan (mostly the dependency graph); see

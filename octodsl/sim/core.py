@@ -11,10 +11,13 @@ Model (docs in octodsl/sim/__init__.py):
   (ready time, id), so it is deterministic. Popping in time order also makes each stream's
   reservations first-come first-served, whatever order the devices are visited in.
 
-Everything here is plain loops over integer and float arrays so numba can compile it.
+Everything here is plain loops over integer and float arrays so numba can compile it; the
+arrays travel in named tuples (numba compiles attribute access on them to a field load).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +25,46 @@ from .jit import njit
 
 NO_PRED = -1
 """pred[n] when node n started at time 0 with nothing before it."""
+
+
+class WalkGraph(NamedTuple):
+    """The arrays of a compiled plan that the walk reads: SimProgram's fields of these names
+    (`SimProgram.walk_graph`)."""
+
+    order_ptr: np.ndarray
+    order_nodes: np.ndarray
+    node_dev: np.ndarray
+    in_deg: np.ndarray
+    out_ptr: np.ndarray
+    out_dst: np.ndarray
+    out_msg: np.ndarray
+    msg_dst_node: np.ndarray
+    msg_src_dev: np.ndarray
+    msg_dst_dev: np.ndarray
+    stream_ptr: np.ndarray
+
+
+class Timeline(NamedTuple):
+    """What the walk computes. `done` < the number of nodes means the plan deadlocks."""
+
+    done: int
+    start: np.ndarray
+    """Per node, seconds."""
+    end: np.ndarray
+    pred: np.ndarray
+    """Per node: the previous node on its device when the device was what it waited for, else
+    the message that arrived last (msg_pred_code), or NO_PRED."""
+    msg_start: np.ndarray
+    msg_end: np.ndarray
+    msg_pred: np.ndarray
+    """Per message: -1 when it started as soon as its producer finished, else the message
+    before it on a busy stream."""
+    stream_log: np.ndarray
+    """Each device's messages in stream order, in slices stream_ptr[d]:stream_ptr[d + 1]."""
+    dev_free: np.ndarray
+    """Per device: when its compute stream is done."""
+    comm_free: np.ndarray
+    """Per device: when its communication stream is done."""
 
 
 @njit
@@ -70,16 +113,11 @@ def _heap_pop(ht, hm, n):
 
 
 @njit
-def walk(order_ptr, order_nodes, node_dev, dur, in_deg, out_ptr, out_dst, out_msg,
-         msg_dst_node, msg_src_dev, msg_dst_dev, msg_dur, stream_ptr):
-    """Returns (done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
-    comm_free). done < number of nodes means the plan deadlocks.
-
-    pred[n]: the previous node on n's device when the device was what n waited for, else the
-    message that arrived last (msg_pred_code), or NO_PRED. msg_pred[m]: -1 when m started as
-    soon as its producer finished, else the message before it on a busy stream.
-    stream_log: each device's messages in stream order, in slices stream_ptr[d]:stream_ptr[d+1]."""
-    P = order_ptr.shape[0] - 1
+def walk(g, dur, msg_dur):
+    """(Timeline, comm, hidden) of WalkGraph `g` with node durations `dur` and message
+    durations `msg_dur` (seconds): comm and hidden as hidden_comm says (computed here, so that
+    the Timeline does not travel back into numba from Python, which costs more than this)."""
+    P = g.order_ptr.shape[0] - 1
     N = dur.shape[0]
     M = msg_dur.shape[0]
     start = np.zeros(N)
@@ -88,16 +126,16 @@ def walk(order_ptr, order_nodes, node_dev, dur, in_deg, out_ptr, out_dst, out_ms
     msg_start = np.zeros(M)
     msg_end = np.zeros(M)
     msg_pred = np.full(M, -1, np.int64)
-    stream_log = np.zeros(stream_ptr[P], np.int64)
-    log_pos = stream_ptr[:P].copy()
-    remaining = in_deg.copy()
+    stream_log = np.zeros(g.stream_ptr[P], np.int64)
+    log_pos = g.stream_ptr[:P].copy()
+    remaining = g.in_deg.copy()
     ready = np.zeros(N)
     ready_by = np.full(N, -1, np.int64)
     dev_free = np.zeros(P)
     last_node = np.full(P, -1, np.int64)
     comm_free = np.zeros(P)
     last_msg = np.full(P, -1, np.int64)
-    pos = order_ptr[:P].copy()
+    pos = g.order_ptr[:P].copy()
     heap_t = np.zeros(max(M, 1))
     heap_m = np.zeros(max(M, 1), np.int64)
     hn = 0
@@ -112,8 +150,8 @@ def walk(order_ptr, order_nodes, node_dev, dur, in_deg, out_ptr, out_dst, out_ms
         while sn > 0:
             sn -= 1
             d = stack[sn]
-            while pos[d] < order_ptr[d + 1]:
-                n = order_nodes[pos[d]]
+            while pos[d] < g.order_ptr[d + 1]:
+                n = g.order_nodes[pos[d]]
                 if remaining[n] > 0:
                     break
                 if ready[n] > dev_free[d]:
@@ -129,10 +167,10 @@ def walk(order_ptr, order_nodes, node_dev, dur, in_deg, out_ptr, out_dst, out_ms
                 last_node[d] = n
                 pos[d] += 1
                 done += 1
-                for k in range(out_ptr[n], out_ptr[n + 1]):
-                    m = out_msg[k]
+                for k in range(g.out_ptr[n], g.out_ptr[n + 1]):
+                    m = g.out_msg[k]
                     if m < 0:
-                        remaining[out_dst[k]] -= 1
+                        remaining[g.out_dst[k]] -= 1
                     else:
                         hn = _heap_push(heap_t, heap_m, hn, e, m)
         if hn == 0:
@@ -141,8 +179,8 @@ def walk(order_ptr, order_nodes, node_dev, dur, in_deg, out_ptr, out_dst, out_ms
         t = heap_t[0]
         m = heap_m[0]
         hn = _heap_pop(heap_t, heap_m, hn)
-        a = msg_src_dev[m]
-        b = msg_dst_dev[m]
+        a = g.msg_src_dev[m]
+        b = g.msg_dst_dev[m]
         s = t
         if comm_free[a] > s:
             s = comm_free[a]
@@ -161,39 +199,41 @@ def walk(order_ptr, order_nodes, node_dev, dur, in_deg, out_ptr, out_dst, out_ms
         log_pos[a] += 1
         stream_log[log_pos[b]] = m
         log_pos[b] += 1
-        n = msg_dst_node[m]
+        n = g.msg_dst_node[m]
         remaining[n] -= 1
         if e > ready[n] or ready_by[n] < 0:
             ready[n] = e
             ready_by[n] = m
-        d = node_dev[n]
-        if remaining[n] == 0 and pos[d] < order_ptr[d + 1] and order_nodes[pos[d]] == n:
+        d = g.node_dev[n]
+        if remaining[n] == 0 and pos[d] < g.order_ptr[d + 1] and g.order_nodes[pos[d]] == n:
             stack[sn] = d
             sn += 1
-    return (done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
-            comm_free)
+    t = Timeline(done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
+                 comm_free)
+    comm, hidden = hidden_comm(g, t)
+    return t, comm, hidden
 
 
 @njit
-def comm_overlap(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg_start, msg_end):
-    """Per node: seconds during which its device's communication stream is busy. A device's
-    nodes and its stream's messages are each disjoint and in time order, so one merge per
-    device suffices."""
-    out = np.zeros(start.shape[0])
-    P = order_ptr.shape[0] - 1
+def comm_overlap(g, t):
+    """Per node of WalkGraph `g`: seconds of Timeline `t` during which its device's
+    communication stream is busy. A device's nodes and its stream's messages are each disjoint
+    and in time order, so one merge per device suffices."""
+    out = np.zeros(t.start.shape[0])
+    P = g.order_ptr.shape[0] - 1
     for d in range(P):
-        j = stream_ptr[d]
-        j1 = stream_ptr[d + 1]
-        for i in range(order_ptr[d], order_ptr[d + 1]):
-            n = order_nodes[i]
-            a = start[n]
-            b = end[n]
-            while j < j1 and msg_end[stream_log[j]] <= a:
+        j = g.stream_ptr[d]
+        j1 = g.stream_ptr[d + 1]
+        for i in range(g.order_ptr[d], g.order_ptr[d + 1]):
+            n = g.order_nodes[i]
+            a = t.start[n]
+            b = t.end[n]
+            while j < j1 and t.msg_end[t.stream_log[j]] <= a:
                 j += 1
             k = j
-            while k < j1 and msg_start[stream_log[k]] < b:
-                lo = max(a, msg_start[stream_log[k]])
-                hi = min(b, msg_end[stream_log[k]])
+            while k < j1 and t.msg_start[t.stream_log[k]] < b:
+                lo = max(a, t.msg_start[t.stream_log[k]])
+                hi = min(b, t.msg_end[t.stream_log[k]])
                 if hi > lo:
                     out[n] += hi - lo
                 k += 1
@@ -201,16 +241,15 @@ def comm_overlap(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg
 
 
 @njit
-def hidden_comm(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg_start, msg_end):
+def hidden_comm(g, t):
     """Per device: communication time, and the part of it under the device's own compute."""
-    under = comm_overlap(order_ptr, order_nodes, start, end, stream_ptr, stream_log, msg_start,
-                         msg_end)
-    P = order_ptr.shape[0] - 1
+    under = comm_overlap(g, t)
+    P = g.order_ptr.shape[0] - 1
     comm = np.zeros(P)
     hidden = np.zeros(P)
     for d in range(P):
-        for j in range(stream_ptr[d], stream_ptr[d + 1]):
-            comm[d] += msg_end[stream_log[j]] - msg_start[stream_log[j]]
-        for i in range(order_ptr[d], order_ptr[d + 1]):
-            hidden[d] += under[order_nodes[i]]
+        for j in range(g.stream_ptr[d], g.stream_ptr[d + 1]):
+            comm[d] += t.msg_end[t.stream_log[j]] - t.msg_start[t.stream_log[j]]
+        for i in range(g.order_ptr[d], g.order_ptr[d + 1]):
+            hidden[d] += under[g.order_nodes[i]]
     return comm, hidden

@@ -7,17 +7,20 @@ ops on some devices changed, the tuner's most common move, without rebuilding th
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..dag import build_graph
-from ..plan import OpKind, Plan, PlanError
+from ..plan import Op, OpKind, Plan, PlanError, Slot
+from .core import WalkGraph
 
-KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
-"""Op kinds by their code in `SimProgram.op_kind`."""
-KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+KIND_OF_CODE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+"""Op kinds by their code in `SimProgram.op_kind` (and the constructor's, tune/construct.py)."""
+KIND_CODE = {k: i for i, k in enumerate(KIND_OF_CODE)}
+"""The code of each op kind."""
 
 _I = np.int64
 
@@ -80,22 +83,26 @@ class SimProgram:
     def microbatches(self) -> int:
         return self.plan.microbatches
 
+    @functools.cached_property
+    def walk_graph(self) -> WalkGraph:
+        """The arrays the walk reads, by name."""
+        return WalkGraph(*(getattr(self, name) for name in WalkGraph._fields))
+
     def per_node(self, per_op: np.ndarray) -> np.ndarray:
         """Sum a per-op array over each node's ops."""
         return np.add.reduceat(per_op, self.op_ptr[:-1]) if self.grouped else per_op
 
-    def op_label(self, k: int) -> str:
-        return f"{KINDS[self.op_kind[k]].value}{self.op_stage[k]}:{self.op_mb[k]}"
+    def op(self, k: int) -> Op:
+        """Op k, in the numbering of op_ptr."""
+        return Op(KIND_OF_CODE[self.op_kind[k]], int(self.op_stage[k]), int(self.op_mb[k]))
 
-    def msg_label(self, m: int) -> str:
-        """The producing op: 'F3:5' carries F3:5's activation, 'B4:5' B4:5's input gradient."""
-        return f"{KINDS[self.msg_kind[m]].value}{self.msg_stage[m]}:{self.msg_mb[m]}"
+    def msg_producer(self, m: int) -> Op:
+        """The op whose result message m carries: F3:5 its activation, B4:5 its input gradient."""
+        return Op(KIND_OF_CODE[self.msg_kind[m]], int(self.msg_stage[m]), int(self.msg_mb[m]))
 
     def node_label(self, n: int) -> str:
-        """'F3:5', or '(F0:7 & B7:3)' for an overlap group."""
-        ks = range(self.op_ptr[n], self.op_ptr[n + 1])
-        names = [self.op_label(k) for k in ks]
-        return names[0] if len(names) == 1 else "(" + " & ".join(names) + ")"
+        """'F3:5', or '(F0:7 & B7:3)' for an overlap group: the node's slot as plans write it."""
+        return str(Slot(tuple(self.op(k) for k in range(self.op_ptr[n], self.op_ptr[n + 1]))))
 
 
 def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: A001 - the API's name
@@ -136,25 +143,21 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     op_kind = np.fromiter((KIND_CODE[op.kind] for op in flat), _I, K)
     op_stage = np.fromiter((op.stage for op in flat), _I, K)
 
-    # Edges in the graph's order (consumer node by node); the crossing ones are the messages,
-    # numbered in that order, as Graph.messages() lists them.
+    # Edges in the graph's order (consumer node by node); messages numbered as Graph.messages.
     edges = [e for es in g.deps for e in es]
     E = len(edges)
     src = np.fromiter((e.src for e in edges), _I, E)
-    dst = np.fromiter((n for n, es in enumerate(g.deps) for _ in es), _I, E)
-    crossing = node_dev[src] != node_dev[dst]
-    edge_msg = np.full(E, -1, _I)
-    edge_msg[crossing] = np.arange(int(crossing.sum()))
+    dst = np.fromiter((e.dst for e in edges), _I, E)
+    edge_msg = np.fromiter((e.msg for e in edges), _I, E)
     by_src = np.argsort(src, kind="stable")
     out_ptr = np.zeros(N + 1, _I)
     out_ptr[1:] = np.cumsum(np.bincount(src, minlength=N))
 
-    messages = [edges[i] for i in np.flatnonzero(crossing).tolist()]
-    sent = [e.producer for e in messages]
-    M = len(sent)
-    msg_stage = np.fromiter((op.stage for op in sent), _I, M)
-    msg_src_dev = node_dev[src[crossing]]
-    msg_dst_dev = node_dev[dst[crossing]]
+    messages = g.messages
+    M = len(messages)
+    is_msg = edge_msg >= 0  # in edge order, as the messages are numbered
+    msg_src_node, msg_dst_node = src[is_msg], dst[is_msg]
+    msg_src_dev, msg_dst_dev = node_dev[msg_src_node], node_dev[msg_dst_node]
     stream_ptr = np.zeros(P + 1, _I)
     stream_ptr[1:] = np.cumsum(np.bincount(msg_src_dev, minlength=P)
                                + np.bincount(msg_dst_dev, minlength=P))
@@ -167,11 +170,12 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         op_mb=np.fromiter((op.mb for op in flat), _I, K),
         in_deg=np.bincount(dst, minlength=N).astype(_I),
         out_ptr=out_ptr, out_dst=dst[by_src], out_msg=edge_msg[by_src],
-        msg_src_node=src[crossing], msg_dst_node=dst[crossing],
+        msg_src_node=msg_src_node, msg_dst_node=msg_dst_node,
         msg_src_dev=msg_src_dev, msg_dst_dev=msg_dst_dev,
-        msg_kind=np.fromiter((KIND_CODE[op.kind] for op in sent), _I, M), msg_stage=msg_stage,
-        msg_mb=np.fromiter((op.mb for op in sent), _I, M),
-        msg_boundary=np.minimum(msg_stage, np.fromiter((e.consumer.stage for e in messages), _I, M)),
+        msg_kind=np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
+        msg_stage=np.fromiter((m.producer.stage for m in messages), _I, M),
+        msg_mb=np.fromiter((m.producer.mb for m in messages), _I, M),
+        msg_boundary=np.fromiter((m.boundary for m in messages), _I, M),
         stream_ptr=stream_ptr,
     )
 

@@ -12,10 +12,11 @@ from typing import Iterator
 
 import numpy as np
 
+from ..plan import Op, OpKind
 from .core import NO_PRED, msg_pred_code
 from .costs import SimCosts
 from .memory import Memory
-from .program import KINDS, SimProgram
+from .program import KIND_OF_CODE, SimProgram
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +44,12 @@ class OpSpan:
     end: float
 
     @property
+    def op(self) -> Op:
+        return Op(OpKind(self.kind), self.stage, self.mb)
+
+    @property
     def label(self) -> str:
-        return f"{self.kind}{self.stage}:{self.mb}"
+        return self.op.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +67,13 @@ class MessageSpan:
     end: float
 
     @property
+    def producer(self) -> Op:
+        """The op whose result the message carries."""
+        return Op(OpKind(self.kind), self.stage, self.mb)
+
+    @property
     def label(self) -> str:
-        return f"{self.kind}{self.stage}:{self.mb}"
+        return self.producer.label
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,16 +151,16 @@ class SimResult:
             t = self.start[n]
             for k in range(p.op_ptr[n], p.op_ptr[n + 1]):
                 e = t + self.op_dur[k]
-                yield OpSpan(int(p.node_dev[n]), KINDS[p.op_kind[k]].value, int(p.op_stage[k]),
-                             int(p.op_mb[k]), float(t), float(e))
+                yield OpSpan(int(p.node_dev[n]), KIND_OF_CODE[p.op_kind[k]].value,
+                             int(p.op_stage[k]), int(p.op_mb[k]), float(t), float(e))
                 t = e
 
     def messages(self) -> Iterator[MessageSpan]:
         p = self.program
         for m in range(p.num_messages):
             yield MessageSpan(m, int(p.msg_src_dev[m]), int(p.msg_dst_dev[m]),
-                              KINDS[p.msg_kind[m]].value, int(p.msg_stage[m]), int(p.msg_mb[m]),
-                              float(self.msg_start[m]), float(self.msg_end[m]))
+                              KIND_OF_CODE[p.msg_kind[m]].value, int(p.msg_stage[m]),
+                              int(p.msg_mb[m]), float(self.msg_start[m]), float(self.msg_end[m]))
 
     def memory_events(self, device: int) -> list[tuple[float, float]]:
         """(time, bytes) each time the device's memory changes, starting from its static bytes."""
@@ -192,7 +202,7 @@ class SimResult:
                 elif before != NO_PRED:
                     msg = int(msg_pred_code(before))
             else:
-                steps.append(Step("message", p.msg_label(msg), int(p.msg_src_dev[msg]),
+                steps.append(Step("message", p.msg_producer(msg).label, int(p.msg_src_dev[msg]),
                                   float(self.msg_start[msg]), float(self.msg_end[msg]),
                                   int(p.msg_dst_dev[msg])))
                 before = int(self.msg_pred[msg])

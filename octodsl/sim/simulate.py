@@ -11,7 +11,7 @@ from ..costs.table import Link, StageCost, uniform_stage_costs
 from ..dag import build_graph, describe_cycle, execution_order
 from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
 from .bounds import lower_bound, ring_allreduce_time
-from .core import comm_overlap, hidden_comm, walk
+from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
 from .memory import memory
 from .program import SimProgram, compile
@@ -53,33 +53,29 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     msg_dur = cut_time[p.msg_boundary]
 
     sharing = costs.sharing if costs.sharing is not None and costs.sharing.active else None
+    g = p.walk_graph
     dur = work
     for _ in range(ROUNDS if sharing is not None else 1):
-        (done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
-         comm_free) = walk(p.order_ptr, p.order_nodes, p.node_dev, dur, p.in_deg, p.out_ptr,
-                           p.out_dst, p.out_msg, p.msg_dst_node, p.msg_src_dev, p.msg_dst_dev,
-                           msg_dur, p.stream_ptr)
-        if done < p.num_nodes:
+        t, comm, hidden = walk(g, dur, msg_dur)
+        if t.done < p.num_nodes:
             raise _deadlock(p.plan)
         if sharing is None:
             break
-        new = _shared_durations(p, sharing, work, start, end, stream_log, msg_start, msg_end)
+        new = _shared_durations(p, g, sharing, work, t)
         if np.all(np.abs(new - dur) <= TOLERANCE * np.maximum(dur, 1e-12)):
             break
         dur = 0.5 * (dur + new)
     if sharing is not None:  # each op of an overlap group keeps its share of the slot
         op_dur = op_dur * np.repeat(np.divide(dur, work, out=np.ones_like(dur), where=work > 0),
                                     np.diff(p.op_ptr))
-    comm, hidden = hidden_comm(p.order_ptr, p.order_nodes, start, end, p.stream_ptr, stream_log,
-                               msg_start, msg_end)
-    pipeline_time = float(end.max()) if p.num_nodes else 0.0
+    pipeline_time = float(t.end.max()) if p.num_nodes else 0.0
 
     # The DP all-reduce starts on each device once its compute and its messages are done.
     ranks = dp if dp is not None else p.plan.header.dp
     per_stage = np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
     allreduce = ring_allreduce_time(np.bincount(p.stage_device, weights=per_stage,
                                                 minlength=p.devices), ranks, dp_link or link)
-    allreduce_start = np.maximum(dev_free, comm_free)
+    allreduce_start = np.maximum(t.dev_free, t.comm_free)
     iteration_time = max(pipeline_time, float((allreduce_start + allreduce).max()))
     # The optimizer step, once every device is done (DeepSpeed synchronises the pipeline there:
     # the gradient-norm all-reduce, the loss broadcast), then the step's fixed overhead.
@@ -103,23 +99,23 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
         memory=memory(p, stage_costs), lower_bound=bound,
         efficiency=bound / iteration_time if iteration_time > 0 else 1.0,
         seconds=time.perf_counter() - t0,
-        op_dur=op_dur, start=start, end=end, pred=pred, msg_start=msg_start, msg_end=msg_end,
-        msg_pred=msg_pred, stream_log=stream_log, allreduce_start=allreduce_start,
+        op_dur=op_dur, start=t.start, end=t.end, pred=t.pred, msg_start=t.msg_start,
+        msg_end=t.msg_end, msg_pred=t.msg_pred, stream_log=t.stream_log,
+        allreduce_start=allreduce_start,
         update=update, update_start=update_start,
     )
 
 
-def _shared_durations(p: SimProgram, sharing: Sharing, work, start, end, stream_log, msg_start,
-                      msg_end) -> np.ndarray:
-    """Node durations under processor sharing given the last walk's timeline (sharing.py)."""
+def _shared_durations(p: SimProgram, g: WalkGraph, sharing: Sharing, work: np.ndarray,
+                      t: Timeline) -> np.ndarray:
+    """Node durations under processor sharing given the last walk's Timeline `t` (sharing.py)."""
     if sharing.overlap_slowdown > 0 and p.num_messages:
-        busy = comm_overlap(p.order_ptr, p.order_nodes, start, end, p.stream_ptr, stream_log,
-                            msg_start, msg_end)
-        span = end - start
+        busy = comm_overlap(g, t)
+        span = t.end - t.start
         work = work * (1 + sharing.overlap_slowdown * np.divide(busy, span, out=np.zeros_like(span),
                                                                 where=span > 0))
     cores = -1.0 if sharing.cores is None else float(sharing.cores)
-    return stretch(start, end, work, cores, sharing.contention, sharing.oversubscription)
+    return stretch(t.start, t.end, work, cores, sharing.contention, sharing.oversubscription)
 
 
 def warm_up() -> None:

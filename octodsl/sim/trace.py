@@ -1,4 +1,4 @@
-"""A simulated iteration as a Chrome / Perfetto trace, in the executor's layout
+"""A simulated iteration as a Chrome / Perfetto trace, in the executor's format
 (octodsl/trace.py) so measured and simulated traces open side by side, plus what only a
 simulation knows: flow arrows from each send to its receive, and a "memory" counter track per
 device (bytes)."""
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..fileio import write_atomic
-from ..trace import COMM, Span, chrome_trace as layout, comm_span, op_span
+from ..trace import COMM, TimedSpan, chrome_trace as spans_trace, comm_span, op_span
 from .result import SimResult
 
 
@@ -23,10 +23,10 @@ def chrome_trace(result: SimResult) -> dict:
     for d in range(result.devices):
         if result.allreduce[d] > 0:
             start = float(result.allreduce_start[d])
-            spans.append(Span(d, COMM, "allreduce", start, start + float(result.allreduce[d]),
-                              {"kind": "allreduce"}))
-    trace = layout(spans)
-    # The layout counts time from the earliest span, and a simulation's first op starts at 0,
+            spans.append(TimedSpan(d, COMM, "allreduce", start, start + float(result.allreduce[d]),
+                                   {"kind": "allreduce"}))
+    trace = spans_trace(spans)
+    # spans_trace counts time from the earliest span, and a simulation's first op starts at 0,
     # so the events below can use the simulation's own clock.
     events = trace["traceEvents"]
     for m in messages:

@@ -21,9 +21,9 @@ Modules, one job each:
 from .baselines import Baseline, best_baseline, classic_baselines
 from .compare import NoPlanFits, Outcome, tune_and_compare
 from .evaluate import Evaluator, Score
-from .layout import Layout
+from .layout import StageLayout
 from .loop import Round, TuneResult, tune
 from .problem import Problem
 
-__all__ = ["Baseline", "Evaluator", "Layout", "NoPlanFits", "Outcome", "Problem", "Round", "Score",
+__all__ = ["Baseline", "Evaluator", "NoPlanFits", "Outcome", "Problem", "Round", "Score", "StageLayout",
            "TuneResult", "best_baseline", "classic_baselines", "tune", "tune_and_compare"]

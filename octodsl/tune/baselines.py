@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..gen import PARTITIONS, ScheduleError, layout
+from ..gen import PARTITIONS, ScheduleError, phased_schedule
 from ..gen.model_partition import model_stages
 from ..plan import Plan, Stage
 from .evaluate import Evaluator, Score
@@ -55,19 +55,19 @@ def classic_plans(problem: Problem) -> Iterable[tuple[str, Plan | None, str | No
     """(name, plan, None) for each schedule and partition, or (name, None, why not)."""
     for schedule, chunks in SCHEDULES:
         try:
-            lay = layout(schedule, problem.devices, problem.microbatches, chunks)
-            if lay.num_stages > problem.num_layers:
-                raise ScheduleError(f"{lay.num_stages} stages for {problem.num_layers} layers")
+            phased = phased_schedule(schedule, problem.devices, problem.microbatches, chunks)
+            if phased.num_stages > problem.num_layers:
+                raise ScheduleError(f"{phased.num_stages} stages for {problem.num_layers} layers")
         except ScheduleError as e:
             for method in PARTITIONS:
                 yield baseline_name(schedule, chunks, method), None, str(e)
             continue
-        orders, _ = lay.orders()
+        orders, _ = phased.orders()
         for method in PARTITIONS:
             name = baseline_name(schedule, chunks, method)
             header = problem.header.model_copy(update={"name": name})
-            yield name, Plan(header, partition_stages(problem, method, lay.num_stages),
-                             lay.placement, orders), None
+            yield name, Plan(header, partition_stages(problem, method, phased.num_stages),
+                             phased.placement, orders), None
 
 
 NOT_RUN = "not run: the budget ran out"

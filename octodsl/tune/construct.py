@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from ..costs.table import Link, StageCost
-from ..plan import Op, OpKind, Plan, Slot
+from ..plan import Op, Plan, Slot
 from ..sim.jit import njit
+from ..sim.program import KIND_OF_CODE
 
-_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 _INF = np.inf
 
 
@@ -43,9 +43,10 @@ def build_schedule(plan: Plan, costs: Sequence[StageCost], link: Link,
     memory: per-device bytes the orders should stay within (None: no limit); static bytes of
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it."""
-    kind, stage, mb, dev = _arrays(plan, costs, link, memory, w_gap)
+    order = _arrays(plan, costs, link, memory, w_gap)
     orders: list[list[Slot]] = [[] for _ in range(plan.devices)]
-    for k, s, i, d in zip(kind.tolist(), stage.tolist(), mb.tolist(), dev.tolist()):
+    for k, s, i, d in zip(order.kind.tolist(), order.stage.tolist(), order.mb.tolist(),
+                          order.device.tolist()):
         orders[d].append(_slot(k, s, i))
     return replace(plan, schedule=orders)
 
@@ -53,13 +54,63 @@ def build_schedule(plan: Plan, costs: Sequence[StageCost], link: Link,
 @functools.lru_cache(maxsize=1 << 18)
 def _slot(kind: int, stage: int, mb: int) -> Slot:
     """Slots are immutable: the tuner's thousands of plans share them."""
-    return Slot((Op(_KINDS[kind], stage, mb),))
+    return Slot((Op(KIND_OF_CODE[kind], stage, mb),))
+
+
+class _Inputs(NamedTuple):
+    """What the list scheduler knows before it starts; per stage unless said."""
+
+    num_stages: int
+    microbatches: int
+    dev_ptr: np.ndarray
+    """Device d holds stages[dev_ptr[d]:dev_ptr[d + 1]]."""
+    stages: np.ndarray
+    f: np.ndarray
+    """Seconds of a forward, and below of a B and a W."""
+    b: np.ndarray
+    w: np.ndarray
+    act: np.ndarray
+    """Bytes a forward allocates; a B releases all but act_w, a W the rest."""
+    act_w: np.ndarray
+    delay: np.ndarray
+    """Seconds a message across the cut after stage s takes (0 within a device)."""
+    budget: np.ndarray
+    """Per device: bytes for activations (the limit less its static bytes)."""
+    room: np.ndarray
+    """Per device: bytes a new micro-batch needs beyond its first stage's activations."""
+    w_gap: bool
+    """A W only when it ends before the next known arrival."""
+
+
+class _Progress(NamedTuple):
+    """The scheduler's state, updated in place as it runs ops; per stage unless said."""
+
+    f_done: np.ndarray
+    """Forwards run so far (the next forward's micro-batch), and below B's and W's."""
+    b_done: np.ndarray
+    w_done: np.ndarray
+    f_end: np.ndarray
+    """[stage, micro-batch]: when the forward ends, and below the B."""
+    b_end: np.ndarray
+    device_free: np.ndarray
+    """Per device: when its last op ends."""
+    memory: np.ndarray
+    """Per device: activation bytes held."""
+
+
+class _Order(NamedTuple):
+    """The constructed schedule in run order, one entry per op."""
+
+    kind: np.ndarray
+    """The simulator's kind code: 0 F, 1 B, 2 W."""
+    stage: np.ndarray
+    mb: np.ndarray
+    device: np.ndarray
 
 
 def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
-                    memory: float | None = None, w_gap: bool = True):
-    """The constructed schedule as arrays in run order: (kind code 0 F / 1 B / 2 W, stage, mb,
-    device)."""
+            memory: float | None = None, w_gap: bool = True) -> _Order:
+    """The scheduler's inputs for `plan`, and the order it constructs."""
     sd = np.array(plan.stage_device(), np.int64)
     S, P, M = len(sd), plan.devices, plan.microbatches
     dev_stages = [np.flatnonzero(sd == d) for d in range(P)]
@@ -72,66 +123,71 @@ def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
                       for s in range(S)])
     static = np.bincount(sd, weights=col["static"], minlength=P)
     budget = np.full(P, _INF) if memory is None else memory - static
-    return _walk(sd, dev_ptr, flat, col["f"], col["b"], col["w"], col["act"], col["act_w"],
-                 delay, M, budget, w_gap)
+    room = np.array([sum(col["act"][s] for s in stages[1:]) for stages in dev_stages], float)
+    return _walk(_Inputs(S, M, dev_ptr, flat, col["f"], col["b"], col["w"], col["act"],
+                         col["act_w"], delay, budget, room, w_gap))
 
 
-@njit
-def _ready_f(s, mb, M, nF, endF, delay):
-    if mb >= M:
+@njit(refcounts=False)
+def _ready_f(x, st, s, mb):
+    """When forward `mb` of stage `s` can start (inf: not yet known)."""
+    if mb >= x.microbatches:
         return _INF
     if s == 0:
         return 0.0
-    if nF[s - 1] > mb:
-        return endF[s - 1, mb] + delay[s - 1]
+    if st.f_done[s - 1] > mb:
+        return st.f_end[s - 1, mb] + x.delay[s - 1]
     return _INF
 
 
-@njit
-def _ready_b(s, mb, S, nF, nB, endF, endB, delay):
-    if mb >= nF[s]:
+@njit(refcounts=False)
+def _ready_b(x, st, s, mb):
+    """When B `mb` of stage `s` can start (inf: not yet known)."""
+    if mb >= st.f_done[s]:
         return _INF
-    r = endF[s, mb]
-    if s + 1 < S:
-        if nB[s + 1] <= mb:
+    r = st.f_end[s, mb]
+    if s + 1 < x.num_stages:
+        if st.b_done[s + 1] <= mb:
             return _INF
-        r = max(r, endB[s + 1, mb] + delay[s])
+        r = max(r, st.b_end[s + 1, mb] + x.delay[s])
     return r
 
 
-@njit
-def _decide(d, dev_ptr, stages, S, M, w, act, delay, nF, nB, nW, endF, endB, tdev, mem,
-            budget, room, w_gap):
+@njit(refcounts=False)
+def _decide(x, st, d):
     """Device d's next action: (time, kind, stage), kind -1 when it has nothing it can run yet.
     Also returns the stage of a ready forward held back by memory (-1 if none)."""
-    t0 = tdev[d]
+    t0 = st.device_free[d]
+    f_done, b_done, w_done = st.f_done, st.b_done, st.w_done
     best_b, tb, best_f, tf, blocked, best_w = -1, _INF, -1, _INF, -1, -1
-    for i in range(dev_ptr[d], dev_ptr[d + 1]):
-        s = stages[i]
-        r = max(_ready_b(s, nB[s], S, nF, nB, endF, endB, delay), t0)
+    for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+        s = x.stages[i]
+        r = max(_ready_b(x, st, s, b_done[s]), t0)
         # Earlier start wins; at the same start, the older micro-batch, then the deeper stage.
-        if r < tb or (r == tb and r < _INF and (nB[s] < nB[best_b] or
-                                                 (nB[s] == nB[best_b] and s > best_b))):
+        if r < tb or (r == tb and r < _INF and (b_done[s] < b_done[best_b] or
+                                                 (b_done[s] == b_done[best_b] and s > best_b))):
             best_b, tb = s, r
-        r = _ready_f(s, nF[s], M, nF, endF, delay)
+        r = _ready_f(x, st, s, f_done[s])
         if r < _INF:
-            need = act[s] + (room[d] if s == stages[dev_ptr[d]] else 0.0)
-            if mem[d] + need > budget[d]:
-                if blocked < 0 or r < _ready_f(blocked, nF[blocked], M, nF, endF, delay):
+            need = x.act[s] + (x.room[d] if s == x.stages[x.dev_ptr[d]] else 0.0)
+            if st.memory[d] + need > x.budget[d]:
+                if blocked < 0 or r < _ready_f(x, st, blocked, f_done[blocked]):
                     blocked = s
             else:
                 r = max(r, t0)
-                if r < tf or (r == tf and (nF[s] < nF[best_f] or (nF[s] == nF[best_f] and s > best_f))):
+                if r < tf or (r == tf and (f_done[s] < f_done[best_f] or
+                                            (f_done[s] == f_done[best_f] and s > best_f))):
                     best_f, tf = s, r
-        if nW[s] < nB[s] and (best_w < 0 or endB[s, nW[s]] < endB[best_w, nW[best_w]]):
+        if w_done[s] < b_done[s] and (best_w < 0 or
+                                      st.b_end[s, w_done[s]] < st.b_end[best_w, w_done[best_w]]):
             best_w = s
     if tb <= t0:
         return t0, 1, best_b, blocked
     if tf <= t0:
         return t0, 0, best_f, blocked
     nxt = min(tb, tf)
-    held = blocked >= 0 and _ready_f(blocked, nF[blocked], M, nF, endF, delay) <= t0
-    if best_w >= 0 and (held or not w_gap or nxt == _INF or nxt - t0 >= w[best_w]):
+    held = blocked >= 0 and _ready_f(x, st, blocked, f_done[blocked]) <= t0
+    if best_w >= 0 and (held or not x.w_gap or nxt == _INF or nxt - t0 >= x.w[best_w]):
         return t0, 2, best_w, blocked
     if nxt == _INF:
         return _INF, -1, -1, blocked
@@ -141,36 +197,23 @@ def _decide(d, dev_ptr, stages, S, M, w, act, delay, nF, nB, nW, endF, endB, tde
 
 
 @njit
-def _walk(sd, dev_ptr, stages, f, b, w, act, act_w, delay, M, budget, w_gap):
-    S = sd.shape[0]
-    P = dev_ptr.shape[0] - 1
+def _walk(x):
+    S, M = x.num_stages, x.microbatches
+    P = x.dev_ptr.shape[0] - 1
     N = 3 * S * M
-    out_kind = np.zeros(N, np.int64)
-    out_stage = np.zeros(N, np.int64)
-    out_mb = np.zeros(N, np.int64)
-    out_dev = np.zeros(N, np.int64)
-    nF = np.zeros(S, np.int64)
-    nB = np.zeros(S, np.int64)
-    nW = np.zeros(S, np.int64)
-    endF = np.zeros((S, M))
-    endB = np.zeros((S, M))
-    tdev = np.zeros(P)
-    mem = np.zeros(P)
-    # Room a new micro-batch needs on a device beyond its first stage's activations.
-    room = np.zeros(P)
-    for d in range(P):
-        for i in range(dev_ptr[d] + 1, dev_ptr[d + 1]):
-            room[d] += act[stages[i]]
+    out = _Order(np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64),
+                 np.zeros(N, np.int64))
+    st = _Progress(np.zeros(S, np.int64), np.zeros(S, np.int64), np.zeros(S, np.int64),
+                   np.zeros((S, M)), np.zeros((S, M)), np.zeros(P), np.zeros(P))
     for k in range(N):
         bt, bd, bk, bs = _INF, -1, -1, -1
         stuck_t, stuck_d, stuck_s = _INF, -1, -1
         for d in range(P):
-            t, kind, s, blocked = _decide(d, dev_ptr, stages, S, M, w, act, delay, nF, nB,
-                                          nW, endF, endB, tdev, mem, budget, room, w_gap)
+            t, kind, s, blocked = _decide(x, st, d)
             if kind >= 0 and t < bt:
                 bt, bd, bk, bs = t, d, kind, s
             if blocked >= 0:
-                r = max(tdev[d], _ready_f(blocked, nF[blocked], M, nF, endF, delay))
+                r = max(st.device_free[d], _ready_f(x, st, blocked, st.f_done[blocked]))
                 if r < stuck_t:
                     stuck_t, stuck_d, stuck_s = r, d, blocked
         if bd < 0:
@@ -181,25 +224,25 @@ def _walk(sd, dev_ptr, stages, f, b, w, act, act_w, delay, M, budget, w_gap):
             bt, bd, bk, bs = stuck_t, stuck_d, 0, stuck_s
         s = bs
         if bk == 0:
-            i = nF[s]
-            e = bt + f[s]
-            endF[s, i] = e
-            nF[s] += 1
-            mem[bd] += act[s]
+            i = st.f_done[s]
+            e = bt + x.f[s]
+            st.f_end[s, i] = e
+            st.f_done[s] += 1
+            st.memory[bd] += x.act[s]
         elif bk == 1:
-            i = nB[s]
-            e = bt + b[s]
-            endB[s, i] = e
-            nB[s] += 1
-            mem[bd] -= act[s] - act_w[s]
+            i = st.b_done[s]
+            e = bt + x.b[s]
+            st.b_end[s, i] = e
+            st.b_done[s] += 1
+            st.memory[bd] -= x.act[s] - x.act_w[s]
         else:
-            i = nW[s]
-            e = bt + w[s]
-            nW[s] += 1
-            mem[bd] -= act_w[s]
-        tdev[bd] = e
-        out_kind[k] = bk
-        out_stage[k] = s
-        out_mb[k] = i
-        out_dev[k] = bd
-    return out_kind, out_stage, out_mb, out_dev
+            i = st.w_done[s]
+            e = bt + x.w[s]
+            st.w_done[s] += 1
+            st.memory[bd] -= x.act_w[s]
+        st.device_free[bd] = e
+        out.kind[k] = bk
+        out.stage[k] = s
+        out.mb[k] = i
+        out.device[k] = bd
+    return out

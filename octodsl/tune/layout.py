@@ -1,7 +1,7 @@
 """A plan's partition and placement as two tuples, the form the tuner's moves edit.
 
-`Layout(cuts, devices)`: stage s holds layers cuts[s] .. cuts[s + 1] - 1 and runs on device
-devices[s]. A Layout is hashable, so the tuner remembers which ones it has evaluated.
+`StageLayout(cuts, devices)`: stage s holds layers cuts[s] .. cuts[s + 1] - 1 and runs on device
+devices[s]. A StageLayout is hashable, so the tuner remembers which ones it has evaluated.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from ..plan import DevicePlacement, Plan, PlanError, Stage
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
+class StageLayout:
+    """Where a plan's stages are: the layers each holds and the device each runs on."""
+
     cuts: tuple[int, ...]
     """Stage boundaries: cuts[0] = 0, cuts[-1] = number of layers, strictly increasing."""
     devices: tuple[int, ...]
@@ -32,7 +34,7 @@ class Layout:
         return self.cuts[-1]
 
     @classmethod
-    def of(cls, plan: Plan) -> Layout:
+    def of(cls, plan: Plan) -> StageLayout:
         """The layout of a plan whose stages name their layers; PlanError otherwise."""
         if any(st.abstract for st in plan.stages):
             raise PlanError("the plan's partition names no layers (an abstract plan)")
@@ -52,8 +54,8 @@ class Layout:
             out[d].append(s)
         return out
 
-    def with_cuts(self, cuts) -> Layout:
-        return Layout(tuple(int(c) for c in cuts), self.devices)
+    def with_cuts(self, cuts) -> StageLayout:
+        return StageLayout(tuple(int(c) for c in cuts), self.devices)
 
 
 def looped(num_devices: int, chunks: int) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from ..errors import OctoError
 from ..plan import Plan
 from .diagnose import diagnose
 from .evaluate import Evaluator, Score
-from .layout import Layout, even_cuts
+from .layout import StageLayout, even_cuts
 from .estimate import FillModel
 from .moves.partition import fitting, rebalance
 from .moves.placement import families
@@ -98,7 +98,7 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
     # One evaluator for all searches: they come back to the same placements, whose compiled
     # programs it keeps.
     evaluate = Evaluator(problem)
-    fitted: dict[tuple[int, ...], Layout | None] = {}
+    fitted: dict[tuple[int, ...], StageLayout | None] = {}
     step_cost: dict[str, float] = {}
     out: TuneResult | None = None
     for k in range(restarts):
@@ -152,7 +152,7 @@ def _order(a: Score, b: Score) -> int:
 class _Search:
     def __init__(self, problem: Problem, evaluate: Evaluator, deadline: float, seed: int,
                  max_evaluations: int | None, progress: Progress | None,
-                 fitted: dict[tuple[int, ...], Layout | None],
+                 fitted: dict[tuple[int, ...], StageLayout | None],
                  step_cost: dict[str, float]) -> None:
         self.problem = problem
         self.seed = seed
@@ -168,7 +168,7 @@ class _Search:
         self.best_w_gap = False
         """How the best plan's order was built (its kicks rebuild orders the same way)."""
         self.rounds: list[Round] = []
-        self.tried: set[tuple[Layout, bool]] = set()
+        self.tried: set[tuple[StageLayout, bool]] = set()
         self.last_cost = 0.0
         """Seconds the last simulation took."""
         self.step_cost = step_cost
@@ -205,7 +205,7 @@ class _Search:
         return s
 
     def run(self, given: Sequence[Plan]) -> TuneResult:
-        starts: list[tuple[str, Score, Layout, bool]] = []
+        starts: list[tuple[str, Score, StageLayout, bool]] = []
         finished, interrupted = True, False
         try:
             starts = self._starts(given)
@@ -225,14 +225,14 @@ class _Search:
         return TuneResult(self.best, self.rounds, self.evaluate.count - self.count0, finished,
                           [(name, s) for name, s, _, _ in starts], interrupted)
 
-    def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, Layout, bool]]:
+    def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, StageLayout, bool]]:
         p = self.problem
         out = []
         for plan in given:
             # The given order is kept; the schedule phase may rebuild it (w_gap=True makes its
             # first proposal the usually better rebuild without W held back).
             out.append((f"given plan {plan.header.name!r}", self.score(plan, "start", True),
-                        Layout.of(plan), True))
+                        StageLayout.of(plan), True))
         for name, devices in families(p.devices, p.num_layers):
             self.ready("start")
             layout, cuts = self._start_cuts(devices)
@@ -245,11 +245,11 @@ class _Search:
         out.sort(key=functools.cmp_to_key(lambda a, b: _order(a[1], b[1])))
         return out
 
-    def _start_cuts(self, devices: tuple[int, ...]) -> tuple[Layout, str]:
+    def _start_cuts(self, devices: tuple[int, ...]) -> tuple[StageLayout, str]:
         """Bubble-aware cuts for a family placement, and what they are. Where shifts found
         none that fit in memory, from the cuts `fitting` finds."""
         p = self.problem
-        layout = rebalance(Layout(even_cuts(p.num_layers, len(devices)), devices), p,
+        layout = rebalance(StageLayout(even_cuts(p.num_layers, len(devices)), devices), p,
                            seed=self.seed)
         model = FillModel(p, devices)
         if model.fits(model(layout.cuts)):
@@ -268,7 +268,7 @@ class _Search:
         while misses < PATIENCE:
             best = self.best
             self.ready("kick")
-            st = State(self.problem, best, Layout.of(best.plan), self.best_w_gap,
+            st = State(self.problem, best, StageLayout.of(best.plan), self.best_w_gap,
                        diagnose(best.result), self.seed)
             prop = kick(st, rng)
             s = self.score(prop.build(), "kick", prop.w_gap)
@@ -276,7 +276,7 @@ class _Search:
             self._refine(s, prop.layout, prop.w_gap)
             misses = 0 if self.best is not best else misses + 1
 
-    def _refine(self, cur: Score, layout: Layout, w_gap: bool) -> None:
+    def _refine(self, cur: Score, layout: StageLayout, w_gap: bool) -> None:
         """Rounds from one start until no move of any phase improves it."""
         while cur.result is not None:  # a given plan may deadlock: nothing to refine
             st = State(self.problem, cur, layout, w_gap, diagnose(cur.result),
@@ -289,7 +289,7 @@ class _Search:
             else:
                 return
 
-    def _round(self, phase: str, st: State) -> tuple[Score, Layout, bool] | None:
+    def _round(self, phase: str, st: State) -> tuple[Score, StageLayout, bool] | None:
         for prop in proposals(phase, st):
             # Layouts are remembered (many moves lead to the same one); order edits are not
             # (each comes from the current plan, and only improvements are kept).

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 from ..plan import Op, OpKind, Plan, Slot
 from .evaluate import Evaluator, Score
-from .layout import Layout, looped, v_shape
+from .layout import StageLayout, looped, v_shape
 from .problem import Problem
 
 _US = 1e6
 _MEMORY_STEPS = 2 ** 16
 """The memory limit in the model's units."""
-_KINDS = (OpKind.F, OpKind.B, OpKind.W)
+_SPLIT_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     P, M, L = problem.devices, problem.microbatches, problem.num_layers
     hint_score = Evaluator(problem)(hint) if hint is not None else None
     if hint is not None:
-        devs = Layout.of(hint).devices
+        devs = StageLayout.of(hint).devices
     else:
         devs = v_shape(P) if 2 * P <= L else looped(P, 1)
     S = len(devs)
@@ -83,7 +83,7 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     m.add(stage_of[0] == 0)
     m.add(stage_of[-1] == S - 1)
     if keep_partition:
-        cuts = Layout.of(hint).cuts
+        cuts = StageLayout.of(hint).cuts
         for l in range(L):
             for s in range(S):
                 m.add(x[l][s] == int(cuts[s] <= l < cuts[s + 1]))
@@ -140,10 +140,10 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return MilpResult(None, name, None, hint is not None)
     cuts = [0] + [l for l in range(1, L) if solver.value(stage_of[l]) != solver.value(stage_of[l - 1])] + [L]
-    layout = Layout(tuple(cuts), devs)
+    layout = StageLayout(tuple(cuts), devs)
     ops = sorted(((solver.value(start[k.value, s, i]), devs[s], Op(k, s, i))
-                  for s in range(S) for i in range(M) for k in _KINDS),
-                 key=lambda t: (t[0], _KINDS.index(t[2].kind), t[2].stage))
+                  for s in range(S) for i in range(M) for k in _SPLIT_KINDS),
+                 key=lambda t: (t[0], _SPLIT_KINDS.index(t[2].kind), t[2].stage))
     schedule = [[] for _ in range(P)]
     for _, d, op in ops:
         schedule[d].append(Slot((op,)))
@@ -180,7 +180,7 @@ def _us(seconds: float) -> int:
 
 def _hint(m, problem: Problem, plan: Plan, score: Score, x, start) -> None:
     """The plan's partition and simulated start times (a fused BW: B at its start, W after B)."""
-    layout = Layout.of(plan)
+    layout = StageLayout.of(plan)
     for s in range(layout.num_stages):
         for l in range(len(x)):
             m.add_hint(x[l][s], layout.cuts[s] <= l < layout.cuts[s + 1])

@@ -16,7 +16,7 @@ from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
 from ..plan import Header, Plan, Slot
 from ..units import size
-from .layout import Layout
+from .layout import StageLayout
 
 
 def check_size(model: str, num_layers: int, devices: int, microbatches: int) -> None:
@@ -163,7 +163,7 @@ class Problem:
                     "micro-batches")
         return None
 
-    def skeleton(self, layout: Layout) -> Plan:
+    def skeleton(self, layout: StageLayout) -> Plan:
         """A plan with the layout's partition and placement and an empty schedule."""
         return Plan(self.header.model_copy(), layout.stages(), layout.placement(self.devices),
                     [[] for _ in range(self.devices)])

@@ -18,7 +18,7 @@ import numpy as np
 from ..plan import OpKind, Plan
 from .diagnose import Bottleneck
 from .evaluate import Score
-from .layout import Layout, even_cuts
+from .layout import StageLayout, even_cuts
 from .moves import memory, partition, placement, schedule
 from .problem import Problem
 
@@ -27,7 +27,7 @@ from .problem import Problem
 class Proposal:
     move: str
     build: Callable[[], Plan]
-    layout: Layout | None = None
+    layout: StageLayout | None = None
     """Set for partition and placement moves: the layout the plan will have."""
     w_gap: bool | None = None
     """The list scheduler's setting the plan is built with, when it is rebuilt."""
@@ -37,7 +37,7 @@ class Proposal:
 class State:
     problem: Problem
     score: Score
-    layout: Layout
+    layout: StageLayout
     w_gap: bool
     """How the current plan's order was built (schedule moves keep it)."""
     bottleneck: Bottleneck
@@ -49,7 +49,7 @@ def proposals(phase: str, st: State) -> Iterator[Proposal]:
             "schedule": _schedule}[phase](st)
 
 
-def _layout(st: State, move: str, layout: Layout | None) -> Iterator[Proposal]:
+def _layout(st: State, move: str, layout: StageLayout | None) -> Iterator[Proposal]:
     if layout is not None and layout != st.layout:
         yield Proposal(move, lambda: schedule.rebuild(st.problem.skeleton(layout), st.problem,
                                                       st.w_gap), layout, st.w_gap)
@@ -84,7 +84,7 @@ def _placement(st: State) -> Iterator[Proposal]:
     yield from _layout(st, "merge neighbouring stages of one device",
                        partition.rebalance(merged, st.problem, seed=st.seed))
     for name, devices in placement.families(P, st.problem.num_layers):
-        start = Layout(even_cuts(st.problem.num_layers, len(devices)), devices)
+        start = StageLayout(even_cuts(st.problem.num_layers, len(devices)), devices)
         yield from _layout(st, f"placement {name}",
                            partition.rebalance(start, st.problem, seed=st.seed))
 
@@ -122,7 +122,7 @@ def kick(st: State, rng: random.Random) -> Proposal:
         if what == "disperse":
             new, move = placement.disperse(lay, s, d), f"kick: disperse stage {s} onto device {d}"
         elif what == "move":
-            new = Layout(lay.cuts, lay.devices[:s] + (d,) + lay.devices[s + 1:])
+            new = StageLayout(lay.cuts, lay.devices[:s] + (d,) + lay.devices[s + 1:])
             move = f"kick: move stage {s} to device {d}"
         elif what == "exchange":
             new = placement.exchange(lay, d, rng.random() < 0.5)

@@ -8,13 +8,13 @@ import random
 import time
 
 from .evaluate import Evaluator, Score
-from .layout import Layout
+from .layout import StageLayout
 from .moves.placement import families
 from .moves.schedule import rebuild
 from .problem import Problem
 
 
-def random_layout(problem: Problem, rng: random.Random) -> Layout:
+def random_layout(problem: Problem, rng: random.Random) -> StageLayout:
     P, L = problem.devices, problem.num_layers
     regular = families(P, L)
     pick = rng.randrange(len(regular) + 1)
@@ -27,7 +27,7 @@ def random_layout(problem: Problem, rng: random.Random) -> Layout:
         devices = tuple(devices)
     S = len(devices)
     cuts = (0,) + tuple(sorted(rng.sample(range(1, L), S - 1))) + (L,)
-    return Layout(cuts, devices)
+    return StageLayout(cuts, devices)
 
 
 def random_search(problem: Problem, budget: float, seed: int = 0,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from octodsl.costs.profile import FittedLink, MeasuredLayer, Profile, ProfileCalibration
-from octodsl.trace import COMPUTE, Span, chrome_trace, comm_span, op_span
+from octodsl.trace import COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
 from octodsl.gen import generate
 from octodsl.models import load_model
 from octodsl.plan import Plan
@@ -81,7 +81,7 @@ def measured_trace(plan: Plan, calibration: ProfileCalibration = TRUE, steps: in
     result = simulate(compile(plan), SimCosts.from_table(table, plan), table.calibration.link)
     rng = np.random.default_rng(seed)
     T = result.iteration_time * slowdown
-    spans: list[Span] = []
+    spans: list[TimedSpan] = []
     for k in range(steps):
         t0 = 1.0 + k * T
         for op in result.ops():
@@ -96,7 +96,7 @@ def measured_trace(plan: Plan, calibration: ProfileCalibration = TRUE, steps: in
                                    t0 + m.start * slowdown, t0 + m.end * slowdown))
         for d, u in enumerate(result.update):
             a = t0 + result.update_start * slowdown
-            spans.append(Span(d, COMPUTE, "optimizer", a, a + float(u) * slowdown, {"kind": "optimizer"}))
+            spans.append(TimedSpan(d, COMPUTE, "optimizer", a, a + float(u) * slowdown, {"kind": "optimizer"}))
     trace = chrome_trace(spans)
     origin = min(s.start for s in spans)
     if memory:

@@ -100,6 +100,15 @@ def test_read_trace_errors(tmp_path):
         read_trace(tmp_path / "empty.json")
 
 
+def test_a_message_not_named_after_its_op_is_refused(setup):
+    _, plan, _, _ = setup
+    events = syn.measured_trace(plan, memory=False)["traceEvents"]
+    sent = next(e for e in events if e.get("ph") == "X" and e["tid"] == 1)
+    sent["name"] = "F01:0"
+    with pytest.raises(TraceError, match="'F01:0' is not an op"):
+        parse_trace(events, path="run.json")
+
+
 def test_data_parallel_names_pick_copy_zero(setup):
     _, plan, _, _ = setup
     events = syn.measured_trace(plan, memory=False)["traceEvents"]

@@ -36,7 +36,7 @@ from octodsl.lang import parse_plan  # noqa: E402
 from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
 from octodsl.models import parse_model  # noqa: E402
 from octodsl.models.builtin import BUILTINS  # noqa: E402
-from octodsl.plan import Plan, Stage  # noqa: E402
+from octodsl.plan import Op, OpKind, Plan, Stage  # noqa: E402
 from train import step_data  # noqa: E402
 
 SEED, SEQ, M, STEPS = 7, 32, 4, 3
@@ -94,13 +94,13 @@ def irregular(devices: int, placement: dict[int, list[int]], fused: set[int],
     orders: dict[int, list[str]] = {d: [] for d in placement}
     for m in range(M):
         for s in range(stages):
-            orders[where[s]].append(f"F{s}:{m}")
+            orders[where[s]].append(Op(OpKind.F, s, m).label)
     for m in range(M):
         for s in reversed(range(stages)):
-            orders[where[s]].append(f"{'BW' if s in fused else 'B'}{s}:{m}")
+            orders[where[s]].append(Op(OpKind.BW if s in fused else OpKind.B, s, m).label)
     for d, ss in placement.items():
         w_order = list(reversed(range(M))) if reversed_w else range(M)
-        orders[d] += [f"W{s}:{m}" for s in ss if s not in fused for m in w_order]
+        orders[d] += [Op(OpKind.W, s, m).label for s in ss if s not in fused for m in w_order]
     return octo(f"irregular-p{devices}", devices, even(stages), placement, orders)
 
 

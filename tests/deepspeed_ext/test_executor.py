@@ -19,6 +19,7 @@ import pytest
 
 from octodsl.deepspeed_ext.program import PlanSchedule
 from octodsl.gen import generate, generate_text
+from octodsl.plan import Op, OpKind
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -125,7 +126,7 @@ def test_measured_trace_has_every_op_in_the_simulator_layout(plans):
         assert e["dur"] >= 0 and e["ts"] >= 0
         a = e["args"]
         if e["tid"] == 0:
-            assert e["name"] == f"{a['kind']}{a['stage']}:{a['mb']}"
+            assert Op.parse(e["name"]) == Op(OpKind(a["kind"]), a["stage"], a["mb"])
         else:
             assert a["kind"] in ("send", "recv") and a["peer"] in (0, 1)
     comm = [e for e in spans if e["tid"] == 1]

@@ -13,7 +13,7 @@ import pytest
 
 from octodsl.costs import Link, uniform_stage_costs
 from octodsl.dag import build_graph, execution_order
-from octodsl.gen import SCHEDULES, ScheduleError, Times, generate, layout
+from octodsl.gen import SCHEDULES, ScheduleError, Times, generate, phased_schedule
 from octodsl.lint import lint_plan
 from octodsl.plan import Header, Op, OpKind, Plan, Slot, Stage, placement_v
 from octodsl.sim import simulate
@@ -41,10 +41,10 @@ def grid():
 def as_plan(name: str, p: int, m: int, chunks: int | None = None,
             times: Times | None = None) -> Plan:
     """The algorithm's output as a Plan, without the text round trip (fast)."""
-    lay = layout(name, p, m, chunks, times)
-    schedule, _ = lay.orders()
+    phased = phased_schedule(name, p, m, chunks, times)
+    schedule, _ = phased.orders()
     return Plan(Header(name=name, devices=p, microbatches=m),
-                [Stage() for _ in range(lay.num_stages)], lay.placement, schedule)
+                [Stage() for _ in range(phased.num_stages)], phased.placement, schedule)
 
 
 def supported(name: str, p: int, m: int) -> bool:
@@ -64,7 +64,7 @@ def check_complete(plan: Plan) -> None:
         kinds = (K.F, K.B, K.W) if split[s] else (K.F, K.BW)
         for m in range(plan.microbatches):
             for k in kinds:
-                assert seen[(k, s, m)] == 1, f"{k}{s}:{m} missing"
+                assert seen[(k, s, m)] == 1, f"{Op(k, s, m)} missing"
     assert len(seen) == sum(3 if sp else 2 for sp in split) * plan.microbatches, "extra ops"
 
 
@@ -74,7 +74,7 @@ def test_complete_and_deadlock_free_over_the_grid(name):
     for p, m in grid():
         if not supported(name, p, m):
             with pytest.raises(ScheduleError, match="needs"):
-                layout(name, p, m)
+                phased_schedule(name, p, m)
             continue
         plan = as_plan(name, p, m)
         check_complete(plan)
@@ -156,8 +156,8 @@ def test_interleaved_bubble_shrinks_with_chunks():
 
 def test_dualpipev_overlaps_the_two_phases_in_its_steady_phase():
     p, m = 4, 10
-    lay = layout("dualpipev", p, m)
-    for d, phases in enumerate(lay.phases):
+    phased = phased_schedule("dualpipev", p, m)
+    for d, phases in enumerate(phased.phases):
         steady = next(ph for ph in phases if ph.comment.startswith("steady"))
         groups = [s for s in steady.slots if s.overlapped]
         assert groups
@@ -239,7 +239,7 @@ def test_unsupported_requests_say_what_is_needed(name, p, m, chunks, needs):
 def test_op_times_are_three_positive_numbers():
     for times in [(1.0, 0.0, 1.0), (1.0, 2.0)]:
         with pytest.raises(ScheduleError, match="three positive numbers"):
-            layout("zb-v", 4, 4, times=times)
+            phased_schedule("zb-v", 4, 4, times=times)
 
 
 # -- reference implementations ---------------------------------------------------------------

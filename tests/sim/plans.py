@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from octodsl.plan import DevicePlacement, Header, Op, OpKind, Plan, Slot, Stage, placement_loop
-
-F, B, W, BW = OpKind.F, OpKind.B, OpKind.W, OpKind.BW
+from octodsl.plan import DevicePlacement, Header, Op, Plan, Slot, Stage, placement_loop
 
 
 def make_plan(devices: int, microbatches: int, orders: list[list], num_stages: int | None = None,
@@ -14,13 +12,8 @@ def make_plan(devices: int, microbatches: int, orders: list[list], num_stages: i
     S = num_stages or devices
     place = ([DevicePlacement(d, tuple(st)) for d, st in enumerate(placement)] if placement
              else placement_loop(S, devices))
-    schedule = [[Slot(tuple(_op(x) for x in (item if isinstance(item, tuple) else (item,))))
+    schedule = [[Slot(tuple(Op.parse(x) for x in (item if isinstance(item, tuple) else (item,))))
                  for item in order] for order in orders]
     return Plan(Header(name="test", devices=devices, microbatches=microbatches, **header),
                 [Stage() for _ in range(S)], place, schedule)
 
-
-def _op(text: str) -> Op:
-    kind, rest = (text[:2], text[2:]) if text.startswith("BW") else (text[:1], text[1:])
-    stage, mb = rest.split(":")
-    return Op(OpKind(kind), int(stage), int(mb))

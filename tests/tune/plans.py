@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from octodsl.plan import Op, OpKind, Slot
-from octodsl.tune.layout import Layout
+from octodsl.plan import Op, Slot
+from octodsl.tune.layout import StageLayout
 
 
 def ops(text: str) -> list[Slot]:
     """'F0:0 B0:0 W0:0' -> slots."""
-    out = []
-    for item in text.split():
-        kind = item.rstrip("0123456789:")
-        stage, mb = item[len(kind):].split(":")
-        out.append(Slot((Op(OpKind(kind), int(stage), int(mb)),)))
-    return out
+    return [Slot((Op.parse(item),)) for item in text.split()]
 
 
-def with_orders(problem, layout: Layout, *orders: str):
+def with_orders(problem, layout: StageLayout, *orders: str):
     return problem.with_schedule(problem.skeleton(layout), [ops(o) for o in orders])

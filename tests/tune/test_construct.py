@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+
+from octodsl.costs.table import Link
 
 from octodsl.lint import lint_plan
 from octodsl.tune.construct import build_schedule
 from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import Layout, even_cuts, looped, v_shape
+from octodsl.tune.layout import StageLayout, even_cuts, looped, v_shape
 
+from ..conftest import check_golden
 from .helpers import problem
+
+GOLDEN = Path(__file__).parent / "data" / "golden_construct.json"
 
 
 def _plan(pr, devices):
-    layout = Layout(even_cuts(pr.num_layers, len(devices)), devices)
+    layout = StageLayout(even_cuts(pr.num_layers, len(devices)), devices)
     skel = pr.skeleton(layout)
     return build_schedule(skel, pr.stage_costs(skel), pr.link, pr.memory)
 
@@ -63,3 +71,25 @@ def test_a_device_that_cannot_hold_one_microbatch_still_gets_an_order():
     pr = problem([3.0, 3.0], 2, 3, memory=1, act=2.0)
     s = Evaluator(pr)(_plan(pr, looped(2, 1)))
     assert s.time < float("inf") and not s.fits
+
+
+def test_orders_are_the_recorded_ones():
+    # The constructor's decisions compare sums of the same costs in the same order on any
+    # machine (scalar IEEE arithmetic, no library reductions), so its orders are exact:
+    # uneven, non-dyadic costs make ties rare and any change of arithmetic visible.
+    layers = [(0.11 + 0.07 * i, 0.13 + 0.05 * (i % 3), 0.05 + 0.031 * i) for i in range(8)]
+    link = Link("odd", 0.013, 70.0)
+    cases = {
+        "looped 3 devices, memory 6": (problem(layers, 3, 5, memory=6, link=link),
+                                       (0, 1, 2, 2, 1, 0, 1, 2), True),
+        "looped 3 devices, no w gap": (problem(layers, 3, 5, link=link), (0, 1, 2, 2, 1, 0, 1, 2),
+                                       False),
+        "v shape 2 devices, memory 5": (problem(layers, 2, 6, memory=5, act=1.3, link=link),
+                                        v_shape(2), True),
+    }
+    out = {}
+    for name, (pr, devices, w_gap) in cases.items():
+        skel = pr.skeleton(StageLayout(even_cuts(pr.num_layers, len(devices)), devices))
+        plan = build_schedule(skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap)
+        out[name] = [" ".join(str(slot) for slot in order) for order in plan.schedule]
+    check_golden(GOLDEN, json.dumps(out, indent=1) + "\n")

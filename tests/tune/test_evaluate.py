@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from octodsl.tune.construct import build_schedule
 from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import Layout, looped, v_shape
+from octodsl.tune.layout import StageLayout, looped, v_shape
 
 from .helpers import problem
 
@@ -13,7 +13,7 @@ def test_a_placement_seen_before_reuses_its_program():
     pr = problem([1.0, 2.0, 0.5, 3.0, 1.0, 1.0, 2.0, 0.2], 2, 4)
 
     def plan(cuts, devices, w_gap):
-        skel = pr.skeleton(Layout(cuts, devices))
+        skel = pr.skeleton(StageLayout(cuts, devices))
         return build_schedule(skel, pr.stage_costs(skel), pr.link, w_gap=w_gap)
 
     v1 = plan((0, 2, 4, 6, 8), v_shape(2), False)

@@ -6,29 +6,29 @@ import pytest
 
 from octodsl.plan import PlanError
 from octodsl.tune.estimate import FillModel
-from octodsl.tune.layout import Layout, even_cuts, looped, v_shape
+from octodsl.tune.layout import StageLayout, even_cuts, looped, v_shape
 
 from .helpers import problem
 
 
 def test_layout_round_trips_through_a_plan():
     pr = problem([1.0] * 8, 2, 2)
-    lay = Layout((0, 1, 4, 6, 8), (0, 1, 1, 0))
+    lay = StageLayout((0, 1, 4, 6, 8), (0, 1, 1, 0))
     plan = pr.skeleton(lay)
-    assert Layout.of(plan) == lay
+    assert StageLayout.of(plan) == lay
     assert [(s.first, s.last) for s in plan.stages] == [(0, 0), (1, 3), (4, 5), (6, 7)]
     assert [p.stages for p in plan.placement] == [(0, 3), (1, 2)]
 
 
 def test_layout_rejects_bad_cuts_and_abstract_plans():
     with pytest.raises(ValueError):
-        Layout((0, 2, 2, 4), (0, 1, 0))
+        StageLayout((0, 2, 2, 4), (0, 1, 0))
     with pytest.raises(ValueError):
-        Layout((1, 4), (0,))
+        StageLayout((1, 4), (0,))
     from octodsl.plan import Header, Plan, Stage, placement_loop
     abstract = Plan(Header(name="a", devices=1, microbatches=1), [Stage()], placement_loop(1, 1), [[]])
     with pytest.raises(PlanError):
-        Layout.of(abstract)
+        StageLayout.of(abstract)
 
 
 def test_families_and_even_cuts():

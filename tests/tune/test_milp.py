@@ -6,7 +6,7 @@ import pytest
 
 from octodsl.lint import lint_plan
 from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import Layout, looped
+from octodsl.tune.layout import StageLayout, looped
 from octodsl.tune.milp import solve_milp
 from octodsl.tune.moves.schedule import rebuild
 
@@ -21,16 +21,16 @@ def test_cold_solve_is_optimal_and_simulates_to_its_objective():
     assert out.status == "OPTIMAL" and not out.warm
     assert not [d for d in lint_plan(out.score.plan) if d.is_error]
     assert out.score.time == pytest.approx(out.bound, rel=1e-5)
-    assert Layout.of(out.score.plan).devices == (0, 1, 1, 0)
+    assert StageLayout.of(out.score.plan).devices == (0, 1, 1, 0)
 
 
 def test_warm_start_keeps_the_hint_placement_and_does_no_worse():
     pr = problem([1.0, 4.0, 2.0, 2.0, 3.0], 2, 3, memory=6, act=1.0)
-    hint = rebuild(pr.skeleton(Layout((0, 2, 5), looped(2, 1))), pr, w_gap=False)
+    hint = rebuild(pr.skeleton(StageLayout((0, 2, 5), looped(2, 1))), pr, w_gap=False)
     before = Evaluator(pr)(hint)
     out = solve_milp(pr, budget=3, hint=hint)
     assert out.warm and out.score.fits
-    assert Layout.of(out.score.plan).devices == (0, 1)
+    assert StageLayout.of(out.score.plan).devices == (0, 1)
     assert out.score.time <= before.time + 1e-9
 
 
@@ -38,9 +38,9 @@ def test_keep_partition_solves_only_the_order():
     # A lopsided partition (one layer, then four): a cold solve would move the cut; kept, the
     # solver only orders the ops, and proves its order the best for these cuts.
     pr = problem([1.0, 4.0, 2.0, 2.0, 3.0], 2, 3)
-    hint = rebuild(pr.skeleton(Layout((0, 1, 5), looped(2, 1))), pr, w_gap=False)
+    hint = rebuild(pr.skeleton(StageLayout((0, 1, 5), looped(2, 1))), pr, w_gap=False)
     out = solve_milp(pr, budget=20, hint=hint, keep_partition=True)
-    assert Layout.of(out.score.plan) == Layout.of(hint)
+    assert StageLayout.of(out.score.plan) == StageLayout.of(hint)
     assert out.status == "OPTIMAL"
     assert out.score.time == pytest.approx(out.bound, rel=1e-5)
     assert out.score.time <= Evaluator(pr)(hint).time + 1e-9

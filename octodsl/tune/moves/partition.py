@@ -17,11 +17,11 @@ from typing import Sequence
 import numpy as np
 
 from ..estimate import FillModel
-from ..layout import Layout
+from ..layout import StageLayout
 from ..problem import Problem
 
 
-def shift(layout: Layout, cut: int, delta: int) -> Layout | None:
+def shift(layout: StageLayout, cut: int, delta: int) -> StageLayout | None:
     """Move cut number `cut` (between stages cut - 1 and cut) by `delta` layers (positive: the
     earlier stage grows); None if a stage would be left empty."""
     c = list(layout.cuts)
@@ -33,7 +33,8 @@ def shift(layout: Layout, cut: int, delta: int) -> Layout | None:
     return layout.with_cuts(c)
 
 
-def rebalance(layout: Layout, problem: Problem, seed: int = 0, rounds: int = 60) -> Layout:
+def rebalance(layout: StageLayout, problem: Problem, seed: int = 0,
+              rounds: int = 60) -> StageLayout:
     """The best cuts found for this placement: steepest descent over one-layer shifts from the
     current cuts, then `rounds` random kicks of a few cuts, each followed by descent, keeping
     the best. Over the memory limit, the result may not fit where some cuts do (`fitting`)."""
@@ -57,7 +58,7 @@ def rebalance(layout: Layout, problem: Problem, seed: int = 0, rounds: int = 60)
     return layout.with_cuts(best)
 
 
-def relieve(layout: Layout, busy: Sequence[float]) -> list[Layout]:
+def relieve(layout: StageLayout, busy: Sequence[float]) -> list[StageLayout]:
     """Layouts with one layer moved off the busiest device onto a neighbouring stage of another
     device, the least busy receiver first."""
     busy = np.asarray(busy, float)
@@ -87,7 +88,7 @@ _FITTING_EFFORT = 2.0
 not the wall clock, bounds it, so the answer is the same on every machine."""
 
 
-def fitting(layout: Layout, problem: Problem) -> Layout | None:
+def fitting(layout: StageLayout, problem: Problem) -> StageLayout | None:
     """Cuts for this placement that leave room on every device for its static bytes and one
     micro-batch's activations, the busiest device's work as small as possible (CP-SAT); None
     when no cuts fit, or no problem limit, or none found within the effort. Shifts one cut at

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from ..layout import Layout, looped, v_shape
+from ..layout import StageLayout, looped, v_shape
 from .partition import shift
 
 
@@ -22,7 +22,7 @@ def families(num_devices: int, num_layers: int) -> list[tuple[str, tuple[int, ..
     return [(name, devs) for name, devs in out if len(devs) <= num_layers]
 
 
-def disperse(layout: Layout, stage: int, device: int) -> Layout | None:
+def disperse(layout: StageLayout, stage: int, device: int) -> StageLayout | None:
     """Split `stage` in the middle of its layers; the second half runs on `device`. None when
     the stage has one layer or already runs there."""
     a, b = layout.cuts[stage], layout.cuts[stage + 1]
@@ -30,10 +30,10 @@ def disperse(layout: Layout, stage: int, device: int) -> Layout | None:
         return None
     cuts = layout.cuts[:stage + 1] + ((a + b) // 2,) + layout.cuts[stage + 1:]
     devices = layout.devices[:stage + 1] + (device,) + layout.devices[stage + 1:]
-    return Layout(cuts, devices)
+    return StageLayout(cuts, devices)
 
 
-def exchange(layout: Layout, device: int, earlier: bool) -> Layout | None:
+def exchange(layout: StageLayout, device: int, earlier: bool) -> StageLayout | None:
     """Move one layer of `device`'s work toward the start of the path (`earlier`) or the end:
     its first stage grows by its successor's first layer and its last stage gives its first
     layer to its predecessor (or the reverse). None if the device has one stage or a shift
@@ -47,7 +47,7 @@ def exchange(layout: Layout, device: int, earlier: bool) -> Layout | None:
     return shift(out, last, step) if out is not None else None
 
 
-def merge(layout: Layout) -> Layout:
+def merge(layout: StageLayout) -> StageLayout:
     """Neighbouring stages on the same device joined into one."""
     cuts, devices = [0], []
     for s, d in enumerate(layout.devices):
@@ -56,4 +56,4 @@ def merge(layout: Layout) -> Layout:
         else:
             devices.append(d)
             cuts.append(layout.cuts[s + 1])
-    return Layout(tuple(cuts), tuple(devices))
+    return StageLayout(tuple(cuts), tuple(devices))

@@ -23,7 +23,10 @@ class Phase:
 
 
 @dataclass(slots=True)
-class Layout:
+class PhasedSchedule:
+    """A generated schedule: its stages' count and placement, and each device's order cut into
+    commented phases."""
+
     num_stages: int
     placement: list[DevicePlacement]
     phases: list[list[Phase]]

@@ -6,10 +6,8 @@ from ..errors import OctoError
 from ..costs.resolve import cost_table
 from ..lang.errors import Diagnostic
 from ..plan import Plan
+from ..sim import SimCosts, compile, memory
 from ..units import size
-from .costs import SimCosts
-from .memory import memory
-from .program import compile
 
 CODE = "E501"
 DEFAULT_DEVICE = "H800"

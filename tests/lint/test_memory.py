@@ -7,11 +7,11 @@ from pathlib import Path
 
 from octodsl.costs.resolve import cost_table
 from octodsl.lang import load_plan
+from octodsl.lint.memory import CODE, memory_diagnostics
 from octodsl.sim import SimCosts, memory
-from octodsl.sim.memory_check import CODE, memory_diagnostics
 from octodsl.sim.program import compile
 
-PLAN = Path(__file__).parent / "data" / "nemotron-1f1b.octo"
+PLAN = Path(__file__).parents[1] / "sim" / "data" / "nemotron-1f1b.octo"  # shared with the CLI tests
 GIB = 2**30
 
 
