@@ -63,6 +63,12 @@ def source_lines(source: str) -> list[str]:
     return [line.removesuffix("\r") for line in source.removeprefix(BOM).split("\n")]
 
 
+EXCERPT_WIDTH = 100
+"""Characters of a source line an excerpt shows; a longer line is cut, marked with '...'."""
+EXCERPT_LEAD = 20
+"""Characters of a cut line shown before the span's start."""
+
+
 def _excerpt(source: str, s: Span) -> list[str]:
     lines = source_lines(source)
     if not 1 <= s.line <= len(lines):
@@ -70,11 +76,17 @@ def _excerpt(source: str, s: Span) -> list[str]:
     # One column per character, as the parser counts them; what a terminal would not show as
     # one character (a form feed, U+2028, ...) is shown as '?' so that the caret stays aligned.
     text = "".join(c if c.isprintable() else "?" for c in lines[s.line - 1].expandtabs(1))
-    end = s.end_col if s.end_line == s.line else len(text) + 1
-    width = max(1, end - s.col)
+    start = s.col - 1
+    end = max(start + 1, s.end_col - 1 if s.end_line == s.line else len(text))
+    # a line longer than the excerpt (a 5000-digit number) is cut around the span's start
+    lo = max(0, min(start - EXCERPT_LEAD, len(text) - EXCERPT_WIDTH))
+    hi = min(len(text), lo + EXCERPT_WIDTH)
+    head = "..." if lo else ""
+    shown = head + text[lo:hi] + ("..." if hi < len(text) else "")
+    caret = " " * (len(head) + start - lo) + "^" * (min(end, max(hi, start + 1)) - start)
     gutter = str(s.line)
     pad = " " * len(gutter)
-    return [f"  {gutter} | {text}", f"  {pad} | {' ' * (s.col - 1)}{'^' * width}"]
+    return [f"  {gutter} | {shown}", f"  {pad} | {caret}"]
 
 
 def ranges_text(values: Iterable[int]) -> str:

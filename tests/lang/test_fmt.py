@@ -135,3 +135,18 @@ def test_excerpt_shows_unprintable_characters_as_one_column():
     text = diags[0].render("t.octo", src)
     assert text.splitlines()[:3] == ["t.octo:3:15: error[E101]: unexpected character '\\x1c'",
                                      "  3 | placement loop?", "    |               ^"]
+
+
+def test_excerpt_of_a_long_line_is_cut_around_the_span():
+    from octodsl.lang.errors import EXCERPT_LEAD, EXCERPT_WIDTH
+
+    pad = "F0:0 " * 60  # 300 characters before the duplicate
+    src = f'plan "t" {{ devices 1 microbatches 2 }}\nstages 1\nplacement loop\n' \
+          f"schedule {{ device 0 {{ {pad}BW0:0 BW0:0 {'W0:1 ' * 60}}} }}\n"
+    _, diags = lint_source(src, "t.octo")
+    d = next(d for d in diags if d.code == "E302" and "BW0:0" in d.message)
+    _, line, caret = d.render("t.octo", src).splitlines()[:3]
+    col = d.span.col - 1
+    shown = src.splitlines()[3][col - EXCERPT_LEAD:col - EXCERPT_LEAD + EXCERPT_WIDTH]
+    assert line == f"  4 | ...{shown}..."
+    assert caret == "    | " + " " * (3 + EXCERPT_LEAD) + "^" * len("BW0:0")
