@@ -36,6 +36,11 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "unknown"
+
+
 def run_tests() -> tuple[str, float, str]:
     start = time.time()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "slow", "-p", "no:cacheprovider",
@@ -69,7 +74,8 @@ def main() -> None:
     text = "\n".join([
         "# Executor tests under load",
         "",
-        f"Made by `.venv/bin/python benchmarks/executor_under_load.py --runs {args.runs}` on "
+        f"Made by `.venv/bin/python benchmarks/executor_under_load.py --runs {args.runs}` at "
+        f"commit {commit()} on "
         f"{cpu_model()} ({cores} cores), Python {platform.python_version()}, with {cores} busy "
         "processes (one per core) spinning for the whole run, started and stopped by the script.",
         "Each run is `pytest -q -m slow tests/deepspeed_ext`: every plan against stock DeepSpeed "
