@@ -56,7 +56,7 @@ def nesting(tree: Tree) -> list[Diagnostic]:
             count = _operators(t)
             if count > MAX_NESTING:
                 diags.append(Diagnostic("E105", f"an expression of {count} operators: an expression "
-                                        "has " + at_most(MAX_NESTING, "operators"), _meta_span(t)))
+                                        "has " + at_most(MAX_NESTING, "operators"), meta_span(t.meta)))
             continue  # an expression holds no loops
         stack.extend((c, loops) for c in t.children if isinstance(c, Tree))
     return diags
@@ -93,9 +93,9 @@ def _operators(root: Tree) -> int:
     return count
 
 
-def _meta_span(t: Tree) -> Span:
-    m = t.meta
-    return Span(m.line, m.column, m.end_line, m.end_column)
+def meta_span(meta) -> Span:
+    """The span of a lark tree's meta (where a rule matched)."""
+    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
 def _head_span(t: Tree) -> Span:

@@ -70,10 +70,6 @@ def _token_span(tok: Token) -> Span:
     return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + len(tok))
 
 
-def _meta_span(meta) -> Span:
-    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
-
-
 def _malformed_number(e: UnexpectedInput, source: str) -> str | None:
     """The text of the malformed number lark stopped at, if that is what it stopped at: the
     grammar's numbers refuse to be followed by a letter, so `1e8` is not read as 1 then `e8`."""
@@ -227,11 +223,11 @@ class _ToAst(Transformer_NonRecursive):
 
     def plan_block(self, meta, children):
         name, *entries = children
-        return ast.PlanBlock(name.value[1:-1], entries, _meta_span(meta))
+        return ast.PlanBlock(name.value[1:-1], entries, bounds.meta_span(meta))
 
     def header_entry(self, meta, children):
         key, (value, kind, text, vspan) = children
-        return ast.HeaderEntry(key.value, value, kind, text, _meta_span(meta), vspan)
+        return ast.HeaderEntry(key.value, value, kind, text, bounds.meta_span(meta), vspan)
 
     def int_value(self, meta, children):
         (t,) = children
@@ -253,56 +249,56 @@ class _ToAst(Transformer_NonRecursive):
 
     # partition
     def partition_layers(self, meta, children):
-        return ast.PartitionLayers(children, _meta_span(meta))
+        return ast.PartitionLayers(children, bounds.meta_span(meta))
 
     def stage_decl(self, meta, children):
         i, a, b = (self._int(t) for t in children)
-        return ast.StageDecl(i, a, b, _meta_span(meta))
+        return ast.StageDecl(i, a, b, bounds.meta_span(meta))
 
     def partition_pattern(self, meta, children):
         (t,) = children
-        return ast.PartitionPattern(t.value[1:-1], _meta_span(meta), _token_span(t))
+        return ast.PartitionPattern(t.value[1:-1], bounds.meta_span(meta), _token_span(t))
 
     def partition_abstract(self, meta, children):
         (t,) = children
-        return ast.PartitionAbstract(self._int(t), _meta_span(meta))
+        return ast.PartitionAbstract(self._int(t), bounds.meta_span(meta))
 
     # placement
     def placement_explicit(self, meta, children):
-        return ast.PlacementExplicit(children, _meta_span(meta))
+        return ast.PlacementExplicit(children, bounds.meta_span(meta))
 
     def placement_named(self, meta, children):
         (t,) = children
-        return ast.PlacementNamed(t.value, _meta_span(meta))
+        return ast.PlacementNamed(t.value, bounds.meta_span(meta))
 
     def device_place(self, meta, children):
         d, stages = children
-        return ast.DevicePlace(self._int(d), stages, _meta_span(meta))
+        return ast.DevicePlace(self._int(d), stages, bounds.meta_span(meta))
 
     def int_list(self, meta, children):
         return [self._int(t) for t in children]
 
     # schedule
     def schedule(self, meta, children):
-        return ast.ScheduleBlock(children, _meta_span(meta))
+        return ast.ScheduleBlock(children, bounds.meta_span(meta))
 
     def device_block(self, meta, children):
         d, *items = children
-        return ast.DeviceBlock(self._int(d), items, _meta_span(meta))
+        return ast.DeviceBlock(self._int(d), items, bounds.meta_span(meta))
 
     def op(self, meta, children):
         kind, stage, (mb, mb_last) = children
-        return ast.OpItem(kind.value, stage, mb, mb_last, _meta_span(meta))
+        return ast.OpItem(kind.value, stage, mb, mb_last, bounds.meta_span(meta))
 
     def mb(self, meta, children):
         return children[0], (children[1] if len(children) > 1 else None)
 
     def overlap(self, meta, children):
-        return ast.Overlap(children, _meta_span(meta))
+        return ast.Overlap(children, bounds.meta_span(meta))
 
     def loop(self, meta, children):
         var, first, last, *body = children
-        return ast.Loop(var.value, first, last, body, _meta_span(meta))
+        return ast.Loop(var.value, first, last, body, bounds.meta_span(meta))
 
     # expressions
     def num(self, meta, children):
@@ -316,7 +312,7 @@ class _ToAst(Transformer_NonRecursive):
     def _bin(op):  # noqa: N805 - builds the three methods below
         def method(self, meta, children):
             left, right = children
-            return ast.BinOp(op, left, right, _meta_span(meta))
+            return ast.BinOp(op, left, right, bounds.meta_span(meta))
         return method
 
     add = _bin("+")
