@@ -1,4 +1,4 @@
-# octodsl — `make demo` and `make test` set everything up on a fresh machine.
+# octodsl — `make demo` and `make test` set everything up on a fresh machine; `make check` lints.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -6,13 +6,14 @@ STAMP := $(VENV)/.installed
 # torch would pull a multi-GB CUDA build. setup.cfg declares the range users may bring.
 TORCH ?= torch==2.13.0
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test]'
+	# both extras at once, so that `make test` and `make check` share one install
+	$(PY) -m pip install -q -e '.[test,check]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -23,5 +24,12 @@ demo: venv
 test: venv
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q
 
+# ruff (pyflakes, bugbear, complexity) and mypy, configured in pyproject.toml. mypy runs through
+# tools/typecheck.py, which checks deepspeed_ext/ and grammar/ as octodsl.deepspeed_ext and
+# octodsl.grammar, the names setup.cfg's package_dir installs them under.
+check: venv
+	$(VENV)/bin/ruff check octodsl deepspeed_ext grammar tools
+	$(PY) tools/typecheck.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info out
+	rm -rf $(VENV) build *.egg-info out .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ import re
 import shutil
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,13 @@ from .errors import CheckpointError
 LAYOUT_KEY = "octodsl_layout"
 """The client-state entry holding the layout a checkpoint was saved with."""
 
+if TYPE_CHECKING:  # the engine this mixes into (untyped: its attributes are Any to mypy)
+    from deepspeed.runtime.pipe.engine import PipelineEngine as _Engine
+else:
+    _Engine = object
 
-class Checkpoints:
+
+class Checkpoints(_Engine):
     """Checkpoint methods of OctoPipeEngine (a DeepSpeed PipelineEngine with `plan` and an
     OctoPipeModule)."""
 

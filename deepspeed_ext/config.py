@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from .. import limits
 from ..plan import Plan
@@ -131,7 +132,7 @@ def _validate(model: type[BaseModel], data: dict, prefix: str, name: str | None)
         raise PlanLaunchError(prefix + "; ".join(_problem(err) for err in e.errors()), path=name) from None
 
 
-def _problem(err: dict) -> str:
+def _problem(err: ErrorDetails) -> str:
     where = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         return f"unknown field {where!r} (the fields are {', '.join(OctoSection.model_fields)})"

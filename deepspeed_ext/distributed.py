@@ -56,7 +56,7 @@ def released_groups() -> Iterator[None]:
     try:
         yield
     finally:
-        if before is not None and dist.is_initialized():
+        if registry is not None and before is not None and dist.is_initialized():
             dist.barrier()  # no rank still talks over a group about to go
             for group in [g for g in registry if g not in before]:
                 dist.destroy_process_group(group)

@@ -50,6 +50,7 @@ class _Saved:
 
 
 class OctoPipeEngine(Checkpoints, PipelineEngine):
+    total_loss: torch.Tensor | None  # PipelineEngine's: the losses of the step, summed
     def __init__(self, *args, plan: Plan, timeout: float = DEFAULT_TIMEOUT, trace: bool = False,
                  **kwargs):
         self._in_parent_init = True  # the parent's warm-up uses topological first/last stages
@@ -66,7 +67,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self.local_stages = module.local_stages
         self._stage_params = {s: module.stage_params(s) for s in self.local_stages}
         self._shared = self._params_of_several_stages()
-        self._use_grads: dict[tuple[int, int], torch.Tensor] = {}
+        self._use_grads: dict[tuple[int, int], torch.Tensor | None] = {}
         self._split = plan.split_stages()
         self._probed: set[int] = set()
         self._fused_in_b: set[int] = set()
@@ -238,12 +239,14 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         hooks = [p.register_post_accumulate_grad_hook(fired.append)
                  for p in self._stage_params[s]] if probe else []
         states = []
+        segments = saved.segments
+        assert segments is not None, "a split stage's forward keeps its layers' inputs and outputs"
         with self._weight_grads(s) if probe or s in self._fused_in_b else _nothing():
             outs, grads = self._roots(s, m, saved.root)
-            for k in reversed(range(len(saved.segments))):
-                ins, layer_out = saved.segments[k]
-                if k < len(saved.segments) - 1:  # below the top layer: what the layer above sent
-                    keep = [(t, g) for t, g in zip(flat(layer_out), grads) if g is not None and t.requires_grad]
+            for k in reversed(range(len(segments))):
+                ins, layer_out = segments[k]
+                if k < len(segments) - 1:  # below the top layer: what the layer above sent
+                    keep = [(t, g) for t, g in zip(flat(layer_out), grads, strict=True) if g is not None and t.requires_grad]
                     outs, grads = [t for t, _ in keep], [g for _, g in keep]
                 try:
                     grads, state = backward_input(outs, grads, flat(ins))
@@ -266,6 +269,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _backward_weight(self, op: Op):
         """W: the weight gradients B left, where the plan puts them."""
         saved = self._saved.pop((op.stage, op.mb))
+        assert saved.weight is not None, "W runs after its B"
         with self._weight_grads(op.stage):
             backward_weight(saved.weight, self._stage_params[op.stage])
 
@@ -308,7 +312,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
             yield
         finally:
             self._running_engine_backward = False
-            for p, grad in zip(shared, held):
+            for p, grad in zip(shared, held, strict=True):
                 self._use_grads[(stage, id(p))] = p.grad
                 p.grad = grad
         if bf16 and not self._config.bfloat16_config.immediate_grad_update:
@@ -364,7 +368,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
 
     def write_trace(self, path: str) -> None:
         """Gather every rank's spans; rank 0 writes the Chrome trace (collective)."""
-        gathered = [None] * dist.get_world_size()
+        gathered: list = [None] * dist.get_world_size()  # all_gather_object: each rank's spans
         torch.distributed.all_gather_object(gathered, self.trace_spans())
         if self.global_rank == 0:
             names = {}
@@ -390,7 +394,7 @@ def _input_grads(inputs, grads) -> list:
     """The gradients of a stage's float inputs, zeros where none flowed (the receiver expects
     one tensor per float activation)."""
     return [torch.zeros_like(t) if g is None else g
-            for t, g in zip(inputs, grads) if t.is_floating_point()]
+            for t, g in zip(inputs, grads, strict=True) if t.is_floating_point()]
 
 
 @contextmanager

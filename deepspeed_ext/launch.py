@@ -69,6 +69,7 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
     ranges = check_launch(plan, world, config, len(layers), layer_costs, microbatch_size, **names)
     config = batch_config(config, plan, microbatch_size, **names)
     if all(st.abstract for st in plan.stages) and os.environ.get("RANK", "0") == "0":
+        assert layer_costs is not None, "check_launch refuses a plan without layers or costs"
         print("octodsl: the plan names no layers; the model's layers split over its stages by cost "
               "(octodsl.partition.plan_partition, as `octodsl simulate` splits them):\n"
               + describe_split(ranges, [layer_name(spec) for spec in layers], layer_costs), flush=True)

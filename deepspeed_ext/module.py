@@ -58,7 +58,7 @@ class OctoPipeModule(PipelineModule):
             self._set_bounds(self.stage_ranges[s].start, self.stage_ranges[s].stop)
             super()._build()
             self.stage_funcs[s] = self.forward_funcs
-            self.forward_funcs = []
+            self.forward_funcs: list = []
         self.activate(self.local_stages[0])
 
     def activate(self, stage: int) -> None:
@@ -73,7 +73,7 @@ class OctoPipeModule(PipelineModule):
         """(layer index, trainable parameters) of each layer of the stage; a tied layer's
         parameters are those of its shared module."""
         out = []
-        for i, f in zip(self.stage_ranges[stage], self.stage_funcs[stage]):
+        for i, f in zip(self.stage_ranges[stage], self.stage_funcs[stage], strict=True):
             module = f.args[0] if isinstance(f, partial) else f
             params = module.parameters() if isinstance(module, nn.Module) else ()
             out.append((i, [p for p in params if p.requires_grad]))
@@ -96,7 +96,7 @@ class OctoPipeModule(PipelineModule):
         if self.activation_checkpoint_interval > 0:  # checkpointed intervals run as one piece
             out = super().forward(x)
             return out, [(x, out)]
-        segments = []
+        segments: list[tuple] = []
         for layer in self.forward_funcs:
             x_in = as_leaf(x) if segments else x
             x = layer(x_in)

@@ -63,6 +63,18 @@ class Spec:
         return Spec(torch.is_tensor(value), tuple((tuple(t.shape), t.dtype) for t in tensors))
 
 
+def _isend(t: Tensor, peer: int, group) -> dist.Work:
+    work = dist.isend(t, peer, group=group)
+    assert work is not None, "torch returns None only to a rank outside the group"
+    return work
+
+
+def _irecv(t: Tensor, peer: int, group) -> dist.Work:
+    work = dist.irecv(t, peer, group=group)
+    assert work is not None, "torch returns None only to a rank outside the group"
+    return work
+
+
 def flat(value) -> list[Tensor]:
     return [value] if torch.is_tensor(value) else list(value)
 
@@ -144,7 +156,7 @@ class P2P:
             tensors = [torch.empty(shape, dtype=dtype, device=self.torch_device)
                        for shape, dtype in spec.entries]
             with self.watchdog.watching(self._peer(src), f"the {_what(m)} from device {src}"):
-                works = [dist.irecv(t, peer, group=group) for t in tensors]
+                works = [_irecv(t, peer, group) for t in tensors]
             self._posted[m.id] = _Posted(works, tensors, time.time())
             self._next[src] += 1
 
@@ -158,7 +170,7 @@ class P2P:
         if m.boundary not in self._meta:
             buf = torch.empty(META_SIZE, dtype=torch.int64, device=self.torch_device)
             with self.watchdog.watching(self._peer(m.src), what):
-                self._meta[m.boundary] = (dist.irecv(buf, peer, group=group), buf)
+                self._meta[m.boundary] = (_irecv(buf, peer, group), buf)
         work, buf = self._meta[m.boundary]
         if not block and not work.is_completed():
             return None
@@ -176,7 +188,7 @@ class P2P:
             tensors.insert(0, self.specs[msg.boundary].encode(self.torch_device))  # meta goes first
             self._sent_meta.add(msg.boundary)
         with self.watchdog.watching(self._peer(msg.dst), f"device {msg.dst} to receive the {_what(msg)}"):
-            works = [dist.isend(t, peer, group=group) for t in tensors]
+            works = [_isend(t, peer, group) for t in tensors]
         self._sends.append((msg, works, tensors, time.time()))
         self.poll()
 

@@ -93,7 +93,7 @@ def producers(op: Op, num_stages: int) -> list[tuple[tuple[OpKind, ...], int, in
         return [(_FORWARD, s - 1, m)] if s > 0 else []
     if op.kind is OpKind.W:
         return [(_INPUT_GRAD_SPLIT, s, m)]
-    needs = [(_FORWARD, s, m)]
+    needs: list[tuple[tuple[OpKind, ...], int, int]] = [(_FORWARD, s, m)]
     if s + 1 < num_stages:
         needs.append((BACKWARD_INPUT, s + 1, m))
     return needs

@@ -40,7 +40,8 @@ def open_atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
     temp, fd = _create_temporary(target)
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        f: IO = os.fdopen(fd, "wb") if mode == "wb" else os.fdopen(fd, "w", encoding="utf-8")
+        with f:
             yield f
             f.flush()
             os.fsync(f.fileno())

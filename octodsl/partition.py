@@ -9,7 +9,7 @@ and the executor alike.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from .errors import OctoError
 from .plan import Plan, PlanError
@@ -39,15 +39,16 @@ def plan_partition(plan: Plan, num_layers: int,
         raise PlanError("the plan's partition names layers for some stages but not all")
     expect = 0
     for i, st in enumerate(stages):
-        if st.first != expect or st.last < st.first:
-            raise PlanError(f"stage {i} runs layers {st.first}..{st.last}, but the stages before "
+        first, last = st.bounds
+        if first != expect or last < first:
+            raise PlanError(f"stage {i} runs layers {first}..{last}, but the stages before "
                             f"it end at layer {expect - 1}: a partition must cover the model's "
                             "layers in order")
-        expect = st.last + 1
+        expect = last + 1
     if expect != num_layers:
         raise PlanError(f"the plan's partition covers {expect} layers (0..{expect - 1}), but the "
                         f"model has {num_layers} (0..{num_layers - 1})")
-    return [(st.first, st.last) for st in stages]
+    return [st.bounds for st in stages]
 
 
 def equal_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
@@ -153,4 +154,4 @@ def _check(n_layers: int, n_stages: int) -> None:
 
 
 def _ranges(bounds: list[int]) -> list[tuple[int, int]]:
-    return [(a, b - 1) for a, b in zip(bounds, bounds[1:])]
+    return [(a, b - 1) for a, b in pairwise(bounds)]

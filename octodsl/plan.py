@@ -146,6 +146,13 @@ class Stage:
     def num_layers(self) -> int:
         return 0 if self.first is None or self.last is None else self.last - self.first + 1
 
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(first, last) of a stage that names its layers; PlanError for an abstract one."""
+        if self.first is None or self.last is None:
+            raise PlanError("an abstract stage names no layers")
+        return self.first, self.last
+
 
 @dataclass(slots=True)
 class DevicePlacement:

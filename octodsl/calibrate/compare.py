@@ -198,7 +198,7 @@ def write_png(c: Comparison, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(width, height))
     fig.subplots_adjust(left=1.6 / width, right=1 - 1.3 / width, bottom=0.7 / height, top=1 - 0.6 / height)
     update_colour = "#C44E52"
-    rows = []
+    rows: list[str] = []
     for d in range(P):
         for which, spans in (("simulated", sim_spans), ("measured", meas_spans)):
             y = len(rows)
@@ -207,7 +207,7 @@ def write_png(c: Comparison, path: str | Path) -> None:
             for s in mine:
                 kind = s.args.get("kind")
                 if s.tid == COMPUTE and kind in COLOURS:
-                    colour = to_rgb(COLOURS[kind])
+                    colour: tuple[float, ...] = to_rgb(COLOURS[kind])
                     if which == "measured":
                         colour = tuple(0.15 + 0.85 * x for x in colour)
                     ax.broken_barh([(s.start * scale, (s.end - s.start) * scale)], (y - 0.38, 0.6),
@@ -225,7 +225,8 @@ def write_png(c: Comparison, path: str | Path) -> None:
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_xlim(0, horizon * scale * 1.01)
     ax.set_xlabel(f"time ({unit}); solid line: simulated iteration, dashed: measured")
-    kinds = sorted({s.args.get("kind") for s in sim_spans + meas_spans} & set(COLOURS), key=list(COLOURS).index)
+    kinds = sorted(set(COLOURS).intersection(s.args.get("kind") for s in sim_spans + meas_spans),
+                   key=list(COLOURS).index)
     ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in kinds]
               + [Patch(color=update_colour, label="optimizer"), Patch(color=COMM_COLOUR, label="message (simulated)")],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)

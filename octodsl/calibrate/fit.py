@@ -45,6 +45,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from itertools import pairwise
 
 import numpy as np
 
@@ -97,7 +98,8 @@ Progress = Callable[[str], None]
 def _stage_bases(table: CostTable, plan: Plan) -> dict[tuple[str, int], float]:
     out = {}
     for s, st in enumerate(plan.stages):
-        ls = table.layers[st.first:st.last + 1]
+        first, last = st.bounds
+        ls = table.layers[first:last + 1]
         f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
         out.update({("F", s): f, ("B", s): b, ("W", s): w, ("BW", s): b + w})
     return out
@@ -123,7 +125,7 @@ def _occupancy(intervals: dict[int, list[tuple[float, float]]], device: int, a: 
                 points.update((max(s, a), min(e, b)))
             i += 1
     cuts = sorted(points)
-    for lo, hi in zip(cuts, cuts[1:]):
+    for lo, hi in pairwise(cuts):
         k = 1 + sum(1 for s, e in others if s <= lo and e >= hi)
         hist[min(k, P)] += hi - lo
     return hist
@@ -165,7 +167,7 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
     for run in runs:
         plan = run.plan
         bases = _stage_bases(table, plan)
-        stage_bytes = [table.layers[st.last].out_bytes for st in plan.stages]
+        stage_bytes = [table.layers[st.bounds[1]].out_bytes for st in plan.stages]
         messages = build_graph(plan).messages
         inputs: dict[Op, list[Message]] = defaultdict(list)  # each op's messages in
         for msg in messages:
@@ -187,7 +189,7 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
                                   start=op.start, end=op.end, sends=transfers[op.device]))
             for d, seq in by_dev.items():
                 seq.sort(key=lambda o: o.start)
-                for prev, nxt in zip(seq, seq[1:]):
+                for prev, nxt in pairwise(seq):
                     waits = inputs.get(nxt.op, ())
                     ready = max((end_of[m.producer] for m in waits), default=-math.inf)
                     if ready <= prev.end:
@@ -274,6 +276,7 @@ def _best_sharing(ops: list[_OpObs], cpus: int, Pmax: int, slowdown: float = 0.0
             params, res = _fit_kinds(ops, _rates(Pmax, sharing), slowdown)
             if best is None or res < best[0] - 1e-12:
                 best = (res, sharing, params)
+    assert best is not None, "both grids have a value or more"
     res, sharing, params = best
     if sharing.cores is not None and sharing.cores >= Pmax:  # the same as no limit
         sharing = Sharing(None, sharing.contention)
@@ -339,7 +342,9 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
     cal = ProfileCalibration(
         created=datetime.now(timezone.utc).isoformat(), source=source,
         processes=sorted({r.plan.devices for r in runs}), link=link,
-        op_scale=scale, op_overhead=overhead, update_per_param=per_param, step_overhead=0.0,
+        # str keys, each an OpKind's value: pydantic checks them against the fields' Literal
+        op_scale=scale, op_overhead=overhead,  # type: ignore[arg-type]
+        update_per_param=per_param, step_overhead=0.0,
         cores=compute.sharing.cores, contention=compute.sharing.contention,
         overlap_slowdown=compute.overlap, oversubscription=compute.sharing.oversubscription)
     say("fitting the step overhead")
@@ -387,7 +392,7 @@ def _fit_link_latency(probe: Sequence[tuple[int, float]], gaps: list[tuple[float
     """Step 3: the link's bandwidth from the probe (else loopback's), its latency from the
     hand-offs less the dispatch (else the probe's, else loopback's)."""
     lb = fit_link(probe)
-    report.probe = [tuple(p) for p in probe]
+    report.probe = [(n, t) for n, t in probe]
     bandwidth = lb[1] if lb else get_link("loopback").bandwidth
     if lb:
         report.probe_latency = lb[0]
@@ -513,7 +518,7 @@ def _reproduction(table: CostTable, runs: Sequence[Run], programs: Sequence,
     return [{"plan": r.name, "devices": r.plan.devices, "microbatches": r.plan.microbatches,
              "measured": r.trace.iteration_time, "simulated": sim_t,
              "error": (sim_t - r.trace.iteration_time) / r.trace.iteration_time}
-            for r, sim_t in zip(runs, _simulated(table, runs, programs, cal))]
+            for r, sim_t in zip(runs, _simulated(table, runs, programs, cal), strict=True)]
 
 
 OVERSUBSCRIPTION = [round(x, 2) for x in np.arange(0.0, 1.001, 0.02)]
@@ -525,9 +530,10 @@ def _simulated(table: CostTable, runs: Sequence[Run], programs: Sequence, cal: P
     """Each run's simulated iteration time (the span of its ops, when its trace has no period);
     `programs`: the runs' plans, compiled."""
     tc = cal.table_calibration()
+    assert tc.link is not None, "a profile's calibration has its fitted link"
     calibrated = replace(table, calibration=tc)
     out = []
-    for r, program in zip(runs, programs):
+    for r, program in zip(runs, programs, strict=True):
         sim = simulate(program, SimCosts.from_table(calibrated, r.plan), tc.link)
         out.append(sim.iteration_time if r.trace.has_period else sim.pipeline_time)
     return out
@@ -538,14 +544,14 @@ def _iteration_loss(table: CostTable, runs: Sequence[Run], programs: Sequence,
     """Mean squared relative error of the runs' simulated iteration times."""
     cal = cal.model_copy(update={"oversubscription": oversubscription})
     return float(np.mean([((t - r.trace.iteration_time) / r.trace.iteration_time) ** 2
-                          for r, t in zip(runs, _simulated(table, runs, programs, cal))]))
+                          for r, t in zip(runs, _simulated(table, runs, programs, cal), strict=True)]))
 
 
 def _device_params(table: CostTable, plan: Plan) -> np.ndarray:
     out = np.zeros(plan.devices)
     for s, d in enumerate(plan.stage_device()):
-        st = plan.stages[s]
-        out[d] += sum(l.params for l in table.layers[st.first:st.last + 1])
+        first, last = plan.stages[s].bounds
+        out[d] += sum(l.params for l in table.layers[first:last + 1])
     return out
 
 
@@ -569,8 +575,8 @@ def fit_memory(table: CostTable, runs: Sequence[Run]) -> dict[str, float] | None
             for i, op in enumerate(ops):
                 if op.kind != "B" or i == 0:
                     continue
-                st = plan.stages[op.stage]
-                ls = table.layers[st.first:st.last + 1]
+                first, last = plan.stages[op.stage].bounds
+                ls = table.layers[first:last + 1]
                 act = sum(l.act for l in ls)
                 act_w = sum(l.act_w for l in ls)
                 rise = levels[i] - levels[i - 1]  # the model: -(act - act_w)
@@ -580,7 +586,7 @@ def fit_memory(table: CostTable, runs: Sequence[Run]) -> dict[str, float] | None
         return None
     A, y = np.array(rows, float), np.array(ys, float)
     coef = _nnls(A, y)
-    return {k: float(c) for k, c in zip(kinds, coef) if A[:, kinds.index(k)].any()}
+    return {k: float(c) for k, c in zip(kinds, coef, strict=True) if A[:, kinds.index(k)].any()}
 
 
 def _nnls(A: np.ndarray, y: np.ndarray, iters: int = 200) -> np.ndarray:

@@ -23,6 +23,7 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -178,7 +179,8 @@ def _check_events(events: list, path: str) -> None:
             raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its args are not an object")
         if not isinstance(e.get("args", {}).get("kind", ""), str):
             raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its kind is not a string")
-        fields = {"X": ("ts", "dur"), "C": ("ts",)}.get(e.get("ph"), ())
+        timed: dict[object, tuple[str, ...]] = {"X": ("ts", "dur"), "C": ("ts",)}
+        fields = timed.get(e.get("ph"), ())
         if e.get("ph") == "C" and e.get("name") == "memory":
             fields += ("bytes",)
         for key in fields:
@@ -203,7 +205,7 @@ def _check_overlaps(steps: list[MeasuredStep], path: str) -> None:
     one: a device computes one op at a time, so only its clock's jitter can make them touch
     (a trace of two runs, or edited by hand, overlaps by whole spans)."""
     ops = sorted((op for s in steps for op in s.ops), key=lambda op: (op.device, op.start))
-    for a, b in zip(ops, ops[1:]):
+    for a, b in pairwise(ops):
         if a.device == b.device and a.end - b.start > min(a.end - a.start, b.end - b.start) / 2:
             raise TraceError(f"{path}: device {a.device} runs {a.kind}{a.stage}:{a.mb} and "
                              f"{b.kind}{b.stage}:{b.mb} at the same time ({a.start:.6f}-"
@@ -211,12 +213,10 @@ def _check_overlaps(steps: list[MeasuredStep], path: str) -> None:
                              "cannot: is this one run's trace?")
 
 
-def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = None,
-                warmup: int = 1) -> MeasuredTrace:
-    """The steps of a trace's events; TraceError when they are not a measured run's."""
-    _check_events(events, path)
-    # Which pids are which pipeline device (data-parallel copy 0 only).
-    device_of: dict[int, int] = {}
+def _pipeline_devices(events: list[dict]) -> tuple[dict[object, int], list[str]]:
+    """Which pids are which pipeline device (data-parallel copy 0 only), and the note a
+    data-parallel trace gets."""
+    device_of: dict[object, int] = {}  # keyed by the trace's pids, numbers or strings
     names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
     for pid, name in names.items():
@@ -224,29 +224,35 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
         if m and int(m.group(2) or 0) == 0:
             device_of[pid] = int(m.group(1))
     notes = []
-    if any(_NAME.fullmatch(str(n)) and _NAME.fullmatch(str(n)).group(2) for n in names.values()):
+    if any((m := _NAME.fullmatch(str(n))) and m.group(2) for n in names.values()):
         notes.append("data-parallel trace: figures are those of copy 0")
-    spans = [e for e in events if e.get("ph") == "X"]
-    if not spans:
-        raise TraceError(f"{path}: the trace has no spans")
+    return device_of, notes
 
-    def dev(pid):
-        d = device_of.get(pid) if device_of else (pid if isinstance(pid, int) else None)
-        if d is not None and not 0 <= d < limits.MAX_DEVICES:
-            raise TraceError(f"{path}: device {d} (pid {pid!r}) is past octodsl's limit of "
-                             f"{limits.MAX_DEVICES} devices")
-        return d
 
+def _device(pid, device_of: dict[object, int], path: str) -> int | None:
+    """The pipeline device of a pid (the pid itself when no process is named); None for a
+    process that is not one."""
+    d = device_of.get(pid) if device_of else (pid if isinstance(pid, int) else None)
+    if d is not None and not 0 <= d < limits.MAX_DEVICES:
+        raise TraceError(f"{path}: device {d} (pid {pid!r}) is past octodsl's limit of "
+                         f"{limits.MAX_DEVICES} devices")
+    return d
+
+
+def _span_steps(spans: list[dict], device_of: dict[object, int], path: str) -> dict[int, MeasuredStep]:
+    """The spans grouped into steps: the k-th span of a name on a device is in step k."""
     counts: dict[tuple, int] = defaultdict(int)
     per_step: dict[int, MeasuredStep] = {}
 
-    def step(k: int) -> MeasuredStep:
+    def step(key: tuple) -> MeasuredStep:
+        k = counts[key]
+        counts[key] += 1
         if k not in per_step:
             per_step[k] = MeasuredStep(k, [], [], {})
         return per_step[k]
 
     for e in sorted(spans, key=lambda e: (e.get("ts", 0.0))):
-        d = dev(e.get("pid"))
+        d = _device(e.get("pid"), device_of, path)
         if d is None:
             continue
         args = e.get("args") or {}
@@ -254,27 +260,43 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
         start = float(e.get("ts", 0.0)) / 1e6
         end = start + float(e.get("dur", 0.0)) / 1e6
         if e.get("tid") == 0 and kind in OP_KINDS:
-            key = (d, "op", e.get("name"))
-            k = counts[key]
-            counts[key] += 1
-            step(k).ops.append(OpSpan(d, kind, _whole(e, "stage", path), _whole(e, "mb", path),
-                                      start, end))
+            step((d, "op", e.get("name"))).ops.append(
+                OpSpan(d, kind, _whole(e, "stage", path), _whole(e, "mb", path), start, end))
         elif e.get("tid") == 0 and kind == "optimizer":
-            key = (d, "optimizer")
-            k = counts[key]
-            counts[key] += 1
-            step(k).updates[d] = (start, end)
+            step((d, "optimizer")).updates[d] = (start, end)
         elif e.get("tid") == 1 and kind in ("send", "recv"):
-            key = (d, kind, e.get("name"))
-            k = counts[key]
-            counts[key] += 1
+            at = step((d, kind, e.get("name")))
             try:
                 op = Op.parse(str(e.get("name")))
             except PlanError as err:  # a message not named after its producing op
                 raise TraceError(f"{path}: {err.message}") from None
             peer = _whole(e, "peer", path) if "peer" in args else -1
-            step(k).messages.append(MeasuredMessage(d, kind, op.kind.value, op.stage, op.mb, peer,
-                                                    start, end))
+            at.messages.append(MeasuredMessage(d, kind, op.kind.value, op.stage, op.mb, peer,
+                                               start, end))
+    return per_step
+
+
+def _memory_samples(events: list[dict], device_of: dict[object, int],
+                    path: str) -> dict[int, list[tuple[float, float]]]:
+    """(time, bytes) of each device's memory counter."""
+    memory: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "C" and e.get("name") == "memory":
+            d = _device(e.get("pid"), device_of, path)
+            if d is not None:
+                memory[d].append((float(e.get("ts", 0.0)) / 1e6, float(e.get("args", {}).get("bytes", 0.0))))
+    return dict(memory)
+
+
+def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = None,
+                warmup: int = 1) -> MeasuredTrace:
+    """The steps of a trace's events; TraceError when they are not a measured run's."""
+    _check_events(events, path)
+    device_of, notes = _pipeline_devices(events)
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        raise TraceError(f"{path}: the trace has no spans")
+    per_step = _span_steps(spans, device_of, path)
     steps = [per_step[k] for k in sorted(per_step) if per_step[k].ops]
     if not steps:
         raise TraceError(f"{path}: the trace has no compute ops (F, B, W, BW spans on thread 0)")
@@ -283,19 +305,14 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
     for s in steps:
         s.start = min(op.start for op in s.ops)
         s.end = max(op.end for op in s.ops)
-    for a, b in zip(steps, steps[1:]):
+    for a, b in pairwise(steps):
         a.period = b.start - a.start
     if len(steps) < warmup + 2:
         notes.append(f"{len(steps)} step(s) in the trace, {warmup} not timed: the iteration time is "
                      "the span of the ops (the optimizer step and the time between steps are not "
                      f"seen); record {warmup + 2} or more")
-    memory: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "C" and e.get("name") == "memory":
-            d = dev(e.get("pid"))
-            if d is not None:
-                memory[d].append((float(e.get("ts", 0.0)) / 1e6, float(e.get("args", {}).get("bytes", 0.0))))
-    return MeasuredTrace(path, devices, steps, dict(memory), dict(info or {}), notes, warmup)
+    memory = _memory_samples(events, device_of, path)
+    return MeasuredTrace(path, devices, steps, memory, dict(info or {}), notes, warmup)
 
 
 def check_against(trace: MeasuredTrace, plan: Plan) -> None:

@@ -55,10 +55,10 @@ def _say(**event) -> None:
 def synthetic_batch(seed: int, step: int, mb: int, batch: int, seq: int, vocab: int):
     """The data of examples/train.py (each next token a fixed function of the last)."""
     g = torch.Generator().manual_seed(((seed * 1009 + step) * 1009 + 0) * 1009 + mb)
-    tokens = [torch.randint(0, vocab, (batch,), generator=g)]
+    columns = [torch.randint(0, vocab, (batch,), generator=g)]
     for _ in range(seq):
-        tokens.append((5 * tokens[-1] + 3) % vocab)
-    tokens = torch.stack(tokens, dim=1)
+        columns.append((5 * columns[-1] + 3) % vocab)
+    tokens = torch.stack(columns, dim=1)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
@@ -221,7 +221,7 @@ def run_plan(job: dict, run: dict, spec) -> dict:
     mem = None
     if meter is not None:
         mem = {"static": meter.static, "samples": meter.samples}
-    gathered = [None] * dist.get_world_size()
+    gathered: list = [None] * dist.get_world_size()  # all_gather_object: each rank's (spans, mem)
     dist.all_gather_object(gathered, (spans, mem))
     result = {"name": run["name"], "trace": run["trace"], "step_seconds": seconds}
     if dist.get_rank() == 0:
@@ -268,14 +268,15 @@ def main() -> int:
 
     init_distributed("gloo")
     spec = parse_model(job["model"], "calibration job")
-    out = {"processes": dist.get_world_size(), "runs": [], "link": []}
+    runs: list[dict] = []
+    out = {"processes": dist.get_world_size(), "runs": runs, "link": []}
     if job.get("link_probe") and dist.get_world_size() > 1:
         _say(event="probe")
         out["link"] = probe_link()
     for run in job["runs"]:
         _say(event="run", run=run["name"])
         with released_groups():  # else each plan's groups slow down the plans after it
-            out["runs"].append(run_plan(job, run, spec))
+            runs.append(run_plan(job, run, spec))
         _say(event="done", run=run["name"])
     if dist.get_rank() == 0:
         write_atomic(job["out"], json.dumps(out, indent=1, allow_nan=False))

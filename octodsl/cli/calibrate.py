@@ -13,12 +13,16 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import limits
 from ..errors import OctoError
 from ..units import size
 from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, integer, output,
                      print_json, write_output, writing)
+
+if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
+    from ..calibrate.fit import Run
 
 BUSY = 0.25
 """CPU cores used by other processes during the calibration runs above which a warning says the
@@ -78,7 +82,11 @@ def run(args) -> int:
         if base.calibration is not None:
             base = base.model_copy(update={"calibration": None})  # refit from the layer costs
     try:
-        spec = load_model(args.model) if args.model else base.model
+        if args.model:
+            spec = load_model(args.model)
+        else:
+            assert base is not None, "checked above: without --model there is a --profile"
+            spec = base.model
     except SpecError as e:
         raise UserError(str(e)) from None
     if base is not None and (args.microbatch_size or args.seq_len):
@@ -189,7 +197,7 @@ def _from_traces(args, base, base_path):
     from ..lang import PlanSyntaxError, load_plan
 
     runs = []
-    for trace_path, plan_path in zip(args.trace, args.plan):
+    for trace_path, plan_path in zip(args.trace, args.plan, strict=True):
         try:
             plan = load_plan(plan_path)
         except PlanSyntaxError as e:
@@ -220,7 +228,8 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
         raise UserError(str(e)) from None
     for _, name, text in plans:
         write_output(work / f"{name}.octo", text)
-    runs, probe = [], []
+    runs: list[Run] = []
+    probe: list[tuple[int, float]] = []
     total = len(plans) * args.steps
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=not sys.stderr.isatty()) as bar:

@@ -91,7 +91,7 @@ def _list(as_json: bool) -> int:
 def _show(spec: ModelSpec, device: str, as_json: bool) -> int:
     costs = analytical_costs(spec, get_device(device))
     rows: dict[str, dict] = {}
-    for layer, cost in zip(spec.layers, costs.layers):
+    for layer, cost in zip(spec.layers, costs.layers, strict=True):
         row = rows.setdefault(layer.kind, {
             "kind": layer.kind, "symbol": layer.symbol, "count": 0, "params": cost.params,
             "f": cost.f, "b": cost.b, "w": cost.w, "act": cost.act, "act_w": cost.act_w})

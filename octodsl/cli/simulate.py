@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from ..errors import OctoError
 from ..costs.devices import get_device
@@ -17,12 +18,20 @@ from ..interop import read_csv
 from ..lang import PlanSyntaxError
 from ..lint import lint_source
 from ..plan import Plan, PlanError
-from ..sim import SimCosts, compile, simulate, warm_up
+from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..lint.memory import CODE as MEMORY_CODE
 from .common import (DP, UserError, link_named, op_costs, output, pipeline_link, print_json,
                      read_text, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
+
+
+class _Shown(TypedDict):
+    """What the report says beside a result (to_json's and summary's keywords)."""
+
+    link: str
+    memory_limit: int | None
+    simulate_seconds: float
 
 
 def register(sub) -> None:
@@ -58,7 +67,7 @@ def run(args) -> int:
         raise UserError("--trace and --png take one plan at a time")
     dp_link = link_named(args.dp_link) if args.dp_link else None
     warm_up()  # start-up (loading the compiled walk) is not simulating
-    rows = []
+    rows: list[tuple[str, SimResult, _Shown]] = []
     for path in args.plans:
         plan = load_plan_or_report(path)
         if plan is None:
@@ -70,8 +79,8 @@ def run(args) -> int:
         except PlanError as e:
             raise UserError(f"{path}: {e}") from None
         limit = plan.header.memory if plan.header.memory is not None else device_memory
-        rows.append((path, result, dict(link=link.name, memory_limit=limit,
-                                        simulate_seconds=time.perf_counter() - t0)))
+        rows.append((path, result, _Shown(link=link.name, memory_limit=limit,
+                                          simulate_seconds=time.perf_counter() - t0)))
     from ..sim.report import comparison, summary, to_json
 
     if args.json:
@@ -104,6 +113,7 @@ def load_plan_or_report(path: str) -> Plan | None:
     """The plan, or None after printing why it cannot be simulated. Lint's memory error is no
     reason: the simulation shows the memory."""
     source = read_text(path)
+    plan: Plan | None
     if Path(path).suffix.lower() == ".csv":
         try:
             plan, diags = read_csv(source, path)

@@ -6,11 +6,15 @@ and show it next to the classic schedules on the same simulator."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..errors import OctoError
 from .common import (DEVICES, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN, UserError, duration,
                      memory_size, output, print_json, read_text, stdout_console,
                      write_output)
+
+if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
+    from rich.live import Live
 
 
 def register(sub) -> None:
@@ -183,7 +187,7 @@ class _Progress:
         self.console = Console(stderr=True)
         self.enabled = enabled and self.console.is_terminal
         self.budget = budget
-        self.live = None
+        self.live: Live | None = None
 
     def __enter__(self):
         if self.enabled:
@@ -197,6 +201,7 @@ class _Progress:
         from rich.text import Text
 
         best_text = "-" if best == float("inf") else f"{best * 1e3:,.1f} ms"
+        assert self.live is not None, "the search reports progress only when it is shown"
         self.live.update(Text(f"tuning: {phase:<10} best {best_text:>12}   "
                               f"{max(left, 0.0):5.1f} s left", style="cyan"))
 

@@ -106,7 +106,10 @@ class ProfileCalibration(BaseModel):
     """How well the fit matches the runs it saw (errors per plan, residuals)."""
 
     def table_calibration(self) -> Calibration:
-        return Calibration(scale=dict(self.op_scale), overhead=dict(self.op_overhead),
+        # Calibration's dicts are keyed by str: copied item by item, not dict() (which keeps
+        # the Literal key type)
+        return Calibration(scale={k: v for k, v in self.op_scale.items()},
+                           overhead={k: v for k, v in self.op_overhead.items()},
                            update_per_param=self.update_per_param,
                            step_overhead=self.step_overhead,
                            link=Link("calibrated", self.link.latency, self.link.bandwidth),

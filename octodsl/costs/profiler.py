@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from datetime import datetime, timezone
+from typing import Literal
 
 import torch
 
@@ -224,10 +225,10 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
         for r in range(repeats):
             if progress:
                 progress(r, repeats, f"round {r + 1} of {repeats} over {len(runs)} layers")
-            for run, mine in zip(runs, samples):
+            for run, mine in zip(runs, samples, strict=True):
                 mine.append(run.time_once())
-        for indices, run, mine in zip(groups, runs, samples):
-            fs, bs, ws = (list(col) for col in zip(*mine))
+        for indices, run, mine in zip(groups, runs, samples, strict=True):
+            fs, bs, ws = (list(col) for col in zip(*mine, strict=True))
             act, act_w = run.memory()
             measured.append(MeasuredLayer(
                 layers=indices, kind=spec.layers[indices[0]].kind, f=statistics.median(fs),
@@ -239,8 +240,9 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
             progress(repeats, repeats, "done")
     finally:
         torch.set_num_threads(old_threads)
+    kind: Literal["cpu", "cuda"] = "cuda" if device == "cuda" else "cpu"  # checked above
     return Profile(
-        model=spec, device=device, device_name=_device_name(dev),
+        model=spec, device=kind, device_name=_device_name(dev),
         threads=cpu_threads,
         memory_method=("CUDA allocator deltas around F and after B" if dev.type == "cuda" else
                        "saved-tensor hooks: distinct non-parameter storages saved by F; after B, "

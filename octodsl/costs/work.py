@@ -16,7 +16,9 @@ FLOP counts match docs (models-and-costs.md) at s = 4096: Nemotron-H-8B Mamba2 ~
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..models.spec import (
     AttentionConfig, EmbeddingConfig, GatedDeltaNetConfig, LayerConfig, LMHeadLossConfig,
@@ -186,7 +188,7 @@ def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
                 act_w=min(act, the + T * V * e), out=0.0)
 
 
-_WORK_OF_KIND = {
+_WORK_OF_KIND: dict[str, Callable[[Any, _Shape], Work]] = {  # each takes its kind's config
     "attention": _attention, "mlp": _mlp, "moe": _moe, "mamba2": _mamba2, "mamba1": _mamba1,
     "gated_deltanet": _gated_deltanet, "embedding": _embedding, "lm_head_loss": _lm_head,
 }

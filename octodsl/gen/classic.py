@@ -70,11 +70,11 @@ def interleaved(devices: int, microbatches: int, chunks: int) -> PhasedSchedule:
         # The forwards of chunks 0..V-2 of the first group, plus 2 per device downstream.
         warm = min((V - 1) * g + 2 * (P - 1 - d), total)
 
-        def fwd(k: int):
+        def fwd(k: int, *, d: int = d):
             m, c = table[k]
             return F(c * P + d, m)
 
-        def bwd(k: int):
+        def bwd(k: int, *, d: int = d):
             m, c = table[k]
             return BW((V - 1 - c) * P + d, m)
 

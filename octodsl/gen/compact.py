@@ -52,7 +52,7 @@ def _repeats(slots: list[Slot], i: int, k: int) -> int:
 
 def _shifted(a: Slot, b: Slot, by: int) -> bool:
     return len(a.ops) == len(b.ops) and all(
-        x.kind is y.kind and x.stage == y.stage and y.mb == x.mb + by for x, y in zip(a.ops, b.ops))
+        x.kind is y.kind and x.stage == y.stage and y.mb == x.mb + by for x, y in zip(a.ops, b.ops, strict=True))
 
 
 def _loop(group: list[Slot], r: int) -> str:

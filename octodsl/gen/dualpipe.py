@@ -29,7 +29,7 @@ def dualpipe_v(devices: int, microbatches: int) -> PhasedSchedule:
         c0, c1 = d, 2 * P - 1 - d
         o = Order()
 
-        def overlap(fwd: int, bwd: int) -> None:
+        def overlap(fwd: int, bwd: int, *, o: Order = o) -> None:
             o.add(o.next(K.F, fwd), o.next(K.BW, bwd))
 
         o.phase("warm-up: phase-0 forwards")

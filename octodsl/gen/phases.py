@@ -35,7 +35,8 @@ class PhasedSchedule:
     def orders(self) -> tuple[list[list[Slot]], dict[int, dict[int, str]]]:
         """Each device's slots, and the phase comments in render_plan's form (device -> slot
         index -> comment); an empty phase gets no comment."""
-        schedule, comments = [], {}
+        schedule: list[list[Slot]] = []
+        comments: dict[int, dict[int, str]] = {}
         for d, phases in enumerate(self.phases):
             slots: list[Slot] = []
             comments[d] = {}

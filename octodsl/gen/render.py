@@ -62,9 +62,10 @@ def _partition(plan: Plan) -> str | list[tuple[int, int]]:
         return f"stages {len(stages)}"
     if any(s.abstract for s in stages):
         raise PlanError("a partition cannot mix stages with layers and abstract stages")
-    if all(s.symbols for s in stages):
-        return 'partition "' + "|".join(s.symbols for s in stages) + '"'
-    return [(s.first, s.last) for s in stages]
+    symbols = [s.symbols for s in stages]
+    if all(symbols):
+        return 'partition "' + "|".join(p for p in symbols if p) + '"'
+    return [s.bounds for s in stages]
 
 
 def _placement(plan: Plan) -> str | list[tuple[int, tuple[int, ...]]]:
@@ -84,7 +85,7 @@ def _nonempty(entries) -> list[tuple[int, tuple[int, ...]]]:
 def _device_lines(slots: list[Slot], comments: Mapping[int, str]) -> list[str]:
     cuts = sorted({0, len(slots), *(i for i in comments if 0 <= i <= len(slots))})
     lines: list[str] = []
-    for a, b in zip(cuts, cuts[1:] + [None]):
+    for a, b in zip(cuts, cuts[1:] + [None], strict=True):
         if a in comments:
             lines.append(f"# {comments[a]}")
         if b is not None:

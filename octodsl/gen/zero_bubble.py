@@ -27,7 +27,7 @@ def zb_h1(devices: int, microbatches: int) -> PhasedSchedule:
         o = Order()
         pending: deque[int] = deque()
 
-        def backward(m: int) -> None:
+        def backward(m: int, *, o: Order = o, d: int = d, pending: deque[int] = pending) -> None:
             o.add(B(d, m))
             pending.append(m)
             if m >= d:  # the first d weight gradients wait
@@ -176,7 +176,7 @@ def _weight_gradients_in_waits(orders: list[list[Op]], num_stages: int, times: T
     inputs are, or before a forward that would hold more than `cap` micro-batch-stages; the
     rest at the end. The stages form one chain (F down it, B back up); all ops of a kind take
     one time."""
-    took = dict(zip((K.F, K.B, K.W), times))
+    took = dict(zip((K.F, K.B, K.W), times, strict=True))
     done: dict[Op, float] = {}
     free = [0.0] * len(orders)
     ran: list[list[Op]] = [[] for _ in orders]
@@ -211,7 +211,7 @@ def _weight_gradients_in_waits(orders: list[list[Op]], num_stages: int, times: T
     while any([advance(d) for d in range(len(orders))]):
         pass
     assert nxt == [len(o) for o in orders], "the F and B order deadlocks"
-    return [_waits_phases(r, list(p)) for r, p in zip(ran, pending)]
+    return [_waits_phases(r, list(p)) for r, p in zip(ran, pending, strict=True)]
 
 
 def _inputs(op: Op, num_stages: int) -> list[Op]:

@@ -270,10 +270,12 @@ class _Reader:
                     row_of.setdefault(op.stage, d)
                     if op.kind in (OpKind.B, OpKind.W):
                         split.add(op.stage)
-                    if op.key() in seen:
+                    first = seen.get(op.key())
+                    if first is not None:
+                        at = first.span
+                        assert at is not None, "an op read from a CSV has its cell's span"
                         self.error("E604", f"{_torch(op)} is given twice", op.span,
-                                   f"first at row {seen[op.key()].span.line}, "
-                                   f"column {seen[op.key()].span.col}")
+                                   f"first at row {at.line}, column {at.col}")
                     else:
                         seen[op.key()] = op
         if not check_missing:

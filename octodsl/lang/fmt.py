@@ -203,7 +203,11 @@ def _explicit_items(plan: Plan, block: ast.DeviceBlock) -> list[ast.Item]:
     items: list[ast.Item] = []
     for slot in plan.schedule[block.device]:
         ops = [_op_item(op) for op in slot.ops]
-        items.append(ops[0] if len(ops) == 1 else ast.Overlap(ops, slot.span))
+        if len(ops) == 1:
+            items.append(ops[0])
+        else:
+            assert slot.span is not None, "a lowered plan's overlap groups keep their spans"
+            items.append(ast.Overlap(ops, slot.span))
     return items
 
 

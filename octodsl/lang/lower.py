@@ -44,7 +44,9 @@ def lower(file: ast.File) -> tuple[Plan | None, list[Diagnostic]]:
         return None, diags
     placement, placement_span = _placement(sections.get("placement"), len(stages), header.devices, diags)
     unroller = _Unroller(diags)
-    schedule, schedule_spans = unroller.schedule(sections.get("schedule"), header.devices)
+    schedule_sec = sections.get("schedule")
+    assert schedule_sec is None or isinstance(schedule_sec, ast.ScheduleBlock)  # see _section_name
+    schedule, schedule_spans = unroller.schedule(schedule_sec, header.devices)
     if unroller.stopped:
         return None, diags
     plan = Plan(header, stages, placement, schedule, partition_span, placement_span, schedule_spans)
@@ -252,9 +254,10 @@ class _Unroller:
                 self.note(Diagnostic("E154", f"device {d} does not exist: the plan has {devices} "
                                              f"devices (0..{devices - 1})", block.span))
                 continue
-            if spans[d] is not None:
+            first = spans[d]
+            if first is not None:
                 self.note(Diagnostic("E153", f"device {d} has a second schedule block", block.span,
-                                             hint=f"the first is at line {spans[d].line}"))
+                                             hint=f"the first is at line {first.line}"))
                 continue
             spans[d] = block.span
             self.items(block.items, {}, schedule[d])

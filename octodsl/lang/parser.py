@@ -7,6 +7,7 @@ import copy
 import functools
 import re
 from importlib import resources
+from typing import cast
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -67,13 +68,22 @@ def _describe_expected(expected: set[str]) -> str:
 
 
 def _token_span(tok: Token) -> Span:
+    # A token the lexer made has its position; only the parser's repairs make tokens without
+    # one, and those reach neither a tree that is transformed nor an error's token.
+    assert tok.line is not None and tok.column is not None, f"token {tok!r} has no position"
     return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + len(tok))
+
+
+def _lex_pos(e: UnexpectedCharacters) -> int:
+    """Where in the text the lexer stopped. (lark leaves `pos_in_stream` unannotated, `= None`
+    on UnexpectedInput, so its type reads as None; UnexpectedCharacters always sets it.)"""
+    return cast(int, e.pos_in_stream)
 
 
 def _malformed_number(e: UnexpectedInput, source: str) -> str | None:
     """The text of the malformed number lark stopped at, if that is what it stopped at: the
     grammar's numbers refuse to be followed by a letter, so `1e8` is not read as 1 then `e8`."""
-    m = _NUMBER_LIKE.match(source, e.pos_in_stream) if isinstance(e, UnexpectedCharacters) else None
+    m = _NUMBER_LIKE.match(source, _lex_pos(e)) if isinstance(e, UnexpectedCharacters) else None
     return m.group(0) if m and m.group(0)[0] in "0123456789" else None
 
 
@@ -84,7 +94,8 @@ def _syntax_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
         span = Span(e.line, e.column, e.line, e.column + len(bad))
         return Diagnostic("E103", f"'{bad}' is not a number", span, hint=_NUMBER_HINT)
     if isinstance(e, UnexpectedCharacters):
-        ch = source[e.pos_in_stream] if e.pos_in_stream < len(source) else ""
+        pos = _lex_pos(e)
+        ch = source[pos] if pos < len(source) else ""
         span = Span(e.line, e.column, e.line, e.column + 1)
         exp = _describe_expected(set(e.allowed or ()))
         msg = f"unexpected character {ch!r}"
@@ -136,7 +147,9 @@ def _skip_number(e: UnexpectedCharacters, bad: str) -> None:
     ip = e.interactive_parser
     if "INT" in ip.accepts():
         ip.feed_token(Token("INT", "0"))
-    ip.lexer_thread.state.line_ctr.feed(bad)
+    state = ip.lexer_thread.state
+    assert state is not None, "an error on a character comes from a lexer that is running"
+    state.line_ctr.feed(bad)
 
 
 def _end_span(source: str) -> Span:
@@ -169,6 +182,7 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
         record(_syntax_diagnostic(e, source))
         bad = _malformed_number(e, source)
         if bad is not None:
+            assert isinstance(e, UnexpectedCharacters)  # the only error with a malformed number
             _skip_number(e, bad)
         elif isinstance(e, UnexpectedToken):
             if e.token.type == "$END":
@@ -185,11 +199,12 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
     if errors or tree is None:
         raise PlanSyntaxError(bounds.parentheses(source) + errors, path, source)
     errors = bounds.parentheses(source) + bounds.nesting(tree)
-    to_ast = _ToAst()
-    file = None if errors else to_ast.transform(tree)
-    errors += to_ast.diags
     if errors:
         raise PlanSyntaxError(errors, path, source)
+    to_ast = _ToAst()
+    file: ast.File = to_ast.transform(tree)
+    if to_ast.diags:
+        raise PlanSyntaxError(list(to_ast.diags), path, source)
     # Comments are ignored by the grammar; collect them with their positions for fmt.
     comments = [ast.Comment(m.group(0).rstrip(), bounds.offset_span(source, m.start(), len(m.group(0))))
                 for m in _comment_matches(source)]
@@ -201,6 +216,14 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
 def _comment_matches(source: str):
     """Every `#...` outside a string literal."""
     return (m for m in _STRING_OR_COMMENT.finditer(source) if m.group(0).startswith("#"))
+
+
+def _binop(op: str):
+    """The _ToAst method for the binary operator `op`."""
+    def method(self, meta, children):
+        left, right = children
+        return ast.BinOp(op, left, right, bounds.meta_span(meta))
+    return method
 
 
 @v_args(meta=True)
@@ -235,7 +258,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def size_value(self, meta, children):
         (t,) = children
-        whole = re.match(r"[0-9]+", t.value).group(0)
+        digits = re.match(r"[0-9]+", t.value)
+        assert digits is not None, "the grammar's SIZE starts with a digit"
+        whole = digits.group(0)
         fits = bounds.whole_number(whole, _token_span(t), self.diags) is not None
         return parse_size(t.value) if fits else 0, "size", t.value, _token_span(t)
 
@@ -309,12 +334,6 @@ class _ToAst(Transformer_NonRecursive):
         (t,) = children
         return ast.Var(t.value, _token_span(t))
 
-    def _bin(op):  # noqa: N805 - builds the three methods below
-        def method(self, meta, children):
-            left, right = children
-            return ast.BinOp(op, left, right, bounds.meta_span(meta))
-        return method
-
-    add = _bin("+")
-    sub = _bin("-")
-    mul = _bin("*")
+    add = _binop("+")
+    sub = _binop("-")
+    mul = _binop("*")

@@ -99,7 +99,11 @@ def build_layers(spec: ModelSpec, device: torch.device | str | None = None,
             module = f.build().to(device=device, dtype=dtype)
             if f.tie_key is not None:
                 shared[f.tie_key] = module
-        out.append(TiedHead(module) if f.forward_fn is not None else module)
+        if f.forward_fn is not None:  # only the tied LM head has one (layer_factories)
+            assert isinstance(module, TiedEmbeddingHead)
+            out.append(TiedHead(module))
+        else:
+            out.append(module)
     return out
 
 

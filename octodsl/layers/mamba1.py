@@ -44,7 +44,7 @@ def selective_scan(u: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     ends, decays = local[:, :, -1].unbind(1), ea[:, :, -1].unbind(1)
     state = torch.zeros_like(ends[0])
     starts = []
-    for end, chunk_decay in zip(ends, decays):
+    for end, chunk_decay in zip(ends, decays, strict=True):
         starts.append(state)
         state = chunk_decay * state + end
     h = local + ea * torch.stack(starts, dim=1)[:, :, None]

@@ -77,7 +77,7 @@ class WeightGradState:
         for _, members in batches:
             merged = [_Call() for _ in range(max(len(s.calls) for s in members))]
             for s in members:
-                for call, c in zip(merged, s.calls):
+                for call, c in zip(merged, s.calls, strict=False):  # as many as the member with most
                     call.roots += c.roots
                     call.grads += c.grads
                     call.leaves += c.leaves
@@ -129,7 +129,7 @@ def _walk(out_nodes: list[Node], stop: set[Node]) -> tuple[list[Node], list[tupl
         for c, _ in reversed(nf):
             if c is not None and c not in nexts:
                 stack.append(c)
-    index = {n: i for i, n in enumerate(order)}
+    index: dict[Node | None, int] = {n: i for i, n in enumerate(order)}
     index[None] = -1
     return order, [tuple([(index[c], nr) for c, nr in nexts[n]]) for n in order]
 
@@ -187,14 +187,10 @@ def _analyse(children: list[tuple[tuple[int, int], ...]], ins: set[int], outs: l
     return _Plan(tuple(on_path[i] for i in outs), hooked, edges, last, leaves)
 
 
-def backward_input(
-    outputs: Sequence[Tensor],
-    output_grads: Sequence[Tensor | None],
-    inputs: Sequence[Tensor],
-) -> tuple[list[Tensor | None], WeightGradState]:
-    """B: the gradients of `inputs` (None where an input gets none or needs none), and the
-    state `backward_weight` needs. An output whose gradient is None is skipped, except a
-    scalar (a loss), whose None means 1 as in `Tensor.backward()`. Raises CannotSplit."""
+def _differentiated(outputs: Sequence[Tensor], output_grads: Sequence[Tensor | None]
+                    ) -> tuple[list[Tensor], list[Tensor]]:
+    """The outputs backward starts from and their gradients: those that require grad and have
+    a gradient, a scalar's None meaning 1."""
     outs: list[Tensor] = []
     grads: list[Tensor] = []
     for t, g in zip(outputs, output_grads, strict=True):
@@ -206,12 +202,12 @@ def backward_input(
             g = torch.ones_like(t)
         outs.append(t)
         grads.append(g)
-    wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
-    in_nodes = [_node(inputs[i]) for i in wanted]
-    out_nodes = [_node(t) for t in outs]
-    order, children = _walk(out_nodes, set(in_nodes))
-    index = {node: i for i, node in enumerate(order)}
-    ins, out_pos = [index.get(x, -1) for x in in_nodes], [index[x] for x in out_nodes]
+    return outs, grads
+
+
+def _plan_for(order: list[Node], children: list[tuple[tuple[int, int], ...]], ins: list[int],
+              out_pos: list[int]) -> _Plan:
+    """The _Plan of a graph of this shape, analysed once per shape."""
     key = (tuple(map(type, order)), tuple(children), tuple(ins), tuple(out_pos))
     plan = _plans.get(key)
     if plan is None:
@@ -219,27 +215,14 @@ def backward_input(
         if len(_plans) >= _CACHE_SIZE:
             _plans.clear()
         _plans[key] = plan
+    return plan
 
-    captured: dict[int, tuple] = {}
-    handles = [order[i].register_prehook(lambda g, i=i: captured.__setitem__(i, g)) for i, _ in plan.hooked]
-    edges = [order[i].next_functions[k] for i, k in plan.edges]
-    in_grads: list[Tensor | None] = [None] * len(inputs)
-    edge_grads: Sequence[Tensor | None] = [None] * len(edges)
-    try:
-        path = [(t, g) for t, g, p in zip(outs, grads, plan.on_path) if p]
-        if path and wanted:
-            got = torch.autograd.grad([t for t, _ in path],
-                                      [inputs[i] for i in wanted] + [GradientEdge(c, nr) for c, nr in edges],
-                                      [g for _, g in path], retain_graph=True, allow_unused=True)
-            for i, g in zip(wanted, got):
-                in_grads[i] = g
-            edge_grads = got[len(wanted):]
-    except RuntimeError as e:
-        raise CannotSplit(str(e)) from e
-    finally:
-        for h in handles:
-            h.remove()
 
+def _weight_calls(plan: _Plan, order: list[Node], captured: dict[int, tuple], edges: list,
+                  edge_grads: Sequence[Tensor | None], outs: list[Tensor],
+                  grads: list[Tensor]) -> WeightGradState:
+    """What W runs: per level, the gradients B captured at the hooked nodes, then (last) the
+    shared weight-side edges and the outputs off the input path."""
     calls: dict[int, _Call] = {}
     for i, lvl in plan.hooked:
         call = calls.setdefault(lvl, _Call())
@@ -248,17 +231,61 @@ def backward_input(
                 call.roots.append(GradientEdge(order[i], j))
                 call.grads.append(g)
     last = calls.setdefault(plan.last, _Call())
-    for (c, nr), g in zip(edges, edge_grads):
+    for (c, nr), g in zip(edges, edge_grads, strict=True):
         if g is not None:
             last.roots.append(GradientEdge(c, nr))
             last.grads.append(g)
-    for t, g, p in zip(outs, grads, plan.on_path):
+    for t, g, p in zip(outs, grads, plan.on_path, strict=True):
         if not p:  # an output that does not depend on the inputs: W does all of it
             last.roots.append(get_gradient_edge(t))
             last.grads.append(g)
     for lvl, i in plan.leaves:
         calls.setdefault(lvl, _Call()).leaves.append(order[i])
-    return in_grads, WeightGradState([calls[k] for k in sorted(calls) if calls[k].roots and calls[k].leaves])
+    return WeightGradState([calls[k] for k in sorted(calls) if calls[k].roots and calls[k].leaves])
+
+
+def backward_input(
+    outputs: Sequence[Tensor],
+    output_grads: Sequence[Tensor | None],
+    inputs: Sequence[Tensor],
+) -> tuple[list[Tensor | None], WeightGradState]:
+    """B: the gradients of `inputs` (None where an input gets none or needs none), and the
+    state `backward_weight` needs. An output whose gradient is None is skipped, except a
+    scalar (a loss), whose None means 1 as in `Tensor.backward()`. Raises CannotSplit."""
+    outs, grads = _differentiated(outputs, output_grads)
+    wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
+    in_nodes = [_node(inputs[i]) for i in wanted]
+    out_nodes = [_node(t) for t in outs]
+    order, children = _walk(out_nodes, set(in_nodes))
+    index = {node: i for i, node in enumerate(order)}
+    ins, out_pos = [index.get(x, -1) for x in in_nodes], [index[x] for x in out_nodes]
+    plan = _plan_for(order, children, ins, out_pos)
+
+    captured: dict[int, tuple] = {}
+    handles = [order[i].register_prehook(lambda g, i=i: captured.__setitem__(i, g)) for i, _ in plan.hooked]
+    edges: list[tuple[Node, int]] = []
+    for i, k in plan.edges:
+        c, nr = order[i].next_functions[k]
+        assert c is not None, "_analyse keeps only the edges to a node"
+        edges.append((c, nr))
+    in_grads: list[Tensor | None] = [None] * len(inputs)
+    edge_grads: Sequence[Tensor | None] = [None] * len(edges)
+    try:
+        path = [(t, g) for t, g, p in zip(outs, grads, plan.on_path, strict=True) if p]
+        if path and wanted:
+            targets = [inputs[i] for i in wanted] + [GradientEdge(c, nr) for c, nr in edges]
+            # torch types `inputs` as tensors or edges, though autograd takes a mix of the two
+            got = torch.autograd.grad([t for t, _ in path], targets,  # type: ignore[arg-type]
+                                      [g for _, g in path], retain_graph=True, allow_unused=True)
+            for i, g in zip(wanted, got[:len(wanted)], strict=True):  # then the edges'
+                in_grads[i] = g
+            edge_grads = got[len(wanted):]
+    except RuntimeError as e:
+        raise CannotSplit(str(e)) from e
+    finally:
+        for h in handles:
+            h.remove()
+    return in_grads, _weight_calls(plan, order, captured, edges, edge_grads, outs, grads)
 
 
 def backward_weight(state: WeightGradState, params: Sequence[nn.Parameter]) -> None:
@@ -266,7 +293,9 @@ def backward_weight(state: WeightGradState, params: Sequence[nn.Parameter]) -> N
     on (post-accumulate-grad hooks fire). Releases the state's graph."""
     wanted = {id(p) for p in params}
     for call in state.calls:
-        leaves = [n.variable for n in dict.fromkeys(call.leaves) if id(n.variable) in wanted]
+        # AccumulateGrad nodes have `.variable`, which torch's Node does not declare
+        leaves = [n.variable for n in dict.fromkeys(call.leaves)  # type: ignore[attr-defined]
+                  if id(n.variable) in wanted]  # type: ignore[attr-defined]
         if leaves:
             torch.autograd.backward(call.roots, call.grads, retain_graph=True, inputs=leaves)
     state.calls = []

@@ -30,7 +30,7 @@ def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
         return []
     mem = memory(program, costs.stages)
     out = []
-    for d, (peak, node) in enumerate(zip(mem.peak.tolist(), mem.peak_node.tolist())):
+    for d, (peak, node) in enumerate(zip(mem.peak.tolist(), mem.peak_node.tolist(), strict=True)):
         if peak > h.memory:
             at = f" at {program.node_label(node)}" if node >= 0 else ""
             out.append(Diagnostic(

@@ -83,19 +83,20 @@ class PartitionCoverage(Rule):
             return
         expected = 0
         for i, st in enumerate(stages):
-            if st.last < st.first:
+            first, last = st.bounds  # the grammar makes every stage abstract or none
+            if last < first:
                 if st.symbols is None:  # an empty pattern piece is reported by the parser
-                    yield Diagnostic("E202", f"stage {i} is empty: layers {st.first}..{st.last} run backwards",
+                    yield Diagnostic("E202", f"stage {i} is empty: layers {first}..{last} run backwards",
                                      st.span)
                 continue
-            if st.first > expected:
-                yield Diagnostic("E201", f"{_layers(range(expected, st.first))} in no stage",
+            if first > expected:
+                yield Diagnostic("E201", f"{_layers(range(expected, first))} in no stage",
                                  st.span, hint=f"stage {i} should start at layer {expected}")
-            elif st.first < expected:
-                yield Diagnostic("E201", f"stage {i} starts at layer {st.first}, but layers "
-                                 f"{_span_text(range(st.first, expected))} already belong to an earlier stage",
+            elif first < expected:
+                yield Diagnostic("E201", f"stage {i} starts at layer {first}, but layers "
+                                 f"{_span_text(range(first, expected))} already belong to an earlier stage",
                                  st.span, hint=f"stage {i} should start at layer {expected}")
-            expected = max(expected, st.last + 1)
+            expected = max(expected, last + 1)
         if ctx.num_layers is not None:
             if expected < ctx.num_layers:
                 yield Diagnostic("E201", f"{_layers(range(expected, ctx.num_layers))} in no stage",
@@ -107,8 +108,8 @@ class PartitionCoverage(Rule):
         if ctx.pattern is not None and stages[0].symbols is not None:
             written = "".join(st.symbols or "" for st in stages)
             if written != ctx.pattern:
-                at = next((k for k, (a, b) in enumerate(zip(written, ctx.pattern)) if a != b),
-                          min(len(written), len(ctx.pattern)))
+                at = next((k for k, (a, b) in enumerate(zip(written, ctx.pattern, strict=False)) if a != b),
+                          min(len(written), len(ctx.pattern)))  # or where the shorter ends
                 yield Diagnostic("E204", f"the partition's layer pattern differs from the model's at layer {at}",
                                  ctx.plan.partition_span,
                                  hint=f"the model's pattern is \"{ctx.pattern}\"")

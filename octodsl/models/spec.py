@@ -334,7 +334,7 @@ class ModelSpec(BaseModel):
 
     def kind_counts(self) -> dict[str, int]:
         """Number of layers of each kind, every kind listed (0 when absent)."""
-        counts = Counter(layer.kind for layer in self.layers)
+        counts: Counter[str] = Counter(layer.kind for layer in self.layers)
         return {kind: counts.get(kind, 0) for kind in LAYER_KINDS}
 
     def with_shape(self, microbatch_size: int | None = None, seq_len: int | None = None) -> ModelSpec:

@@ -7,6 +7,11 @@ it the same code runs as Python, correct but about a hundred times slower.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+# numba's compiler, called with its private `_nrt` option (absent from numba's stubs), or None.
+_numba_njit: Callable[..., Any] | None
 try:
     from numba import njit as _numba_njit
 except ImportError:  # pragma: no cover - depends on the environment
@@ -22,6 +27,6 @@ def njit(fn=None, *, refcounts: bool = True):
     the list scheduler's small per-decision functions was half of its time."""
     if fn is None:
         return lambda f: njit(f, refcounts=refcounts)
-    if not JIT:
+    if _numba_njit is None:  # JIT is False
         return fn
     return _numba_njit(cache=True, nogil=True, _nrt=refcounts)(fn)

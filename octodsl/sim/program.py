@@ -191,13 +191,13 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
             or len(plan.schedule) != len(old.schedule)):
         return None
     order_nodes = like.order_nodes.copy()
-    for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule)):
+    for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
         if slots is old_slots:
             continue
         lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
         if len(slots) != hi - lo:
             return None
-        node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist()))
+        node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))
         try:
             ids = [node_of[s] for s in slots]
         except KeyError:

@@ -8,9 +8,10 @@ A baseline is named `SCHEDULE[-vCHUNKS]-PARTITION`, e.g. `1f1b-equal`, `interlea
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from ..gen import PARTITIONS, ScheduleError, phased_schedule
 from ..gen.model_partition import model_stages
@@ -46,12 +47,13 @@ def baseline_name(schedule: str, chunks: int | None, partition: str) -> str:
 def partition_stages(problem: Problem, method: str, num_stages: int) -> list[Stage]:
     """The stages of `gen --model --partition METHOD`, on the problem's device and shape."""
     h = problem.header
+    assert h.model is not None, "Problem.create names the model in the header"
     stages, _ = model_stages(h.model, num_stages, method, device=problem.table.meta["device"],
                              microbatch_size=h.microbatch_size, seq_len=h.seq_len)
     return stages
 
 
-def classic_plans(problem: Problem) -> Iterable[tuple[str, Plan | None, str | None]]:
+def classic_plans(problem: Problem) -> Iterator[tuple[str, Plan | None, str | None]]:
     """(name, plan, None) for each schedule and partition, or (name, None, why not)."""
     for schedule, chunks in SCHEDULES:
         try:
@@ -101,8 +103,10 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
 
 def best_baseline(baselines: Iterable[Baseline]) -> Baseline | None:
     """The fastest baseline within the memory limit."""
-    best = None
+    best: Baseline | None = None
+    best_time = math.inf
     for b in baselines:
-        if b.usable and (best is None or b.score.time < best.score.time):
-            best = b
+        # b.usable, spelled out so that the type of b.score narrows
+        if b.score is not None and b.score.fits and (best is None or b.score.time < best_time):
+            best, best_time = b, b.score.time
     return best

@@ -58,7 +58,8 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
     note("baselines")
     baselines = classic_baselines(problem, Evaluator(problem), deadline=t0 + budget / 2)
     best = best_baseline(baselines)
-    starts = ([start] if start is not None else []) + ([best.score.plan] if best else [])
+    best_plan = best.score.plan if best is not None and best.score is not None else None  # usable: scored
+    starts = ([start] if start is not None else []) + ([best_plan] if best_plan is not None else [])
     left = t0 + budget - time.perf_counter()
     try:
         # A start of the tuner costs about what a baseline does: none fits in less time.
@@ -77,6 +78,7 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
     if tuned.interrupted and not tuned.best.fits:
         raise KeyboardInterrupt  # nothing worth keeping
     if not tuned.best.fits:
+        assert problem.memory is not None, "only a memory limit makes a simulated plan not fit"
         peak = float(tuned.best.peak.max())
         more = "" if tuned.finished else " (the budget stopped the search: a longer one may)"
         raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device: the best "
@@ -96,7 +98,7 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         else:
             from .milp import solve_milp
 
-            hint = best.score.plan if name == "milp-warm" and best else None
+            hint = best_plan if name == "milp-warm" else None
             r = solve_milp(problem, budget, hint=hint)
             out.others[name] = r.score
             out.notes[name] = r.status.lower()

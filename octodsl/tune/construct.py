@@ -46,7 +46,7 @@ def build_schedule(plan: Plan, costs: Sequence[StageCost], link: Link,
     order = _arrays(plan, costs, link, memory, w_gap)
     orders: list[list[Slot]] = [[] for _ in range(plan.devices)]
     for k, s, i, d in zip(order.kind.tolist(), order.stage.tolist(), order.mb.tolist(),
-                          order.device.tolist()):
+                          order.device.tolist(), strict=True):
         orders[d].append(_slot(k, s, i))
     return replace(plan, schedule=orders)
 

@@ -91,13 +91,10 @@ def _descend(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
 
 
 @njit
-def _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
+def _first_trip(c, sd, sf, sb, hop):
+    """When micro-batch 0's forward reaches each stage, and when its input gradient can start
+    there (messages only between stages of different devices)."""
     S = sd.shape[0]
-    sf = pf[c[1:]] - pf[c[:-1]]
-    sb = pb[c[1:]] - pb[c[:-1]]
-    load_s = sf + sb + pw[c[1:]] - pw[c[:-1]]
-    sa = pa[c[1:]] - pa[c[:-1]]
-    ss = ps[c[1:]] - ps[c[:-1]]
     # Message time after each stage (none between stages of one device).
     h = np.zeros(S)
     for s in range(S - 1):
@@ -110,21 +107,64 @@ def _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
     back[S - 1] = arrive[S - 1] + sf[S - 1]
     for s in range(S - 2, -1, -1):
         back[s] = back[s + 1] + sb[s + 1] + h[s]
+    return arrive, back
+
+
+@njit
+def _device_sums(sd, P, load_s, sa, ss):
+    """Per device: its first and deepest stage (-1 for none), and its stages' summed work,
+    activations and static bytes."""
     first = np.full(P, -1, np.int64)
     deepest = np.full(P, -1, np.int64)
     load = np.zeros(P)
-    fwd = np.zeros(P)
     act = np.zeros(P)
     static = np.zeros(P)
-    for s in range(S):
+    for s in range(sd.shape[0]):
         d = sd[s]
         if first[d] < 0:
             first[d] = s
         deepest[d] = s
         load[d] += load_s[s]
-        fwd[d] += sf[s]
         act[d] += sa[s]
         static[d] += ss[s]
+    return first, deepest, load, act, static
+
+
+@njit
+def _device_bound(d, first, hs, M, limit, load, act, static, sd, sf, sb, sa, arrive, back, pace):
+    """The module docstring's a_d + max(M * load_d + fill_d, M * pace_d) for device d, whose
+    stages run from `first` to `hs` (its deepest)."""
+    cap = float(M)
+    if limit < np.inf and act > 0:
+        cap = min(cap, float(np.floor((limit - static) / act)))
+    a = arrive[first]
+    early = 0.0
+    for s in range(first, hs + 1):
+        if sd[s] == d:
+            reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
+            early += sf[s] * min(cap, reach)
+    fill = max(0.0, back[hs] - a - early)
+    # Memory throttle: stage s holds a micro-batch's activations for its round trip, so
+    # at one micro-batch per `pace` it holds about trip / pace of them; the fastest pace
+    # whose activations fit beside the static bytes.
+    held = 0.0
+    for s in range(first, hs + 1):
+        if sd[s] == d:
+            held += sa[s] * (back[s] + sb[s] - arrive[s])
+    throttle = held / (limit - static)
+    return a + max(M * load + fill, M * throttle)
+
+
+@njit
+def _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
+    S = sd.shape[0]
+    sf = pf[c[1:]] - pf[c[:-1]]
+    sb = pb[c[1:]] - pb[c[:-1]]
+    load_s = sf + sb + pw[c[1:]] - pw[c[:-1]]
+    sa = pa[c[1:]] - pa[c[:-1]]
+    ss = ps[c[1:]] - ps[c[:-1]]
+    arrive, back = _first_trip(c, sd, sf, sb, hop)
+    first, deepest, load, act, static = _device_sums(sd, P, load_s, sa, ss)
     overflow = 0.0
     for d in range(P):
         overflow += max(0.0, static[d] + act[d] - limit)
@@ -139,26 +179,8 @@ def _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
     for d in range(P):
         if first[d] < 0:
             continue
-        cap = float(M)
-        if limit < np.inf and act[d] > 0:
-            cap = min(cap, float(np.floor((limit - static[d]) / act[d])))
-        a = arrive[first[d]]
-        hs = deepest[d]
-        early = 0.0
-        for s in range(first[d], hs + 1):
-            if sd[s] == d:
-                reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
-                early += sf[s] * min(cap, reach)
-        fill = max(0.0, back[hs] - a - early)
-        # Memory throttle: stage s holds a micro-batch's activations for its round trip, so
-        # at one micro-batch per `pace` it holds about trip / pace of them; the fastest pace
-        # whose activations fit beside the static bytes.
-        held = 0.0
-        for s in range(first[d], hs + 1):
-            if sd[s] == d:
-                held += sa[s] * (back[s] + sb[s] - arrive[s])
-        throttle = held / (limit - static[d])
-        t = a + max(M * load[d] + fill, M * throttle)
+        t = _device_bound(d, first[d], deepest[d], M, limit, load[d], act[d], static[d],
+                          sd, sf, sb, sa, arrive, back, pace)
         worst = max(worst, t)
         total += t
     # The mean breaks ties between layouts with the same slowest device.

@@ -7,6 +7,7 @@ devices[s]. A StageLayout is hashable, so the tuner remembers which ones it has 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from ..plan import DevicePlacement, Plan, PlanError, Stage
 
@@ -22,7 +23,7 @@ class StageLayout:
 
     def __post_init__(self) -> None:
         if len(self.cuts) != len(self.devices) + 1 or self.cuts[0] != 0 or any(
-                a >= b for a, b in zip(self.cuts, self.cuts[1:])):
+                a >= b for a, b in pairwise(self.cuts)):
             raise ValueError(f"bad layout: cuts {self.cuts} for {len(self.devices)} stages")
 
     @property
@@ -38,11 +39,11 @@ class StageLayout:
         """The layout of a plan whose stages name their layers; PlanError otherwise."""
         if any(st.abstract for st in plan.stages):
             raise PlanError("the plan's partition names no layers (an abstract plan)")
-        return cls(tuple(st.first for st in plan.stages) + (plan.stages[-1].last + 1,),
+        return cls(tuple(st.bounds[0] for st in plan.stages) + (plan.stages[-1].bounds[1] + 1,),
                    tuple(plan.stage_device()))
 
     def stages(self) -> list[Stage]:
-        return [Stage(a, b - 1) for a, b in zip(self.cuts, self.cuts[1:])]
+        return [Stage(a, b - 1) for a, b in pairwise(self.cuts)]
 
     def placement(self, num_devices: int) -> list[DevicePlacement]:
         return [DevicePlacement(d, tuple(s for s, x in enumerate(self.devices) if x == d))

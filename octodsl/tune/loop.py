@@ -168,7 +168,8 @@ class _Search:
         self.best_w_gap = False
         """How the best plan's order was built (its kicks rebuild orders the same way)."""
         self.rounds: list[Round] = []
-        self.tried: set[tuple[StageLayout, bool]] = set()
+        self.tried: set[tuple[StageLayout, bool | None]] = set()
+        """The layouts tried, with the list scheduler's setting (None: the proposal's default)."""
         self.last_cost = 0.0
         """Seconds the last simulation took."""
         self.step_cost = step_cost
@@ -227,7 +228,7 @@ class _Search:
 
     def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, StageLayout, bool]]:
         p = self.problem
-        out = []
+        out: list[tuple[str, Score, StageLayout, bool]] = []
         for plan in given:
             # The given order is kept; the schedule phase may rebuild it (w_gap=True makes its
             # first proposal the usually better rebuild without W held back).
@@ -242,7 +243,8 @@ class _Search:
                 plan = rebuild(p.skeleton(layout), p, w_gap)
                 out.append((f"placement {name}, {cuts}" + (", W held for gaps" if w_gap else ""),
                             self.score(plan, "start", w_gap), layout, w_gap))
-        out.sort(key=functools.cmp_to_key(lambda a, b: _order(a[1], b[1])))
+        by_score = functools.cmp_to_key(_order)
+        out.sort(key=lambda start: by_score(start[1]))
         return out
 
     def _start_cuts(self, devices: tuple[int, ...]) -> tuple[StageLayout, str]:
@@ -267,10 +269,14 @@ class _Search:
         misses = 0
         while misses < PATIENCE:
             best = self.best
+            # the starts' family placements are list-scheduled, so some start simulated; and a
+            # plan without a simulation is never better than another (Score.better_than)
+            assert best is not None and best.result is not None
             self.ready("kick")
             st = State(self.problem, best, StageLayout.of(best.plan), self.best_w_gap,
                        diagnose(best.result), self.seed)
             prop = kick(st, rng)
+            assert prop.layout is not None and prop.w_gap is not None, "a kick sets both"
             s = self.score(prop.build(), "kick", prop.w_gap)
             self.rounds.append(Round(len(self.rounds), "kick", prop.move, best.time, s.time))
             self._refine(s, prop.layout, prop.w_gap)

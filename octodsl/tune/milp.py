@@ -75,6 +75,40 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
                else M * (sum(f) + sum(b) + sum(w)) + 2 * S * M * hop)
 
     m = cp_model.CpModel()
+    # The model is built in one fixed order (CP-SAT's search depends on it): the partition,
+    # the intervals, their precedences, the devices, memory, the objective.
+    kept = StageLayout.of(hint).cuts if keep_partition and hint is not None else None
+    x, stage_of = _partition(m, L, S, kept)
+    start, end, by_dev = _intervals(m, devs, P, M, (f, b, w), x, horizon)
+    _precedences(m, devs, M, start, end, hop)
+    for d in range(P):
+        m.add_no_overlap(by_dev[d])
+    if problem.memory is not None:
+        _memory(m, problem, devs, x, start, end, held, held_w, static, horizon)
+    makespan = m.new_int_var(0, horizon, "T")
+    for s in range(S):
+        for i in range(M):
+            m.add(makespan >= end["W", s, i])
+    m.minimize(makespan)
+    if hint is not None and hint_score is not None and hint_score.result is not None:
+        _hint(m, problem, hint, hint_score, x, start)
+        m.add_hint(makespan, _us(hint_score.result.pipeline_time))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(budget, 0.1)
+    solver.parameters.num_workers = workers
+    status = solver.solve(m)
+    name = solver.status_name(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return MilpResult(None, name, None, hint is not None)
+    plan = _solved_plan(problem, solver, devs, stage_of, start)
+    return MilpResult(Evaluator(problem)(plan), name, solver.best_objective_bound / _US,
+                      hint is not None)
+
+
+def _partition(m, L: int, S: int, cuts: tuple[int, ...] | None):
+    """x[l][s]: layer l is in stage s; stage_of[l]: its stage's index. Stages are consecutive,
+    non-empty layer ranges; `cuts` (keep_partition) fixes them."""
     x = [[m.new_bool_var(f"x{l}_{s}") for s in range(S)] for l in range(L)]
     stage_of = []
     for l in range(L):
@@ -82,23 +116,34 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
         stage_of.append(sum(s * x[l][s] for s in range(S)))
     m.add(stage_of[0] == 0)
     m.add(stage_of[-1] == S - 1)
-    if keep_partition:
-        cuts = StageLayout.of(hint).cuts
+    if cuts is not None:
         for l in range(L):
             for s in range(S):
                 m.add(x[l][s] == int(cuts[s] <= l < cuts[s + 1]))
     for l in range(L - 1):
         m.add(stage_of[l + 1] >= stage_of[l])
         m.add(stage_of[l + 1] <= stage_of[l] + 1)
+    return x, stage_of
+
+
+def _intervals(m, devs, P: int, M: int, times: tuple[list[int], list[int], list[int]], x,
+               horizon: int):
+    """Each stage's F, B, W durations (its layers' sums), and the start, end and interval of
+    every (kind, stage, micro-batch); the intervals by device."""
+    L = len(x)
 
     def stage_sum(values, s, name):
         v = m.new_int_var(0, sum(values), name)
         m.add(v == sum(values[l] * x[l][s] for l in range(L)))
         return v
 
+    f, b, w = times
+    S = len(devs)
     dur = {(k, s): stage_sum(vals, s, f"{k}{s}") for s in range(S)
            for k, vals in (("F", f), ("B", b), ("W", w))}
-    start, end, by_dev = {}, {}, [[] for _ in range(P)]
+    start: dict = {}
+    end: dict = {}
+    by_dev: list[list] = [[] for _ in range(P)]
     for s in range(S):
         for i in range(M):
             for k in "FBW":
@@ -106,6 +151,13 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
                 e = m.new_int_var(0, horizon, "")
                 by_dev[devs[s]].append(m.new_interval_var(a, dur[k, s], e, ""))
                 start[k, s, i], end[k, s, i] = a, e
+    return start, end, by_dev
+
+
+def _precedences(m, devs, M: int, start: dict, end: dict, hop: int) -> None:
+    """F down the stages, B back up, W after B (plus the link between devices); micro-batches
+    in order on each stage."""
+    S = len(devs)
     for s in range(S):
         h_next = hop if s + 1 < S and devs[s] != devs[s + 1] else 0
         h_prev = hop if s > 0 and devs[s] != devs[s - 1] else 0
@@ -119,37 +171,20 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
             if i > 0:
                 for k in "FBW":
                     m.add(start[k, s, i] >= start[k, s, i - 1])
-    for d in range(P):
-        m.add_no_overlap(by_dev[d])
-    if problem.memory is not None:
-        _memory(m, problem, devs, x, start, end, held, held_w, static, horizon)
-    makespan = m.new_int_var(0, horizon, "T")
-    for s in range(S):
-        for i in range(M):
-            m.add(makespan >= end["W", s, i])
-    m.minimize(makespan)
-    if hint_score is not None and hint_score.result is not None:
-        _hint(m, problem, hint, hint_score, x, start)
-        m.add_hint(makespan, _us(hint_score.result.pipeline_time))
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(budget, 0.1)
-    solver.parameters.num_workers = workers
-    status = solver.solve(m)
-    name = solver.status_name(status)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return MilpResult(None, name, None, hint is not None)
+
+def _solved_plan(problem: Problem, solver, devs, stage_of, start: dict) -> Plan:
+    """The solution as a plan: its cuts, and each device's ops in the order of their starts."""
+    P, M, L, S = problem.devices, problem.microbatches, problem.num_layers, len(devs)
     cuts = [0] + [l for l in range(1, L) if solver.value(stage_of[l]) != solver.value(stage_of[l - 1])] + [L]
     layout = StageLayout(tuple(cuts), devs)
     ops = sorted(((solver.value(start[k.value, s, i]), devs[s], Op(k, s, i))
                   for s in range(S) for i in range(M) for k in _SPLIT_KINDS),
                  key=lambda t: (t[0], _SPLIT_KINDS.index(t[2].kind), t[2].stage))
-    schedule = [[] for _ in range(P)]
+    schedule: list[list[Slot]] = [[] for _ in range(P)]
     for _, d, op in ops:
         schedule[d].append(Slot((op,)))
-    plan = problem.with_schedule(problem.skeleton(layout), schedule)
-    return MilpResult(Evaluator(problem)(plan), name, solver.best_objective_bound / _US,
-                      hint is not None)
+    return problem.with_schedule(problem.skeleton(layout), schedule)
 
 
 def _memory(m, problem, devs, x, start, end, held, held_w, static, horizon) -> None:
@@ -185,6 +220,7 @@ def _hint(m, problem: Problem, plan: Plan, score: Score, x, start) -> None:
         for l in range(len(x)):
             m.add_hint(x[l][s], layout.cuts[s] <= l < layout.cuts[s + 1])
     b = [c.b for c in problem.stage_costs(plan)]
+    assert score.result is not None, "solve_milp hints only from a plan that simulated"
     for op in score.result.ops():
         if op.kind == "BW":
             m.add_hint(start["B", op.stage, op.mb], _us(op.start))

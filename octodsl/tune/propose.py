@@ -17,6 +17,7 @@ import numpy as np
 
 from ..plan import OpKind, Plan
 from .diagnose import Bottleneck
+from ..sim import SimResult
 from .evaluate import Score
 from .layout import StageLayout, even_cuts
 from .moves import memory, partition, placement, schedule
@@ -43,25 +44,40 @@ class State:
     bottleneck: Bottleneck
     seed: int
 
+    @property
+    def result(self) -> SimResult:
+        """The current plan's simulation: a search state is made only for a plan that ran."""
+        assert self.score.result is not None, "a state's plan has a simulation"
+        return self.score.result
+
 
 def proposals(phase: str, st: State) -> Iterator[Proposal]:
     return {"memory": _memory, "partition": _partition, "placement": _placement,
             "schedule": _schedule}[phase](st)
 
 
+def _rebuilt(st: State, layout: StageLayout) -> Callable[[], Plan]:
+    """Builds `layout` with a fresh order from the list scheduler, set as the state's was."""
+    return lambda: schedule.rebuild(st.problem.skeleton(layout), st.problem, st.w_gap)
+
+
+def _given(plan: Plan) -> Callable[[], Plan]:
+    """Builds `plan`: an edit of the current order, already made."""
+    return lambda: plan
+
+
 def _layout(st: State, move: str, layout: StageLayout | None) -> Iterator[Proposal]:
     if layout is not None and layout != st.layout:
-        yield Proposal(move, lambda: schedule.rebuild(st.problem.skeleton(layout), st.problem,
-                                                      st.w_gap), layout, st.w_gap)
+        yield Proposal(move, _rebuilt(st, layout), layout, st.w_gap)
 
 
 def _partition(st: State) -> Iterator[Proposal]:
     yield from _layout(st, "rebalance: bubble-aware cuts",
                        partition.rebalance(st.layout, st.problem, seed=st.seed))
-    busy = st.score.result.busy
+    busy = st.result.busy
     top = int(np.argmax(busy))
     for new in partition.relieve(st.layout, busy):
-        moved = [s for s, (a, b) in enumerate(zip(st.layout.cuts, new.cuts)) if a != b][0]
+        moved = [s for s, (a, b) in enumerate(zip(st.layout.cuts, new.cuts, strict=True)) if a != b][0]
         yield from _layout(st, f"relieve device {top}: move cut {moved} to layer {new.cuts[moved]}",
                            new)
 
@@ -90,23 +106,25 @@ def _placement(st: State) -> Iterator[Proposal]:
 
 
 def _schedule(st: State) -> Iterator[Proposal]:
-    plan, result = st.score.plan, st.score.result
+    plan, result = st.score.plan, st.result
     yield Proposal(f"rebuild the order, W {'not ' if st.w_gap else ''}held for gaps",
                    lambda: schedule.rebuild(plan, st.problem, not st.w_gap), None, not st.w_gap)
     for new in schedule.fill_gaps(plan, result, (OpKind.F, OpKind.B)):
-        yield Proposal("advance an F/B into a gap", lambda new=new: new)
+        yield Proposal("advance an F/B into a gap", _given(new))
     for new in schedule.fill_gaps(plan, result, (OpKind.W,)):
-        yield Proposal("run a W while waiting on a message", lambda new=new: new)
+        yield Proposal("run a W while waiting on a message", _given(new))
     for new in schedule.delay_w(plan, result):
-        yield Proposal("delay a W that held up the critical path", lambda new=new: new)
+        yield Proposal("delay a W that held up the critical path", _given(new))
 
 
 def _memory(st: State) -> Iterator[Proposal]:
-    plan, result = st.score.plan, st.score.result
-    for d in memory.over_limit(result, st.problem.memory):
+    plan, result = st.score.plan, st.result
+    limit = st.problem.memory
+    assert limit is not None, "the memory phase runs for a plan over the limit"
+    for d in memory.over_limit(result, limit):
         new = memory.advance_w(plan, result, d)
         if new is not None:
-            yield Proposal(f"advance a W before device {d}'s peak", lambda new=new: new)
+            yield Proposal(f"advance a W before device {d}'s peak", _given(new))
     yield Proposal("rebuild the order within the memory limit",
                    lambda: schedule.rebuild(plan, st.problem, st.w_gap), None, st.w_gap)
 
@@ -137,7 +155,5 @@ def kick(st: State, rng: random.Random) -> Proposal:
             continue
         if what != "shift":
             new = partition.rebalance(placement.merge(new), st.problem, seed=rng.randrange(1 << 30))
-        return Proposal(move, lambda new=new: schedule.rebuild(st.problem.skeleton(new),
-                                                                st.problem, st.w_gap),
-                        new, st.w_gap)
+        return Proposal(move, _rebuilt(st, new), new, st.w_gap)
     return Proposal("kick: none found", lambda: st.score.plan, st.layout, st.w_gap)

@@ -22,9 +22,9 @@ def random_layout(problem: Problem, rng: random.Random) -> StageLayout:
         devices = regular[pick][1]
     else:  # irregular: every device at least once, the rest anywhere
         extra = rng.randint(0, min(3 * P, L - P))
-        devices = list(range(P)) + [rng.randrange(P) for _ in range(extra)]
-        rng.shuffle(devices)
-        devices = tuple(devices)
+        order = list(range(P)) + [rng.randrange(P) for _ in range(extra)]
+        rng.shuffle(order)
+        devices = tuple(order)
     S = len(devices)
     cuts = (0,) + tuple(sorted(rng.sample(range(1, L), S - 1))) + (L,)
     return StageLayout(cuts, devices)

@@ -33,6 +33,7 @@ class Figures:
     @classmethod
     def of(cls, score: Score, problem: Problem) -> Figures:
         r = score.result
+        assert r is not None, "a plan that deadlocks has no figures"
         return cls(score.time, r.throughput, r.bubble_ratio, [float(x) for x in score.peak],
                    problem.lower_bound() / score.time, score.fits)
 
@@ -91,7 +92,7 @@ def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseli
     for col in ("iteration", "tok/dev/s", "bubble", "peak mem", "eff.", "speed-up"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_row(*_cells("tuned", f_tuned, f_tuned), style="bold green")
-    rows = []
+    rows: list[tuple[float, str, Figures | None]] = []
     not_run = {b.name for b in baselines if b.error == NOT_RUN}
     for name, s in _others(baselines, extra).items():
         if s is None:

@@ -58,11 +58,11 @@ def rebalance(layout: StageLayout, problem: Problem, seed: int = 0,
     return layout.with_cuts(best)
 
 
-def relieve(layout: StageLayout, busy: Sequence[float]) -> list[StageLayout]:
+def relieve(layout: StageLayout, busy: Sequence[float] | np.ndarray) -> list[StageLayout]:
     """Layouts with one layer moved off the busiest device onto a neighbouring stage of another
     device, the least busy receiver first."""
-    busy = np.asarray(busy, float)
-    top = int(np.argmax(busy))
+    load = np.asarray(busy, float)
+    top = int(np.argmax(load))
     moves = []
     for s, d in enumerate(layout.devices):
         if d != top:
@@ -70,9 +70,9 @@ def relieve(layout: StageLayout, busy: Sequence[float]) -> list[StageLayout]:
         # Cut s is before stage s (the previous stage can take our first layer); cut s + 1 is
         # after it (the next stage can take our last layer).
         if s > 0 and layout.devices[s - 1] != top:
-            moves.append((busy[layout.devices[s - 1]], s, 1))
+            moves.append((load[layout.devices[s - 1]], s, 1))
         if s + 1 < layout.num_stages and layout.devices[s + 1] != top:
-            moves.append((busy[layout.devices[s + 1]], s + 1, -1))
+            moves.append((load[layout.devices[s + 1]], s + 1, -1))
     out = []
     for _, cut, delta in sorted(moves):
         new = shift(layout, cut, delta)
@@ -106,26 +106,26 @@ def fitting(layout: StageLayout, problem: Problem) -> StageLayout | None:
     work = np.concatenate([[0], np.cumsum(
         [int(round((l.f + l.b + l.w) * 1e6)) for l in layers])]).tolist()
     m = cp_model.CpModel()
-    cut = [m.NewConstant(0)] + [m.NewIntVar(1, n - 1, f"c{s}") for s in range(1, S)] + [
-        m.NewConstant(n)]
+    cut = [m.new_constant(0)] + [m.new_int_var(1, n - 1, f"c{s}") for s in range(1, S)] + [
+        m.new_constant(n)]
     at_room, at_work = [], []
     for s in range(S + 1):
         if s < S:
-            m.Add(cut[s + 1] >= cut[s] + 1)
+            m.add(cut[s + 1] >= cut[s] + 1)
         if 0 < s < S:
-            m.AddHint(cut[s], layout.cuts[s])
-        at_room.append(m.NewIntVar(0, room[-1], f"r{s}"))
-        m.AddElement(cut[s], room, at_room[-1])
-        at_work.append(m.NewIntVar(0, work[-1], f"w{s}"))
-        m.AddElement(cut[s], work, at_work[-1])
-    busiest = m.NewIntVar(0, work[-1], "busiest")
+            m.add_hint(cut[s], layout.cuts[s])
+        at_room.append(m.new_int_var(0, room[-1], f"r{s}"))
+        m.add_element(cut[s], room, at_room[-1])
+        at_work.append(m.new_int_var(0, work[-1], f"w{s}"))
+        m.add_element(cut[s], work, at_work[-1])
+    busiest = m.new_int_var(0, work[-1], "busiest")
     for stages in layout.device_stages(problem.devices):
-        m.Add(sum(at_room[s + 1] - at_room[s] for s in stages) <= _STEPS)
-        m.Add(sum(at_work[s + 1] - at_work[s] for s in stages) <= busiest)
-    m.Minimize(busiest)
+        m.add(sum(at_room[s + 1] - at_room[s] for s in stages) <= _STEPS)
+        m.add(sum(at_work[s + 1] - at_work[s] for s in stages) <= busiest)
+    m.minimize(busiest)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_deterministic_time = _FITTING_EFFORT
-    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return layout.with_cuts([solver.Value(c) for c in cut])
+    return layout.with_cuts([solver.value(c) for c in cut])

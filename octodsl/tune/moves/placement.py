@@ -49,7 +49,8 @@ def exchange(layout: StageLayout, device: int, earlier: bool) -> StageLayout | N
 
 def merge(layout: StageLayout) -> StageLayout:
     """Neighbouring stages on the same device joined into one."""
-    cuts, devices = [0], []
+    cuts: list[int] = [0]
+    devices: list[int] = []
     for s, d in enumerate(layout.devices):
         if devices and devices[-1] == d:
             cuts[-1] = layout.cuts[s + 1]

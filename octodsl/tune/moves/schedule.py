@@ -89,7 +89,7 @@ def fill_gaps(plan: Plan, result: SimResult, kinds: tuple[OpKind, ...], devices:
 def delay_w(plan: Plan, result: SimResult, limit: int = 4) -> list[Plan]:
     """Plans with one W on the critical path moved after the op it held up."""
     p = result.program
-    where = {}  # (device, start time) -> index in the device's order
+    where: dict[tuple[int, float], int] = {}  # (device, start time) -> index in the device's order
     for d in range(p.devices):
         nodes = p.order_nodes[p.order_ptr[d]:p.order_ptr[d + 1]]
         where.update(((d, float(t)), j) for j, t in enumerate(result.start[nodes].tolist()))
