@@ -25,11 +25,11 @@ test: venv
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q
 
 # ruff (pyflakes, bugbear, complexity) and mypy, configured in pyproject.toml. mypy runs through
-# tools/typecheck.py, which checks deepspeed_ext/ and grammar/ as octodsl.deepspeed_ext and
+# .ci/typecheck.py, which checks deepspeed_ext/ and grammar/ as octodsl.deepspeed_ext and
 # octodsl.grammar, the names setup.cfg's package_dir installs them under.
 check: venv
-	$(VENV)/bin/ruff check octodsl deepspeed_ext grammar tools
-	$(PY) tools/typecheck.py
+	$(VENV)/bin/ruff check octodsl deepspeed_ext grammar .ci/typecheck.py
+	$(PY) .ci/typecheck.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info out .mypy_cache .ruff_cache
