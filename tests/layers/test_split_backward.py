@@ -126,16 +126,8 @@ def test_input_without_grad_and_scalar_loss():
     _check(LM(), lambda: [torch.randint(0, 10, (4,))], [None])
 
 
-def test_merged_layers_match_fused():
-    """Layers run on detached inputs: B layer by layer, one merged W for all of them."""
-    torch.manual_seed(0)
-    blocks = [Block(8) for _ in range(4)]
-    params = [p for b in blocks for p in b.parameters()]
-    x0 = torch.randn(3, 8)
-    g0 = torch.randn(3, 8)
-    nn.Sequential(*blocks)(x0.requires_grad_()).backward(g0)
-    ref = _grads(params)
-
+def _layer_by_layer(blocks, x0, g0) -> list:
+    """Each block run on a detached input, then B block by block from the top: the W states."""
     ins, outs, x = [], [], x0
     for b in blocks:
         x = x.detach().requires_grad_()
@@ -146,6 +138,20 @@ def test_merged_layers_match_fused():
     for xi, y in zip(reversed(ins), reversed(outs)):
         (g,), st = backward_input([y], [g], [xi])
         states.append(st)
+    return states
+
+
+def test_merged_layers_match_fused():
+    """Layers run on detached inputs: B layer by layer, one merged W for all of them."""
+    torch.manual_seed(0)
+    blocks = [Block(8) for _ in range(4)]
+    params = [p for b in blocks for p in b.parameters()]
+    x0 = torch.randn(3, 8)
+    g0 = torch.randn(3, 8)
+    nn.Sequential(*blocks)(x0.requires_grad_()).backward(g0)
+    ref = _grads(params)
+
+    states = _layer_by_layer(blocks, x0, g0)
     assert all(p.grad is None for p in params)
     backward_weight(WeightGradState.merge(states), params)
     for r, p in zip(ref, params):
@@ -165,16 +171,7 @@ def test_merged_layers_sharing_a_module_match_fused():
     nn.Sequential(*blocks)(x0.requires_grad_()).backward(g0)
     ref = _grads(params)
 
-    ins, outs, x = [], [], x0
-    for b in blocks:
-        x = x.detach().requires_grad_()
-        ins.append(x)
-        x = b(x)
-        outs.append(x)
-    g, states = g0, []
-    for xi, y in zip(reversed(ins), reversed(outs)):
-        (g,), st = backward_input([y], [g], [xi])
-        states.append(st)
+    states = _layer_by_layer(blocks, x0, g0)
     backward_weight(WeightGradState.merge(states), params)
     for r, p in zip(ref, params):
         torch.testing.assert_close(p.grad, r, rtol=1e-6, atol=1e-7)
