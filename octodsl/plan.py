@@ -33,6 +33,21 @@ class Span:
     end_col: int
 
 
+class Recompute(str, enum.Enum):
+    """What a stage drops after its forward and recomputes in its backward."""
+
+    NONE = "none"
+    """Keep every activation from F to B."""
+    FULL = "full"
+    """Keep only the stage's input; B runs the stage's forward again first."""
+    SELECTIVE = "selective"
+    """Drop the activations that are large and cheap to recompute (per layer kind:
+    docs/models-and-costs.md); B recomputes them first."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class OpKind(str, enum.Enum):
     """What an op computes for one (stage, micro-batch)."""
 
@@ -122,6 +137,9 @@ class Header(BaseModel):
     """Tokens per sequence."""
     dp: int = Field(default=1, ge=1, le=limits.MAX_DP)
     """Data-parallel degree: copies of this pipeline."""
+    zero: int = Field(default=0, ge=0, le=2)
+    """ZeRO stage over the `dp` copies: 0 nothing sharded, 1 the optimizer state (fp32 master
+    copy, Adam m and v), 2 the gradients as well."""
     memory: int | None = Field(default=None, ge=1, le=limits.MAX_MEMORY)
     """Memory limit per device, bytes."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
@@ -137,6 +155,10 @@ class Stage:
     symbols: str | None = None
     """The stage's layer-pattern symbols when the partition was written as a pattern."""
     span: Span | None = field(default=None, compare=False, repr=False)
+    recompute: Recompute = Recompute.NONE
+    """What the stage recomputes (the plan's `recompute` section)."""
+    recompute_span: Span | None = field(default=None, compare=False, repr=False)
+    """Where the stage's `recompute` line is written."""
 
     @property
     def abstract(self) -> bool:
@@ -220,6 +242,10 @@ class Plan:
                 for op in slot.ops:
                     yield d, i, op
 
+    def recompute(self) -> list[Recompute]:
+        """What each stage recomputes."""
+        return [s.recompute for s in self.stages]
+
     def split_stages(self) -> list[bool]:
         """Whether each stage splits its backward (uses B + W) rather than a fused BW."""
         split = [False] * self.num_stages
@@ -232,8 +258,8 @@ class Plan:
         """Equal in meaning: header values, partition, placement and orders (positions ignored)."""
         return (
             self.header.model_dump() == other.header.model_dump()
-            and [(s.first, s.last, s.symbols) for s in self.stages]
-            == [(s.first, s.last, s.symbols) for s in other.stages]
+            and [(s.first, s.last, s.symbols, s.recompute) for s in self.stages]
+            == [(s.first, s.last, s.symbols, s.recompute) for s in other.stages]
             and sorted((p.device, p.stages) for p in self.placement)
             == sorted((p.device, p.stages) for p in other.placement)
             and self.schedule == other.schedule

@@ -19,7 +19,8 @@ BYTES_PER_PARAM = 16
 (4 + 4 + 4). An fp32 model has fp32 parameter and gradient and Adam m, v: also 16."""
 
 
-def _times(work: Work, device: Device, dtype: str) -> tuple[float, float, float]:
+def _times(work: Work, device: Device, dtype: str) -> tuple[float, float, float, float]:
+    """F, B and W seconds, and the seconds of what selective recompute runs again."""
     eff = device.efficiency
     bandwidth = device.mem_bandwidth * eff.bandwidth
     gemm = work.gemm / (device.matmul_flops(dtype) * eff.gemm)
@@ -31,7 +32,8 @@ def _times(work: Work, device: Device, dtype: str) -> tuple[float, float, float]
     core_b = max(work.core_b / core_rate, 2 * work.core_bytes / bandwidth) if work.core else 0.0
     return (gemm + core_f + work.ew_f / bandwidth,
             gemm + core_b + work.ew_b / bandwidth,
-            gemm + work.ew_w / bandwidth)
+            gemm + work.ew_w / bandwidth,
+            work.sel_core * core_f + work.sel_ew / bandwidth)
 
 
 def analytical_costs(spec: ModelSpec, device: Device,
@@ -40,11 +42,11 @@ def analytical_costs(spec: ModelSpec, device: Device,
     layers = []
     for i, layer in enumerate(spec.layers):
         work = layer_work(spec, layer)
-        f, b, w = _times(work, device, spec.dtype)
+        f, b, w, sel_f = _times(work, device, spec.dtype)
         params = spec.layer_params(i)
         layers.append(LayerCost(kind=layer.kind, f=f, b=b, w=w, act=work.act, act_w=work.act_w,
                                 static=float(params * bytes_per_param), params=params,
-                                out_bytes=work.out))
+                                out_bytes=work.out, sel_f=sel_f, sel_act=work.sel_act))
     return CostTable(
         layers=layers,
         source=f"analytical {spec.name} on {device.name}",

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import Sequence
+
+from ..models.spec import DTYPE_BYTES
 from ..partition import plan_partition
-from ..plan import Plan
+from ..plan import Plan, Recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,11 @@ class LayerCost:
     """Parameter count."""
     out_bytes: float
     """Bytes of the activation this layer hands to the next (and of the gradient coming back)."""
+    sel_f: float = 0.0
+    """Seconds selective recompute adds to B: the forward of what it drops (`sel_act`)."""
+    sel_act: float = 0.0
+    """Of `act`, the bytes selective recompute drops after F (0: nothing to drop, or a
+    measured table that does not know)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +56,44 @@ class StageCost:
     bw: float | None = None
     """A fused backward (BW) op's seconds, when calibration says it differs from b + w."""
     update: float = 0.0
-    """Seconds of the optimizer step over the stage's parameters, once per iteration."""
+    """Seconds of the optimizer step over the stage's parameters, once per iteration (this
+    copy's shard of them under ZeRO)."""
+    act_b: float = 0.0
+    """Bytes B (or BW) brings back when it starts, by recomputing what F dropped; B releases
+    `act + act_b - act_w` when it ends (0 without recompute)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParamBytes:
+    """Bytes per parameter held for training, by part (docs/models-and-costs.md)."""
+
+    weights: float
+    """The parameter in the compute dtype."""
+    grads: float
+    """Its gradient."""
+    optimizer: float
+    """Optimizer state: fp32 master copy and Adam m and v for a low-precision model."""
+
+    @classmethod
+    def of(cls, total: float, dtype_bytes: int) -> ParamBytes:
+        """`total` bytes per parameter of a model in a `dtype_bytes` dtype: parameter and
+        gradient in that dtype, the rest optimizer state (16 in bf16: 2 + 2 + 12; fp32: 4 + 4 + 8)."""
+        part = min(float(dtype_bytes), total / 2)
+        return cls(part, part, total - 2 * part)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+    def per_device(self, zero: int, dp: int) -> float:
+        """Bytes per parameter on one of `dp` copies at ZeRO stage `zero`: 1 divides the
+        optimizer state by dp, 2 the gradients as well."""
+        return (self.weights + self.grads / (dp if zero >= 2 else 1)
+                + self.optimizer / (dp if zero >= 1 else 1))
+
+    def share(self, zero: int, dp: int) -> float:
+        """`per_device` over `total`: the factor on unsharded static bytes."""
+        return self.per_device(zero, dp) / self.total if self.total > 0 else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +154,13 @@ class CostTable:
     calibration: Calibration | None = None
     """Fitted against real runs (a calibrated profile); None for plain per-layer costs."""
 
+    @property
+    def param_bytes(self) -> ParamBytes:
+        """Per-parameter bytes of `LayerCost.static` (meta `bytes_per_param`, default 16, in
+        meta `dtype`)."""
+        return ParamBytes.of(float(self.meta.get("bytes_per_param", 16)),
+                             DTYPE_BYTES.get(self.meta.get("dtype", "bf16"), 2))
+
     def layer_work(self) -> list[float]:
         """F + B + W seconds of each layer: what a partition balances."""
         return [layer.f + layer.b + layer.w for layer in self.layers]
@@ -121,25 +173,48 @@ class CostTable:
         return plan_partition(plan, len(self.layers), self.layer_work())
 
     def stage_costs(self, plan: Plan) -> list[StageCost]:
-        """Sum layer costs over each stage of the plan's partition (and apply the calibration).
-        Raises PlanError when the partition does not fit the model (`stage_ranges`)."""
-        return self.range_costs(self.stage_ranges(plan))
+        """Sum layer costs over each stage of the plan's partition, with the plan's recompute
+        and ZeRO sharding (and the calibration). Raises PlanError when the partition does not
+        fit the model (`stage_ranges`)."""
+        h = plan.header
+        return self.range_costs(self.stage_ranges(plan), plan.recompute(), h.zero, h.dp)
 
-    def range_costs(self, ranges: list[tuple[int, int]]) -> list[StageCost]:
-        """The StageCost of each (first, last) layer range."""
+    def input_bytes(self, first: int) -> float:
+        """Bytes a stage starting at layer `first` receives: the previous layer's output, or
+        the token ids the embedding keeps."""
+        return self.layers[first - 1].out_bytes if first > 0 else self.layers[0].act
+
+    def range_costs(self, ranges: list[tuple[int, int]], recompute: Sequence[Recompute] = (),
+                    zero: int = 0, dp: int = 1) -> list[StageCost]:
+        """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
+        what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step."""
+        share = self.param_bytes.share(zero, dp)
         out = []
-        for first, last in ranges:
+        for i, (first, last) in enumerate(ranges):
             ls = self.layers[first: last + 1]
             f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
+            act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
+            mode = recompute[i] if i < len(recompute) else Recompute.NONE
+            # B runs again the forward of what F dropped: the whole stage, or the selected parts
+            if mode is Recompute.FULL:
+                again, kept = f, min(act, self.input_bytes(first))
+            elif mode is Recompute.SELECTIVE:
+                again, kept = sum(l.sel_f for l in ls), act - sum(l.sel_act for l in ls)
+            else:
+                again, kept = 0.0, act
             cal = self.calibration
             extra = {}
             if cal is not None:
+                again = cal.scale.get("F", 1.0) * again
                 f, b, w, extra["bw"] = (cal.op_seconds("F", f), cal.op_seconds("B", b),
                                         cal.op_seconds("W", w), cal.op_seconds("BW", b + w))
-                extra["update"] = cal.update_per_param * sum(l.params for l in ls)
+                extra["bw"] += again
+                extra["update"] = cal.update_per_param * sum(l.params for l in ls) \
+                    / (dp if zero >= 1 else 1)
             out.append(StageCost(
-                f=f, b=b, w=w, act=sum(l.act for l in ls), act_w=sum(l.act_w for l in ls),
-                static=sum(l.static for l in ls), send_bytes=ls[-1].out_bytes, **extra,
+                f=f, b=b + again, w=w, act=kept, act_w=act_w,
+                static=share * sum(l.static for l in ls), send_bytes=ls[-1].out_bytes,
+                act_b=act - kept, **extra,
             ))
         return out
 

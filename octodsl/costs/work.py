@@ -59,6 +59,12 @@ class Work:
     """Bytes held from B until W."""
     out: float = 0.0
     """Bytes of the output activation."""
+    sel_act: float = 0.0
+    """Of `act`, the bytes selective recompute drops after F (docs/models-and-costs.md)."""
+    sel_core: float = 0.0
+    """Fraction of the core's forward that B runs again to bring them back."""
+    sel_ew: float = 0.0
+    """Bytes moved by the elementwise kernels that B runs again to bring them back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +77,19 @@ class _Shape:
     e: int
 
 
-def _block(s: _Shape, gemm: float, act: float, gemm_io: float, ew: float, **core) -> Work:
+def _block(s: _Shape, gemm: float, act: float, gemm_io: float, ew: float, sel_act: float = 0.0,
+           sel_ew: float = 0.0, **core) -> Work:
     """A pre-norm residual layer: adds the norm and residual traffic and the norm's saved
     input; `act` is the layer's own saved bytes beyond x and norm(x), `gemm_io` the bytes of its
-    GEMM inputs and output gradients beyond norm(x) and the output gradient."""
+    GEMM inputs and output gradients beyond norm(x) and the output gradient. Selective
+    recompute drops norm(x) (recomputed by reading x and writing it again) beside the layer's
+    own `sel_act`, brought back by `sel_ew` bytes of elementwise work and `sel_core` of the core."""
     the = s.tokens * s.hidden * s.e
     ew_f = 5 * the + ew  # norm: read x, write; residual: read two, write one
     act = 2 * the + act
     return Work(gemm=gemm, ew_f=ew_f, ew_b=EW_BWD * ew_f, ew_w=2 * the, act=act,
-                act_w=min(act, 2 * the + gemm_io), out=the, **core)
+                act_w=min(act, 2 * the + gemm_io), out=the, sel_act=the + sel_act,
+                sel_ew=2 * the + sel_ew, **core)
 
 
 def _attention(c: AttentionConfig, s: _Shape) -> Work:
@@ -90,7 +100,9 @@ def _attention(c: AttentionConfig, s: _Shape) -> Work:
     ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) \
         + (3 * T * e * width if c.output_gate else 0)
     act = T * e * (c.q_out + c.kv_out + width) + 4 * T * c.heads  # q, k, v, out, fp32 LSE
-    return _block(s, gemm, act, T * e * (width + c.q_out + c.kv_out), ew, core=core,
+    # selective: the core's own saves (out, LSE), by running the flash-attention forward again
+    return _block(s, gemm, act, T * e * (width + c.q_out + c.kv_out), ew,
+                  sel_act=T * e * width + 4 * T * c.heads, core=core, sel_core=1.0,
                   core_b=ATTENTION_BWD * core, core_unit="attention",
                   core_bytes=T * e * (2 * width + c.kv_out))
 
@@ -105,7 +117,9 @@ def _mlp(c: MLPConfig, s: _Shape) -> Work:
     T, e = s.tokens, s.e
     flops, first = _ffn(s.hidden, c.ffn, c.activation)
     act = T * e * (first + c.ffn)
-    return _block(s, T * flops, act, act, T * e * (first + c.ffn))
+    # selective: the activation function's output, by reading the up projection's again
+    return _block(s, T * flops, act, act, T * e * (first + c.ffn), sel_act=T * e * c.ffn,
+                  sel_ew=T * e * (first + c.ffn))
 
 
 def _moe(c: MoEConfig, s: _Shape) -> Work:
@@ -118,7 +132,9 @@ def _moe(c: MoEConfig, s: _Shape) -> Work:
     # dispatched rows and expert outputs (for the weighted combine), fp32 router probabilities
     act = expert_act + routed * e * 2 * h + 4 * T * c.experts
     ew = 8 * T * c.experts + 4 * routed * h * e + expert_act
-    return _block(s, gemm, act, act, ew)
+    # selective: the experts' activation-function outputs, from their up projections
+    return _block(s, gemm, act, act, ew, sel_act=routed * e * c.expert_ffn + T * e * c.shared_ffn,
+                  sel_ew=expert_act)
 
 
 def _chunk_states(s: _Shape, chunk: int, state_bytes_per_chunk: int) -> float:
@@ -132,10 +148,16 @@ def _mamba2(c: Mamba2Config, s: _Shape) -> Work:
     gemm = 2 * T * h * c.in_proj_out + 2 * T * d * h
     core = T * (2 * c.chunk * (gn + d) + 4 * c.state * d)
     # saved: in_proj output, conv output, scan output, gated-norm output; chunk states
-    act = T * e * (c.in_proj_out + c.conv_channels + 2 * d) + _chunk_states(s, c.chunk, d * c.state)
+    states = _chunk_states(s, c.chunk, d * c.state)
+    act = T * e * (c.in_proj_out + c.conv_channels + 2 * d) + states
     gemm_io = T * e * (d + c.in_proj_out + 2 * c.conv_channels)  # out_proj in, in_proj grad, conv
     ew = T * e * (4 * c.conv_channels + 4 * d)  # conv + SiLU, D skip, gate, grouped norm
-    return _block(s, gemm, act, gemm_io, ew, core=core, core_b=SCAN_BWD * core,
+    # selective: the chunk states (the scan's state-passing step again) and the conv output
+    # (the conv + SiLU again)
+    return _block(s, gemm, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
+                  sel_ew=2 * T * e * c.conv_channels,
+                  sel_core=4 * c.state * d / (2 * c.chunk * (gn + d) + 4 * c.state * d),
+                  core=core, core_b=SCAN_BWD * core,
                   core_unit="scan", core_bytes=T * e * (2 * d + 2 * gn + c.heads))
 
 
@@ -149,7 +171,10 @@ def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
     # the conv
     gemm_io = T * e * (7 * d + 2 * r + 2 * n)
     ew = T * e * 10 * d  # conv + SiLU, softplus, D skip, gate
-    return _block(s, gemm, act, gemm_io, ew, core=core, core_b=SCAN_BWD * core,
+    # selective: the conv output and the gated output (conv + SiLU and the gate again); the
+    # scan's states are never kept (the kernel recomputes them in its backward)
+    return _block(s, gemm, act, gemm_io, ew, sel_act=2 * T * e * d, sel_ew=5 * T * e * d,
+                  core=core, core_b=SCAN_BWD * core,
                   core_unit="vector", core_bytes=T * e * (3 * d + 2 * n))
 
 
@@ -159,11 +184,15 @@ def _gated_deltanet(c: GatedDeltaNetConfig, s: _Shape) -> Work:
     gemm = 2 * T * h * c.in_proj_out + 2 * T * c.value_dim * h
     # chunked gated delta rule, per value head: intra-chunk products, state update and readout
     core = T * c.value_heads * (2 * q * (3 * dk + 2 * dv) + 6 * dk * dv)
-    act = T * e * (c.in_proj_out + c.conv_channels + 2 * c.value_dim) \
-        + _chunk_states(s, q, c.value_heads * dk * dv)
+    states = _chunk_states(s, q, c.value_heads * dk * dv)
+    act = T * e * (c.in_proj_out + c.conv_channels + 2 * c.value_dim) + states
     gemm_io = T * e * (c.value_dim + c.in_proj_out + 2 * c.conv_channels)
     ew = T * e * (4 * c.conv_channels + 4 * c.value_dim)
-    return _block(s, gemm, act, gemm_io, ew, core=core, core_b=SCAN_BWD * core,
+    # selective: as Mamba2, the chunk states (the state update again) and the conv output
+    return _block(s, gemm, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
+                  sel_ew=2 * T * e * c.conv_channels,
+                  sel_core=6 * dk * dv / (2 * q * (3 * dk + 2 * dv) + 6 * dk * dv),
+                  core=core, core_b=SCAN_BWD * core,
                   core_unit="scan", core_bytes=T * e * (2 * c.key_dim + 2 * c.value_dim))
 
 
@@ -184,8 +213,9 @@ def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
     ew_f = 2 * the + T * V * (2 * e + 8)
     ew_b = 3 * the + T * V * (12 + e)
     act = 2 * the + 4 * T * V  # x, norm(x), fp32 log-softmax
+    # selective: norm(x) only; the log-softmax would need the logits' GEMM again
     return Work(gemm=2 * T * h * V, ew_f=ew_f, ew_b=ew_b, ew_w=2 * the, act=act,
-                act_w=min(act, the + T * V * e), out=0.0)
+                act_w=min(act, the + T * V * e), out=0.0, sel_act=the, sel_ew=2 * the)
 
 
 _WORK_OF_KIND: dict[str, Callable[[Any, _Shape], Work]] = {  # each takes its kind's config
