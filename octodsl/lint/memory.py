@@ -36,7 +36,7 @@ def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
             out.append(Diagnostic(
                 CODE, f"device {d} peaks at {size(peak, 2)}{at}, {size(peak - h.memory, 2)} over the "
                 f"{size(h.memory, 2)} limit", h.spans.get("memory"),
-                hint="run W ops earlier, hold fewer micro-batches in flight, or move layers off "
-                     "this device"))
+                hint="run W ops earlier, hold fewer micro-batches in flight, move layers off "
+                     "this device, recompute (a `recompute` section) or shard with `zero 1`"))
     return out
 

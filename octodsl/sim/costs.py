@@ -35,10 +35,12 @@ class SimCosts:
     @classmethod
     def from_table(cls, table: CostTable, plan: Plan) -> SimCosts:
         """Stage costs of the plan's partition (for a plan that names no layers, the split the
-        executor runs: `CostTable.stage_ranges`); gradients all-reduced in the model's dtype.
-        Raises PlanError when the partition does not fit the table's layers."""
+        executor runs: `CostTable.stage_ranges`), with the plan's recompute and ZeRO sharding;
+        gradients all-reduced in the model's dtype. Raises PlanError when the partition does
+        not fit the table's layers."""
         ranges = table.stage_ranges(plan)
-        stages = table.range_costs(ranges)
+        h = plan.header
+        stages = table.range_costs(ranges, plan.recompute(), h.zero, h.dp)
         per_param = DTYPE_BYTES.get(table.meta.get("dtype", "bf16"), 2)
         grads = tuple(float(sum(layer.params for layer in table.layers[a:b + 1]) * per_param)
                       for a, b in ranges)

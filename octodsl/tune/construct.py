@@ -70,12 +70,15 @@ class _Inputs(NamedTuple):
     b: np.ndarray
     w: np.ndarray
     act: np.ndarray
-    """Bytes a forward allocates; a B releases all but act_w, a W the rest."""
+    """Bytes a forward allocates; a B releases all but act_w (and what it brought back by
+    recompute, act_b), a W the rest."""
     act_w: np.ndarray
+    act_b: np.ndarray
     delay: np.ndarray
     """Seconds a message across the cut after stage s takes (0 within a device)."""
     budget: np.ndarray
-    """Per device: bytes for activations (the limit less its static bytes)."""
+    """Per device: bytes for activations (the limit less its static bytes and the most that
+    one of its B's brings back by recompute, which it holds while it runs)."""
     room: np.ndarray
     """Per device: bytes a new micro-batch needs beyond its first stage's activations."""
     w_gap: bool
@@ -118,14 +121,15 @@ def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
     dev_ptr[1:] = np.cumsum([len(x) for x in dev_stages])
     flat = np.concatenate(dev_stages) if S else np.zeros(0, np.int64)
     col = {name: np.array([getattr(c, name) for c in costs], float)
-           for name in ("f", "b", "w", "act", "act_w", "static")}
+           for name in ("f", "b", "w", "act", "act_w", "act_b", "static")}
     delay = np.array([link.time(costs[s].send_bytes) if s + 1 < S and sd[s] != sd[s + 1] else 0.0
                       for s in range(S)])
     static = np.bincount(sd, weights=col["static"], minlength=P)
-    budget = np.full(P, _INF) if memory is None else memory - static
+    transient = np.array([col["act_b"][stages].max(initial=0.0) for stages in dev_stages])
+    budget = np.full(P, _INF) if memory is None else memory - static - transient
     room = np.array([sum(col["act"][s] for s in stages[1:]) for stages in dev_stages], float)
     return _walk(_Inputs(S, M, dev_ptr, flat, col["f"], col["b"], col["w"], col["act"],
-                         col["act_w"], delay, budget, room, w_gap))
+                         col["act_w"], col["act_b"], delay, budget, room, w_gap))
 
 
 @njit(refcounts=False)
@@ -234,7 +238,7 @@ def _walk(x):
             e = bt + x.b[s]
             st.b_end[s, i] = e
             st.b_done[s] += 1
-            st.memory[bd] -= x.act[s] - x.act_w[s]
+            st.memory[bd] -= x.act[s] + x.act_b[s] - x.act_w[s]
         else:
             i = st.w_done[s]
             e = bt + x.w[s]
