@@ -126,15 +126,17 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
             ring_reduce_scatter_time(grad_bytes, ranks, link))
         dev = np.repeat(np.arange(P), np.diff(ptr))
         allreduce, reduce_scatter = none, np.bincount(dev, weights=end - start, minlength=P)
+        hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
     else:
-        # One collective per device, once its compute and its messages are done.
+        # One collective per device, once its compute and its messages are done: nothing of
+        # it is under the device's compute.
         ptr, dev = np.arange(P + 1), np.arange(P)
         start = np.maximum(t.dev_free, t.comm_free)
         whole = (ring_allreduce_time if zero == 0 else ring_reduce_scatter_time)(device_bytes, ranks, link)
         end = start + whole
         op, held = np.full(P, -1), np.zeros(P, bool)
         allreduce, reduce_scatter = (whole, none) if zero == 0 else (none, whole)
-    hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
+        hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
     gather = ring_all_gather_time(device_bytes, ranks, link) if zero >= 1 else none
     return DpComm(zero, ranks, allreduce, reduce_scatter, gather, hidden, ptr, dev, start, end,

@@ -89,18 +89,18 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
                                    "per_device": 2 + 2 + 12 / 8}
     assert data["allreduce_time"] == [0.0] * 4
     assert data["reduce_scatter_time"] == data["all_gather_time"]
-    assert [a + b for a, b in zip(data["reduce_scatter_time"], data["all_gather_time"])] \
+    assert [a + b for a, b in zip(data["reduce_scatter_time"], data["all_gather_time"], strict=True)] \
         == pytest.approx(base["allreduce_time"])
     assert data["dp_comm_exposed"] == pytest.approx(base["allreduce_time"])
-    for mine, full in zip(data["static"], base["static"]):
+    for mine, full in zip(data["static"], base["static"], strict=True):
         assert mine["weights"] == pytest.approx(full["weights"])
         assert mine["grads"] == pytest.approx(full["grads"])
         assert mine["optimizer"] == pytest.approx(full["optimizer"] / 8)
         assert mine["weights"] + mine["grads"] + mine["optimizer"] == pytest.approx(mine["total"])
         assert full["optimizer"] == pytest.approx(6 * full["weights"])
     # Activations are the same: the peaks differ by the static bytes saved.
-    saved = [f["total"] - m["total"] for m, f in zip(data["static"], base["static"])]
-    assert [b - d for b, d in zip(base["peak_memory"], data["peak_memory"])] == pytest.approx(saved)
+    saved = [f["total"] - m["total"] for m, f in zip(data["static"], base["static"], strict=True)]
+    assert [b - d for b, d in zip(base["peak_memory"], data["peak_memory"], strict=True)] == pytest.approx(saved)
     assert main(["simulate", str(MODEL_PLAN), "--dp", "8", "--zero", "2"]) == 0
     out = capsys.readouterr().out
     assert "DP 8, ZeRO 2" in out and "reduce-scatter" in out and "all-gather" in out

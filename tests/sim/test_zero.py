@@ -50,7 +50,7 @@ def test_zero_1_is_the_all_reduce_in_two_halves_around_the_step():
     # all-gather when every device's gradients are reduced and the (free) step is done.
     ends = _device_ends(r)
     assert ends[0] != ends[1]
-    reduced = max(e + h for e, h in zip(ends, half))
+    reduced = max(e + h for e, h in zip(ends, half, strict=True))
     assert r.update_start == pytest.approx(reduced)
     assert r.iteration_time == pytest.approx(reduced + max(half))
     assert r.dp_exposed.tolist() == pytest.approx((r.reduce_scatter + r.all_gather).tolist())
@@ -103,7 +103,7 @@ def test_critical_path_runs_through_the_collectives_and_the_step(zero, name):
     r = simulate(plan, costs, FREE, dp_link=DP_LINK)
     path = r.critical_path()
     assert path[0].start == 0
-    for a, b in zip(path, path[1:]):
+    for a, b in zip(path[:-1], path[1:], strict=True):
         assert b.start == pytest.approx(a.end)
     assert path[-1].end == pytest.approx(r.iteration_time - 0.25)
     kinds = [s.kind for s in path]
