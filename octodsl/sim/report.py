@@ -43,9 +43,13 @@ class Segment:
             return f"device {self.device}: {ops}"
         if self.kind == "reduce-scatter" and self.first != self.kind:  # zero 2: after each W
             return f"reduce-scatter after {ops} on device {self.device}"
-        return f"{self.kind} on device {self.device}"
+        return f"{_PATH_KINDS[self.kind]} on device {self.device}"
 
 
+_PATH_KINDS = {"compute": "compute", "message": "messages", "allreduce": "all-reduce",
+               "reduce-scatter": "reduce-scatter", "update": "optimizer step",
+               "all-gather": "all-gather"}
+"""Critical-path step kinds, as the summary names them."""
 _MERGED = ("compute", "reduce-scatter")
 """Step kinds whose runs on one device make one segment."""
 
@@ -199,12 +203,6 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
     seconds = result.seconds if simulate_seconds is None else simulate_seconds
     foot = Text(f"simulated in {seconds * 1e3:.1f} ms", style="dim")
     return Group(head, Text(""), table, Text(""), path, foot)
-
-
-_PATH_KINDS = {"compute": "compute", "message": "messages", "allreduce": "all-reduce",
-               "reduce-scatter": "reduce-scatter", "update": "optimizer step",
-               "all-gather": "all-gather"}
-"""Critical-path step kinds, as the summary names them."""
 
 
 def _recompute_line(modes: list[Recompute]) -> str:
