@@ -23,7 +23,6 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from ..plan import Op, OpKind, Plan
@@ -58,7 +57,6 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self._in_parent_init = False
         module = self.module
         assert isinstance(module, OctoPipeModule), "model must be an OctoPipeModule"
-        assert self.zero_optimization_stage() < ZeroStageEnum.gradients
         assert not (self.is_pipe_partitioned or self.is_grad_partitioned), \
             "OctoPipeEngine does not support pipe_partitioned or grad_partitioned"
         self.plan = plan

@@ -69,6 +69,12 @@ def with_partition(plan: Plan, bounds: list[int], dp: int = 1) -> Plan:
     return Plan(plan.header.model_copy(update={"dp": dp}), stages, plan.placement, plan.schedule)
 
 
+def with_zero(plan: Plan, zero: int) -> Plan:
+    """The plan with header `zero` (what the executor runs: the config follows the plan)."""
+    return Plan(plan.header.model_copy(update={"zero": zero}), plan.stages, plan.placement,
+                plan.schedule)
+
+
 def even(parts: int) -> list[int]:
     return [LAYERS * i // parts for i in range(parts + 1)]
 
@@ -189,7 +195,8 @@ def compare(name: str, engine, ref_losses, ref_weights, ref_eval, steps=STEPS) -
     out = {"plan": name, "losses": losses, "ref_losses": ref_losses,
            "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
            "weight_diff": max_diff(weights(engine), ref_weights),
-           "exact": losses == ref_losses, "seconds": time.time() - start}
+           "exact": losses == ref_losses, "seconds": time.time() - start,
+           "zero": engine.zero_optimization_stage()}
     if ref_eval is not None:
         out["eval_diff"] = abs(evaluate(engine) - ref_eval)
     return out
@@ -216,15 +223,18 @@ def case_plans(out_dir: Path) -> dict:
             results.append(compare(name, build_ours(plan, config()), ref, ref_w, ref_eval))
         threads.append(len(os.listdir("/proc/self/task")))
 
-    for label, extra in (("bf16", {"bf16": {"enabled": True}}),
-                         ("zero1", {"zero_optimization": {"stage": 1}}),
-                         ("bf16-zero1", {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}),
-                         ("clip", {"gradient_clipping": 1.0})):
+    # ZeRO-1 comes from the plan's header `zero 1`: "zero1" leaves it out of our config,
+    # "bf16-zero1" states it there too (agreeing); stock gets it from its config
+    bf16, zero1 = {"bf16": {"enabled": True}}, {"zero_optimization": {"stage": 1}}
+    for label, extra, ours in (("bf16", bf16, bf16), ("zero1", zero1, {}),
+                               ("bf16-zero1", {**bf16, **zero1}, {**bf16, **zero1}),
+                               ("clip", {"gradient_clipping": 1.0}, {"gradient_clipping": 1.0})):
         stock = build_stock(even(2), 1, config(**extra))
         ref = train(stock)
         ref_w = weights(stock)
+        zero = extra.get("zero_optimization", {}).get("stage", 0)
         for name in ("1f1b", "zb-h1", "zb-v"):
-            results.append(compare(f"{name}/{label}", build_ours(plans[name], config(**extra)),
+            results.append(compare(f"{name}/{label}", build_ours(with_zero(plans[name], zero), config(**ours)),
                                    ref, ref_w, None))
     layers = specs(unsplittable=5)
     stock = build_stock(even(2), 1, config(), layers)
@@ -272,8 +282,8 @@ class _nothing:
 
 
 def case_dp(out_dir: Path) -> dict:
-    """4 processes: data parallelism 2 x pipelines of 2, and a 4-device irregular plan whose
-    messages skip ranks, each against stock."""
+    """4 processes: data parallelism 2 x pipelines of 2 (with ZeRO-1 too), and a 4-device
+    irregular plan whose messages skip ranks, each against stock."""
     results = []
     stock = build_stock(even(2), 2, config())
     ref, ref_w = train(stock), weights(stock)
@@ -282,6 +292,13 @@ def case_dp(out_dir: Path) -> dict:
         results.append(compare(f"{name}/dp2", build_ours(plan, config()), ref, ref_w, None))
     plan = with_partition(generate("zb-v", devices=2, microbatches=M), even(4), dp=2)
     results.append(compare("zb-v/dp2", build_ours(plan, config()), ref, ref_w, None))
+
+    # ZeRO-1 sharding the optimizer state over the two copies, from the plan's header
+    stock = build_stock(even(2), 2, config(zero_optimization={"stage": 1}))
+    ref, ref_w = train(stock), weights(stock)
+    plan = with_partition(generate("zb-h1", devices=2, microbatches=M), even(2), dp=2)
+    results.append(compare("zb-h1/dp2/zero1", build_ours(with_zero(plan, 1), config()), ref, ref_w,
+                           None))
 
     stock = build_stock(even(4), 1, config())
     ref, ref_w = train(stock), weights(stock)

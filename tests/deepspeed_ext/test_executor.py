@@ -29,7 +29,7 @@ TIMEOUT = 900
 EXACT = ("1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "zb-v", "dualpipev", "irregular",
          "1f1b/bf16", "zb-h1/bf16", "1f1b/zero1", "zb-h1/zero1", "1f1b/bf16-zero1",
          "zb-h1/bf16-zero1", "1f1b/clip", "zb-h1/clip", "1f1b/dp2", "zb-h1/dp2", "zb-v/dp2",
-         "irregular-p4", "zb-h1/unsplittable")
+         "zb-h1/dp2/zero1", "irregular-p4", "zb-h1/unsplittable")
 """Plans whose losses and weights equal stock DeepSpeed's bit for bit on every CPU, because each
 number is the same operations on the same operands: each parameter's gradient sums its
 micro-batches in micro-batch order as stock's does (a tied embedding and LM head on one rank
@@ -86,6 +86,8 @@ def _check(results: list[dict]) -> None:
         if r["plan"] in EXACT:
             assert r["exact"] and r["weight_diff"] == 0.0, r
         assert r.get("eval_diff", 0.0) == 0.0, r
+        # the plan's header `zero 1` is what DeepSpeed ran (the config leaves it out or agrees)
+        assert r["zero"] == (1 if "zero1" in r["plan"] else 0), r
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +146,8 @@ def test_checkpoint_resume_gives_the_same_losses(plans):
 @pytest.mark.slow
 def test_data_parallel_and_non_adjacent_ranks(tmp_path_factory):
     results = run_case(tmp_path_factory, 4, "dp")["results"]
-    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "irregular-p4"} <= {r["plan"] for r in results}
+    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "zb-h1/dp2/zero1", "irregular-p4"} <= \
+        {r["plan"] for r in results}
     _check(results)
 
 
