@@ -123,7 +123,9 @@ class _Scope:
     """The outputs of the regions run so far, by storage: a later op that saves one of them
     saves a handle instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, observe: Callable[[Tensor], Any] | None = None) -> None:
+        self.observe = observe
+        """Called with every tensor kept for the backward (the profiler counts them)."""
         self.outputs: dict[int, tuple[StorageWeakRef, torch.dtype, int, _Region, int]] = {}
         """Storage pointer -> (the storage, the output's dtype and version, region, index)."""
         self.recording: _Region | None = None
@@ -138,6 +140,11 @@ class _Scope:
             if not ref.expired() and ref == StorageWeakRef(t.untyped_storage()) \
                     and t.dtype == dtype and t._version == version:
                 return _Output(region, j, t)
+        return self.keep(t)
+
+    def keep(self, t: Tensor) -> Tensor:
+        if self.observe is not None:
+            self.observe(t)
         # a detached alias: a saved output kept as itself would reference its own grad_fn, a
         # cycle through C++ that would keep a retained graph alive
         return t.detach()
@@ -156,7 +163,7 @@ class _Scope:
                 return self.pack(t)
             base = t if t._base is None else t._base
             if base.grad_fn is None:  # a parameter, a view of one, a constant
-                return t.detach()
+                return self.keep(t)
             region.dropped.append(k)
             return _Inner(region, k)
 
@@ -186,12 +193,14 @@ def recomputable(fn: Callable, *args: Any) -> Any:
 
 
 @contextmanager
-def dropping() -> Iterator[None]:
+def dropping(observe: Callable[[Tensor], Any] | None = None) -> Iterator[None]:
     """Forwards run inside drop what `recomputable` marks (a stage's F under selective
-    recompute); their backward, whenever it runs, brings it back."""
+    recompute); their backward, whenever it runs, brings it back. `observe(t)` is called with
+    every tensor kept for the backward instead (saved by autograd, or an argument a region
+    keeps to run again)."""
     global _scope
     assert _scope is None, "dropping() does not nest"
-    scope = _scope = _Scope()
+    scope = _scope = _Scope(observe)
     try:
         with torch.autograd.graph.saved_tensors_hooks(scope.pack, _unpack):
             yield
