@@ -57,14 +57,17 @@ class _Region:
         args = [_unpack(a) if isinstance(a, (Tensor, _Handle)) else a for a in self.args]
         args = [a.detach().requires_grad_(g) if isinstance(a, Tensor) else a
                 for a, g in zip(args, self.grads, strict=True)]
-        recorded: list[Tensor] = []
+        wanted = set(self.dropped)
+        count = 0
 
-        def record(t: Tensor) -> None:
-            recorded.append(t.detach())
+        def record(t: Tensor) -> None:  # the k-th save of the forward is the k-th save again
+            nonlocal count
+            if count in wanted:
+                self.saved[count] = t.detach()
+            count += 1
 
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(record, _never):
             out = self.fn(*args)
-        self.saved = {k: recorded[k] for k in self.dropped}
         self.outputs = tuple(t.detach() for t in _as_tuple(out))
         self.args = None  # what the recomputation read is no longer needed
 
