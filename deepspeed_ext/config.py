@@ -1,7 +1,7 @@
 """The DeepSpeed config as the executor reads it, checked on every rank before any
-communication: its `"octo"` section (`OctoSection`, removed before DeepSpeed sees the config) and
-its batch sizes, which must be the plan's (`batch_config`). Every problem is one PlanLaunchError
-line naming the file."""
+communication: its `"octo"` section (`OctoSection`, removed before DeepSpeed sees the config), its
+batch sizes and its ZeRO stage, which must be the plan's (`plan_config`: `batch_config`,
+`zero_config`). Every problem is one PlanLaunchError line naming the file."""
 
 from __future__ import annotations
 
@@ -50,6 +50,24 @@ class _Batch(BaseModel):
     train_batch_size: int | None = Field(default=None, ge=1, le=limits.MAX_INT)
     """Sequences per step over all data-parallel copies: micro-batch size x accumulation steps
     x dp."""
+
+
+class _ZeroSection(BaseModel):
+    """DeepSpeed's `zero_optimization` object, of which the executor reads the stage only."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    stage: int | None = Field(default=None, ge=0, le=3)
+
+
+class _Zero(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    zero_optimization: _ZeroSection | None = None
+
+
+PIPELINE_ZERO = 1
+"""The highest ZeRO stage DeepSpeed's pipeline engine runs."""
 
 
 def read_config(config: dict | str | Path) -> tuple[dict, OctoSection]:
@@ -123,6 +141,44 @@ def batch_config(config: dict, plan: Plan, default_microbatch_size: int | None =
                               f"{micro} x {m} micro-batches x dp {dp} = {micro * m * dp} sequences "
                               "per step")
     return {**config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": m}
+
+
+def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
+                config_name: str | None = None) -> dict:
+    """`config` with DeepSpeed's ZeRO stage set from the plan's header `zero` (one plan, one
+    meaning, as for the batch sizes). A stage the config gives must agree: PlanLaunchError
+    naming both values and both files otherwise. `zero 2` is refused: DeepSpeed's pipeline
+    engine runs stages 0 and 1 only."""
+    plan_name = plan_name or f'the plan "{plan.header.name}"'
+    config_name = config_name or "the DeepSpeed config"
+    zero = plan.header.zero
+    if isinstance(config.get("zero_optimization"), bool):
+        raise PlanLaunchError(f'{config_name} gives "zero_optimization" as a boolean (DeepSpeed\'s '
+                              'deprecated form): give an object such as {"stage": 1}, or leave it '
+                              "out (the plan's `zero` is used)")
+    section = _validate(_Zero, config, "", config_name).zero_optimization
+    given = None if section is None else section.stage
+    if given is not None and given != zero:
+        raise PlanLaunchError(
+            f"{plan_name} runs ZeRO stage {zero} (its header's `zero`, 0 when not stated), but {config_name} gives "
+            f"zero_optimization.stage {given}: leave the stage out of the config (the plan's is "
+            f"used) or state `zero {given}` in the plan's header")
+    if zero > PIPELINE_ZERO:
+        raise PlanLaunchError(
+            f"{plan_name} runs `zero {zero}` (gradients sharded over the data-parallel copies), which "
+            "DeepSpeed's pipeline engine refuses (PipelineEngine asserts \"ZeRO-2 and ZeRO-3 are "
+            "incompatible with pipeline parallelism\": ZeRO-2 reduces and partitions each gradient "
+            "from hooks inside the backward pass, a reduction the pipeline engine turns off to "
+            "reduce the gradients itself once per step); run `zero 1`, which shards the optimizer "
+            "state")
+    return {**config, "zero_optimization": {**config.get("zero_optimization", {}), "stage": zero}}
+
+
+def plan_config(config: dict, plan: Plan, default_microbatch_size: int | None = None, *,
+                plan_name: str | None = None, config_name: str | None = None) -> dict:
+    """`config` with the plan's batch sizes (`batch_config`) and ZeRO stage (`zero_config`)."""
+    names = {"plan_name": plan_name, "config_name": config_name}
+    return zero_config(batch_config(config, plan, default_microbatch_size, **names), plan, **names)
 
 
 def _validate(model: type[BaseModel], data: dict, prefix: str, name: str | None):

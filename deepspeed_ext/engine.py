@@ -3,9 +3,17 @@
 `train_batch()` and `eval_batch()` are DeepSpeed's own; what they execute is the plan compiled
 for this rank (program.py) instead of TrainSchedule. The engine holds several stages per rank
 (module.py), sends to any rank (p2p.py), splits backward into B and W where the plan does
-(octodsl.layers.split_backward), computes the loss on whichever rank holds the last stage, and
-keeps DeepSpeed's optimizer, scheduler, bf16 / ZeRO-1, gradient clipping, data parallelism, tied
-weights and checkpoints working.
+(octodsl.layers.split_backward), recomputes activations per stage as the plan says, computes the
+loss on whichever rank holds the last stage, and keeps DeepSpeed's optimizer, scheduler, bf16 /
+ZeRO-1, gradient clipping, data parallelism, tied weights and checkpoints working.
+
+Recompute (the plan's `recompute` section): a `full` stage's F runs without grad and keeps only
+its input (and on the loss stage the labels); its B or BW first runs the forward again, with
+grad, from that input, then backward as usual; the graph it builds lives until W, so W finds
+what it needs. A `selective` stage's F runs inside `octodsl.layers.recompute.dropping()`: the
+layers drop what selective recompute drops per layer kind, and the backward (B, or BW) brings
+it back once and keeps it until W. Either way B and W run the same operations on the same
+values as without recompute.
 
 Per step, per rank: the instructions of each of the plan's slots (post receives ahead, wait for
 inputs, compute, send), then wait for the sends, reduce tied and data-parallel gradients, and
@@ -18,18 +26,19 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from deepspeed import comm as dist
 from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
-from ..plan import Op, OpKind, Plan
+from ..plan import Op, OpKind, Plan, Recompute
 from . import program
 from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
+from ..layers.recompute import dropping
 from ..layers.split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
 from ..trace import TimedSpan, op_span, write_trace
 from .checkpoint import Checkpoints
@@ -42,11 +51,14 @@ class _Saved:
 
     inputs: object
     root: object
-    """The stage's output, or on the loss stage its scaled loss."""
+    """The stage's output, or on the loss stage its scaled loss (None until B or BW recomputes
+    it, on a stage that recomputes fully)."""
     segments: list | None = None
     """(input, output) per layer when the backward is split (the last output is `root`)."""
     weight: WeightGradState | None = None
     """After B: what W runs."""
+    labels: object = None
+    """On the loss stage of a stage that recomputes fully: the labels, for the loss again."""
 
 
 class OctoPipeEngine(Checkpoints, PipelineEngine):
@@ -58,7 +70,6 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self._in_parent_init = False
         module = self.module
         assert isinstance(module, OctoPipeModule), "model must be an OctoPipeModule"
-        assert self.zero_optimization_stage() < ZeroStageEnum.gradients
         assert not (self.is_pipe_partitioned or self.is_grad_partitioned), \
             "OctoPipeEngine does not support pipe_partitioned or grad_partitioned"
         self.plan = plan
@@ -69,6 +80,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self._shared = self._params_of_several_stages()
         self._use_grads: dict[tuple[int, int], torch.Tensor | None] = {}
         self._split = plan.split_stages()
+        self._recompute = plan.recompute()
         self._probed: set[int] = set()
         self._fused_in_b: set[int] = set()
         self._train_sched = program.PlanSchedule(plan, self.stage_id, train=True)
@@ -192,26 +204,53 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _forward(self, op: Op):
         s, m = op.stage, op.mb
         x = self._inputs.pop(m) if s == 0 else self._inbox.pop((s, m))
+        labels = self._labels.pop(m) if s == self.loss_stage else None
         training = torch.is_grad_enabled()
-        out, segments = self.module.run_stage(s, x, segmented=training and self._split[s])
-        if s != self.loss_stage:
-            if training:
-                self._saved[(s, m)] = _Saved(x, out, segments)
-            self._deliver(op, out)
-            return
-        labels = self._labels.pop(m)
-        loss = self.module.loss_fn(out, labels) if self._compute_loss and self.module.loss_fn else out
-        if self.eval_return_logits:
-            self.outputs = out
-        self.fwd_outputs.append(loss.detach())
-        if self.total_loss is None:
-            self.total_loss = torch.zeros_like(loss)
-        self.total_loss += loss.detach()
+        mode = self._recompute[s] if training else Recompute.NONE
+        full = mode is Recompute.FULL
+        with torch.no_grad() if full else dropping() if mode is Recompute.SELECTIVE else _nothing():
+            out, loss, segments = self._run_stage(s, x, labels, training and self._split[s] and not full)
+        if s == self.loss_stage:
+            if self.eval_return_logits:
+                self.outputs = out
+            self.fwd_outputs.append(loss.detach())
+            if self.total_loss is None:
+                self.total_loss = torch.zeros_like(loss)
+            self.total_loss += loss.detach()
         if training:
-            root = self._scaled(loss)
-            if segments:
-                segments[-1] = (segments[-1][0], root)
-            self._saved[(s, m)] = _Saved(x, root, segments)
+            saved = self._saved[(s, m)] = _Saved(x, None, labels=labels if full else None)
+            if not full:
+                saved.root, saved.segments = self._root(s, loss, segments)
+        if s != self.loss_stage:
+            self._deliver(op, out)
+
+    def _run_stage(self, s: int, x, labels, segmented: bool) -> tuple[Any, Any, list | None]:
+        """The stage's output, what its backward starts from before scaling (the loss on the
+        loss stage, else the output), and with `segmented` each layer's (input, output)."""
+        out, segments = self.module.run_stage(s, x, segmented=segmented)
+        if s != self.loss_stage:
+            return out, out, segments
+        loss = self.module.loss_fn(out, labels) if self._compute_loss and self.module.loss_fn else out
+        return out, loss, segments
+
+    def _root(self, s: int, value, segments: list | None) -> tuple[object, list | None]:
+        """`_Saved.root` and `.segments` from what `_run_stage` returned: on the loss stage, the
+        scaled loss, which then ends the last layer's segment too."""
+        if s != self.loss_stage:
+            return value, segments
+        root = self._scaled(value)
+        if segments:
+            segments[-1] = (segments[-1][0], root)
+        return root, segments
+
+    def _recomputed(self, op: Op, saved: _Saved) -> None:
+        """Before the backward of a stage that recomputes fully: its forward again, with grad,
+        from the input F kept (the same operations on the same values as F ran)."""
+        if saved.root is None:
+            segmented = op.kind is OpKind.B
+            _, value, segments = self._run_stage(op.stage, saved.inputs, saved.labels, segmented)
+            saved.root, saved.segments = self._root(op.stage, value, segments)
+            saved.labels = None
 
     def _scaled(self, loss):
         """The loss as DeepSpeedEngine.backward differentiates it: averaged over the
@@ -223,6 +262,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         """BW: the fused backward of one stage and micro-batch."""
         s, m = op.stage, op.mb
         saved = self._saved.pop((s, m))
+        self._recomputed(op, saved)
         roots, grads = self._roots(s, m, saved.root)
         with self._weight_grads(s):
             torch.autograd.backward(roots, grads)
@@ -234,6 +274,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         """B: input gradients now, layer by layer down the stage; weight gradients kept for W."""
         s, m = op.stage, op.mb
         saved = self._saved[(s, m)]
+        self._recomputed(op, saved)
         probe = s not in self._probed  # the first B of a stage checks that weights wait for W
         fired: list[torch.nn.Parameter] = []
         hooks = [p.register_post_accumulate_grad_hook(fired.append)

@@ -8,8 +8,8 @@ DeepSpeed config's `"octo"` section (config.py):
     "octo": {"schedule": "plan.octo", "timeout": 300, "trace": false}
 
 `timeout` is the watchdog's limit on one wait (seconds); `trace` records per-op times for
-`engine.write_trace(path)`. The batch sizes are the plan's (`config.batch_config`); everything
-else in the config is DeepSpeed's, unchanged.
+`engine.write_trace(path)`. The batch sizes and the ZeRO stage are the plan's
+(`config.plan_config`); everything else in the config is DeepSpeed's, unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from ..lang import PlanSyntaxError, load_plan
 from ..lint import lint_plan
 from ..plan import Plan
-from .config import batch_config, octo_section, read_config
+from .config import octo_section, plan_config, read_config
 from .distributed import init_distributed
 from .engine import OctoPipeEngine
 from .errors import PlanLaunchError
@@ -67,7 +67,7 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
         plan = _read_plan(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ranges = check_launch(plan, world, config, len(layers), layer_costs, microbatch_size, **names)
-    config = batch_config(config, plan, microbatch_size, **names)
+    config = plan_config(config, plan, microbatch_size, **names)
     if all(st.abstract for st in plan.stages) and os.environ.get("RANK", "0") == "0":
         assert layer_costs is not None, "check_launch refuses a plan without layers or costs"
         print("octodsl: the plan names no layers; the model's layers split over its stages by cost "
@@ -104,8 +104,8 @@ def check_launch(plan: Plan, world: int, config: dict, num_layers: int,
                  layer_costs: Sequence[float] | None = None, microbatch_size: int | None = None, *,
                  plan_name: str | None = None, config_name: str | None = None) -> list[range]:
     """The layers of each stage, once the plan is known to lint clean and to fit a launch of
-    `world` processes with this DeepSpeed config (its batch sizes: `config.batch_config`) and a
-    model of `num_layers` layers."""
+    `world` processes with this DeepSpeed config (its batch sizes and ZeRO stage:
+    `config.plan_config`) and a model of `num_layers` layers."""
     errors = [d for d in lint_plan(plan) if d.is_error]
     if errors:
         raise PlanLaunchError("the plan does not lint clean:\n" +
@@ -121,5 +121,5 @@ def check_launch(plan: Plan, world: int, config: dict, num_layers: int,
             f"pipeline ({devices * dp} processes), but the job has {world} processes"
             + (f"; for data parallelism set `dp {world // devices}` in the plan header"
                if world % devices == 0 else ""))
-    batch_config(config, plan, microbatch_size, plan_name=plan_name, config_name=config_name)
+    plan_config(config, plan, microbatch_size, plan_name=plan_name, config_name=config_name)
     return stage_layers(plan, num_layers, layer_costs)

@@ -128,7 +128,7 @@ def build_engine(args, plan: Plan, spec):
     import deepspeed
 
     from octodsl.deepspeed_ext import init_distributed, initialize
-    from octodsl.deepspeed_ext.config import batch_config, read_config
+    from octodsl.deepspeed_ext.config import plan_config, read_config
     from octodsl.deepspeed_ext.module import FixedPartitionModule, parameters_parts
     from octodsl.layers import lm_loss, pipeline_specs
 
@@ -140,8 +140,8 @@ def build_engine(args, plan: Plan, spec):
                                 microbatch_size=spec.microbatch_size,
                                 octo={"trace": True} if args.trace else None, **common)
         return engine
-    config = batch_config(read_config(args.deepspeed_config)[0], plan, spec.microbatch_size,
-                          plan_name=args.schedule, config_name=args.deepspeed_config)
+    config = plan_config(read_config(args.deepspeed_config)[0], plan, spec.microbatch_size,
+                         plan_name=args.schedule, config_name=args.deepspeed_config)
     init_distributed()
     parts = stock_parts(plan) or parameters_parts(specs, plan.devices)
     module = FixedPartitionModule(specs, parts, num_stages=plan.devices, **common)

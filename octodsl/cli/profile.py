@@ -14,7 +14,8 @@ from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_o
 
 def register(sub) -> None:
     p = sub.add_parser("profile", help="measure per-layer F, B, W times and activation memory "
-                       "with the torch layers on this machine")
+                       "(and what selective recompute saves and costs) with the torch layers on "
+                       "this machine")
     p.add_argument("--model", required=True, metavar="SPEC",
                    help="a built-in model name or a spec file (.yaml/.json)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -72,12 +73,14 @@ def _print_summary(profile, output: str) -> None:
     threads = f", {profile.threads} thread(s)" if profile.threads else ""
     table = Table(title=f"{spec.name} on {profile.device_name}{threads}: {shape(spec)}, median "
                         f"of {profile.repeats}")
-    for col in ("layers", "kind", "count", "F ms", "B ms", "W ms", "act MiB", "act_w MiB"):
+    for col in ("layers", "kind", "count", "F ms", "B ms", "W ms", "act MiB", "act_w MiB",
+                "sel +B ms", "sel -act MiB"):
         table.add_column(col, justify="left" if col in ("layers", "kind") else "right")
     for m in profile.layers:
         first = str(m.layers[0]) + ("..." if len(m.layers) > 1 else "")
         table.add_row(first, m.kind, str(len(m.layers)), f"{m.f * 1e3:.2f}", f"{m.b * 1e3:.2f}",
-                      f"{m.w * 1e3:.2f}", f"{m.act / 2**20:.2f}", f"{m.act_w / 2**20:.2f}")
+                      f"{m.w * 1e3:.2f}", f"{m.act / 2**20:.2f}", f"{m.act_w / 2**20:.2f}",
+                      f"{m.sel_f * 1e3:.2f}", f"{m.sel_act / 2**20:.2f}")
     console = Console()
     console.print(table)
     console.print(f"wrote {output}, measured at {shape(spec)}", highlight=False, soft_wrap=True)

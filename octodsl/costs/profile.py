@@ -55,6 +55,10 @@ class MeasuredLayer(BaseModel):
     params: int = Field(ge=0, le=limits.MAX_INT)
     out_bytes: Bytes
     """Bytes of the layer's output activation."""
+    sel_f: Seconds = 0.0
+    """Seconds selective recompute adds to B (0 in a profile that did not measure it)."""
+    sel_act: Bytes = 0.0
+    """Of `act`, the bytes selective recompute drops (0 in a profile that did not measure it)."""
 
 
 class FittedLink(BaseModel):
@@ -164,7 +168,7 @@ class Profile(BaseModel):
             LayerCost(kind=m.kind, f=m.f, b=m.b, w=m.w, act=m.act,
                       act_w=m.act_w + extra.get(m.kind, 0.0),
                       static=float(m.params * self.bytes_per_param), params=m.params,
-                      out_bytes=m.out_bytes)
+                      out_bytes=m.out_bytes, sel_f=m.sel_f, sel_act=m.sel_act)
             for m in (by_index[i] for i in range(self.model.num_layers))
         ]
         spec = self.model

@@ -10,6 +10,11 @@ Activation memory: on CPU, saved-tensor hooks record every distinct non-paramete
 autograd saves in F (`act`); after B, the bytes still held are those saved storages still alive
 plus the tensors the W state holds (`act_w`, capped at `act`). On CUDA, allocator deltas around F
 and after B give the same two numbers.
+
+Selective recompute (`octodsl.layers.recompute`): the layer runs its F once more inside
+`dropping()`, and what it then keeps for the backward, measured the same way, is `act - sel_act`;
+`sel_f` is the median B with the forward so run minus the median B without (B brings the
+dropped tensors back first), taken in the same rounds.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import fields, is_dataclass
 from datetime import datetime, timezone
 from typing import Literal
@@ -27,6 +33,7 @@ from typing import Literal
 import torch
 
 from ..errors import OctoError
+from ..layers.recompute import dropping
 from ..layers.split_backward import backward_input, backward_weight
 from ..layers import TORCH_DTYPES, TiedHead, build_layers, lm_loss
 from ..models.spec import ModelSpec
@@ -93,9 +100,13 @@ class _LayerRun:
     def _input(self) -> torch.Tensor:
         return self.x0 if self.kind == "embedding" else self.x0.detach().requires_grad_()
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.module(x)
-        return lm_loss(out, self.labels) if self.kind == "lm_head_loss" else out
+    def _forward(self, x: torch.Tensor, selective: bool = False,
+                 observe: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+        """F; with `selective`, dropping what selective recompute drops (`observe`: see
+        `dropping`)."""
+        with dropping(observe) if selective else nullcontext():
+            out = self.module(x)
+            return lm_loss(out, self.labels) if self.kind == "lm_head_loss" else out
 
     def _backward_input(self, out: torch.Tensor, x: torch.Tensor):
         return backward_input([out], [self.dy], [x] if x.requires_grad else [])
@@ -104,12 +115,13 @@ class _LayerRun:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def time_once(self) -> tuple[float, float, float]:
-        """Seconds of F, B and W for one micro-batch."""
+    def time_once(self, selective: bool = False) -> tuple[float, float, float]:
+        """Seconds of F, B and W for one micro-batch (with `selective`, F drops and B brings
+        back what selective recompute drops)."""
         x = self._input()
         self._sync()
         t0 = time.perf_counter()
-        out = self._forward(x)
+        out = self._forward(x, selective)
         self._sync()
         t1 = time.perf_counter()
         _, state = self._backward_input(out, x)
@@ -120,8 +132,9 @@ class _LayerRun:
         t3 = time.perf_counter()
         return t1 - t0, t2 - t1, t3 - t2
 
-    def memory(self) -> tuple[float, float]:
-        """(bytes held from F until B, bytes held from B until W)."""
+    def memory(self, selective: bool = False) -> tuple[float, float]:
+        """(bytes held from F until B, bytes held from B until W); with `selective`, of a
+        forward that drops what selective recompute drops."""
         saved = _SavedStorages(exclude={_storage(p)[0] for p in self.params})
         cuda = self.device.type == "cuda"
         x = self._input()
@@ -129,7 +142,7 @@ class _LayerRun:
         self._sync()
         before = torch.cuda.memory_allocated(self.device) if cuda else 0
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-            out = self._forward(x)
+            out = self._forward(x, selective, saved.pack)
         if cuda:
             # x's storage belongs to x0 and was allocated before F: add it when saved
             self._sync()
@@ -222,19 +235,24 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
         # shared host) then costs each layer one sample, which the median drops, instead of
         # all the samples of one layer.
         samples: list[list[tuple[float, float, float]]] = [[] for _ in runs]
+        selective_b: list[list[float]] = [[] for _ in runs]
         for r in range(repeats):
             if progress:
                 progress(r, repeats, f"round {r + 1} of {repeats} over {len(runs)} layers")
-            for run, mine in zip(runs, samples, strict=True):
+            for run, mine, sel in zip(runs, samples, selective_b, strict=True):
                 mine.append(run.time_once())
-        for indices, run, mine in zip(groups, runs, samples, strict=True):
+                sel.append(run.time_once(selective=True)[1])
+        for indices, run, mine, sel in zip(groups, runs, samples, selective_b, strict=True):
             fs, bs, ws = (list(col) for col in zip(*mine, strict=True))
             act, act_w = run.memory()
+            kept, _ = run.memory(selective=True)
+            b = statistics.median(bs)
             measured.append(MeasuredLayer(
                 layers=indices, kind=spec.layers[indices[0]].kind, f=statistics.median(fs),
-                b=statistics.median(bs), w=statistics.median(ws), f_samples=fs, b_samples=bs,
+                b=b, w=statistics.median(ws), f_samples=fs, b_samples=bs,
                 w_samples=ws, act=act, act_w=act_w, params=spec.layer_params(indices[0]),
-                out_bytes=layer_work(spec, spec.layers[indices[0]]).out))
+                out_bytes=layer_work(spec, spec.layers[indices[0]]).out,
+                sel_f=max(0.0, statistics.median(sel) - b), sel_act=max(0.0, act - kept)))
         del runs
         if progress:
             progress(repeats, repeats, "done")

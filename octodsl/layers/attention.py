@@ -8,6 +8,7 @@ from torch import nn
 
 from ..models.spec import AttentionConfig
 from .common import linear
+from .recompute import recomputable
 
 
 def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
@@ -18,6 +19,14 @@ def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
+    """Causal attention of q [batch, heads, seq, head_dim] over k, v [batch, kv_heads, seq,
+    head_dim], as [batch, seq, heads * head_dim]."""
+    b, heads, s, d = q.shape
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return o.transpose(1, 2).reshape(b, s, heads * d)
 
 
 class Attention(nn.Module):
@@ -34,7 +43,7 @@ class Attention(nn.Module):
         c = self.cfg
         b, s, _ = x.shape
         kv = c.kv_heads * c.head_dim
-        q, k, v = self.qkv(self.norm(x)).split([c.q_out, kv, kv], dim=-1)
+        q, k, v = self.qkv(recomputable(self.norm, x)).split([c.q_out, kv, kv], dim=-1)
         if c.output_gate:
             q, gate = q.chunk(2, dim=-1)
         q = q.view(b, s, c.heads, c.head_dim).transpose(1, 2)
@@ -42,9 +51,8 @@ class Attention(nn.Module):
         v = v.view(b, s, c.kv_heads, c.head_dim).transpose(1, 2)
         if c.rope_theta is not None:
             q, k = rotary(q, c.rope_theta), rotary(k, c.rope_theta)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=c.kv_heads != c.heads)
-        o = o.transpose(1, 2).reshape(b, s, c.heads * c.head_dim)
+        # selective recompute drops the core's output (and its log-sum-exp) and runs it again
+        o = recomputable(attention_core, q, k, v, c.kv_heads != c.heads)
         if c.output_gate:
             o = o * torch.sigmoid(gate)
         return x + self.out(o)

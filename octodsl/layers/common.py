@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .recompute import recomputable
+
 INIT_STD = 0.02
 """Standard deviation of the normal init of projection weights."""
 
@@ -42,13 +44,19 @@ class FeedForward(nn.Module):
         self.down = linear(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(activate(self.up(x), self.activation))
+        # selective recompute drops the activation function's output
+        return self.down(recomputable(activate, self.up(x), self.activation))
 
 
 def causal_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     """Depthwise causal convolution over the sequence of x [batch, seq, channels]; `conv` is
     padded by width - 1 on both sides, so keeping the first `seq` outputs makes it causal."""
     return conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+
+
+def conv_silu(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """SiLU of the causal convolution of x (the Mamba mixers')."""
+    return F.silu(causal_conv(conv, x))
 
 
 def wide_dtype(dtype: torch.dtype) -> torch.dtype:

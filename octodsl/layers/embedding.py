@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import INIT_STD, wide_dtype
+from .recompute import recomputable
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -41,7 +42,7 @@ class LMHead(nn.Module):
         self.weight = nn.Parameter(torch.randn(vocab, hidden) * INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.weight)
+        return F.linear(recomputable(self.norm, x), self.weight)
 
 
 class TiedEmbeddingHead(Embedding):
@@ -54,7 +55,7 @@ class TiedEmbeddingHead(Embedding):
         self.norm = nn.RMSNorm(hidden, eps=norm_eps)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.weight)
+        return F.linear(recomputable(self.norm, x), self.weight)
 
 
 def tied_head_forward(module: TiedEmbeddingHead, x: torch.Tensor) -> torch.Tensor:

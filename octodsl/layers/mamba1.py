@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.spec import Mamba1Config
-from .common import causal_conv, linear, wide_dtype
+from .common import conv_silu, linear, wide_dtype
+from .recompute import recomputable
 
 SCAN_CHUNK = 8
 """Positions per chunk of the selective scan."""
@@ -80,8 +81,8 @@ class Mamba1(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.cfg
-        xs, z = self.in_proj(self.norm(x)).chunk(2, dim=-1)
-        xs = F.silu(causal_conv(self.conv, xs))
+        xs, z = self.in_proj(recomputable(self.norm, x)).chunk(2, dim=-1)
+        xs = recomputable(conv_silu, self.conv, xs)  # selective recompute drops the conv output
         dt, B, C = self.x_proj(xs).split([c.dt_rank, c.state, c.state], dim=-1)
         if c.inner_norms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
@@ -89,5 +90,10 @@ class Mamba1(nn.Module):
         dt = F.softplus(self.dt_proj(dt).to(st))
         A = -torch.exp(self.A_log.to(st))
         y = selective_scan(xs.to(st), dt, A, B.to(st), C.to(st)).to(x.dtype)
-        y = (y + xs * self.D) * F.silu(z)
+        y = recomputable(_gate, y, xs, self.D, z)  # and the gated output
         return x + self.out_proj(y)
+
+
+def _gate(y: torch.Tensor, xs: torch.Tensor, D: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The scan output with the D skip, gated by SiLU(z)."""
+    return (y + xs * D) * F.silu(z)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.spec import Mamba2Config
-from .common import causal_conv, linear, wide_dtype
+from .common import conv_silu, linear, wide_dtype
+from .recompute import recomputable
 
 
 def segsum(x: torch.Tensor) -> torch.Tensor:
@@ -24,6 +25,16 @@ def segsum(x: torch.Tensor) -> torch.Tensor:
     sums = torch.cumsum(x.masked_fill(~below, 0), dim=-2)
     causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device))
     return sums.masked_fill(~causal, -torch.inf)
+
+
+def chunk_states(B: torch.Tensor, X: torch.Tensor, a_cum: torch.Tensor) -> torch.Tensor:
+    """The state entering each chunk [b, chunks, heads, head_dim, state]: each chunk's final
+    state, then the recurrence over chunks (a scan of length chunks + 1)."""
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_to_end, X)
+    states = torch.cat([torch.zeros_like(states[:, :1]), states], dim=1)
+    chunk_decay = torch.exp(segsum(F.pad(a_cum[..., -1], (1, 0))))
+    return torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)[:, :-1]
 
 
 def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -49,12 +60,8 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     # Inside each chunk: y = (C B^T o L) X with L the causal decay matrix.
     L = torch.exp(segsum(a))
     y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, L, X)
-    # Each chunk's final state, then the recurrence over chunks (a scan of length c + 1).
-    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)
-    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_to_end, X)
-    states = torch.cat([torch.zeros_like(states[:, :1]), states], dim=1)
-    chunk_decay = torch.exp(segsum(F.pad(a_cum[..., -1], (1, 0))))
-    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)[:, :-1]
+    # selective recompute drops the chunk states and runs the state passing again
+    states = recomputable(chunk_states, B, X, a_cum)
     # What the state entering each chunk contributes inside it.
     y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(a_cum))
     return (y_diag + y_off).reshape(b, c * chunk, heads, -1)[:, :s]
@@ -84,8 +91,8 @@ class Mamba2(nn.Module):
         c = self.cfg
         b, s, _ = x.shape
         gn = c.groups * c.state
-        z, xbc, dt = self.in_proj(self.norm(x)).split([c.inner, c.conv_channels, c.heads], -1)
-        xbc = F.silu(causal_conv(self.conv, xbc))
+        z, xbc, dt = self.in_proj(recomputable(self.norm, x)).split([c.inner, c.conv_channels, c.heads], -1)
+        xbc = recomputable(conv_silu, self.conv, xbc)  # selective recompute drops the conv output
         xs, B, C = xbc.split([c.inner, gn, gn], dim=-1)
         xs = xs.view(b, s, c.heads, c.head_dim)
         st = wide_dtype(x.dtype)

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..models.spec import MLPConfig
 from .common import FeedForward
+from .recompute import recomputable
 
 
 class MLP(nn.Module):
@@ -18,4 +19,4 @@ class MLP(nn.Module):
         self.ffn = FeedForward(hidden, cfg.ffn, cfg.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.ffn(self.norm(x))
+        return x + self.ffn(recomputable(self.norm, x))

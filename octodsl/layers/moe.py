@@ -17,6 +17,7 @@ from torch import nn
 
 from ..models.spec import MoEConfig
 from .common import INIT_STD, FeedForward, activate, ffn_width, wide_dtype
+from .recompute import recomputable
 
 _aux_loss_scale = 1.0
 
@@ -73,7 +74,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.cfg
-        y = self.norm(x).reshape(-1, x.shape[-1])
+        y = recomputable(self.norm, x).reshape(-1, x.shape[-1])
         probs = torch.softmax(self.router(y).to(wide_dtype(y.dtype)), dim=-1)
         weight, expert = probs.topk(c.top_k, dim=-1)
         weight = (weight / weight.sum(dim=-1, keepdim=True)).to(y.dtype)
@@ -87,7 +88,7 @@ class MoE(nn.Module):
         # gradient per expert
         w_in, w_out = self.w_in.unbind(0), self.w_out.unbind(0)
         outs = [
-            activate(part @ w_in[e], c.activation) @ w_out[e]
+            recomputable(activate, part @ w_in[e], c.activation) @ w_out[e]
             for e, part in enumerate(rows.split(counts.tolist())) if part.shape[0]
         ]
         routed = torch.cat(outs) * weight.reshape(-1)[order, None]

@@ -48,6 +48,26 @@ def test_profile_measures_each_distinct_layer_once(profile):
     assert emb.act == spec.tokens * 8  # the token ids
 
 
+def test_profile_measures_what_selective_recompute_drops(profile):
+    spec = profile.model
+    norm_out = spec.tokens * spec.hidden * 4  # fp32
+    for m in profile.layers:
+        if m.kind == "embedding":  # nothing to drop
+            assert m.sel_act == 0
+        else:  # at least the norm output (which the next projection saves), never all of it
+            assert norm_out <= m.sel_act < m.act, m
+        assert m.sel_f >= 0
+
+
+def test_an_older_profile_without_selective_figures_still_reads(profile, tmp_path):
+    data = json.loads(profile.model_dump_json())
+    for m in data["layers"]:
+        del m["sel_f"], m["sel_act"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert all(layer.sel_act == 0 and layer.sel_f == 0 for layer in load_profile(path).layers)
+
+
 def test_profile_file_round_trip(profile, tmp_path):
     path = tmp_path / "p.json"
     write_profile(profile, path)
@@ -59,6 +79,7 @@ def test_profile_file_round_trip(profile, tmp_path):
     mamba = next(m for m in profile.layers if m.kind == "mamba2")
     assert all(table.layers[i].f == mamba.f for i in mamba.layers)
     assert table.layers[1].static == 16 * table.layers[1].params
+    assert table.layers[1].sel_act == mamba.sel_act > 0 and table.layers[1].sel_f == mamba.sel_f
 
 
 def test_resolver(profile, tmp_path):

@@ -11,11 +11,13 @@ rank 0 writes what it measured to OUT.json for the test to judge.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -33,10 +35,10 @@ from octodsl.deepspeed_ext import (init_distributed, initialize, released_groups
 from octodsl.deepspeed_ext.module import FixedPartitionModule  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
-from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
+from octodsl.layers import lm_loss, pipeline_specs, recompute  # noqa: E402
 from octodsl.models import parse_model  # noqa: E402
 from octodsl.models.builtin import BUILTINS  # noqa: E402
-from octodsl.plan import Op, OpKind, Plan, Stage  # noqa: E402
+from octodsl.plan import Op, OpKind, Plan, Recompute, Stage  # noqa: E402
 from train import step_data  # noqa: E402
 
 SEED, SEQ, M, STEPS = 7, 32, 4, 3
@@ -67,6 +69,12 @@ def config(**extra) -> dict:
 def with_partition(plan: Plan, bounds: list[int], dp: int = 1) -> Plan:
     stages = [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:])]
     return Plan(plan.header.model_copy(update={"dp": dp}), stages, plan.placement, plan.schedule)
+
+
+def with_zero(plan: Plan, zero: int) -> Plan:
+    """The plan with header `zero` (what the executor runs: the config follows the plan)."""
+    return Plan(plan.header.model_copy(update={"zero": zero}), plan.stages, plan.placement,
+                plan.schedule)
 
 
 def even(parts: int) -> list[int]:
@@ -189,7 +197,8 @@ def compare(name: str, engine, ref_losses, ref_weights, ref_eval, steps=STEPS) -
     out = {"plan": name, "losses": losses, "ref_losses": ref_losses,
            "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
            "weight_diff": max_diff(weights(engine), ref_weights),
-           "exact": losses == ref_losses, "seconds": time.time() - start}
+           "exact": losses == ref_losses, "seconds": time.time() - start,
+           "zero": engine.zero_optimization_stage()}
     if ref_eval is not None:
         out["eval_diff"] = abs(evaluate(engine) - ref_eval)
     return out
@@ -216,15 +225,18 @@ def case_plans(out_dir: Path) -> dict:
             results.append(compare(name, build_ours(plan, config()), ref, ref_w, ref_eval))
         threads.append(len(os.listdir("/proc/self/task")))
 
-    for label, extra in (("bf16", {"bf16": {"enabled": True}}),
-                         ("zero1", {"zero_optimization": {"stage": 1}}),
-                         ("bf16-zero1", {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}),
-                         ("clip", {"gradient_clipping": 1.0})):
+    # ZeRO-1 comes from the plan's header `zero 1`: "zero1" leaves it out of our config,
+    # "bf16-zero1" states it there too (agreeing); stock gets it from its config
+    bf16, zero1 = {"bf16": {"enabled": True}}, {"zero_optimization": {"stage": 1}}
+    for label, extra, ours in (("bf16", bf16, bf16), ("zero1", zero1, {}),
+                               ("bf16-zero1", {**bf16, **zero1}, {**bf16, **zero1}),
+                               ("clip", {"gradient_clipping": 1.0}, {"gradient_clipping": 1.0})):
         stock = build_stock(even(2), 1, config(**extra))
         ref = train(stock)
         ref_w = weights(stock)
+        zero = extra.get("zero_optimization", {}).get("stage", 0)
         for name in ("1f1b", "zb-h1", "zb-v"):
-            results.append(compare(f"{name}/{label}", build_ours(plans[name], config(**extra)),
+            results.append(compare(f"{name}/{label}", build_ours(with_zero(plans[name], zero), config(**ours)),
                                    ref, ref_w, None))
     layers = specs(unsplittable=5)
     stock = build_stock(even(2), 1, config(), layers)
@@ -235,8 +247,73 @@ def case_plans(out_dir: Path) -> dict:
     traced = build_ours(plans["zb-v"], {**config(), "octo": {"trace": True}})
     train(traced, 1)
     traced.write_trace(str(out_dir / "trace.json"))
-    return {"results": results, "checkpoint": checkpoint_round_trip(plans["zb-v"]),
+    return {"results": results, "recompute": recompute_runs(plans),
+            "checkpoint": checkpoint_round_trip(plans["zb-v"]),
             "trace": str(out_dir / "trace.json"), "threads": threads}
+
+
+RECOMPUTED = {"zb-h1": ("full selective", "selective full"), "zb-v": ("selective full selective full",),
+              "1f1b": ("full selective",)}
+"""Per plan (zb-h1 and zb-v split B and W, 1f1b runs fused BW), what its stages recompute."""
+
+
+def with_recompute(plan: Plan, modes: str) -> Plan:
+    stages = [dataclasses.replace(st, recompute=Recompute(m)) for st, m in zip(plan.stages, modes.split(), strict=True)]
+    return Plan(plan.header, stages, plan.placement, plan.schedule)
+
+
+def recompute_runs(plans: dict[str, Plan]) -> list[dict]:
+    """Each plan of RECOMPUTED with recompute against the same plan without it, counting
+    the stage forwards each rank runs with and without grad, and the recomputations of what
+    selective recompute dropped."""
+    out = []
+    for name, variants in RECOMPUTED.items():
+        ref_engine = build_ours(plans[name], config())
+        ref, ref_w, ref_eval = train(ref_engine), weights(ref_engine), evaluate(ref_engine)
+        for modes in variants:
+            plan = with_recompute(plans[name], modes)
+            engine = build_ours(plan, config())
+            with counting(engine) as counts:
+                r = compare(f"{name}/{modes.replace(' ', '-')}", engine, ref, ref_w, None)
+            r["eval_diff"] = abs(evaluate(engine) - ref_eval)
+            gathered: list = [None] * dist.get_world_size()
+            torch.distributed.all_gather_object(gathered, counts)
+            r["forwards"] = {f"{s} {'grad' if g else 'no_grad'}": n for c in gathered for (s, g), n in c["forwards"].items()}
+            r["recomputed_regions"] = [c["regions"] for c in gathered]
+            r["modes"], r["stage_device"] = modes.split(), plan.stage_device()
+            out.append(r)
+    return out
+
+
+class counting:
+    """While training: stage forwards by (stage, grad enabled), and regions of
+    `octodsl.layers.recompute` run again, on this rank."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.counts: dict = {"forwards": Counter(), "regions": 0}
+
+    def __enter__(self):
+        module, counts = self.engine.module, self.counts
+        run, materialize = module.run_stage, recompute._Region.materialize
+
+        def run_stage(stage, x, segmented):
+            counts["forwards"][(stage, torch.is_grad_enabled())] += 1
+            return run(stage, x, segmented)
+
+        def counted(region):
+            counts["regions"] += region.outputs is None
+            materialize(region)
+
+        module.run_stage = run_stage
+        recompute._Region.materialize = counted
+        self._restore = lambda: (delattr(module, "run_stage"),
+                                 setattr(recompute._Region, "materialize", materialize))
+        return counts
+
+    def __exit__(self, *exc):
+        self._restore()
+        return False
 
 
 TORCH_ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01, "torch_adam": True}}
@@ -272,8 +349,8 @@ class _nothing:
 
 
 def case_dp(out_dir: Path) -> dict:
-    """4 processes: data parallelism 2 x pipelines of 2, and a 4-device irregular plan whose
-    messages skip ranks, each against stock."""
+    """4 processes: data parallelism 2 x pipelines of 2 (with ZeRO-1 too), and a 4-device
+    irregular plan whose messages skip ranks, each against stock."""
     results = []
     stock = build_stock(even(2), 2, config())
     ref, ref_w = train(stock), weights(stock)
@@ -282,6 +359,13 @@ def case_dp(out_dir: Path) -> dict:
         results.append(compare(f"{name}/dp2", build_ours(plan, config()), ref, ref_w, None))
     plan = with_partition(generate("zb-v", devices=2, microbatches=M), even(4), dp=2)
     results.append(compare("zb-v/dp2", build_ours(plan, config()), ref, ref_w, None))
+
+    # ZeRO-1 sharding the optimizer state over the two copies, from the plan's header
+    stock = build_stock(even(2), 2, config(zero_optimization={"stage": 1}))
+    ref, ref_w = train(stock), weights(stock)
+    plan = with_partition(generate("zb-h1", devices=2, microbatches=M), even(2), dp=2)
+    results.append(compare("zb-h1/dp2/zero1", build_ours(with_zero(plan, 1), config()), ref, ref_w,
+                           None))
 
     stock = build_stock(even(4), 1, config())
     ref, ref_w = train(stock), weights(stock)

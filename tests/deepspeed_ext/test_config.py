@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from octodsl.deepspeed_ext.config import batch_config, read_config
+from octodsl.deepspeed_ext.config import batch_config, plan_config, read_config, zero_config
 from octodsl.deepspeed_ext.errors import PlanLaunchError
 from octodsl.gen import generate
 from octodsl.limits import MAX_TIMEOUT
@@ -106,3 +106,68 @@ def test_a_size_the_plan_states_wins_over_the_default():
     assert batch_config({}, shaped, 2)["train_micro_batch_size_per_gpu"] == 1
     with pytest.raises(PlanLaunchError, match="trains micro-batches of 1 sequence, but"):
         batch_config({"train_micro_batch_size_per_gpu": 2}, shaped, 2)
+
+
+def _with_zero(zero: int, dp: int = 1):
+    return PLAN.__class__(PLAN.header.model_copy(update={"zero": zero, "dp": dp}), PLAN.stages,
+                          PLAN.placement, PLAN.schedule)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_zero_stage_comes_from_the_plan(zero):
+    given = {"zero_optimization": {"reduce_bucket_size": 5}, "x": 1}
+    assert zero_config(given, _with_zero(zero, dp=2)) == {
+        "x": 1, "zero_optimization": {"reduce_bucket_size": 5, "stage": zero}}
+    assert zero_config({}, _with_zero(zero))["zero_optimization"] == {"stage": zero}
+    # a config that states the plan's stage is kept as it is
+    assert zero_config({"zero_optimization": {"stage": zero}}, _with_zero(zero)) == \
+        {"zero_optimization": {"stage": zero}}
+
+
+def test_a_zero_stage_that_differs_from_the_plan_names_both():
+    with pytest.raises(PlanLaunchError) as e:
+        zero_config({"zero_optimization": {"stage": 1}}, PLAN, plan_name="plan.octo",
+                    config_name="ds.json")
+    assert str(e.value) == (
+        "plan.octo runs ZeRO stage 0 (its header's `zero`, 0 when not stated), but ds.json gives "
+        "zero_optimization.stage 1: leave the stage out of the config (the plan's is used) or "
+        "state `zero 1` in the plan's header")
+    with pytest.raises(PlanLaunchError, match="runs ZeRO stage 1 .* gives zero_optimization.stage 0"):
+        zero_config({"zero_optimization": {"stage": 0}}, _with_zero(1))
+
+
+def test_zero_2_is_refused_with_the_reason():
+    with pytest.raises(PlanLaunchError) as e:
+        plan_config({}, _with_zero(2, dp=2), 1, plan_name="plan.octo", config_name="ds.json")
+    message = str(e.value)
+    assert message.startswith("plan.octo runs `zero 2` (gradients sharded over the data-parallel "
+                              "copies), which DeepSpeed's pipeline engine refuses")
+    assert '"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"' in message
+    assert message.endswith("run `zero 1`, which shards the optimizer state")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("given,message", [
+    ({"zero_optimization": True}, 'gives "zero_optimization" as a boolean'),
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage: input should be less than or equal to 3, not 4"),
+    ({"zero_optimization": {"stage": "1"}}, 'zero_optimization.stage: input should be a valid integer, not "1"'),
+])
+def test_a_bad_zero_section_is_one_line(given, message):
+    with pytest.raises(PlanLaunchError) as e:
+        zero_config(given, PLAN, config_name="ds.json")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_launch_check_refuses_zero_2_and_a_mismatch_before_any_communication(monkeypatch):
+    # check_launch is what initialize runs on every rank before torch.distributed starts
+    from octodsl.deepspeed_ext.launch import check_launch
+
+    plan = generate("zb-h1", devices=2, microbatches=4)
+    layers = 24
+    with pytest.raises(PlanLaunchError, match="DeepSpeed's pipeline engine refuses"):
+        check_launch(PLAN.__class__(plan.header.model_copy(update={"zero": 2, "dp": 2}), plan.stages,
+                                    plan.placement, plan.schedule), 4, {}, layers, microbatch_size=1,
+                     layer_costs=[1.0] * layers)
+    with pytest.raises(PlanLaunchError, match="gives zero_optimization.stage 1"):
+        check_launch(plan, 2, {"zero_optimization": {"stage": 1}}, layers, microbatch_size=1,
+                     layer_costs=[1.0] * layers)

@@ -22,6 +22,8 @@ from octodsl.gen import generate, generate_text
 from octodsl.plan import Op, OpKind
 
 HERE = Path(__file__).resolve().parent
+M = 4
+"""Micro-batches per step in harness.py."""
 ROOT = HERE.parents[1]
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 TIMEOUT = 900
@@ -29,7 +31,7 @@ TIMEOUT = 900
 EXACT = ("1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "zb-v", "dualpipev", "irregular",
          "1f1b/bf16", "zb-h1/bf16", "1f1b/zero1", "zb-h1/zero1", "1f1b/bf16-zero1",
          "zb-h1/bf16-zero1", "1f1b/clip", "zb-h1/clip", "1f1b/dp2", "zb-h1/dp2", "zb-v/dp2",
-         "irregular-p4", "zb-h1/unsplittable")
+         "zb-h1/dp2/zero1", "irregular-p4", "zb-h1/unsplittable")
 """Plans whose losses and weights equal stock DeepSpeed's bit for bit on every CPU, because each
 number is the same operations on the same operands: each parameter's gradient sums its
 micro-batches in micro-batch order as stock's does (a tied embedding and LM head on one rank
@@ -86,6 +88,8 @@ def _check(results: list[dict]) -> None:
         if r["plan"] in EXACT:
             assert r["exact"] and r["weight_diff"] == 0.0, r
         assert r.get("eval_diff", 0.0) == 0.0, r
+        # the plan's header `zero 1` is what DeepSpeed ran (the config leaves it out or agrees)
+        assert r["zero"] == (1 if "zero1" in r["plan"] else 0), r
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +102,30 @@ def test_every_plan_trains_like_stock(plans):
     names = {r["plan"] for r in plans["results"]}
     assert {n for n in EXACT if "dp2" not in n and n != "irregular-p4"} <= names
     _check(plans["results"])
+
+
+@pytest.mark.slow
+def test_recompute_trains_like_the_same_plan_without_it(plans):
+    # Bit for bit, by construction: a `full` stage's B (or BW) runs the stage's forward again on
+    # the input F kept, the same operations on the same values as F (CPU kernels are
+    # deterministic, and a forward without grad computes the same numbers), then the same B
+    # and W; `selective` brings back each dropped tensor by running the operations that made it
+    # again on the same inputs, once, and B and W read the same values. So the gradients, the
+    # losses, the weights and the evaluation after training equal the plan's without recompute.
+    results = plans["recompute"]
+    assert {r["plan"] for r in results} == {"zb-h1/full-selective", "zb-h1/selective-full",
+                                            "zb-v/selective-full-selective-full", "1f1b/full-selective"}
+    runs = M * 3  # micro-batches x steps
+    for r in results:
+        assert r["exact"] and r["weight_diff"] == 0.0 and r["eval_diff"] == 0.0, r
+        # and recompute did run: a full stage's forward twice per micro-batch, first without grad;
+        # the ranks holding a selective stage brought dropped tensors back
+        for s, mode in enumerate(r["modes"]):
+            assert r["forwards"].get(f"{s} grad") == runs, r
+            assert r["forwards"].get(f"{s} no_grad", 0) == (runs if mode == "full" else 0), r
+        for d, regions in enumerate(r["recomputed_regions"]):
+            selective = any(m == "selective" and r["stage_device"][s] == d for s, m in enumerate(r["modes"]))
+            assert (regions > 0) == selective, r
 
 
 @pytest.mark.slow
@@ -144,7 +172,8 @@ def test_checkpoint_resume_gives_the_same_losses(plans):
 @pytest.mark.slow
 def test_data_parallel_and_non_adjacent_ranks(tmp_path_factory):
     results = run_case(tmp_path_factory, 4, "dp")["results"]
-    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "irregular-p4"} <= {r["plan"] for r in results}
+    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "zb-h1/dp2/zero1", "irregular-p4"} <= \
+        {r["plan"] for r in results}
     _check(results)
 
 
