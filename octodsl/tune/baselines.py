@@ -8,7 +8,8 @@ A baseline is named `SCHEDULE[-vCHUNKS]-PARTITION`, e.g. `1f1b-equal`, `interlea
 Baselines get the tuner's levers: the problem's header (ZeRO over its dp copies) and its
 recompute choice. With a fixed mode every stage recomputes that way; with the tuner's choice
 (`auto`) each baseline runs with no recompute, selective on every stage and full on every stage
-(as Megatron users run it) and counts with the best of the three (fitting first, then fastest).
+(as Megatron users run it) and counts with the best of the three (fitting first, then fastest;
+without a memory limit, none alone).
 """
 
 from __future__ import annotations
@@ -110,9 +111,11 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
 
 def _best_mode(problem: Problem, plan: Plan, evaluate: Evaluator) -> tuple[Score, Recompute]:
     """The plan with each recompute mode the problem allows on every stage: the best score
-    (the least saving mode on a tie) and its mode."""
+    (the least saving mode on a tie) and its mode. Without a memory limit recompute only adds
+    time: the tuner's choice is then none."""
     best: tuple[Score, Recompute] | None = None
-    for mode in problem.modes:
+    modes = problem.modes if problem.memory is not None else problem.modes[:1]
+    for mode in modes:
         s = evaluate(recompute_everywhere(plan, mode))
         if best is None or s.better_than(best[0]):
             best = (s, mode)

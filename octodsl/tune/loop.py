@@ -251,7 +251,7 @@ class _Search:
             # first proposal the usually better rebuild without W held back).
             out.append((f"given plan {plan.header.name!r}", self.score(plan, "start", True),
                         StageLayout.of(plan), True))
-        for name, layout, cuts in self._start_layouts(out):
+        for name, layout, cuts in self._start_layouts(list(out)):
             for w_gap in (False, True):
                 self.ready("start")
                 self.tried.add((layout, w_gap))
@@ -264,13 +264,18 @@ class _Search:
 
     def _start_layouts(self, given: list[tuple[str, Score, StageLayout, bool]]):
         """(name, layout, how its cuts were found) of each start to list-schedule: the family
-        placements with bubble-aware cuts; under `keep`, the given plans' layouts and the
-        families with the kept cuts (with the modes that fit)."""
+        placements with bubble-aware cuts (when the tuner picks recompute under a memory
+        limit, also with selective recompute on every stage: the bubble-aware model misses
+        much of how memory throttles a plan that keeps everything, and selective saves much
+        for little); under `keep`, the given plans' layouts and the families with the kept
+        cuts (with the modes that fit)."""
         p = self.problem
         if p.keep is None:
+            also = (Recompute.SELECTIVE,) if (p.recompute == AUTO and p.memory is not None) else ()
             for name, devices in families(p.devices, p.num_layers):
-                self.ready("start")
-                yield (f"placement {name}", *self._start_cuts(devices))
+                for mode in (None, *also):
+                    self.ready("start")
+                    yield (f"placement {name}", *self._start_cuts(devices, mode))
             return
         for _, _, layout, _ in given:
             yield "the given plan's layout", layout, "kept cuts"
@@ -288,14 +293,16 @@ class _Search:
         new = fit_modes(layout, self.problem)
         return new, _modes_text(new)
 
-    def _start_cuts(self, devices: tuple[int, ...]) -> tuple[StageLayout, str]:
-        """Bubble-aware cuts for a family placement, and what they are; when the tuner picks
-        recompute, cuts and modes in turn (twice). Where shifts found none that fit in memory,
-        from the cuts `fitting` finds."""
+    def _start_cuts(self, devices: tuple[int, ...],
+                    mode: Recompute | None = None) -> tuple[StageLayout, str]:
+        """Bubble-aware cuts for a family placement, and what they are: with `mode` on every
+        stage; else when the tuner picks recompute, cuts and modes in turn (twice). Where
+        shifts found none that fit in memory, from the cuts `fitting` finds."""
         p = self.problem
-        layout = rebalance(StageLayout(even_cuts(p.num_layers, len(devices)), devices), p,
-                           seed=self.seed)
-        for _ in range(2 if len(p.modes) > 1 else 0):
+        even = StageLayout(even_cuts(p.num_layers, len(devices)), devices)
+        layout = rebalance(even if mode is None else even.with_recompute((mode,) * len(devices)),
+                           p, seed=self.seed)
+        for _ in range(2 if len(p.modes) > 1 and mode is None else 0):
             layout = rebalance(fit_modes(layout, p), p, seed=self.seed)
         model = FillModel(p, devices, p.modes_of(layout))
         if model.fits(model(layout.cuts)):
