@@ -194,7 +194,7 @@ def _decide(x, st, d):
                                       st.b_end[s, w_done[s]] < st.b_end[best_w, w_done[best_w]]):
             best_w = s
     if tb <= t0:
-        if best_w >= 0 and st.memory[d] + x.act_b[best_b] > x.cap[d]:
+        if best_w >= 0 and x.act_b[best_b] > 0 and st.memory[d] + x.act_b[best_b] > x.cap[d]:
             return t0, 2, best_w, blocked
         return t0, 1, best_b, blocked
     if tf <= t0:
