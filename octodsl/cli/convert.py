@@ -1,6 +1,7 @@
 """`octodsl convert IN -o OUT`: .octo <-> the action CSV of torch.distributed.pipelining, by the
 files' extensions. A .octo input must lint without errors (the CSV could not carry what is
-wrong); a CSV input is checked as it is read (see octodsl/interop/torch_csv.py)."""
+wrong), and what the CSV drops that changes how the plan runs (zero, recompute) is named in a
+warning; a CSV input is checked as it is read (see octodsl/interop/torch_csv.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..gen import render_plan
-from ..interop import read_csv, write_csv
+from ..interop import export_warnings, read_csv, write_csv
 from ..lang import PlanSyntaxError
 from ..lint import lint_source
 from .common import UserError, check_output, read_text, write_output
@@ -31,9 +32,10 @@ def run(args) -> int:
     source = read_text(args.input)
     if kinds[0] == ".octo":
         plan, diags = lint_source(source, args.input)
-        _report([d.render(args.input, source) for d in diags])
         if plan is None or any(d.is_error for d in diags):
+            _report([d.render(args.input, source) for d in diags])
             return 1
+        _report([d.render(args.input, source) for d in diags + export_warnings(plan)])
         write_output(args.output, write_csv(plan))
         return 0
     try:

@@ -1,5 +1,6 @@
-"""`octodsl models [SPEC] [--json] [--yaml] [--device D]`: list the built-in models, or show one
-model's layer kinds with their analytical costs."""
+"""`octodsl models [SPEC] [--json] [--yaml] [--device D] [--zero N --dp N]`: list the built-in
+models, or show one model's layer kinds with their analytical costs, the bytes per parameter
+and the static bytes (sharded by --zero over --dp copies)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from ..costs.devices import DEVICES, get_device
 from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_model
 from ..models.builtin import PUBLISHED_PARAMS
 from ..models.spec import ModelSpec
-from .common import MICROBATCH_SIZE, SEQ_LEN, UserError, print_json
+from ..units import size
+from ..costs.table import CostTable, ParamBytes
+from .common import DP, MICROBATCH_SIZE, SEQ_LEN, UserError, print_json
+from .simulate import ZERO
 
 _SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
           "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}
@@ -26,6 +30,10 @@ def register(sub) -> None:
                    help="device for SPEC's analytical costs (default H800)")
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="B", help="override the spec's")
     p.add_argument("--seq-len", type=SEQ_LEN, metavar="S", help="override the spec's")
+    p.add_argument("--zero", type=ZERO, default=0, metavar="N",
+                   help="show SPEC's static bytes under ZeRO stage N (1: optimizer state sharded, "
+                   "2: gradients too) over --dp copies (default 0)")
+    p.add_argument("--dp", type=DP, default=1, metavar="N", help="data-parallel copies for --zero (default 1)")
     p.set_defaults(func=run)
 
 
@@ -47,7 +55,7 @@ def run(args) -> int:
 
         print(yaml.safe_dump(spec.compact(), sort_keys=False, width=100), end="")
         return 0
-    return _show(spec, args.device, args.json)
+    return _show(spec, args.device, args.json, args.zero, args.dp)
 
 
 def _summary(spec: ModelSpec) -> dict:
@@ -88,17 +96,32 @@ def _list(as_json: bool) -> int:
     return 0
 
 
-def _show(spec: ModelSpec, device: str, as_json: bool) -> int:
-    costs = analytical_costs(spec, get_device(device))
+def _param_bytes_json(pb: ParamBytes) -> dict:
+    return {"weights": pb.weights, "grads": pb.grads, "optimizer": pb.optimizer, "total": pb.total}
+
+
+def _per_parameter(pb: ParamBytes) -> str:
+    return f"{pb.weights:g} + {pb.grads:g} + {pb.optimizer:g} = {pb.total:g} bytes"
+
+
+def _show(spec: ModelSpec, device: str, as_json: bool, zero: int, dp: int) -> int:
+    costs: CostTable = analytical_costs(spec, get_device(device))
+    pb = costs.param_bytes
+    share = pb.share(zero, dp)
     rows: dict[str, dict] = {}
     for layer, cost in zip(spec.layers, costs.layers, strict=True):
         row = rows.setdefault(layer.kind, {
             "kind": layer.kind, "symbol": layer.symbol, "count": 0, "params": cost.params,
-            "f": cost.f, "b": cost.b, "w": cost.w, "act": cost.act, "act_w": cost.act_w})
+            "f": cost.f, "b": cost.b, "w": cost.w, "act": cost.act, "act_w": cost.act_w,
+            "sel_act": cost.sel_act, "sel_f": cost.sel_f, "static": share * cost.static})
         row["count"] += 1
+    static = sum(layer.static for layer in costs.layers)
     if as_json:
         print_json({**_summary(spec), "pattern": spec.pattern, "device": device,
                     "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
+                    "param_bytes": _param_bytes_json(pb), "zero": zero, "dp": dp,
+                    "param_bytes_per_device": _param_bytes_json(pb.sharded(zero, dp)),
+                    "static": static, "static_per_device": share * static,
                     "kinds": list(rows.values())})
         return 0
     from rich.console import Console
@@ -107,14 +130,24 @@ def _show(spec: ModelSpec, device: str, as_json: bool) -> int:
     table = Table(title=f"{spec.name}: {spec.num_layers} layers, {_billions(spec.params())} "
                         f"parameters; analytical costs on {device}, micro-batch "
                         f"{spec.microbatch_size} x {spec.seq_len} tokens, {spec.dtype}")
+    sharded = zero > 0 and dp > 1
     for col in ("kind", "sym", "count", "params", "F ms", "B ms", "W ms", "act MiB",
-                "act_w MiB"):
+                "act_w MiB", "sel MiB", "static MiB" + (" / copy" if sharded else "")):
         table.add_column(col, justify="left" if col in ("kind", "sym") else "right")
     for r in rows.values():
         table.add_row(r["kind"], r["symbol"], str(r["count"]), _billions(r["params"]),
                       f"{r['f'] * 1e3:.3f}", f"{r['b'] * 1e3:.3f}", f"{r['w'] * 1e3:.3f}",
-                      f"{r['act'] / 2**20:.1f}", f"{r['act_w'] / 2**20:.1f}")
+                      f"{r['act'] / 2**20:.1f}", f"{r['act_w'] / 2**20:.1f}",
+                      f"{r['sel_act'] / 2**20:.1f}", f"{r['static'] / 2**20:,.1f}")
     console = Console(width=140)
     console.print(table)
     console.print(f"pattern {spec.pattern}", soft_wrap=True, highlight=False, markup=False)
+    line = (f"per parameter: weights + gradients + optimizer state = {_per_parameter(pb)}; "
+            f"static {size(static, 2)} for the whole model")
+    if sharded:
+        line += (f"; on one of {dp} copies with ZeRO {zero}: {_per_parameter(pb.sharded(zero, dp))}, "
+                 f"static {size(share * static, 2)}")
+    console.print(line, soft_wrap=True, highlight=False, markup=False)
+    console.print("sel: the activation bytes selective recompute drops after F, per layer",
+                  highlight=False, markup=False)
     return 0

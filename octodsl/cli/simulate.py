@@ -1,10 +1,13 @@
 """`octodsl simulate PLAN... [--model SPEC | --profile FILE | --costs F=1,B=1,W=1[,comm=0]]
-[--device H800] [--link nvlink] [--dp N] [--json] [--trace FILE] [--png FILE]`: iteration time,
-bubbles, overlap, memory and the critical path of a plan, before renting any GPU. Several plans
-are compared side by side, one row each."""
+[--device H800] [--link nvlink] [--dp N] [--zero 0|1|2] [--recompute none|full|selective]
+[--json] [--trace FILE] [--png FILE]`: iteration time, bubbles, overlap, memory and the critical
+path of a plan, before renting any GPU. Several plans are compared side by side, one row each.
+--dp, --zero and --recompute override the plan's header and `recompute` section (--recompute:
+every stage), for the costs and the communication alike."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -17,13 +20,15 @@ from ..costs.table import Link, uniform_stage_costs
 from ..interop import read_csv
 from ..lang import PlanSyntaxError
 from ..lint import lint_source
-from ..plan import Plan, PlanError
+from ..plan import Plan, PlanError, Recompute
 from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..lint.memory import CODE as MEMORY_CODE
-from .common import (DP, UserError, link_named, op_costs, output, pipeline_link, print_json,
-                     read_text, stdout_console, writing)
+from .common import (DP, UserError, integer, link_named, op_costs, output, pipeline_link,
+                     print_json, read_text, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
+ZERO = integer(0, 2)
+"""--zero: a ZeRO stage (`Header.zero`)."""
 
 
 class _Shown(TypedDict):
@@ -54,6 +59,11 @@ def register(sub) -> None:
                    "with a model, --costs' comm without")
     p.add_argument("--dp-link", metavar="NAME", help="link of the data-parallel all-reduce (default: --link)")
     p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
+    p.add_argument("--zero", type=ZERO, metavar="N",
+                   help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
+                   "the gradients); default: the plan's `zero`")
+    p.add_argument("--recompute", choices=[m.value for m in Recompute],
+                   help="what every stage recomputes (default: the plan's `recompute` section)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     p.add_argument("--trace", type=output(".json"), metavar="FILE",
                    help="write a Chrome / Perfetto trace (a .json file)")
@@ -72,10 +82,11 @@ def run(args) -> int:
         plan = load_plan_or_report(path)
         if plan is None:
             return 1
+        plan = with_overrides(plan, args.dp, args.zero, args.recompute)
         costs, link, device_memory = _costs(args, path, plan)
         t0 = time.perf_counter()
         try:
-            result = simulate(compile(plan), costs, link, dp=args.dp, dp_link=dp_link)
+            result = simulate(compile(plan), costs, link, dp_link=dp_link)
         except PlanError as e:
             raise UserError(f"{path}: {e}") from None
         limit = plan.header.memory if plan.header.memory is not None else device_memory
@@ -129,6 +140,16 @@ def load_plan_or_report(path: str) -> Plan | None:
         print(f"{path}: the plan has errors; `octodsl lint {path}` lists them", file=sys.stderr)
         return None
     return plan
+
+
+def with_overrides(plan: Plan, dp: int | None, zero: int | None, recompute: str | None) -> Plan:
+    """The plan with its header's dp and zero, and every stage's recompute, replaced by those
+    given (None: the plan's)."""
+    header = plan.header.model_copy(update={k: v for k, v in (("dp", dp), ("zero", zero))
+                                            if v is not None})
+    stages = plan.stages if recompute is None else [
+        dataclasses.replace(s, recompute=Recompute(recompute)) for s in plan.stages]
+    return dataclasses.replace(plan, header=header, stages=stages)
 
 
 def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:

@@ -85,11 +85,15 @@ class ParamBytes:
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer
 
+    def sharded(self, zero: int, dp: int) -> ParamBytes:
+        """Bytes per parameter on one of `dp` copies at ZeRO stage `zero`, by part: 1 divides
+        the optimizer state by dp, 2 the gradients as well."""
+        return ParamBytes(self.weights, self.grads / (dp if zero >= 2 else 1),
+                          self.optimizer / (dp if zero >= 1 else 1))
+
     def per_device(self, zero: int, dp: int) -> float:
-        """Bytes per parameter on one of `dp` copies at ZeRO stage `zero`: 1 divides the
-        optimizer state by dp, 2 the gradients as well."""
-        return (self.weights + self.grads / (dp if zero >= 2 else 1)
-                + self.optimizer / (dp if zero >= 1 else 1))
+        """`sharded(zero, dp)`'s total."""
+        return self.sharded(zero, dp).total
 
     def share(self, zero: int, dp: int) -> float:
         """`per_device` over `total`: the factor on unsharded static bytes."""

@@ -1,8 +1,8 @@
 """Any Plan as .octo text, through the template templates/plan.octo.j2.
 
-Python decides what to write (header values, the placement shorthand, compacted schedule items
-wrapped as `octodsl fmt` wraps them, so fmt leaves the text unchanged); the template lays it
-out."""
+Python decides what to write (header values, the placement shorthand, the stages that
+recompute, compacted schedule items wrapped as `octodsl fmt` wraps them, so fmt leaves the text
+unchanged); the template lays it out."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import jinja2
 
-from ..plan import Header, Plan, PlanError, Slot, placement_loop, placement_v
+from ..plan import Header, Plan, PlanError, Recompute, Slot, placement_loop, placement_v
 from ..units import exact_size
 from .compact import compact
 
@@ -37,6 +37,8 @@ def render_plan(plan: Plan, comments: Mapping[int, Mapping[int, str]] | None = N
         header=_header(plan.header),
         partition=_partition(plan),
         placement=_placement(plan),
+        recompute=[(i, s.recompute.value) for i, s in enumerate(plan.stages)
+                   if s.recompute is not Recompute.NONE],
         devices=[_device_lines(slots, comments.get(d, {}))
                  for d, slots in enumerate(plan.schedule)],
     )
@@ -51,6 +53,8 @@ def _header(h: Header) -> list[tuple[str, str]]:
             out.append((key, str(getattr(h, key))))
     if h.dp != 1:
         out.append(("dp", str(h.dp)))
+    if h.zero != 0:
+        out.append(("zero", str(h.zero)))
     if h.memory is not None:
         out.append(("memory", exact_size(h.memory)))
     return out

@@ -23,6 +23,10 @@ E601 a cell that is no action; E602 a compute action without a micro-batch; E603
 two rows; E604 an op given twice; E605 a stage, op or micro-batch missing; E606 an empty file;
 E607 a number past a limit; E310 a deadlock (lint's); W601 communication actions dropped;
 W602 fused backwards split.
+
+Writing: the CSV carries the schedule and, by where ops run, the placement; the rest of a plan
+(model, layers, header sizes) has no place in it. What changes how the plan runs and would be
+lost without a word, ZeRO sharding and recompute, is named by `export_warnings` (W603).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from ..lang.bounds import ops_beyond_limit, whole_number
 from ..lang.errors import Diagnostic, PlanSyntaxError, Severity, ranges_text, source_lines
 from ..lint import lint_plan
 from ..limits import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, at_most
-from ..plan import DevicePlacement, Header, Op, OpKind, Plan, PlanError, Slot, Span, Stage
+from ..plan import (DevicePlacement, Header, Op, OpKind, Plan, PlanError, Recompute, Slot, Span,
+                    Stage)
 
 TO_TORCH = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
@@ -65,6 +70,25 @@ def write_csv(plan: Plan) -> str:
                                     f"{op.stage}; the CSV cannot say so")
         rows.append(",".join(_cell(slot) for slot in slots))
     return "\n".join(rows) + "\n"
+
+
+def export_warnings(plan: Plan) -> list[Diagnostic]:
+    """What write_csv drops of `plan` that changes how it runs: its `zero` and the stages of its
+    recompute section that recompute (W603, at where the plan states them)."""
+    out = []
+    if plan.header.zero:
+        out.append(Diagnostic("W603", f"'zero {plan.header.zero}' is dropped: the CSV has no place "
+                              "for ZeRO sharding", plan.header.spans.get("zero"),
+                              "set the sharding up in the training script instead",
+                              Severity.WARNING))
+    recompute = [(i, s) for i, s in enumerate(plan.stages) if s.recompute is not Recompute.NONE]
+    if recompute:
+        shown = ", ".join(f"stage {i}: {s.recompute}" for i, s in recompute)
+        out.append(Diagnostic("W603", f"the recompute section ({shown}) is dropped: the CSV has "
+                              "no place for it", recompute[0][1].recompute_span,
+                              "torch's pipeline keeps every activation unless the stage's module "
+                              "checkpoints itself", Severity.WARNING))
+    return out
 
 
 def _cell(slot: Slot) -> str:

@@ -116,6 +116,11 @@ def _section(out: _Writer, sec: ast.Section) -> None:
         for e in sec.entries:
             out.line(f"device {e.device}: stages " + ", ".join(map(str, e.stages)), 1, e.span)
         out.close(0, sec.span)
+    elif isinstance(sec, ast.RecomputeBlock):
+        out.open("recompute", 0, sec.span)
+        for r in sec.entries:
+            out.line(f"stage {r.stage}: {r.mode}", 1, r.span)
+        out.close(0, sec.span)
     else:
         out.open("schedule", 0, sec.span)
         for block in sec.devices:

@@ -1,4 +1,5 @@
-"""Syntax tree -> Plan: check the header, resolve placement shorthands, unroll ranges and loops.
+"""Syntax tree -> Plan: check the header, resolve placement shorthands, set what each stage
+recomputes, unroll ranges and loops.
 
 Problems found here (an unknown header field, an undefined loop variable) are diagnostics; the
 plan is still built whenever devices and micro-batches are known, so lint can report the rest.
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from ..limits import MAX_INT, MAX_LAYERS, MAX_LOOP_ITERATIONS, MAX_OPS, MAX_STAGES, at_most
-from ..plan import (DevicePlacement, Header, Op, OpKind, Plan, Slot, Span, Stage,
+from ..plan import (DevicePlacement, Header, Op, OpKind, Plan, Recompute, Slot, Span, Stage,
                     placement_loop, placement_v)
 from . import bounds
 from . import syntax as ast
@@ -26,10 +27,14 @@ PATTERN_SYMBOLS = "[Mm*G-E]"
 
 _FIELD_KINDS = {
     "devices": ("int",), "microbatches": ("int",), "microbatch_size": ("int",),
-    "seq_len": ("int",), "dp": ("int",), "memory": ("int", "size"),
+    "seq_len": ("int",), "dp": ("int",), "zero": ("int",), "memory": ("int", "size"),
     "model": ("string", "name"),
 }
 _REQUIRED = ("devices", "microbatches")
+ZERO_STAGES = (0, 1, 2)
+ZERO_HINT = ("zero 0 shards nothing; zero 1 shards the optimizer state (the fp32 master copy, "
+             "Adam m and v) over the dp copies; zero 2 the gradients as well")
+RECOMPUTE_MODES = {m.value: m for m in Recompute}
 
 
 def lower(file: ast.File) -> tuple[Plan | None, list[Diagnostic]]:
@@ -42,6 +47,9 @@ def lower(file: ast.File) -> tuple[Plan | None, list[Diagnostic]]:
     stages, partition_span = _partition(sections.get("partition"), diags)
     if stages is None or not _ops_fit(len(stages), header, partition_span, diags):
         return None, diags
+    recompute_sec = sections.get("recompute")
+    assert recompute_sec is None or isinstance(recompute_sec, ast.RecomputeBlock)  # see _section_name
+    _recompute(recompute_sec, stages, partition_span is not None, diags)
     placement, placement_span = _placement(sections.get("placement"), len(stages), header.devices, diags)
     unroller = _Unroller(diags)
     schedule_sec = sections.get("schedule")
@@ -77,6 +85,11 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
             continue
         values[e.key] = e.value
         spans[e.key] = e.value_span
+    if values.get("zero", 0) not in ZERO_STAGES:
+        # Not one of the range errors below: the values are a choice, not a limit. The plan is
+        # still built (with no sharding), so that lint reports the rest.
+        diags.append(Diagnostic("E114", f"'zero' must be 0, 1 or 2, not {values.pop('zero')}",
+                                spans["zero"], hint=ZERO_HINT))
     missing = [k for k in _REQUIRED if k not in values]
     for k in missing:
         diags.append(Diagnostic("E112", f"the plan header does not give '{k}'", block.span,
@@ -122,6 +135,8 @@ def _section_name(sec: ast.Section) -> str:
         return "partition"
     if isinstance(sec, (ast.PlacementExplicit, ast.PlacementNamed)):
         return "placement"
+    if isinstance(sec, ast.RecomputeBlock):
+        return "recompute"
     return "schedule"
 
 
@@ -226,6 +241,48 @@ def _with_span(entries: list[DevicePlacement], span: Span) -> list[DevicePlaceme
     for e in entries:
         e.span = span
     return entries
+
+
+# -- recompute ---------------------------------------------------------------------------------
+
+def _recompute(sec: ast.RecomputeBlock | None, stages: list[Stage], partitioned: bool,
+               diags: list[Diagnostic]) -> None:
+    """Set the recompute mode of each stage the section names (the others keep `none`).
+    Without a partition (E121) no stage number is reported as missing."""
+    if sec is None:
+        return
+    first: dict[int, ast.RecomputeEntry] = {}
+    for e in sec.entries:
+        mode = _recompute_mode(e, diags)
+        if e.stage in first:
+            diags.append(Diagnostic("E172", f"stage {e.stage} is named twice in the recompute section",
+                                    e.span, hint=f"first at line {first[e.stage].span.line}"))
+            continue
+        first[e.stage] = e
+        if e.stage >= len(stages):
+            if partitioned:
+                diags.append(Diagnostic("E171", f"stage {e.stage} does not exist: the partition has "
+                                        f"{_stage_count(len(stages))}", e.span))
+            continue
+        if mode is not None:
+            stages[e.stage].recompute = mode
+            stages[e.stage].recompute_span = e.span
+
+
+def _stage_count(n: int) -> str:
+    """'4 stages (0..3)', '1 stage (stage 0)', 'no stages'."""
+    return f"{n} stages (0..{n - 1})" if n > 1 else "1 stage (stage 0)" if n else "no stages"
+
+
+def _recompute_mode(e: ast.RecomputeEntry, diags: list[Diagnostic]) -> Recompute | None:
+    mode = RECOMPUTE_MODES.get(e.mode)
+    if mode is None:
+        close = difflib.get_close_matches(e.mode, RECOMPUTE_MODES, n=1)
+        diags.append(Diagnostic(
+            "E170", f"unknown recompute mode '{e.mode}'", e.mode_span,
+            hint=f"did you mean '{close[0]}'?" if close else
+            "the modes are none, full and selective"))
+    return mode
 
 
 # -- schedule ---------------------------------------------------------------------------------

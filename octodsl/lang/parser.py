@@ -12,7 +12,7 @@ from typing import cast
 from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from ..plan import Span
+from ..plan import Header, Span
 from ..units import parse_size
 from . import bounds
 from . import syntax as ast
@@ -27,6 +27,7 @@ _NUMBER_LIKE = re.compile(r"[0-9A-Za-z_]+(?:\.[0-9A-Za-z_]+)*")
 """What a malformed number such as `1e8`, `1.5` or `80Gib` runs to (the lexer stops at it)."""
 _NUMBER_HINT = ("a number is written in decimal digits only, such as 100000000; a size is a "
                 "number and a unit, such as 80GiB or 1.5TB")
+_SIGN_HINT = "devices, stages and micro-batches are numbered from 0"
 
 # How each terminal is named in "expected ..." messages; string terminals print as 'literal'.
 _WORDS = {
@@ -87,12 +88,46 @@ def _malformed_number(e: UnexpectedInput, source: str) -> str | None:
     return m.group(0) if m and m.group(0)[0] in "0123456789" else None
 
 
+def _negative_number(e: UnexpectedInput, source: str) -> str | None:
+    """The text of the negative number (`-1`, `-80GiB`) at a '-' that lark stopped at where a
+    number may stand. (The lexer reads no sign: a '-' is subtraction's.)"""
+    if not (isinstance(e, UnexpectedToken) and e.token.value == "-" and "INT" in e.expected):
+        return None
+    assert e.token.end_pos is not None, "a '-' is a token the lexer made, with its position"
+    m = _NUMBER_LIKE.match(source, e.token.end_pos)
+    return "-" + m.group(0) if m and m.group(0)[0] in "0123456789" else None
+
+
+def _header_range(e: UnexpectedToken) -> str | None:
+    """What the header field whose value `e` stopped at may be ("'dp' is at least 1"), if that
+    is where it stopped: after a field's name, where a string may stand too."""
+    prev = e.token_history[-1] if e.token_history else None
+    field = Header.model_fields.get(prev.value) if prev is not None and prev.type == "NAME" else None
+    if prev is None or field is None or "STRING" not in e.expected:
+        return None
+    bound = {k: getattr(m, k) for m in field.metadata for k in ("ge", "le") if hasattr(m, k)}
+    if "ge" not in bound:
+        return None
+    low, high = bound["ge"], bound.get("le")
+    if high is not None and high - low < 4:
+        return f"'{prev.value}' is " + ", ".join(map(str, range(low, high))) + f" or {high}"
+    return f"'{prev.value}' is at least {low}"
+
+
 def _syntax_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
     """One lark error, in words."""
     bad = _malformed_number(e, source)
     if bad is not None:
         span = Span(e.line, e.column, e.line, e.column + len(bad))
         return Diagnostic("E103", f"'{bad}' is not a number", span, hint=_NUMBER_HINT)
+    negative = _negative_number(e, source)
+    if negative is not None:
+        assert isinstance(e, UnexpectedToken)  # see _negative_number
+        start = _token_span(e.token)
+        span = Span(start.line, start.col, start.line, start.col + len(negative))
+        what = _header_range(e)
+        return Diagnostic("E103", f"'{negative}' is not a number: a plan's numbers have no sign",
+                          span, hint=what or _SIGN_HINT)
     if isinstance(e, UnexpectedCharacters):
         pos = _lex_pos(e)
         ch = source[pos] if pos < len(source) else ""
@@ -187,7 +222,8 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
         elif isinstance(e, UnexpectedToken):
             if e.token.type == "$END":
                 return False
-            _repair(e)
+            if _negative_number(e, source) is None:  # else lark drops the '-', reads the number
+                _repair(e)
         return len(errors) < MAX_SYNTAX_ERRORS and recoveries < MAX_RECOVERIES
 
     lark = _parser()
@@ -302,6 +338,14 @@ class _ToAst(Transformer_NonRecursive):
 
     def int_list(self, meta, children):
         return [self._int(t) for t in children]
+
+    # recompute
+    def recompute(self, meta, children):
+        return ast.RecomputeBlock(children, bounds.meta_span(meta))
+
+    def recompute_entry(self, meta, children):
+        stage, mode = children
+        return ast.RecomputeEntry(self._int(stage), mode.value, bounds.meta_span(meta), _token_span(mode))
 
     # schedule
     def schedule(self, meta, children):

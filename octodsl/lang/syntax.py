@@ -116,6 +116,24 @@ class PlacementNamed:
     span: Span
 
 
+# -- recompute ---------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class RecomputeEntry:
+    """`stage N: MODE` as written; the mode is checked when lowered."""
+
+    stage: int
+    mode: str
+    span: Span
+    mode_span: Span
+
+
+@dataclass(slots=True)
+class RecomputeBlock:
+    entries: list[RecomputeEntry]
+    span: Span
+
+
 # -- schedule ----------------------------------------------------------------------------------
 
 @dataclass(slots=True)
@@ -160,7 +178,7 @@ class ScheduleBlock:
 
 
 Section = Union[PartitionLayers, PartitionPattern, PartitionAbstract, PlacementExplicit,
-                PlacementNamed, ScheduleBlock]
+                PlacementNamed, RecomputeBlock, ScheduleBlock]
 
 
 @dataclass(slots=True)

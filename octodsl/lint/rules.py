@@ -282,6 +282,22 @@ class OverlapSameDirection(Rule):
                                      hint="overlap pays off between a forward and a backward")
 
 
+@rule
+class ZeroWithoutCopies(Rule):
+    """ZeRO shards over the data-parallel copies: with one copy there is nothing to shard."""
+
+    code = "W404"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        if h.zero > 0 and h.dp == 1:
+            what = "optimizer state" if h.zero == 1 else "optimizer state and gradients"
+            yield Diagnostic("W404", f"zero {h.zero} with dp 1: there is only one copy of the "
+                             f"pipeline, no other to shard the {what} over",
+                             h.spans.get("zero"), severity=Severity.WARNING,
+                             hint="give the data-parallel copies ('dp 8'), or drop 'zero'")
+
+
 def run_rules(ctx: Context, extra: Iterable[Callable[[Context], Iterable[Diagnostic]]] = ()) -> list[Diagnostic]:
     """Run every rule; rules that need a sound structure run only when there is one."""
     diags: list[Diagnostic] = []

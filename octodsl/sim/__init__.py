@@ -15,10 +15,13 @@ The model (after OctoPipe's simulator):
   messages in the order they become ready, ties broken by message id (the graph's message
   order). The walk is deterministic and never hangs: a plan that cannot run raises SimDeadlock
   with lint's wait-for cycle.
-- Memory per device: static bytes of its stages, activations allocated when F starts, released
-  down to act_w when B ends and the rest when W ends (all of it when a fused BW ends).
-- DP > 1: each device all-reduces its stages' gradients over a ring once its compute and
-  messages are done (a formula, not simulated per rank).
+- Memory per device: static bytes of its stages (sharded by ZeRO), activations allocated when
+  F starts (with recompute, what F keeps), what recompute brings back allocated when B starts,
+  released down to act_w when B ends and the rest when W ends (all of it when a fused BW ends).
+- DP > 1 (dpcomm.py): each device all-reduces its stages' gradients over a ring once its
+  compute and messages are done; under ZeRO 1 a reduce-scatter there and an all-gather of the
+  parameters after the optimizer step; under ZeRO 2 a reduce-scatter after each W, on a
+  data-parallel stream, overlapping later compute (formulas, not simulated per rank).
 - Calibrated costs (octodsl.calibrate) may add: a fused BW's own cost (StageCost.bw); devices
   that share processors (SimCosts.sharing, sharing.py: walks repeated until every op's duration
   is consistent with how many devices compute beside it); an optimizer step per device
@@ -30,8 +33,8 @@ of it not under the device's own compute (exposed); bubble ratio = idle / iterat
 overlap rate = communication under compute / all communication; peak memory and the op at the
 peak; a lower bound (bounds.py) and efficiency = bound / iteration time; the critical path.
 
-Modules: program (compile), core (the walk), memory, bounds, costs (SimCosts), simulate,
-result; for people: report (summary, JSON), trace (Chrome / Perfetto), gantt (PNG). Lint's
+Modules: program (compile), core (the walk), memory, bounds, dpcomm (the data-parallel end of
+the iteration), costs (SimCosts), simulate, result; for people: report (summary, JSON), trace (Chrome / Perfetto), gantt (PNG). Lint's
 memory rule (E501) is octodsl.lint.memory, on top of memory.py.
 
 Speed: the walk is numba-compiled when numba is installed (jit.py): about 1 ms for 12k ops,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..costs.table import CostTable, StageCost
+from ..costs.table import CostTable, ParamBytes, StageCost
 from ..models.spec import DTYPE_BYTES
 from ..plan import Plan
 from .sharing import Sharing
@@ -27,6 +27,21 @@ class SimCosts:
     """Devices that share processors (a calibrated CPU machine); None: each has its own."""
     step_overhead: float = 0.0
     """Seconds per iteration after every device is done (synchronising at the step)."""
+    param_bytes: ParamBytes | None = None
+    """Bytes per parameter, by part, behind the stages' static bytes (None: unknown)."""
+    zero: int = 0
+    dp: int = 1
+    """The ZeRO stage and data-parallel copies the stages' static bytes are sharded over."""
+
+    def static_parts(self, stage: int) -> ParamBytes | None:
+        """The stage's static bytes on one copy split into weights, gradients and optimizer
+        state, after sharding (None when the per-parameter bytes are unknown)."""
+        pb = self.param_bytes
+        if pb is None:
+            return None
+        mine = pb.sharded(self.zero, self.dp)
+        scale = self.stages[stage].static / mine.total if mine.total > 0 else 0.0
+        return ParamBytes(mine.weights * scale, mine.grads * scale, mine.optimizer * scale)
 
     @classmethod
     def of(cls, costs: SimCosts | Sequence[StageCost]) -> SimCosts:
@@ -50,4 +65,4 @@ class SimCosts:
         return cls(tuple(stages), grads, max(layer.f + layer.b + layer.w for layer in table.layers),
                    table.tokens_per_microbatch or None, table.source,
                    sharing,
-                   0.0 if cal is None else cal.step_overhead)
+                   0.0 if cal is None else cal.step_overhead, table.param_bytes, h.zero, h.dp)

@@ -2,7 +2,7 @@
 
 One row per device: its compute ops as bars coloured by kind (a device's second chunk in a
 lighter shade) with the micro-batch number on each bar, and under it a thin band of its
-communication stream. The figure widens with the ops per device, so that labels stay readable
+communication (messages and data-parallel collectives). The figure widens with the ops per device, so that labels stay readable
 (8 devices x 32 micro-batches of a split-backward schedule is about 3000 pixels wide).
 """
 
@@ -56,9 +56,10 @@ def write_gantt(result: SimResult, path: str, title: str | None = None) -> None:
     for m in result.messages():
         for d in (m.src, m.dst) if m.end > m.start else ():
             comm[d].append((m.start * scale, (m.end - m.start) * scale))
+    for coll in result.collectives():
+        if coll.end > coll.start:
+            comm[coll.device].append((coll.start * scale, (coll.end - coll.start) * scale))
     for d in range(P):
-        if result.allreduce[d] > 0:
-            comm[d].append((result.allreduce_start[d] * scale, result.allreduce[d] * scale))
         if comm[d]:
             ax.broken_barh(comm[d], (d + 0.25, 0.12), facecolors=COMM_COLOUR, linewidth=0)
 

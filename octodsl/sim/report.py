@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..plan import Recompute
 from ..units import size
 from .result import SimResult, Step
 
@@ -35,22 +38,32 @@ class Segment:
     def __str__(self) -> str:
         if self.kind == "message":
             return f"{self.first} {self.device}->{self.peer}"
-        if self.kind == "allreduce":
-            return f"all-reduce on device {self.device}"
         ops = self.first if self.steps == 1 else f"{self.first}..{self.last} ({self.steps} ops)"
-        return f"device {self.device}: {ops}"
+        if self.kind == "compute":
+            return f"device {self.device}: {ops}"
+        if self.kind == "reduce-scatter" and self.first != self.kind:  # zero 2: after each W
+            return f"reduce-scatter after {ops} on device {self.device}"
+        return f"{_PATH_KINDS[self.kind]} on device {self.device}"
+
+
+_PATH_KINDS = {"compute": "compute", "message": "messages", "allreduce": "all-reduce",
+               "reduce-scatter": "reduce-scatter", "update": "optimizer step",
+               "all-gather": "all-gather"}
+"""Critical-path step kinds, as the summary names them."""
+_MERGED = ("compute", "reduce-scatter")
+"""Step kinds whose runs on one device make one segment."""
 
 
 def path_segments(steps: list[Step]) -> list[Segment]:
-    """Merge runs of compute steps on the same device; messages stay one segment each, free
-    ones (no time) are left out."""
+    """Merge runs of compute steps (and of zero 2's reduce-scatters) on the same device;
+    messages stay one segment each, free ones (no time) are left out."""
     out: list[Segment] = []
     for s in steps:
         if s.kind == "message" and s.end == s.start:
             continue
         prev = out[-1] if out else None
-        if prev and s.kind == "compute" and prev.kind == "compute" and prev.device == s.device:
-            out[-1] = Segment("compute", s.device, prev.first, s.label, prev.steps + 1, prev.start, s.end)
+        if prev and s.kind in _MERGED and prev.kind == s.kind and prev.device == s.device:
+            out[-1] = Segment(s.kind, s.device, prev.first, s.label, prev.steps + 1, prev.start, s.end)
         else:
             out.append(Segment(s.kind, s.device, s.label, s.label, 1, s.start, s.end, s.peer))
     return out
@@ -63,11 +76,15 @@ def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
     p = result.program
     h = p.plan.header
     stage_device = p.stage_device.tolist()
+    costs = result.costs
+    pb = costs.param_bytes
+    recompute = p.plan.recompute()
     return {
         "plan": h.name,
         "devices": p.devices,
         "microbatches": p.microbatches,
         "dp": result.dp,
+        "zero": result.zero,
         "costs": result.costs.source,
         "link": link,
         "iteration_time": result.iteration_time,
@@ -83,15 +100,37 @@ def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
         "comm": result.comm.tolist(),
         "comm_exposed": result.comm_exposed.tolist(),
         "allreduce_time": result.allreduce.tolist(),
+        "reduce_scatter_time": result.reduce_scatter.tolist(),
+        "all_gather_time": result.all_gather.tolist(),
+        "dp_comm_exposed": result.dp_exposed.tolist(),
+        "update_time": result.update.tolist(),
+        "param_bytes": None if pb is None else {
+            "weights": pb.weights, "grads": pb.grads, "optimizer": pb.optimizer,
+            "total": pb.total, "per_device": pb.per_device(costs.zero, costs.dp)},
+        "static": [_static_json(result, d) for d in range(p.devices)],
         "peak_memory": result.peak_memory.tolist(),
         "peak_ops": result.peak_ops(),
         "memory_limit": memory_limit,
         "stages": [{"stage": s, "device": stage_device[s], "F": c.f, "B": c.b, "W": c.w,
-                    "send_bytes": c.send_bytes, "act": c.act, "static": c.static}
-                   for s, c in enumerate(result.costs.stages)],
+                    "send_bytes": c.send_bytes, "act": c.act, "act_b": c.act_b, "act_w": c.act_w,
+                    "static": c.static, "recompute": recompute[s].value}
+                   for s, c in enumerate(costs.stages)],
         "critical_path": [seg.to_json() for seg in path_segments(result.critical_path())],
         "simulate_seconds": result.seconds if simulate_seconds is None else simulate_seconds,
     }
+
+
+def _static_json(result: SimResult, device: int) -> dict:
+    """A device's static bytes, split by part after sharding when the per-parameter bytes are
+    known (else the parts are null)."""
+    stages = np.flatnonzero(result.program.stage_device == device).tolist()
+    parts = [result.costs.static_parts(s) for s in stages]
+    total = float(result.memory.static[device])
+    if any(x is None for x in parts):
+        return {"weights": None, "grads": None, "optimizer": None, "total": total}
+    known = [x for x in parts if x is not None]
+    return {"weights": sum(x.weights for x in known), "grads": sum(x.grads for x in known),
+            "optimizer": sum(x.optimizer for x in known), "total": total}
 
 
 def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
@@ -103,7 +142,8 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
     head = Text()
     head.append(f"{h.name}", style="bold")
     head.append(f": {p.devices} devices x {p.microbatches} micro-batches"
-                + (f", DP {result.dp}" if result.dp > 1 else "") + "\n")
+                + (f", DP {result.dp}" if result.dp > 1 else "")
+                + (f", ZeRO {result.zero}" if result.zero else "") + "\n")
     head.append(f"{result.costs.source or 'given costs'}; link {link}\n", style="dim")
     head.append(f"iteration time  {_time(t)}   lower bound {_time(result.lower_bound)} "
                 f"(efficiency {result.efficiency:.1%})\n")
@@ -113,6 +153,22 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
                 f"{result.overlap_rate:.1%}")
     if result.allreduce.any():
         head.append(f"   DP all-reduce {_time(float(result.allreduce.max()))}")
+    if result.reduce_scatter.any() or result.all_gather.any():
+        head.append(f"\nZeRO {result.zero}          reduce-scatter "
+                    f"{_time(float(result.reduce_scatter.max()))}, all-gather "
+                    f"{_time(float(result.all_gather.max()))}, exposed "
+                    f"{_time(float(result.dp_exposed.max()))} (the busiest device)")
+    static = _static_json(result, int(np.argmax(result.memory.static))) if p.devices else None
+    if static is not None and static["weights"] is not None:
+        pb = result.costs.param_bytes
+        head.append(f"\nstatic memory   {size(static['total'], 2)} on the fullest device: weights "
+                    f"{size(static['weights'], 2)}, gradients {size(static['grads'], 2)}, "
+                    f"optimizer state {size(static['optimizer'], 2)}"
+                    + (f" ({pb.per_device(result.costs.zero, result.costs.dp):g} of "
+                       f"{pb.total:g} bytes per parameter)" if pb is not None else ""))
+    recompute = _recompute_line(p.plan.recompute())
+    if recompute:
+        head.append(f"\nrecompute       {recompute}")
     if memory_limit is not None:
         over = [d for d in range(p.devices) if result.peak_memory[d] > memory_limit]
         head.append(f"\nmemory limit    {size(memory_limit, 2)}")
@@ -135,11 +191,11 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
             peak_ops[d] or "")
 
     segs = path_segments(result.critical_path())
-    kinds = {k: sum(s.end - s.start for s in segs if s.kind == k) for k in ("compute", "message", "allreduce")}
+    kinds = {k: sum(s.end - s.start for s in segs if s.kind == k) for k in _PATH_KINDS}
     path = Text("critical path: ", style="bold")
-    path.append(f"{len(segs)} segments, compute {_time(kinds['compute'])}, messages "
-                f"{_time(kinds['message'])}" + (f", all-reduce {_time(kinds['allreduce'])}"
-                                                if kinds["allreduce"] else "") + "\n  ")
+    path.append(f"{len(segs)} segments, " + ", ".join(
+        f"{name} {_time(kinds[k])}" for k, name in _PATH_KINDS.items()
+        if kinds[k] or k in ("compute", "message")) + "\n  ")
     shown = [str(s) for s in segs] if len(segs) <= path_shown else (
         [str(s) for s in segs[:path_shown // 2]] + [f"... {len(segs) - path_shown} more ..."]
         + [str(s) for s in segs[-(path_shown // 2):]])
@@ -147,6 +203,16 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
     seconds = result.seconds if simulate_seconds is None else simulate_seconds
     foot = Text(f"simulated in {seconds * 1e3:.1f} ms", style="dim")
     return Group(head, Text(""), table, Text(""), path, foot)
+
+
+def _recompute_line(modes: list[Recompute]) -> str:
+    """'full: stages 3, 7; selective: stage 2', or '' when no stage recomputes."""
+    parts = []
+    for mode in (Recompute.FULL, Recompute.SELECTIVE):
+        stages = [str(s) for s, m in enumerate(modes) if m is mode]
+        if stages:
+            parts.append(f"{mode}: stage{'s' * (len(stages) > 1)} {', '.join(stages)}")
+    return "; ".join(parts)
 
 
 def _time(seconds: float) -> str:

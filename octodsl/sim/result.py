@@ -15,6 +15,7 @@ import numpy as np
 from ..plan import Op, OpKind
 from .core import NO_PRED, msg_pred_code
 from .costs import SimCosts
+from .dpcomm import CollectiveSpan, DpComm
 from .memory import Memory
 from .program import KIND_OF_CODE, SimProgram
 
@@ -24,10 +25,11 @@ class Step:
     """One step of the critical path."""
 
     kind: str
-    """'compute', 'message' or 'allreduce'."""
+    """'compute', 'message', or at the end of the iteration 'allreduce' or 'reduce-scatter'
+    (the gradients' reduction), 'update' (the optimizer step), 'all-gather' (ZeRO)."""
     label: str
     device: int
-    """The device computing, or a message's sender."""
+    """The device computing or communicating, or a message's sender."""
     start: float
     end: float
     peer: int | None = None
@@ -81,7 +83,8 @@ class SimResult:
     program: SimProgram
     costs: SimCosts
     iteration_time: float
-    """Seconds per training step: the pipeline and, with DP > 1, the gradient all-reduce."""
+    """Seconds per training step: the pipeline, the data-parallel communication (dpcomm.py),
+    the optimizer step and the step's overhead."""
     pipeline_time: float
     """When the last compute op ends."""
     busy: np.ndarray
@@ -89,13 +92,12 @@ class SimResult:
     idle: np.ndarray
     """Per device: iteration_time - busy (the bubble)."""
     comm: np.ndarray
-    """Per device: seconds its communication stream is busy (messages and all-reduce)."""
+    """Per device: seconds its communication streams are busy (messages, and data-parallel
+    collectives on their own stream)."""
     comm_exposed: np.ndarray
     """Per device: communication seconds not under the device's own compute."""
-    dp: int
-    """Data-parallel copies of the pipeline."""
-    allreduce: np.ndarray
-    """Per device: seconds of its DP gradient all-reduce (0 when DP = 1)."""
+    dp_comm: DpComm
+    """The data-parallel copies' collectives and the optimizer step's start."""
     bubble_ratios: np.ndarray
     """Per device: idle / iteration_time."""
     bubble_ratio: float
@@ -117,15 +119,47 @@ class SimResult:
     msg_end: np.ndarray
     msg_pred: np.ndarray
     stream_log: np.ndarray
-    allreduce_start: np.ndarray
-    update: np.ndarray | None = None
-    """Per device: seconds of its optimizer step (from update_start; None: not modelled)."""
-    update_start: float = 0.0
-    """When the optimizer step starts, every device at once."""
+    update: np.ndarray
+    """Per device: seconds of its optimizer step, from update_start."""
 
     @property
     def devices(self) -> int:
         return self.program.devices
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel copies of the pipeline."""
+        return self.dp_comm.dp
+
+    @property
+    def zero(self) -> int:
+        """The ZeRO stage of the data-parallel communication."""
+        return self.dp_comm.zero
+
+    @property
+    def allreduce(self) -> np.ndarray:
+        """Per device: seconds of its gradient all-reduce (zero 0; 0 when dp = 1)."""
+        return self.dp_comm.allreduce
+
+    @property
+    def reduce_scatter(self) -> np.ndarray:
+        """Per device: seconds of its gradient reduce-scatters (zero >= 1)."""
+        return self.dp_comm.reduce_scatter
+
+    @property
+    def all_gather(self) -> np.ndarray:
+        """Per device: seconds of its all-gather of the updated parameters (zero >= 1)."""
+        return self.dp_comm.all_gather
+
+    @property
+    def dp_exposed(self) -> np.ndarray:
+        """Per device: data-parallel communication seconds not under its own compute."""
+        return self.dp_comm.exposed
+
+    @property
+    def update_start(self) -> float:
+        """When the optimizer step starts, on every device at once."""
+        return self.dp_comm.update_start
 
     @property
     def peak_memory(self) -> np.ndarray:
@@ -162,6 +196,10 @@ class SimResult:
                               KIND_OF_CODE[p.msg_kind[m]].value, int(p.msg_stage[m]),
                               int(p.msg_mb[m]), float(self.msg_start[m]), float(self.msg_end[m]))
 
+    def collectives(self) -> Iterator[CollectiveSpan]:
+        """The data-parallel collectives, device by device in stream order."""
+        return self.dp_comm.spans(self.program)
+
     def memory_events(self, device: int) -> list[tuple[float, float]]:
         """(time, bytes) each time the device's memory changes, starting from its static bytes."""
         p, mem = self.program, self.memory
@@ -172,25 +210,58 @@ class SimResult:
         return out
 
     def critical_path(self) -> list[Step]:
-        """The chain of ops, messages and stream waits that sets the iteration time, in order:
-        each step starts when the one before it ends."""
-        p = self.program
-        steps: list[Step] = []
+        """The chain of ops, messages, stream waits and end-of-iteration phases that sets the
+        iteration time (but the step's fixed overhead), in order: each step starts when the one
+        before it ends."""
+        p, dpc = self.program, self.dp_comm
+        reductions: list[Step] = []  # last first
         node = msg = -1
-        ar_end = self.allreduce_start + self.allreduce
-        if self.allreduce.any() and ar_end.max() > self.pipeline_time:
-            d = int(np.argmax(ar_end))
-            steps.append(Step("allreduce", "allreduce", d, float(self.allreduce_start[d]), float(ar_end[d])))
-            lo, hi = p.order_ptr[d], p.order_ptr[d + 1]
-            last_node = int(p.order_nodes[hi - 1]) if hi > lo else -1
-            lo, hi = p.stream_ptr[d], p.stream_ptr[d + 1]
-            last_msg = int(self.stream_log[hi - 1]) if hi > lo else -1
-            if last_msg >= 0 and (last_node < 0 or self.msg_end[last_msg] > self.end[last_node]):
-                msg = last_msg
+        if len(dpc.span_end) and dpc.span_end.max() > self.pipeline_time:
+            # The reductions set the step's start: back along the stream that ended last.
+            j = int(np.argmax(dpc.span_end))
+            d = int(dpc.span_dev[j])
+            while True:
+                k = int(dpc.span_op[j])
+                reductions.append(Step(dpc.reduction_kind,
+                                       p.op(k).label if k >= 0 else dpc.reduction_kind, d,
+                                       float(dpc.span_start[j]), float(dpc.span_end[j])))
+                if not dpc.span_held[j]:
+                    break
+                j -= 1
+            if k >= 0:  # zero 2: it started when its W's slot ended
+                node = int(np.searchsorted(p.op_ptr, k, side="right") - 1)
             else:
-                node = last_node
+                node, msg = self._last_on(d)
         elif p.num_nodes:
             node = int(np.argmax(self.end))
+        steps = self._path_to(node, msg)[::-1] + reductions[::-1]
+        tail = self.update + dpc.all_gather
+        if len(tail) and tail.max() > 0:
+            d = int(np.argmax(tail))
+            if self.update[d] > 0:
+                t = dpc.update_start
+                steps.append(Step("update", "update", d, t, t + float(self.update[d])))
+            if dpc.all_gather[d] > 0:
+                t = float(dpc.gather_start[d])
+                steps.append(Step("all-gather", "all-gather", d, t, t + float(dpc.all_gather[d])))
+        return steps
+
+    def _last_on(self, d: int) -> tuple[int, int]:
+        """(node, message): device d's last compute node, or its stream's last message when that
+        ended later (the other -1)."""
+        p = self.program
+        lo, hi = p.order_ptr[d], p.order_ptr[d + 1]
+        last_node = int(p.order_nodes[hi - 1]) if hi > lo else -1
+        lo, hi = p.stream_ptr[d], p.stream_ptr[d + 1]
+        last_msg = int(self.stream_log[hi - 1]) if hi > lo else -1
+        if last_msg >= 0 and (last_node < 0 or self.msg_end[last_msg] > self.end[last_node]):
+            return -1, last_msg
+        return last_node, -1
+
+    def _path_to(self, node: int, msg: int) -> list[Step]:
+        """The pipeline's chain ending at `node` (or message `msg`), last step first."""
+        p = self.program
+        steps: list[Step] = []
         while node >= 0 or msg >= 0:
             if node >= 0:
                 steps.append(Step("compute", p.node_label(node), int(p.node_dev[node]),
@@ -207,5 +278,4 @@ class SimResult:
                                   int(p.msg_dst_dev[msg])))
                 before = int(self.msg_pred[msg])
                 node, msg = (int(p.msg_src_node[msg]), -1) if before < 0 else (-1, before)
-        steps.reverse()
         return steps

@@ -10,9 +10,10 @@ import numpy as np
 from ..costs.table import Link, StageCost, uniform_stage_costs
 from ..dag import build_graph, describe_cycle, execution_order
 from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
-from .bounds import lower_bound, ring_allreduce_time
+from .bounds import lower_bound
 from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
+from .dpcomm import dp_comm
 from .memory import memory
 from .program import SimProgram, compile
 from .result import SimResult
@@ -32,9 +33,10 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     """Simulate one training iteration.
 
     costs: a StageCost per stage (per micro-batch), or SimCosts with what a cost table adds
-    (gradient bytes for the DP all-reduce, the heaviest layer, tokens per micro-batch).
-    link carries the pipeline's messages. dp: data-parallel copies (default: the plan's);
-    dp_link carries their gradient all-reduce (default: link).
+    (gradient bytes for the data-parallel reduction, the heaviest layer, tokens per
+    micro-batch). link carries the pipeline's messages. dp: data-parallel copies (default: the
+    plan's; the static bytes in `costs` stay sharded as they were built, SimCosts.dp);
+    dp_link carries their collectives (default: link), under the plan's `zero` (dpcomm.py).
     Raises SimDeadlock when the plan cannot run."""
     t0 = time.perf_counter()
     p = program if isinstance(program, SimProgram) else compile(program)
@@ -70,20 +72,19 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
                                     np.diff(p.op_ptr))
     pipeline_time = float(t.end.max()) if p.num_nodes else 0.0
 
-    # The DP all-reduce starts on each device once its compute and its messages are done.
+    # The data-parallel end of the iteration (dpcomm.py): gradient reduction, the optimizer
+    # step once every device is done (DeepSpeed synchronises the pipeline there: the
+    # gradient-norm all-reduce, the loss broadcast), under ZeRO the parameters' all-gather,
+    # then the step's fixed overhead.
     ranks = dp if dp is not None else p.plan.header.dp
-    per_stage = np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
-    allreduce = ring_allreduce_time(np.bincount(p.stage_device, weights=per_stage,
-                                                minlength=p.devices), ranks, dp_link or link)
-    allreduce_start = np.maximum(t.dev_free, t.comm_free)
-    iteration_time = max(pipeline_time, float((allreduce_start + allreduce).max()))
-    # The optimizer step, once every device is done (DeepSpeed synchronises the pipeline there:
-    # the gradient-norm all-reduce, the loss broadcast), then the step's fixed overhead.
+    grads = np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
     update = shared_phase(np.bincount(p.stage_device, weights=[c.update for c in stage_costs],
                                       minlength=p.devices), sharing)
-    update_start = iteration_time
-    iteration_time += float(update.max(initial=0.0)) + costs.step_overhead
-    comm = comm + allreduce
+    dpc = dp_comm(p, t, grads, p.plan.header.zero, ranks, dp_link or link, pipeline_time, update)
+    iteration_time = dpc.update_start + (float((update + dpc.all_gather).max(initial=0.0))
+                                         + costs.step_overhead)
+    comm = comm + dpc.total
+    hidden = hidden + dpc.hidden
 
     busy = np.bincount(p.node_dev, weights=dur, minlength=p.devices)
     idle = iteration_time - busy
@@ -92,7 +93,7 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     return SimResult(
         program=p, costs=costs, iteration_time=iteration_time,
         pipeline_time=pipeline_time, busy=busy, idle=idle, comm=comm, comm_exposed=comm - hidden,
-        dp=ranks, allreduce=allreduce,
+        dp_comm=dpc,
         bubble_ratios=idle / iteration_time if iteration_time > 0 else np.zeros(p.devices),
         bubble_ratio=float(idle.sum() / (p.devices * iteration_time)) if iteration_time > 0 else 0.0,
         overlap_rate=float(hidden.sum()) / total_comm if total_comm > 0 else 1.0,
@@ -101,8 +102,7 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
         seconds=time.perf_counter() - t0,
         op_dur=op_dur, start=t.start, end=t.end, pred=t.pred, msg_start=t.msg_start,
         msg_end=t.msg_end, msg_pred=t.msg_pred, stream_log=t.stream_log,
-        allreduce_start=allreduce_start,
-        update=update, update_start=update_start,
+        update=update,
     )
 
 
@@ -121,7 +121,8 @@ def _shared_durations(p: SimProgram, g: WalkGraph, sharing: Sharing, work: np.nd
 def warm_up() -> None:
     """Load the compiled walk (compile it, on a machine's first run: a few seconds, then cached
     on disk), so that timing a simulation afterwards times the simulation alone."""
-    plan = Plan(Header(name="warm-up", devices=2, microbatches=1), [Stage(), Stage()],
+    # zero 2 over two copies: every compiled loop runs, zero 2's reductions included.
+    plan = Plan(Header(name="warm-up", devices=2, microbatches=1, dp=2, zero=2), [Stage(), Stage()],
                 placement_loop(2, 2),
                 [[Slot((Op(kind, d, 0),)) for kind in (OpKind.F, OpKind.BW)] for d in range(2)])
     simulate(plan, uniform_stage_costs(2, 1.0, 1.0, 1.0), Link("warm-up", 1.0, 0.0))

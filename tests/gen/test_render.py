@@ -12,7 +12,8 @@ from octodsl.gen.compact import compact
 from octodsl.lang import parse_plan, parse_syntax
 from octodsl.lang.fmt import format_file
 from octodsl.lint import lint_source
-from octodsl.plan import DevicePlacement, Header, Op, OpKind, Plan, Slot, Stage, placement_loop
+from octodsl.plan import (DevicePlacement, Header, Op, OpKind, Plan, Recompute, Slot, Stage,
+                          placement_loop)
 
 from ..conftest import REPO, check_golden
 
@@ -102,17 +103,36 @@ def test_render_pattern_partition():
     assert parse_plan(text).same_as(plan)
 
 
+def test_render_states_zero_and_recompute():
+    sched = [_slots([("F", 0, 0)], [("BW", 0, 0)]), _slots([("F", 1, 0)], [("BW", 1, 0)])]
+    stages = [Stage(0, 3), Stage(4, 9, recompute=Recompute.SELECTIVE), Stage(10, 12, recompute=Recompute.FULL)]
+    plan = _plan(sched, stages=stages, dp=8, zero=2)
+    text = render_plan(plan)
+    assert "  dp 8\n  zero 2\n" in text
+    assert "\nrecompute {\n  stage 1: selective\n  stage 2: full\n}\n\nschedule {" in text
+    back = parse_plan(text)
+    assert back.same_as(plan) and back.recompute() == plan.recompute()
+    assert format_file(parse_syntax(text)) == text  # fmt leaves it as written
+    # what is the default is not written
+    plain = render_plan(_plan(sched, stages=[Stage(0, 3), Stage(4, 9), Stage(10, 12)]))
+    assert "zero" not in plain and "recompute" not in plain
+
+
 ops = st.builds(Op, st.sampled_from(list(OpKind)), st.integers(0, 3), st.integers(0, 12))
 slots = st.lists(st.builds(lambda o: Slot(tuple(o)), st.lists(ops, min_size=1, max_size=2)),
                  max_size=40)
 
 
-@given(st.lists(slots, min_size=1, max_size=3))
+@given(st.lists(slots, min_size=1, max_size=3), st.lists(st.sampled_from(list(Recompute)), min_size=4, max_size=4),
+       st.sampled_from([(1, 0), (4, 0), (4, 1), (8, 2), (1, 2)]))
 @settings(max_examples=150, deadline=None)
-def test_render_round_trips_any_schedule(schedule):
-    plan = _plan(schedule, stages=[Stage() for _ in range(4)],
-                 placement=[DevicePlacement(d, (d,)) for d in range(len(schedule))])
-    assert parse_plan(render_plan(plan)).same_as(plan)
+def test_render_round_trips_any_schedule(schedule, recompute, dp_zero):
+    dp, zero = dp_zero
+    plan = _plan(schedule, stages=[Stage(recompute=r) for r in recompute],
+                 placement=[DevicePlacement(d, (d,)) for d in range(len(schedule))], dp=dp, zero=zero)
+    text = render_plan(plan)
+    assert parse_plan(text).same_as(plan)
+    assert format_file(parse_syntax(text)) == text
 
 
 @given(slots)

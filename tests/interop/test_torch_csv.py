@@ -13,9 +13,9 @@ import pytest
 from octodsl.cli import main
 from octodsl.dag import build_graph, execution_order
 from octodsl.gen import SCHEDULES, generate, render_plan
-from octodsl.interop import read_csv, write_csv
+from octodsl.interop import export_warnings, read_csv, write_csv
 from octodsl.lang import PlanSyntaxError, parse_plan
-from octodsl.plan import Plan, Stage
+from octodsl.plan import Plan, Recompute, Stage
 
 SIZES = [(2, 4), (3, 6), (4, 8), (4, 11), (5, 16)]
 
@@ -27,7 +27,7 @@ def imported_form(plan: Plan, name: str) -> Plan:
     out = parse_plan(render_plan(plan))
     out.header = out.header.model_copy(update={
         "name": name, "model": None, "microbatch_size": None, "seq_len": None, "dp": 1,
-        "memory": None})
+        "zero": 0, "memory": None})
     out.stages = [Stage() for _ in plan.stages]
     return out
 
@@ -45,12 +45,63 @@ def test_round_trip_of_generated_plans(name):
 
 def test_round_trip_drops_what_csv_cannot_carry():
     plan = generate("1f1b", 2, 2)
-    plan.header = plan.header.model_copy(update={"model": "x", "seq_len": 4096, "dp": 2})
-    plan.stages = [Stage(0, 4), Stage(5, 9)]
+    plan.header = plan.header.model_copy(update={"model": "x", "seq_len": 4096, "dp": 2, "zero": 1})
+    plan.stages = [Stage(0, 4, recompute=Recompute.FULL), Stage(5, 9)]
     back, _ = read_csv(write_csv(plan), "x.csv")
     assert back.header.model is None and back.header.seq_len is None and back.header.dp == 1
+    assert back.header.zero == 0 and back.recompute() == [Recompute.NONE] * 2
     assert all(s.abstract for s in back.stages)
     assert back.same_as(imported_form(plan, "x"))
+
+
+ZERO_AND_RECOMPUTE = """plan "z" {
+  devices 2
+  microbatches 2
+  dp 4
+  zero 2
+}
+stages 4
+placement loop
+recompute {
+  stage 0: none
+  stage 2: selective
+  stage 1: full
+}
+schedule {
+  device 0 { F0:0..1 F2:0..1 BW2:0..1 BW0:0..1 }
+  device 1 { F1:0..1 F3:0 BW3:0 F3:1 BW3:1 BW1:0..1 }
+}
+"""
+
+
+def test_export_warns_of_zero_and_recompute_where_the_plan_states_them():
+    plan = parse_plan(ZERO_AND_RECOMPUTE)
+    zero, recompute = export_warnings(plan)
+    assert (zero.code, zero.severity.value, recompute.code) == ("W603", "warning", "W603")
+    assert zero.message == "'zero 2' is dropped: the CSV has no place for ZeRO sharding"
+    assert (zero.span.line, zero.span.col) == (5, 8)
+    assert recompute.message == ("the recompute section (stage 1: full, stage 2: selective) is "
+                                 "dropped: the CSV has no place for it")
+    assert (recompute.span.line, recompute.span.col) == (12, 3)  # stage 1's line, the first stage
+    # nothing that changes how the plan runs is lost: no warning (`none` is what the CSV means)
+    plain = ZERO_AND_RECOMPUTE.replace("zero 2", "zero 0").replace("selective", "none").replace("full", "none")
+    assert export_warnings(parse_plan(plain)) == []
+
+
+def test_convert_names_what_it_drops_on_stderr(tmp_path, capsys):
+    octo, out = tmp_path / "z.octo", tmp_path / "z.csv"
+    octo.write_text(ZERO_AND_RECOMPUTE)
+    assert main(["convert", str(octo), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"{octo}:5:8: warning[W603]: 'zero 2' is dropped" in err
+    assert f"{octo}:12:3: warning[W603]: the recompute section (stage 1: full, stage 2: selective)" in err
+    assert "  12 |   stage 1: full\n" in err  # with the line and a caret
+    assert out.read_text() == write_csv(parse_plan(ZERO_AND_RECOMPUTE))
+    # the way back states neither
+    back = tmp_path / "back.octo"
+    assert main(["convert", str(out), "-o", str(back)]) == 0
+    text = back.read_text()
+    assert "zero" not in text and "recompute" not in text
 
 
 def _stub(plan: Plan):

@@ -17,18 +17,26 @@ from ..conftest import check_golden
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def test_golden_layout():
-    src = (GOLDEN / "messy.octo").read_text()
-    check_golden(GOLDEN / "messy.fmt.octo", format_source(src))
+CASES = ["messy", "recompute"]
+"""Golden plans: NAME.octo laid out carelessly, NAME.fmt.octo its layout, NAME.expanded.octo its
+expanded layout. recompute.octo has `zero` and a recompute section with comments inside."""
 
 
-def test_golden_expanded():
-    src = (GOLDEN / "messy.octo").read_text()
-    check_golden(GOLDEN / "messy.expanded.octo", format_source(src, expand=True))
+@pytest.mark.parametrize("name", CASES)
+def test_golden_layout(name):
+    src = (GOLDEN / f"{name}.octo").read_text()
+    check_golden(GOLDEN / f"{name}.fmt.octo", format_source(src))
 
 
-def test_idempotent_and_same_plan():
-    src = (GOLDEN / "messy.octo").read_text()
+@pytest.mark.parametrize("name", CASES)
+def test_golden_expanded(name):
+    src = (GOLDEN / f"{name}.octo").read_text()
+    check_golden(GOLDEN / f"{name}.expanded.octo", format_source(src, expand=True))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_idempotent_and_same_plan(name):
+    src = (GOLDEN / f"{name}.octo").read_text()
     once = format_source(src)
     assert format_source(once) == once
     assert parse_plan(once).same_as(parse_plan(src))
@@ -37,12 +45,23 @@ def test_idempotent_and_same_plan():
     assert format_source(expanded) == expanded
 
 
-def test_every_comment_survives():
-    src = (GOLDEN / "messy.octo").read_text()
+@pytest.mark.parametrize("name", CASES)
+def test_every_comment_survives(name):
+    src = (GOLDEN / f"{name}.octo").read_text()
     out = format_source(src)
     comments = [line[line.index("#"):].strip() for line in src.splitlines() if "#" in line]
     for c in comments:
         assert c in out
+
+
+def test_recompute_section_is_kept_in_place_in_canonical_form():
+    src = (GOLDEN / "recompute.octo").read_text()
+    for out in (format_source(src), format_source(src, expand=True)):
+        section = out[out.index("recompute {"):out.index("schedule {")]
+        assert section == ("recompute {\n  stage 1: full\n  stage 2: selective\n"
+                           "  # stage 3 keeps everything, and says so\n  stage 3: none\n}\n\n")
+        assert out.index("placement loop") < out.index("recompute {")
+        assert "  dp 4\n  zero 1  # shard the optimizer state\n" in out
 
 
 # -- property tests: random plans in random layouts ---------------------------------------------
@@ -74,13 +93,29 @@ def items(draw, depth=0):
     return f"for {var} in 0..{draw(st.integers(0, 2))} {{{draw(sep)}{joined}{draw(sep)}}}"
 
 
+gap = st.one_of(sep, comment)
+
+
+@st.composite
+def recompute_section(draw) -> str:
+    """A recompute section naming some of stages 0..1 (every partition form has them), in any
+    order, each entry's tokens apart by any whitespace or comment."""
+    stages = draw(st.permutations([0, 1]).flatmap(lambda p: st.integers(0, 2).map(lambda n: p[:n])))
+    entries = [f"stage{draw(gap)}{s}{draw(gap)}:{draw(gap)}"
+               f"{draw(st.sampled_from(['none', 'full', 'selective']))}" for s in stages]
+    return f"recompute {{{draw(gap)}{draw(gap).join(entries)}{draw(gap)}}}"
+
+
 @st.composite
 def plans(draw):
-    parts = [draw(st.one_of(st.just(""), comment)), 'plan "p" {', draw(sep), "devices 2",
-             draw(st.one_of(sep, comment)), "microbatches 8", draw(sep), "}", draw(sep),
+    header = ["devices 2", "microbatches 8"] + draw(st.sampled_from(
+        [[], ["zero 0"], ["dp 4", "zero 1"], ["zero 2", "dp 8"]]))
+    parts = [draw(st.one_of(st.just(""), comment)), 'plan "p" {', draw(sep),
+             draw(gap).join(header), draw(sep), "}", draw(sep),
              draw(st.sampled_from(["stages 4", 'partition "[M-|M*|-M|-]"',
                                    "partition { stage 0: layers 0..1 stage 1: layers 2..3 }"])),
              draw(sep), draw(st.sampled_from(["placement loop", "placement { device 0: stages 0, 1 }"])),
+             draw(sep), draw(st.one_of(st.just(""), recompute_section())),
              draw(sep), "schedule {", draw(sep)]
     for d in range(draw(st.integers(1, 2))):
         body = draw(st.lists(st.one_of(items(), comment), max_size=6))
@@ -95,8 +130,12 @@ def plans(draw):
 def test_fmt_round_trip(src):
     out = format_source(src)
     assert format_source(out) == out
-    assert parse_plan(out).same_as(parse_plan(src))
+    plan = parse_plan(src)
+    assert parse_plan(out).same_as(plan)
     assert src.count("#") == out.count("#")
+    expanded = format_source(src, expand=True)
+    assert parse_plan(expanded).same_as(plan)
+    assert ("recompute {" in out) == ("recompute {" in expanded) == ("recompute" in src)
 
 
 # -- line ends: only \n ends a line, whatever a comment holds -----------------------------------

@@ -12,9 +12,10 @@ from octodsl.cli.fmt import format_source
 from octodsl.lang import analyze, parse_plan
 from octodsl.lint import lint_source
 
-SEED = (Path(__file__).parent / "golden" / "messy.octo").read_text()
+SEEDS = [(Path(__file__).parent / "golden" / f"{name}.octo").read_text() for name in ("messy", "recompute")]
 TOKENS = ["plan", "{", "}", "device", "stages", "stage", "layers", "..", ":", "F0:1", "B", "W1:",
-          "BW", "(", ")", "&", "for", "in", "i", "+", "*", "-", "#", "\n", '"', "80GiB", "12", ","]
+          "BW", "(", ")", "&", "for", "in", "i", "+", "*", "-", "#", "\n", '"', "80GiB", "12", ",",
+          "recompute", "full", "selective", "none", "zero", "dp", "-1", "stage 1: full"]
 
 
 def _check(src: str) -> None:
@@ -47,7 +48,7 @@ def test_random_tokens(src):
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_mutated_plan(data):
-    src = SEED
+    src = data.draw(st.sampled_from(SEEDS))
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(src)))
         j = data.draw(st.integers(i, min(len(src), i + 8)))
@@ -73,7 +74,7 @@ a range up to one of them makes a plan of up to MAX_OPS ops, which takes seconds
 @given(st.data())
 def test_hostile_values_in_a_plan(data):
     """A number, an odd character or a deep construct put anywhere in a plan."""
-    src = SEED
+    src = data.draw(st.sampled_from(SEEDS))
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, len(src)))
         piece = data.draw(st.one_of(

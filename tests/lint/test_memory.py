@@ -8,6 +8,7 @@ from pathlib import Path
 from octodsl.costs.resolve import cost_table
 from octodsl.lang import load_plan
 from octodsl.lint.memory import CODE, memory_diagnostics
+from octodsl.plan import Recompute
 from octodsl.sim import SimCosts, memory
 from octodsl.sim.program import compile
 
@@ -47,3 +48,30 @@ def test_silent_for_an_unknown_model():
     plan = load_plan(str(PLAN))
     header = plan.header.model_copy(update={"model": "no-such-model"})
     assert memory_diagnostics(dataclasses.replace(plan, header=header)) == []
+
+
+def _with(plan, stages=None, **header):
+    return dataclasses.replace(plan, header=plan.header.model_copy(update=header),
+                               stages=plan.stages if stages is None else stages)
+
+
+def test_zero_1_over_8_copies_brings_the_plan_under_its_limit():
+    plan = load_plan(str(PLAN))
+    assert [d.code for d in memory_diagnostics(plan)] == [CODE, CODE]  # devices 0 and 1
+    assert memory_diagnostics(_with(plan, zero=1, dp=8)) == []
+    assert len(memory_diagnostics(_with(plan, zero=1, dp=1))) == 2  # nothing to shard over
+    assert len(memory_diagnostics(_with(plan, zero=0, dp=8))) == 2  # nothing sharded
+
+
+def test_recompute_brings_the_plan_under_its_limit():
+    plan = load_plan(str(PLAN))
+    full = [dataclasses.replace(s, recompute=Recompute.FULL) for s in plan.stages]
+    assert memory_diagnostics(_with(plan, full)) == []
+    # Selective drops less: device 0 stays over, now peaking when its first BW brings back
+    # what F dropped.
+    selective = [dataclasses.replace(s, recompute=Recompute.SELECTIVE) for s in plan.stages]
+    diags = memory_diagnostics(_with(plan, selective))
+    assert diags and "at BW0:0," in diags[0].message
+    # Only the stages that hold the most need it: full on devices 0 and 1.
+    two = full[:2] + plan.stages[2:]
+    assert memory_diagnostics(_with(plan, two)) == []

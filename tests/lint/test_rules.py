@@ -204,3 +204,17 @@ def test_a_plan_without_stages_is_not_simulated(tmp_path, capsys):
     assert main(["simulate", str(f)]) == 1
     err = capsys.readouterr().err
     assert f"{f}:2:1: error[E205]: the partition has no stages" in err and "efficiency" not in err
+
+
+def test_w404_zero_without_data_parallel_copies():
+    for zero, what in ((1, "optimizer state"), (2, "optimizer state and gradients")):
+        for dp in ("", " dp 1"):
+            src = HEAD.replace("microbatches 2", f"microbatches 2{dp} zero {zero}") + ONE_F_ONE_B
+            (d,) = lint_source(src, "t.octo")[1]
+            assert (d.code, d.severity.value) == ("W404", "warning")
+            assert d.message == (f"zero {zero} with dp 1: there is only one copy of the pipeline, "
+                                 f"no other to shard the {what} over")
+            col = src.index(f"zero {zero}") + len("zero ") + 1
+            assert (d.span.line, d.span.col, d.span.end_col) == (1, col, col + 1)
+    for header in ("microbatches 2 dp 4 zero 1", "microbatches 2 dp 2 zero 2", "microbatches 2 zero 0"):
+        assert lint_source(HEAD.replace("microbatches 2", header) + ONE_F_ONE_B)[1] == []

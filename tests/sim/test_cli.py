@@ -81,6 +81,50 @@ def test_dp(capsys):
     assert data["iteration_time"] > data["pipeline_time"]
 
 
+def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
+    base = run_json(capsys, str(MODEL_PLAN), "--dp", "8", "--dp-link", "ib-ndr")
+    data = run_json(capsys, str(MODEL_PLAN), "--dp", "8", "--zero", "1", "--dp-link", "ib-ndr")
+    assert (data["zero"], data["dp"], base["zero"]) == (1, 8, 0)
+    assert data["param_bytes"] == {"weights": 2.0, "grads": 2.0, "optimizer": 12.0, "total": 16.0,
+                                   "per_device": 2 + 2 + 12 / 8}
+    assert data["allreduce_time"] == [0.0] * 4
+    assert data["reduce_scatter_time"] == data["all_gather_time"]
+    assert [a + b for a, b in zip(data["reduce_scatter_time"], data["all_gather_time"], strict=True)] \
+        == pytest.approx(base["allreduce_time"])
+    assert data["dp_comm_exposed"] == pytest.approx(base["allreduce_time"])
+    for mine, full in zip(data["static"], base["static"], strict=True):
+        assert mine["weights"] == pytest.approx(full["weights"])
+        assert mine["grads"] == pytest.approx(full["grads"])
+        assert mine["optimizer"] == pytest.approx(full["optimizer"] / 8)
+        assert mine["weights"] + mine["grads"] + mine["optimizer"] == pytest.approx(mine["total"])
+        assert full["optimizer"] == pytest.approx(6 * full["weights"])
+    # Activations are the same: the peaks differ by the static bytes saved.
+    saved = [f["total"] - m["total"] for m, f in zip(data["static"], base["static"], strict=True)]
+    assert [b - d for b, d in zip(base["peak_memory"], data["peak_memory"], strict=True)] == pytest.approx(saved)
+    assert main(["simulate", str(MODEL_PLAN), "--dp", "8", "--zero", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "DP 8, ZeRO 2" in out and "reduce-scatter" in out and "all-gather" in out
+    assert "3.75 of 16 bytes per parameter" in out
+
+
+def test_recompute_override(capsys):
+    base = run_json(capsys, str(MODEL_PLAN))
+    full = run_json(capsys, str(MODEL_PLAN), "--recompute", "full")
+    assert [s["recompute"] for s in full["stages"]] == ["full"] * 4
+    assert [s["B"] for s in full["stages"]] == pytest.approx([s["F"] + s["B"] for s in base["stages"]])
+    assert all(s["act_b"] > 0 for s in full["stages"]) and all(s["act_b"] == 0 for s in base["stages"])
+    assert max(full["peak_memory"]) < max(base["peak_memory"])
+    assert full["iteration_time"] > base["iteration_time"]
+    assert main(["simulate", str(MODEL_PLAN), "--recompute", "selective"]) == 0
+    assert "recompute       selective: stages 0, 1, 2, 3" in capsys.readouterr().out
+
+
+def test_zero_with_uniform_costs_is_strict_json(plan_file, capsys):
+    data = run_json(capsys, plan_file(), "--zero", "2", "--dp", "4")
+    assert data["param_bytes"] is None and data["static"][0]["weights"] is None
+    assert data["reduce_scatter_time"] == [0.0] * 4  # no gradient bytes are known
+
+
 def test_trace(plan_file, tmp_path, capsys):
     out = tmp_path / "trace.json"
     assert main(["simulate", plan_file("zb-v", 2, 4), "--costs", "F=1,B=1,W=1,comm=0.1",
@@ -123,6 +167,9 @@ def test_png(plan_file, tmp_path):
     (["--model", "no-such-model"], "no-such-model"),
     (["--dp", "0"], "--dp: must be at least 1"),
     (["--dp", "two"], "--dp: 'two' is not a whole number"),
+    (["--zero", "3"], "--zero: must be at most 2"),
+    (["--zero", "-1"], "--zero: must be at least 0"),
+    (["--recompute", "some"], "--recompute: invalid choice: 'some'"),
     (["--png", "gantt.txt"], "--png: gantt.txt must end in .png"),
     (["--trace", "trace.png"], "--trace: trace.png must end in .json"),
     (["--trace", "/no/such/folder/t.json"], "cannot write /no/such/folder/t.json: there is no folder"),

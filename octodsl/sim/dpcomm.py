@@ -1,0 +1,206 @@
+"""The end of an iteration across the data-parallel copies: each device reduces its stages'
+gradients over the `dp` copies of its pipeline position, every device takes its optimizer step,
+and under ZeRO each gathers the updated parameters back.
+
+Each device has a data-parallel stream on `dp_link`, beside its message stream (a collective
+runs on its own communicator); the collectives' times are bounds.py's ring formulas.
+- zero 0: one all-reduce of the device's gradient bytes, once its compute and its messages are
+  done. It does not overlap the cool-down: DeepSpeed's pipeline engine reduces after the last
+  micro-batch.
+- zero 1: the all-reduce split in its two halves (the same bytes in ring algorithms): a
+  reduce-scatter where the all-reduce was (no overlap either), then the optimizer step on this
+  copy's shard (StageCost.update is already divided by dp), then an all-gather of the updated
+  parameters (in the model's dtype, as many bytes as the gradients).
+- zero 2: gradients stay sharded while they accumulate, so each W (or fused BW) is followed by a
+  reduce-scatter of its stage's gradient bytes (DeepSpeed's stage-2 semantics: M times zero 1's
+  volume), queued one after another on the device's data-parallel stream, from the end of the
+  W's slot (results leave an overlap group when it ends). They overlap the device's later
+  compute, the cool-down included; then the step and the all-gather as zero 1.
+The optimizer step starts on every device at once, when the last compute op has ended and every
+device's gradients are reduced (DeepSpeed synchronises the pipeline there); each device's
+all-gather starts when its own step ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from ..costs.table import Link
+from ..plan import Op, OpKind
+from .bounds import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
+from .core import Timeline
+from .jit import njit
+from .program import KIND_CODE, SimProgram
+
+_W = KIND_CODE[OpKind.W]
+_BW = KIND_CODE[OpKind.BW]
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveSpan:
+    """One data-parallel collective on a device's data-parallel stream."""
+
+    device: int
+    kind: str
+    """'allreduce', 'reduce-scatter' or 'all-gather'."""
+    start: float
+    end: float
+    after: Op | None = None
+    """Under zero 2: the W (or BW) whose gradients the reduce-scatter carries."""
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.after is None else f"{self.kind} {self.after.label}"
+
+
+@dataclass(frozen=True, eq=False)
+class DpComm:
+    """Per device, seconds on its data-parallel stream, and when each collective runs."""
+
+    zero: int
+    dp: int
+    allreduce: np.ndarray
+    """Per device: seconds of its gradient all-reduce (zero 0, dp > 1; else 0)."""
+    reduce_scatter: np.ndarray
+    """Per device: seconds of its gradient reduce-scatters, all of them (zero >= 1)."""
+    all_gather: np.ndarray
+    """Per device: seconds of its all-gather of the updated parameters (zero >= 1)."""
+    hidden: np.ndarray
+    """Per device: of those seconds, the ones under the device's own compute."""
+    span_ptr: np.ndarray
+    """CSR offsets: device d's gradient reductions, in stream order, are span_ptr[d]:span_ptr[d + 1]."""
+    span_dev: np.ndarray
+    """Per reduction: its device."""
+    span_start: np.ndarray
+    span_end: np.ndarray
+    span_op: np.ndarray
+    """Per reduction: the op (numbered as SimProgram.op_ptr) it follows under zero 2, else -1."""
+    span_held: np.ndarray
+    """Per reduction: True when it waited for the one before it on the stream."""
+    update_start: float
+    """When the optimizer step starts, on every device at once."""
+    gather_start: np.ndarray
+    """Per device: when its all-gather starts (its step's end)."""
+
+    @property
+    def total(self) -> np.ndarray:
+        """Per device: seconds of data-parallel communication."""
+        return self.allreduce + self.reduce_scatter + self.all_gather
+
+    @property
+    def exposed(self) -> np.ndarray:
+        """Per device: data-parallel communication seconds not under its own compute."""
+        return self.total - self.hidden
+
+    @property
+    def reduction_kind(self) -> str:
+        return "allreduce" if self.zero == 0 else "reduce-scatter"
+
+    def spans(self, program: SimProgram) -> Iterator[CollectiveSpan]:
+        """Every collective, device by device in stream order."""
+        for d in range(len(self.span_ptr) - 1):
+            for j in range(self.span_ptr[d], self.span_ptr[d + 1]):
+                k = int(self.span_op[j])
+                yield CollectiveSpan(d, self.reduction_kind, float(self.span_start[j]),
+                                     float(self.span_end[j]), program.op(k) if k >= 0 else None)
+            if self.all_gather[d] > 0:
+                start = float(self.gather_start[d])
+                yield CollectiveSpan(d, "all-gather", start, start + float(self.all_gather[d]))
+
+
+def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks: int,
+            link: Link, pipeline_time: float, update: np.ndarray) -> DpComm:
+    """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
+    device's optimizer-step seconds, over `ranks` copies on `link` (the module's model)."""
+    P = p.devices
+    device_bytes = np.bincount(p.stage_device, weights=grad_bytes, minlength=P)
+    none = np.zeros(P)
+    allreduce: np.ndarray
+    reduce_scatter: np.ndarray
+    if zero >= 2 and ranks > 1:
+        ptr, start, end, op, held = _after_each_w(
+            p.order_ptr, p.order_nodes, p.op_ptr, p.op_kind, p.op_stage, t.end,
+            ring_reduce_scatter_time(grad_bytes, ranks, link))
+        dev = np.repeat(np.arange(P), np.diff(ptr))
+        allreduce, reduce_scatter = none, np.bincount(dev, weights=end - start, minlength=P)
+        hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
+    else:
+        # One collective per device, once its compute and its messages are done: nothing of
+        # it is under the device's compute.
+        ptr, dev = np.arange(P + 1), np.arange(P)
+        start = np.maximum(t.dev_free, t.comm_free)
+        whole = (ring_allreduce_time if zero == 0 else ring_reduce_scatter_time)(device_bytes, ranks, link)
+        end = start + whole
+        op, held = np.full(P, -1), np.zeros(P, bool)
+        allreduce, reduce_scatter = (whole, none) if zero == 0 else (none, whole)
+        hidden = none
+    update_start = max(pipeline_time, float(end.max(initial=0.0)))
+    gather = ring_all_gather_time(device_bytes, ranks, link) if zero >= 1 else none
+    return DpComm(zero, ranks, allreduce, reduce_scatter, gather, hidden, ptr, dev, start, end,
+                  op, held, update_start, update_start + update)
+
+
+@njit
+def _after_each_w(order_ptr, order_nodes, op_ptr, op_kind, op_stage, end, seconds):
+    """Zero 2's reduce-scatters: one after each W or BW op (seconds[stage] each), from the end
+    of its slot, one after another on the device's stream. CSR offsets per device, start, end,
+    the op, and whether each waited for the one before."""
+    P = order_ptr.shape[0] - 1
+    ptr = np.zeros(P + 1, np.int64)
+    for d in range(P):
+        count = 0
+        for i in range(order_ptr[d], order_ptr[d + 1]):
+            n = order_nodes[i]
+            for k in range(op_ptr[n], op_ptr[n + 1]):
+                if op_kind[k] == _W or op_kind[k] == _BW:
+                    count += 1
+        ptr[d + 1] = ptr[d] + count
+    K = ptr[P]
+    start = np.zeros(K)
+    stop = np.zeros(K)
+    op = np.zeros(K, np.int64)
+    held = np.zeros(K, np.bool_)
+    for d in range(P):
+        j = ptr[d]
+        free = 0.0
+        for i in range(order_ptr[d], order_ptr[d + 1]):
+            n = order_nodes[i]
+            for k in range(op_ptr[n], op_ptr[n + 1]):
+                if op_kind[k] == _W or op_kind[k] == _BW:
+                    s = end[n]
+                    if free > s:
+                        s = free
+                        held[j] = True
+                    free = s + seconds[op_stage[k]]
+                    start[j] = s
+                    stop[j] = free
+                    op[j] = k
+                    j += 1
+    return ptr, start, stop, op, held
+
+
+@njit
+def _under_compute(order_ptr, order_nodes, start, end, span_ptr, span_start, span_end):
+    """Per device: seconds of its spans under its own compute nodes. Both are disjoint and in
+    time order on a device, so one merge per device suffices."""
+    P = order_ptr.shape[0] - 1
+    out = np.zeros(P)
+    for d in range(P):
+        i = order_ptr[d]
+        i1 = order_ptr[d + 1]
+        for j in range(span_ptr[d], span_ptr[d + 1]):
+            a = span_start[j]
+            b = span_end[j]
+            while i < i1 and end[order_nodes[i]] <= a:
+                i += 1
+            k = i
+            while k < i1 and start[order_nodes[k]] < b:
+                lo = max(a, start[order_nodes[k]])
+                hi = min(b, end[order_nodes[k]])
+                if hi > lo:
+                    out[d] += hi - lo
+                k += 1
+    return out
