@@ -201,8 +201,36 @@ class Problem:
         before_b = np.cumsum(b) - b
         m = self.microbatches
         layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
-        return max(self.lower_bound(), float(layer.max()), self.memory_lower_bound(),
+        before, after = self.dp_seconds()
+        return max(max(self.lower_bound(), float(layer.max()), self.memory_lower_bound()) + after,
+                   self.microbatches * float(self.work.sum()) / self.devices + before + after,
                    self.recompute_lower_bound())
+
+    def dp_seconds(self) -> tuple[float, float]:
+        """What the data-parallel collectives add to any plan's iteration, on average over the
+        devices (octodsl.sim.dpcomm's model), as (before, after) the optimizer step: before it,
+        each device's gradient all-reduce (zero 0) or reduce-scatter (zero 1) runs after its
+        own compute (zero 2's reduce-scatters overlap later compute: none counted); after it
+        (the step waits for all of them and for the last compute), each device's all-gather of
+        the parameters (zero 1 and 2). Ring times are linear in the bytes plus a latency per
+        device, so their sum over the devices is the same however the layers are split: so
+        T >= (all compute + P x before) / P + after, and T >= (the pipeline) + after."""
+        from ..models.spec import DTYPE_BYTES
+        from ..sim.bounds import (ring_all_gather_time, ring_allreduce_time,
+                                  ring_reduce_scatter_time)
+
+        h, P = self.header, self.devices
+        if h.dp <= 1:
+            return 0.0, 0.0
+        per_param = DTYPE_BYTES.get(self.table.meta.get("dtype", "bf16"), 2)
+        grads = sum(l.params for l in self.table.layers) * per_param
+        even = np.full(P, grads / P)
+        after = float(ring_all_gather_time(even, h.dp, self.link).sum()) / P if h.zero >= 1 else 0.0
+        if h.zero == 0:
+            return float(ring_allreduce_time(even, h.dp, self.link).sum()) / P, after
+        if h.zero == 1:
+            return float(ring_reduce_scatter_time(even, h.dp, self.link).sum()) / P, after
+        return 0.0, after
 
     def memory_lower_bound(self) -> float:
         """No plan within the memory limit runs faster than this (0 without a limit, inf when
@@ -230,16 +258,20 @@ class Problem:
         l in [0, 1], and the right side is smallest with each layer's own best mode for that l:
         so the largest of these minima over l is a lower bound whatever modes a plan picks
         (stages pick per stage, which is one of the per-layer choices). It binds where memory
-        forces recompute and recompute costs time (nemotron-h-56b on 8 devices of 80 GiB)."""
+        forces recompute and recompute costs time (nemotron-h-56b on 8 devices of 80 GiB).
+        The data-parallel collectives (dp_seconds()) add to the work side before and after the
+        step, to the memory side (the pipeline's time) after it."""
         extra, held = self._per_mode()
         work = self.microbatches * self.work / self.devices
+        before, after = self.dp_seconds()  # the data-parallel collectives, on both sides
         if self.memory is None:
-            return float((work + extra.min(axis=0)).sum())
+            return float((work + extra.min(axis=0)).sum()) + before + after
         if not np.isfinite(held).all():
             return math.inf
 
         def g(lam: float) -> float:
-            return float((lam * (work + extra) + (1 - lam) * held).min(axis=0).sum())
+            return (float((lam * (work + extra) + (1 - lam) * held).min(axis=0).sum())
+                    + lam * before + after)
 
         # g is concave (a minimum of linear functions of l): a ternary search finds its top;
         # every value it computes is a lower bound, so the largest seen is one.

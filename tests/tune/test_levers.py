@@ -214,3 +214,24 @@ def test_with_auto_each_baseline_counts_with_its_best_mode():
         assert b.score.fits == (best is not None)
         if best is not None:
             assert b.score.time == best.time
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_the_tight_bound_counts_the_data_parallel_collectives_and_holds(zero):
+    pr = Problem.create("nemotron-h-tiny", 4, 8, memory=2**30, dp=8, zero=zero)
+    one = Problem.create("nemotron-h-tiny", 4, 8, memory=2**30)
+    before, after = pr.dp_seconds()
+    assert (before > 0) == (zero < 2) and (after > 0) == (zero > 0)
+    assert pr.tight_lower_bound() > one.tight_lower_bound()
+    seen = []
+    evaluate = Evaluator.__call__
+
+    def recording(self, plan):
+        seen.append(evaluate(self, plan))
+        return seen[-1]
+
+    with mock.patch.object(Evaluator, "__call__", recording):
+        classic_baselines(pr)
+        tune(pr, budget=60, max_evaluations=60)
+    bound = pr.tight_lower_bound()
+    assert [s.time for s in seen if s.fits and s.time < bound * (1 - 1e-9)] == []
