@@ -72,8 +72,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..lang import analyze
-    from ..lint import lint_plan
+    from ..lint import lint_source
     from ..tune.compare import OTHERS, NoPlanFits, tune_and_compare
     from ..tune.report import comparison_table, explain, to_json
 
@@ -110,8 +109,8 @@ def run(args) -> int:
     best = outcome.tuned.best
     plan = replace(best.plan, header=problem.header.model_copy())
     text = _render(plan, problem, best, args)
-    # The plan as tuned passes every rule, and its text reads back without errors.
-    errors = [d for d in lint_plan(plan) + analyze(text, args.output)[1] if d.is_error]
+    _, diags = lint_source(text, args.output)
+    errors = [d for d in diags if d.is_error]
     if errors:  # the tuner only proposes valid plans: this is a bug, not a user error
         raise RuntimeError(f"the tuned plan does not lint clean: {errors[0].message}")
     write_output(args.output, text)

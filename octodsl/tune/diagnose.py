@@ -31,7 +31,8 @@ class Bottleneck:
 
     def phases(self, over_memory: bool, memory_within: bool = False) -> list[str]:
         """Phases by the share of time each could win back, the paper's order on ties; memory
-        first when over the limit, else last with `memory_within`."""
+        first when over the limit, else last with `memory_within` (recompute may pay: tried
+        first when near the limit, it cost more rounds than it won on the benchmark)."""
         share = {"partition": self.imbalance, "placement": self.fill, "schedule": self.gaps}
         return (["memory"] * over_memory + sorted(share, key=lambda k: -share[k])
                 + ["memory"] * (memory_within and not over_memory))

@@ -53,11 +53,10 @@ class FillModel:
         layers = table.layers
         # Prefix sums over the layers, one row each: F, B, W, act, static (ZeRO-sharded),
         # selective's dropped bytes and its extra seconds.
-        rows = [[l.f for l in layers], [l.b for l in layers], [l.w for l in layers],
-                [l.act for l in layers], problem.layer_static(),
-                [l.sel_act for l in layers], [l.sel_f for l in layers]]
-        self.pre = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(rows, axis=1, dtype=float)],
-                                  axis=1)
+        rows = np.array([[l.f for l in layers], [l.b for l in layers], [l.w for l in layers],
+                         [l.act for l in layers], list(problem.layer_static()),
+                         [l.sel_act for l in layers], [l.sel_f for l in layers]], float)
+        self.pre = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)], axis=1)
         # What a stage starting at layer c keeps under full recompute (none at the end).
         self.inb = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
         self.hop = np.array([problem.link.time(l.out_bytes) for l in layers])
@@ -179,18 +178,26 @@ def _device_bound(d, first, hs, M, limit, load, act, static, sd, sf, sb, sa, arr
 @njit
 def _bound(c, sd, mode, P, M, limit, pre, inb, hop):
     S = sd.shape[0]
-    per = pre[:, c[1:]] - pre[:, c[:-1]]  # per stage: the rows' sums over its layers
-    sf, sb, sa, ss = per[0], per[1].copy(), per[3].copy(), per[4]
-    for s in range(S):  # recompute: B runs again what F dropped, F keeps less
+    sf, sb, sa, ss = np.empty(S), np.empty(S), np.empty(S), np.empty(S)
+    load_s, back_s = np.empty(S), np.empty(S)
+    for s in range(S):  # the rows' sums over each stage's layers
+        a, b = c[s], c[s + 1]
+        sf[s] = pre[0, b] - pre[0, a]
+        sb[s] = pre[1, b] - pre[1, a]
+        sa[s] = pre[3, b] - pre[3, a]
+        ss[s] = pre[4, b] - pre[4, a]
+        whole = sa[s]
+        # recompute: B runs again what F dropped, F keeps less
         if mode[s] == 1:
-            sb[s] += per[6, s]
-            sa[s] -= per[5, s]
+            sb[s] += pre[6, b] - pre[6, a]
+            sa[s] -= pre[5, b] - pre[5, a]
         elif mode[s] == 2:
             sb[s] += sf[s]
-            sa[s] = min(sa[s], inb[c[s]])
-    load_s = sf + sb + per[2]
+            sa[s] = min(sa[s], inb[a])
+        load_s[s] = sf[s] + sb[s] + pre[2, b] - pre[2, a]
+        back_s[s] = whole - sa[s]
     arrive, back = _first_trip(c, sd, sf, sb, hop)
-    first, deepest, load, act, static = _device_sums(sd, P, load_s, sa, ss, per[3] - sa)
+    first, deepest, load, act, static = _device_sums(sd, P, load_s, sa, ss, back_s)
     overflow = 0.0
     for d in range(P):
         overflow += max(0.0, static[d] + act[d] - limit)

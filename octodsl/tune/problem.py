@@ -20,7 +20,7 @@ from ..plan import Header, Plan, Recompute, Slot
 from ..units import size
 from .layout import SAVING, StageLayout
 
-AUTO = "auto"
+AUTO: Literal["auto"] = "auto"
 """`--recompute auto`: the tuner picks each stage's mode."""
 RecomputeChoice = Recompute | Literal["auto"]
 

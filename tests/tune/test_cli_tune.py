@@ -93,7 +93,10 @@ def test_zero_dp_and_recompute_reach_every_plan(tmp_path, capsys):
     assert (data["dp"], data["zero"], data["recompute"]) == (4, 1, "selective")
     assert set(data["tuned_recompute"]) == {"selective"}
     assert set(data["baseline_recompute"].values()) == {"selective"}
-    assert "dp 4" in out.read_text()
+    plan, diags = lint_source(out.read_text(), str(out))
+    assert not [d for d in diags if d.is_error]
+    assert (plan.header.dp, plan.header.zero) == (4, 1)
+    assert [m.value for m in plan.recompute()] == data["tuned_recompute"]
 
 
 @pytest.mark.parametrize("keep", ["partition", "partition,placement"])

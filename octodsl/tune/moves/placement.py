@@ -16,6 +16,7 @@ merged stage the mode of its parts that saves the most memory (so that it still 
 
 from __future__ import annotations
 
+from ...plan import Recompute
 from ..layout import SAVING, StageLayout, looped, v_shape
 from .partition import shift
 
@@ -57,7 +58,7 @@ def merge(layout: StageLayout) -> StageLayout:
     """Neighbouring stages on the same device joined into one."""
     cuts: list[int] = [0]
     devices: list[int] = []
-    modes = []
+    modes: list[Recompute] = []
     for s, (d, m) in enumerate(zip(layout.devices, layout.recompute, strict=True)):
         if devices and devices[-1] == d:
             cuts[-1] = layout.cuts[s + 1]
