@@ -13,8 +13,8 @@
 4. Restarts: the whole search again with the next seeds, `RESTARTS` searches in all while the
    budget lasts; each ends in its own local optimum.
 The best plan that fits in memory wins. Every plan is timed by the simulator. Under the
-problem's `keep`, only layouts it allows are tried. Ctrl-C stops the
-search as the end of the budget does (`TuneResult.interrupted`), so the best plan is kept.
+problem's `keep`, only layouts it allows are tried. Ctrl-C stops the search as the end of the
+budget does (`TuneResult.interrupted`), so the best plan is kept.
 
 Deterministic for a seed as long as the searches end before the budget (`TuneResult.finished`);
 a budget that cuts them short stops at a point that depends on the machine's speed.
@@ -151,9 +151,9 @@ def _merge(a: TuneResult, b: TuneResult) -> TuneResult:
                       b.interrupted)
 
 
-def _modes_text(layout: StageLayout) -> str:
-    """', recompute 3 full, 2 selective' for a layout's modes; '' for none."""
-    counts = [(layout.recompute.count(m), m) for m in (Recompute.FULL, Recompute.SELECTIVE)]
+def _modes_text(modes: tuple[Recompute, ...]) -> str:
+    """', recompute 3 full, 2 selective' for the stages' modes; '' for none."""
+    counts = [(modes.count(m), m) for m in (Recompute.FULL, Recompute.SELECTIVE)]
     shown = [f"{n} {m}" for n, m in counts if n]
     return ", recompute " + ", ".join(shown) if shown else ""
 
@@ -284,14 +284,8 @@ class _Search:
             for name, devices in families(p.devices, p.num_layers):
                 if len(devices) == S:
                     self.ready("start")
-                    layout, how = self._fitting_modes(StageLayout(p.keep.cuts, devices))
-                    yield f"placement {name}", layout, "kept cuts" + how
-
-    def _fitting_modes(self, layout: StageLayout) -> tuple[StageLayout, str]:
-        """`layout` with the recompute modes the bubble-aware model ranks best, and what they
-        are."""
-        new = fit_modes(layout, self.problem)
-        return new, _modes_text(new)
+                    layout = fit_modes(StageLayout(p.keep.cuts, devices), p)
+                    yield f"placement {name}", layout, "kept cuts" + _modes_text(p.modes_of(layout))
 
     def _start_cuts(self, devices: tuple[int, ...],
                     mode: Recompute | None = None) -> tuple[StageLayout, str]:
@@ -306,15 +300,15 @@ class _Search:
             layout = rebalance(fit_modes(layout, p), p, seed=self.seed)
         model = FillModel(p, devices, p.modes_of(layout))
         if model.fits(model(layout.cuts)):
-            return layout, "bubble-aware cuts" + _modes_text(layout)
+            return layout, "bubble-aware cuts" + _modes_text(p.modes_of(layout))
         if devices not in self.fitted:
             self.fitted[devices] = fitting(layout, p)
         fit = self.fitted[devices]
         if fit is None:
-            return layout, "bubble-aware cuts" + _modes_text(layout)
+            return layout, "bubble-aware cuts" + _modes_text(p.modes_of(layout))
         # Shifts from cuts that fit keep them fitting: the model ranks any overflow last.
         fit = rebalance(fit_modes(fit, p), p, seed=self.seed)
-        return fit, "cuts that fit, then bubble-aware" + _modes_text(fit)
+        return fit, "cuts that fit, then bubble-aware" + _modes_text(p.modes_of(fit))
 
     def _kicks(self) -> None:
         rng = random.Random(self.seed)

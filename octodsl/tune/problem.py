@@ -195,7 +195,8 @@ class Problem:
         work and waits are without recompute time (recompute only adds to B), and its memory
         term counts the fewest bytes the allowed recompute modes hold and the static bytes
         under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
-        mode costs against the bytes it saves."""
+        mode costs against the bytes it saves. The data-parallel collectives no plan avoids
+        count too (dp_seconds(), dp_stream_bound())."""
         f, b, w = (np.array([getattr(l, k) for l in self.table.layers]) for k in "fbw")
         before_f = np.cumsum(f) - f
         before_b = np.cumsum(b) - b
@@ -204,7 +205,7 @@ class Problem:
         before, after = self.dp_seconds()
         return max(max(self.lower_bound(), float(layer.max()), self.memory_lower_bound()) + after,
                    self.microbatches * float(self.work.sum()) / self.devices + before + after,
-                   self.recompute_lower_bound())
+                   self.recompute_lower_bound(), self.dp_stream_bound())
 
     def dp_seconds(self) -> tuple[float, float]:
         """What the data-parallel collectives add to any plan's iteration, on average over the
@@ -215,22 +216,42 @@ class Problem:
         the parameters (zero 1 and 2). Ring times are linear in the bytes plus a latency per
         device, so their sum over the devices is the same however the layers are split: so
         T >= (all compute + P x before) / P + after, and T >= (the pipeline) + after."""
-        from ..models.spec import DTYPE_BYTES
         from ..sim.bounds import (ring_all_gather_time, ring_allreduce_time,
                                   ring_reduce_scatter_time)
 
         h, P = self.header, self.devices
         if h.dp <= 1:
             return 0.0, 0.0
-        per_param = DTYPE_BYTES.get(self.table.meta.get("dtype", "bf16"), 2)
-        grads = sum(l.params for l in self.table.layers) * per_param
-        even = np.full(P, grads / P)
+        even = np.full(P, self._grad_bytes() / P)
         after = float(ring_all_gather_time(even, h.dp, self.link).sum()) / P if h.zero >= 1 else 0.0
         if h.zero == 0:
             return float(ring_allreduce_time(even, h.dp, self.link).sum()) / P, after
         if h.zero == 1:
             return float(ring_reduce_scatter_time(even, h.dp, self.link).sum()) / P, after
         return 0.0, after
+
+    def dp_stream_bound(self) -> float:
+        """Under zero 2, no plan runs faster than its data-parallel streams: each W (or BW) is
+        followed by a reduce-scatter of its stage's gradient bytes on its device's stream, one
+        after another, and the step waits for the last; so T >= (all devices' M reduce-scatters
+        of all their bytes) / P + the all-gather after the step (dp_seconds()), the sum the same
+        however the layers are split and more stages only adding latencies. 0 otherwise. It
+        binds where the gradients are large for the compute (jamba-v0.1, qwen3-next-80b)."""
+        from ..sim.bounds import ring_reduce_scatter_time
+
+        h, P = self.header, self.devices
+        if h.zero < 2 or h.dp <= 1:
+            return 0.0
+        even = np.full(P, self._grad_bytes() / P)
+        stream = self.microbatches * float(ring_reduce_scatter_time(even, h.dp, self.link).sum())
+        return stream / P + self.dp_seconds()[1]
+
+    def _grad_bytes(self) -> float:
+        """Gradient bytes of the whole model, in its dtype (as SimCosts.from_table counts)."""
+        from ..models.spec import DTYPE_BYTES
+
+        per_param = DTYPE_BYTES.get(self.table.meta.get("dtype", "bf16"), 2)
+        return float(sum(l.params for l in self.table.layers) * per_param)
 
     def memory_lower_bound(self) -> float:
         """No plan within the memory limit runs faster than this (0 without a limit, inf when

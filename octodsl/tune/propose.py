@@ -78,12 +78,24 @@ def _partition(st: State) -> Iterator[Proposal]:
         return
     yield from _layout(st, "rebalance: bubble-aware cuts",
                        partition.rebalance(st.layout, st.problem, seed=st.seed))
-    busy = st.result.busy
+    busy = _finish_load(st.result)
     top = int(np.argmax(busy))
     for new in partition.relieve(st.layout, busy):
         moved = [s for s, (a, b) in enumerate(zip(st.layout.cuts, new.cuts, strict=True)) if a != b][0]
         yield from _layout(st, f"relieve device {top}: move cut {moved} to layer {new.cuts[moved]}",
                            new)
+
+
+def _finish_load(result: SimResult) -> np.ndarray:
+    """Per device, the seconds it needs before the optimizer step: its compute and its
+    gradient reduction after it (zero 0 and 1), or the longer of its compute and its
+    data-parallel stream of reduce-scatters (zero 2, which overlap the compute). Where the
+    gradients are large for the compute, the device with the most parameters is the one to
+    relieve."""
+    dpc = result.dp_comm
+    if dpc.zero >= 2:
+        return np.maximum(result.busy, dpc.reduce_scatter)
+    return result.busy + dpc.allreduce + dpc.reduce_scatter
 
 
 def _placement(st: State) -> Iterator[Proposal]:

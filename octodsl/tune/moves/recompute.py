@@ -90,8 +90,8 @@ def moves(layout: StageLayout, result: SimResult, limit: float, modes: tuple[Rec
     """(what, layout) for each recompute move, most promising first. Over the limit: more
     recompute on the over-full devices' stages that hold the most, then on all of the worst
     device's stages. Within it: more recompute on the near-full devices' stages that hold the
-    most (more micro-batches in flight), then less where a device has room to spare, the
-    device with the lowest peak first, then the same mode on every stage."""
+    most (more micro-batches in flight), then less on the stages that hold the least (one,
+    then several together); then the same mode on every stage."""
     hot = hot_devices(result, limit, over)
     for s in ranked(layout, result, hot)[:STAGES]:
         for m in more(layout, s, modes):
@@ -101,15 +101,22 @@ def moves(layout: StageLayout, result: SimResult, limit: float, modes: tuple[Rec
         mine = [s for s, d in enumerate(layout.devices) if d == hot[0]]
         for m in modes[1:]:
             yield f"recompute every stage of device {hot[0]}: {m}", set_mode(layout, mine, m)
-    peak = result.peak_memory
-    cool = sorted((d for d in range(len(peak)) if d not in hot), key=lambda d: (peak[d], d))
     if not over:
-        done = [s for s in ranked(layout, result, cool)[::-1]
+        # Less recompute where it holds the least: one stage, then the 2, 4, 8 that hold the
+        # least together (a device near the limit may still have room for a few).
+        done = [s for s in ranked(layout, result, list(range(len(result.peak_memory))))[::-1]
                 if layout.recompute[s] is not Recompute.NONE]
         for s in done[:STAGES]:
             for m in less(layout, s, modes):
                 yield (f"recompute stage {s} (device {layout.devices[s]}): "
                        f"{layout.recompute[s]} -> {m}"), set_mode(layout, [s], m)
+        for k in (2, 4, 8):
+            if len(done) > k:
+                fewer = list(layout.recompute)
+                for s in done[:k]:
+                    fewer[s] = next(less(layout, s, modes))
+                yield (f"less recompute on the {k} stages that hold the least",
+                       layout.with_recompute(fewer))
     for m in modes:
         yield f"recompute every stage: {m}", set_mode(layout, range(layout.num_stages), m)
 
