@@ -1,12 +1,16 @@
 """The tuner against every baseline on the benchmark suite: writes benchmarks/tuner.md.
 
     .venv/bin/python benchmarks/tuner.py [--budget 60] [--jobs 2] [--others random,milp,milp-warm]
-        [--models ...] [--devices 4 8 16] [--memory 80 none] [-o benchmarks/tuner.md]
+        [--models ...] [--devices 4 8 16] [--memory 80 none] [--dp 1] [--zero 0]
+        [--recompute auto|none|full|selective] [-o benchmarks/tuner.md]
 
 Each case (model, devices, micro-batches = 2x and 4x devices, H800 costs, NVLink messages, a
 memory limit per device in GiB or none) runs in its own single-threaded process: the classic
 baselines, the tuner (which also refines the best baseline), then random search and CP-SAT with
 the tuner's budget. One table per memory setting (-o), the raw results beside it (.json).
+`--dp`, `--zero` and `--recompute` are the memory levers of the tuner and of every baseline
+alike (with `auto`, each baseline counts with the best of no, selective and full recompute on
+every stage).
 """
 
 from __future__ import annotations
@@ -28,29 +32,36 @@ GIB = 2**30
 
 
 def run_case(model: str, devices: int, microbatches: int, memory: float | None, budget: float,
-             seed: int, others: tuple[str, ...]) -> dict:
+             seed: int, others: tuple[str, ...], dp: int = 1, zero: int = 0,
+             recompute: str = "auto") -> dict:
+    from octodsl.plan import Recompute
     from octodsl.tune.baselines import best_baseline
     from octodsl.tune.compare import NoPlanFits, tune_and_compare
-    from octodsl.tune.problem import Problem
+    from octodsl.tune.problem import AUTO, Problem
     from octodsl.units import size
 
     problem = Problem.create(model, devices, microbatches,
-                             memory=None if memory is None else int(memory * GIB))
+                             memory=None if memory is None else int(memory * GIB), dp=dp,
+                             zero=zero, recompute=recompute if recompute == AUTO
+                             else Recompute(recompute))
     out = {"model": model, "devices": devices, "microbatches": microbatches,
            "lower_bound": problem.lower_bound(), "tight_bound": _finite(problem.tight_lower_bound())}
     t0 = time.perf_counter()
     try:
         o = tune_and_compare(problem, budget=budget, seed=seed, others=others)
     except NoPlanFits as e:
-        static = sum(l.static for l in problem.table.layers) / devices
+        static = float(problem.layer_static().sum()) / devices
         out.update(error=f"no plan fits ({size(static, 0)} static per device)", note=str(e))
         return out
     best = best_baseline(o.baselines)
+    modes = o.tuned.best.plan.recompute()
     base = {b.name: (b.score.time if b.usable else None) for b in o.baselines}
     out.update(
         tuned=o.tuned.best.time, tuner_seconds=o.tuned.seconds, evaluations=o.tuned.evaluations,
         finished=o.tuned.finished, rounds=len(o.tuned.rounds),
         best_baseline=best.name if best else None, best_time=best.score.time if best else None,
+        best_recompute=best.recompute.value if best else None,
+        tuned_recompute={m.value: modes.count(m) for m in Recompute if modes.count(m)},
         one_f_one_b=base.get("1f1b-equal"),
         others={k: (s.time if s is not None and s.fits else None) for k, s in o.others.items()},
         notes=o.notes, wall=time.perf_counter() - t0)
@@ -76,7 +87,8 @@ def _x(a, b):
 
 
 def table(results: list[dict], others: tuple[str, ...]) -> list[str]:
-    head = ["model", "P", "M", "tuned ms", "eff.", "tight eff.", "best baseline", "ms", "vs best",
+    head = ["model", "P", "M", "tuned ms", "eff.", "tight eff.", "tuned recompute", "best baseline",
+            "ms", "vs best",
             "1f1b-equal ms", "vs 1f1b-eq."] + [f"{k} ms" for k in others] + ["tuner s", "plans"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -86,7 +98,10 @@ def table(results: list[dict], others: tuple[str, ...]) -> list[str]:
         else:
             eff = r["lower_bound"] / r["tuned"]
             cells += [_ms(r["tuned"]), f"{eff:.3f}", f"{r['tight_bound'] / r['tuned']:.3f}",
-                      r["best_baseline"] or "none fits",
+                      _recompute(r.get("tuned_recompute")),
+                      (r["best_baseline"] or "none fits")
+                      + (f" ({r['best_recompute']})" if r.get("best_recompute") not in (None, "none")
+                         else ""),
                       _ms(r["best_time"]), _x(r["best_time"], r["tuned"]), _ms(r["one_f_one_b"]),
                       _x(r["one_f_one_b"], r["tuned"])]
             cells += [_ms(r["others"].get(k)) + (f" ({r['notes'][k]})" if k in r["notes"] else "")
@@ -95,6 +110,12 @@ def table(results: list[dict], others: tuple[str, ...]) -> list[str]:
                       str(r["evaluations"])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _recompute(counts: dict | None) -> str:
+    """'12 s, 4 f' for the tuned plan's stages: how many recompute selectively, fully; 'none'."""
+    shown = [f"{counts[m]} {m[0]}" for m in ("selective", "full") if counts and m in counts]
+    return ", ".join(shown) or "none"
 
 
 def geomean(xs) -> str:
@@ -122,6 +143,16 @@ def summary(results: list[dict], others: tuple[str, ...]) -> list[str]:
         f"- efficiency against the tight bound >= 0.95: {sum(e >= 0.95 for e in tight)} of "
         f"{len(tight)} (min {min(tight):.3f}, median {sorted(tight)[len(tight) // 2]:.3f})"
         if tight else "",
+        f"- efficiency against the tight bound >= 0.90: {sum(e >= 0.90 for e in tight)} of "
+        f"{len(tight)}; below: " + (", ".join(
+            f"{r['model']} {r['devices']}x{r['microbatches']} {r['tight_bound'] / r['tuned']:.3f}"
+            for r in ok if r["tight_bound"] / r["tuned"] < 0.90) or "none") if tight else "",
+        "- nemotron-h-56b on 16 devices, efficiency against the tight bound: " + ", ".join(
+            f"M {r['microbatches']}: {r['tight_bound'] / r['tuned']:.3f}" for r in ok
+            if r["model"] == "nemotron-h-56b" and r["devices"] == 16),
+        f"- speed-up over the best baseline (same levers): geometric mean "
+        f"{geomean([r['best_time'] / r['tuned'] for r in with_base])}, min "
+        + (f"{min(r['best_time'] / r['tuned'] for r in with_base):.3f}x" if with_base else "n/a"),
         f"- slower than the best baseline: {len(slower)} of {len(with_base)}",
         f"- hybrids, geometric mean over the best baseline: {geomean(hyb)} ({len(hyb)} cases)",
         f"- nemotron-h, geometric mean over 1F1B with equal layer counts: {geomean(nem)} "
@@ -146,6 +177,11 @@ def main() -> int:
     ap.add_argument("--devices", nargs="+", type=int, default=[4, 8, 16])
     ap.add_argument("--memory", nargs="+", default=["80", "none"],
                     help="memory limits per device in GiB, or none; one table each")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel copies (every plan's header)")
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 1, 2),
+                    help="ZeRO stage over the dp copies, for the tuner and the baselines")
+    ap.add_argument("--recompute", default="auto", choices=("auto", "none", "full", "selective"),
+                    help="recompute choice of the tuner and the baselines")
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner.md"))
     args = ap.parse_args()
     others = tuple(x for x in args.others.split(",") if x)
@@ -154,7 +190,8 @@ def main() -> int:
     limits = [None if m == "none" else float(m) for m in args.memory]
     todo = [c for limit in limits for c in cases(args.models, args.devices, limit)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_case, *c, args.budget, args.seed, others) for c in todo]
+        futures = [pool.submit(run_case, *c, args.budget, args.seed, others, args.dp, args.zero,
+                               args.recompute) for c in todo]
         results = []
         for c, f in zip(todo, futures):
             results.append(f.result() | {"memory": c[3]})
@@ -169,8 +206,14 @@ def main() -> int:
         f"({os.cpu_count()} cores; each case in one single-threaded process), "
         f"{time.strftime('%Y-%m-%d')}.",
         "",
-        f"Analytical H800 costs (16 bytes of static memory per parameter), NVLink messages "
-        f"(8 us + 160 GB/s), seed {args.seed}. "
+        f"Analytical H800 costs (16 bytes of static memory per parameter: 2 weights, 2 "
+        f"gradients, 12 optimizer state), NVLink messages (8 us + 160 GB/s), seed {args.seed}. "
+        f"Memory levers, for the tuner and every baseline alike: dp {args.dp}, ZeRO stage "
+        f"{args.zero}, recompute {args.recompute}"
+        + (" (each baseline counts with the best of none, selective on every stage and full on "
+           "every stage; `tuned recompute` counts the tuned plan's stages that recompute "
+           "selectively (s) and fully (f))" if args.recompute == "auto" else "")
+        + ". "
         + (f"The tuner and {', '.join(others)} each get " if others else "The tuner gets ")
         + f"{args.budget:.0f} s; the tuner also refines the best classic baseline. Times are "
         "simulated iteration times in ms; `eff.` is the lower bound (largest of total work / "

@@ -1,17 +1,25 @@
 """`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
-[--budget 60s] [--seed N] [--from PLAN] [--compare random,milp,milp-warm] [--explain] [--json]`:
-search partition, placement and schedule together for the fastest plan that fits in memory,
-and show it next to the classic schedules on the same simulator."""
+[--dp N] [--zero 0|1|2] [--recompute auto|none|full|selective] [--budget 60s] [--seed N]
+[--from PLAN [--keep partition|partition,placement]] [--compare random,milp,milp-warm]
+[--explain] [--json]`: search partition, placement, schedule and recompute together for the
+fastest plan that fits in memory, and show it next to the classic schedules (with the same
+levers) on the same simulator.
+
+`--dp` and `--zero` go into the header of every plan the tuner proposes and writes (ZeRO shards
+the optimizer state, and with 2 the gradients, over the dp copies). `--recompute auto` lets the
+tuner pick each stage's mode; a mode makes every stage recompute that way (`none`: never).
+`--keep` keeps the `--from` plan's cuts (and placement) exactly."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import OctoError
-from .common import (DEVICES, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN, UserError, duration,
-                     memory_size, output, print_json, read_text, stdout_console,
-                     write_output)
+from .common import (DEVICES, DP, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN, UserError,
+                     duration, integer, memory_size, output, print_json, read_text,
+                     stdout_console, write_output)
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
     from rich.live import Live
@@ -33,12 +41,26 @@ def register(sub) -> None:
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
                    help="sequences per micro-batch")
     p.add_argument("--seq-len", type=SEQ_LEN, metavar="N", help="tokens per sequence")
+    p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies of the pipeline, "
+                   "written in every plan's header (default: the --from plan's, else 1)")
+    p.add_argument("--zero", type=ZERO, metavar="0|1|2", help="ZeRO stage over the dp copies: "
+                   "1 shards the optimizer state, 2 the gradients too; in every plan's header "
+                   "(default: the --from plan's, else 0)")
+    p.add_argument("--recompute", type=RECOMPUTE, default=AUTO_MODE,
+                   metavar="auto|none|full|selective",
+                   help="activation recomputation: auto (default) lets the tuner pick none, "
+                   "selective or full per stage; none never recomputes; full or selective "
+                   "makes every stage (and every baseline) recompute that way")
     p.add_argument("--budget", type=duration, default="60s", metavar="TIME",
                    help="wall time of the baselines and the search, e.g. 60s, 2m (default 60s; "
                    "each --compare search gets as much again)")
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument("--from", dest="start", metavar="PLAN", help="refine this plan (its partition "
                    "must name the model's layers)")
+    p.add_argument("--keep", type=_keep, metavar="partition|partition,placement",
+                   help="with --from: keep the plan's cuts exactly and search placement, order "
+                   "and recompute (partition), or keep its placement too and search only the "
+                   "order and recompute (partition,placement)")
     p.add_argument("--compare", default="", metavar="LIST",
                    help="also run, with the same budget: random, milp, milp-warm (comma-separated)")
     p.add_argument("-o", "--output", type=output(".octo"), required=True, metavar="FILE",
@@ -55,6 +77,8 @@ def run(args) -> int:
     from ..tune.report import comparison_table, explain, to_json
 
     start, model, devices, microbatches = _start(args)
+    if args.keep is not None and start is None:
+        raise UserError("--keep needs a --from plan (the cuts it keeps)")
     others = [x for x in args.compare.split(",") if x]
     unknown = [x for x in others if x not in OTHERS]
     if unknown:
@@ -68,6 +92,14 @@ def run(args) -> int:
             check_plan(start, problem)
         except PlanError as e:
             raise UserError(f"{args.start}: {e}") from None
+        # The plan runs with the levers asked for: its header's ZeRO and dp become the
+        # problem's, a fixed recompute mode its stages'.
+        start = problem.adopt(replace(start, header=problem.header.model_copy(
+            update={"name": start.header.name})))
+        if args.keep is not None:
+            from ..tune.problem import Keep
+
+            problem.keep = Keep.of(start, placement=args.keep == KEEP_PLACEMENT)
     with _Progress(args.budget, enabled=not args.json) as progress:
         try:
             outcome = tune_and_compare(problem, budget=args.budget, seed=args.seed, start=start,
@@ -75,7 +107,8 @@ def run(args) -> int:
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None
     best = outcome.tuned.best
-    text = _render(replace(best.plan, header=problem.header.model_copy()), problem, best, args)
+    plan = replace(best.plan, header=problem.header.model_copy())
+    text = _render(plan, problem, best, args)
     _, diags = lint_source(text, args.output)
     errors = [d for d in diags if d.is_error]
     if errors:  # the tuner only proposes valid plans: this is a bug, not a user error
@@ -148,18 +181,50 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
             memory = get_device(args.device).memory
         else:
             memory = None if args.memory == NO_LIMIT else args.memory
+        dp = args.dp if args.dp is not None else own.dp if own is not None else 1
+        zero = args.zero if args.zero is not None else own.zero if own is not None else 0
+        if zero > 0 and dp == 1:
+            raise UserError(f"--zero {zero} shards over the data-parallel copies: give --dp 2 or "
+                            "more (with one copy there is nothing to shard over)")
         problem = Problem.create(
             model, devices, microbatches, device=args.device, memory=memory, link=args.link,
             microbatch_size=args.microbatch_size or (own and own.microbatch_size),
-            seq_len=args.seq_len or (own and own.seq_len))
+            seq_len=args.seq_len or (own and own.seq_len), dp=dp, zero=zero,
+            recompute=args.recompute)
     except OctoError as e:
         raise UserError(str(e)) from None
-    if own is not None and own.dp != 1:
-        problem.header = problem.header.model_copy(update={"dp": own.dp})
     return problem
 
 
 NO_LIMIT = "none"
+ZERO = integer(0, 2)
+AUTO_MODE = "auto"
+KEEP_PARTITION, KEEP_PLACEMENT = "partition", "partition,placement"
+
+
+def RECOMPUTE(text: str):  # noqa: N802 - an argparse type, named like the others
+    """--recompute: auto, or a mode for every stage."""
+    from ..plan import Recompute
+
+    name = text.strip().lower()
+    names = (AUTO_MODE, *(m.value for m in Recompute))
+    if name not in names:
+        raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not a recompute choice "
+                                         f"(choose from {', '.join(names)})")
+    return name if name == AUTO_MODE else Recompute(name)
+
+
+def _keep(text: str) -> str:
+    """--keep: partition, or partition,placement (in either order)."""
+    parts = sorted(x.strip().lower() for x in text.split(","))
+    if parts == ["partition"]:
+        return KEEP_PARTITION
+    if parts == ["partition", "placement"]:
+        return KEEP_PLACEMENT
+    if parts == ["placement"]:
+        raise argparse.ArgumentTypeError("a placement is of the plan's stages: keep the "
+                                         "partition too (--keep partition,placement)")
+    raise argparse.ArgumentTypeError(f"{text.strip()!r}: write partition or partition,placement")
 
 
 def _memory_limit(text: str) -> int | str:

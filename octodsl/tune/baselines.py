@@ -4,6 +4,12 @@ Schedules and partitions as `octodsl gen --model` makes them: 1F1B, interleaved 
 chunks, ZB-H1, ZB-H2, ZB-V, DualPipeV; equal layer counts (`equal`), DeepSpeed's parameter
 balance (`parameters`) and the time-balanced optimum by dynamic programming (`time`).
 A baseline is named `SCHEDULE[-vCHUNKS]-PARTITION`, e.g. `1f1b-equal`, `interleaved-v4-time`.
+
+Baselines get the tuner's levers: the problem's header (ZeRO over its dp copies) and its
+recompute choice. With a fixed mode every stage recomputes that way; with the tuner's choice
+(`auto`) each baseline runs with no recompute, selective on every stage and full on every stage
+(as Megatron users run it) and counts with the best of the three (fitting first, then fastest;
+without a memory limit, none alone).
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ from typing import Callable, Iterable, Iterator
 
 from ..gen import PARTITIONS, ScheduleError, phased_schedule
 from ..gen.model_partition import model_stages
-from ..plan import Plan, Stage
+from ..plan import Plan, Recompute, Stage
 from .evaluate import Evaluator, Score
-from .problem import Problem
+from .problem import Problem, recompute_everywhere
 
 SCHEDULES: tuple[tuple[str, int | None], ...] = (
     ("1f1b", None), ("interleaved", 2), ("interleaved", 4), ("zb-h1", None), ("zb-h2", None),
@@ -32,7 +38,9 @@ class Baseline:
     why)."""
     error: str | None = None
     seconds: float = 0.0
-    """Wall time of building and simulating it."""
+    """Wall time of building and simulating it (each recompute mode tried)."""
+    recompute: Recompute = Recompute.NONE
+    """What every stage of its plan recomputes."""
 
     @property
     def usable(self) -> bool:
@@ -94,11 +102,25 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
         name, plan, error = next(plans)
         if on_each:
             on_each(name)
-        score = evaluate(plan) if plan is not None else None
+        score, mode = _best_mode(problem, plan, evaluate) if plan is not None else (None, Recompute.NONE)
         seconds = time.perf_counter() - began
-        out.append(Baseline(name, score, error, seconds))
+        out.append(Baseline(name, score, error, seconds, mode))
         slowest = max(slowest, seconds)
     return out
+
+
+def _best_mode(problem: Problem, plan: Plan, evaluate: Evaluator) -> tuple[Score, Recompute]:
+    """The plan with each recompute mode the problem allows on every stage: the best score
+    (the least saving mode on a tie) and its mode. Without a memory limit recompute only adds
+    time: the tuner's choice is then none."""
+    best: tuple[Score, Recompute] | None = None
+    modes = problem.modes if problem.memory is not None else problem.modes[:1]
+    for mode in modes:
+        s = evaluate(recompute_everywhere(plan, mode))
+        if best is None or s.better_than(best[0]):
+            best = (s, mode)
+    assert best is not None, "a problem allows at least one mode"
+    return best
 
 
 def best_baseline(baselines: Iterable[Baseline]) -> Baseline | None:

@@ -16,7 +16,7 @@ from ..units import size
 from .baselines import Baseline, best_baseline, classic_baselines
 from .evaluate import Evaluator, Score
 from .loop import BudgetTooShort, Progress, TuneResult, tune
-from .problem import Problem
+from .problem import AUTO, Problem
 
 OTHERS = ("random", "milp", "milp-warm")
 """Baselines with the tuner's budget: random search, CP-SAT cold, CP-SAT warm-started from the
@@ -81,9 +81,13 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         assert problem.memory is not None, "only a memory limit makes a simulated plan not fit"
         peak = float(tuned.best.peak.max())
         more = "" if tuned.finished else " (the budget stopped the search: a longer one may)"
-        raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device: the best "
-                         f"peaks at {size(peak)}; use more devices or a larger memory limit"
-                         + more)
+        h = problem.header
+        levers = ([f"ZeRO (`--zero {h.zero + 1} --dp {max(h.dp, 8)}`)"] if h.zero < 2 else []) + (
+            ["recompute (`--recompute auto`)"] if problem.recompute != AUTO else [])
+        raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device (zero "
+                         f"{h.zero}, dp {h.dp}, recompute {problem.recompute}): the best peaks "
+                         f"at {size(peak)}; use " + "".join(x + ", " for x in levers)
+                         + "more devices or a larger memory limit" + more)
     out = Outcome(problem, tuned, baselines, seconds=time.perf_counter() - t0)
     if tuned.interrupted:  # the user wants the tuned plan now, not the other searches' budgets
         out.notes.update((name, "not run: interrupted") for name in others)

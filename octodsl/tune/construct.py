@@ -9,8 +9,10 @@ Greedy list scheduling over the plan's dependency rules (octodsl.dag), ZeroBubbl
 - among ready ops of one kind, the oldest micro-batch first, then the deeper stage (a deeper F
   reaches the loss, and so its B, sooner);
 - memory is counted as the simulator counts it (F allocates `act`, B releases all but `act_w`,
-  W the rest). A forward that starts a micro-batch on a device keeps room for the rest of that
-  micro-batch on the device; when a forward does not fit, a pending W runs first to make room.
+  W the rest; with recompute, B holds `act_b` more while it runs and may leave more than F
+  kept). A forward that starts a micro-batch on a device keeps room for the rest of that
+  micro-batch on the device and for the most one of its B's brings back; when a forward does
+  not fit, or a B's recompute would go over the limit, a pending W runs first to make room.
 
 Each kind of op runs its micro-batches in order on every stage, so a device's candidates are,
 per stage, the next F, B and W: the state is a few arrays and the walk compiles with numba.
@@ -70,15 +72,21 @@ class _Inputs(NamedTuple):
     b: np.ndarray
     w: np.ndarray
     act: np.ndarray
-    """Bytes a forward allocates; a B releases all but act_w (and what it brought back by
-    recompute, act_b), a W the rest."""
+    """Bytes a forward allocates; a B leaves act_w of its micro-batch held (under recompute
+    possibly more than F kept; what it brings back, act_b, it holds only while it runs), a W
+    releases that."""
     act_w: np.ndarray
     act_b: np.ndarray
     delay: np.ndarray
     """Seconds a message across the cut after stage s takes (0 within a device)."""
     budget: np.ndarray
-    """Per device: bytes for activations (the limit less its static bytes and the most that
-    one of its B's brings back by recompute, which it holds while it runs)."""
+    """Per device: bytes for activations when a forward starts (the limit less its static
+    bytes and the most that one of its B's brings back by recompute, which it holds while it
+    runs)."""
+    cap: np.ndarray
+    """Per device: the limit less its static bytes. A B whose act_b would go over it waits for
+    a pending W (under recompute a B leaves more held than F kept, so B's in a row grow the
+    level)."""
     room: np.ndarray
     """Per device: bytes a new micro-batch needs beyond its first stage's activations."""
     w_gap: bool
@@ -126,10 +134,10 @@ def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
                       for s in range(S)])
     static = np.bincount(sd, weights=col["static"], minlength=P)
     transient = np.array([col["act_b"][stages].max(initial=0.0) for stages in dev_stages])
-    budget = np.full(P, _INF) if memory is None else memory - static - transient
+    cap = np.full(P, _INF) if memory is None else memory - static
     room = np.array([sum(col["act"][s] for s in stages[1:]) for stages in dev_stages], float)
     return _walk(_Inputs(S, M, dev_ptr, flat, col["f"], col["b"], col["w"], col["act"],
-                         col["act_w"], col["act_b"], delay, budget, room, w_gap))
+                         col["act_w"], col["act_b"], delay, cap - transient, cap, room, w_gap))
 
 
 @njit(refcounts=False)
@@ -186,6 +194,8 @@ def _decide(x, st, d):
                                       st.b_end[s, w_done[s]] < st.b_end[best_w, w_done[best_w]]):
             best_w = s
     if tb <= t0:
+        if best_w >= 0 and x.act_b[best_b] > 0 and st.memory[d] + x.act_b[best_b] > x.cap[d]:
+            return t0, 2, best_w, blocked
         return t0, 1, best_b, blocked
     if tf <= t0:
         return t0, 0, best_f, blocked
@@ -238,7 +248,9 @@ def _walk(x):
             e = bt + x.b[s]
             st.b_end[s, i] = e
             st.b_done[s] += 1
-            st.memory[bd] -= x.act[s] + x.act_b[s] - x.act_w[s]
+            # B's own act_b comes and goes within it (the budget keeps room for it): what is
+            # left is the part for W.
+            st.memory[bd] -= x.act[s] - x.act_w[s]
         else:
             i = st.w_done[s]
             e = bt + x.w[s]

@@ -2,7 +2,8 @@
 
 Per device the idle time splits into the lead (before its first op), the tail (after its last)
 and the gaps between. Stage imbalance shows as the busiest device's excess over the mean; fill
-and drain as lead and tail; scheduling as gaps. Memory over the limit comes before all.
+and drain as lead and tail; scheduling as gaps. Memory over the limit comes before all; within
+it, the memory phase (recompute traded for micro-batches in flight) comes after all when asked.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ class Bottleneck:
     tail: np.ndarray
     """Per device, seconds."""
 
-    def phases(self, over_memory: bool) -> list[str]:
+    def phases(self, over_memory: bool, memory_within: bool = False) -> list[str]:
         """Phases by the share of time each could win back, the paper's order on ties; memory
-        first when over the limit."""
+        first when over the limit, else last with `memory_within` (recompute may pay: tried
+        first when near the limit, it cost more rounds than it won on the benchmark)."""
         share = {"partition": self.imbalance, "placement": self.fill, "schedule": self.gaps}
-        return ["memory"] * over_memory + sorted(share, key=lambda k: -share[k])
+        return (["memory"] * over_memory + sorted(share, key=lambda k: -share[k])
+                + ["memory"] * (memory_within and not over_memory))
 
 
 def diagnose(result: SimResult) -> Bottleneck:

@@ -18,6 +18,12 @@ For device d, with its stages' per-micro-batch work `load_d`, the bound is
 A layout whose static bytes and one micro-batch overflow some device scores above any that
 fits, the more the larger the overflow, so a search is led toward layouts that fit.
 
+Static bytes are ZeRO-sharded as the problem's header says (`Problem.share`). A stage that
+recomputes keeps less from F to B (full: its input; selective: all but `sel_act`), its B takes
+longer (full: + its F; selective: + `sel_f`), and while one of its B's runs the device holds
+what it brings back as well: so a device's room is the limit less its static bytes and the
+most one of its B's brings back, as the list scheduler counts it.
+
 This prices balance and the fill/drain bubble together: a deep device starts late, so it should
 carry less work, and a device whose first stage is tiny idles until its first backward.
 """
@@ -26,32 +32,45 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..plan import Recompute
 from ..sim.jit import njit
 from .problem import Problem
+
+_MODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+"""Recompute modes as the compiled bound reads them."""
 
 _UNFIT = 1e12
 """Seconds no real layout takes: the scale of the score of one that does not fit."""
 
 
 class FillModel:
-    """`model(cuts)` -> the bound above for one placement (`devices[s]` per stage)."""
+    """`model(cuts)` -> the bound above for one placement (`devices[s]` per stage) and what
+    each stage recomputes (`recompute[s]`, default none)."""
 
-    def __init__(self, problem: Problem, devices: tuple[int, ...]) -> None:
-        layers = problem.table.layers
-
-        def prefix(values) -> np.ndarray:
-            return np.concatenate([[0.0], np.cumsum(values, dtype=float)])
-
-        self.pf = prefix([l.f for l in layers])
-        self.pb = prefix([l.b for l in layers])
-        self.pw = prefix([l.w for l in layers])
-        self.pa = prefix([l.act for l in layers])
-        self.ps = prefix([l.static for l in layers])
+    def __init__(self, problem: Problem, devices: tuple[int, ...],
+                 recompute: tuple[Recompute, ...] = ()) -> None:
+        table = problem.table
+        layers = table.layers
+        # Prefix sums over the layers, one row each: F, B, W, act, static (ZeRO-sharded),
+        # selective's dropped bytes and its extra seconds.
+        rows = np.array([[l.f for l in layers], [l.b for l in layers], [l.w for l in layers],
+                         [l.act for l in layers], list(problem.layer_static()),
+                         [l.sel_act for l in layers], [l.sel_f for l in layers]], float)
+        self.pre = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)], axis=1)
+        # What a stage starting at layer c keeps under full recompute (none at the end).
+        self.inb = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
         self.hop = np.array([problem.link.time(l.out_bytes) for l in layers])
         self.sd = np.array(devices, np.int64)
+        self.mode = np.zeros(len(devices), np.int64)
+        if recompute:
+            self.set_modes(recompute)
         self.P = problem.devices
         self.M = problem.microbatches
         self.limit = float(problem.memory) if problem.memory is not None else np.inf
+
+    def set_modes(self, recompute: tuple[Recompute, ...] | list[Recompute]) -> None:
+        """What each stage recomputes from now on."""
+        self.mode[:] = [_MODE[m] for m in recompute]
 
     def __call__(self, cuts) -> float:
         return _bound(np.asarray(cuts, np.int64), *self._args())
@@ -67,20 +86,19 @@ class FillModel:
         return _descend(cuts, *self._args())
 
     def _args(self):
-        return (self.sd, self.P, self.M, self.limit, self.pf, self.pb, self.pw, self.pa, self.ps,
-                self.hop)
+        return (self.sd, self.mode, self.P, self.M, self.limit, self.pre, self.inb, self.hop)
 
 
 @njit
-def _descend(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
-    cur = _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop)
+def _descend(c, sd, mode, P, M, limit, pre, inb, hop):
+    cur = _bound(c, sd, mode, P, M, limit, pre, inb, hop)
     while True:
         best, best_i, best_d = cur, -1, 0
         for i in range(1, c.shape[0] - 1):
             for d in (-1, 1):
                 if c[i - 1] < c[i] + d < c[i + 1]:
                     c[i] += d
-                    v = _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop)
+                    v = _bound(c, sd, mode, P, M, limit, pre, inb, hop)
                     c[i] -= d
                     if v < best:
                         best, best_i, best_d = v, i, d
@@ -111,14 +129,15 @@ def _first_trip(c, sd, sf, sb, hop):
 
 
 @njit
-def _device_sums(sd, P, load_s, sa, ss):
-    """Per device: its first and deepest stage (-1 for none), and its stages' summed work,
-    activations and static bytes."""
+def _device_sums(sd, P, load_s, sa, ss, back_s):
+    """Per device: its first and deepest stage (-1 for none), its stages' summed work,
+    kept activations, and its static bytes plus the most one of its B's brings back."""
     first = np.full(P, -1, np.int64)
     deepest = np.full(P, -1, np.int64)
     load = np.zeros(P)
     act = np.zeros(P)
     static = np.zeros(P)
+    brought = np.zeros(P)
     for s in range(sd.shape[0]):
         d = sd[s]
         if first[d] < 0:
@@ -127,7 +146,8 @@ def _device_sums(sd, P, load_s, sa, ss):
         load[d] += load_s[s]
         act[d] += sa[s]
         static[d] += ss[s]
-    return first, deepest, load, act, static
+        brought[d] = max(brought[d], back_s[s])
+    return first, deepest, load, act, static + brought
 
 
 @njit
@@ -156,15 +176,28 @@ def _device_bound(d, first, hs, M, limit, load, act, static, sd, sf, sb, sa, arr
 
 
 @njit
-def _bound(c, sd, P, M, limit, pf, pb, pw, pa, ps, hop):
+def _bound(c, sd, mode, P, M, limit, pre, inb, hop):
     S = sd.shape[0]
-    sf = pf[c[1:]] - pf[c[:-1]]
-    sb = pb[c[1:]] - pb[c[:-1]]
-    load_s = sf + sb + pw[c[1:]] - pw[c[:-1]]
-    sa = pa[c[1:]] - pa[c[:-1]]
-    ss = ps[c[1:]] - ps[c[:-1]]
+    sf, sb, sa, ss = np.empty(S), np.empty(S), np.empty(S), np.empty(S)
+    load_s, back_s = np.empty(S), np.empty(S)
+    for s in range(S):  # the rows' sums over each stage's layers
+        a, b = c[s], c[s + 1]
+        sf[s] = pre[0, b] - pre[0, a]
+        sb[s] = pre[1, b] - pre[1, a]
+        sa[s] = pre[3, b] - pre[3, a]
+        ss[s] = pre[4, b] - pre[4, a]
+        whole = sa[s]
+        # recompute: B runs again what F dropped, F keeps less
+        if mode[s] == 1:
+            sb[s] += pre[6, b] - pre[6, a]
+            sa[s] -= pre[5, b] - pre[5, a]
+        elif mode[s] == 2:
+            sb[s] += sf[s]
+            sa[s] = min(sa[s], inb[a])
+        load_s[s] = sf[s] + sb[s] + pre[2, b] - pre[2, a]
+        back_s[s] = whole - sa[s]
     arrive, back = _first_trip(c, sd, sf, sb, hop)
-    first, deepest, load, act, static = _device_sums(sd, P, load_s, sa, ss)
+    first, deepest, load, act, static = _device_sums(sd, P, load_s, sa, ss, back_s)
     overflow = 0.0
     for d in range(P):
         overflow += max(0.0, static[d] + act[d] - limit)

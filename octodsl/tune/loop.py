@@ -5,13 +5,16 @@
 2. Rounds: simulate the current plan, find where it loses time (diagnose.py), and try that
    phase's moves (propose.py), most promising first; the first move that shortens the iteration
    (or, over the memory limit, lowers the peak) is kept and the next round starts. When no move
-   of any phase helps, the search goes on from the next start.
+   of any phase helps, the search goes on from the next start. Recompute is a memory move: over
+   the limit it comes first, and when the tuner picks it (`--recompute auto`) it is also tried
+   last within the limit, where more micro-batches in flight may pay for the recompute time.
 3. Kicks: once every start is refined, a random placement or partition change of the best plan
    (seeded), refined in turn; the search ends after `PATIENCE` kicks in a row find nothing better.
 4. Restarts: the whole search again with the next seeds, `RESTARTS` searches in all while the
    budget lasts; each ends in its own local optimum.
-The best plan that fits in memory wins. Every plan is timed by the simulator. Ctrl-C stops the
-search as the end of the budget does (`TuneResult.interrupted`), so the best plan is kept.
+The best plan that fits in memory wins. Every plan is timed by the simulator. Under the
+problem's `keep`, only layouts it allows are tried. Ctrl-C stops the search as the end of the
+budget does (`TuneResult.interrupted`), so the best plan is kept.
 
 Deterministic for a seed as long as the searches end before the budget (`TuneResult.finished`);
 a budget that cuts them short stops at a point that depends on the machine's speed.
@@ -27,15 +30,16 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from ..errors import OctoError
-from ..plan import Plan
+from ..plan import Plan, Recompute
 from .diagnose import diagnose
 from .evaluate import Evaluator, Score
 from .layout import StageLayout, even_cuts
 from .estimate import FillModel
 from .moves.partition import fitting, rebalance
 from .moves.placement import families
+from .moves.recompute import fit_modes
 from .moves.schedule import rebuild
-from .problem import Problem
+from .problem import AUTO, Problem
 from .propose import State, kick, proposals
 
 PATIENCE = 8
@@ -57,6 +61,8 @@ class Round:
     before: float
     """Iteration time before the move, seconds (inf when there was no plan yet)."""
     after: float
+    peaks: tuple[float, float] | None = None
+    """Highest peak memory of any device before and after, bytes (memory moves)."""
 
 
 @dataclass
@@ -145,6 +151,13 @@ def _merge(a: TuneResult, b: TuneResult) -> TuneResult:
                       b.interrupted)
 
 
+def _modes_text(modes: tuple[Recompute, ...]) -> str:
+    """', recompute 3 full, 2 selective' for the stages' modes; '' for none."""
+    counts = [(modes.count(m), m) for m in (Recompute.FULL, Recompute.SELECTIVE)]
+    shown = [f"{n} {m}" for n, m in counts if n]
+    return ", recompute " + ", ".join(shown) if shown else ""
+
+
 def _order(a: Score, b: Score) -> int:
     return -1 if a.better_than(b) else (1 if b.better_than(a) else 0)
 
@@ -177,6 +190,8 @@ class _Search:
         start) to the end of its simulation, building the plan and the moves included (of
         all searches: a later one starts as dear)."""
         self.step_start = time.perf_counter()
+        self.recompute_within = problem.recompute == AUTO and problem.memory is not None
+        """Whether the memory phase (recompute) runs for plans within the limit too."""
 
     def ready(self, phase: str) -> None:
         """Raise _OutOfBudget before building a plan of `phase` that would likely be finished
@@ -230,39 +245,70 @@ class _Search:
         p = self.problem
         out: list[tuple[str, Score, StageLayout, bool]] = []
         for plan in given:
+            if not p.allows(StageLayout.of(plan)):  # the best baseline under --keep
+                continue
             # The given order is kept; the schedule phase may rebuild it (w_gap=True makes its
             # first proposal the usually better rebuild without W held back).
             out.append((f"given plan {plan.header.name!r}", self.score(plan, "start", True),
                         StageLayout.of(plan), True))
-        for name, devices in families(p.devices, p.num_layers):
-            self.ready("start")
-            layout, cuts = self._start_cuts(devices)
+        for name, layout, cuts in self._start_layouts(list(out)):
             for w_gap in (False, True):
                 self.ready("start")
                 self.tried.add((layout, w_gap))
                 plan = rebuild(p.skeleton(layout), p, w_gap)
-                out.append((f"placement {name}, {cuts}" + (", W held for gaps" if w_gap else ""),
+                out.append((f"{name}, {cuts}" + (", W held for gaps" if w_gap else ""),
                             self.score(plan, "start", w_gap), layout, w_gap))
         by_score = functools.cmp_to_key(_order)
         out.sort(key=lambda start: by_score(start[1]))
         return out
 
-    def _start_cuts(self, devices: tuple[int, ...]) -> tuple[StageLayout, str]:
-        """Bubble-aware cuts for a family placement, and what they are. Where shifts found
-        none that fit in memory, from the cuts `fitting` finds."""
+    def _start_layouts(self, given: list[tuple[str, Score, StageLayout, bool]]):
+        """(name, layout, how its cuts were found) of each start to list-schedule: the family
+        placements with bubble-aware cuts (when the tuner picks recompute under a memory
+        limit, also with selective recompute on every stage: the bubble-aware model misses
+        much of how memory throttles a plan that keeps everything, and selective saves much
+        for little); under `keep`, the given plans' layouts and the families with the kept
+        cuts (with the modes that fit)."""
         p = self.problem
-        layout = rebalance(StageLayout(even_cuts(p.num_layers, len(devices)), devices), p,
-                           seed=self.seed)
-        model = FillModel(p, devices)
+        if p.keep is None:
+            also = (Recompute.SELECTIVE,) if (p.recompute == AUTO and p.memory is not None) else ()
+            for name, devices in families(p.devices, p.num_layers):
+                for mode in (None, *also):
+                    self.ready("start")
+                    yield (f"placement {name}", *self._start_cuts(devices, mode))
+            return
+        for _, _, layout, _ in given:
+            yield "the given plan's layout", layout, "kept cuts"
+        if p.keep.devices is None:
+            S = len(p.keep.cuts) - 1
+            for name, devices in families(p.devices, p.num_layers):
+                if len(devices) == S:
+                    self.ready("start")
+                    layout = fit_modes(StageLayout(p.keep.cuts, devices), p)
+                    yield f"placement {name}", layout, "kept cuts" + _modes_text(p.modes_of(layout))
+
+    def _start_cuts(self, devices: tuple[int, ...],
+                    mode: Recompute | None = None) -> tuple[StageLayout, str]:
+        """Bubble-aware cuts for a family placement, and what they are: with `mode` on every
+        stage; else when the tuner picks recompute, cuts and modes in turn (twice). Where
+        shifts found none that fit in memory, from the cuts `fitting` finds."""
+        p = self.problem
+        even = StageLayout(even_cuts(p.num_layers, len(devices)), devices)
+        layout = rebalance(even if mode is None else even.with_recompute((mode,) * len(devices)),
+                           p, seed=self.seed)
+        for _ in range(2 if len(p.modes) > 1 and mode is None else 0):
+            layout = rebalance(fit_modes(layout, p), p, seed=self.seed)
+        model = FillModel(p, devices, p.modes_of(layout))
         if model.fits(model(layout.cuts)):
-            return layout, "bubble-aware cuts"
+            return layout, "bubble-aware cuts" + _modes_text(p.modes_of(layout))
         if devices not in self.fitted:
             self.fitted[devices] = fitting(layout, p)
         fit = self.fitted[devices]
         if fit is None:
-            return layout, "bubble-aware cuts"
+            return layout, "bubble-aware cuts" + _modes_text(p.modes_of(layout))
         # Shifts from cuts that fit keep them fitting: the model ranks any overflow last.
-        return rebalance(fit, p, seed=self.seed), "cuts that fit, then bubble-aware"
+        fit = rebalance(fit_modes(fit, p), p, seed=self.seed)
+        return fit, "cuts that fit, then bubble-aware" + _modes_text(p.modes_of(fit))
 
     def _kicks(self) -> None:
         rng = random.Random(self.seed)
@@ -287,7 +333,7 @@ class _Search:
         while cur.result is not None:  # a given plan may deadlock: nothing to refine
             st = State(self.problem, cur, layout, w_gap, diagnose(cur.result),
                        self.seed + len(self.rounds))
-            for phase in st.bottleneck.phases(not cur.fits):
+            for phase in st.bottleneck.phases(not cur.fits, self.recompute_within):
                 found = self._round(phase, st)
                 if found is not None:
                     cur, layout, w_gap = found
@@ -300,7 +346,7 @@ class _Search:
             # Layouts are remembered (many moves lead to the same one); order edits are not
             # (each comes from the current plan, and only improvements are kept).
             if prop.layout is not None:
-                if (prop.layout, prop.w_gap) in self.tried:
+                if (prop.layout, prop.w_gap) in self.tried or not self.problem.allows(prop.layout):
                     continue
                 self.tried.add((prop.layout, prop.w_gap))
             self.ready(phase)
@@ -308,6 +354,9 @@ class _Search:
             w_gap = st.w_gap if prop.w_gap is None else prop.w_gap
             s = self.score(plan, phase, w_gap)
             if s.better_than(st.score):
-                self.rounds.append(Round(len(self.rounds), phase, prop.move, st.score.time, s.time))
+                peaks = ((float(st.score.peak.max()), float(s.peak.max()))
+                         if phase == "memory" else None)
+                self.rounds.append(Round(len(self.rounds), phase, prop.move, st.score.time, s.time,
+                                         peaks))
                 return s, prop.layout or st.layout, w_gap
         return None

@@ -10,12 +10,13 @@ start; memory in 1/65536ths of the limit, rounded to the nearest):
 - F(s,m) after F(s-1,m), B(s,m) after F(s,m) and B(s+1,m), W(s,m) after B(s,m), plus the
   link's time for an activation or gradient between devices;
 - memory: F holds its stage's activations until B ends, the part kept for W until W ends; with
-  the static bytes of the device's layers, within the limit;
+  the static bytes of the device's layers (ZeRO-sharded as the header says), within the limit;
 - micro-batches run in order on each stage (the classic schedules all do; it removes symmetric
   solutions);
 - minimise the end of the last op.
-Message contention is not modelled; the solution's order is timed by the simulator like every
-other plan.
+Message contention is not modelled, nor recompute: the model keeps every activation and
+counts no recompute time; the solution's plan gets the problem's fixed recompute mode, if any
+(`Problem.skeleton`), and is timed by the simulator like every other plan.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     unit = (problem.memory or 1) / _MEMORY_STEPS
     held = [round((l.act - l.act_w) / unit) for l in layers]
     held_w = [round(l.act_w / unit) for l in layers]
-    static = [round(l.static / unit) for l in layers]
+    static = [round(x / unit) for x in problem.layer_static()]
     hop = _us(problem.link.time(max(l.out_bytes for l in layers)))
     horizon = (_us(hint_score.time * 1.5) if hint_score and hint_score.result
                else M * (sum(f) + sum(b) + sum(w)) + 2 * S * M * hop)

@@ -1,10 +1,12 @@
-"""What the tuner is asked: a model's per-layer costs, devices, micro-batches, a memory limit and
-a link; and the one way it turns a layout and a schedule into a Plan."""
+"""What the tuner is asked: a model's per-layer costs, devices, micro-batches, a memory limit, a
+link and the memory levers it may pull (ZeRO over dp copies in the header, recompute, what of a
+given plan it must keep); and the one way it turns a layout and a schedule into a Plan."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 from pydantic import ValidationError
@@ -14,9 +16,36 @@ from ..costs.devices import get_link
 from ..costs.resolve import cost_table
 from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
-from ..plan import Header, Plan, Slot
+from ..plan import Header, Plan, Recompute, Slot
 from ..units import size
-from .layout import StageLayout
+from .layout import SAVING, StageLayout
+
+AUTO: Literal["auto"] = "auto"
+"""`--recompute auto`: the tuner picks each stage's mode."""
+RecomputeChoice = Recompute | Literal["auto"]
+
+
+def recompute_everywhere(plan: Plan, mode: Recompute) -> Plan:
+    """`plan` with every stage recomputing `mode`."""
+    return replace(plan, stages=[replace(s, recompute=mode) for s in plan.stages])
+
+
+@dataclass(frozen=True)
+class Keep:
+    """What of a given plan the tuner must not change (`--keep`)."""
+
+    cuts: tuple[int, ...]
+    """The partition: every plan has exactly these stages."""
+    devices: tuple[int, ...] | None = None
+    """The placement too (None: searched)."""
+
+    @classmethod
+    def of(cls, plan: Plan, placement: bool) -> Keep:
+        layout = StageLayout.of(plan)
+        return cls(layout.cuts, layout.devices if placement else None)
+
+    def allows(self, layout: StageLayout) -> bool:
+        return layout.cuts == self.cuts and self.devices in (None, layout.devices)
 
 
 def check_size(model: str, num_layers: int, devices: int, microbatches: int) -> None:
@@ -44,6 +73,11 @@ class Problem:
     header: Header
     """Header of every plan the tuner writes: devices, micro-batches, model, memory limit."""
     link: Link
+    recompute: RecomputeChoice = AUTO
+    """What the stages may recompute: AUTO, the tuner picks per stage; a mode, every stage
+    recomputes that way (`none` never)."""
+    keep: Keep | None = None
+    """What every plan keeps of a given one (None: everything is searched)."""
     work: np.ndarray = field(init=False, repr=False)
     """F + B + W seconds of each layer."""
 
@@ -54,21 +88,24 @@ class Problem:
     def create(cls, model: str, devices: int, microbatches: int, *, device: str = "H800",
                memory: int | None = None, link: str | Link = "nvlink",
                microbatch_size: int | None = None, seq_len: int | None = None,
-               name: str | None = None) -> Problem:
-        """Analytical costs of a model (built-in name or spec path) on a built-in device.
-        Raises OctoError with a message for the user."""
+               name: str | None = None, dp: int = 1, zero: int = 0,
+               recompute: RecomputeChoice = AUTO) -> Problem:
+        """Analytical costs of a model (built-in name or spec path) on a built-in device; `dp`
+        and `zero` go into the header of every plan. Raises OctoError with a message for the
+        user."""
         try:
             table = cost_table(model=model, device=device, microbatch_size=microbatch_size,
                                seq_len=seq_len)
             check_size(model, len(table.layers), devices, microbatches)
             header = Header(name=name or f"tuned-{model}-p{devices}-m{microbatches}",
                             devices=devices, microbatches=microbatches, model=model,
-                            microbatch_size=microbatch_size, seq_len=seq_len, memory=memory)
+                            microbatch_size=microbatch_size, seq_len=seq_len, memory=memory,
+                            dp=dp, zero=zero)
         except ValidationError as e:  # a value out of the plan header's (or the spec's) range
             first = e.errors()[0]
             raise OctoError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (given "
                             f"{first['input']!r})") from None
-        return cls(table, header, link if isinstance(link, Link) else get_link(link))
+        return cls(table, header, link if isinstance(link, Link) else get_link(link), recompute)
 
     @property
     def devices(self) -> int:
@@ -85,6 +122,52 @@ class Problem:
     @property
     def memory(self) -> int | None:
         return self.header.memory
+
+    @property
+    def share(self) -> float:
+        """The factor ZeRO over the header's dp copies puts on a layer's static bytes. Only what
+        reads `LayerCost.static` itself applies it: `CostTable.stage_costs` shards by the
+        plan's header already."""
+        return self.table.param_bytes.share(self.header.zero, self.header.dp)
+
+    def layer_static(self) -> np.ndarray:
+        """Each layer's static bytes on its device, ZeRO applied."""
+        return self.share * np.array([l.static for l in self.table.layers], float)
+
+    @property
+    def modes(self) -> tuple[Recompute, ...]:
+        """The recompute modes a stage may have, least saving first."""
+        return SAVING if self.recompute == AUTO else (Recompute(self.recompute),)
+
+    def modes_of(self, layout: StageLayout) -> tuple[Recompute, ...]:
+        """What each stage of `layout` recomputes in the plan `skeleton` makes of it: its own
+        modes under AUTO, else the problem's mode everywhere."""
+        if self.recompute == AUTO:
+            return layout.recompute
+        return (Recompute(self.recompute),) * layout.num_stages
+
+    def least_kept(self) -> np.ndarray:
+        """Per layer, the fewest activation bytes a micro-batch keeps from its forward to its
+        input-gradient backward with a recompute mode allowed (full keeps only the stage's
+        input, counted as none of any layer's: a true lower bound whatever the cuts)."""
+        kept = self._kept()
+        return np.min([kept[m] for m in self.modes], axis=0)
+
+    def _kept(self) -> dict[Recompute, np.ndarray]:
+        """Per mode, what a micro-batch keeps of each layer from F to B (full: the stage's
+        input, counted as none of any layer's)."""
+        act, sel_act = (np.array([getattr(l, k) for l in self.table.layers], float)
+                        for k in ("act", "sel_act"))
+        return {Recompute.NONE: act, Recompute.SELECTIVE: act - sel_act,
+                Recompute.FULL: np.zeros_like(act)}
+
+    def allows(self, layout: StageLayout) -> bool:
+        """Whether the tuner may produce a plan of this layout (`keep`)."""
+        return self.keep is None or self.keep.allows(layout)
+
+    def adopt(self, plan: Plan) -> Plan:
+        """`plan` with the problem's recompute mode on every stage (as is under AUTO)."""
+        return plan if self.recompute == AUTO else recompute_everywhere(plan, Recompute(self.recompute))
 
     def lower_bound(self) -> float:
         """No plan runs faster than the largest of: all work spread evenly over the devices; the
@@ -106,13 +189,69 @@ class Problem:
         backward come either its remaining W or the backwards of the layers before it. So per
         layer: forwards before + M x (F + B) + max(M x W, backwards before). Where one layer
         outweighs a device's fair share (an LM head on 16 devices), this is what even a perfect
-        plan needs, and lower_bound() cannot be reached."""
+        plan needs, and lower_bound() cannot be reached.
+
+        A true lower bound over every plan the tuner may produce with the levers allowed: its
+        work and waits are without recompute time (recompute only adds to B), and its memory
+        term counts the fewest bytes the allowed recompute modes hold and the static bytes
+        under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
+        mode costs against the bytes it saves. The data-parallel collectives no plan avoids
+        count too (dp_seconds(), dp_stream_bound())."""
         f, b, w = (np.array([getattr(l, k) for l in self.table.layers]) for k in "fbw")
         before_f = np.cumsum(f) - f
         before_b = np.cumsum(b) - b
         m = self.microbatches
         layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
-        return max(self.lower_bound(), float(layer.max()), self.memory_lower_bound())
+        before, after = self.dp_seconds()
+        return max(max(self.lower_bound(), float(layer.max()), self.memory_lower_bound()) + after,
+                   self.microbatches * float(self.work.sum()) / self.devices + before + after,
+                   self.recompute_lower_bound(), self.dp_stream_bound())
+
+    def dp_seconds(self) -> tuple[float, float]:
+        """What the data-parallel collectives add to any plan's iteration, on average over the
+        devices (octodsl.sim.dpcomm's model), as (before, after) the optimizer step: before it,
+        each device's gradient all-reduce (zero 0) or reduce-scatter (zero 1) runs after its
+        own compute (zero 2's reduce-scatters overlap later compute: none counted); after it
+        (the step waits for all of them and for the last compute), each device's all-gather of
+        the parameters (zero 1 and 2). Ring times are linear in the bytes plus a latency per
+        device, so their sum over the devices is the same however the layers are split: so
+        T >= (all compute + P x before) / P + after, and T >= (the pipeline) + after."""
+        from ..sim.bounds import (ring_all_gather_time, ring_allreduce_time,
+                                  ring_reduce_scatter_time)
+
+        h, P = self.header, self.devices
+        if h.dp <= 1:
+            return 0.0, 0.0
+        even = np.full(P, self._grad_bytes() / P)
+        after = float(ring_all_gather_time(even, h.dp, self.link).sum()) / P if h.zero >= 1 else 0.0
+        if h.zero == 0:
+            return float(ring_allreduce_time(even, h.dp, self.link).sum()) / P, after
+        if h.zero == 1:
+            return float(ring_reduce_scatter_time(even, h.dp, self.link).sum()) / P, after
+        return 0.0, after
+
+    def dp_stream_bound(self) -> float:
+        """Under zero 2, no plan runs faster than its data-parallel streams: each W (or BW) is
+        followed by a reduce-scatter of its stage's gradient bytes on its device's stream, one
+        after another, and the step waits for the last; so T >= (all devices' M reduce-scatters
+        of all their bytes) / P + the all-gather after the step (dp_seconds()), the sum the same
+        however the layers are split and more stages only adding latencies. 0 otherwise. It
+        binds where the gradients are large for the compute (jamba-v0.1, qwen3-next-80b)."""
+        from ..sim.bounds import ring_reduce_scatter_time
+
+        h, P = self.header, self.devices
+        if h.zero < 2 or h.dp <= 1:
+            return 0.0
+        even = np.full(P, self._grad_bytes() / P)
+        stream = self.microbatches * float(ring_reduce_scatter_time(even, h.dp, self.link).sum())
+        return stream / P + self.dp_seconds()[1]
+
+    def _grad_bytes(self) -> float:
+        """Gradient bytes of the whole model, in its dtype (as SimCosts.from_table counts)."""
+        from ..models.spec import DTYPE_BYTES
+
+        per_param = DTYPE_BYTES.get(self.table.meta.get("dtype", "bf16"), 2)
+        return float(sum(l.params for l in self.table.layers) * per_param)
 
     def memory_lower_bound(self) -> float:
         """No plan within the memory limit runs faster than this (0 without a limit, inf when
@@ -122,50 +261,146 @@ class Problem:
         an iteration of T seconds the devices offer T x (P x limit - all static bytes)
         byte-seconds beside the static bytes, so T >= M x (byte-seconds held per micro-batch) /
         (P x limit - all static bytes). It binds when the memory left beside the parameters
-        throttles the micro-batches in flight (nemotron-h-56b on 16 devices of 80 GiB)."""
+        throttles the micro-batches in flight (nemotron-h-56b on 16 devices of 80 GiB).
+
+        With recompute, a micro-batch keeps `least_kept()` of a layer from F to B, holds the
+        rest only while its stage's B runs (at least the layer's B), and the part for W until
+        W as before; static bytes are ZeRO-sharded (`share`)."""
         if self.memory is None:
             return 0.0
+        _, held = self._per_mode()
+        return float(held.min(axis=0).sum())
+
+    def recompute_lower_bound(self) -> float:
+        """The work and memory terms together, over the recompute modes allowed: per layer, a
+        mode costs its recompute seconds on some device (all work / P) and its byte-seconds in
+        the memory left beside the static bytes (memory_lower_bound()). For any choice of
+        modes T >= max(work / P, memory term) >= l x work / P + (1 - l) x memory term for every
+        l in [0, 1], and the right side is smallest with each layer's own best mode for that l:
+        so the largest of these minima over l is a lower bound whatever modes a plan picks
+        (stages pick per stage, which is one of the per-layer choices). It binds where memory
+        forces recompute and recompute costs time (nemotron-h-56b on 8 devices of 80 GiB).
+        The data-parallel collectives (dp_seconds()) add to the work side before and after the
+        step, to the memory side (the pipeline's time) after it."""
+        extra, held = self._per_mode()
+        work = self.microbatches * self.work / self.devices
+        before, after = self.dp_seconds()  # the data-parallel collectives, on both sides
+        if self.memory is None:
+            return float((work + extra.min(axis=0)).sum()) + before + after
+        if not np.isfinite(held).all():
+            return math.inf
+
+        def g(lam: float) -> float:
+            return (float((lam * (work + extra) + (1 - lam) * held).min(axis=0).sum())
+                    + lam * before + after)
+
+        # g is concave (a minimum of linear functions of l): a ternary search finds its top;
+        # every value it computes is a lower bound, so the largest seen is one.
+        lo, hi = 0.0, 1.0
+        best = max(g(0.0), g(1.0))
+        for _ in range(60):
+            a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+            ga, gb = g(a), g(b)
+            best = max(best, ga, gb)
+            lo, hi = (a, hi) if ga < gb else (lo, b)
+        return best
+
+    def _per_mode(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per allowed mode (rows) and layer (columns): the recompute seconds the layer adds to
+        an iteration over the devices (M x extra B seconds / P), and the seconds its held
+        byte-seconds take of the memory left beside the static bytes (inf when none is left;
+        0 without a limit)."""
         layers = self.table.layers
-        f, b, w, act, act_w, static = (np.array([getattr(l, k) for l in layers], float)
-                                       for k in ("f", "b", "w", "act", "act_w", "static"))
+        f, b, w, act, act_w, sel_f = (np.array([getattr(l, k) for l in layers], float)
+                                      for k in ("f", "b", "w", "act", "act_w", "sel_f"))
         later = np.cumsum((f + b)[::-1])[::-1]  # F + B of each layer and all after it
-        held = self.microbatches * float((act * later + act_w * w).sum())
-        room = self.devices * float(self.memory) - float(static.sum())
-        if held == 0:
-            return 0.0
-        return held / room if room > 0 else math.inf
+        kept = self._kept()
+        # The seconds B runs again.
+        again = {Recompute.NONE: np.zeros_like(f), Recompute.SELECTIVE: sel_f, Recompute.FULL: f}
+        M = self.microbatches
+        extra = np.array([M * again[m] / self.devices for m in self.modes])
+        bytes_s = np.array([M * (kept[m] * later + (act - kept[m]) * b + act_w * w)
+                            for m in self.modes])
+        if self.memory is None:
+            return extra, np.zeros_like(bytes_s)
+        room = self.devices * float(self.memory) - float(self.layer_static().sum())
+        if room <= 0:
+            return extra, np.where(bytes_s > 0, math.inf, 0.0)
+        return extra, bytes_s / room
 
     def why_no_plan_fits(self) -> str | None:
         """Why no partition can fit the memory limit, for the user; None when some may. A
-        device holds its layers' static bytes all the time and, while its deepest stage runs
-        the first micro-batch's forward, that micro-batch's activations of all its layers
-        (their backwards come later): so the static bytes and one micro-batch's activations of
-        all layers must fit in all the devices' memory together, and each layer's in one
-        device's. (memory_lower_bound() is finite whenever this is None.)"""
+        device holds its layers' static bytes (ZeRO-sharded) all the time and, while its
+        deepest stage runs the first micro-batch, what that micro-batch keeps of all its layers
+        (`least_kept()`), and while a stage's B runs all of its activations: so the static
+        bytes, what one micro-batch keeps of all layers and the most any layer brings back must
+        fit in all the devices' memory together, and each layer's static bytes and activations
+        in one device's. (memory_lower_bound() is finite whenever this is None.)"""
         limit = self.memory
         if limit is None:
             return None
         layers = self.table.layers
         P = self.devices
-        static = sum(l.static for l in layers)
-        act = sum(l.act for l in layers)
-        if static + act > P * limit:
+        static = self.layer_static()
+        act = np.array([l.act for l in layers], float)
+        kept = self.least_kept()
+        need = float(kept.sum() + (act - kept).max())
+        total = float(static.sum())
+        if total + need > P * limit:
             return (f"no plan fits in {size(limit)} per device: on {P} devices the parameters, "
-                    f"gradients and optimizer state take {size(static / P)} per device and one "
-                    f"micro-batch's activations {size(act / P)} more; use at least "
-                    f"{math.ceil((static + act) / limit)} devices, a larger memory limit or "
-                    "smaller micro-batches")
-        i = max(range(len(layers)), key=lambda k: layers[k].static + layers[k].act)
-        if layers[i].static + layers[i].act > limit:
+                    f"gradients and optimizer state take {size(total / P)} per device "
+                    f"({self._sharding()}) and one micro-batch's activations "
+                    f"{size(need / P)} more{self._recompute_note()}; use "
+                    + self._levers_hint(need, limit)
+                    + f"at least {math.ceil((total + need) / limit)} devices, a larger memory "
+                    "limit or smaller micro-batches")
+        i = int(np.argmax(static + act))
+        if static[i] + act[i] > limit:
             return (f"no plan fits in {size(limit)} per device: layer {i} ({layers[i].kind}) "
-                    f"alone holds {size(layers[i].static + layers[i].act)} with one "
-                    "micro-batch's activations; use a larger memory limit or smaller "
-                    "micro-batches")
+                    f"alone holds {size(static[i] + act[i])} with one micro-batch's "
+                    f"activations ({self._sharding()}); use "
+                    + self._levers_hint(act[i], limit, layer=i)
+                    + "a larger memory limit or smaller micro-batches")
         return None
 
+    def _sharding(self) -> str:
+        h = self.header
+        return f"zero {h.zero}, dp {h.dp}"
+
+    def _recompute_note(self) -> str:
+        if self.recompute == AUTO:
+            return " even with recompute"
+        return "" if self.recompute == Recompute.NONE else f" with {self.recompute} recompute"
+
+    def _levers_hint(self, need: float, limit: int, layer: int | None = None) -> str:
+        """The memory levers not pulled yet that would leave room: ZeRO over enough copies,
+        recompute; '' when none would."""
+        h = self.header
+        raw = np.array([l.static for l in self.table.layers], float)
+        pb = self.table.param_bytes
+        fits = (lambda share: share * raw[layer] + need <= limit) if layer is not None else (
+            lambda share: share * float(raw.sum()) + need <= self.devices * limit)
+        hints = []
+        for zero in (1, 2):
+            if zero <= h.zero:
+                continue
+            dp = next((d for d in (max(h.dp, 2), 4, 8, 16, 32, 64) if d >= h.dp
+                       and fits(pb.share(zero, d))), None)
+            if dp is not None:
+                per = pb.share(zero, dp) * (float(raw[layer]) if layer is not None
+                                            else float(raw.sum()) / self.devices)
+                hints.append(f"ZeRO (`--zero {zero} --dp {dp}` leaves {size(per)} static per "
+                             f"{'device' if layer is None else 'layer'}, more copies less)")
+                break
+        if self.recompute != AUTO and layer is None:
+            hints.append("recompute (`--recompute auto`)")
+        return "".join(h + ", " for h in hints)
+
     def skeleton(self, layout: StageLayout) -> Plan:
-        """A plan with the layout's partition and placement and an empty schedule."""
-        return Plan(self.header.model_copy(), layout.stages(), layout.placement(self.devices),
+        """A plan with the layout's partition, placement and recompute (`modes_of`) and an
+        empty schedule."""
+        stages = layout.with_recompute(self.modes_of(layout)).stages()
+        return Plan(self.header.model_copy(), stages, layout.placement(self.devices),
                     [[] for _ in range(self.devices)])
 
     def stage_costs(self, plan: Plan) -> list[StageCost]:

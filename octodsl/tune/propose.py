@@ -4,7 +4,9 @@ kick that restarts the search from a changed copy of the best plan.
 A proposal is a description for `--explain` and a function that builds the plan, so a round
 that accepts its first candidate builds no others. Partition and placement proposals change the
 layout and get a fresh order from the list scheduler; schedule and memory proposals edit the
-current order.
+current order, except recompute moves, which change the layout's modes and rebuild the order
+(the list scheduler admits more micro-batches when they keep less). Under `--keep` the loop
+drops every proposal whose layout the problem does not allow.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from .diagnose import Bottleneck
 from ..sim import SimResult
 from .evaluate import Score
 from .layout import StageLayout, even_cuts
-from .moves import memory, partition, placement, schedule
-from .problem import Problem
+from .moves import memory, partition, placement, recompute, schedule
+from .problem import AUTO, Problem
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,11 @@ def _layout(st: State, move: str, layout: StageLayout | None) -> Iterator[Propos
 
 
 def _partition(st: State) -> Iterator[Proposal]:
+    if st.problem.keep is not None:  # the cuts are kept
+        return
     yield from _layout(st, "rebalance: bubble-aware cuts",
                        partition.rebalance(st.layout, st.problem, seed=st.seed))
-    busy = st.result.busy
+    busy = _finish_load(st.result)
     top = int(np.argmax(busy))
     for new in partition.relieve(st.layout, busy):
         moved = [s for s, (a, b) in enumerate(zip(st.layout.cuts, new.cuts, strict=True)) if a != b][0]
@@ -82,10 +86,25 @@ def _partition(st: State) -> Iterator[Proposal]:
                            new)
 
 
+def _finish_load(result: SimResult) -> np.ndarray:
+    """Per device, the seconds it needs before the optimizer step: its compute and its
+    gradient reduction after it (zero 0 and 1), or the longer of its compute and its
+    data-parallel stream of reduce-scatters (zero 2, which overlap the compute). Where the
+    gradients are large for the compute, the device with the most parameters is the one to
+    relieve."""
+    dpc = result.dp_comm
+    if dpc.zero >= 2:
+        return np.maximum(result.busy, dpc.reduce_scatter)
+    return result.busy + dpc.allreduce + dpc.reduce_scatter
+
+
 def _placement(st: State) -> Iterator[Proposal]:
     P = st.problem.devices
     b = st.bottleneck
     idle = b.lead + b.tail
+    if st.problem.keep is not None:
+        yield from _placement_of_kept_cuts(st, idle)
+        return
     for d in map(int, np.argsort(-idle, kind="stable")[:2]):
         for s in range(min(3, st.layout.num_stages)):
             new = placement.disperse(st.layout, s, d)
@@ -105,6 +124,24 @@ def _placement(st: State) -> Iterator[Proposal]:
                            partition.rebalance(start, st.problem, seed=st.seed))
 
 
+def _placement_of_kept_cuts(st: State, idle: np.ndarray) -> Iterator[Proposal]:
+    """Placements of the kept cuts: the busiest device's stages swapped with those of the two
+    most idle devices, then each regular placement with as many stages."""
+    keep, lay = st.problem.keep, st.layout
+    assert keep is not None, "only under --keep partition"
+    if keep.devices is not None:
+        return
+    top = int(np.argmax(st.result.busy))
+    for d in map(int, np.argsort(-idle, kind="stable")[:2]):
+        for a in (s for s, x in enumerate(lay.devices) if x == top):
+            for b in (s for s, x in enumerate(lay.devices) if x == d):
+                yield from _layout(st, f"swap stages {a} and {b}", placement.swap(lay, a, b))
+    for name, devices in placement.families(st.problem.devices, st.problem.num_layers):
+        if len(devices) == lay.num_stages:
+            yield from _layout(st, f"placement {name}",
+                               StageLayout(lay.cuts, devices, lay.recompute))
+
+
 def _schedule(st: State) -> Iterator[Proposal]:
     plan, result = st.score.plan, st.result
     yield Proposal(f"rebuild the order, W {'not ' if st.w_gap else ''}held for gaps",
@@ -118,33 +155,61 @@ def _schedule(st: State) -> Iterator[Proposal]:
 
 
 def _memory(st: State) -> Iterator[Proposal]:
-    plan, result = st.score.plan, st.result
-    limit = st.problem.memory
-    assert limit is not None, "the memory phase runs for a plan over the limit"
+    """Over the limit: recompute moves, then W advanced before peaks and a rebuilt order.
+    Within it (only with recompute chosen by the tuner): recompute moves alone."""
+    plan, result, p = st.score.plan, st.result, st.problem
+    limit = p.memory
+    assert limit is not None, "the memory phase runs only with a memory limit"
+    over = not st.score.fits
+    if p.recompute == AUTO:
+        fitted = recompute.fit_modes(st.layout, p)
+        yield from _layout(st, "recompute as the bubble-aware model picks", fitted)
+        if p.keep is None:
+            yield from _layout(st, "recompute as the bubble-aware model picks, cuts rebalanced",
+                               partition.rebalance(fitted, p, seed=st.seed))
+        for move, new in recompute.moves(st.layout, result, limit, p.modes, over):
+            yield from _layout(st, move, new)
+    if not over:
+        return
     for d in memory.over_limit(result, limit):
-        new = memory.advance_w(plan, result, d)
-        if new is not None:
-            yield Proposal(f"advance a W before device {d}'s peak", _given(new))
+        new_plan = memory.advance_w(plan, result, d)
+        if new_plan is not None:
+            yield Proposal(f"advance a W before device {d}'s peak", _given(new_plan))
     yield Proposal("rebuild the order within the memory limit",
-                   lambda: schedule.rebuild(plan, st.problem, st.w_gap), None, st.w_gap)
+                   lambda: schedule.rebuild(plan, p, st.w_gap), None, st.w_gap)
 
 
 def kick(st: State, rng: random.Random) -> Proposal:
     """A random placement move (disperse a stage, move a stage to another device, exchange) with
-    cuts rebalanced, or a random shift of up to three cuts."""
-    lay, P = st.layout, st.problem.devices
-    for _ in range(20):
-        what = rng.choice(("disperse", "move", "exchange", "shift"))
+    cuts rebalanced, a random shift of up to three cuts, or (when the tuner picks recompute) a
+    random stage's mode changed; only what the problem's `keep` leaves free (kept cuts: moves
+    and swaps of stages between devices; a kept placement too: recompute alone)."""
+    lay, P, p = st.layout, st.problem.devices, st.problem
+    if p.keep is None:
+        kinds: tuple[str, ...] = ("disperse", "move", "exchange", "shift")
+    else:
+        kinds = ("move", "swap") if p.keep.devices is None else ()
+    kinds += ("recompute",) if len(p.modes) > 1 else ()
+    for _ in range(20 if kinds else 0):
+        what = rng.choice(kinds)
         s = rng.randrange(lay.num_stages)
         d = rng.randrange(P)
+        new: StageLayout | None
         if what == "disperse":
             new, move = placement.disperse(lay, s, d), f"kick: disperse stage {s} onto device {d}"
         elif what == "move":
-            new = StageLayout(lay.cuts, lay.devices[:s] + (d,) + lay.devices[s + 1:])
+            new = StageLayout(lay.cuts, lay.devices[:s] + (d,) + lay.devices[s + 1:], lay.recompute)
             move = f"kick: move stage {s} to device {d}"
+        elif what == "swap":
+            other = rng.randrange(lay.num_stages)
+            new, move = placement.swap(lay, s, other), f"kick: swap stages {s} and {other}"
         elif what == "exchange":
             new = placement.exchange(lay, d, rng.random() < 0.5)
             move = f"kick: exchange device {d}'s work"
+        elif what == "recompute":
+            mode = rng.choice([m for m in p.modes if m is not lay.recompute[s]])
+            new = recompute.set_mode(lay, [s], mode)
+            move = f"kick: recompute stage {s}: {lay.recompute[s]} -> {mode}"
         else:
             new = lay
             for _ in range(rng.randint(1, 3)):
@@ -153,7 +218,9 @@ def kick(st: State, rng: random.Random) -> Proposal:
             move = "kick: shift cuts"
         if new is None or new == lay or len(set(new.devices)) < P:
             continue
-        if what != "shift":
+        if what in ("disperse", "move", "exchange") and p.keep is None:
             new = partition.rebalance(placement.merge(new), st.problem, seed=rng.randrange(1 << 30))
+        if not p.allows(new):
+            continue
         return Proposal(move, _rebuilt(st, new), new, st.w_gap)
     return Proposal("kick: none found", lambda: st.score.plan, st.layout, st.w_gap)

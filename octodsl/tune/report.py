@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
+from ..plan import Recompute
 from ..units import size
 from .baselines import NOT_RUN, Baseline, best_baseline
 from .evaluate import Score
@@ -66,6 +67,11 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
         "speedup": {name: (s.time / f.iteration_time if s is not None and s.fits else None)
                     for name, s in others.items()},
         "best_baseline": best.name if best else None,
+        "baseline_recompute": {b.name: b.recompute.value for b in baselines if b.score is not None},
+        "dp": problem.header.dp,
+        "zero": problem.header.zero,
+        "recompute": str(problem.recompute),
+        "tuned_recompute": [m.value for m in tuned.best.plan.recompute()],
         "not_run": [b.name for b in baselines if b.error == NOT_RUN],
         "tuner": {"seconds": tuned.seconds, "evaluations": tuned.evaluations,
                   "finished": tuned.finished, "interrupted": tuned.interrupted,
@@ -77,6 +83,12 @@ def _others(baselines: list[Baseline], extra: dict[str, Score | None] | None) ->
     out = {b.name: b.score for b in baselines}
     out.update(extra or {})
     return out
+
+
+def _label(baselines: list[Baseline]) -> dict[str, str]:
+    """A baseline's name in the table, with the recompute it ran with when not none."""
+    return {b.name: b.name + ("" if b.recompute is Recompute.NONE else f" ({b.recompute})")
+            for b in baselines}
 
 
 def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseline],
@@ -94,7 +106,9 @@ def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseli
     table.add_row(*_cells("tuned", f_tuned, f_tuned), style="bold green")
     rows: list[tuple[float, str, Figures | None]] = []
     not_run = {b.name for b in baselines if b.error == NOT_RUN}
+    label = _label(baselines)
     for name, s in _others(baselines, extra).items():
+        name = label.get(name, name)
         if s is None:
             rows.append((math.inf, name, None))
         else:
@@ -127,11 +141,13 @@ def _cells(name: str, f: Figures, tuned: Figures) -> list:
 
 
 def explain(rounds: list[Round]) -> list[str]:
-    """One line per round: number, phase, iteration time before and after, move."""
+    """One line per round: number, phase, iteration time before and after, move (and for a
+    memory move, such as each recompute move, the highest peak before and after)."""
     out = []
     for r in rounds:
         before = "-" if math.isinf(r.before) else _ms(r.before)
-        out.append(f"{r.number:4} {r.phase:<9} {before:>11} -> {_ms(r.after):>11}  {r.move}")
+        peaks = f" (peak {size(r.peaks[0])} -> {size(r.peaks[1])})" if r.peaks else ""
+        out.append(f"{r.number:4} {r.phase:<9} {before:>11} -> {_ms(r.after):>11}  {r.move}{peaks}")
     return out
 
 

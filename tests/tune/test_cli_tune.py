@@ -58,10 +58,62 @@ def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
     (ARGS[:-2] + ["--budget", "soon"], "--budget"),
     (ARGS + ["--compare", "annealing"], "--compare: unknown annealing"),
     (["tune", "--model", "no-such-model", "-p", "2", "-m", "2"], "no-such-model"),
+    (ARGS + ["--zero", "3"], "--zero: must be at most 2"),
+    (ARGS + ["--zero", "-1"], "--zero: must be at least 0"),
+    (ARGS + ["--dp", "0"], "--dp: must be at least 1"),
+    (ARGS + ["--dp", "-4"], "--dp: must be at least 1"),
+    (ARGS + ["--dp", "eight"], "--dp: 'eight' is not a whole number"),
+    (ARGS + ["--dp", "10000000"], "--dp: must be at most"),
+    (ARGS + ["--zero", "1"], "--zero 1 shards over the data-parallel copies: give --dp 2"),
+    (ARGS + ["--recompute", "some"], "--recompute: 'some' is not a recompute choice (choose "
+                                     "from auto, none, full, selective)"),
+    (ARGS + ["--keep", "partition"], "--keep needs a --from plan"),
+    (ARGS + ["--keep", "placement"], "--keep: a placement is of the plan's stages: keep the "
+                                     "partition too"),
+    (ARGS + ["--keep", "cuts"], "--keep: 'cuts': write partition or partition,placement"),
 ])
 def test_user_errors(tmp_path, capsys, args, message):
     assert main(args + ["-o", str(tmp_path / "t.octo")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_recompute_fits_what_does_not_fit_without(tmp_path, capsys):
+    out = tmp_path / "t.octo"  # the 100 MiB case above, with the tuner picking recompute
+    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", "-p", "4", "--budget", "10s",
+                 "--memory", "100MiB", "-o", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert max(data["peak_memory"]) <= 100 * 2**20 and set(data["tuned_recompute"]) != {"none"}
+
+
+def test_zero_dp_and_recompute_reach_every_plan(tmp_path, capsys):
+    out = tmp_path / "t.octo"
+    assert main(ARGS + ["-o", str(out), "--json", "--memory", "80GiB", "--dp", "4", "--zero",
+                        "1", "--recompute", "selective"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["dp"], data["zero"], data["recompute"]) == (4, 1, "selective")
+    assert set(data["tuned_recompute"]) == {"selective"}
+    assert set(data["baseline_recompute"].values()) == {"selective"}
+    plan, diags = lint_source(out.read_text(), str(out))
+    assert not [d for d in diags if d.is_error]
+    assert (plan.header.dp, plan.header.zero) == (4, 1)
+    assert [m.value for m in plan.recompute()] == data["tuned_recompute"]
+
+
+@pytest.mark.parametrize("keep", ["partition", "partition,placement"])
+def test_keep_keeps_the_cuts_and_the_placement(tmp_path, capsys, keep):
+    start = tmp_path / "zbv.octo"
+    assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
+                 "-o", str(start)]) == 0
+    out = tmp_path / "t.octo"
+    assert main(["tune", "--from", str(start), "--budget", "10s", "-o", str(out), "--keep",
+                 keep, "--explain"]) == 0
+    given = lint_source(start.read_text(), str(start))[0]
+    tuned = lint_source(out.read_text(), str(out))[0]
+    assert [s.bounds for s in tuned.stages] == [s.bounds for s in given.stages]
+    if keep == "partition,placement":
+        assert tuned.stage_device() == given.stage_device()
+    rounds = capsys.readouterr().out.split("rounds")[1]
+    assert "relieve" not in rounds and "rebalance" not in rounds
 
 
 def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
@@ -75,10 +127,14 @@ def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
 # nemotron-h-tiny on 4 devices: 60.1 MiB of static bytes per device and 38.6 MiB of one
 # micro-batch's activations; its LM head holds 49.0 MiB with one micro-batch.
 @pytest.mark.parametrize("args,message", [
-    (["-p", "4", "--memory", "65MiB"], "take 60.1 MiB per device and one micro-batch's "
-                                       "activations 38.6 MiB more; use at least 7 devices"),
-    (["-p", "16", "--memory", "45MiB"], "layer 23 (lm_head_loss) alone holds 49.0 MiB"),
-    (["-p", "4", "--memory", "100MiB"], "no plan found fits in 100.0 MiB per device"),
+    (["-p", "4", "--memory", "65MiB", "--recompute", "none"],
+     "take 60.1 MiB per device (zero 0, dp 1) and one micro-batch's activations 38.6 MiB "
+     "more; use ZeRO (`--zero 2 --dp 4` leaves 26.3 MiB static per device, more copies less), "
+     "recompute (`--recompute auto`), at least 7 devices"),
+    (["-p", "16", "--memory", "45MiB"], "layer 23 (lm_head_loss) alone holds 49.0 MiB with one "
+                                        "micro-batch's activations (zero 0, dp 1); use ZeRO"),
+    (["-p", "4", "--memory", "100MiB", "--recompute", "none"],
+     "no plan found fits in 100.0 MiB per device (zero 0, dp 1, recompute none)"),
 ])
 def test_no_plan_fits_exits_1_and_says_why(tmp_path, capsys, args, message):
     assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", "--budget", "5s", *args,

@@ -49,7 +49,9 @@ def test_rounds_explain_each_improvement(tuned):
         assert r.phase in ("start", "kick", "memory", "partition", "placement", "schedule",
                            "restart")
         if r.phase in ("memory", "partition", "placement", "schedule"):
-            assert r.after <= r.before
+            # Score.better_than takes times within 1e-9 of each other as equal (then the lower
+            # peak wins): a move may keep the time up to float noise.
+            assert r.after <= r.before * (1 + 1e-9)
 
 
 def test_same_seed_same_plan(tiny):

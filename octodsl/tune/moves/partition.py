@@ -41,7 +41,7 @@ def rebalance(layout: StageLayout, problem: Problem, seed: int = 0,
     S = layout.num_stages
     if S < 2:
         return layout
-    model = FillModel(problem, layout.devices)
+    model = FillModel(problem, layout.devices, problem.modes_of(layout))
     rng = random.Random(seed)
     best = np.array(layout.cuts, np.int64)
     best_v = model.descend(best)
@@ -89,11 +89,13 @@ not the wall clock, bounds it, so the answer is the same on every machine."""
 
 
 def fitting(layout: StageLayout, problem: Problem) -> StageLayout | None:
-    """Cuts for this placement that leave room on every device for its static bytes and one
-    micro-batch's activations, the busiest device's work as small as possible (CP-SAT); None
-    when no cuts fit, or no problem limit, or none found within the effort. Shifts one cut at
-    a time cannot always get there: with MoE layers of 45 GiB (jamba-v0.1) every shift off an
-    overfull device of 80 GiB overfills the next."""
+    """Cuts for this placement that leave room on every device for its static bytes
+    (ZeRO-sharded) and one micro-batch's activations, the busiest device's work as small as
+    possible (CP-SAT); None when no cuts fit, or no problem limit, or none found within the
+    effort. Shifts one cut at a time cannot always get there: with MoE layers of 45 GiB
+    (jamba-v0.1) every shift off an overfull device of 80 GiB overfills the next. The
+    activations counted are a micro-batch's whole, as without recompute (the cuts then fit
+    whatever the stages recompute)."""
     if problem.memory is None:
         return None
     from ortools.sat.python import cp_model
@@ -102,7 +104,8 @@ def fitting(layout: StageLayout, problem: Problem) -> StageLayout | None:
     n, S = len(layers), layout.num_stages
     # Bytes rounded up and seconds to whole microseconds: a solution fits the real limit.
     room = np.concatenate([[0], np.cumsum(
-        [int(np.ceil((l.static + l.act) * _STEPS / problem.memory)) for l in layers])]).tolist()
+        [int(np.ceil((st + l.act) * _STEPS / problem.memory))
+         for st, l in zip(problem.layer_static(), layers, strict=True)])]).tolist()
     work = np.concatenate([[0], np.cumsum(
         [int(round((l.f + l.b + l.w) * 1e6)) for l in layers])]).tolist()
     m = cp_model.CpModel()

@@ -6,12 +6,18 @@
 - `exchange`: a device's early stage takes a layer from its neighbour while its late stage
   gives one back, or the reverse: device loads barely move, but the device's work shifts
   toward the start or the end of the micro-batch's path;
-- `merge`: stages next to each other on one device become one (no message between them).
+- `merge`: stages next to each other on one device become one (no message between them);
+- `swap`: two stages exchange their devices, the cuts kept (a placement search under
+  `--keep partition`).
+
+Recompute modes go with the stages: the two halves of a dispersed stage keep its mode, a
+merged stage the mode of its parts that saves the most memory (so that it still fits).
 """
 
 from __future__ import annotations
 
-from ..layout import StageLayout, looped, v_shape
+from ...plan import Recompute
+from ..layout import SAVING, StageLayout, looped, v_shape
 from .partition import shift
 
 
@@ -30,7 +36,8 @@ def disperse(layout: StageLayout, stage: int, device: int) -> StageLayout | None
         return None
     cuts = layout.cuts[:stage + 1] + ((a + b) // 2,) + layout.cuts[stage + 1:]
     devices = layout.devices[:stage + 1] + (device,) + layout.devices[stage + 1:]
-    return StageLayout(cuts, devices)
+    modes = layout.recompute[:stage + 1] + layout.recompute[stage:]
+    return StageLayout(cuts, devices, modes)
 
 
 def exchange(layout: StageLayout, device: int, earlier: bool) -> StageLayout | None:
@@ -51,10 +58,22 @@ def merge(layout: StageLayout) -> StageLayout:
     """Neighbouring stages on the same device joined into one."""
     cuts: list[int] = [0]
     devices: list[int] = []
-    for s, d in enumerate(layout.devices):
+    modes: list[Recompute] = []
+    for s, (d, m) in enumerate(zip(layout.devices, layout.recompute, strict=True)):
         if devices and devices[-1] == d:
             cuts[-1] = layout.cuts[s + 1]
+            modes[-1] = max(modes[-1], m, key=SAVING.index)
         else:
             devices.append(d)
             cuts.append(layout.cuts[s + 1])
-    return StageLayout(tuple(cuts), tuple(devices))
+            modes.append(m)
+    return StageLayout(tuple(cuts), tuple(devices), tuple(modes))
+
+
+def swap(layout: StageLayout, a: int, b: int) -> StageLayout | None:
+    """Stages `a` and `b` on each other's device; None when they share one."""
+    if layout.devices[a] == layout.devices[b]:
+        return None
+    devices = list(layout.devices)
+    devices[a], devices[b] = devices[b], devices[a]
+    return StageLayout(layout.cuts, tuple(devices), layout.recompute)
