@@ -30,14 +30,13 @@ import argparse
 import gc
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from machine import ROOT, commit, cpu_model  # benchmarks/machine.py: scripts run from their folder
 MODEL = "nemotron-h-tiny"
 MICROBATCHES = 4
 SEED = 11
@@ -231,18 +230,6 @@ NOTES = """Reading the table:
 - The measured peak is above the predicted one by what the memory model leaves out: the
   kernels' temporaries at the peak op (the LM head's logits and their gradient on rank 1), the
   messages in flight, and DeepSpeed's own buffers."""
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip() or "unknown"
 
 
 def main() -> None:

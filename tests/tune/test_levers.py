@@ -3,6 +3,7 @@ phase, and every baseline's choice), and --keep."""
 
 from __future__ import annotations
 
+import contextlib
 from unittest import mock
 
 import numpy as np
@@ -19,6 +20,21 @@ from octodsl.tune.moves.schedule import rebuild
 from octodsl.tune.problem import AUTO, Keep, Problem
 
 from .helpers import problem
+
+
+@contextlib.contextmanager
+def scores():
+    """Every Score the evaluator returns inside the block, in order."""
+    seen: list = []
+    evaluate = Evaluator.__call__
+
+    def recording(self, plan):
+        seen.append(evaluate(self, plan))
+        return seen[-1]
+
+    with mock.patch.object(Evaluator, "__call__", recording):
+        yield seen
+
 
 N, S, F = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL
 SHARE_Z1_DP8 = (2 + 2 + 12 / 8) / 16
@@ -153,14 +169,7 @@ def test_a_tuning_run_with_recompute_is_deterministic_for_a_seed():
 
 def test_the_tight_bound_holds_for_every_plan_with_recompute():
     pr = problem(**TIGHT, dp=8, zero=1, recompute=AUTO)
-    seen = []
-    evaluate = Evaluator.__call__
-
-    def recording(self, plan):
-        seen.append(evaluate(self, plan))
-        return seen[-1]
-
-    with mock.patch.object(Evaluator, "__call__", recording):
+    with scores() as seen:
         tune(pr, budget=60, max_evaluations=120)
     bound = pr.tight_lower_bound()
     fitting = [s for s in seen if s.fits]
@@ -223,14 +232,7 @@ def test_the_tight_bound_counts_the_data_parallel_collectives_and_holds(zero):
     before, after = pr.dp_seconds()
     assert (before > 0) == (zero < 2) and (after > 0) == (zero > 0)
     assert pr.tight_lower_bound() > one.tight_lower_bound()
-    seen = []
-    evaluate = Evaluator.__call__
-
-    def recording(self, plan):
-        seen.append(evaluate(self, plan))
-        return seen[-1]
-
-    with mock.patch.object(Evaluator, "__call__", recording):
+    with scores() as seen:
         classic_baselines(pr)
         tune(pr, budget=60, max_evaluations=60)
     bound = pr.tight_lower_bound()
