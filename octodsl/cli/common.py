@@ -55,6 +55,8 @@ MICROBATCHES = integer(1, limits.MAX_MICROBATCHES)
 MICROBATCH_SIZE = integer(1, limits.MAX_MICROBATCH_SIZE)
 SEQ_LEN = integer(1, limits.MAX_SEQ_LEN)
 DP = integer(1, limits.MAX_DP)
+ZERO = integer(0, 2)
+"""--zero: a ZeRO stage (`Header.zero`)."""
 SEED = integer(0, limits.MAX_SEED)
 STEPS = integer(1, limits.MAX_STEPS)
 """Timed repetitions a command runs itself (profile --repeats, calibrate --steps)."""

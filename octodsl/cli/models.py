@@ -11,8 +11,7 @@ from ..models.builtin import PUBLISHED_PARAMS
 from ..models.spec import ModelSpec
 from ..units import size
 from ..costs.table import CostTable, ParamBytes
-from .common import DP, MICROBATCH_SIZE, SEQ_LEN, UserError, print_json
-from .simulate import ZERO
+from .common import DP, MICROBATCH_SIZE, SEQ_LEN, ZERO, UserError, print_json
 
 _SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
           "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}

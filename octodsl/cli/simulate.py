@@ -23,12 +23,10 @@ from ..lint import lint_source
 from ..plan import Plan, PlanError, Recompute
 from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..lint.memory import CODE as MEMORY_CODE
-from .common import (DP, UserError, integer, link_named, op_costs, output, pipeline_link,
+from .common import (DP, ZERO, UserError, link_named, op_costs, output, pipeline_link,
                      print_json, read_text, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
-ZERO = integer(0, 2)
-"""--zero: a ZeRO stage (`Header.zero`)."""
 
 
 class _Shown(TypedDict):

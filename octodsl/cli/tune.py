@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import OctoError
-from .common import (DEVICES, DP, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN, UserError,
-                     duration, integer, memory_size, output, print_json, read_text,
+from .common import (DEVICES, DP, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError,
+                     duration, memory_size, output, print_json, read_text,
                      stdout_console, write_output)
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
@@ -197,7 +197,6 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
 
 
 NO_LIMIT = "none"
-ZERO = integer(0, 2)
 AUTO_MODE = "auto"
 KEEP_PARTITION, KEEP_PLACEMENT = "partition", "partition,placement"
 
