@@ -162,8 +162,17 @@ class CostTable:
     def param_bytes(self) -> ParamBytes:
         """Per-parameter bytes of `LayerCost.static` (meta `bytes_per_param`, default 16, in
         meta `dtype`)."""
-        return ParamBytes.of(float(self.meta.get("bytes_per_param", 16)),
-                             DTYPE_BYTES.get(self.meta.get("dtype", "bf16"), 2))
+        return ParamBytes.of(float(self.meta.get("bytes_per_param", 16)), self._dtype_bytes)
+
+    @property
+    def _dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.meta.get("dtype", "bf16"), 2)
+
+    def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
+        """Gradient bytes of layers `first..last` (default: all) in the model's dtype, as the
+        data-parallel collectives move them."""
+        stop = len(self.layers) if last is None else last + 1
+        return float(sum(layer.params for layer in self.layers[first:stop]) * self._dtype_bytes)
 
     def layer_work(self) -> list[float]:
         """F + B + W seconds of each layer: what a partition balances."""

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..costs.table import CostTable, ParamBytes, StageCost
-from ..models.spec import DTYPE_BYTES
 from ..plan import Plan
 from .sharing import Sharing
 
@@ -56,9 +55,7 @@ class SimCosts:
         ranges = table.stage_ranges(plan)
         h = plan.header
         stages = table.range_costs(ranges, plan.recompute(), h.zero, h.dp)
-        per_param = DTYPE_BYTES.get(table.meta.get("dtype", "bf16"), 2)
-        grads = tuple(float(sum(layer.params for layer in table.layers[a:b + 1]) * per_param)
-                      for a, b in ranges)
+        grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         cal = table.calibration
         sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown,
                                                  cal.oversubscription)

@@ -222,7 +222,7 @@ class Problem:
         h, P = self.header, self.devices
         if h.dp <= 1:
             return 0.0, 0.0
-        even = np.full(P, self._grad_bytes() / P)
+        even = np.full(P, self.table.grad_bytes() / P)
         after = float(ring_all_gather_time(even, h.dp, self.link).sum()) / P if h.zero >= 1 else 0.0
         if h.zero == 0:
             return float(ring_allreduce_time(even, h.dp, self.link).sum()) / P, after
@@ -242,16 +242,9 @@ class Problem:
         h, P = self.header, self.devices
         if h.zero < 2 or h.dp <= 1:
             return 0.0
-        even = np.full(P, self._grad_bytes() / P)
+        even = np.full(P, self.table.grad_bytes() / P)
         stream = self.microbatches * float(ring_reduce_scatter_time(even, h.dp, self.link).sum())
         return stream / P + self.dp_seconds()[1]
-
-    def _grad_bytes(self) -> float:
-        """Gradient bytes of the whole model, in its dtype (as SimCosts.from_table counts)."""
-        from ..models.spec import DTYPE_BYTES
-
-        per_param = DTYPE_BYTES.get(self.table.meta.get("dtype", "bf16"), 2)
-        return float(sum(l.params for l in self.table.layers) * per_param)
 
     def memory_lower_bound(self) -> float:
         """No plan within the memory limit runs faster than this (0 without a limit, inf when
