@@ -25,6 +25,10 @@ MAX_NESTING = 64
 """Nesting depth of `for` loops, and of parentheses and operators in one expression."""
 MAX_DP = 1 << 20
 """Data-parallel copies (`dp`)."""
+MAX_TP = 1024
+"""Tensor-parallel degree (`tp`)."""
+MAX_GPUS_PER_NODE = 1024
+"""GPUs per node (`gpus_per_node`)."""
 MAX_MICROBATCH_SIZE = 1 << 16
 """Sequences per micro-batch."""
 MAX_SEQ_LEN = 1 << 24

@@ -141,9 +141,22 @@ class Header(BaseModel):
     """ZeRO stage over the `dp` copies: 0 nothing sharded, 1 the optimizer state (fp32 master
     copy, Adam m and v), 2 the gradients as well."""
     memory: int | None = Field(default=None, ge=1, le=limits.MAX_MEMORY)
-    """Memory limit per device, bytes."""
+    """Memory limit per device, bytes (per GPU of the device's tensor-parallel group)."""
+    tp: int = Field(default=1, ge=1, le=limits.MAX_TP)
+    """Tensor-parallel degree: GPUs that run each pipeline device's layers together (a
+    "device" is then a tp group of GPUs)."""
+    sequence_parallel: bool | None = None
+    """Megatron's sequence parallelism within the tp group (norms, residuals and the messages
+    between stages split along the sequence); None: on when tp > 1 (`Header.sp`)."""
+    gpus_per_node: int = Field(default=8, ge=1, le=limits.MAX_GPUS_PER_NODE)
+    """GPUs per node: which ranks share the intra-node link (octodsl.mesh)."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
+
+    @property
+    def sp(self) -> bool:
+        """Whether sequence parallelism is on: as written, else whenever tp > 1."""
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
 
 
 @dataclass(slots=True)

@@ -39,6 +39,14 @@ class LayerCost:
     sel_act: float = 0.0
     """Of `act`, the bytes selective recompute drops after F (0: nothing to drop, or a
     measured table that does not know)."""
+    tp_f: float = 0.0
+    """Of `f`, the seconds of the layer's tensor-parallel collectives (on the tp group's link;
+    0 at tp 1)."""
+    tp_b: float = 0.0
+    """Of `b`, the seconds of its tensor-parallel collectives."""
+    tp_w: float = 0.0
+    """Of `w`, the seconds of its tensor-parallel collectives (the input's all-gather again
+    under sequence parallelism)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,12 @@ class StageCost:
     act_b: float = 0.0
     """Bytes B (or BW) brings back when it starts, by recomputing what F dropped; B releases
     `act + act_b - act_w` when it ends (0 without recompute)."""
+    tp_f: float = 0.0
+    """Of `f`, seconds of tensor-parallel collectives (LayerCost.tp_f summed)."""
+    tp_b: float = 0.0
+    """Of `b`, seconds of tensor-parallel collectives (a full recompute's forward included)."""
+    tp_w: float = 0.0
+    """Of `w`, seconds of tensor-parallel collectives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +223,11 @@ class CostTable:
             act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
             mode = recompute[i] if i < len(recompute) else Recompute.NONE
             # B runs again the forward of what F dropped: the whole stage, or the selected parts
+            tp_f, tp_b, tp_w = (sum(l.tp_f for l in ls), sum(l.tp_b for l in ls),
+                                sum(l.tp_w for l in ls))
             if mode is Recompute.FULL:
                 again, kept = f, min(act, self.input_bytes(first))
+                tp_b += tp_f
             elif mode is Recompute.SELECTIVE:
                 again, kept = sum(l.sel_f for l in ls), act - sum(l.sel_act for l in ls)
             else:
@@ -227,7 +244,7 @@ class CostTable:
             out.append(StageCost(
                 f=f, b=b + again, w=w, act=kept, act_w=act_w,
                 static=share * sum(l.static for l in ls), send_bytes=ls[-1].out_bytes,
-                act_b=act - kept, **extra,
+                act_b=act - kept, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w, **extra,
             ))
         return out
 

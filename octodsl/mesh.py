@@ -1,0 +1,78 @@
+"""The device mesh of a plan: tp x pp x dp ranks in Megatron's order, and which ranks share a node.
+
+Rank order is Megatron-LM's (`parallel_state`): tp fastest, then dp, then pp, so global rank
+r = (pp x dp + d) x tp + t for pipeline device pp, data-parallel copy d, tp rank t. Node of a rank:
+r // gpus_per_node. A tp group then sits inside one node whenever tp divides gpus_per_node, and
+the pipeline's neighbours sit in other nodes once tp x dp >= gpus_per_node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .plan import Header
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """tp x pp x dp ranks on nodes of `gpus_per_node`."""
+
+    tp: int
+    pp: int
+    """Pipeline devices (the plan's `devices`); each is a tp group of GPUs."""
+    dp: int
+    gpus_per_node: int = 8
+
+    @classmethod
+    def of(cls, header: Header) -> Mesh:
+        return cls(header.tp, header.devices, header.dp, header.gpus_per_node)
+
+    @property
+    def world(self) -> int:
+        """GPUs (processes) of the whole job."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the job occupies (the last one possibly partly)."""
+        return -(-self.world // self.gpus_per_node)
+
+    def rank(self, pp: int, dp: int = 0, tp: int = 0) -> int:
+        """Global rank of (pipeline device, data-parallel copy, tp rank)."""
+        return (pp * self.dp + dp) * self.tp + tp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) of a global rank."""
+        rest, tp = divmod(rank, self.tp)
+        pp, dp = divmod(rest, self.dp)
+        return pp, dp, tp
+
+    def node(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def _straddles(self, first: int, span: int, count: int, step: int) -> bool:
+        """Whether for some k < count the ranks first + k*step and first + k*step + span sit in
+        different nodes (each check is bounded by gpus_per_node, whatever the mesh's size)."""
+        g = self.gpus_per_node
+        if span >= g:
+            return span > 0
+        # The pattern of nodes repeats after g ranks, so g starting points cover every case.
+        return any(self.node(first + k * step) != self.node(first + k * step + span)
+                   for k in range(min(count, g)))
+
+    @property
+    def tp_spans_nodes(self) -> bool:
+        """Whether some tp group has GPUs in two nodes (its collectives then leave NVLink)."""
+        return self.tp > 1 and self._straddles(0, self.tp - 1, self.pp * self.dp, self.tp)
+
+    def dp_spans_nodes(self, pp: int = 0) -> bool:
+        """Whether pipeline device `pp`'s data-parallel groups have GPUs in two nodes."""
+        return self.dp > 1 and self._straddles(self.rank(pp), (self.dp - 1) * self.tp, self.tp, 1)
+
+    def crosses_nodes(self, a: int, b: int) -> bool:
+        """Whether messages between pipeline devices `a` and `b` leave a node: for some
+        (dp, tp) coordinate, the two ranks sit in different nodes (the stage's tp ranks move in
+        lockstep, so the slowest pair sets the pace)."""
+        lo, hi = min(a, b), max(a, b)
+        block = self.tp * self.dp
+        return hi > lo and self._straddles(self.rank(lo), (hi - lo) * block, block, 1)
