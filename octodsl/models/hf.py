@@ -78,7 +78,7 @@ class _Fields:
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
 
-    def int(self, key: str, default: int | None = None, high: int = limits.MAX_INT) -> int:
+    def count(self, key: str, default: int | None = None, high: int = limits.MAX_INT) -> int:
         value = self.data.get(key, default)
         if value is None:
             raise HFConfigError(f"{self.source}: the config has no `{key}`")
@@ -89,7 +89,7 @@ class _Fields:
 
     def layers(self) -> int:
         """`num_hidden_layers`, each of which is two of our layers (mixer, then MLP)."""
-        return self.int("num_hidden_layers", high=(limits.MAX_LAYERS - 2) // 2)
+        return self.count("num_hidden_layers", high=(limits.MAX_LAYERS - 2) // 2)
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.data.get(key)
@@ -97,11 +97,11 @@ class _Fields:
 
 
 def _attention(c: _Fields, **extra) -> dict:
-    heads = c.int("num_attention_heads")
-    head_dim = c.int("head_dim") if c.has("head_dim") else (
-        c.int("attention_head_dim") if c.has("attention_head_dim")
-        else c.int("hidden_size") // max(heads, 1))
-    return {"heads": heads, "kv_heads": c.int("num_key_value_heads", heads), "head_dim": head_dim,
+    heads = c.count("num_attention_heads")
+    head_dim = c.count("head_dim") if c.has("head_dim") else (
+        c.count("attention_head_dim") if c.has("attention_head_dim")
+        else c.count("hidden_size") // max(heads, 1))
+    return {"heads": heads, "kv_heads": c.count("num_key_value_heads", heads), "head_dim": head_dim,
             **extra}
 
 
@@ -134,17 +134,17 @@ def _nemotron_h(c: _Fields) -> dict:
     act = "relu2" if c.get("mlp_hidden_act", "relu2") == "relu2" else "swiglu"
     out: dict = {
         "pattern": symbols,
-        "mamba2": {"heads": c.int("mamba_num_heads"), "head_dim": c.int("mamba_head_dim"),
-                   "groups": c.int("n_groups"), "state": c.int("ssm_state_size"),
-                   "conv": c.int("conv_kernel", 4), "chunk": c.int("chunk_size", 256)},
-        "attention": _attention(c), "mlp": {"ffn": c.int("intermediate_size"), "activation": act},
+        "mamba2": {"heads": c.count("mamba_num_heads"), "head_dim": c.count("mamba_head_dim"),
+                   "groups": c.count("n_groups"), "state": c.count("ssm_state_size"),
+                   "conv": c.count("conv_kernel", 4), "chunk": c.count("chunk_size", 256)},
+        "attention": _attention(c), "mlp": {"ffn": c.count("intermediate_size"), "activation": act},
         "norm_eps": float(c.get("layer_norm_epsilon", 1e-5)),
     }
     if "E" in symbols:
-        out["moe"] = {"experts": c.int("n_routed_experts"), "top_k": c.int("num_experts_per_tok"),
-                      "expert_ffn": c.int("moe_intermediate_size"), "activation": act,
-                      "shared_ffn": c.int("n_shared_experts", 0)
-                      * c.int("moe_shared_expert_intermediate_size", 0)}
+        out["moe"] = {"experts": c.count("n_routed_experts"), "top_k": c.count("num_experts_per_tok"),
+                      "expert_ffn": c.count("moe_intermediate_size"), "activation": act,
+                      "shared_ffn": c.count("n_shared_experts", 0)
+                      * c.count("moe_shared_expert_intermediate_size", 0)}
     return _used(out, symbols)
 
 
@@ -157,26 +157,26 @@ def _used(out: dict, symbols: str) -> dict:
 
 def _jamba(c: _Fields) -> dict:
     layers = c.layers()
-    attn_p, attn_o = c.int("attn_layer_period"), c.int("attn_layer_offset")
-    exp_p, exp_o = c.int("expert_layer_period"), c.int("expert_layer_offset")
+    attn_p, attn_o = c.count("attn_layer_period"), c.count("attn_layer_offset")
+    exp_p, exp_o = c.count("expert_layer_period"), c.count("expert_layer_offset")
     if not attn_p or not exp_p:
         raise HFConfigError(f"{c.source}: `attn_layer_period` and `expert_layer_period` must be "
                             "at least 1")
-    experts = c.int("num_experts", 1)
+    experts = c.count("num_experts", 1)
     symbols = "".join(("*" if i % attn_p == attn_o else "m")
                       + ("E" if experts > 1 and i % exp_p == exp_o else "-") for i in range(layers))
-    hidden = c.int("hidden_size")
+    hidden = c.count("hidden_size")
     dt_rank = c.get("mamba_dt_rank", "auto")
     out = {
         "pattern": symbols,
-        "mamba1": {"inner": c.int("mamba_expand", 2) * hidden, "state": c.int("mamba_d_state", 16),
-                   "conv": c.int("mamba_d_conv", 4),
-                   "dt_rank": -(-hidden // 16) if dt_rank == "auto" else c.int("mamba_dt_rank"),
+        "mamba1": {"inner": c.count("mamba_expand", 2) * hidden, "state": c.count("mamba_d_state", 16),
+                   "conv": c.count("mamba_d_conv", 4),
+                   "dt_rank": -(-hidden // 16) if dt_rank == "auto" else c.count("mamba_dt_rank"),
                    "inner_norms": True},
         "attention": _attention(c),
-        "mlp": {"ffn": c.int("intermediate_size"), "activation": "swiglu"},
-        "moe": {"experts": experts, "top_k": c.int("num_experts_per_tok", 1),
-                "expert_ffn": c.int("intermediate_size"),
+        "mlp": {"ffn": c.count("intermediate_size"), "activation": "swiglu"},
+        "moe": {"experts": experts, "top_k": c.count("num_experts_per_tok", 1),
+                "expert_ffn": c.count("intermediate_size"),
                 "aux_loss_coef": float(c.get("router_aux_loss_coef", 0.001))},
         "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
     }
@@ -187,29 +187,29 @@ def _qwen3_next(c: _Fields) -> dict:
     layers = c.layers()
     types = c.get("layer_types")
     if types is None:
-        interval = c.int("full_attention_interval", 4)
+        interval = c.count("full_attention_interval", 4)
         types = ["full_attention" if (i + 1) % max(interval, 1) == 0 else "linear_attention"
                  for i in range(layers)]
     if len(types) != layers or not set(types) <= {"full_attention", "linear_attention"}:
         raise HFConfigError(f"{c.source}: `layer_types` must list full_attention or "
                             f"linear_attention for each of the {layers} layers")
     dense = set(c.get("mlp_only_layers", []))
-    step, experts = c.int("decoder_sparse_step", 1), c.int("num_experts", 0)
+    step, experts = c.count("decoder_sparse_step", 1), c.count("num_experts", 0)
     moe = [experts > 0 and i not in dense and (i + 1) % max(step, 1) == 0 for i in range(layers)]
     symbols = "".join(("*" if t == "full_attention" else "G") + ("E" if m else "-")
                       for t, m in zip(types, moe, strict=True))
     out = {
         "pattern": symbols,
-        "gated_deltanet": {"key_heads": c.int("linear_num_key_heads"),
-                           "value_heads": c.int("linear_num_value_heads"),
-                           "key_head_dim": c.int("linear_key_head_dim"),
-                           "value_head_dim": c.int("linear_value_head_dim"),
-                           "conv": c.int("linear_conv_kernel_dim", 4)},
+        "gated_deltanet": {"key_heads": c.count("linear_num_key_heads"),
+                           "value_heads": c.count("linear_num_value_heads"),
+                           "key_head_dim": c.count("linear_key_head_dim"),
+                           "value_head_dim": c.count("linear_value_head_dim"),
+                           "conv": c.count("linear_conv_kernel_dim", 4)},
         "attention": _attention(c, rope_theta=_rope_theta(c), output_gate=True),
-        "mlp": {"ffn": c.int("intermediate_size"), "activation": "swiglu"},
-        "moe": {"experts": max(experts, 1), "top_k": c.int("num_experts_per_tok", 1),
-                "expert_ffn": c.int("moe_intermediate_size", 0) or 1,
-                "shared_ffn": c.int("shared_expert_intermediate_size", 0),
+        "mlp": {"ffn": c.count("intermediate_size"), "activation": "swiglu"},
+        "moe": {"experts": max(experts, 1), "top_k": c.count("num_experts_per_tok", 1),
+                "expert_ffn": c.count("moe_intermediate_size", 0) or 1,
+                "shared_ffn": c.count("shared_expert_intermediate_size", 0),
                 "aux_loss_coef": float(c.get("router_aux_loss_coef", 0.001))},
         "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
     }
@@ -220,7 +220,7 @@ def _llama(c: _Fields) -> dict:
     return {
         "pattern": "*-" * c.layers(),
         "attention": _attention(c, rope_theta=_rope_theta(c)),
-        "mlp": {"ffn": c.int("intermediate_size"), "activation": "swiglu"},
+        "mlp": {"ffn": c.count("intermediate_size"), "activation": "swiglu"},
         "norm_eps": float(c.get("rms_norm_eps", 1e-5)),
     }
 
@@ -246,7 +246,7 @@ def spec_fields(data: dict, source: str, name: str | None = None) -> dict:
     return {
         "name": name or Path(source).parent.name or kind,
         "description": f"from {source} ({kind})",
-        "hidden": c.int("hidden_size"), "vocab": c.int("vocab_size"), "seq_len": 4096,
+        "hidden": c.count("hidden_size"), "vocab": c.count("vocab_size"), "seq_len": 4096,
         "dtype": _DTYPES.get(str(dtype).removeprefix("torch."), "bf16"),
         "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
         **_FAMILIES[kind](c),
