@@ -98,7 +98,8 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
                             f"{e.errors()[0]['msg'].lower()}") from None
     if model is not None:
         try:
-            stages, note = model_stages(model, phased.num_stages, partition, **costs)
+            stages, note = model_stages(model, phased.num_stages, partition, **costs,
+                                        tp=header.tp, sp=header.sp)
         except OctoError as e:
             raise ScheduleError(str(e)) from None
         shape = {k: costs[k] for k in ("microbatch_size", "seq_len") if costs.get(k) is not None}
