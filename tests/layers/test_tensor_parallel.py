@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from octodsl.layers import MLP, recompute
+from octodsl.layers import MLP, Attention, recompute
 from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.split_backward import backward_input, backward_weight
-from octodsl.models.spec import MLPConfig
+from octodsl.models.spec import AttentionConfig, MLPConfig
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -50,6 +50,8 @@ class Shard:
     parts: Callable[[int], list[Part]]
     """The blocks, for a rank."""
     ref: str | None = None
+    counted: Callable[[int], bool] = lambda rank: True
+    """Is it marked a shard on this rank (a gradient norm over the group counts it here)."""
 
 
 def even(*sizes: int) -> Callable[[int], list[Part]]:
@@ -71,7 +73,29 @@ def mlp_case(activation: str) -> Case:
                 {"ffn.up.weight": Shard(0, even(*up)), "ffn.down.weight": Shard(1, even(24))})
 
 
+def attention_case(heads: int, kv_heads: int, **extra) -> Case:
+    d = 4
+    cfg = AttentionConfig(heads=heads, kv_heads=kv_heads, head_dim=d, **extra)
+    q = [heads * d] * (2 if cfg.output_gate else 1)
+    kv = kv_heads * d
+    shards = {"out.weight": Shard(1, even(heads * d))}
+    if kv_heads % TP:  # replicated: each rank's KV head (the one its queries use) apart
+        shards["qkv.weight"] = Shard(0, lambda r: [*((n, TP, r) for n in q), (kv, 0, 0), (kv, 0, 0)])
+        head = lambda r: r * kv_heads // TP  # noqa: E731
+        shards["kv.weight"] = Shard(0, lambda r: [(cfg.q_out, 0, 0), (kv, kv_heads, head(r)),
+                                                  (kv, kv_heads, head(r))], ref="qkv.weight",
+                                   # one copy of each head counts: its first sharer's
+                                   counted=lambda r: r % (TP // kv_heads) == 0)
+    else:
+        shards["qkv.weight"] = Shard(0, even(*q, kv, kv))
+    return Case(lambda: Attention(cfg, HIDDEN), shards)
+
+
 CASES: dict[str, Case] = {
+    "attention-gqa": attention_case(4, 2, rope_theta=10000.0),
+    "attention-mha-gate": attention_case(4, 4, output_gate=True),
+    "attention-kv-replicated": attention_case(4, 1, rope_theta=10000.0, output_gate=True),
+    "attention-kv-replicated-mqa": attention_case(2, 1),
     "mlp-swiglu": mlp_case("swiglu"),
     "mlp-relu2": mlp_case("relu2"),
 }
@@ -124,7 +148,7 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
         else:
             r = refs[shard.ref or name]
             want, want_grad = (expected_shard(t, shard, tp.rank) for t in (r, r.grad))
-            assert getattr(p, "tensor_model_parallel", False), f"{name} not marked as a shard"
+            assert getattr(p, "tensor_model_parallel", False) == shard.counted(tp.rank), name
         assert p.grad is not None, f"{name} got no gradient"
         diffs += [(p - want).abs().max(), (p.grad - want_grad).abs().max()]
     return float(torch.stack(diffs).max())
