@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from octodsl.layers import MLP, Attention, recompute
+from octodsl.layers import MLP, Attention, MoE, recompute
 from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.split_backward import backward_input, backward_weight
-from octodsl.models.spec import AttentionConfig, MLPConfig
+from octodsl.models.spec import AttentionConfig, MLPConfig, MoEConfig
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -91,7 +91,20 @@ def attention_case(heads: int, kv_heads: int, **extra) -> Case:
     return Case(lambda: Attention(cfg, HIDDEN), shards)
 
 
+def moe_case(activation: str, shared: int) -> Case:
+    cfg = MoEConfig(experts=4, top_k=2, expert_ffn=8, shared_ffn=shared, activation=activation,
+                    aux_loss_coef=0.1)
+    halves = 2 if activation == "swiglu" else 1
+    shards = {"w_in": Shard(2, even(*[8] * halves)), "w_out": Shard(1, even(8))}
+    if shared:
+        shards |= {"shared.up.weight": Shard(0, even(*[shared] * halves)),
+                   "shared.down.weight": Shard(1, even(shared))}
+    return Case(lambda: MoE(cfg, HIDDEN), shards)
+
+
 CASES: dict[str, Case] = {
+    "moe-swiglu-shared": moe_case("swiglu", 12),
+    "moe-relu2": moe_case("relu2", 0),
     "attention-gqa": attention_case(4, 2, rope_theta=10000.0),
     "attention-mha-gate": attention_case(4, 4, output_gate=True),
     "attention-kv-replicated": attention_case(4, 1, rope_theta=10000.0, output_gate=True),
