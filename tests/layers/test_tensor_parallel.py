@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from octodsl.layers import MLP, Attention, MoE, recompute
+from octodsl.layers import MLP, Attention, Mamba2, MoE, recompute
 from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.split_backward import backward_input, backward_weight
-from octodsl.models.spec import AttentionConfig, MLPConfig, MoEConfig
+from octodsl.models.spec import AttentionConfig, Mamba2Config, MLPConfig, MoEConfig
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -102,7 +102,20 @@ def moe_case(activation: str, shared: int) -> Case:
     return Case(lambda: MoE(cfg, HIDDEN), shards)
 
 
+def mamba2_case(heads: int, groups: int) -> Case:
+    cfg = Mamba2Config(heads=heads, head_dim=4, groups=groups, state=4, conv=3, chunk=4)
+    inner, gn = cfg.inner, groups * cfg.state
+    return Case(lambda: Mamba2(cfg, HIDDEN), {
+        "in_proj.weight": Shard(0, even(inner, inner, gn, gn, heads)),
+        "conv.weight": Shard(0, even(inner, gn, gn)), "conv.bias": Shard(0, even(inner, gn, gn)),
+        **{name: Shard(0, even(n)) for name, n in
+           [("dt_bias", heads), ("A_log", heads), ("D", heads), ("out_norm", inner)]},
+        "out_proj.weight": Shard(1, even(inner))})
+
+
 CASES: dict[str, Case] = {
+    "mamba2-groups2": mamba2_case(4, 2),
+    "mamba2-groups4": mamba2_case(8, 4),
     "moe-swiglu-shared": moe_case("swiglu", 12),
     "moe-relu2": moe_case("relu2", 0),
     "attention-gqa": attention_case(4, 2, rope_theta=10000.0),
