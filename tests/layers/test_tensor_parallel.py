@@ -26,10 +26,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from octodsl.layers import MLP, Attention, Mamba2, MoE, recompute
+from octodsl.layers import MLP, Attention, Mamba1, Mamba2, MoE, recompute
 from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.split_backward import backward_input, backward_weight
-from octodsl.models.spec import AttentionConfig, Mamba2Config, MLPConfig, MoEConfig
+from octodsl.models.spec import (AttentionConfig, Mamba1Config, Mamba2Config, MLPConfig,
+                                 MoEConfig)
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -113,7 +114,19 @@ def mamba2_case(heads: int, groups: int) -> Case:
         "out_proj.weight": Shard(1, even(inner))})
 
 
+def mamba1_case(inner_norms: bool) -> Case:
+    cfg = Mamba1Config(inner=8, state=4, conv=3, dt_rank=2, inner_norms=inner_norms)
+    d = cfg.inner
+    return Case(lambda: Mamba1(cfg, HIDDEN), {
+        "in_proj.weight": Shard(0, even(d, d)),
+        **{name: Shard(0, even(d)) for name in
+           ("conv.weight", "conv.bias", "dt_proj.weight", "dt_proj.bias", "A_log", "D")},
+        "x_proj.weight": Shard(1, even(d)), "out_proj.weight": Shard(1, even(d))})
+
+
 CASES: dict[str, Case] = {
+    "mamba1": mamba1_case(False),
+    "mamba1-jamba-norms": mamba1_case(True),
     "mamba2-groups2": mamba2_case(4, 2),
     "mamba2-groups4": mamba2_case(8, 4),
     "moe-swiglu-shared": moe_case("swiglu", 12),
