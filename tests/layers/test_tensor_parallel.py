@@ -17,7 +17,7 @@ import json
 import os
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -29,6 +29,7 @@ from torch import nn
 from octodsl.layers import MLP, Attention, Mamba1, Mamba2, MoE, recompute
 from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.split_backward import backward_input, backward_weight
+from octodsl.models.load import SpecError
 from octodsl.models.spec import (AttentionConfig, Mamba1Config, Mamba2Config, MLPConfig,
                                  MoEConfig)
 
@@ -138,7 +139,7 @@ CASES: dict[str, Case] = {
     "mlp-swiglu": mlp_case("swiglu"),
     "mlp-relu2": mlp_case("relu2"),
 }
-VARIANTS = ("nosp", "sp", "nosp-split", "sp-split", "sp-recompute-split")
+VARIANTS = ("nosp", "sp", "nosp-split", "sp-split", "nosp-recompute", "sp-recompute-split")
 """sp on or off; `split`: B then W (else a fused backward); `recompute`: the forward under
 selective recompute (what `recomputable` marks dropped, brought back by the backward)."""
 
@@ -148,6 +149,30 @@ def expected_shard(t: torch.Tensor, shard: Shard, rank: int) -> torch.Tensor:
     return torch.cat([b.chunk(pieces, shard.dim)[which]
                       for b, (_, pieces, which) in zip(blocks, shard.parts(rank), strict=True)
                       if pieces], shard.dim)
+
+
+COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+@contextlib.contextmanager
+def counting_collectives() -> Iterator[list[str]]:
+    """The torch.distributed collectives called inside the block, by name (still run)."""
+    calls: list[str] = []
+    real = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counted(name: str) -> Callable:
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real[name](*args, **kwargs)
+        return call
+
+    for name in COLLECTIVES:
+        setattr(dist, name, counted(name))
+    try:
+        yield calls
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
 
 
 def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
@@ -170,7 +195,9 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
     if variant.endswith("split"):
         (gx,), state = backward_input([yt], [gyt], [xt])
         assert not any(p.grad is not None for p in layer.parameters()), "B touched a weight"
-        backward_weight(state, list(layer.parameters()))
+        with counting_collectives() as calls:
+            backward_weight(state, list(layer.parameters()))
+        assert not calls, f"W communicated: {calls}"
         xt.grad = gx
     else:
         yt.backward(gyt)
@@ -236,6 +263,7 @@ def results(tmp_path_factory) -> dict[str, object]:
     return merged
 
 
+@pytest.mark.slow  # the two processes run every case: some 15 s on two cores
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_tp_layer_equals_unsplit(results, case, variant):
@@ -246,12 +274,30 @@ def test_tp_layer_equals_unsplit(results, case, variant):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_tp1_is_the_layer_itself(case):
-    # building(TpGroup()) is what every layer is built for outside `building`: the same
-    # init draws and no collective, so the weights are equal bit for bit
+    # building(TpGroup()) is what every layer is built for outside `building`: the same init
+    # draws, no parameter marked, and no collective (this process has no process group, so a
+    # collective in the forward or backward would raise)
     torch.manual_seed(SEED)
     plain = CASES[case].make()
     torch.manual_seed(SEED)
     with tpl.building(tpl.TpGroup()):
         one = CASES[case].make()
     for (n, a), (m, b) in zip(plain.named_parameters(), one.named_parameters(), strict=True):
-        assert n == m and torch.equal(a, b) and not hasattr(b, "tensor_model_parallel")
+        assert n == m and torch.equal(a, b)
+        assert not hasattr(b, "tensor_model_parallel") and not hasattr(b, "sequence_parallel")
+    x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+    one(x).sum().backward()
+    assert x.grad is not None
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Attention(AttentionConfig(heads=3, kv_heads=3, head_dim=4), HIDDEN),
+    lambda: Attention(AttentionConfig(heads=6, kv_heads=3, head_dim=4), HIDDEN),
+    lambda: MLP(MLPConfig(ffn=7), HIDDEN),
+    lambda: MoE(MoEConfig(experts=2, top_k=1, expert_ffn=8, shared_ffn=5), HIDDEN),
+    lambda: Mamba2(Mamba2Config(heads=4, head_dim=4, groups=1, state=4), HIDDEN),
+    lambda: Mamba1(Mamba1Config(inner=9, dt_rank=2), HIDDEN),
+])
+def test_a_layer_tp_cannot_split_is_refused_before_any_communication(make):
+    with tpl.building(tpl.TpGroup(TP, 0)), pytest.raises(SpecError, match="tp 2 cannot split"):
+        make()
