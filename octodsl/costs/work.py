@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..models.spec import (
@@ -294,4 +294,10 @@ def layer_work(spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = Fals
     (`octodsl.models.tp.tp_problems`)."""
     shape = _Shape(spec.tokens, spec.seq_len, spec.microbatch_size, spec.hidden,
                    local_vocab(spec.vocab, tp), spec.dtype_bytes, tp, sp and tp > 1)
-    return _WORK_OF_KIND[layer.kind](local_layer(layer, tp), shape)
+    work = _WORK_OF_KIND[layer.kind](local_layer(layer, tp), shape)
+    if isinstance(layer, AttentionConfig) and layer.kv_heads < tp:
+        # replicated KV heads: B sums the gradient of each one's K and V over the GPUs sharing
+        # it (costed over the whole group: an upper bound for its tp / kv_heads sharers)
+        kv = float(shape.tokens * 2 * layer.head_dim * shape.e)
+        work = replace(work, tp_b=work.tp_b + (("all-reduce", kv),))
+    return work

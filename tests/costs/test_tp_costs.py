@@ -113,6 +113,16 @@ def test_what_cannot_split_is_refused():
         cost_table(profile="whatever.json", tp=2)
 
 
+def test_replicated_kv_heads_sum_their_gradients_in_b():
+    spec = load_model("qwen3-next-80b").with_shape(1, 4096)  # 2 KV heads
+    i = next(i for i, layer in enumerate(spec.layers) if layer.kind == "attention")
+    link = get_link("nvlink")
+    kv = 4096 * 2 * 256 * 2
+    at = {tp: analytical_costs(spec, H800, tp=tp).layers[i] for tp in (2, 4)}
+    assert at[2].tp_b == pytest.approx(at[2].tp_f)  # kv heads split: B mirrors F
+    assert at[4].tp_b - at[4].tp_f == pytest.approx(link.ring(kv, 4, 2))
+
+
 def test_kv_heads_fewer_than_tp_are_replicated():
     spec = load_model("llama3-70b")  # 8 KV heads
     problems = tp_problems(spec, 16)
