@@ -45,11 +45,8 @@ def ring_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link],
     moving nbytes / ranks to the next copy (so a pass moves (ranks - 1) / ranks x nbytes per
     copy, and costs (ranks - 1) latencies). `link`: one for all, or one per element (each
     device's group on its own link, links.py)."""
-    if ranks <= 1:
-        return np.zeros_like(nbytes, dtype=float)
     links = [link] * len(nbytes) if isinstance(link, Link) else link
-    return np.array([passes * (ranks - 1) * k.time(b / ranks)
-                     for b, k in zip(nbytes, links, strict=True)], float)
+    return np.array([k.ring(b, ranks, passes) for b, k in zip(nbytes, links, strict=True)], float)
 
 
 def ring_allreduce_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link]) -> np.ndarray:

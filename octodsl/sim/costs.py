@@ -31,9 +31,6 @@ class SimCosts:
     zero: int = 0
     dp: int = 1
     """The ZeRO stage and data-parallel copies the stages' static bytes are sharded over."""
-    tp_link: str | None = None
-    """The link the costs' tensor-parallel collectives are on (None: not said; reports name
-    the simulation's intra-node link)."""
 
     def static_parts(self, stage: int) -> ParamBytes | None:
         """The stage's static bytes on one copy split into weights, gradients and optimizer

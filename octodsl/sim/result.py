@@ -197,7 +197,8 @@ class SimResult:
     def link_busy(self) -> dict[str, LinkBusy]:
         """Per kind of transfer, the link it took and its busy seconds per device:
         'tp' (the tensor-parallel collectives inside the ops: StageCost.tp_f, tp_b, tp_w of
-        every op a device runs, a fused BW both of tp_b and tp_w), 'pipeline_intra_node' and
+        every op a device runs, a fused BW both of tp_b and tp_w; named after the intra-node
+        link, which `octodsl simulate` costs them on), 'pipeline_intra_node' and
         'pipeline_inter_node' (the messages a device sends or receives, by the cut's link),
         'dp_intra_node' and 'dp_inter_node' (its data-parallel collectives, by where its
         group sits)."""
@@ -207,7 +208,7 @@ class SimResult:
         tp_f, tp_b, tp_w = (np.array([getattr(x, k) for x in c], float) for k in ("tp_f", "tp_b", "tp_w"))
         per_op = np.stack([tp_f, tp_b, tp_w, tp_b + tp_w], axis=1)[p.op_stage, p.op_kind]
         tp = np.bincount(np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=P)
-        out = {"tp": LinkBusy(self.costs.tp_link or links.intra.name, tp, float(tp.sum()))}
+        out = {"tp": LinkBusy(links.intra.name, tp, float(tp.sum()))}
         seconds = self.msg_end - self.msg_start
         inter = links.cut_inter[p.msg_boundary]
         for key, where, link in (("pipeline_intra_node", ~inter, links.intra),
