@@ -110,8 +110,8 @@ def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
     """The header fields --tp, --sequence-parallel and --gpus-per-node set (those given), for a
     header of `tp` and `sequence_parallel` otherwise; a UserError for sequence parallelism at
     tp 1 (it splits the sequence over the tp group: there is none)."""
-    update = {k: v for k, v in (("tp", args.tp), ("sequence_parallel", args.sequence_parallel),
-                                ("gpus_per_node", args.gpus_per_node)) if v is not None}
+    names = ("tp", "sequence_parallel", "gpus_per_node")  # a command may take only some
+    update = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     if update.get("tp", tp) == 1 and update.get("sequence_parallel", sequence_parallel):
         raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
                         "or more, or --sequence-parallel false")

@@ -58,9 +58,10 @@ def register(sub) -> None:
                      f"without a model: {_UNIT_COSTS}")
     p.add_argument("--device", default="H800", help="device for a model's analytical costs (default H800)")
     p.add_argument("--link", metavar="NAME",
-                   help="link between pipeline devices: nvlink, nvlink4, ib-ndr, loopback, none "
-                   "(none: communication is free). Default: a calibrated profile's link, else nvlink "
-                   "with a model, --costs' comm without")
+                   help="link between pipeline devices in one node (and of the tp collectives, "
+                   "with a model): nvlink, nvlink4, nvlink3, ib-ndr, loopback, none (none: "
+                   "communication is free). Default: a calibrated profile's link, else the device's node link "
+                   "(H800: nvlink) with a model, --costs' comm without")
     p.add_argument("--dp-link", metavar="NAME", help="link of every data-parallel collective "
                    "(default: --inter-node-link for a dp group that spans nodes, else --link)")
     p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
@@ -165,9 +166,13 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
     calibrated profile's link or --costs' comm, which then holds everywhere."""
     model = args.model or (None if args.costs or args.profile else plan.header.model)
     if model or args.profile:
+        h = plan.header
+        given = link_named(args.link) if args.link else None
         try:
+            # The tp collectives run inside a node: on --link when given, else the device's own.
             table = cost_table(model=model, profile=args.profile, device=args.device,
-                               microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len)
+                               microbatch_size=h.microbatch_size, seq_len=h.seq_len, tp=h.tp,
+                               sp=h.sp, tp_link=given)
             costs = SimCosts.from_table(table, plan)
         except TpMismatch as e:
             raise UserError(f"{path}: {e}") from None
@@ -177,13 +182,13 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
         except OctoError as e:
             raise UserError(str(e)) from None
         try:
-            device_memory = get_device(table.meta.get("device", args.device)).memory
+            device = get_device(table.meta.get("device", args.device))
         except OctoError:  # a profile measured on a device we hold no description of
-            device_memory = None
-        link = pipeline_link(args.link, table, "nvlink")
+            device = None
+        link = pipeline_link(args.link, table, device.node_link if device else "nvlink")
         fitted = table.calibration is not None and link is table.calibration.link
         inter = args.inter_node_link or (link if fitted else link_named(INTER_NODE_LINK))
-        return costs, link, inter, device_memory
+        return costs, link, inter, device.memory if device else None
     values = args.costs or op_costs(_UNIT_COSTS)
     costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
                      source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))

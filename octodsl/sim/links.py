@@ -84,7 +84,13 @@ class Links:
 
     def cut_times(self, send_bytes: np.ndarray) -> np.ndarray:
         """Per stage: seconds of one message across its cut (`send_bytes[s]` bytes)."""
-        intra = link_times(self.intra, send_bytes)
-        if self.inter is self.intra or not self.cut_inter.any():
-            return intra
-        return np.where(self.cut_inter, link_times(self.inter, send_bytes), intra)
+        return cut_times(send_bytes, self.cut_inter, self.intra, self.inter)
+
+
+def cut_times(send_bytes: np.ndarray, cut_inter: np.ndarray, intra: Link, inter: Link) -> np.ndarray:
+    """Per stage: seconds of one message of `send_bytes[s]` across its cut, on `inter` where
+    `cut_inter[s]`, else on `intra`."""
+    within = link_times(intra, send_bytes)
+    if inter is intra or not cut_inter.any():
+        return within
+    return np.where(cut_inter, link_times(inter, send_bytes), within)
