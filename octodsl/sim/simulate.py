@@ -16,7 +16,7 @@ from .bounds import lower_bound
 from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
 from .dpcomm import dp_comm
-from .links import Links, dp_spans_nodes
+from .links import Links, cut_crosses_nodes, dp_spans_nodes
 from .memory import memory
 from .program import SimProgram, compile
 from .result import SimResult
@@ -58,9 +58,11 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     op_dur = np.stack([f, b, w, bw], axis=1)[p.op_stage, p.op_kind]
     work = p.per_node(op_dur)
     ranks = dp if dp is not None else p.plan.header.dp
-    dp_inter = p.dp_inter if ranks == p.plan.header.dp else dp_spans_nodes(
-        replace(Mesh.of(p.plan.header), dp=ranks))
-    links = Links.of(p.cut_inter, dp_inter, link, inter_link, dp_link)
+    cut_inter, dp_inter = p.cut_inter, p.dp_inter
+    if ranks != p.plan.header.dp:  # another mesh than the one compiled: place its ranks
+        mesh = replace(Mesh.of(p.plan.header), dp=ranks)
+        cut_inter, dp_inter = cut_crosses_nodes(mesh, p.stage_device), dp_spans_nodes(mesh)
+    links = Links.of(cut_inter, dp_inter, link, inter_link, dp_link)
     cut_time = links.cut_times(np.array([c.send_bytes for c in stage_costs], float))
     msg_dur = cut_time[p.msg_boundary]
 

@@ -96,10 +96,13 @@ def test_dp_link_by_where_each_device_s_group_sits(dp, gpus, spans):
     assert given.allreduce.tolist() == pytest.approx([2 * (dp - 1) * DP_LINK.time(400.0 / dp)] * 4)
 
 
-def test_simulate_dp_override_places_the_groups_for_that_dp():
+def test_simulate_dp_override_places_the_ranks_for_that_dp():
     plan = _plan(p=4, m=4, dp=1)
+    assert not compile(plan).cut_inter.any()  # 4 GPUs: one node
     r = simulate(plan, _costs(4), INTRA, inter_link=INTER, dp=16)
     assert r.allreduce.tolist() == pytest.approx([30 * INTER.time(400.0 / 16)] * 4)
+    assert r.links.cut_inter[:-1].all()  # 64 GPUs: a device per two nodes
+    assert {round(m.end - m.start, 12) for m in r.messages()} == {round(INTER.time(SEND), 12)}
 
 
 def test_link_busy_against_hand_sums():
