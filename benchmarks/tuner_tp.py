@@ -155,7 +155,7 @@ def main() -> int:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
     todo = [(m, *mesh) for m in args.models for mesh in MESHES]
-    t0 = time.perf_counter()
+    t0, load = time.perf_counter(), os.getloadavg()[0]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_case, *c, args.budget, args.seed) for c in todo]
         results = []
@@ -170,7 +170,9 @@ def main() -> int:
         "",
         f"Made by `{command}` on {cpu_model()} ({os.cpu_count()} cores, shared; each case in one "
         f"single-threaded process), commit {commit()}, {time.strftime('%Y-%m-%d')}; "
-        f"{time.perf_counter() - t0:.0f} s in all.",
+        f"{time.perf_counter() - t0:.0f} s in all; load average {load:.1f} when it started, "
+        f"{os.getloadavg()[0]:.1f} when it ended (above the core count the cases got less than "
+        f"a core: budgets are wall time, so the tuner then simulates fewer plans).",
         "",
         f"Analytical H800 costs at each case's tp: one GPU's share of every layer (sequence "
         f"parallel), its tp collectives as ring collectives on NVLink (8 us + 160 GB/s) inside "
