@@ -58,22 +58,23 @@ DP = integer(1, limits.MAX_DP)
 ZERO = integer(0, 2)
 """--zero: a ZeRO stage (`Header.zero`)."""
 TP = integer(1, limits.MAX_TP)
+"""--tp: the tensor-parallel degree (`Header.tp`)."""
 GPUS_PER_NODE = integer(1, limits.MAX_GPUS_PER_NODE)
+"""--gpus-per-node (`Header.gpus_per_node`)."""
 SEED = integer(0, limits.MAX_SEED)
 STEPS = integer(1, limits.MAX_STEPS)
 """Timed repetitions a command runs itself (profile --repeats, calibrate --steps)."""
 WARMUP = integer(0, limits.MAX_STEPS)
 
 
-_TRUE, _FALSE = ("true", "on", "yes"), ("false", "off", "no")
-
-
 def switch(text: str) -> bool:
-    """An argparse `type`: true or false (also on/off, yes/no), as a plan's header writes it."""
-    name = text.strip().lower()
-    if name in _TRUE or name in _FALSE:
-        return name in _TRUE
-    raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not true or false")
+    """An argparse `type`: true or false, as a plan's header writes it."""
+    from ..lang.lower import BOOLEANS
+
+    try:
+        return BOOLEANS[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not true or false") from None
 
 
 def link_option(text: str):
