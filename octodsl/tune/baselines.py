@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from ..gen import PARTITIONS, ScheduleError, phased_schedule
-from ..partition import balance_parameters, balance_time, equal_layers
+from ..gen.model_partition import model_stages
 from ..plan import Plan, Recompute, Stage
 from .evaluate import Evaluator, Score
 from .problem import Problem, recompute_everywhere
@@ -53,18 +53,14 @@ def baseline_name(schedule: str, chunks: int | None, partition: str) -> str:
 
 
 def partition_stages(problem: Problem, method: str, num_stages: int) -> list[Stage]:
-    """The stages of `gen --model --partition METHOD`, on the problem's cost table (its device,
-    shape and tp: at tp > 1 the time and parameter balances are of one GPU's share)."""
-    table = problem.table
-    if method == "equal":
-        ranges = equal_layers(len(table.layers), num_stages)
-    elif method == "parameters":
-        ranges = balance_parameters([layer.params for layer in table.layers], num_stages)
-    else:
-        assert method == "time", f"a partition method of PARTITIONS, not {method!r}"
-        ranges = balance_time(problem.work.tolist(), num_stages)
-    pattern = table.meta["pattern"]
-    return [Stage(a, b, pattern[a:b + 1]) for a, b in ranges]
+    """The stages of `gen --model --partition METHOD`, on the problem's device, shape and tp
+    (one GPU's costs: time and parameter balances at tp > 1 are of its share)."""
+    h = problem.header
+    assert h.model is not None, "Problem.create names the model in the header"
+    stages, _ = model_stages(h.model, num_stages, method, device=problem.table.meta["device"],
+                             microbatch_size=h.microbatch_size, seq_len=h.seq_len, tp=h.tp,
+                             sp=h.sp)
+    return stages
 
 
 def classic_plans(problem: Problem) -> Iterator[tuple[str, Plan | None, str | None]]:

@@ -119,6 +119,13 @@ def test_tune_at_tp_end_to_end(tmp_path, capsys):
     assert max(two["peak_memory"]) < max(one["peak_memory"])
     assert two["iteration_time"] <= min(t for t in two["baselines"].values() if t)
     assert two["iteration_time"] >= two["tight_lower_bound"] * (1 - 1e-9)
+    # The written plan says its tp, lints clean, and simulates at tp 2 as the tuner did.
+    from octodsl.lint import lint_source
+
+    plan, diags = lint_source(out.read_text(), str(out))
+    assert plan.header.tp == 2 and not [d for d in diags if d.is_error]
+    again = _json(capsys, "simulate", str(out))
+    assert again["iteration_time"] == pytest.approx(two["iteration_time"])
 
 
 def test_tune_from_a_plan_keeps_its_mesh_unless_told(tmp_path, capsys):
