@@ -167,9 +167,8 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
         f"{'numba ' + __import__('numba').__version__ if JIT else 'no numba (plain Python walk)'}; "
         f"one process, one thread, on a {os.cpu_count()}-core machine shared with other work (load "
-        f"average {load:.1f} when it started, {os.getloadavg()[0]:.1f} when it ended: above the "
-        "core count, other processes took turns on them). Times are the best of several runs "
-        "after a warm-up (timeit's convention).",
+        f"average {load:.1f} when it started, {os.getloadavg()[0]:.1f} when it ended). Times are "
+        "the best of several runs after a warm-up (timeit's convention).",
         "",
         "- **simulate**: `simulate(program, costs, link)` on a compiled plan: the walk of compute, "
         "communication and memory, and every metric (what the tuner pays per cost change).",

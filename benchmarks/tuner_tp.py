@@ -171,8 +171,8 @@ def main() -> int:
         f"Made by `{command}` on {cpu_model()} ({os.cpu_count()} cores, shared; each case in one "
         f"single-threaded process), commit {commit()}, {time.strftime('%Y-%m-%d')}; "
         f"{time.perf_counter() - t0:.0f} s in all; load average {load:.1f} when it started, "
-        f"{os.getloadavg()[0]:.1f} when it ended (above the core count the cases got less than "
-        f"a core: budgets are wall time, so the tuner then simulates fewer plans).",
+        f"{os.getloadavg()[0]:.1f} when it ended (budgets are wall time: on a busier machine "
+        f"the tuner simulates fewer plans).",
         "",
         f"Analytical H800 costs at each case's tp: one GPU's share of every layer (sequence "
         f"parallel), its tp collectives as ring collectives on NVLink (8 us + 160 GB/s) inside "
