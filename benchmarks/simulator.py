@@ -92,23 +92,26 @@ def reordered(plan: Plan, program, costs, link) -> Plan:
     raise AssertionError("no swap runs")
 
 
-def with_model(plan: Plan, model: str, dp: int = 1) -> tuple[Plan, SimCosts]:
-    """The plan with the model's layers cut into its stages, balanced by F + B + W."""
-    table = cost_table(model=model, device="H800")
+def with_model(plan: Plan, model: str, dp: int = 1, tp: int = 1) -> tuple[Plan, SimCosts]:
+    """The plan with the model's layers (one GPU's share at `tp`) cut into its stages,
+    balanced by F + B + W."""
+    table = cost_table(model=model, device="H800", tp=tp)
     cuts = balance_time([x.f + x.b + x.w for x in table.layers], plan.num_stages)
-    header = plan.header.model_copy(update={"name": f"{plan.header.name}-{model}", "model": model, "dp": dp})
+    header = plan.header.model_copy(update={"name": f"{plan.header.name}-{model}", "model": model,
+                                            "dp": dp, "tp": tp})
     plan = dataclasses.replace(plan, header=header, stages=[Stage(a, b) for a, b in cuts])
     return plan, SimCosts.from_table(table, plan)
 
 
-def speed_row(name: str, plan: Plan, costs, link, runs: int, dp_link=None) -> dict:
+def speed_row(name: str, plan: Plan, costs, link, runs: int, inter_link=None) -> dict:
     t_compile, program = timed(lambda: compile(plan), max(3, runs // 2))
     gc.disable()  # as compile runs it
     t_graph, _ = timed(lambda: build_graph(plan), max(3, runs // 2))
     gc.enable()
-    t_sim, result = timed(lambda: simulate(program, costs, link, dp_link=dp_link), runs)
+    t_sim, result = timed(lambda: simulate(program, costs, link, inter_link=inter_link), runs)
     moved = reordered(plan, program, costs, link)
-    t_re, _ = timed(lambda: simulate(compile(moved, like=program), costs, link, dp_link=dp_link), runs)
+    t_re, _ = timed(lambda: simulate(compile(moved, like=program), costs, link,
+                                     inter_link=inter_link), runs)
     t_dict, _ = timed(lambda: dict_walk(plan), max(3, runs // 2))
     return {"case": name, "ops": program.num_nodes, "messages": program.num_messages,
             "simulate": t_sim, "compile": t_compile, "graph": t_graph, "end_to_end": t_compile + t_sim,
@@ -137,6 +140,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the 64 x 512 case")
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "simulator.md"))
     args = ap.parse_args()
+    load = os.getloadavg()[0]
     warm_up()
     nvlink, ib = get_link("nvlink"), get_link("ib-ndr")
 
@@ -147,10 +151,12 @@ def main() -> None:
         costs = uniform_stage_costs(2 * p, 1e-3, 1e-3, 1e-3, send_bytes=32e6)
         rows.append(speed_row(f"ZB-V {p} x {m}, 2 chunks", plan, costs, nvlink, runs))
     scale = []
-    for name, p, dp, m in (("1f1b", 16, 512, 64), ("zb-v", 32, 256, 64)):
-        plan, costs = with_model(generate(name, p, m), "nemotron-h-56b", dp)
-        scale.append(speed_row(f"{name} nemotron-h-56b, PP {p} x DP {dp} = {p * dp} GPUs, {m} mb",
-                               plan, costs, nvlink, 10, dp_link=ib))
+    for name, chunks, tp, p, dp, m in (("1f1b", None, 1, 16, 512, 64), ("zb-v", None, 1, 32, 256, 64),
+                                       ("1f1b", None, 8, 16, 64, 64), ("interleaved", 2, 8, 16, 64, 64)):
+        plan, costs = with_model(generate(name, p, m, chunks), "nemotron-h-56b", dp, tp)
+        shown = f"{name}{f' v{chunks}' if chunks else ''} nemotron-h-56b, " + (
+            f"TP {tp} x " if tp > 1 else "") + f"PP {p} x DP {dp} = {tp * p * dp} GPUs, {m} mb"
+        scale.append(speed_row(shown, plan, costs, nvlink, 10, inter_link=ib))
     rows += scale
     start = first_call()
 
@@ -160,9 +166,9 @@ def main() -> None:
         f"Made by `.venv/bin/python benchmarks/simulator.py{' --quick' if args.quick else ''}` on "
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, "
         f"{'numba ' + __import__('numba').__version__ if JIT else 'no numba (plain Python walk)'}; "
-        "one process, one thread, on a 2-core machine shared with other work. Times are the best "
-        "of several runs after a warm-up (timeit's convention; typical runs here were up to a "
-        "third slower).",
+        f"one process, one thread, on a {os.cpu_count()}-core machine shared with other work (load "
+        f"average {load:.1f} when it started, {os.getloadavg()[0]:.1f} when it ended). Times are "
+        "the best of several runs after a warm-up (timeit's convention).",
         "",
         "- **simulate**: `simulate(program, costs, link)` on a compiled plan: the walk of compute, "
         "communication and memory, and every metric (what the tuner pays per cost change).",
@@ -183,15 +189,24 @@ def main() -> None:
                      f"{ms(r['dict_walk'])} |")
     lines += [
         "",
-        "The 8192-GPU plans walk one pipeline (NVLink between stages) and compute the data-parallel "
-        "ring all-reduce of each device's bf16 gradients over InfiniBand NDR from a formula:",
+        "The 8192-GPU plans (8 GPUs per node, Megatron's rank order: `octodsl.mesh`) walk one "
+        "pipeline, every tp rank of a stage in lockstep and every dp copy alike, and compute the "
+        "data-parallel ring all-reduce of each device's bf16 gradients from a formula. Links by "
+        "where ranks sit: the tp collectives are in the analytical costs (one GPU's share of each "
+        "layer at tp 8, sequence parallel, its collectives on NVLink); pipeline messages and dp "
+        "collectives that leave a node take InfiniBand NDR (here all of them: a pipeline device's "
+        "tp x dp GPUs fill 8 nodes or more), those inside one NVLink. Link columns are the "
+        "busiest device's seconds (`SimResult.link_busy`):",
         "",
-        "| case | iteration time | pipeline | all-reduce (max) | tokens / GPU / s | bubble |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| case | iteration time | pipeline | tp collectives | pipeline inter-node | all-reduce | tokens / GPU / s | bubble |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in scale:
         res = r["result"]
+        busy = res.link_busy()
         lines.append(f"| {r['case']} | {res.iteration_time:.3f} s | {res.pipeline_time:.3f} s | "
+                     f"{ms(float(busy['tp'].busy.max()))} | "
+                     f"{ms(float(busy['pipeline_inter_node'].busy.max()))} | "
                      f"{res.allreduce.max() * 1e3:,.1f} ms | {res.throughput:,.0f} | "
                      f"{res.bubble_ratio:.1%} |")
     lines += [

@@ -67,6 +67,58 @@ STEPS = integer(1, limits.MAX_STEPS)
 WARMUP = integer(0, limits.MAX_STEPS)
 
 
+def switch(text: str) -> bool:
+    """An argparse `type`: true or false, as a plan's header writes it."""
+    from ..lang.lower import BOOLEANS
+
+    try:
+        return BOOLEANS[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not true or false") from None
+
+
+def link_option(text: str):
+    """An argparse `type`: a built-in link by name (--inter-node-link)."""
+    from ..costs.devices import get_link
+
+    try:
+        return get_link(text.strip())
+    except OctoError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+INTER_NODE_LINK = "ib-ndr"
+"""--inter-node-link's default (for a model's costs)."""
+
+
+def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
+    """--tp, --sequence-parallel, --gpus-per-node and --inter-node-link: the plan header's tensor
+    parallelism and cluster shape, and the link between nodes (`default_from`: where the header
+    values come from when not given)."""
+    p.add_argument("--tp", type=TP, metavar="N", help="tensor-parallel degree: GPUs of each "
+                   f"pipeline device (default: {default_from})")
+    p.add_argument("--sequence-parallel", type=switch, metavar="true|false",
+                   help=f"Megatron's sequence parallelism in the tp group (default: {default_from}; "
+                   "a header without it: on when tp > 1)")
+    p.add_argument("--gpus-per-node", type=GPUS_PER_NODE, metavar="N",
+                   help=f"GPUs per node, which sets which ranks share a node (default: {default_from})")
+    p.add_argument("--inter-node-link", type=link_option, metavar="NAME",
+                   help="link of the pipeline messages and data-parallel collectives that leave "
+                   f"a node (default {INTER_NODE_LINK}: InfiniBand NDR, 400 Gb/s per GPU)")
+
+
+def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
+    """The header fields --tp, --sequence-parallel and --gpus-per-node set (those given), for a
+    header of `tp` and `sequence_parallel` otherwise; a UserError for sequence parallelism at
+    tp 1 (it splits the sequence over the tp group: there is none)."""
+    names = ("tp", "sequence_parallel", "gpus_per_node")  # a command may take only some
+    update = {k: v for k in names if (v := getattr(args, k, None)) is not None}
+    if update.get("tp", tp) == 1 and update.get("sequence_parallel", sequence_parallel):
+        raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
+                        "or more, or --sequence-parallel false")
+    return update
+
+
 def seconds_value(text: str, *, zero: bool = False, unit: float = 1.0,
                   shown: str | None = None) -> float:
     """`text` x `unit` seconds, finite and at most MAX_SECONDS; 0 only if `zero`.

@@ -1,17 +1,19 @@
-"""`octodsl models [SPEC] [--json] [--yaml] [--device D] [--zero N --dp N]`: list the built-in
-models, or show one model's layer kinds with their analytical costs, the bytes per parameter
-and the static bytes (sharded by --zero over --dp copies)."""
+"""`octodsl models [SPEC] [--json] [--yaml] [--device D] [--zero N --dp N] [--tp N
+[--sequence-parallel true|false]]`: list the built-in models, or show one model's layer kinds
+with their analytical costs, the bytes per parameter and the static bytes (sharded by --zero
+over --dp copies; with --tp, one GPU's share of each layer and its tp collectives)."""
 
 from __future__ import annotations
 
-from ..costs.analytical import analytical_costs
-from ..costs.devices import DEVICES, get_device
+from ..costs.devices import DEVICES
+from ..costs.resolve import cost_table
+from ..errors import OctoError
 from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_model
 from ..models.builtin import PUBLISHED_PARAMS
 from ..models.spec import ModelSpec
 from ..units import size
 from ..costs.table import CostTable, ParamBytes
-from .common import DP, MICROBATCH_SIZE, SEQ_LEN, ZERO, UserError, print_json
+from .common import DP, MICROBATCH_SIZE, SEQ_LEN, TP, ZERO, UserError, mesh_update, print_json, switch
 
 _SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
           "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}
@@ -33,6 +35,10 @@ def register(sub) -> None:
                    help="show SPEC's static bytes under ZeRO stage N (1: optimizer state sharded, "
                    "2: gradients too) over --dp copies (default 0)")
     p.add_argument("--dp", type=DP, default=1, metavar="N", help="data-parallel copies for --zero (default 1)")
+    p.add_argument("--tp", type=TP, default=1, metavar="N",
+                   help="tensor-parallel degree: show one GPU's share of each layer (default 1)")
+    p.add_argument("--sequence-parallel", type=switch, metavar="true|false",
+                   help="sequence parallelism in the tp group (default: on when --tp > 1)")
     p.set_defaults(func=run)
 
 
@@ -54,7 +60,13 @@ def run(args) -> int:
 
         print(yaml.safe_dump(spec.compact(), sort_keys=False, width=100), end="")
         return 0
-    return _show(spec, args.device, args.json, args.zero, args.dp)
+    mesh_update(args, 1, None)  # refuses sequence parallelism at tp 1
+    try:
+        table = cost_table(model=args.spec, device=args.device, microbatch_size=args.microbatch_size,
+                           seq_len=args.seq_len, tp=args.tp, sp=args.sequence_parallel)
+    except OctoError as e:  # a tp the model does not split over
+        raise UserError(str(e)) from None
+    return _show(spec, table, args.json, args.zero, args.dp)
 
 
 def _summary(spec: ModelSpec) -> dict:
@@ -103,8 +115,9 @@ def _per_parameter(pb: ParamBytes) -> str:
     return f"{pb.weights:g} + {pb.grads:g} + {pb.optimizer:g} = {pb.total:g} bytes"
 
 
-def _show(spec: ModelSpec, device: str, as_json: bool, zero: int, dp: int) -> int:
-    costs: CostTable = analytical_costs(spec, get_device(device))
+def _show(spec: ModelSpec, costs: CostTable, as_json: bool, zero: int, dp: int) -> int:
+    """`costs`: the analytical table of `spec` (at its tp: one GPU's share)."""
+    device, tp, sp = costs.meta["device"], costs.meta["tp"], costs.meta["sp"]
     pb = costs.param_bytes
     share = pb.share(zero, dp)
     rows: dict[str, dict] = {}
@@ -112,13 +125,15 @@ def _show(spec: ModelSpec, device: str, as_json: bool, zero: int, dp: int) -> in
         row = rows.setdefault(layer.kind, {
             "kind": layer.kind, "symbol": layer.symbol, "count": 0, "params": cost.params,
             "f": cost.f, "b": cost.b, "w": cost.w, "act": cost.act, "act_w": cost.act_w,
-            "sel_act": cost.sel_act, "sel_f": cost.sel_f, "static": share * cost.static})
+            "sel_act": cost.sel_act, "sel_f": cost.sel_f, "static": share * cost.static,
+            "tp_f": cost.tp_f, "tp_b": cost.tp_b, "tp_w": cost.tp_w})
         row["count"] += 1
     static = sum(layer.static for layer in costs.layers)
     if as_json:
         print_json({**_summary(spec), "pattern": spec.pattern, "device": device,
                     "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
-                    "param_bytes": _param_bytes_json(pb), "zero": zero, "dp": dp,
+                    "param_bytes": _param_bytes_json(pb), "zero": zero, "dp": dp, "tp": tp,
+                    "sequence_parallel": sp,
                     "param_bytes_per_device": _param_bytes_json(pb.sharded(zero, dp)),
                     "static": static, "static_per_device": share * static,
                     "kinds": list(rows.values())})
@@ -126,27 +141,32 @@ def _show(spec: ModelSpec, device: str, as_json: bool, zero: int, dp: int) -> in
     from rich.console import Console
     from rich.table import Table
 
+    on = f" at tp {tp}{' with' if sp else ' without'} sequence parallelism, one GPU's share" if tp > 1 else ""
     table = Table(title=f"{spec.name}: {spec.num_layers} layers, {_billions(spec.params())} "
-                        f"parameters; analytical costs on {device}, micro-batch "
+                        f"parameters; analytical costs on {device}{on}, micro-batch "
                         f"{spec.microbatch_size} x {spec.seq_len} tokens, {spec.dtype}")
     sharded = zero > 0 and dp > 1
-    for col in ("kind", "sym", "count", "params", "F ms", "B ms", "W ms", "act MiB",
+    for col in ("kind", "sym", "count", "params", "F ms", "B ms", "W ms",
+                *(("tp comm ms",) if tp > 1 else ()), "act MiB",
                 "act_w MiB", "sel MiB", "static MiB" + (" / copy" if sharded else "")):
         table.add_column(col, justify="left" if col in ("kind", "sym") else "right")
     for r in rows.values():
+        comm = (f"{(r['tp_f'] + r['tp_b'] + r['tp_w']) * 1e3:.3f}",) if tp > 1 else ()
         table.add_row(r["kind"], r["symbol"], str(r["count"]), _billions(r["params"]),
-                      f"{r['f'] * 1e3:.3f}", f"{r['b'] * 1e3:.3f}", f"{r['w'] * 1e3:.3f}",
+                      f"{r['f'] * 1e3:.3f}", f"{r['b'] * 1e3:.3f}", f"{r['w'] * 1e3:.3f}", *comm,
                       f"{r['act'] / 2**20:.1f}", f"{r['act_w'] / 2**20:.1f}",
                       f"{r['sel_act'] / 2**20:.1f}", f"{r['static'] / 2**20:,.1f}")
     console = Console(width=140)
     console.print(table)
     console.print(f"pattern {spec.pattern}", soft_wrap=True, highlight=False, markup=False)
     line = (f"per parameter: weights + gradients + optimizer state = {_per_parameter(pb)}; "
-            f"static {size(static, 2)} for the whole model")
+            f"static {size(static, 2)} for the whole model"
+            + (f" (one GPU's share at tp {tp})" if tp > 1 else ""))
     if sharded:
         line += (f"; on one of {dp} copies with ZeRO {zero}: {_per_parameter(pb.sharded(zero, dp))}, "
                  f"static {size(share * static, 2)}")
     console.print(line, soft_wrap=True, highlight=False, markup=False)
-    console.print("sel: the activation bytes selective recompute drops after F, per layer",
+    console.print("sel: the activation bytes selective recompute drops after F, per layer"
+                  + ("; tp comm: of F + B + W, the tp collectives' seconds" if tp > 1 else ""),
                   highlight=False, markup=False)
     return 0

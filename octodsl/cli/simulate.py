@@ -1,9 +1,13 @@
 """`octodsl simulate PLAN... [--model SPEC | --profile FILE | --costs F=1,B=1,W=1[,comm=0]]
-[--device H800] [--link nvlink] [--dp N] [--zero 0|1|2] [--recompute none|full|selective]
-[--json] [--trace FILE] [--png FILE]`: iteration time, bubbles, overlap, memory and the critical
-path of a plan, before renting any GPU. Several plans are compared side by side, one row each.
---dp, --zero and --recompute override the plan's header and `recompute` section (--recompute:
-every stage), for the costs and the communication alike."""
+[--device H800] [--link nvlink] [--inter-node-link ib-ndr] [--dp N] [--zero 0|1|2] [--tp N]
+[--sequence-parallel true|false] [--gpus-per-node N] [--recompute none|full|selective]
+[--json] [--trace FILE] [--png FILE]`: iteration time, bubbles, overlap, memory, each link's
+busy time and the critical path of a plan, before renting any GPU. Several plans are compared
+side by side, one row each. --dp, --zero, --tp, --sequence-parallel, --gpus-per-node and
+--recompute override the plan's header and `recompute` section (--recompute: every stage), for
+the costs and the communication alike. Pipeline messages and data-parallel collectives take
+--link inside a node and --inter-node-link between nodes, by where the plan's ranks sit
+(octodsl.mesh)."""
 
 from __future__ import annotations
 
@@ -22,11 +26,13 @@ from ..lang import PlanSyntaxError
 from ..lint import lint_source
 from ..plan import Plan, PlanError, Recompute
 from ..sim import SimCosts, SimResult, compile, simulate, warm_up
+from ..sim.costs import TpMismatch
 from ..lint.memory import CODE as MEMORY_CODE
-from .common import (DP, ZERO, UserError, link_named, op_costs, output, pipeline_link,
-                     print_json, read_text, stdout_console, writing)
+from .common import (DP, INTER_NODE_LINK, ZERO, UserError, add_mesh_options, link_named, mesh_update, op_costs,
+                     output, pipeline_link, print_json, read_text, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
+
 
 
 class _Shown(TypedDict):
@@ -52,14 +58,17 @@ def register(sub) -> None:
                      f"without a model: {_UNIT_COSTS}")
     p.add_argument("--device", default="H800", help="device for a model's analytical costs (default H800)")
     p.add_argument("--link", metavar="NAME",
-                   help="link between pipeline devices: nvlink, nvlink4, ib-ndr, loopback, none "
-                   "(none: communication is free). Default: a calibrated profile's link, else nvlink "
-                   "with a model, --costs' comm without")
-    p.add_argument("--dp-link", metavar="NAME", help="link of the data-parallel all-reduce (default: --link)")
+                   help="link between pipeline devices in one node (and of the tp collectives, "
+                   "with a model): nvlink, nvlink4, nvlink3, ib-ndr, loopback, none (none: "
+                   "communication is free). Default: a calibrated profile's link, else the device's node link "
+                   "(H800: nvlink) with a model, --costs' comm without")
+    p.add_argument("--dp-link", metavar="NAME", help="link of every data-parallel collective "
+                   "(default: --inter-node-link for a dp group that spans nodes, else --link)")
     p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
     p.add_argument("--zero", type=ZERO, metavar="N",
                    help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
                    "the gradients); default: the plan's `zero`")
+    add_mesh_options(p, default_from="the plan's")
     p.add_argument("--recompute", choices=[m.value for m in Recompute],
                    help="what every stage recomputes (default: the plan's `recompute` section)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
@@ -80,11 +89,13 @@ def run(args) -> int:
         plan = load_plan_or_report(path)
         if plan is None:
             return 1
-        plan = with_overrides(plan, args.dp, args.zero, args.recompute)
-        costs, link, device_memory = _costs(args, path, plan)
+        update = {k: v for k, v in (("dp", args.dp), ("zero", args.zero)) if v is not None}
+        update.update(mesh_update(args, plan.header.tp, plan.header.sequence_parallel))
+        plan = with_overrides(plan, update, args.recompute)
+        costs, link, inter_link, device_memory = _costs(args, path, plan)
         t0 = time.perf_counter()
         try:
-            result = simulate(compile(plan), costs, link, dp_link=dp_link)
+            result = simulate(compile(plan), costs, link, inter_link=inter_link, dp_link=dp_link)
         except PlanError as e:
             raise UserError(f"{path}: {e}") from None
         limit = plan.header.memory if plan.header.memory is not None else device_memory
@@ -140,36 +151,47 @@ def load_plan_or_report(path: str) -> Plan | None:
     return plan
 
 
-def with_overrides(plan: Plan, dp: int | None, zero: int | None, recompute: str | None) -> Plan:
-    """The plan with its header's dp and zero, and every stage's recompute, replaced by those
-    given (None: the plan's)."""
-    header = plan.header.model_copy(update={k: v for k, v in (("dp", dp), ("zero", zero))
-                                            if v is not None})
+def with_overrides(plan: Plan, update: dict, recompute: str | None) -> Plan:
+    """The plan with the header fields in `update` (dp, zero, tp, ...: those given) and every
+    stage's recompute (None: the plan's) replaced."""
+    header = plan.header.model_copy(update=update)
     stages = plan.stages if recompute is None else [
         dataclasses.replace(s, recompute=Recompute(recompute)) for s in plan.stages]
     return dataclasses.replace(plan, header=header, stages=stages)
 
 
-def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, int | None]:
-    """The costs, the pipeline's link, and the memory of the device the costs are for."""
+def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | None]:
+    """The costs, the pipeline's links inside and between nodes, and the memory of the device
+    the costs are for. Between nodes: --inter-node-link, else InfiniBand NDR, but for a
+    calibrated profile's link or --costs' comm, which then holds everywhere."""
     model = args.model or (None if args.costs or args.profile else plan.header.model)
     if model or args.profile:
+        h = plan.header
+        given = link_named(args.link) if args.link else None
         try:
+            # The tp collectives run inside a node: on --link when given, else the device's own.
             table = cost_table(model=model, profile=args.profile, device=args.device,
-                               microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len)
+                               microbatch_size=h.microbatch_size, seq_len=h.seq_len, tp=h.tp,
+                               sp=h.sp, tp_link=given)
             costs = SimCosts.from_table(table, plan)
+        except TpMismatch as e:
+            raise UserError(f"{path}: {e}") from None
         except PlanError as e:
             raise UserError(f"{path}: {e}; partition the plan over the model's layers, or "
                             "simulate it with --costs") from None
         except OctoError as e:
             raise UserError(str(e)) from None
         try:
-            device_memory = get_device(table.meta.get("device", args.device)).memory
+            device = get_device(table.meta.get("device", args.device))
         except OctoError:  # a profile measured on a device we hold no description of
-            device_memory = None
-        return costs, pipeline_link(args.link, table, "nvlink"), device_memory
+            device = None
+        link = pipeline_link(args.link, table, device.node_link if device else "nvlink")
+        fitted = table.calibration is not None and link is table.calibration.link
+        inter = args.inter_node_link or (link if fitted else link_named(INTER_NODE_LINK))
+        return costs, link, inter, device.memory if device else None
     values = args.costs or op_costs(_UNIT_COSTS)
     costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
                      source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
     fixed = Link(f"{values['comm']:g} s per message", values["comm"], 0.0)
-    return costs, link_named(args.link) if args.link else fixed, None
+    link = link_named(args.link) if args.link else fixed
+    return costs, link, args.inter_node_link or link, None

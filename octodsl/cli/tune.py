@@ -1,14 +1,17 @@
 """`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
-[--dp N] [--zero 0|1|2] [--recompute auto|none|full|selective] [--budget 60s] [--seed N]
-[--from PLAN [--keep partition|partition,placement]] [--compare random,milp,milp-warm]
-[--explain] [--json]`: search partition, placement, schedule and recompute together for the
-fastest plan that fits in memory, and show it next to the classic schedules (with the same
-levers) on the same simulator.
+[--dp N] [--zero 0|1|2] [--tp N] [--sequence-parallel true|false] [--gpus-per-node N]
+[--link NAME] [--inter-node-link NAME] [--recompute auto|none|full|selective] [--budget 60s]
+[--seed N] [--from PLAN [--keep partition|partition,placement]]
+[--compare random,milp,milp-warm] [--explain] [--json]`: search partition, placement, schedule
+and recompute together for the fastest plan that fits in memory, and show it next to the
+classic schedules (with the same levers) on the same simulator.
 
-`--dp` and `--zero` go into the header of every plan the tuner proposes and writes (ZeRO shards
-the optimizer state, and with 2 the gradients, over the dp copies). `--recompute auto` lets the
-tuner pick each stage's mode; a mode makes every stage recompute that way (`none`: never).
-`--keep` keeps the `--from` plan's cuts (and placement) exactly."""
+`--dp`, `--zero`, `--tp`, `--sequence-parallel` and `--gpus-per-node` go into the header of
+every plan the tuner proposes and writes (ZeRO shards the optimizer state, and with 2 the
+gradients, over the dp copies; at tp N every layer is one GPU's share of a tp group, costed with
+its collectives). `--recompute auto` lets the tuner pick each stage's mode; a mode makes every
+stage recompute that way (`none`: never). `--keep` keeps the `--from` plan's cuts (and
+placement) exactly."""
 
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import OctoError
-from .common import (DEVICES, DP, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError,
-                     duration, memory_size, output, print_json, read_text,
-                     stdout_console, write_output)
+from .common import (DEVICES, DP, INTER_NODE_LINK, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN,
+                     ZERO, UserError, add_mesh_options, duration, link_named, memory_size,
+                     mesh_update, output, print_json, read_text, stdout_console, write_output)
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
     from rich.live import Live
@@ -35,7 +38,8 @@ def register(sub) -> None:
     p.add_argument("--microbatches", "-m", type=MICROBATCHES, metavar="M",
                    help="micro-batches per iteration")
     p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
-    p.add_argument("--link", default="nvlink", help="link between devices (default nvlink)")
+    p.add_argument("--link", metavar="NAME", help="link between devices in one node, and of the "
+                   "tp collectives (default: the device's node link, H800: nvlink)")
     p.add_argument("--memory", type=_memory_limit, metavar="SIZE", help="memory limit per "
                    "device, e.g. 80GiB, or 'none' (default: the device's memory)")
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
@@ -46,6 +50,7 @@ def register(sub) -> None:
     p.add_argument("--zero", type=ZERO, metavar="0|1|2", help="ZeRO stage over the dp copies: "
                    "1 shards the optimizer state, 2 the gradients too; in every plan's header "
                    "(default: the --from plan's, else 0)")
+    add_mesh_options(p, default_from="the --from plan's, else tp 1 and 8 GPUs per node")
     p.add_argument("--recompute", type=RECOMPUTE, default=AUTO_MODE,
                    metavar="auto|none|full|selective",
                    help="activation recomputation: auto (default) lets the tuner pick none, "
@@ -186,11 +191,15 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
         if zero > 0 and dp == 1:
             raise UserError(f"--zero {zero} shards over the data-parallel copies: give --dp 2 or "
                             "more (with one copy there is nothing to shard over)")
+        mesh = {"tp": own.tp, "sequence_parallel": own.sequence_parallel,
+                "gpus_per_node": own.gpus_per_node} if own is not None else {}
+        mesh.update(mesh_update(args, mesh.get("tp", 1), mesh.get("sequence_parallel")))
         problem = Problem.create(
-            model, devices, microbatches, device=args.device, memory=memory, link=args.link,
+            model, devices, microbatches, device=args.device, memory=memory,
+            link=link_named(args.link) if args.link else None,
             microbatch_size=args.microbatch_size or (own and own.microbatch_size),
             seq_len=args.seq_len or (own and own.seq_len), dp=dp, zero=zero,
-            recompute=args.recompute)
+            recompute=args.recompute, inter_link=args.inter_node_link or INTER_NODE_LINK, **mesh)
     except OctoError as e:
         raise UserError(str(e)) from None
     return problem

@@ -16,17 +16,19 @@ DEFAULT_DEVICE = "H800"
 
 def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
     """For a plan whose header names a model and a memory limit: an E501 error at the memory
-    line for each device whose peak exceeds the limit, naming the op at the peak. Nothing when
+    line for each device whose peak exceeds the limit (one GPU of its tp group, costed at the
+    plan's tp and sequence parallelism), naming the op at the peak. Nothing when
     the model cannot be loaded or the plan's structure is broken (other checks report those)."""
     h = plan.header
     if h.model is None or h.memory is None:
         return []
     try:
         table = cost_table(model=h.model, device=DEFAULT_DEVICE, microbatch_size=h.microbatch_size,
-                           seq_len=h.seq_len)
+                           seq_len=h.seq_len, tp=h.tp, sp=h.sp)
         costs = SimCosts.from_table(table, plan)
         program = compile(plan)
-    except OctoError:  # an unknown model (SpecError), a partition that does not fit (PlanError)
+    except OctoError:  # an unknown model (SpecError), a partition that does not fit (PlanError),
+        # a tp the model does not split over (lint's tp check reports it)
         return []
     mem = memory(program, costs.stages)
     out = []
@@ -37,6 +39,7 @@ def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
                 CODE, f"device {d} peaks at {size(peak, 2)}{at}, {size(peak - h.memory, 2)} over the "
                 f"{size(h.memory, 2)} limit", h.spans.get("memory"),
                 hint="run W ops earlier, hold fewer micro-batches in flight, move layers off "
-                     "this device, recompute (a `recompute` section) or shard with `zero 1`"))
+                     "this device, recompute (a `recompute` section), shard with `zero 1` or "
+                     "split the layers with a larger `tp`"))
     return out
 

@@ -9,7 +9,11 @@ The model (after OctoPipe's simulator):
   slot); data edges from octodsl.dag; each device runs its nodes in the plan's order on its
   compute stream.
 - A data edge between devices is a message of the producing cut's `send_bytes` (activations
-  forward, gradients of the same size backward), taking `link.time(bytes)`. Each device has one
+  forward, gradients of the same size backward), taking `link.time(bytes)` on the cut's link:
+  the inter-node one when the two devices' ranks sit in different nodes (links.py, by the
+  plan's tp x pp x dp mesh, octodsl.mesh), else the intra-node one. A device is a tp group
+  whose ranks run in lockstep, and every dp copy runs alike: one pipeline is walked, whatever
+  the world size; the tp collectives are inside the ops' costs. Each device has one
   communication stream beside its compute stream; a message holds the sender's and the
   receiver's stream for its whole transfer (the receive ends with the send), and streams take
   messages in the order they become ready, ties broken by message id (the graph's message
@@ -21,7 +25,8 @@ The model (after OctoPipe's simulator):
 - DP > 1 (dpcomm.py): each device all-reduces its stages' gradients over a ring once its
   compute and messages are done; under ZeRO 1 a reduce-scatter there and an all-gather of the
   parameters after the optimizer step; under ZeRO 2 a reduce-scatter after each W, on a
-  data-parallel stream, overlapping later compute (formulas, not simulated per rank).
+  data-parallel stream, overlapping later compute (formulas, not simulated per rank), each
+  device's on the link its dp group spans (links.py).
 - Calibrated costs (octodsl.calibrate) may add: a fused BW's own cost (StageCost.bw); devices
   that share processors (SimCosts.sharing, sharing.py: walks repeated until every op's duration
   is consistent with how many devices compute beside it); an optimizer step per device
@@ -30,11 +35,13 @@ The model (after OctoPipe's simulator):
 
 Metrics (SimResult): iteration time; per device busy, idle (bubble), communication and the part
 of it not under the device's own compute (exposed); bubble ratio = idle / iteration time;
-overlap rate = communication under compute / all communication; peak memory and the op at the
-peak; a lower bound (bounds.py) and efficiency = bound / iteration time; the critical path.
+overlap rate = communication under compute / all communication; each link's busy seconds
+(`link_busy`: tp collectives, pipeline messages inside and between nodes, dp collectives);
+peak memory and the op at the peak; a lower bound (bounds.py) and efficiency = bound /
+iteration time; the critical path.
 
 Modules: program (compile), core (the walk), memory, bounds, dpcomm (the data-parallel end of
-the iteration), costs (SimCosts), simulate, result; for people: report (summary, JSON), trace (Chrome / Perfetto), gantt (PNG). Lint's
+the iteration), links (which link each transfer takes), costs (SimCosts), simulate, result; for people: report (summary, JSON), trace (Chrome / Perfetto), gantt (PNG). Lint's
 memory rule (E501) is octodsl.lint.memory, on top of memory.py.
 
 Speed: the walk is numba-compiled when numba is installed (jit.py): about 1 ms for 12k ops,

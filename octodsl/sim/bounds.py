@@ -39,25 +39,29 @@ def single_microbatch_path(program: SimProgram, costs: Sequence[StageCost],
     return longest
 
 
-def ring_time(nbytes: np.ndarray, ranks: int, link: Link, passes: int) -> np.ndarray:
+def ring_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link],
+              passes: int) -> np.ndarray:
     """`passes` times round a ring of `ranks` copies: each pass is ranks - 1 steps, each step
     moving nbytes / ranks to the next copy (so a pass moves (ranks - 1) / ranks x nbytes per
-    copy, and costs (ranks - 1) latencies)."""
-    return np.array([link.ring(b, ranks, passes) for b in nbytes], float)
+    copy, and costs (ranks - 1) latencies). `link`: one for all, or one per element (each
+    device's group on its own link, links.py)."""
+    links = [link] * len(nbytes) if isinstance(link, Link) else link
+    return np.array([k.ring(b, ranks, passes) for b, k in zip(nbytes, links, strict=True)], float)
 
 
-def ring_allreduce_time(nbytes: np.ndarray, ranks: int, link: Link) -> np.ndarray:
+def ring_allreduce_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link]) -> np.ndarray:
     """A ring all-reduce: a reduce-scatter pass, then an all-gather pass."""
     return ring_time(nbytes, ranks, link, 2)
 
 
-def ring_reduce_scatter_time(nbytes: np.ndarray, ranks: int, link: Link) -> np.ndarray:
+def ring_reduce_scatter_time(nbytes: np.ndarray, ranks: int,
+                             link: Link | Sequence[Link]) -> np.ndarray:
     """A ring reduce-scatter: each copy ends with the sum of one 1 / ranks shard (half an
     all-reduce's time)."""
     return ring_time(nbytes, ranks, link, 1)
 
 
-def ring_all_gather_time(nbytes: np.ndarray, ranks: int, link: Link) -> np.ndarray:
+def ring_all_gather_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link]) -> np.ndarray:
     """A ring all-gather: each copy sends its 1 / ranks shard round the ring (the other half of
     an all-reduce, the same time as a reduce-scatter)."""
     return ring_time(nbytes, ranks, link, 1)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..costs.table import CostTable, ParamBytes, StageCost
-from ..plan import Plan
+from ..plan import Plan, PlanError
 from .sharing import Sharing
 
 
@@ -51,9 +51,11 @@ class SimCosts:
         """Stage costs of the plan's partition (for a plan that names no layers, the split the
         executor runs: `CostTable.stage_ranges`), with the plan's recompute and ZeRO sharding;
         gradients all-reduced in the model's dtype. Raises PlanError when the partition does
-        not fit the table's layers."""
-        ranges = table.stage_ranges(plan)
+        not fit the table's layers, or when the table is costed at another tensor-parallel
+        degree (or sequence parallelism) than the plan's."""
         h = plan.header
+        check_tp(table, h.tp, h.sp)
+        ranges = table.stage_ranges(plan)
         stages = table.range_costs(ranges, plan.recompute(), h.zero, h.dp)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         cal = table.calibration
@@ -63,3 +65,21 @@ class SimCosts:
                    table.tokens_per_microbatch or None, table.source,
                    sharing,
                    0.0 if cal is None else cal.step_overhead, table.param_bytes, h.zero, h.dp)
+
+
+class TpMismatch(PlanError):
+    """A cost table costed at another tensor-parallel degree than the plan runs."""
+
+
+def check_tp(table: CostTable, tp: int, sp: bool) -> None:
+    """TpMismatch unless `table` holds one GPU's share at tensor-parallel degree `tp` (and, for
+    tp > 1, with sequence parallelism `sp`): its meta "tp" (default 1) and "sp"."""
+    own = int(table.meta.get("tp", 1))
+    own_sp = bool(table.meta.get("sp", own > 1))
+    if own == tp and (tp == 1 or own_sp == sp):
+        return
+    shown = f"tp {own}" + (f" with sequence parallelism {'on' if own_sp else 'off'}" if own > 1 else "")
+    wanted = f"tp {tp}" + (f" with sequence parallelism {'on' if sp else 'off'}" if tp > 1 else "")
+    raise TpMismatch(f"the costs ({table.source or 'the cost table'}) are for {shown}, the plan "
+                    f"runs {wanted}: profile at the plan's tp, or use the analytical model "
+                    "(--model), which costs any tp")

@@ -2,8 +2,9 @@
 gradients over the `dp` copies of its pipeline position, every device takes its optimizer step,
 and under ZeRO each gathers the updated parameters back.
 
-Each device has a data-parallel stream on `dp_link`, beside its message stream (a collective
-runs on its own communicator); the collectives' times are bounds.py's ring formulas.
+Each device has a data-parallel stream on its dp link (links.py: the inter-node link when its
+group spans nodes), beside its message stream (a collective runs on its own communicator); the
+collectives' times are bounds.py's ring formulas.
 - zero 0: one all-reduce of the device's gradient bytes, once its compute and its messages are
   done. It does not overlap the cool-down: DeepSpeed's pipeline engine reduces after the last
   micro-batch.
@@ -24,7 +25,7 @@ all-gather starts when its own step ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -112,9 +113,10 @@ class DpComm:
 
 
 def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks: int,
-            link: Link, pipeline_time: float, update: np.ndarray) -> DpComm:
+            links: Sequence[Link], pipeline_time: float, update: np.ndarray) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
-    device's optimizer-step seconds, over `ranks` copies on `link` (the module's model)."""
+    device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
+    module's model)."""
     P = p.devices
     device_bytes = np.bincount(p.stage_device, weights=grad_bytes, minlength=P)
     none = np.zeros(P)
@@ -123,7 +125,7 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
     if zero >= 2 and ranks > 1:
         ptr, start, end, op, held = _after_each_w(
             p.order_ptr, p.order_nodes, p.op_ptr, p.op_kind, p.op_stage, t.end,
-            ring_reduce_scatter_time(grad_bytes, ranks, link))
+            ring_reduce_scatter_time(grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()]))
         dev = np.repeat(np.arange(P), np.diff(ptr))
         allreduce, reduce_scatter = none, np.bincount(dev, weights=end - start, minlength=P)
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
@@ -132,13 +134,13 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
         # it is under the device's compute.
         ptr, dev = np.arange(P + 1), np.arange(P)
         start = np.maximum(t.dev_free, t.comm_free)
-        whole = (ring_allreduce_time if zero == 0 else ring_reduce_scatter_time)(device_bytes, ranks, link)
+        whole = (ring_allreduce_time if zero == 0 else ring_reduce_scatter_time)(device_bytes, ranks, links)
         end = start + whole
         op, held = np.full(P, -1), np.zeros(P, bool)
         allreduce, reduce_scatter = (whole, none) if zero == 0 else (none, whole)
         hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
-    gather = ring_all_gather_time(device_bytes, ranks, link) if zero >= 1 else none
+    gather = ring_all_gather_time(device_bytes, ranks, links) if zero >= 1 else none
     return DpComm(zero, ranks, allreduce, reduce_scatter, gather, hidden, ptr, dev, start, end,
                   op, held, update_start, update_start + update)
 

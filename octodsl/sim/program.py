@@ -14,8 +14,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..dag import build_graph
+from ..mesh import Mesh
 from ..plan import Op, OpKind, Plan, PlanError, Slot
 from .core import WalkGraph
+from .links import cut_crosses_nodes, dp_spans_nodes
 
 KIND_OF_CODE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 """Op kinds by their code in `SimProgram.op_kind` (and the constructor's, tune/construct.py)."""
@@ -62,6 +64,10 @@ class SimProgram:
     """Per message: s when it crosses the cut between stages s and s + 1 (either direction)."""
     stream_ptr: np.ndarray
     """Per device: room for every message its communication stream carries (sent or received)."""
+    cut_inter: np.ndarray
+    """Per stage s: True when messages across the cut s|s+1 leave a node (links.py)."""
+    dp_inter: np.ndarray
+    """Per device: True when its data-parallel group spans nodes (links.py)."""
 
     @property
     def devices(self) -> int:
@@ -163,6 +169,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
                                + np.bincount(msg_dst_dev, minlength=P))
     split = np.zeros(plan.num_stages, bool)
     split[op_stage[op_kind == KIND_CODE[OpKind.W]]] = True  # as Plan.split_stages, from the arrays
+    mesh = Mesh.of(plan.header)
     return SimProgram(
         plan=plan, stage_device=stage_device, split=split,
         order_ptr=order_ptr, order_nodes=order_nodes, node_dev=node_dev,
@@ -177,14 +184,16 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         msg_mb=np.fromiter((m.producer.mb for m in messages), _I, M),
         msg_boundary=np.fromiter((m.boundary for m in messages), _I, M),
         stream_ptr=stream_ptr,
+        cut_inter=cut_crosses_nodes(mesh, stage_device), dp_inter=dp_spans_nodes(mesh),
     )
 
 
 def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
     """`like` with the device orders of `plan`, when every device runs the same slots as in
-    like.plan (same partition and placement); None when anything else changed."""
+    like.plan (same partition, placement and mesh); None when anything else changed."""
     old = like.plan
-    if (plan.devices != old.devices or plan.num_stages != old.num_stages
+    if (Mesh.of(plan.header) != Mesh.of(old.header)
+            or plan.devices != old.devices or plan.num_stages != old.num_stages
             or plan.microbatches != old.microbatches
             or sorted((p.device, p.stages) for p in plan.placement)
             != sorted((p.device, p.stages) for p in old.placement)

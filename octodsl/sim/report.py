@@ -10,6 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..mesh import Mesh
 from ..plan import Recompute
 from ..units import size
 from .result import SimResult, Step
@@ -85,8 +86,13 @@ def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
         "microbatches": p.microbatches,
         "dp": result.dp,
         "zero": result.zero,
+        "tp": h.tp,
+        "sequence_parallel": h.sp,
+        "mesh": _mesh_json(result),
         "costs": result.costs.source,
         "link": link,
+        "links": {kind: {"link": x.link, "busy": x.busy.tolist(), "total": x.total}
+                  for kind, x in result.link_busy().items()},
         "iteration_time": result.iteration_time,
         "pipeline_time": result.pipeline_time,
         "throughput": result.throughput,
@@ -120,6 +126,32 @@ def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
     }
 
 
+def _mesh(result: SimResult) -> Mesh:
+    h = result.program.plan.header
+    return Mesh(h.tp, result.devices, result.dp, h.gpus_per_node)
+
+
+def _mesh_json(result: SimResult) -> dict:
+    """tp x pp x dp GPUs on nodes (the dp of the simulation, which may override the plan's)."""
+    m = _mesh(result)
+    return {"tp": m.tp, "pp": m.pp, "dp": m.dp, "world": m.world, "nodes": m.nodes,
+            "gpus_per_node": m.gpus_per_node}
+
+
+def _links_line(result: SimResult) -> str:
+    """'tp nvlink 3.1 ms, pipeline nvlink 1.2 ms + ib-ndr 0.4 ms, dp ib-ndr 20 ms' (the busiest
+    device's seconds of each), leaving out what moves nothing."""
+    busy = result.link_busy()
+    parts = []
+    for label, kinds in (("tp", ("tp",)), ("pipeline", ("pipeline_intra_node", "pipeline_inter_node")),
+                         ("dp", ("dp_intra_node", "dp_inter_node"))):
+        shown = [f"{busy[k].link} {_time(float(busy[k].busy.max(initial=0.0)))}" for k in kinds
+                 if busy[k].busy.any()]
+        if shown:
+            parts.append(f"{label} " + " + ".join(shown))
+    return ", ".join(parts)
+
+
 def _static_json(result: SimResult, device: int) -> dict:
     """A device's static bytes, split by part after sharding when the per-parameter bytes are
     known (else the parts are null)."""
@@ -142,13 +174,22 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
     head = Text()
     head.append(f"{h.name}", style="bold")
     head.append(f": {p.devices} devices x {p.microbatches} micro-batches"
+                + (f", TP {h.tp}" + ("" if h.sp else " without sequence parallelism")
+                   if h.tp > 1 else "")
                 + (f", DP {result.dp}" if result.dp > 1 else "")
                 + (f", ZeRO {result.zero}" if result.zero else "") + "\n")
     head.append(f"{result.costs.source or 'given costs'}; link {link}\n", style="dim")
+    mesh = _mesh(result)
+    if mesh.world > 1:
+        head.append(f"mesh            tp {mesh.tp} x pp {mesh.pp} x dp {mesh.dp} = {mesh.world:,} "
+                    f"GPUs on {mesh.nodes:,} node{'s' * (mesh.nodes > 1)} of {mesh.gpus_per_node}\n")
+    links = _links_line(result)
+    if links:
+        head.append(f"links           {links} (the busiest device)\n")
     head.append(f"iteration time  {_time(t)}   lower bound {_time(result.lower_bound)} "
                 f"(efficiency {result.efficiency:.1%})\n")
     if result.throughput is not None:
-        head.append(f"throughput      {result.throughput:,.0f} tokens per device per second\n")
+        head.append(f"throughput      {result.throughput:,.0f} tokens per GPU per second\n")
     head.append(f"bubble ratio    {result.bubble_ratio:.1%}   communication overlap "
                 f"{result.overlap_rate:.1%}")
     if result.allreduce.any():
@@ -228,7 +269,7 @@ def _time(seconds: float) -> str:
 def comparison(rows: list[tuple[str, SimResult]]) -> Table:
     """Several plans side by side, one row each; speed-up is against the first row."""
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("plan", "stages", "iteration", "tokens/dev/s", "bubble", "overlap", "efficiency",
+    for col in ("plan", "stages", "iteration", "tokens/GPU/s", "bubble", "overlap", "efficiency",
                 "peak memory", "speed-up"):
         table.add_column(col, justify="left" if col == "plan" else "right")
     base = rows[0][1].iteration_time

@@ -16,6 +16,7 @@ from ..plan import Op, OpKind
 from .core import NO_PRED, msg_pred_code
 from .costs import SimCosts
 from .dpcomm import CollectiveSpan, DpComm
+from .links import Links
 from .memory import Memory
 from .program import KIND_OF_CODE, SimProgram
 
@@ -34,6 +35,18 @@ class Step:
     end: float
     peer: int | None = None
     """A message's receiver."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkBusy:
+    """One kind of transfer in an iteration (SimResult.link_busy)."""
+
+    link: str
+    """The link's name."""
+    busy: np.ndarray
+    """Per device: seconds of its streams on this kind of transfer."""
+    total: float
+    """Seconds of these transfers, each counted once (a message once, not at both ends)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +134,8 @@ class SimResult:
     stream_log: np.ndarray
     update: np.ndarray
     """Per device: seconds of its optimizer step, from update_start."""
+    links: Links
+    """The links the pipeline's messages and the data-parallel collectives took."""
 
     @property
     def devices(self) -> int:
@@ -171,12 +186,42 @@ class SimResult:
 
     @property
     def throughput(self) -> float | None:
-        """Tokens per device per second, when the micro-batch size in tokens is known."""
+        """Tokens per GPU per second, when the micro-batch size in tokens is known: a
+        pipeline's tokens per iteration over its devices' GPUs (tp per device)."""
         tokens = self.costs.tokens_per_microbatch
         if not tokens or self.iteration_time <= 0:
             return None
         p = self.program
-        return p.microbatches * tokens / (self.iteration_time * p.devices)
+        return p.microbatches * tokens / (self.iteration_time * p.devices * p.plan.header.tp)
+
+    def link_busy(self) -> dict[str, LinkBusy]:
+        """Per kind of transfer, the link it took and its busy seconds per device:
+        'tp' (the tensor-parallel collectives inside the ops: StageCost.tp_f, tp_b, tp_w of
+        every op a device runs, a fused BW both of tp_b and tp_w; named after the intra-node
+        link, which `octodsl simulate` costs them on), 'pipeline_intra_node' and
+        'pipeline_inter_node' (the messages a device sends or receives, by the cut's link),
+        'dp_intra_node' and 'dp_inter_node' (its data-parallel collectives, by where its
+        group sits)."""
+        p, links = self.program, self.links
+        P = p.devices
+        c = self.costs.stages
+        tp_f, tp_b, tp_w = (np.array([getattr(x, k) for x in c], float) for k in ("tp_f", "tp_b", "tp_w"))
+        per_op = np.stack([tp_f, tp_b, tp_w, tp_b + tp_w], axis=1)[p.op_stage, p.op_kind]
+        tp = np.bincount(np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=P)
+        out = {"tp": LinkBusy(links.intra.name, tp, float(tp.sum()))}
+        seconds = self.msg_end - self.msg_start
+        inter = links.cut_inter[p.msg_boundary]
+        for key, where, link in (("pipeline_intra_node", ~inter, links.intra),
+                                 ("pipeline_inter_node", inter, links.inter)):
+            w = np.where(where, seconds, 0.0)
+            busy = (np.bincount(p.msg_src_dev, weights=w, minlength=P)
+                    + np.bincount(p.msg_dst_dev, weights=w, minlength=P))
+            out[key] = LinkBusy(link.name, busy, float(w.sum()))
+        for key, spans, link in (("dp_intra_node", False, links.intra),
+                                 ("dp_inter_node", True, links.inter)):
+            busy = np.where(links.dp_inter == spans, self.dp_comm.total, 0.0)
+            out[key] = LinkBusy((links.dp_given or link).name, busy, float(busy.sum()))
+        return out
 
     def ops(self) -> Iterator[OpSpan]:
         """Every op's interval; the ops of an overlap group split their slot in turn."""

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
 from ..costs.table import Link, StageCost, uniform_stage_costs
 from ..dag import build_graph, describe_cycle, execution_order
+from ..mesh import Mesh
 from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
 from .bounds import lower_bound
 from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
 from .dpcomm import dp_comm
+from .links import Links, cut_crosses_nodes, dp_spans_nodes
 from .memory import memory
 from .program import SimProgram, compile
 from .result import SimResult
@@ -29,14 +32,17 @@ class SimDeadlock(PlanError):
 
 
 def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], link: Link, *,
-             dp: int | None = None, dp_link: Link | None = None) -> SimResult:
+             inter_link: Link | None = None, dp: int | None = None,
+             dp_link: Link | None = None) -> SimResult:
     """Simulate one training iteration.
 
     costs: a StageCost per stage (per micro-batch), or SimCosts with what a cost table adds
     (gradient bytes for the data-parallel reduction, the heaviest layer, tokens per
-    micro-batch). link carries the pipeline's messages. dp: data-parallel copies (default: the
-    plan's; the static bytes in `costs` stay sharded as they were built, SimCosts.dp);
-    dp_link carries their collectives (default: link), under the plan's `zero` (dpcomm.py).
+    micro-batch). link carries the pipeline's messages inside a node, inter_link those between
+    nodes (default: link; where ranks sit is the plan's mesh, links.py). dp: data-parallel
+    copies (default: the plan's; the static bytes in `costs` stay sharded as they were built,
+    SimCosts.dp); dp_link carries their collectives (default: inter_link for a group that
+    spans nodes, else link), under the plan's `zero` (dpcomm.py).
     Raises SimDeadlock when the plan cannot run."""
     t0 = time.perf_counter()
     p = program if isinstance(program, SimProgram) else compile(program)
@@ -51,7 +57,13 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     # Columns by kind code: F, B, W, BW.
     op_dur = np.stack([f, b, w, bw], axis=1)[p.op_stage, p.op_kind]
     work = p.per_node(op_dur)
-    cut_time = np.array([link.time(c.send_bytes) for c in stage_costs], float)
+    ranks = dp if dp is not None else p.plan.header.dp
+    cut_inter, dp_inter = p.cut_inter, p.dp_inter
+    if ranks != p.plan.header.dp:  # another mesh than the one compiled: place its ranks
+        mesh = replace(Mesh.of(p.plan.header), dp=ranks)
+        cut_inter, dp_inter = cut_crosses_nodes(mesh, p.stage_device), dp_spans_nodes(mesh)
+    links = Links.of(cut_inter, dp_inter, link, inter_link, dp_link)
+    cut_time = links.cut_times(np.array([c.send_bytes for c in stage_costs], float))
     msg_dur = cut_time[p.msg_boundary]
 
     sharing = costs.sharing if costs.sharing is not None and costs.sharing.active else None
@@ -76,11 +88,10 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     # step once every device is done (DeepSpeed synchronises the pipeline there: the
     # gradient-norm all-reduce, the loss broadcast), under ZeRO the parameters' all-gather,
     # then the step's fixed overhead.
-    ranks = dp if dp is not None else p.plan.header.dp
     grads = np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
     update = shared_phase(np.bincount(p.stage_device, weights=[c.update for c in stage_costs],
                                       minlength=p.devices), sharing)
-    dpc = dp_comm(p, t, grads, p.plan.header.zero, ranks, dp_link or link, pipeline_time, update)
+    dpc = dp_comm(p, t, grads, p.plan.header.zero, ranks, links.dp, pipeline_time, update)
     iteration_time = dpc.update_start + (float((update + dpc.all_gather).max(initial=0.0))
                                          + costs.step_overhead)
     comm = comm + dpc.total
@@ -102,7 +113,7 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
         seconds=time.perf_counter() - t0,
         op_dur=op_dur, start=t.start, end=t.end, pred=t.pred, msg_start=t.msg_start,
         msg_end=t.msg_end, msg_pred=t.msg_pred, stream_log=t.stream_log,
-        update=update,
+        update=update, links=links,
     )
 
 

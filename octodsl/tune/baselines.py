@@ -53,11 +53,13 @@ def baseline_name(schedule: str, chunks: int | None, partition: str) -> str:
 
 
 def partition_stages(problem: Problem, method: str, num_stages: int) -> list[Stage]:
-    """The stages of `gen --model --partition METHOD`, on the problem's device and shape."""
+    """The stages of `gen --model --partition METHOD`, on the problem's device, shape and tp
+    (one GPU's costs: time and parameter balances at tp > 1 are of its share)."""
     h = problem.header
     assert h.model is not None, "Problem.create names the model in the header"
     stages, _ = model_stages(h.model, num_stages, method, device=problem.table.meta["device"],
-                             microbatch_size=h.microbatch_size, seq_len=h.seq_len)
+                             microbatch_size=h.microbatch_size, seq_len=h.seq_len, tp=h.tp,
+                             sp=h.sp)
     return stages
 
 

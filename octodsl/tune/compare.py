@@ -82,10 +82,12 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         peak = float(tuned.best.peak.max())
         more = "" if tuned.finished else " (the budget stopped the search: a longer one may)"
         h = problem.header
+        tp = next((t for t, _ in problem.larger_tps()), None)
         levers = ([f"ZeRO (`--zero {h.zero + 1} --dp {max(h.dp, 8)}`)"] if h.zero < 2 else []) + (
-            ["recompute (`--recompute auto`)"] if problem.recompute != AUTO else [])
-        raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device (zero "
-                         f"{h.zero}, dp {h.dp}, recompute {problem.recompute}): the best peaks "
+            ["recompute (`--recompute auto`)"] if problem.recompute != AUTO else []) + (
+            [f"a larger tp (`--tp {tp}` or more)"] if tp is not None else [])
+        raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device "
+                         f"({problem.sharding()}, recompute {problem.recompute}): the best peaks "
                          f"at {size(peak)}; use " + "".join(x + ", " for x in levers)
                          + "more devices or a larger memory limit" + more)
     out = Outcome(problem, tuned, baselines, seconds=time.perf_counter() - t0)

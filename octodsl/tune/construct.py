@@ -17,8 +17,8 @@ Greedy list scheduling over the plan's dependency rules (octodsl.dag), ZeroBubbl
 Each kind of op runs its micro-batches in order on every stage, so a device's candidates are,
 per stage, the next F, B and W: the state is a few arrays and the walk compiles with numba.
 
-The constructor times ops with a simplified model (a message costs the link time of its cut,
-no stream contention); it only decides orders. Every evaluation is the simulator's. Its output
+The constructor times ops with a simplified model (a message costs the time of its cut on the
+cut's link, no stream contention); it only decides orders. Every evaluation is the simulator's. Its output
 is the order of an actual execution, so it never deadlocks.
 """
 
@@ -32,20 +32,23 @@ import numpy as np
 
 from ..costs.table import Link, StageCost
 from ..plan import Op, Plan, Slot
+from ..mesh import Mesh
 from ..sim.jit import njit
+from ..sim.links import cut_crosses_nodes, cut_times, link_times
 from ..sim.program import KIND_OF_CODE
 
 _INF = np.inf
 
 
 def build_schedule(plan: Plan, costs: Sequence[StageCost], link: Link,
-                   memory: float | None = None, w_gap: bool = True) -> Plan:
+                   memory: float | None = None, w_gap: bool = True,
+                   inter_link: Link | None = None) -> Plan:
     """`plan` with every device's order built by list scheduling (its own schedule ignored).
 
     memory: per-device bytes the orders should stay within (None: no limit); static bytes of
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it."""
-    order = _arrays(plan, costs, link, memory, w_gap)
+    order = _arrays(plan, costs, link, memory, w_gap, inter_link)
     orders: list[list[Slot]] = [[] for _ in range(plan.devices)]
     for k, s, i, d in zip(order.kind.tolist(), order.stage.tolist(), order.mb.tolist(),
                           order.device.tolist(), strict=True):
@@ -120,7 +123,8 @@ class _Order(NamedTuple):
 
 
 def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
-            memory: float | None = None, w_gap: bool = True) -> _Order:
+            memory: float | None = None, w_gap: bool = True,
+            inter_link: Link | None = None) -> _Order:
     """The scheduler's inputs for `plan`, and the order it constructs."""
     sd = np.array(plan.stage_device(), np.int64)
     S, P, M = len(sd), plan.devices, plan.microbatches
@@ -130,8 +134,10 @@ def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
     flat = np.concatenate(dev_stages) if S else np.zeros(0, np.int64)
     col = {name: np.array([getattr(c, name) for c in costs], float)
            for name in ("f", "b", "w", "act", "act_w", "act_b", "static")}
-    delay = np.array([link.time(costs[s].send_bytes) if s + 1 < S and sd[s] != sd[s + 1] else 0.0
-                      for s in range(S)])
+    send = np.array([c.send_bytes for c in costs], float)
+    cut = (cut_times(send, cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
+           if inter_link is not None else link_times(link, send))
+    delay = np.array([cut[s] if s + 1 < S and sd[s] != sd[s + 1] else 0.0 for s in range(S)])
     static = np.bincount(sd, weights=col["static"], minlength=P)
     transient = np.array([col["act_b"][stages].max(initial=0.0) for stages in dev_stages])
     cap = np.full(P, _INF) if memory is None else memory - static

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..plan import Recompute
 from ..sim.jit import njit
+from ..sim.links import cut_crosses_nodes, link_times
 from .problem import Problem
 
 _MODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
@@ -59,8 +60,13 @@ class FillModel:
         self.pre = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)], axis=1)
         # What a stage starting at layer c keeps under full recompute (none at the end).
         self.inb = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
-        self.hop = np.array([problem.link.time(l.out_bytes) for l in layers])
         self.sd = np.array(devices, np.int64)
+        # Per cut s and layer c: a message of layer c's output across cut s, on the link the
+        # cut's ranks take (octodsl.sim.links).
+        out = np.array([l.out_bytes for l in layers], float)
+        inter = cut_crosses_nodes(problem.mesh, devices)
+        self.hop = np.array([link_times(problem.inter_link or problem.link if x else problem.link, out)
+                             for x in inter.tolist()]).reshape(len(devices), len(layers))
         self.mode = np.zeros(len(devices), np.int64)
         if recompute:
             self.set_modes(recompute)
@@ -117,7 +123,7 @@ def _first_trip(c, sd, sf, sb, hop):
     h = np.zeros(S)
     for s in range(S - 1):
         if sd[s] != sd[s + 1]:
-            h[s] = hop[c[s + 1] - 1]
+            h[s] = hop[s, c[s + 1] - 1]
     arrive = np.zeros(S)  # micro-batch 0's forward reaches stage s
     for s in range(1, S):
         arrive[s] = arrive[s - 1] + sf[s - 1] + h[s - 1]

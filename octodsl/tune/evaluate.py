@@ -67,7 +67,7 @@ class Evaluator:
         if len(self._programs) > PROGRAMS:
             self._programs.popitem(last=False)
         try:
-            result = simulate(program, costs, p.link)
+            result = simulate(program, costs, p.link, inter_link=p.inter_link)
         except SimDeadlock:
             return Score(plan, math.inf, np.zeros(p.devices), False, None)
         peak = result.peak_memory

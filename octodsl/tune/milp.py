@@ -8,7 +8,8 @@ start; memory in 1/65536ths of the limit, rounded to the nearest):
 - each stage's F, B and W take the sums of its layers' times; each (kind, stage, micro-batch)
   is an interval on the stage's device; a device runs one interval at a time;
 - F(s,m) after F(s-1,m), B(s,m) after F(s,m) and B(s+1,m), W(s,m) after B(s,m), plus the
-  link's time for an activation or gradient between devices;
+  link's time for an activation or gradient between devices (the largest layer output, on the
+  cut's link: the inter-node one where its ranks sit in different nodes);
 - memory: F holds its stage's activations until B ends, the part kept for W until W ends; with
   the static bytes of the device's layers (ZeRO-sharded as the header says), within the limit;
 - micro-batches run in order on each stage (the classic schedules all do; it removes symmetric
@@ -25,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..plan import Op, OpKind, Plan, Slot
+from ..sim.links import cut_crosses_nodes
 from .evaluate import Evaluator, Score
 from .layout import StageLayout, looped, v_shape
 from .problem import Problem
@@ -71,9 +73,12 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     held = [round((l.act - l.act_w) / unit) for l in layers]
     held_w = [round(l.act_w / unit) for l in layers]
     static = [round(x / unit) for x in problem.layer_static()]
-    hop = _us(problem.link.time(max(l.out_bytes for l in layers)))
+    largest = max(l.out_bytes for l in layers)
+    inter = problem.inter_link or problem.link
+    hops = [_us((inter if x else problem.link).time(largest))
+            for x in cut_crosses_nodes(problem.mesh, devs).tolist()]
     horizon = (_us(hint_score.time * 1.5) if hint_score and hint_score.result
-               else M * (sum(f) + sum(b) + sum(w)) + 2 * S * M * hop)
+               else M * (sum(f) + sum(b) + sum(w)) + 2 * M * sum(hops))
 
     m = cp_model.CpModel()
     # The model is built in one fixed order (CP-SAT's search depends on it): the partition,
@@ -81,7 +86,7 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     kept = StageLayout.of(hint).cuts if keep_partition and hint is not None else None
     x, stage_of = _partition(m, L, S, kept)
     start, end, by_dev = _intervals(m, devs, P, M, (f, b, w), x, horizon)
-    _precedences(m, devs, M, start, end, hop)
+    _precedences(m, devs, M, start, end, hops)
     for d in range(P):
         m.add_no_overlap(by_dev[d])
     if problem.memory is not None:
@@ -155,13 +160,13 @@ def _intervals(m, devs, P: int, M: int, times: tuple[list[int], list[int], list[
     return start, end, by_dev
 
 
-def _precedences(m, devs, M: int, start: dict, end: dict, hop: int) -> None:
-    """F down the stages, B back up, W after B (plus the link between devices); micro-batches
-    in order on each stage."""
+def _precedences(m, devs, M: int, start: dict, end: dict, hops: list[int]) -> None:
+    """F down the stages, B back up, W after B (plus `hops[s]` across the cut s|s+1 between
+    devices); micro-batches in order on each stage."""
     S = len(devs)
     for s in range(S):
-        h_next = hop if s + 1 < S and devs[s] != devs[s + 1] else 0
-        h_prev = hop if s > 0 and devs[s] != devs[s - 1] else 0
+        h_next = hops[s] if s + 1 < S and devs[s] != devs[s + 1] else 0
+        h_prev = hops[s - 1] if s > 0 and devs[s] != devs[s - 1] else 0
         for i in range(M):
             if s > 0:
                 m.add(start["F", s, i] >= end["F", s - 1, i] + h_prev)

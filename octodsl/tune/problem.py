@@ -1,22 +1,25 @@
-"""What the tuner is asked: a model's per-layer costs, devices, micro-batches, a memory limit, a
-link and the memory levers it may pull (ZeRO over dp copies in the header, recompute, what of a
-given plan it must keep); and the one way it turns a layout and a schedule into a Plan."""
+"""What the tuner is asked: a model's per-layer costs (one GPU's share at the header's tp),
+devices, micro-batches, a memory limit, the links inside and between nodes and the memory levers
+it may pull (ZeRO over dp copies in the header, recompute, what of a given plan it must keep);
+and the one way it turns a layout and a schedule into a Plan."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Iterator, Literal
 
 import numpy as np
 from pydantic import ValidationError
 
 from .. import limits
-from ..costs.devices import get_link
+from ..costs.devices import get_device, get_link
 from ..costs.resolve import cost_table
 from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
+from ..mesh import Mesh
 from ..plan import Header, Plan, Recompute, Slot
+from ..sim.links import dp_spans_nodes
 from ..units import size
 from .layout import SAVING, StageLayout
 
@@ -70,14 +73,19 @@ def check_size(model: str, num_layers: int, devices: int, microbatches: int) -> 
 @dataclass
 class Problem:
     table: CostTable
+    """Per layer, one GPU's share at the header's tp (and sequence parallelism)."""
     header: Header
-    """Header of every plan the tuner writes: devices, micro-batches, model, memory limit."""
+    """Header of every plan the tuner writes: devices, micro-batches, model, memory limit, the
+    mesh (dp, tp, gpus_per_node) and ZeRO."""
     link: Link
+    """Between pipeline devices of one node (and the dp collectives of a group in one node)."""
     recompute: RecomputeChoice = AUTO
     """What the stages may recompute: AUTO, the tuner picks per stage; a mode, every stage
     recomputes that way (`none` never)."""
     keep: Keep | None = None
     """What every plan keeps of a given one (None: everything is searched)."""
+    inter_link: Link | None = None
+    """Between nodes: pipeline messages and dp collectives that leave a node (None: `link`)."""
     work: np.ndarray = field(init=False, repr=False)
     """F + B + W seconds of each layer."""
 
@@ -86,26 +94,48 @@ class Problem:
 
     @classmethod
     def create(cls, model: str, devices: int, microbatches: int, *, device: str = "H800",
-               memory: int | None = None, link: str | Link = "nvlink",
+               memory: int | None = None, link: str | Link | None = None,
                microbatch_size: int | None = None, seq_len: int | None = None,
                name: str | None = None, dp: int = 1, zero: int = 0,
-               recompute: RecomputeChoice = AUTO) -> Problem:
-        """Analytical costs of a model (built-in name or spec path) on a built-in device; `dp`
-        and `zero` go into the header of every plan. Raises OctoError with a message for the
-        user."""
+               recompute: RecomputeChoice = AUTO, tp: int = 1, sequence_parallel: bool | None = None,
+               gpus_per_node: int = 8, inter_link: str | Link | None = "ib-ndr") -> Problem:
+        """Analytical costs of a model (built-in name or spec path) on a built-in device, one GPU's
+        share at `tp` with the tp collectives on `link` (default: the device's node link); `dp`,
+        `zero`, `tp`, `sequence_parallel` and `gpus_per_node` go into the header of every plan.
+        Pipeline messages and dp collectives that leave a node take `inter_link` (None: `link`).
+        Raises OctoError with a message for the user."""
         try:
-            table = cost_table(model=model, device=device, microbatch_size=microbatch_size,
-                               seq_len=seq_len)
-            check_size(model, len(table.layers), devices, microbatches)
+            intra = link if isinstance(link, Link) else get_link(link or get_device(device).node_link)
             header = Header(name=name or f"tuned-{model}-p{devices}-m{microbatches}",
                             devices=devices, microbatches=microbatches, model=model,
                             microbatch_size=microbatch_size, seq_len=seq_len, memory=memory,
-                            dp=dp, zero=zero)
+                            dp=dp, zero=zero, tp=tp, sequence_parallel=sequence_parallel,
+                            gpus_per_node=gpus_per_node)
+            table = cost_table(model=model, device=device, microbatch_size=microbatch_size,
+                               seq_len=seq_len, tp=tp, sp=header.sp, tp_link=intra)
+            check_size(model, len(table.layers), devices, microbatches)
         except ValidationError as e:  # a value out of the plan header's (or the spec's) range
             first = e.errors()[0]
             raise OctoError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (given "
                             f"{first['input']!r})") from None
-        return cls(table, header, link if isinstance(link, Link) else get_link(link), recompute)
+        inter = inter_link if isinstance(inter_link, Link) or inter_link is None else get_link(inter_link)
+        return cls(table, header, intra, recompute, inter_link=inter)
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh.of(self.header)
+
+    def dp_links(self) -> list[Link]:
+        """Per device, for the bounds: its data-parallel link's latency (octodsl.sim.links: the
+        inter-node link when its group spans nodes) with the fastest bandwidth of any device's.
+        A plan chooses how many gradient bytes each device holds, so the sum over devices of
+        their ring times is at least every device's latencies plus all the bytes on the fastest
+        link (one link for all devices: exactly the simulator's sum, whatever the split)."""
+        inter = self.inter_link or self.link
+        links = [inter if x else self.link for x in dp_spans_nodes(self.mesh).tolist()]
+        bandwidths = [k.bandwidth for k in links]
+        best = 0.0 if min(bandwidths) <= 0 else max(bandwidths)  # 0: one of them is free
+        return [Link(k.name, k.latency, best) for k in links]
 
     @property
     def devices(self) -> int:
@@ -214,7 +244,8 @@ class Problem:
         own compute (zero 2's reduce-scatters overlap later compute: none counted); after it
         (the step waits for all of them and for the last compute), each device's all-gather of
         the parameters (zero 1 and 2). Ring times are linear in the bytes plus a latency per
-        device, so their sum over the devices is the same however the layers are split: so
+        device, so their sum over the devices is the same however the layers are split (with
+        devices on different links, at least `dp_links()`'s): so
         T >= (all compute + P x before) / P + after, and T >= (the pipeline) + after."""
         from ..sim.bounds import (ring_all_gather_time, ring_allreduce_time,
                                   ring_reduce_scatter_time)
@@ -223,11 +254,12 @@ class Problem:
         if h.dp <= 1:
             return 0.0, 0.0
         even = np.full(P, self.table.grad_bytes() / P)
-        after = float(ring_all_gather_time(even, h.dp, self.link).sum()) / P if h.zero >= 1 else 0.0
+        links = self.dp_links()
+        after = float(ring_all_gather_time(even, h.dp, links).sum()) / P if h.zero >= 1 else 0.0
         if h.zero == 0:
-            return float(ring_allreduce_time(even, h.dp, self.link).sum()) / P, after
+            return float(ring_allreduce_time(even, h.dp, links).sum()) / P, after
         if h.zero == 1:
-            return float(ring_reduce_scatter_time(even, h.dp, self.link).sum()) / P, after
+            return float(ring_reduce_scatter_time(even, h.dp, links).sum()) / P, after
         return 0.0, after
 
     def dp_stream_bound(self) -> float:
@@ -243,7 +275,7 @@ class Problem:
         if h.zero < 2 or h.dp <= 1:
             return 0.0
         even = np.full(P, self.table.grad_bytes() / P)
-        stream = self.microbatches * float(ring_reduce_scatter_time(even, h.dp, self.link).sum())
+        stream = self.microbatches * float(ring_reduce_scatter_time(even, h.dp, self.dp_links()).sum())
         return stream / P + self.dp_seconds()[1]
 
     def memory_lower_bound(self) -> float:
@@ -328,37 +360,53 @@ class Problem:
         (`least_kept()`), and while a stage's B runs all of its activations: so the static
         bytes, what one micro-batch keeps of all layers and the most any layer brings back must
         fit in all the devices' memory together, and each layer's static bytes and activations
-        in one device's. (memory_lower_bound() is finite whenever this is None.)"""
-        limit = self.memory
-        if limit is None:
+        in one device's. (memory_lower_bound() is finite whenever this is None.) The message
+        names the levers that would make room (`_levers_hint`)."""
+        short = self._static_room()
+        if short is None:
             return None
+        limit = self.memory
+        assert limit is not None, "only a memory limit leaves no room"
         layers = self.table.layers
         P = self.devices
-        static = self.layer_static()
-        act = np.array([l.act for l in layers], float)
-        kept = self.least_kept()
-        need = float(kept.sum() + (act - kept).max())
-        total = float(static.sum())
-        if total + need > P * limit:
+        total, need, layer = short
+        if layer is None:
             return (f"no plan fits in {size(limit)} per device: on {P} devices the parameters, "
                     f"gradients and optimizer state take {size(total / P)} per device "
-                    f"({self._sharding()}) and one micro-batch's activations "
+                    f"({self.sharding()}) and one micro-batch's activations "
                     f"{size(need / P)} more{self._recompute_note()}; use "
                     + self._levers_hint(need, limit)
                     + f"at least {math.ceil((total + need) / limit)} devices, a larger memory "
                     "limit or smaller micro-batches")
+        return (f"no plan fits in {size(limit)} per device: layer {layer} ({layers[layer].kind}) "
+                f"alone holds {size(total + need)} with one micro-batch's "
+                f"activations ({self.sharding()}); use "
+                + self._levers_hint(need, limit, layer=layer)
+                + "a larger memory limit or smaller micro-batches")
+
+    def _static_room(self) -> tuple[float, float, int | None] | None:
+        """None when why_no_plan_fits() finds room; else (static bytes, activation bytes, None)
+        of all the layers when they overflow all the devices, or (static, activations, i) of
+        a layer i that overflows one device."""
+        limit = self.memory
+        if limit is None:
+            return None
+        static = self.layer_static()
+        act = np.array([l.act for l in self.table.layers], float)
+        kept = self.least_kept()
+        need = float(kept.sum() + (act - kept).max())
+        total = float(static.sum())
+        if total + need > self.devices * limit:
+            return total, need, None
         i = int(np.argmax(static + act))
         if static[i] + act[i] > limit:
-            return (f"no plan fits in {size(limit)} per device: layer {i} ({layers[i].kind}) "
-                    f"alone holds {size(static[i] + act[i])} with one micro-batch's "
-                    f"activations ({self._sharding()}); use "
-                    + self._levers_hint(act[i], limit, layer=i)
-                    + "a larger memory limit or smaller micro-batches")
+            return float(static[i]), float(act[i]), i
         return None
 
-    def _sharding(self) -> str:
+    def sharding(self) -> str:
+        """'zero 1, dp 8' (and ', tp 4' at tp > 1): the levers the static bytes are split by."""
         h = self.header
-        return f"zero {h.zero}, dp {h.dp}"
+        return f"zero {h.zero}, dp {h.dp}" + (f", tp {h.tp}" if h.tp > 1 else "")
 
     def _recompute_note(self) -> str:
         if self.recompute == AUTO:
@@ -367,7 +415,7 @@ class Problem:
 
     def _levers_hint(self, need: float, limit: int, layer: int | None = None) -> str:
         """The memory levers not pulled yet that would leave room: ZeRO over enough copies,
-        recompute; '' when none would."""
+        recompute, a larger tp; '' when none would."""
         h = self.header
         raw = np.array([l.static for l in self.table.layers], float)
         pb = self.table.param_bytes
@@ -387,7 +435,40 @@ class Problem:
                 break
         if self.recompute != AUTO and layer is None:
             hints.append("recompute (`--recompute auto`)")
+        tp = self.tp_that_fits()
+        if tp is not None:
+            hints.append(f"tensor parallelism (`--tp {tp}` splits every layer over {tp} GPUs)")
         return "".join(h + ", " for h in hints)
+
+    def tp_that_fits(self) -> int | None:
+        """The smallest of `larger_tps()` at which why_no_plan_fits() finds nothing; None if
+        none."""
+        return next((tp for tp, other in self.larger_tps() if other._static_room() is None), None)
+
+    def larger_tps(self) -> Iterator[tuple[int, Problem]]:
+        """Each tp above the header's that keeps a tp group in a node (divides gpus_per_node)
+        and that the model splits over, smallest first, with this problem at that tp (none for
+        costs that are not a built-in device's analytical ones)."""
+        h = self.header
+        if h.model is None or "device" not in self.table.meta or self.table.meta.get("profile"):
+            return
+        for tp in range(h.tp + 1, h.gpus_per_node + 1):
+            if h.gpus_per_node % tp:
+                continue
+            try:
+                yield tp, self.at_tp(tp)
+            except OctoError:  # the model does not split over this tp
+                continue
+
+    def at_tp(self, tp: int) -> Problem:
+        """This problem at a larger tensor-parallel degree: its costs again at that tp (sequence
+        parallelism as the header says, by default on), the same levers. OctoError when the
+        model does not split over `tp`."""
+        h = self.header.model_copy(update={"tp": tp})
+        m = self.table.meta
+        table = cost_table(model=h.model, device=m["device"], microbatch_size=h.microbatch_size,
+                           seq_len=h.seq_len, tp=tp, sp=h.sp, tp_link=self.link)
+        return replace(self, table=table, header=h)
 
     def skeleton(self, layout: StageLayout) -> Plan:
         """A plan with the layout's partition, placement and recompute (`modes_of`) and an

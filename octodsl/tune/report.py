@@ -23,7 +23,7 @@ class Figures:
 
     iteration_time: float
     throughput: float | None
-    """Tokens per device per second."""
+    """Tokens per GPU per second (SimResult.throughput)."""
     bubble_ratio: float
     peak_memory: list[float]
     """Per device, bytes."""
@@ -70,6 +70,9 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
         "baseline_recompute": {b.name: b.recompute.value for b in baselines if b.score is not None},
         "dp": problem.header.dp,
         "zero": problem.header.zero,
+        "tp": problem.header.tp,
+        "sequence_parallel": problem.header.sp,
+        "gpus_per_node": problem.header.gpus_per_node,
         "recompute": str(problem.recompute),
         "tuned_recompute": [m.value for m in tuned.best.plan.recompute()],
         "not_run": [b.name for b in baselines if b.error == NOT_RUN],
@@ -96,12 +99,14 @@ def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseli
     """One row for the tuned plan, one per baseline, fastest first; baselines that cannot run
     or do not fit at the bottom."""
     f_tuned = Figures.of(tuned.best, problem)
+    h = problem.header
+    mesh = f" (tp {h.tp} x pp {h.devices} x dp {h.dp})" if h.tp > 1 or h.dp > 1 else ""
     table = Table(title=f"{problem.header.model}: {problem.devices} devices x "
-                  f"{problem.microbatches} micro-batches (lower bound {_ms(problem.lower_bound())}"
+                  f"{problem.microbatches} micro-batches{mesh} (lower bound {_ms(problem.lower_bound())}"
                   + _tight(problem) + ")",
                   header_style="bold", title_justify="left")
     table.add_column("plan", no_wrap=True, min_width=20)
-    for col in ("iteration", "tok/dev/s", "bubble", "peak mem", "eff.", "speed-up"):
+    for col in ("iteration", "tok/GPU/s", "bubble", "peak mem", "eff.", "speed-up"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_row(*_cells("tuned", f_tuned, f_tuned), style="bold green")
     rows: list[tuple[float, str, Figures | None]] = []

@@ -130,7 +130,8 @@ def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
     (["-p", "4", "--memory", "65MiB", "--recompute", "none"],
      "take 60.1 MiB per device (zero 0, dp 1) and one micro-batch's activations 38.6 MiB "
      "more; use ZeRO (`--zero 2 --dp 4` leaves 26.3 MiB static per device, more copies less), "
-     "recompute (`--recompute auto`), at least 7 devices"),
+     "recompute (`--recompute auto`), tensor parallelism (`--tp 2` splits every layer over 2 "
+     "GPUs), at least 7 devices"),
     (["-p", "16", "--memory", "45MiB"], "layer 23 (lm_head_loss) alone holds 49.0 MiB with one "
                                         "micro-batch's activations (zero 0, dp 1); use ZeRO"),
     (["-p", "4", "--memory", "100MiB", "--recompute", "none"],

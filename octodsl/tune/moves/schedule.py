@@ -29,7 +29,7 @@ def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
     """The plan with the list scheduler's order for its partition and placement, within the
     problem's memory limit."""
     return build_schedule(plan, problem.stage_costs(plan), problem.link, problem.memory,
-                          w_gap=w_gap)
+                          w_gap=w_gap, inter_link=problem.inter_link)
 
 
 def advance(plan: Plan, device: int, src: int, dst: int) -> Plan:
