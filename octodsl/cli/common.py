@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .. import limits
+from ..costs.devices import INTER_NODE_LINK  # --inter-node-link's default, for the commands
 from ..errors import OctoError
 from ..fileio import write_atomic
 from ..units import exact_size, parse_size
@@ -87,8 +88,6 @@ def link_option(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-INTER_NODE_LINK = "ib-ndr"
-"""--inter-node-link's default (for a model's costs)."""
 
 
 def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:

@@ -96,7 +96,8 @@ def resolve_costs(args, plan):
         raise UserError(f"{args.plan} names no model: give --profile or --model")
     try:
         table = cost_table(model=model, profile=args.profile, device=args.device,
-                           microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len)
+                           microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len,
+                           tp=plan.header.tp, sp=plan.header.sp)
         costs = SimCosts.from_table(table, plan)
     except OctoError as e:
         raise UserError(str(e)) from None

@@ -92,6 +92,10 @@ LINKS: dict[str, Link] = {
 }
 """Built-in point-to-point links by name; `none` means free communication."""
 
+INTER_NODE_LINK = "ib-ndr"
+"""The default link between nodes (InfiniBand NDR, one 400 Gb/s port per GPU); inside a node
+each device names its own (`Device.node_link`)."""
+
 
 def get_device(name: str) -> Device:
     """A built-in device by name (case-insensitive); an OctoError lists the known ones."""

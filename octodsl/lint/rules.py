@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable, Iterator
 
-from ..costs.devices import LINKS
+from ..costs.devices import INTER_NODE_LINK, LINKS, get_device
+from .memory import DEFAULT_DEVICE
 from ..dag import Graph, build_graph, describe_cycle, execution_order
 from ..mesh import Mesh
 from ..models import ModelSpec
@@ -306,10 +307,6 @@ class ZeroWithoutCopies(Rule):
 
 # -- tensor parallelism ------------------------------------------------------------------------
 
-INTRA_NODE_LINK = "nvlink"
-"""The link a tp group's collectives use inside a node (H800 NVLink)."""
-INTER_NODE_LINK = "ib-ndr"
-"""The link between nodes (InfiniBand NDR, one 400 Gb/s port per GPU)."""
 
 
 @rule
@@ -378,7 +375,7 @@ class TpGroupSpansNodes(Rule):
         h = ctx.plan.header
         if not Mesh.of(h).tp_spans_nodes:
             return
-        intra, inter = LINKS[INTRA_NODE_LINK], LINKS[INTER_NODE_LINK]
+        intra, inter = LINKS[get_device(DEFAULT_DEVICE).node_link], LINKS[INTER_NODE_LINK]
         why = (f"tp {h.tp} exceeds" if h.tp > h.gpus_per_node else f"tp {h.tp} does not divide")
         yield Diagnostic(
             "W702", f"{why} gpus_per_node {h.gpus_per_node}: some tp groups span two nodes, so their "

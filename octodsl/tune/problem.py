@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from .. import limits
-from ..costs.devices import get_device, get_link
+from ..costs.devices import INTER_NODE_LINK, get_device, get_link
 from ..costs.resolve import cost_table
 from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
@@ -98,7 +98,7 @@ class Problem:
                microbatch_size: int | None = None, seq_len: int | None = None,
                name: str | None = None, dp: int = 1, zero: int = 0,
                recompute: RecomputeChoice = AUTO, tp: int = 1, sequence_parallel: bool | None = None,
-               gpus_per_node: int = 8, inter_link: str | Link | None = "ib-ndr") -> Problem:
+               gpus_per_node: int = 8, inter_link: str | Link | None = INTER_NODE_LINK) -> Problem:
         """Analytical costs of a model (built-in name or spec path) on a built-in device, one GPU's
         share at `tp` with the tp collectives on `link` (default: the device's node link); `dp`,
         `zero`, `tp`, `sequence_parallel` and `gpus_per_node` go into the header of every plan.
