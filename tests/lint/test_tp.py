@@ -8,7 +8,10 @@ import pytest
 
 from octodsl.costs import devices
 from octodsl.lint import lint_source
-from octodsl.lint.rules import INTER_NODE_LINK, INTRA_NODE_LINK
+from octodsl.costs.devices import INTER_NODE_LINK, get_device
+from octodsl.lint.memory import DEFAULT_DEVICE
+
+INTRA_NODE_LINK = get_device(DEFAULT_DEVICE).node_link
 from octodsl.models import load_model
 from octodsl.models.tp import tp_problems
 
