@@ -1,4 +1,4 @@
-"""`octodsl models [SPEC] [--json] [--yaml] [--device D] [--zero N --dp N] [--tp N
+"""`octodsl models [SPEC | --from-hf PATH] [--json] [--yaml] [--device D] [--zero N --dp N] [--tp N
 [--sequence-parallel true|false]]`: list the built-in models, or show one model's layer kinds
 with their analytical costs, the bytes per parameter and the static bytes (sharded by --zero
 over --dp copies; with --tp, one GPU's share of each layer and its tp collectives)."""
@@ -10,6 +10,7 @@ from ..costs.resolve import cost_table
 from ..errors import OctoError
 from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_model
 from ..models.builtin import PUBLISHED_PARAMS
+from ..models.load import HF_PREFIX
 from ..models.spec import ModelSpec
 from ..units import size
 from ..costs.table import CostTable, ParamBytes
@@ -23,7 +24,11 @@ def register(sub) -> None:
     p = sub.add_parser("models", help="list the built-in models, or show one model's layers and "
                        "analytical costs")
     p.add_argument("spec", nargs="?", metavar="SPEC",
-                   help="a built-in name or a spec file (.yaml/.json): show its layer kinds")
+                   help="a built-in name, a spec file (.yaml/.json) or hf:PATH (a Hugging Face "
+                   "config.json or its folder): show its layer kinds")
+    p.add_argument("--from-hf", metavar="PATH",
+                   help="the model of a Hugging Face config.json (or a folder holding one), read "
+                   "without weights or network; the same as SPEC hf:PATH")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--yaml", action="store_true",
                    help="print SPEC as a spec file (a starting point for your own model)")
@@ -50,6 +55,10 @@ def _load(args) -> ModelSpec:
 
 
 def run(args) -> int:
+    if args.from_hf is not None:
+        if args.spec is not None:
+            raise UserError("give SPEC or --from-hf, not both")
+        args.spec = HF_PREFIX + args.from_hf
     if args.spec is None:
         if args.yaml:
             raise UserError("--yaml needs a SPEC")

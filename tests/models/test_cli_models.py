@@ -48,3 +48,18 @@ def test_model_yaml_round_trip(capsys):
 def test_unknown_model(capsys):
     assert main(["models", "gpt-5"]) == 2
     assert "no built-in model or spec file 'gpt-5'" in capsys.readouterr().err
+
+
+def test_models_from_a_hugging_face_config(capsys):
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "hf" / "jamba-v0.1"
+    assert main(["models", "--from-hf", str(folder), "--yaml"]) == 0
+    spec = parse_model(yaml.safe_load(capsys.readouterr().out), "printed")
+    assert spec.pattern == load_model("jamba-v0.1").pattern
+    assert main(["models", f"hf:{folder}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == load_model("jamba-v0.1").params()
+    assert main(["models", "jamba-v0.1", "--from-hf", str(folder)]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["models", "--from-hf", str(folder / "missing")]) == 2
+    assert "no such file" in capsys.readouterr().err
