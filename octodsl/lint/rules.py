@@ -366,6 +366,25 @@ def _or_list(values: list[int]) -> str:
 
 
 @rule
+class SequenceSplits(Rule):
+    """Sequence parallelism gives each GPU of the tp group 1/tp of the sequence: the sequence
+    length must divide (Megatron requires it too)."""
+
+    code = "E703"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        seq = h.seq_len if h.seq_len is not None else (ctx.spec.seq_len if ctx.spec else None)
+        if h.tp == 1 or not h.sp or seq is None or seq % h.tp == 0:
+            return
+        where = "seq_len" if h.seq_len is not None else "tp"
+        yield Diagnostic("E703", f"sequence parallelism splits the sequence over tp {h.tp}, but "
+                         f"its length {seq} is not a multiple of {h.tp}", h.spans.get(where),
+                         hint=f"a seq_len of {seq - seq % h.tp or h.tp} or {seq - seq % h.tp + h.tp}, or "
+                         "'sequence_parallel false'")
+
+
+@rule
 class TpGroupSpansNodes(Rule):
     """A tp group with GPUs in two nodes: its collectives leave NVLink for the inter-node link."""
 

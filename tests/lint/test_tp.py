@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from octodsl.costs import devices
-from octodsl.lint import lint_source
 from octodsl.costs.devices import INTER_NODE_LINK, get_device
+from octodsl.lint import lint_source
 from octodsl.lint.memory import DEFAULT_DEVICE
-
-INTRA_NODE_LINK = get_device(DEFAULT_DEVICE).node_link
 from octodsl.models import load_model
 from octodsl.models.tp import tp_problems
+
+INTRA_NODE_LINK = get_device(DEFAULT_DEVICE).node_link
 
 BODY = """stages 2
 placement loop
@@ -51,6 +51,20 @@ def test_sequence_parallel_needs_a_tp_group():
     assert codes("sequence_parallel false") == []
     assert codes("tp 2", "sequence_parallel true") == []
     assert codes("tp 2") == []
+
+
+# -- E703 ----------------------------------------------------------------------------------------
+
+def test_sequence_parallelism_needs_a_sequence_tp_divides():
+    diags, src = lint("tp 4", "seq_len 4094")
+    (d,) = diags
+    assert d.code == "E703" and "its length 4094 is not a multiple of 4" in d.message
+    assert d.span.line == line_of(src, "seq_len") and "4092 or 4096" in d.hint
+    assert codes("tp 4", "seq_len 4094", "sequence_parallel false") == []
+    assert codes("tp 4", "seq_len 4096") == []
+    assert codes("seq_len 4095") == []  # tp 1
+    # the model's own sequence length when the header gives none (nemotron-h-tiny: 256)
+    assert codes('model "nemotron-h-tiny"', "tp 2") == []
 
 
 # -- E702 / W701 ---------------------------------------------------------------------------------
