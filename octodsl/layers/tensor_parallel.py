@@ -146,21 +146,6 @@ class _Leave(torch.autograd.Function):
         return (_all_gather(grad, tp) if tp.sp else grad), None
 
 
-class _AllReduce(torch.autograd.Function):
-    """Sum over the group in both directions: partial sums that every rank goes on using with
-    its own shard of the layer (Mamba1's x-projection output feeding each rank's channels),
-    so the gradient of the sum is the sum of the ranks' gradients."""
-
-    @staticmethod
-    def forward(ctx, y, tp: TpGroup):
-        ctx.tp = tp
-        return _all_reduce(y.clone(), tp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad.clone(), ctx.tp), None
-
-
 def enter(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     """x as the column-parallel projections of the layer take it (whole sequence)."""
     return x if tp.size == 1 else _Enter.apply(x, tp)
@@ -170,12 +155,6 @@ def leave(y: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     """A row-parallel projection's partial sum y, summed over the group, as the pipeline
     carries it (this rank's sequence slice with sp)."""
     return y if tp.size == 1 else _Leave.apply(y, tp)
-
-
-def all_reduce(y: torch.Tensor, tp: TpGroup) -> torch.Tensor:
-    """Partial sums y summed over the group, each rank then using the sum with its own shard
-    (inside a layer; not for a result the ranks go on with alike, which is `leave`)."""
-    return y if tp.size == 1 else _AllReduce.apply(y, tp)
 
 
 def seq_slice(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
