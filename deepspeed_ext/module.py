@@ -15,7 +15,9 @@ from deepspeed.runtime import utils as ds_utils
 from deepspeed.runtime.pipe.module import PipelineModule
 from torch import nn
 
+from ..layers import tensor_parallel
 from ..plan import Plan
+from .mesh import tp_group
 
 
 def as_leaf(value):
@@ -53,12 +55,15 @@ class OctoPipeModule(PipelineModule):
         raise IndexError(f"layer {layer_idx} is in no stage")
 
     def _build(self):
+        # the layers read the tp group at construction (octodsl.layers.tensor_parallel)
+        self.tp = tp_group(self._grid, self.plan.header.sp)
         self.stage_funcs: dict[int, list] = {}
-        for s in self.local_stages:
-            self._set_bounds(self.stage_ranges[s].start, self.stage_ranges[s].stop)
-            super()._build()
-            self.stage_funcs[s] = self.forward_funcs
-            self.forward_funcs: list = []
+        with tensor_parallel.building(self.tp):
+            for s in self.local_stages:
+                self._set_bounds(self.stage_ranges[s].start, self.stage_ranges[s].stop)
+                super()._build()
+                self.stage_funcs[s] = self.forward_funcs
+                self.forward_funcs: list = []
         self.activate(self.local_stages[0])
 
     def activate(self, stage: int) -> None:
