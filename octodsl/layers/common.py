@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .recompute import recomputable
+from .tensor_parallel import TpGroup, column_parallel, row_parallel
 
 INIT_STD = 0.02
 """Standard deviation of the normal init of projection weights."""
@@ -42,6 +43,14 @@ class FeedForward(nn.Module):
         self.activation = activation
         self.up = linear(hidden, ffn_width(ffn, activation))
         self.down = linear(ffn, hidden)
+
+    def shard(self, tp: TpGroup) -> None:
+        """Keep this rank's 1/tp of the inner size: the up projection column-parallel (each
+        SwiGLU half), the down projection row-parallel (its output is then a partial sum)."""
+        if tp.size > 1:
+            up = self.up.out_features
+            column_parallel(self.up, tp, [up // 2] * 2 if self.activation == "swiglu" else None)
+            row_parallel(self.down, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # selective recompute drops the activation function's output

@@ -14,17 +14,32 @@ a column- or row-parallel projection are local.
 
 Layers read the group at construction (`current()`), set around the model's build by
 `building(tp)`, as DeepSpeed builds a PipelineModule's layers from LayerSpecs.
+
+Weights: a layer builds its full-size parameters with the tp 1 init and keeps this rank's
+shard (`shard_param`, `column_parallel`, `row_parallel`), so that a tp run starts from exactly
+the weights of the tp 1 run with the same seed. Building the whole layer first is for that
+equivalence on the small models the tests and CPU runs use; a GPU run of a 56B model would
+initialise each shard directly (this rank's part of the random stream), which is not built.
+
+How the engine treats the parameters (Megatron's attribute names, which DeepSpeed's gradient
+norm also reads): a shard is marked `tensor_model_parallel = True` (with `partition_dim`), so a
+norm over the group counts it on every rank; the others are replicated and counted once (on tp
+rank 0). Replicated parameters get the same gradient on every rank, except those that see only
+this rank's sequence slice under sequence parallelism (the norms before a tp region, the MoE
+router): they are marked `sequence_parallel = True`, and their gradients must be summed over
+the group (`all_reduce_sequence_parallel_grads`) before the optimizer step.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 SEQ_DIM = 1
 """The sequence dimension of a [batch, seq, hidden] activation."""
@@ -155,3 +170,135 @@ def seq_slice(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     if tp.size == 1 or not tp.sp:
         return x
     return x[:, tp.shard(x.shape[SEQ_DIM])]
+
+
+class _Copy(torch.autograd.Function):
+    """Identity forward, all-reduce backward whatever sp is (Megatron's
+    copy_to_tensor_model_parallel_region): a whole tensor every rank holds alike, used with
+    each rank's shard, so each rank's gradient is a partial sum."""
+
+    @staticmethod
+    def forward(ctx, x, tp: TpGroup):
+        ctx.tp = tp
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad.clone(), ctx.tp), None
+
+
+class _Reduce(torch.autograd.Function):
+    """All-reduce forward, identity backward whatever sp is (Megatron's
+    reduce_from_tensor_model_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx, y, tp: TpGroup):
+        return _all_reduce(y.clone(), tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _Gather(torch.autograd.Function):
+    """With sp: all-gather along the sequence forward, this rank's slice of the gradient
+    backward (every rank computes the same gradient of what it gathered)."""
+
+    @staticmethod
+    def forward(ctx, x, tp: TpGroup):
+        ctx.tp = tp
+        return _all_gather(x, tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        tp = ctx.tp
+        return grad[:, tp.shard(grad.shape[SEQ_DIM])], None
+
+
+def copy(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
+    """x, which every rank holds whole and goes on using with its own shard: the gradients
+    the ranks compute are summed (identity forward, all-reduce backward)."""
+    return x if tp.size == 1 else _Copy.apply(x, tp)
+
+
+def reduce(y: torch.Tensor, tp: TpGroup) -> torch.Tensor:
+    """Partial sums y summed over the group, the sum then used alike by every rank (whose
+    gradients are then alike: identity backward)."""
+    return y if tp.size == 1 else _Reduce.apply(y, tp)
+
+
+def gather(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
+    """x with the whole sequence, for a computation every rank repeats alike on it (the MoE
+    routing): with sp all-gathered, its gradient this rank's slice; without sp, x."""
+    return _Gather.apply(x, tp) if tp.size > 1 and tp.sp else x
+
+
+def keep_parts(t: torch.Tensor, dim: int, parts: Sequence[tuple[int, slice]]) -> torch.Tensor:
+    """Of t cut along `dim` into consecutive blocks of the given sizes, the given slice of each
+    block, concatenated (a fused projection's shard: each part's share)."""
+    blocks = t.split([n for n, _ in parts], dim)
+    return torch.cat([b.narrow(dim, s.start, s.stop - s.start)
+                      for b, (_, s) in zip(blocks, parts, strict=True)], dim)
+
+
+def shard_param(module: nn.Module, name: str, dim: int, tp: TpGroup,
+                parts: Sequence[int] | None = None,
+                keep: Sequence[slice] | None = None) -> None:
+    """Replace `module.<name>` by this rank's shard along `dim`: of each of `parts` (consecutive
+    blocks, default the whole dim) the `keep` slice (default this rank's 1/tp); marked as a
+    shard (`tensor_model_parallel`, `partition_dim`)."""
+    p = getattr(module, name)
+    sizes = list(parts) if parts is not None else [p.shape[dim]]
+    slices = list(keep) if keep is not None else [tp.shard(n) for n in sizes]
+    shard = nn.Parameter(keep_parts(p.detach(), dim, list(zip(sizes, slices, strict=True))).clone(),
+                         requires_grad=p.requires_grad)
+    mark_shard(shard, dim)
+    setattr(module, name, shard)
+
+
+def mark_shard(p: nn.Parameter, dim: int) -> None:
+    """Mark p as this rank's shard along `dim` of a tensor-parallel parameter."""
+    p.tensor_model_parallel = True  # type: ignore[attr-defined]
+    p.partition_dim = dim  # type: ignore[attr-defined]
+
+
+def column_parallel(linear: nn.Linear, tp: TpGroup, parts: Sequence[int] | None = None) -> None:
+    """Keep this rank's output rows of `linear` (and bias): of each of `parts`, as for a fused
+    projection such as SwiGLU's [gate | up]."""
+    shard_param(linear, "weight", 0, tp, parts)
+    if linear.bias is not None:
+        shard_param(linear, "bias", 0, tp, parts)
+    linear.out_features = linear.weight.shape[0]
+
+
+def row_parallel(linear: nn.Linear, tp: TpGroup) -> None:
+    """Keep this rank's input columns of `linear` (its output is then a partial sum)."""
+    assert linear.bias is None, "a row-parallel bias would be summed tp times"
+    shard_param(linear, "weight", 1, tp)
+    linear.in_features = linear.weight.shape[1]
+
+
+def depthwise_parallel(conv: nn.Conv1d, tp: TpGroup, parts: Sequence[int] | None = None) -> None:
+    """Keep this rank's channels of a depthwise convolution (of each of `parts`)."""
+    shard_param(conv, "weight", 0, tp, parts)
+    if conv.bias is not None:
+        shard_param(conv, "bias", 0, tp, parts)
+    conv.in_channels = conv.out_channels = conv.groups = conv.weight.shape[0]
+
+
+def mark_sequence_parallel(module: nn.Module, tp: TpGroup) -> None:
+    """Under sp, mark the parameters of `module` (replicated, run on this rank's sequence slice)
+    as needing their gradients summed over the group."""
+    if tp.size > 1 and tp.sp:
+        for p in module.parameters():
+            p.sequence_parallel = True  # type: ignore[attr-defined]
+
+
+def all_reduce_sequence_parallel_grads(params: Iterable[nn.Parameter], tp: TpGroup) -> None:
+    """Sum over the group the gradients of the parameters marked `sequence_parallel` (after the
+    backward, before clipping and the optimizer step)."""
+    if tp.size == 1:
+        return
+    for p in params:
+        if getattr(p, "sequence_parallel", False) and p.grad is not None:
+            dist.all_reduce(p.grad, group=tp.group)

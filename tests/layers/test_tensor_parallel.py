@@ -1,0 +1,194 @@
+"""The tensor-parallel layers against the unsplit layer, on a tp group of 2 gloo processes in
+float64: forward output, input gradient and every parameter gradient (this rank's shard of the
+unsplit layer's, or the whole gradient of a replicated parameter, sequence-parallel ones summed
+over the group as the engine does), sp on and off, with a fused backward and with a split
+backward's B then W.
+
+The two processes are spawned once for the module and run every case; each case's largest
+difference (over both ranks) is judged by its own test. The expected shards are written here
+from the layouts (which rows or columns of each fused projection a rank keeps), apart from the
+layers' own slicing helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from octodsl.layers import MLP, recompute
+from octodsl.layers import tensor_parallel as tpl
+from octodsl.layers.split_backward import backward_input, backward_weight
+from octodsl.models.spec import MLPConfig
+
+TP = 2
+HIDDEN, BATCH, SEQ = 16, 2, 8
+TOL = 1e-10
+SEED = 3
+
+Part = tuple[int, int, int]
+"""A block of a fused parameter along its partition dim: (size, pieces, which): the rank keeps
+piece `which` of `pieces` equal pieces of it (pieces 0: none of it)."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How a tp parameter is cut from the unsplit layer's parameter `ref` (default: the same
+    name) along `dim`."""
+
+    dim: int
+    parts: Callable[[int], list[Part]]
+    """The blocks, for a rank."""
+    ref: str | None = None
+
+
+def even(*sizes: int) -> Callable[[int], list[Part]]:
+    """Each block split evenly over the group."""
+    return lambda rank: [(n, TP, rank) for n in sizes]
+
+
+@dataclass(frozen=True)
+class Case:
+    make: Callable[[], nn.Module]
+    shards: dict[str, Shard]
+    """The sharded parameters; every other one must be replicated (the unsplit one's shape)."""
+
+
+def mlp_case(activation: str) -> Case:
+    cfg = MLPConfig(ffn=24, activation=activation)
+    up = (24, 24) if activation == "swiglu" else (24,)
+    return Case(lambda: MLP(cfg, HIDDEN),
+                {"ffn.up.weight": Shard(0, even(*up)), "ffn.down.weight": Shard(1, even(24))})
+
+
+CASES: dict[str, Case] = {
+    "mlp-swiglu": mlp_case("swiglu"),
+    "mlp-relu2": mlp_case("relu2"),
+}
+VARIANTS = ("nosp", "sp", "nosp-split", "sp-split", "sp-recompute-split")
+"""sp on or off; `split`: B then W (else a fused backward); `recompute`: the forward under
+selective recompute (what `recomputable` marks dropped, brought back by the backward)."""
+
+
+def expected_shard(t: torch.Tensor, shard: Shard, rank: int) -> torch.Tensor:
+    blocks = t.split([n for n, _, _ in shard.parts(rank)], shard.dim)
+    return torch.cat([b.chunk(pieces, shard.dim)[which]
+                      for b, (_, pieces, which) in zip(blocks, shard.parts(rank), strict=True)
+                      if pieces], shard.dim)
+
+
+def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
+    """The largest difference between the tp layer and the unsplit one, on this rank."""
+    torch.manual_seed(SEED)
+    ref = case.make()
+    torch.manual_seed(SEED)
+    with tpl.building(tp):
+        layer = case.make()
+    torch.manual_seed(SEED + 1)
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    gy = torch.randn(BATCH, SEQ, HIDDEN)
+    xr = x.clone().requires_grad_()
+    yr = ref(xr)
+    yr.backward(gy)
+    xt = tpl.seq_slice(x, tp).clone().requires_grad_()
+    with recompute.dropping() if "recompute" in variant else contextlib.nullcontext():
+        yt = layer(xt)
+    gyt = tpl.seq_slice(gy, tp)
+    if variant.endswith("split"):
+        (gx,), state = backward_input([yt], [gyt], [xt])
+        assert not any(p.grad is not None for p in layer.parameters()), "B touched a weight"
+        backward_weight(state, list(layer.parameters()))
+        xt.grad = gx
+    else:
+        yt.backward(gyt)
+    tpl.all_reduce_sequence_parallel_grads(layer.parameters(), tp)
+
+    diffs = [(yt - tpl.seq_slice(yr, tp)).abs().max(), (xt.grad - tpl.seq_slice(xr.grad, tp)).abs().max()]
+    refs = dict(ref.named_parameters())
+    for name, p in layer.named_parameters():
+        shard = case.shards.get(name)
+        if shard is None:
+            r = refs[name]
+            assert p.shape == r.shape, f"{name}: {p.shape} is neither a listed shard nor replicated"
+            want, want_grad = r, r.grad
+        else:
+            r = refs[shard.ref or name]
+            want, want_grad = (expected_shard(t, shard, tp.rank) for t in (r, r.grad))
+            assert getattr(p, "tensor_model_parallel", False), f"{name} not marked as a shard"
+        assert p.grad is not None, f"{name} got no gradient"
+        diffs += [(p - want).abs().max(), (p.grad - want_grad).abs().max()]
+    return float(torch.stack(diffs).max())
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=TP)
+    results: dict[str, object] = {}
+    try:
+        for name, case in CASES.items():
+            for variant in VARIANTS:
+                tp = tpl.TpGroup(TP, rank, dist.group.WORLD, sp=variant.startswith("sp"))
+                try:
+                    err = torch.tensor(run_case(case, tp, variant))
+                except Exception:
+                    results[f"{name}/{variant}"] = traceback.format_exc()
+                    err = torch.tensor(float("inf"))
+                dist.all_reduce(err, op=dist.ReduceOp.MAX)
+                results.setdefault(f"{name}/{variant}", float(err))
+    finally:
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(results, f)
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, object]:
+    out = str(tmp_path_factory.mktemp("tp") / "results")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(_free_port(), out), nprocs=TP, join=True)
+    merged: dict[str, object] = {}
+    for rank in range(TP):
+        with open(f"{out}.{rank}") as f:
+            for k, v in json.load(f).items():
+                if isinstance(v, str) or k not in merged:  # a traceback wins
+                    merged[k] = v
+    return merged
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_tp_layer_equals_unsplit(results, case, variant):
+    got = results[f"{case}/{variant}"]
+    assert not isinstance(got, str), got
+    assert got <= TOL, got
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tp1_is_the_layer_itself(case):
+    # building(TpGroup()) is what every layer is built for outside `building`: the same
+    # init draws and no collective, so the weights are equal bit for bit
+    torch.manual_seed(SEED)
+    plain = CASES[case].make()
+    torch.manual_seed(SEED)
+    with tpl.building(tpl.TpGroup()):
+        one = CASES[case].make()
+    for (n, a), (m, b) in zip(plain.named_parameters(), one.named_parameters(), strict=True):
+        assert n == m and torch.equal(a, b) and not hasattr(b, "tensor_model_parallel")
