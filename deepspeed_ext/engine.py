@@ -457,6 +457,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         program.RunOp: _exec_run,
         program.FinishSends: _exec_finish_sends,
         schedule.ReduceTiedGrads: _exec_reduce_tied_grads,
+        schedule.ReduceGrads: _exec_reduce_grads,
     }
 
 

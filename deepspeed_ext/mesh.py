@@ -29,6 +29,7 @@ from deepspeed.runtime.pipe.topology import (PipeDataParallelTopology, PipeModel
                                              ProcessTopology)
 from torch import nn
 
+from ..layers import tensor_parallel
 from ..layers.tensor_parallel import TpGroup
 from ..plan import Plan
 
@@ -67,8 +68,11 @@ def reduce_sequence_parallel_grads(params: list[nn.Parameter], tp: TpGroup, bf16
     """Sum the gradients of `params` over the tp group (after the step's last W, before the
     data-parallel reduction and the optimizer): the fp32 gradients the bf16 optimizer keeps, or
     `.grad`. Every rank of the group holds the same stages, so they run the same all-reduces."""
+    if not bf16:
+        tensor_parallel.all_reduce_sequence_parallel_grads(params, tp)
+        return
     for p in params:
-        grad = getattr(p, "_hp_grad", None) if bf16 else p.grad
+        grad = getattr(p, "_hp_grad", None)
         if grad is not None:
             torch.distributed.all_reduce(grad, group=tp.group)
 

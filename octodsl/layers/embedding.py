@@ -51,8 +51,7 @@ class VocabShard:
         real = full[self.first:min(self.first + self.rows, self.vocab)]
         rows[:len(real)] = real
         p = nn.Parameter(rows)
-        p.tensor_model_parallel = True  # type: ignore[attr-defined]
-        p.partition_dim = 0  # type: ignore[attr-defined]
+        tpl.mark_shard(p, 0)
         return p
 
     def local(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,8 +160,7 @@ def _norm(hidden: int, eps: float, tp: tpl.TpGroup) -> nn.RMSNorm:
     """The head's final norm: replicated; under sp it normalises this rank's sequence slice, so
     its weight gradient is a partial sum that the engine sums over the group."""
     norm = nn.RMSNorm(hidden, eps=eps)
-    if tp.size > 1 and tp.sp:
-        norm.weight.sequence_parallel = True  # type: ignore[attr-defined]
+    tpl.mark_sequence_parallel(norm, tp)
     return norm
 
 

@@ -71,9 +71,9 @@ def launch(procs: int, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProc
     return proc
 
 
-def run_case(tmp_path_factory, procs: int, case: str) -> dict:
+def run_case(tmp_path_factory, procs: int, case: str, script: str = "harness.py") -> dict:
     out = tmp_path_factory.mktemp(case) / "result.json"
-    proc = launch(procs, str(HERE / "harness.py"), case, str(out))
+    proc = launch(procs, str(HERE / script), case, str(out))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return {**json.loads(out.read_text()), "stderr": proc.stderr}
 

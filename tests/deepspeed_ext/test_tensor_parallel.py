@@ -1,0 +1,44 @@
+"""Tensor parallelism in the executor on real processes (gloo, 4 CPU processes): tp 2 trains as
+tp 1 does, from the same weights (the layers shard the tp 1 init) on the same data.
+
+Not bit for bit: tp changes the order of the sums (a projection's partial sums added by the
+all-reduce, the cross-entropy's sum of exponentials over the vocabulary shards), so each number
+differs in rounding. After three AdamW steps the losses agree to 1e-7 relative here; the bound
+is the issue's 1e-5. The first step's gradient norm (each parameter counted once over pipe x tp)
+agrees to 1e-8: a parameter left out or counted twice, or a sequence-parallel gradient not
+summed over the group (the final norms' weights: a few 1e-5 of the norm), shows far above that.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .test_executor import run_case
+
+pytestmark = pytest.mark.slow
+LOSS_REL = 1e-5
+NORM_REL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return {r["plan"]: r for r in run_case(tmp_path_factory, 4, "tp", script="tp_cases.py")["results"]}
+
+
+@pytest.mark.parametrize("plan", ["1f1b", "1f1b/nosp", "zb-h1", "zb-v", "1f1b/pp1/dp2", "1f1b/pp1/clip"])
+def test_tp_2_trains_like_tp_1(results, plan):
+    r = results[plan]
+    assert r["loss_rel"] <= LOSS_REL, r
+    assert abs(r["norm"] - r["ref_norm"]) <= NORM_REL * r["ref_norm"], r
+    assert r["losses"][-1] < r["losses"][0], r  # and it trains
+
+
+def test_a_launch_that_does_not_fit_the_mesh_is_refused_on_every_rank(tmp_path_factory):
+    ranks = run_case(tmp_path_factory, 2, "refusals", script="tp_cases.py")["ranks"]
+    assert ranks[0] == ranks[1]
+    assert ranks[0]["world"] == (
+        "PlanLaunchError: the plan runs 1 data-parallel copy of a 2-device pipeline of tp groups "
+        "of 2 (4 processes: tp 2 x 2 devices x dp 1), but the job has 2 processes; to fit it set "
+        "`tp 1` in the plan header")
+    assert ranks[0]["split"] == ("PlanLaunchError: the model's layers cannot be split over tp 2: "
+                                 "mlp ffn 127: not divisible by tp 2 (choose a tp that divides them)")

@@ -1,0 +1,130 @@
+"""Multi-process checks of tensor parallelism in the executor, run under the deepspeed launcher by
+test_tensor_parallel.py:
+
+    deepspeed --num_gpus 4 tests/deepspeed_ext/tp_cases.py CASE OUT.json
+
+Each run trains the same model from the same seeds on the same data as its tp 1 reference, and
+rank 0 writes the losses of both (and the gradient norm of the first step) to OUT.json. The
+model (`tp_spec`) holds the layer kinds that have tensor-parallel torch layers, with tied
+embeddings and a vocabulary tp does not divide (padded).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import M, SEED, SEQ, config, main  # noqa: E402
+
+import torch  # noqa: E402
+
+from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
+from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
+from octodsl.gen import generate  # noqa: E402
+from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
+from octodsl.models import parse_model  # noqa: E402
+from octodsl.models.builtin import BUILTINS  # noqa: E402
+from octodsl.plan import Plan, Stage  # noqa: E402
+from train import step_data  # noqa: E402
+
+PATTERN = "------"
+"""The blocks: the layer kinds whose tensor-parallel torch layers exist."""
+
+
+def tp_spec():
+    d = copy.deepcopy(BUILTINS["nemotron-h-tiny"])
+    del d["mamba2"], d["attention"]
+    d.update(name="tp-micro", hidden=64, vocab=509, seq_len=SEQ, microbatch_size=1,
+             tie_embeddings=True, pattern=PATTERN)
+    d["mlp"].update(ffn=128)
+    return parse_model(d, "tp-micro")
+
+
+SPEC = tp_spec()
+LAYERS = SPEC.num_layers
+
+
+def mesh_plan(name: str, devices: int, tp: int = 1, dp: int = 1, sp: bool | None = None) -> Plan:
+    """A generated plan (2 stages per device for V plans) with layers split evenly, on the mesh."""
+    plan = generate(name, devices=devices, microbatches=M)
+    stages = len(plan.stage_device())
+    bounds = [LAYERS * i // stages for i in range(stages + 1)]
+    header = plan.header.model_copy(update={"tp": tp, "dp": dp, "sequence_parallel": sp})
+    return Plan(header, [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:])], plan.placement,
+                plan.schedule)
+
+
+def run(plan: Plan, same_data: bool, steps: int = 3, **extra) -> dict:
+    """Train `plan` (every data-parallel copy on copy 0's data with `same_data`, which makes dp 2
+    train as dp 1); the losses and the first step's gradient norm (mesh.grad_norm, taken just
+    before the optimizer step)."""
+    with released_groups():
+        engine, *_ = initialize(pipeline_specs(SPEC), plan, config=config(**extra), loss_fn=lm_loss,
+                                seed_layers=True, base_seed=SEED)
+        norms: list[float] = []
+        step = engine.optimizer.step
+
+        def recorded(*args, **kwargs):  # the gradients are reduced and not yet applied
+            params = [p for p in engine.module.parameters() if p.grad is not None]
+            norms.append(grad_norm(params, engine.grid, engine.tp, engine._tied_copies(),
+                                   engine.device).item())
+            return step(*args, **kwargs)
+
+        engine.optimizer.step = recorded
+        dp_rank = 0 if same_data else engine.grid.data_parallel_id
+        losses = [engine.train_batch(step_data(SEED, s, dp_rank, M, 1, SEQ, SPEC.vocab)).item()
+                  for s in range(steps)]
+    return {"losses": losses, "norm": norms[0]}
+
+
+def compare(name: str, ref: dict, mine: dict) -> dict:
+    return {"plan": name, "losses": mine["losses"], "ref_losses": ref["losses"],
+            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"])),
+            "norm": mine["norm"], "ref_norm": ref["norm"]}
+
+
+def case_tp(out_dir: Path) -> dict:
+    """4 processes: tp 2 x pp 2 against tp 1 x pp 2 (run as dp 2 on the same data) for 1f1b,
+    zb-h1 and zb-v, sp on and (1f1b) off; tp 2 x pp 1 x dp 2 against tp 1 x pp 2 x dp 2; and
+    with gradient clipping."""
+    results = []
+    for name in ("1f1b", "zb-h1", "zb-v"):
+        ref = run(mesh_plan(name, 2, dp=2), same_data=True)
+        results.append(compare(name, ref, run(mesh_plan(name, 2, tp=2), same_data=True)))
+        if name == "1f1b":
+            results.append(compare("1f1b/nosp", ref, run(mesh_plan(name, 2, tp=2, sp=False), True)))
+    ref = run(mesh_plan("1f1b", 2, dp=2), same_data=False)
+    results.append(compare("1f1b/pp1/dp2", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), False)))
+    # gradient clipping that cuts every step (the norm is above 1): DeepSpeed's own clipping on
+    # one stage (dp 4 on the same data) against the engine's at tp 2 (dp 2 on the same data)
+    clip = {"gradient_clipping": 0.5}
+    ref = run(mesh_plan("1f1b", 1, dp=4), same_data=True, **clip)
+    results.append(compare("1f1b/pp1/clip", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), True, **clip)))
+    return {"results": results}
+
+
+def case_refusals(out_dir: Path) -> dict:
+    """2 processes: launches that do not fit, refused on every rank before any communication."""
+    from launch_cases import error_of
+
+    odd = SPEC.model_copy(update={"layers": [
+        layer.model_copy(update={"ffn": 127}) if layer.kind == "mlp" else layer for layer in SPEC.layers]})
+    found = {
+        "world": error_of(lambda: initialize(pipeline_specs(SPEC), mesh_plan("1f1b", 2, tp=2),
+                                             config=config(), loss_fn=lm_loss)),
+        "split": error_of(lambda: initialize(pipeline_specs(odd), mesh_plan("1f1b", 1, tp=2),
+                                             config=config(), loss_fn=lm_loss)),
+    }
+    everyone: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, found)
+    return {"ranks": everyone}
+
+
+CASES = {"tp": case_tp, "refusals": case_refusals}
+
+
+if __name__ == "__main__":
+    main(CASES)
