@@ -26,7 +26,7 @@ def plan_of(tp: int = 1, dp: int = 1, devices: int = 2, layers: int = 10, zero: 
     plan = generate("1f1b", devices=devices, microbatches=4)
     bounds = [layers * i // devices for i in range(devices + 1)]
     header = plan.header.model_copy(update={"tp": tp, "dp": dp, "zero": zero})
-    return Plan(header, [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:])], plan.placement,
+    return Plan(header, [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)], plan.placement,
                 plan.schedule)
 
 

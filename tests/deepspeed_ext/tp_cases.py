@@ -12,6 +12,7 @@ embeddings and a vocabulary tp does not divide (padded).
 from __future__ import annotations
 
 import copy
+import itertools
 import sys
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def mesh_plan(name: str, devices: int, tp: int = 1, dp: int = 1, sp: bool | None
     stages = len(plan.stage_device())
     bounds = [LAYERS * i // stages for i in range(stages + 1)]
     header = plan.header.model_copy(update={"tp": tp, "dp": dp, "sequence_parallel": sp})
-    return Plan(header, [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:])], plan.placement,
+    return Plan(header, [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)], plan.placement,
                 plan.schedule)
 
 
@@ -82,7 +83,7 @@ def run(plan: Plan, same_data: bool, steps: int = 3, **extra) -> dict:
 
 def compare(name: str, ref: dict, mine: dict) -> dict:
     return {"plan": name, "losses": mine["losses"], "ref_losses": ref["losses"],
-            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"])),
+            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"], strict=True)),
             "norm": mine["norm"], "ref_norm": ref["norm"]}
 
 
