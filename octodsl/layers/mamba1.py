@@ -4,6 +4,14 @@ The scan h_t = exp(dt_t A) h_{t-1} + dt_t u_t B_t, y_t = <h_t, C_t> (per channel
 runs in chunks: inside a chunk h_t = e^{a_t} (h_0 + sum_{r<=t} dt_r u_r B_r / e^{a_r}) with a_t the
 running sum of dt A, all positions at once; only the chunk-start states are carried through a
 Python loop (seq / chunk steps on [batch, d_inner, state] tensors).
+
+Tensor-parallel (models.tp): the inner channels split over the group. The in-projection is
+column-parallel ([x | z], each half split), the convolution, dt-projection (column-parallel),
+A, D and the scan run on the local channels, the out-projection is row-parallel. The
+x-projection reads every channel, so it is row-parallel too: its small dt | B | C output is
+summed over the group (`reduce`), Jamba's inner norms run on the sums alike on every rank (so
+their weights get the same gradient everywhere), and `copy` then sums the gradients each
+rank's channels give dt, B and C.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.spec import Mamba1Config
+from . import tensor_parallel as tpl
 from .common import conv_silu, linear, wide_dtype
 from .recompute import recomputable
 
@@ -60,7 +69,9 @@ class Mamba1(nn.Module):
 
     def __init__(self, cfg: Mamba1Config, hidden: int, norm_eps: float = 1e-5):
         super().__init__()
-        self.cfg = cfg
+        self.tp = tp = tpl.current()
+        self.cfg = tpl.local_config(cfg, tp)
+        """This rank's channels (all of them at tp 1)."""
         d = cfg.inner
         self.norm = nn.RMSNorm(hidden, eps=norm_eps)
         self.in_proj = linear(hidden, 2 * d)
@@ -78,20 +89,31 @@ class Mamba1(nn.Module):
             self.b_norm = nn.RMSNorm(cfg.state, eps=norm_eps)
             self.c_norm = nn.RMSNorm(cfg.state, eps=norm_eps)
         self.out_proj = linear(d, hidden)
+        if tp.size > 1:
+            tpl.column_parallel(self.in_proj, tp, [d, d])
+            tpl.depthwise_parallel(self.conv, tp)
+            tpl.row_parallel(self.x_proj, tp)
+            tpl.column_parallel(self.dt_proj, tp)
+            tpl.shard_param(self, "A_log", 0, tp)
+            tpl.shard_param(self, "D", 0, tp)
+            tpl.row_parallel(self.out_proj, tp)
+        tpl.mark_sequence_parallel(self.norm, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
-        xs, z = self.in_proj(recomputable(self.norm, x)).chunk(2, dim=-1)
+        c, tp = self.cfg, self.tp
+        h = tpl.enter(recomputable(self.norm, x), tp)
+        xs, z = self.in_proj(h).chunk(2, dim=-1)
         xs = recomputable(conv_silu, self.conv, xs)  # selective recompute drops the conv output
-        dt, B, C = self.x_proj(xs).split([c.dt_rank, c.state, c.state], dim=-1)
+        dt, B, C = tpl.reduce(self.x_proj(xs), tp).split([c.dt_rank, c.state, c.state], dim=-1)
         if c.inner_norms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
+        dt, B, C = (tpl.copy(t, tp) for t in (dt, B, C))
         st = wide_dtype(x.dtype)
         dt = F.softplus(self.dt_proj(dt).to(st))
         A = -torch.exp(self.A_log.to(st))
         y = selective_scan(xs.to(st), dt, A, B.to(st), C.to(st)).to(x.dtype)
         y = recomputable(_gate, y, xs, self.D, z)  # and the gated output
-        return x + self.out_proj(y)
+        return x + tpl.leave(self.out_proj(y), tp)
 
 
 def _gate(y: torch.Tensor, xs: torch.Tensor, D: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

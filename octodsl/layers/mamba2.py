@@ -1,6 +1,14 @@
 """Mamba2 mixer with the chunked SSD scan in pure PyTorch (after the reference `ssd_minimal`
 of state-spaces/mamba): quadratic attention-like form inside chunks, a linear recurrence over
-chunk states between them."""
+chunk states between them.
+
+Tensor-parallel as Megatron's hybrid models: the heads and the B/C groups split over the group
+(each rank's heads use its groups, heads // groups per group either way); the in-projection
+column-parallel, each of its parts [z, x, B, C, dt] split (this rank's heads' z, x, dt and its
+groups' B, C), the convolution's channels likewise, the scan, D skip and gate on the local
+heads, the out-projection row-parallel. The gated RMSNorm is per group of channels (as
+Megatron's Mamba2 norm with ngroups), and a group's channels are on one rank, so it stays local
+and equals the tp 1 norm with no communication."""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.spec import Mamba2Config
+from . import tensor_parallel as tpl
 from .common import conv_silu, linear, wide_dtype
 from .recompute import recomputable
 
@@ -73,7 +82,9 @@ class Mamba2(nn.Module):
 
     def __init__(self, cfg: Mamba2Config, hidden: int, norm_eps: float = 1e-5):
         super().__init__()
-        self.cfg = cfg
+        self.tp = tp = tpl.current()
+        self.cfg = tpl.local_config(cfg, tp)
+        """This rank's heads and groups (all of them at tp 1)."""
         self.eps = norm_eps
         self.norm = nn.RMSNorm(hidden, eps=norm_eps)
         self.in_proj = linear(hidden, cfg.in_proj_out)
@@ -86,12 +97,21 @@ class Mamba2(nn.Module):
         self.D = nn.Parameter(torch.ones(cfg.heads))
         self.out_norm = nn.Parameter(torch.ones(cfg.inner))
         self.out_proj = linear(cfg.inner, hidden)
+        if tp.size > 1:
+            gn = cfg.groups * cfg.state
+            tpl.column_parallel(self.in_proj, tp, [cfg.inner, cfg.inner, gn, gn, cfg.heads])
+            tpl.depthwise_parallel(self.conv, tp, [cfg.inner, gn, gn])
+            for name in ("dt_bias", "A_log", "D", "out_norm"):
+                tpl.shard_param(self, name, 0, tp)
+            tpl.row_parallel(self.out_proj, tp)
+        tpl.mark_sequence_parallel(self.norm, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
-        b, s, _ = x.shape
+        c, tp = self.cfg, self.tp
+        h = tpl.enter(recomputable(self.norm, x), tp)
+        b, s, _ = h.shape  # the whole sequence
         gn = c.groups * c.state
-        z, xbc, dt = self.in_proj(recomputable(self.norm, x)).split([c.inner, c.conv_channels, c.heads], -1)
+        z, xbc, dt = self.in_proj(h).split([c.inner, c.conv_channels, c.heads], -1)
         xbc = recomputable(conv_silu, self.conv, xbc)  # selective recompute drops the conv output
         xs, B, C = xbc.split([c.inner, gn, gn], dim=-1)
         xs = xs.view(b, s, c.heads, c.head_dim)
@@ -104,4 +124,4 @@ class Mamba2(nn.Module):
         # Gated RMSNorm over each group's channels (norm after the gate, as in Mamba2).
         g = y.view(b, s, c.groups, -1)
         g = g * torch.rsqrt(g.square().mean(dim=-1, keepdim=True) + self.eps)
-        return x + self.out_proj(g.view(b, s, c.inner) * self.out_norm)
+        return x + tpl.leave(self.out_proj(g.view(b, s, c.inner) * self.out_norm), tp)

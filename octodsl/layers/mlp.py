@@ -19,6 +19,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: MLPConfig, hidden: int, norm_eps: float = 1e-5):
         super().__init__()
         self.tp = tpl.current()
+        tpl.local_config(cfg, self.tp)  # it splits
         self.norm = nn.RMSNorm(hidden, eps=norm_eps)
         self.ffn = FeedForward(hidden, cfg.ffn, cfg.activation)
         self.ffn.shard(self.tp)

@@ -8,6 +8,20 @@ main loss + aux loss, exactly as if the aux loss had been added to the loss. The
 the scale to whatever it scales the main loss by (1 / micro-batches when the loss is averaged
 over gradient-accumulation steps, times any loss scale). The value of the last forward's aux
 loss is kept in `MoE.last_aux_loss` for logging.
+
+Tensor parallelism (Megatron's expert tensor parallelism, expert-tensor-parallel size = tp):
+every rank holds every expert, with its 1/tp of each expert's inner size (and of the shared
+expert's): the expert input projections column-parallel, the output projections row-parallel,
+the routed and shared outputs summed by one `leave`. The router is replicated: every rank routes
+every token alike (under sp the router runs on this rank's slice and the small probabilities
+are all-gathered), so the dispatch is the same everywhere. A routing weight's gradient is a dot
+product with the expert's output, which each rank holds a partial sum of, so `copy` sums it over
+the group; from there back to the router the gradients are the same on every rank. The aux loss
+is computed from the whole batch's probabilities on every rank alike and its gradient enters the
+replicated routing path, which no collective sums over ranks: it is counted once (without sp
+every rank's router gradient is the whole one; with sp each rank's covers its slice and the
+router is marked `sequence_parallel`, its gradient summed over the group like the norm's).
+`last_aux_loss` is then the same on every rank: log one rank's.
 """
 
 from __future__ import annotations
@@ -16,6 +30,7 @@ import torch
 from torch import nn
 
 from ..models.spec import MoEConfig
+from . import tensor_parallel as tpl
 from .common import INIT_STD, FeedForward, activate, ffn_width, wide_dtype
 from .recompute import recomputable
 
@@ -61,7 +76,9 @@ class MoE(nn.Module):
 
     def __init__(self, cfg: MoEConfig, hidden: int, norm_eps: float = 1e-5):
         super().__init__()
+        self.tp = tp = tpl.current()
         self.cfg = cfg
+        tpl.local_config(cfg, tp)  # it splits
         self.norm = nn.RMSNorm(hidden, eps=norm_eps)
         self.router = nn.Linear(hidden, cfg.experts, bias=False)
         nn.init.normal_(self.router.weight, std=INIT_STD)
@@ -71,13 +88,24 @@ class MoE(nn.Module):
         self.shared = (FeedForward(hidden, cfg.shared_ffn, cfg.activation)
                        if cfg.shared_ffn else None)
         self.last_aux_loss: torch.Tensor | None = None
+        if tp.size > 1:
+            tpl.shard_param(self, "w_in", 2, tp, [cfg.expert_ffn] * (width // cfg.expert_ffn))
+            tpl.shard_param(self, "w_out", 1, tp)
+            if self.shared is not None:
+                self.shared.shard(tp)
+        tpl.mark_sequence_parallel(self.norm, tp)
+        tpl.mark_sequence_parallel(self.router, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
-        y = recomputable(self.norm, x).reshape(-1, x.shape[-1])
-        probs = torch.softmax(self.router(y).to(wide_dtype(y.dtype)), dim=-1)
+        c, tp = self.cfg, self.tp
+        h = recomputable(self.norm, x)
+        probs = torch.softmax(self.router(h).to(wide_dtype(h.dtype)), dim=-1)
+        probs = tpl.gather(probs, tp).reshape(-1, c.experts)  # every token's, on every rank
+        whole = tpl.enter(h, tp)
+        y = whole.reshape(-1, x.shape[-1])
         weight, expert = probs.topk(c.top_k, dim=-1)
         weight = (weight / weight.sum(dim=-1, keepdim=True)).to(y.dtype)
+        weight = tpl.copy(weight, tp)  # each rank's gradient: its share of the experts' output
         # Dispatch: sort the (token, slot) pairs by expert, run each expert on its rows.
         flat = expert.reshape(-1)
         order = flat.argsort(stable=True)
@@ -95,8 +123,9 @@ class MoE(nn.Module):
         out = torch.zeros_like(y).index_add(0, token, routed)
         if self.shared is not None:
             out = out + self.shared(y)
+        out = tpl.leave(out.view_as(whole), tp)
         aux = c.aux_loss_coef * load_balancing_loss(probs, counts, c.top_k)
         self.last_aux_loss = aux.detach()
         if c.aux_loss_coef and torch.is_grad_enabled():
             out = _AuxLossGrad.apply(out, aux)
-        return x + out.view_as(x)
+        return x + out

@@ -35,11 +35,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ..models.load import SpecError
+from ..models.spec import LayerConfig
+from ..models.tp import layer_problems, local_layer
 
 SEQ_DIM = 1
 """The sequence dimension of a [batch, seq, hidden] activation."""
@@ -63,6 +67,7 @@ class TpGroup:
 
 
 _SINGLE = TpGroup()
+_Config = TypeVar("_Config", bound=LayerConfig)
 _current: TpGroup = _SINGLE
 
 
@@ -80,6 +85,15 @@ def building(tp: TpGroup) -> Iterator[TpGroup]:
         yield tp
     finally:
         _current = before
+
+
+def local_config(cfg: _Config, tp: TpGroup) -> _Config:
+    """The part of layer `cfg` one rank of `tp` holds (`models.tp.local_layer`, the sizes the
+    cost model uses too); a SpecError when tp cannot split the layer."""
+    fatal = [p.message for p in layer_problems(cfg, tp.size) if p.fatal]
+    if fatal:
+        raise SpecError(f"tp {tp.size} cannot split a {cfg.kind} layer: " + "; ".join(fatal))
+    return cast(_Config, local_layer(cfg, tp.size))
 
 
 def _all_reduce(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
@@ -231,6 +245,46 @@ def gather(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     """x with the whole sequence, for a computation every rank repeats alike on it (the MoE
     routing): with sp all-gathered, its gradient this rank's slice; without sp, x."""
     return _Gather.apply(x, tp) if tp.size > 1 and tp.sp else x
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, factor: float):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+def scale_grad(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """x, its gradient multiplied by `factor` (no communication)."""
+    return _ScaleGrad.apply(x, factor)
+
+
+class _CopyShared(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over the ranks that hold the same `slot`
+    of `slots`: one all-reduce of every slot's gradient, each rank's placed in its slot."""
+
+    @staticmethod
+    def forward(ctx, x, tp: TpGroup, slot: int, slots: int):
+        ctx.tp, ctx.slot, ctx.slots = tp, slot, slots
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        every = grad.new_zeros((ctx.slots, *grad.shape))
+        every[ctx.slot] = grad
+        dist.all_reduce(every, group=ctx.tp.group)
+        return every[ctx.slot], None, None, None
+
+
+def copy_shared(x: torch.Tensor, tp: TpGroup, slot: int, slots: int) -> torch.Tensor:
+    """x, which the ranks holding `slot` (of `slots`, each held by a whole number of ranks)
+    hold alike and use each with its own shard: their gradients are summed (a replicated KV
+    head's keys and values, used by each rank's query heads)."""
+    return x if tp.size == 1 else _CopyShared.apply(x, tp, slot, slots)
 
 
 def keep_parts(t: torch.Tensor, dim: int, parts: Sequence[tuple[int, slice]]) -> torch.Tensor:

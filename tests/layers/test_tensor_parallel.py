@@ -17,7 +17,7 @@ import json
 import os
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -26,10 +26,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from octodsl.layers import MLP, recompute
+from octodsl.layers import MLP, Attention, Mamba1, Mamba2, MoE, recompute
 from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.split_backward import backward_input, backward_weight
-from octodsl.models.spec import MLPConfig
+from octodsl.models.load import SpecError
+from octodsl.models.spec import (AttentionConfig, Mamba1Config, Mamba2Config, MLPConfig,
+                                 MoEConfig)
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -50,6 +52,8 @@ class Shard:
     parts: Callable[[int], list[Part]]
     """The blocks, for a rank."""
     ref: str | None = None
+    counted: Callable[[int], bool] = lambda rank: True
+    """Is it marked a shard on this rank (a gradient norm over the group counts it here)."""
 
 
 def even(*sizes: int) -> Callable[[int], list[Part]]:
@@ -71,11 +75,71 @@ def mlp_case(activation: str) -> Case:
                 {"ffn.up.weight": Shard(0, even(*up)), "ffn.down.weight": Shard(1, even(24))})
 
 
+def attention_case(heads: int, kv_heads: int, **extra) -> Case:
+    d = 4
+    cfg = AttentionConfig(heads=heads, kv_heads=kv_heads, head_dim=d, **extra)
+    q = [heads * d] * (2 if cfg.output_gate else 1)
+    kv = kv_heads * d
+    shards = {"out.weight": Shard(1, even(heads * d))}
+    if kv_heads % TP:  # replicated: each rank's KV head (the one its queries use) apart
+        shards["qkv.weight"] = Shard(0, lambda r: [*((n, TP, r) for n in q), (kv, 0, 0), (kv, 0, 0)])
+        head = lambda r: r * kv_heads // TP  # noqa: E731
+        shards["kv.weight"] = Shard(0, lambda r: [(cfg.q_out, 0, 0), (kv, kv_heads, head(r)),
+                                                  (kv, kv_heads, head(r))], ref="qkv.weight",
+                                   # one copy of each head counts: its first sharer's
+                                   counted=lambda r: r % (TP // kv_heads) == 0)
+    else:
+        shards["qkv.weight"] = Shard(0, even(*q, kv, kv))
+    return Case(lambda: Attention(cfg, HIDDEN), shards)
+
+
+def moe_case(activation: str, shared: int) -> Case:
+    cfg = MoEConfig(experts=4, top_k=2, expert_ffn=8, shared_ffn=shared, activation=activation,
+                    aux_loss_coef=0.1)
+    halves = 2 if activation == "swiglu" else 1
+    shards = {"w_in": Shard(2, even(*[8] * halves)), "w_out": Shard(1, even(8))}
+    if shared:
+        shards |= {"shared.up.weight": Shard(0, even(*[shared] * halves)),
+                   "shared.down.weight": Shard(1, even(shared))}
+    return Case(lambda: MoE(cfg, HIDDEN), shards)
+
+
+def mamba2_case(heads: int, groups: int) -> Case:
+    cfg = Mamba2Config(heads=heads, head_dim=4, groups=groups, state=4, conv=3, chunk=4)
+    inner, gn = cfg.inner, groups * cfg.state
+    return Case(lambda: Mamba2(cfg, HIDDEN), {
+        "in_proj.weight": Shard(0, even(inner, inner, gn, gn, heads)),
+        "conv.weight": Shard(0, even(inner, gn, gn)), "conv.bias": Shard(0, even(inner, gn, gn)),
+        **{name: Shard(0, even(n)) for name, n in
+           [("dt_bias", heads), ("A_log", heads), ("D", heads), ("out_norm", inner)]},
+        "out_proj.weight": Shard(1, even(inner))})
+
+
+def mamba1_case(inner_norms: bool) -> Case:
+    cfg = Mamba1Config(inner=8, state=4, conv=3, dt_rank=2, inner_norms=inner_norms)
+    d = cfg.inner
+    return Case(lambda: Mamba1(cfg, HIDDEN), {
+        "in_proj.weight": Shard(0, even(d, d)),
+        **{name: Shard(0, even(d)) for name in
+           ("conv.weight", "conv.bias", "dt_proj.weight", "dt_proj.bias", "A_log", "D")},
+        "x_proj.weight": Shard(1, even(d)), "out_proj.weight": Shard(1, even(d))})
+
+
 CASES: dict[str, Case] = {
+    "mamba1": mamba1_case(False),
+    "mamba1-jamba-norms": mamba1_case(True),
+    "mamba2-groups2": mamba2_case(4, 2),
+    "mamba2-groups4": mamba2_case(8, 4),
+    "moe-swiglu-shared": moe_case("swiglu", 12),
+    "moe-relu2": moe_case("relu2", 0),
+    "attention-gqa": attention_case(4, 2, rope_theta=10000.0),
+    "attention-mha-gate": attention_case(4, 4, output_gate=True),
+    "attention-kv-replicated": attention_case(4, 1, rope_theta=10000.0, output_gate=True),
+    "attention-kv-replicated-mqa": attention_case(2, 1),
     "mlp-swiglu": mlp_case("swiglu"),
     "mlp-relu2": mlp_case("relu2"),
 }
-VARIANTS = ("nosp", "sp", "nosp-split", "sp-split", "sp-recompute-split")
+VARIANTS = ("nosp", "sp", "nosp-split", "sp-split", "nosp-recompute", "sp-recompute-split")
 """sp on or off; `split`: B then W (else a fused backward); `recompute`: the forward under
 selective recompute (what `recomputable` marks dropped, brought back by the backward)."""
 
@@ -85,6 +149,30 @@ def expected_shard(t: torch.Tensor, shard: Shard, rank: int) -> torch.Tensor:
     return torch.cat([b.chunk(pieces, shard.dim)[which]
                       for b, (_, pieces, which) in zip(blocks, shard.parts(rank), strict=True)
                       if pieces], shard.dim)
+
+
+COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+@contextlib.contextmanager
+def counting_collectives() -> Iterator[list[str]]:
+    """The torch.distributed collectives called inside the block, by name (still run)."""
+    calls: list[str] = []
+    real = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counted(name: str) -> Callable:
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real[name](*args, **kwargs)
+        return call
+
+    for name in COLLECTIVES:
+        setattr(dist, name, counted(name))
+    try:
+        yield calls
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
 
 
 def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
@@ -107,7 +195,9 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
     if variant.endswith("split"):
         (gx,), state = backward_input([yt], [gyt], [xt])
         assert not any(p.grad is not None for p in layer.parameters()), "B touched a weight"
-        backward_weight(state, list(layer.parameters()))
+        with counting_collectives() as calls:
+            backward_weight(state, list(layer.parameters()))
+        assert not calls, f"W communicated: {calls}"
         xt.grad = gx
     else:
         yt.backward(gyt)
@@ -124,7 +214,7 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
         else:
             r = refs[shard.ref or name]
             want, want_grad = (expected_shard(t, shard, tp.rank) for t in (r, r.grad))
-            assert getattr(p, "tensor_model_parallel", False), f"{name} not marked as a shard"
+            assert getattr(p, "tensor_model_parallel", False) == shard.counted(tp.rank), name
         assert p.grad is not None, f"{name} got no gradient"
         diffs += [(p - want).abs().max(), (p.grad - want_grad).abs().max()]
     return float(torch.stack(diffs).max())
@@ -173,6 +263,7 @@ def results(tmp_path_factory) -> dict[str, object]:
     return merged
 
 
+@pytest.mark.slow  # the two processes run every case: some 15 s on two cores
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_tp_layer_equals_unsplit(results, case, variant):
@@ -183,12 +274,30 @@ def test_tp_layer_equals_unsplit(results, case, variant):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_tp1_is_the_layer_itself(case):
-    # building(TpGroup()) is what every layer is built for outside `building`: the same
-    # init draws and no collective, so the weights are equal bit for bit
+    # building(TpGroup()) is what every layer is built for outside `building`: the same init
+    # draws, no parameter marked, and no collective (this process has no process group, so a
+    # collective in the forward or backward would raise)
     torch.manual_seed(SEED)
     plain = CASES[case].make()
     torch.manual_seed(SEED)
     with tpl.building(tpl.TpGroup()):
         one = CASES[case].make()
     for (n, a), (m, b) in zip(plain.named_parameters(), one.named_parameters(), strict=True):
-        assert n == m and torch.equal(a, b) and not hasattr(b, "tensor_model_parallel")
+        assert n == m and torch.equal(a, b)
+        assert not hasattr(b, "tensor_model_parallel") and not hasattr(b, "sequence_parallel")
+    x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+    one(x).sum().backward()
+    assert x.grad is not None
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Attention(AttentionConfig(heads=3, kv_heads=3, head_dim=4), HIDDEN),
+    lambda: Attention(AttentionConfig(heads=6, kv_heads=3, head_dim=4), HIDDEN),
+    lambda: MLP(MLPConfig(ffn=7), HIDDEN),
+    lambda: MoE(MoEConfig(experts=2, top_k=1, expert_ffn=8, shared_ffn=5), HIDDEN),
+    lambda: Mamba2(Mamba2Config(heads=4, head_dim=4, groups=1, state=4), HIDDEN),
+    lambda: Mamba1(Mamba1Config(inner=9, dt_rank=2), HIDDEN),
+])
+def test_a_layer_tp_cannot_split_is_refused_before_any_communication(make):
+    with tpl.building(tpl.TpGroup(TP, 0)), pytest.raises(SpecError, match="tp 2 cannot split"):
+        make()
