@@ -44,11 +44,11 @@ from train import step_data  # noqa: E402
 SEED, SEQ, M, STEPS = 7, 32, 4, 3
 
 
-def micro_spec():
+def micro_spec(name: str = "nemotron-h-micro", vocab: int = 512, groups: int = 1):
     d = copy.deepcopy(BUILTINS["nemotron-h-tiny"])
-    d.update(name="nemotron-h-micro", hidden=64, vocab=512, seq_len=SEQ, microbatch_size=1,
+    d.update(name=name, hidden=64, vocab=vocab, seq_len=SEQ, microbatch_size=1,
              tie_embeddings=True)
-    d["mamba2"].update(heads=4, head_dim=32, groups=1, state=16, chunk=16)
+    d["mamba2"].update(heads=4, head_dim=32, groups=groups, state=16, chunk=16)
     d["attention"].update(heads=2, kv_heads=1, head_dim=32)
     d["mlp"].update(ffn=128)
     return parse_model(d, "micro")

@@ -5,7 +5,7 @@ Not bit for bit: tp changes the order of the sums (a projection's partial sums a
 all-reduce, the cross-entropy's sum of exponentials over the vocabulary shards), so each number
 differs in rounding. After three AdamW steps the losses agree to 1e-7 relative here; the bound
 is the issue's 1e-5. The first step's gradient norm (each parameter counted once over pipe x tp)
-agrees to 1e-8: a parameter left out or counted twice, or a sequence-parallel gradient not
+agrees to 1e-6 (1e-8 here): a parameter left out or counted twice, or a sequence-parallel gradient not
 summed over the group (the final norms' weights: a few 1e-5 of the norm), shows far above that.
 """
 

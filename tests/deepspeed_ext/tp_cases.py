@@ -5,20 +5,18 @@ test_tensor_parallel.py:
 
 Each run trains the same model from the same seeds on the same data as its tp 1 reference, and
 rank 0 writes the losses of both (and the gradient norm of the first step) to OUT.json. The
-model (`tp_spec`) holds the layer kinds that have tensor-parallel torch layers, with tied
-embeddings and a vocabulary tp does not divide (padded).
+model is the hybrid harness.py trains (`tp_spec`).
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import M, SEED, SEQ, config, main  # noqa: E402
+from harness import M, SEED, SEQ, config, main, micro_spec  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -26,22 +24,16 @@ from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
 from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
-from octodsl.models import parse_model  # noqa: E402
-from octodsl.models.builtin import BUILTINS  # noqa: E402
 from octodsl.plan import Plan, Stage  # noqa: E402
 from train import step_data  # noqa: E402
 
-PATTERN = "------"
-"""The blocks: the layer kinds whose tensor-parallel torch layers exist."""
 
 
 def tp_spec():
-    d = copy.deepcopy(BUILTINS["nemotron-h-tiny"])
-    del d["mamba2"], d["attention"]
-    d.update(name="tp-micro", hidden=64, vocab=509, seq_len=SEQ, microbatch_size=1,
-             tie_embeddings=True, pattern=PATTERN)
-    d["mlp"].update(ffn=128)
-    return parse_model(d, "tp-micro")
+    """harness.py's CPU-sized Nemotron-H (Mamba2 with 4 heads in 2 groups; attention with 2
+    heads on 1 KV head, so the KV head is replicated on both tp ranks; MLPs), tied embeddings,
+    with a vocabulary that tp 2 pads."""
+    return micro_spec("nemotron-h-micro-tp", vocab=509, groups=2)
 
 
 SPEC = tp_spec()
