@@ -10,6 +10,7 @@ model is the hybrid harness.py trains (`tp_spec`).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
 from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
+from octodsl.models import parse_model  # noqa: E402
+from octodsl.models.builtin import BUILTINS  # noqa: E402
 from octodsl.plan import Plan, Stage  # noqa: E402
 from train import step_data  # noqa: E402
 
@@ -36,26 +39,39 @@ def tp_spec():
     return micro_spec("nemotron-h-micro-tp", vocab=509, groups=2)
 
 
+def jamba_spec():
+    """jamba-tiny, narrower: 8 sub-layers (Mamba1 with inner norms, attention, MLPs, MoE with a
+    shared expert and top-2 of 4 experts)."""
+    d = copy.deepcopy(BUILTINS["jamba-tiny"])
+    d.update(name="jamba-micro-tp", hidden=64, vocab=509, seq_len=SEQ, microbatch_size=1,
+             pattern=d["pattern"][:10])
+    d["mamba1"].update(inner=128, state=8, dt_rank=8)
+    d["attention"].update(heads=2, kv_heads=2, head_dim=32)
+    d["mlp"].update(ffn=128)
+    d["moe"].update(experts=4, expert_ffn=64, shared_ffn=64)
+    return parse_model(d, "jamba-micro-tp")
+
+
 SPEC = tp_spec()
-LAYERS = SPEC.num_layers
 
 
-def mesh_plan(name: str, devices: int, tp: int = 1, dp: int = 1, sp: bool | None = None) -> Plan:
+def mesh_plan(name: str, devices: int, tp: int = 1, dp: int = 1, sp: bool | None = None,
+              spec=SPEC) -> Plan:
     """A generated plan (2 stages per device for V plans) with layers split evenly, on the mesh."""
     plan = generate(name, devices=devices, microbatches=M)
     stages = len(plan.stage_device())
-    bounds = [LAYERS * i // stages for i in range(stages + 1)]
+    bounds = [spec.num_layers * i // stages for i in range(stages + 1)]
     header = plan.header.model_copy(update={"tp": tp, "dp": dp, "sequence_parallel": sp})
     return Plan(header, [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)], plan.placement,
                 plan.schedule)
 
 
-def run(plan: Plan, same_data: bool, steps: int = 3, **extra) -> dict:
+def run(plan: Plan, same_data: bool, steps: int = 3, spec=SPEC, **extra) -> dict:
     """Train `plan` (every data-parallel copy on copy 0's data with `same_data`, which makes dp 2
     train as dp 1); the losses and the first step's gradient norm (mesh.grad_norm, taken just
     before the optimizer step)."""
     with released_groups():
-        engine, *_ = initialize(pipeline_specs(SPEC), plan, config=config(**extra), loss_fn=lm_loss,
+        engine, *_ = initialize(pipeline_specs(spec), plan, config=config(**extra), loss_fn=lm_loss,
                                 seed_layers=True, base_seed=SEED)
         norms: list[float] = []
         step = engine.optimizer.step
@@ -68,7 +84,7 @@ def run(plan: Plan, same_data: bool, steps: int = 3, **extra) -> dict:
 
         engine.optimizer.step = recorded
         dp_rank = 0 if same_data else engine.grid.data_parallel_id
-        losses = [engine.train_batch(step_data(SEED, s, dp_rank, M, 1, SEQ, SPEC.vocab)).item()
+        losses = [engine.train_batch(step_data(SEED, s, dp_rank, M, 1, SEQ, spec.vocab)).item()
                   for s in range(steps)]
     return {"losses": losses, "norm": norms[0]}
 
@@ -96,6 +112,10 @@ def case_tp(out_dir: Path) -> dict:
     clip = {"gradient_clipping": 0.5}
     ref = run(mesh_plan("1f1b", 1, dp=4), same_data=True, **clip)
     results.append(compare("1f1b/pp1/clip", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), True, **clip)))
+    jamba = jamba_spec()
+    ref = run(mesh_plan("zb-h1", 2, dp=2, spec=jamba), True, spec=jamba)
+    results.append(compare("jamba/zb-h1", ref, run(mesh_plan("zb-h1", 2, tp=2, spec=jamba), True,
+                                                  spec=jamba)))
     return {"results": results}
 
 
