@@ -391,17 +391,27 @@ def _stalling(it):
     yield from it
 
 
-CASES = {"plans": case_plans, "dp": case_dp, "stall": case_stall}
+def case_single(out_dir: Path) -> dict:
+    """1 process (tp 1 x pp 1): the plan's executor against stock DeepSpeed on one stage."""
+    stock = build_stock(even(1), 1, config())
+    ref, ref_w = train(stock), weights(stock)
+    plan = with_partition(generate("1f1b", devices=1, microbatches=M), even(1))
+    return {"results": [compare("1f1b/pp1", build_ours(plan, config()), ref, ref_w, None)]}
+
+
+CASES = {"plans": case_plans, "dp": case_dp, "stall": case_stall, "single": case_single}
 
 
 def main(cases: dict = CASES) -> None:
     """Run the case the command line names (CASE OUT.json); rank 0 writes its result."""
     case, out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     torch.set_num_threads(1)
-    init_distributed("gloo")
+    # benchmarks/gpu_check.sh runs the cases on GPUs over NCCL
+    init_distributed(os.environ.get("OCTO_TEST_BACKEND", "gloo"))
     result = cases[case](Path(out).parent)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(result, indent=1))
+        Path(out).write_text(json.dumps({**result, "case": case, "world": dist.get_world_size(),
+                                         "backend": torch.distributed.get_backend()}, indent=1))
     shutdown()
 
 
