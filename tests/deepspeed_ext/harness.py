@@ -406,8 +406,11 @@ def main(cases: dict = CASES) -> None:
     """Run the case the command line names (CASE OUT.json); rank 0 writes its result."""
     case, out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     torch.set_num_threads(1)
-    # benchmarks/gpu_check.sh runs the cases on GPUs over NCCL
-    init_distributed(os.environ.get("OCTO_TEST_BACKEND", "gloo"))
+    # benchmarks/gpu_check.sh runs the cases on GPUs over NCCL, a GPU per rank
+    backend = os.environ.get("OCTO_TEST_BACKEND", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    init_distributed(backend)
     result = cases[case](Path(out).parent)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({**result, "case": case, "world": dist.get_world_size(),
