@@ -57,6 +57,10 @@ SEQ_LEN = integer(1, limits.MAX_SEQ_LEN)
 DP = integer(1, limits.MAX_DP)
 ZERO = integer(0, 2)
 """--zero: a ZeRO stage (`Header.zero`)."""
+TP = integer(1, limits.MAX_TP)
+"""--tp: the tensor-parallel degree (`Header.tp`)."""
+GPUS_PER_NODE = integer(1, limits.MAX_GPUS_PER_NODE)
+"""--gpus-per-node (`Header.gpus_per_node`)."""
 SEED = integer(0, limits.MAX_SEED)
 STEPS = integer(1, limits.MAX_STEPS)
 """Timed repetitions a command runs itself (profile --repeats, calibrate --steps)."""

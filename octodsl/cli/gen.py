@@ -1,7 +1,7 @@
 """`octodsl gen NAME --devices P --microbatches M [--chunks V] [--model SPEC [--partition HOW]
 [--device GPU] [--profile FILE] [--microbatch-size N] [--seq-len N]] [--costs F=..,B=..,W=..]
-[-o FILE]`: write a classic
-schedule as a .octo plan."""
+[--tp N] [--sequence-parallel true|false] [--gpus-per-node N] [-o FILE]`: write a classic
+schedule as a .octo plan (the last three go into its header as the plan language writes them)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import sys
 
 from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
-from .common import (DEVICES, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, UserError, integer,
-                     op_costs, output, write_output)
+from ..lang.lower import BOOLEANS
+from .common import (DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
+                     integer, op_costs, output, write_output)
 
 
 def register(sub) -> None:
@@ -38,6 +39,13 @@ def register(sub) -> None:
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
                    help="sequences per micro-batch")
     p.add_argument("--seq-len", type=SEQ_LEN, metavar="N", help="tokens per sequence")
+    p.add_argument("--tp", type=TP, metavar="N", help="tensor-parallel degree: each pipeline "
+                   "device is a group of N GPUs (default 1)")
+    p.add_argument("--sequence-parallel", choices=tuple(BOOLEANS), metavar="true|false",
+                   help="Megatron's sequence parallelism in the tp group (default: true when "
+                   "--tp is above 1)")
+    p.add_argument("--gpus-per-node", type=GPUS_PER_NODE, metavar="N",
+                   help="GPUs per node, which ranks share NVLink (default 8)")
     p.add_argument("-o", "--output", type=output(".octo"), metavar="FILE",
                    help="write here, a .octo file (default: standard output)")
     p.set_defaults(func=run)
@@ -55,9 +63,15 @@ def run(args) -> int:
     times = None if args.costs is None else (args.costs["F"], args.costs["B"], args.costs["W"])
     if times is not None and min(times) <= 0:
         raise UserError("--costs: F, B and W must each be more than 0 (their ratio is what counts)")
+    if args.sequence_parallel == "true" and (args.tp or 1) == 1:
+        raise UserError("--sequence-parallel true splits the sequence over the tp group: give "
+                        "--tp 2 or more")
+    mesh = {"tp": args.tp, "gpus_per_node": args.gpus_per_node,
+            "sequence_parallel": None if args.sequence_parallel is None else BOOLEANS[args.sequence_parallel]}
     text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
                          args.model, args.partition, times, device=args.device, profile=args.profile,
-                         microbatch_size=args.microbatch_size, seq_len=args.seq_len)
+                         microbatch_size=args.microbatch_size, seq_len=args.seq_len,
+                         mesh={k: v for k, v in mesh.items() if v is not None})
     if args.output:
         write_output(args.output, text)
     else:

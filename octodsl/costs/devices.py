@@ -41,6 +41,9 @@ class Device:
     memory: int
     """Bytes."""
     efficiency: Efficiency = field(default_factory=Efficiency)
+    node_link: str = "nvlink"
+    """The link between GPUs of one node (`LINKS`): tensor-parallel collectives, and pipeline
+    messages and data-parallel collectives that stay in the node."""
 
     def matmul_flops(self, dtype: str) -> float:
         """Peak matmul FLOP/s in a compute dtype (`bf16`, `fp16` or `fp32`)."""
@@ -54,15 +57,19 @@ DEVICES: dict[str, Device] = {
     d.name: d for d in (
         Device("H800", "NVIDIA H800 SXM (H100 compute, NVLink cut to 400 GB/s)",
                989.4e12, 494.7e12, 66.9e12, 3.35e12, 80 * _GB),
-        Device("H100", "NVIDIA H100 SXM", 989.4e12, 494.7e12, 66.9e12, 3.35e12, 80 * _GB),
-        Device("H200", "NVIDIA H200 SXM", 989.4e12, 494.7e12, 66.9e12, 4.8e12, 141 * _GB),
-        Device("A100", "NVIDIA A100 SXM 80GB", 312e12, 156e12, 19.5e12, 2.039e12, 80 * _GB),
+        Device("H100", "NVIDIA H100 SXM", 989.4e12, 494.7e12, 66.9e12, 3.35e12, 80 * _GB,
+               node_link="nvlink4"),
+        Device("H200", "NVIDIA H200 SXM", 989.4e12, 494.7e12, 66.9e12, 4.8e12, 141 * _GB,
+               node_link="nvlink4"),
+        Device("A100", "NVIDIA A100 SXM 80GB", 312e12, 156e12, 19.5e12, 2.039e12, 80 * _GB,
+               node_link="nvlink3"),
         # One core of this machine (an AMD EPYC Zen 4 VM; the executor runs one rank per core
         # with one thread) and half its 24 GiB. Rates as measured with torch: ~95 GFLOP/s fp32
         # and ~200 GFLOP/s bf16 matmul on one thread, ~25 GB/s copy bandwidth.
         Device("cpu", "one core of this 2-core CPU (one executor rank), half its memory",
                200e9, 95e9, 30e9, 25e9, 12 * _GIB,
-               Efficiency(gemm=0.75, attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6)),
+               Efficiency(gemm=0.75, attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6),
+               node_link="loopback"),
     )
 }
 """Built-in devices by name."""
@@ -73,6 +80,8 @@ LINKS: dict[str, Link] = {
         Link("nvlink", 8e-6, 160e9),
         # H100/H200 NVLink 4: 450 GB/s each way.
         Link("nvlink4", 8e-6, 360e9),
+        # A100 NVLink 3: 600 GB/s both ways, 300 GB/s each way, ~80% achieved.
+        Link("nvlink3", 8e-6, 240e9),
         # InfiniBand NDR, one 400 Gb/s port per GPU: 50 GB/s, ~90% achieved.
         Link("ib-ndr", 15e-6, 45e9),
         # Processes on this machine talking through gloo over TCP loopback: measured ~2 GB/s

@@ -5,26 +5,34 @@ from __future__ import annotations
 
 from ..errors import OctoError
 from ..models import load_model
+from ..models.tp import tp_problems
 from .analytical import analytical_costs
 from .devices import get_device
 from .profile import ProfileError, read_profile
-from .table import CostTable
+from .table import CostTable, Link
 
 _SHAPE_FIELDS = {"name", "description", "microbatch_size", "seq_len"}
 
 
 def cost_table(model: str | None = None, profile: str | None = None, device: str = "H800",
-               microbatch_size: int | None = None, seq_len: int | None = None) -> CostTable:
+               microbatch_size: int | None = None, seq_len: int | None = None, tp: int = 1,
+               sp: bool | None = None, tp_link: Link | None = None) -> CostTable:
     """Per-layer costs for a plan.
 
     With `profile` (a path), the measured costs; `model`, when also given, must be the profiled
     model, and a micro-batch size or sequence length, when given, must be the profiled one (a
     profile is not rescaled). Otherwise the analytical costs of `model` (built-in name or spec
     path) on the built-in `device`, at the spec's shape with `microbatch_size` / `seq_len`
-    (from the plan header) overriding it.
+    (from the plan header) overriding it, on one GPU of a `tp` group (`sp`: sequence
+    parallelism, default on when tp > 1; the collectives on `tp_link`, default the device's node
+    link). A profile is measured at tp 1: tp > 1 with a profile is refused.
 
     Raises ValueError (SpecError, ProfileError) with a message for the user."""
     if profile is not None:
+        if tp > 1:
+            raise ProfileError(f"profile {profile} was measured on single GPUs (tp 1); a plan at "
+                               f"tp {tp} needs the analytical costs (--model) until profiles "
+                               "measure tensor-parallel layers")
         prof = read_profile(profile)
         measured = prof.model
         if model is not None:
@@ -41,4 +49,7 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     if model is None:
         raise OctoError("costs need a model (built-in name or spec file) or a profile")
     spec = load_model(model).with_shape(microbatch_size, seq_len)
-    return analytical_costs(spec, get_device(device))
+    fatal = [p.message for p in tp_problems(spec, tp) if p.fatal]
+    if fatal:
+        raise OctoError(f"{spec.name} does not split over tp {tp}: {'; '.join(fatal)}")
+    return analytical_costs(spec, get_device(device), tp=tp, sp=sp, tp_link=tp_link)

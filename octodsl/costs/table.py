@@ -128,6 +128,13 @@ class Link:
             return self.latency
         return self.latency + nbytes / self.bandwidth
 
+    def ring(self, nbytes: float, ranks: int, passes: int) -> float:
+        """`passes` times round a ring of `ranks`: each pass is ranks - 1 steps, each moving
+        nbytes / ranks to the next rank (a pass moves (ranks - 1) / ranks x nbytes per rank and
+        costs ranks - 1 latencies). An all-reduce is 2 passes, a reduce-scatter or an
+        all-gather 1 (Patarasuk and Yuan 2009; NCCL's ring algorithms)."""
+        return 0.0 if ranks <= 1 else passes * (ranks - 1) * self.time(nbytes / ranks)
+
 
 @dataclass(frozen=True)
 class Calibration:

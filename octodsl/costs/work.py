@@ -8,6 +8,11 @@ activations assume fused kernels (flash attention; Mamba's scan kernels keep onl
 states), which is what a GPU training run uses. What W needs after B is taken as every GEMM's
 input and output gradient (capped at what F saved).
 
+Under tensor parallelism (tp GPUs, `octodsl.models.tp` says what each kind splits) the work is
+one GPU's: the layer's own part at its local sizes (heads / tp, intermediate / tp, ...) over all
+T tokens, the norm and residual over T / tp tokens with sequence parallelism (whole without),
+plus the tp collectives each op runs (`Work.tp_f`, `tp_b`, `tp_w`).
+
 FLOP counts match docs (models-and-costs.md) at s = 4096: Nemotron-H-8B Mamba2 ~228, attention
 117, MLP 352, LM head 1074 MFLOP per token; SSD is counted as the chunked algorithm computes it,
 2Q(GN + d_in) + 4 N d_in per token, so it depends on the chunk length Q.
@@ -17,13 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..models.spec import (
     AttentionConfig, EmbeddingConfig, GatedDeltaNetConfig, LayerConfig, LMHeadLossConfig,
     Mamba1Config, Mamba2Config, MLPConfig, ModelSpec, MoEConfig,
 )
+from ..models.tp import local_layer, local_vocab
 
 ATTENTION_BWD = 2.5
 """Flash-attention backward FLOPs over forward (five matmuls against two)."""
@@ -33,6 +39,13 @@ EW_BWD = 1.5
 """Elementwise backward bytes over forward (reads the saved tensor and the gradient)."""
 INDEX_BYTES = 8
 """Token ids and labels are int64."""
+LOSS_BYTES = 4
+"""The vocab-parallel cross-entropy's per-token fp32 values (max, sum of exponentials, target
+logit), each all-reduced over the tp group."""
+
+Collective = tuple[str, float]
+"""One tensor-parallel collective: 'all-reduce', 'all-gather' or 'reduce-scatter', and the
+bytes of the whole tensor it produces (all-reduce, all-gather) or reduces (reduce-scatter)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +78,10 @@ class Work:
     """Fraction of the core's forward that B runs again to bring them back."""
     sel_ew: float = 0.0
     """Bytes moved by the elementwise kernels that B runs again to bring them back."""
+    tp_f: tuple[Collective, ...] = ()
+    """The tp collectives of F (none at tp 1)."""
+    tp_b: tuple[Collective, ...] = ()
+    tp_w: tuple[Collective, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +91,44 @@ class _Shape:
     sequences: int
     hidden: int
     vocab: int
+    """This GPU's rows of the (padded) vocabulary."""
     e: int
+    tp: int = 1
+    sp: bool = False
+
+    @property
+    def held(self) -> float:
+        """Bytes of the activation between layers as one GPU holds it: the whole, or its
+        1 / tp sequence slice under sequence parallelism."""
+        return self.tokens * self.hidden * self.e / (self.tp if self.sp else 1)
+
+    def collectives(self, enter: bool = True, leave: bool = True, extra: float = 0.0,
+                    leave_grad_in_w: bool = False) -> dict[str, Any]:
+        """The tp collectives of a layer (Megatron's f and g operators; Korthikanti et al.
+        2022 for their sequence-parallel forms), as Work fields. Entering the tp region: F
+        all-gathers the sequence (sp) or passes x through; B reduce-scatters or all-reduces the
+        input gradient; with sp W all-gathers the input again (Megatron keeps only the slice
+        and re-gathers it for the weight gradient). Leaving: F reduce-scatters or all-reduces
+        the row-parallel partial sums; with sp B all-gathers the output gradient (in W for a
+        layer whose backward is all weight gradient: the embedding). `extra`: bytes of a
+        partial sum all-reduced inside the layer, both ways (Mamba1's x-projection)."""
+        if self.tp == 1:
+            return {}
+        whole = float(self.tokens * self.hidden * self.e)
+        f: list[Collective] = []
+        b: list[Collective] = []
+        w: list[Collective] = []
+        if enter:
+            f += [("all-gather", whole)] if self.sp else []
+            b.append(("reduce-scatter", whole) if self.sp else ("all-reduce", whole))
+            w += [("all-gather", whole)] if self.sp else []
+        if leave:
+            f.append(("reduce-scatter", whole) if self.sp else ("all-reduce", whole))
+            (w if leave_grad_in_w else b).extend([("all-gather", whole)] if self.sp else [])
+        if extra:
+            f.append(("all-reduce", extra))
+            b.append(("all-reduce", extra))
+        return {"tp_f": tuple(f), "tp_b": tuple(b), "tp_w": tuple(w)}
 
 
 def _block(s: _Shape, gemm: float, act: float, gemm_io: float, ew: float, sel_act: float = 0.0,
@@ -83,8 +137,11 @@ def _block(s: _Shape, gemm: float, act: float, gemm_io: float, ew: float, sel_ac
     input; `act` is the layer's own saved bytes beyond x and norm(x), `gemm_io` the bytes of its
     GEMM inputs and output gradients beyond norm(x) and the output gradient. Selective
     recompute drops norm(x) (recomputed by reading x and writing it again) beside the layer's
-    own `sel_act`, brought back by `sel_ew` bytes of elementwise work and `sel_core` of the core."""
-    the = s.tokens * s.hidden * s.e
+    own `sel_act`, brought back by `sel_ew` bytes of elementwise work and `sel_core` of the core.
+    The norm and the residual run on what the GPU holds (`_Shape.held`); `core` may carry the
+    tp collectives (`_Shape.collectives`), by default one entry and one exit."""
+    the = s.held
+    core = {**s.collectives(), **core}
     ew_f = 5 * the + ew  # norm: read x, write; residual: read two, write one
     act = 2 * the + act
     return Work(gemm=gemm, ew_f=ew_f, ew_b=EW_BWD * ew_f, ew_w=2 * the, act=act,
@@ -175,7 +232,9 @@ def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
     # scan's states are never kept (the kernel recomputes them in its backward)
     return _block(s, gemm, act, gemm_io, ew, sel_act=2 * T * e * d, sel_ew=5 * T * e * d,
                   core=core, core_b=SCAN_BWD * core,
-                  core_unit="vector", core_bytes=T * e * (3 * d + 2 * n))
+                  core_unit="vector", core_bytes=T * e * (3 * d + 2 * n),
+                  # the x-projection is row-parallel: its dt|B|C partial sums are all-reduced
+                  **s.collectives(extra=T * e * (r + 2 * n)))
 
 
 def _gated_deltanet(c: GatedDeltaNetConfig, s: _Shape) -> Work:
@@ -200,22 +259,27 @@ def _embedding(c: EmbeddingConfig, s: _Shape) -> Work:
     the = s.tokens * s.hidden * s.e
     table = s.vocab * s.hidden * s.e
     ids = s.tokens * INDEX_BYTES
-    # F gathers rows; no input gradient. W scatter-adds the output gradient into a dense
+    # F gathers rows (of this GPU's vocabulary shard, the others' rows summed in by the exit
+    # collective); no input gradient. W scatter-adds the output gradient into a dense
     # vocab x hidden gradient, which is zeroed first and then accumulated into .grad.
-    return Work(ew_f=2 * the, ew_w=3 * the + 3 * table, act=ids, act_w=ids, out=the)
+    return Work(ew_f=2 * the, ew_w=3 * the + 3 * table, act=ids, act_w=ids, out=s.held,
+                **s.collectives(enter=False, leave_grad_in_w=True))
 
 
 def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
     T, e, h, V = s.tokens, s.e, s.hidden, s.vocab
-    the = T * h * e
+    the = s.held  # the final norm runs on what the GPU holds; the projection on all T tokens
     # logits written and read in e, log-softmax written and read in fp32; backward reads it,
     # writes the fp32 gradient and casts it to e
     ew_f = 2 * the + T * V * (2 * e + 8)
     ew_b = 3 * the + T * V * (12 + e)
     act = 2 * the + 4 * T * V  # x, norm(x), fp32 log-softmax
     # selective: norm(x) only; the log-softmax would need the logits' GEMM again
+    tp = s.collectives(leave=False)
+    if tp:  # the vocab-parallel cross-entropy all-reduces its per-token max, sum and target
+        tp["tp_f"] += (("all-reduce", 3.0 * LOSS_BYTES * T),)
     return Work(gemm=2 * T * h * V, ew_f=ew_f, ew_b=ew_b, ew_w=2 * the, act=act,
-                act_w=min(act, the + T * V * e), out=0.0, sel_act=the, sel_ew=2 * the)
+                act_w=min(act, the + T * V * e), out=0.0, sel_act=the, sel_ew=2 * the, **tp)
 
 
 _WORK_OF_KIND: dict[str, Callable[[Any, _Shape], Work]] = {  # each takes its kind's config
@@ -224,8 +288,16 @@ _WORK_OF_KIND: dict[str, Callable[[Any, _Shape], Work]] = {  # each takes its ki
 }
 
 
-def layer_work(spec: ModelSpec, layer: LayerConfig) -> Work:
-    """The work of one of `spec`'s layers for one micro-batch of the spec's shape."""
-    shape = _Shape(spec.tokens, spec.seq_len, spec.microbatch_size, spec.hidden, spec.vocab,
-                   spec.dtype_bytes)
-    return _WORK_OF_KIND[layer.kind](layer, shape)
+def layer_work(spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = False) -> Work:
+    """The work of one of `spec`'s layers for one micro-batch of the spec's shape, on one GPU
+    of a tp group (sequence parallel or not). The layer must split at this tp
+    (`octodsl.models.tp.tp_problems`)."""
+    shape = _Shape(spec.tokens, spec.seq_len, spec.microbatch_size, spec.hidden,
+                   local_vocab(spec.vocab, tp), spec.dtype_bytes, tp, sp and tp > 1)
+    work = _WORK_OF_KIND[layer.kind](local_layer(layer, tp), shape)
+    if isinstance(layer, AttentionConfig) and layer.kv_heads < tp:
+        # replicated KV heads: B sums the gradient of each one's K and V over the GPUs sharing
+        # it (costed over the whole group: an upper bound for its tp / kv_heads sharers)
+        kv = float(shape.tokens * 2 * layer.head_dim * shape.e)
+        work = replace(work, tp_b=work.tp_b + (("all-reduce", kv),))
+    return work

@@ -7,7 +7,9 @@ returns what the real parser makes of that text.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from pydantic import ValidationError
 
 from ..errors import OctoError
 from ..lang import parse_plan
@@ -27,6 +29,8 @@ _SINGLE: dict[str, Callable[[int, int], PhasedSchedule]] = {
     "gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2,
 }
 """Schedules with one stage per device."""
+MESH_FIELDS = ("tp", "sequence_parallel", "gpus_per_node")
+"""Header fields of the cluster a generated plan runs on (`generate_text(mesh=...)`)."""
 _V_SHAPE = ("zb-v", "dualpipev")
 """Schedules with two stages per device in a V."""
 
@@ -69,22 +73,33 @@ def phased_schedule(name: str, devices: int, microbatches: int, chunks: int | No
 
 def generate_text(name: str, devices: int, microbatches: int, chunks: int | None = None,
                   model: str | None = None, partition: str = "time", times: Times | None = None,
-                  **costs) -> str:
+                  *, mesh: Mapping[str, int | bool] | None = None, **costs) -> str:
     """The schedule as .octo text, each phase introduced by a comment (`times`: see phased_schedule).
 
     Without `model` the plan is abstract (`stages N`). With one (built-in name or spec path)
     the header names it and its layers are cut into the stages by `partition`: "time"
     (balanced F+B+W time, the default), "parameters" or "equal"; `costs` go to the cost table
-    (device, profile, microbatch_size, seq_len; the last two also into the header)."""
+    (device, profile, microbatch_size, seq_len; the last two also into the header). `mesh`
+    holds header fields of the cluster the plan runs on (tp, sequence_parallel,
+    gpus_per_node), written into the header as given."""
     phased = phased_schedule(name, devices, microbatches, chunks, times)
     v = chunks or 2
     plan_name = f"{name}-p{devices}-m{microbatches}" + (f"-v{v}" if name == "interleaved" else "")
     title = [_TITLES[name].format(chunks=v) + f"; {devices} devices, {microbatches} micro-batches."]
     stages = [Stage() for _ in range(phased.num_stages)]
-    header = Header(name=plan_name, devices=devices, microbatches=microbatches)
+    unknown = set(mesh or {}) - set(MESH_FIELDS)
+    if unknown:
+        raise ScheduleError(f"mesh fields are {', '.join(MESH_FIELDS)}, not {', '.join(sorted(unknown))}")
+    try:
+        header = Header.model_validate({"name": plan_name, "devices": devices,
+                                        "microbatches": microbatches, **(mesh or {})})
+    except ValidationError as e:
+        raise ScheduleError(f"cannot write the header: {e.errors()[0]['loc'][0]} "
+                            f"{e.errors()[0]['msg'].lower()}") from None
     if model is not None:
         try:
-            stages, note = model_stages(model, phased.num_stages, partition, **costs)
+            stages, note = model_stages(model, phased.num_stages, partition, **costs,
+                                        tp=header.tp, sp=header.sp)
         except OctoError as e:
             raise ScheduleError(str(e)) from None
         shape = {k: costs[k] for k in ("microbatch_size", "seq_len") if costs.get(k) is not None}
@@ -100,7 +115,8 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
 
 def generate(name: str, devices: int, microbatches: int, chunks: int | None = None,
              model: str | None = None, partition: str = "time", times: Times | None = None,
-             **costs) -> Plan:
+             *, mesh: Mapping[str, int | bool] | None = None, **costs) -> Plan:
     """The schedule as a Plan, parsed from `generate_text` (same arguments)."""
-    text = generate_text(name, devices, microbatches, chunks, model, partition, times, **costs)
+    text = generate_text(name, devices, microbatches, chunks, model, partition, times, mesh=mesh,
+                         **costs)
     return parse_plan(text, path="<gen>")

@@ -14,10 +14,11 @@ METHODS = ("time", "parameters", "equal")
 
 def model_stages(model: str, num_stages: int, method: str = "time", device: str = "H800",
                  profile: str | None = None, microbatch_size: int | None = None,
-                 seq_len: int | None = None) -> tuple[list[Stage], str]:
+                 seq_len: int | None = None, tp: int = 1,
+                 sp: bool | None = None) -> tuple[list[Stage], str]:
     """The stages (layer ranges, with the model's pattern symbols so the plan shows each
-    stage's layer kinds) and one line saying how they were cut. Raises an OctoError with a message
-    for the user."""
+    stage's layer kinds) and one line saying how they were cut, the costs being one GPU's of a
+    `tp` group (`cost_table`). Raises an OctoError with a message for the user."""
     if method not in METHODS:
         raise OctoError(f"unknown partition method '{method}'; methods are {', '.join(METHODS)}")
     pattern = load_model(model).pattern
@@ -28,7 +29,7 @@ def model_stages(model: str, num_stages: int, method: str = "time", device: str 
         note = "equal layer counts (DeepSpeed's 'uniform')"
     else:
         table = cost_table(model=model, profile=profile, device=device,
-                           microbatch_size=microbatch_size, seq_len=seq_len)
+                           microbatch_size=microbatch_size, seq_len=seq_len, tp=tp, sp=sp)
         if method == "parameters":
             ranges = balance_parameters([layer.params for layer in table.layers], num_stages)
             note = "balanced parameter counts (DeepSpeed's 'parameters')"

@@ -51,12 +51,18 @@ def _header(h: Header) -> list[tuple[str, str]]:
     for key in ("microbatch_size", "seq_len"):
         if getattr(h, key) is not None:
             out.append((key, str(getattr(h, key))))
+    if h.tp != 1:
+        out.append(("tp", str(h.tp)))
+    if h.sequence_parallel is not None:  # as set: None (on when tp > 1) is the default
+        out.append(("sequence_parallel", "true" if h.sequence_parallel else "false"))
     if h.dp != 1:
         out.append(("dp", str(h.dp)))
     if h.zero != 0:
         out.append(("zero", str(h.zero)))
     if h.memory is not None:
         out.append(("memory", exact_size(h.memory)))
+    if h.gpus_per_node != Header.model_fields["gpus_per_node"].default:
+        out.append(("gpus_per_node", str(h.gpus_per_node)))
     return out
 
 

@@ -26,7 +26,8 @@ W602 fused backwards split.
 
 Writing: the CSV carries the schedule and, by where ops run, the placement; the rest of a plan
 (model, layers, header sizes) has no place in it. What changes how the plan runs and would be
-lost without a word, ZeRO sharding and recompute, is named by `export_warnings` (W603).
+lost without a word, ZeRO sharding, recompute and the mesh (tp, sequence_parallel,
+gpus_per_node), is named by `export_warnings` (W603). A CSV read back states tp 1.
 """
 
 from __future__ import annotations
@@ -73,14 +74,16 @@ def write_csv(plan: Plan) -> str:
 
 
 def export_warnings(plan: Plan) -> list[Diagnostic]:
-    """What write_csv drops of `plan` that changes how it runs: its `zero` and the stages of its
-    recompute section that recompute (W603, at where the plan states them)."""
+    """What write_csv drops of `plan` that changes how it runs: its `zero`, its mesh fields
+    (tp, sequence_parallel, gpus_per_node) and the stages of its recompute section that
+    recompute (W603, at where the plan states them)."""
     out = []
     if plan.header.zero:
         out.append(Diagnostic("W603", f"'zero {plan.header.zero}' is dropped: the CSV has no place "
                               "for ZeRO sharding", plan.header.spans.get("zero"),
                               "set the sharding up in the training script instead",
                               Severity.WARNING))
+    out.extend(_mesh_warnings(plan.header))
     recompute = [(i, s) for i, s in enumerate(plan.stages) if s.recompute is not Recompute.NONE]
     if recompute:
         shown = ", ".join(f"stage {i}: {s.recompute}" for i, s in recompute)
@@ -88,6 +91,28 @@ def export_warnings(plan: Plan) -> list[Diagnostic]:
                               "no place for it", recompute[0][1].recompute_span,
                               "torch's pipeline keeps every activation unless the stage's module "
                               "checkpoints itself", Severity.WARNING))
+    return out
+
+
+_MESH_DROPPED = {
+    "tp": ("tensor parallelism", "split each stage over its tp group in the training script "
+           "(torch.distributed.tensor.parallel)"),
+    "sequence_parallel": ("sequence parallelism", "set it up with the tp plan in the training script"),
+    "gpus_per_node": ("the cluster's shape", "the launcher places the ranks on the nodes"),
+}
+"""Header fields of the mesh the CSV cannot state: what each means, and where it goes instead."""
+
+
+def _mesh_warnings(h: Header) -> list[Diagnostic]:
+    """A W603 for each mesh field that is not its default, at where the plan states it."""
+    out = []
+    for key, (what, hint) in _MESH_DROPPED.items():
+        value = getattr(h, key)
+        if value == Header.model_fields[key].default:
+            continue
+        shown = str(value).lower()  # a bool as the plan writes it
+        out.append(Diagnostic("W603", f"'{key} {shown}' is dropped: the CSV has no place for {what}",
+                              h.spans.get(key), hint, Severity.WARNING))
     return out
 
 

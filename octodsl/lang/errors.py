@@ -23,7 +23,8 @@ class Severity(str, enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Diagnostic:
     code: str
-    """Stable identifier, e.g. E101 (syntax), E2xx (structure), E3xx (schedule), W4xx."""
+    """Stable identifier, e.g. E101 (syntax), E2xx (structure), E3xx (schedule), W4xx, E7xx/W7xx
+    (tensor parallelism)."""
     message: str
     span: Span | None = None
     hint: str | None = None

@@ -28,8 +28,11 @@ PATTERN_SYMBOLS = "[Mm*G-E]"
 _FIELD_KINDS = {
     "devices": ("int",), "microbatches": ("int",), "microbatch_size": ("int",),
     "seq_len": ("int",), "dp": ("int",), "zero": ("int",), "memory": ("int", "size"),
-    "model": ("string", "name"),
+    "model": ("string", "name"), "tp": ("int",), "sequence_parallel": ("bool",),
+    "gpus_per_node": ("int",),
 }
+BOOLEANS = {"true": True, "false": False}
+"""How a `bool` field is written: a bare name, `true` or `false` (not 1, yes or "true")."""
 _REQUIRED = ("devices", "microbatches")
 ZERO_STAGES = (0, 1, 2)
 ZERO_HINT = ("zero 0 shards nothing; zero 1 shards the optimizer state (the fp32 master copy, "
@@ -78,12 +81,14 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
             diags.append(Diagnostic("E113", f"'{e.key}' is given twice", e.span,
                                     hint=f"first given at line {spans[e.key].line}"))
             continue
-        if e.kind not in _FIELD_KINDS[e.key]:
-            want = "a quoted string" if "string" in _FIELD_KINDS[e.key] else (
-                "a size such as 80GiB" if e.key == "memory" else "a whole number")
+        kinds = _FIELD_KINDS[e.key]
+        boolean = e.kind == "name" and e.text in BOOLEANS
+        if not (e.kind in kinds or ("bool" in kinds and boolean)):
+            want = ("a quoted string" if "string" in kinds else "true or false" if "bool" in kinds
+                    else "a size such as 80GiB" if e.key == "memory" else "a whole number")
             diags.append(Diagnostic("E111", f"'{e.key}' must be {want}, not {e.text}", e.value_span))
             continue
-        values[e.key] = e.value
+        values[e.key] = BOOLEANS[e.text] if "bool" in kinds else e.value
         spans[e.key] = e.value_span
     if values.get("zero", 0) not in ZERO_STAGES:
         # Not one of the range errors below: the values are a choice, not a limit. The plan is

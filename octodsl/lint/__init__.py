@@ -32,7 +32,7 @@ def lint_plan(plan: Plan) -> list[Diagnostic]:
         except SpecError as e:
             diags.append(Diagnostic("E206", str(e), plan.header.spans.get("model")))
         else:
-            ctx.num_layers, ctx.pattern = spec.num_layers, spec.pattern
+            ctx.num_layers, ctx.pattern, ctx.spec = spec.num_layers, spec.pattern, spec
     return diags + run_rules(ctx, extra=[_memory] if plan.header.memory and plan.header.model else [])
 
 

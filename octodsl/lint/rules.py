@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable, Iterator
 
+from ..costs.devices import LINKS
 from ..dag import Graph, build_graph, describe_cycle, execution_order
+from ..mesh import Mesh
+from ..models import ModelSpec
+from ..models.tp import tp_problems
 from ..plan import Op, OpKind, Plan, Span
 from ..lang.errors import Diagnostic, Severity, ranges_text
 
@@ -23,6 +27,8 @@ class Context:
     """Layers of the plan's model, when it names one the linter could load."""
     pattern: str | None = None
     """The model's layer-pattern symbols, when known."""
+    spec: ModelSpec | None = None
+    """The plan's model, when it names one the linter could load."""
     extra: dict = field(default_factory=dict)
 
     @cached_property
@@ -296,6 +302,91 @@ class ZeroWithoutCopies(Rule):
                              f"pipeline, no other to shard the {what} over",
                              h.spans.get("zero"), severity=Severity.WARNING,
                              hint="give the data-parallel copies ('dp 8'), or drop 'zero'")
+
+
+# -- tensor parallelism ------------------------------------------------------------------------
+
+INTRA_NODE_LINK = "nvlink"
+"""The link a tp group's collectives use inside a node (H800 NVLink)."""
+INTER_NODE_LINK = "ib-ndr"
+"""The link between nodes (InfiniBand NDR, one 400 Gb/s port per GPU)."""
+
+
+@rule
+class SequenceParallelNeedsTp(Rule):
+    """Sequence parallelism splits the sequence over the tp group: with tp 1 there is none."""
+
+    code = "E701"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        if h.sequence_parallel and h.tp == 1:
+            yield Diagnostic("E701", "sequence_parallel true with tp 1: sequence parallelism splits "
+                             "the sequence over a tensor-parallel group, and there is none",
+                             h.spans.get("sequence_parallel"),
+                             hint="give 'tp 2' or more, or drop 'sequence_parallel'")
+
+
+@rule
+class TpSplitsModel(Rule):
+    """tp must split every size of the model it divides (octodsl.models.tp): an error where it
+    cannot, a warning where it is handled another way (KV heads replicated, vocab padded)."""
+
+    code = "E702"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h, spec = ctx.plan.header, ctx.spec
+        if spec is None or h.tp == 1:
+            return
+        problems = tp_problems(spec, h.tp)  # fatal ones first
+        for i, p in enumerate(problems):
+            if p.fatal:
+                # One hint for them all: the errors stand together at the tp line.
+                yield Diagnostic("E702", f"tp {h.tp} does not split the {p.kind} {p.what} of "
+                                 f"{spec.name}: {p.size} is {p.remedy}", h.spans.get("tp"),
+                                 hint=None if i else _tp_that_fit(spec, h.gpus_per_node))
+            else:
+                yield Diagnostic("W701", f"{spec.name}'s {p.kind} {p.what} {p.size} with tp {h.tp}: "
+                                 f"{p.remedy}", h.spans.get("tp"), severity=Severity.WARNING)
+
+
+def _node_tps(gpus_per_node: int) -> list[int]:
+    """The tp whose groups stay inside a node: the divisors of gpus_per_node (at most 32 of
+    them up to MAX_GPUS_PER_NODE)."""
+    return [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0]
+
+
+def _tp_that_fit(spec: ModelSpec, gpus_per_node: int) -> str:
+    """Which tp inside one node split every size of `spec` (tp 1 always does)."""
+    fit = [t for t in _node_tps(gpus_per_node) if not any(p.fatal for p in tp_problems(spec, t))]
+    return (f"of the tp that divide gpus_per_node {gpus_per_node}, tp {_or_list(fit)} "
+            f"split{'s' if len(fit) == 1 else ''} every size")
+
+
+def _or_list(values: list[int]) -> str:
+    """'1, 2 or 4'."""
+    return ", ".join(map(str, values[:-1])) + f" or {values[-1]}" if len(values) > 1 else str(values[0])
+
+
+@rule
+class TpGroupSpansNodes(Rule):
+    """A tp group with GPUs in two nodes: its collectives leave NVLink for the inter-node link."""
+
+    code = "W702"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        if not Mesh.of(h).tp_spans_nodes:
+            return
+        intra, inter = LINKS[INTRA_NODE_LINK], LINKS[INTER_NODE_LINK]
+        why = (f"tp {h.tp} exceeds" if h.tp > h.gpus_per_node else f"tp {h.tp} does not divide")
+        yield Diagnostic(
+            "W702", f"{why} gpus_per_node {h.gpus_per_node}: some tp groups span two nodes, so their "
+            f"collectives run on the inter-node link ({inter.name}: {inter.bandwidth / 1e9:g} GB/s) "
+            f"instead of NVLink ({intra.name}: {intra.bandwidth / 1e9:g} GB/s), about "
+            f"{intra.bandwidth / inter.bandwidth:.1f}x slower per collective", h.spans.get("tp"),
+            severity=Severity.WARNING, hint=f"tp {_or_list(_node_tps(h.gpus_per_node))} stay inside a node of "
+            f"{h.gpus_per_node} GPUs")
 
 
 def run_rules(ctx: Context, extra: Iterable[Callable[[Context], Iterable[Diagnostic]]] = ()) -> list[Diagnostic]:

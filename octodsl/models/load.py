@@ -38,13 +38,22 @@ def _builtin(name: str) -> ModelSpec:
     return parse_model(BUILTINS[name], f"built-in {name}")
 
 
+HF_PREFIX = "hf:"
+"""`hf:PATH` names a Hugging Face config.json (or a folder holding one) as a model."""
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A built-in model by name, or a spec file (`.yaml`, `.yml` or `.json`) by path.
+    """A built-in model by name, a spec file (`.yaml`, `.yml` or `.json`) by path, or
+    `hf:PATH`, a Hugging Face config (octodsl.models.hf).
 
     Raises SpecError when neither exists or the file is not a valid spec. Specs are immutable;
     a built-in is parsed once and the same object returned every time."""
     if name_or_path in BUILTINS:
         return _builtin(name_or_path)
+    if name_or_path.startswith(HF_PREFIX):
+        from .hf import load_hf
+
+        return load_hf(name_or_path.removeprefix(HF_PREFIX))
     path = Path(name_or_path)
     if not path.is_file():
         raise SpecError(f"no built-in model or spec file {name_or_path!r} "

@@ -98,6 +98,36 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return -(-vocab // tp) * tp
 
 
+def local_vocab(vocab: int, tp: int) -> int:
+    """Vocabulary rows one GPU of a tp group holds (the padded vocabulary / tp)."""
+    return padded_vocab(vocab, tp) // tp
+
+
+def local_params(spec: ModelSpec, i: int, tp: int) -> int:
+    """Parameters of layer i on one GPU of a tp group (replicated ones, such as norms and the
+    MoE router, counted whole)."""
+    return local_layer(spec.layers[i], tp).params(spec.hidden, local_vocab(spec.vocab, tp),
+                                                  spec.tie_embeddings)
+
+
+def split_width(layer: LayerConfig, spec: ModelSpec) -> int:
+    """The width tp divides in the layer's weight GEMMs (query width, intermediate size, inner
+    channels, vocabulary): what shrinks per GPU as tp grows (0: no split GEMM)."""
+    if isinstance(layer, AttentionConfig):
+        return layer.heads * layer.head_dim
+    if isinstance(layer, MLPConfig):
+        return layer.ffn
+    if isinstance(layer, MoEConfig):
+        return layer.expert_ffn
+    if isinstance(layer, Mamba2Config | Mamba1Config):
+        return layer.inner
+    if isinstance(layer, GatedDeltaNetConfig):
+        return layer.value_dim
+    if layer.kind in ("embedding", "lm_head_loss"):
+        return spec.vocab
+    return 0
+
+
 def local_layer(layer: LayerConfig, tp: int) -> LayerConfig:
     """The part of `layer` one GPU of a tp group holds, as a layer of the same kind (sizes
     divided as the module says; KV heads at least 1: replicated). The layer must have no fatal

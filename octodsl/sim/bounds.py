@@ -43,9 +43,7 @@ def ring_time(nbytes: np.ndarray, ranks: int, link: Link, passes: int) -> np.nda
     """`passes` times round a ring of `ranks` copies: each pass is ranks - 1 steps, each step
     moving nbytes / ranks to the next copy (so a pass moves (ranks - 1) / ranks x nbytes per
     copy, and costs (ranks - 1) latencies)."""
-    if ranks <= 1:
-        return np.zeros_like(nbytes, dtype=float)
-    return np.array([passes * (ranks - 1) * link.time(b / ranks) for b in nbytes], float)
+    return np.array([link.ring(b, ranks, passes) for b in nbytes], float)
 
 
 def ring_allreduce_time(nbytes: np.ndarray, ranks: int, link: Link) -> np.ndarray:

@@ -123,13 +123,35 @@ slots = st.lists(st.builds(lambda o: Slot(tuple(o)), st.lists(ops, min_size=1, m
                  max_size=40)
 
 
+def test_render_states_the_mesh_fields_that_are_not_defaults():
+    sched = [_slots([("F", 0, 0)], [("BW", 0, 0)]), _slots([("F", 1, 0)], [("BW", 1, 0)])]
+    plan = _plan(sched, tp=8, sequence_parallel=False, dp=2, gpus_per_node=4)
+    text = render_plan(plan)
+    assert "  tp 8\n  sequence_parallel false\n  dp 2\n  gpus_per_node 4\n}" in text
+    assert parse_plan(text).same_as(plan)
+    assert format_file(parse_syntax(text)) == text
+    # sequence parallelism as set, even when it says what the default would
+    assert "  tp 2\n  sequence_parallel true\n" in render_plan(_plan(sched, tp=2, sequence_parallel=True))
+    # the defaults are not written: tp 1, sequence_parallel unset, 8 GPUs per node
+    plain = render_plan(_plan(sched, tp=1, gpus_per_node=8))
+    assert "tp" not in plain.split("}")[0] and "sequence_parallel" not in plain
+    assert "gpus_per_node" not in plain
+
+
+MESHES = st.sampled_from([{}, {"tp": 8}, {"tp": 4, "sequence_parallel": False},
+                          {"tp": 2, "sequence_parallel": True, "gpus_per_node": 2},
+                          {"sequence_parallel": False}, {"gpus_per_node": 1024, "tp": 1024}])
+"""Mesh fields of a header, some defaults among them."""
+
+
 @given(st.lists(slots, min_size=1, max_size=3), st.lists(st.sampled_from(list(Recompute)), min_size=4, max_size=4),
-       st.sampled_from([(1, 0), (4, 0), (4, 1), (8, 2), (1, 2)]))
+       st.sampled_from([(1, 0), (4, 0), (4, 1), (8, 2), (1, 2)]), MESHES)
 @settings(max_examples=150, deadline=None)
-def test_render_round_trips_any_schedule(schedule, recompute, dp_zero):
+def test_render_round_trips_any_schedule(schedule, recompute, dp_zero, mesh):
     dp, zero = dp_zero
     plan = _plan(schedule, stages=[Stage(recompute=r) for r in recompute],
-                 placement=[DevicePlacement(d, (d,)) for d in range(len(schedule))], dp=dp, zero=zero)
+                 placement=[DevicePlacement(d, (d,)) for d in range(len(schedule))], dp=dp, zero=zero,
+                 **mesh)
     text = render_plan(plan)
     assert parse_plan(text).same_as(plan)
     assert format_file(parse_syntax(text)) == text

@@ -27,7 +27,7 @@ def imported_form(plan: Plan, name: str) -> Plan:
     out = parse_plan(render_plan(plan))
     out.header = out.header.model_copy(update={
         "name": name, "model": None, "microbatch_size": None, "seq_len": None, "dp": 1,
-        "zero": 0, "memory": None})
+        "zero": 0, "memory": None, "tp": 1, "sequence_parallel": None, "gpus_per_node": 8})
     out.stages = [Stage() for _ in plan.stages]
     return out
 
@@ -45,11 +45,13 @@ def test_round_trip_of_generated_plans(name):
 
 def test_round_trip_drops_what_csv_cannot_carry():
     plan = generate("1f1b", 2, 2)
-    plan.header = plan.header.model_copy(update={"model": "x", "seq_len": 4096, "dp": 2, "zero": 1})
+    plan.header = plan.header.model_copy(update={"model": "x", "seq_len": 4096, "dp": 2, "zero": 1,
+                                                 "tp": 4, "sequence_parallel": False, "gpus_per_node": 4})
     plan.stages = [Stage(0, 4, recompute=Recompute.FULL), Stage(5, 9)]
     back, _ = read_csv(write_csv(plan), "x.csv")
     assert back.header.model is None and back.header.seq_len is None and back.header.dp == 1
     assert back.header.zero == 0 and back.recompute() == [Recompute.NONE] * 2
+    assert (back.header.tp, back.header.sequence_parallel, back.header.gpus_per_node) == (1, None, 8)
     assert all(s.abstract for s in back.stages)
     assert back.same_as(imported_form(plan, "x"))
 
@@ -86,6 +88,36 @@ def test_export_warns_of_zero_and_recompute_where_the_plan_states_them():
     # nothing that changes how the plan runs is lost: no warning (`none` is what the CSV means)
     plain = ZERO_AND_RECOMPUTE.replace("zero 2", "zero 0").replace("selective", "none").replace("full", "none")
     assert export_warnings(parse_plan(plain)) == []
+
+
+MESH = ZERO_AND_RECOMPUTE.replace("  zero 2\n", "  tp 8\n  sequence_parallel false\n  gpus_per_node 16\n")
+
+
+def test_export_warns_of_each_mesh_field_where_the_plan_states_it():
+    plan = parse_plan(MESH)
+    tp, sp, gpus, recompute = export_warnings(plan)
+    assert {w.code for w in (tp, sp, gpus, recompute)} == {"W603"} and not tp.is_error
+    assert tp.message == "'tp 8' is dropped: the CSV has no place for tensor parallelism"
+    assert sp.message == "'sequence_parallel false' is dropped: the CSV has no place for sequence parallelism"
+    assert gpus.message == "'gpus_per_node 16' is dropped: the CSV has no place for the cluster's shape"
+    assert [(w.span.line, w.span.col) for w in (tp, sp, gpus)] == [(5, 6), (6, 21), (7, 17)]
+    # the defaults lose nothing, written or not
+    defaults = MESH.replace("tp 8", "tp 1").replace("  sequence_parallel false\n", "").replace(
+        "gpus_per_node 16", "gpus_per_node 8")
+    assert [w.message for w in export_warnings(parse_plan(defaults))] == [recompute.message]
+
+
+def test_a_csv_read_back_states_tp_1(tmp_path, capsys):
+    octo, out, back = tmp_path / "t.octo", tmp_path / "t.csv", tmp_path / "back.octo"
+    octo.write_text(MESH)
+    assert main(["convert", str(octo), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"{octo}:5:6: warning[W603]: 'tp 8' is dropped" in err
+    assert f"{octo}:6:21: warning[W603]: 'sequence_parallel false' is dropped" in err
+    assert main(["convert", str(out), "-o", str(back)]) == 0
+    h = parse_plan(back.read_text()).header
+    assert (h.tp, h.sequence_parallel, h.gpus_per_node) == (1, None, 8)
+    assert "tp" not in back.read_text().split("}")[0].split("{")[1]
 
 
 def test_convert_names_what_it_drops_on_stderr(tmp_path, capsys):

@@ -17,9 +17,10 @@ from ..conftest import check_golden
 GOLDEN = Path(__file__).parent / "golden"
 
 
-CASES = ["messy", "recompute"]
+CASES = ["messy", "recompute", "mesh"]
 """Golden plans: NAME.octo laid out carelessly, NAME.fmt.octo its layout, NAME.expanded.octo its
-expanded layout. recompute.octo has `zero` and a recompute section with comments inside."""
+expanded layout. recompute.octo has `zero` and a recompute section with comments inside;
+mesh.octo the mesh fields (tp, sequence_parallel, gpus_per_node)."""
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -109,7 +110,10 @@ def recompute_section(draw) -> str:
 @st.composite
 def plans(draw):
     header = ["devices 2", "microbatches 8"] + draw(st.sampled_from(
-        [[], ["zero 0"], ["dp 4", "zero 1"], ["zero 2", "dp 8"]]))
+        [[], ["zero 0"], ["dp 4", "zero 1"], ["zero 2", "dp 8"]])) + draw(st.permutations(draw(
+            st.sampled_from([[], ["tp 1"], ["tp 8"], ["tp 2", "sequence_parallel false"],
+                             ["sequence_parallel true", "tp 4", "gpus_per_node 4"],
+                             ["gpus_per_node 16"]]))))
     parts = [draw(st.one_of(st.just(""), comment)), 'plan "p" {', draw(sep),
              draw(gap).join(header), draw(sep), "}", draw(sep),
              draw(st.sampled_from(["stages 4", 'partition "[M-|M*|-M|-]"',
@@ -189,3 +193,11 @@ def test_excerpt_of_a_long_line_is_cut_around_the_span():
     shown = src.splitlines()[3][col - EXCERPT_LEAD:col - EXCERPT_LEAD + EXCERPT_WIDTH]
     assert line == f"  4 | ...{shown}..."
     assert caret == "    | " + " " * (3 + EXCERPT_LEAD) + "^" * len("BW0:0")
+
+
+def test_mesh_fields_keep_their_values_through_fmt():
+    src = (GOLDEN / "mesh.octo").read_text()
+    for out in (format_source(src), format_source(src, expand=True)):
+        h = parse_plan(out).header
+        assert (h.tp, h.sequence_parallel, h.dp, h.gpus_per_node) == (4, False, 2, 4)
+        assert "  tp 4  # each pipeline device is a tp group of 4 GPUs\n  sequence_parallel false\n" in out

@@ -12,10 +12,11 @@ from octodsl.cli.fmt import format_source
 from octodsl.lang import analyze, parse_plan
 from octodsl.lint import lint_source
 
-SEEDS = [(Path(__file__).parent / "golden" / f"{name}.octo").read_text() for name in ("messy", "recompute")]
+SEEDS = [(Path(__file__).parent / "golden" / f"{name}.octo").read_text() for name in ("messy", "recompute", "mesh")]
 TOKENS = ["plan", "{", "}", "device", "stages", "stage", "layers", "..", ":", "F0:1", "B", "W1:",
           "BW", "(", ")", "&", "for", "in", "i", "+", "*", "-", "#", "\n", '"', "80GiB", "12", ",",
-          "recompute", "full", "selective", "none", "zero", "dp", "-1", "stage 1: full"]
+          "recompute", "full", "selective", "none", "zero", "dp", "-1", "stage 1: full",
+          "tp", "tp 2", "sequence_parallel", "true", "false", "gpus_per_node", "2.5"]
 
 
 def _check(src: str) -> None:

@@ -239,7 +239,7 @@ def test_a_malformed_section_is_a_syntax_error():
 
 # -- golden: a good plan (tests/lang/test_fmt.py lays it out) and lint's words for bad ones -----
 
-@pytest.mark.parametrize("name", ["recompute-bad", "zero-no-dp", "dp-negative"])
+@pytest.mark.parametrize("name", ["recompute-bad", "zero-no-dp", "dp-negative", "tp-bad"])
 def test_golden_lint(name):
     path = GOLDEN / f"{name}.octo"
     src = path.read_text()
