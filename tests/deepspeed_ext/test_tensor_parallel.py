@@ -12,9 +12,13 @@ above that. The models: harness.py's Nemotron-H hybrid and a narrow Jamba (Mamba
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from .test_executor import run_case
+from octodsl.cli import main as main_cli
+
+from .test_executor import launch, run_case
 
 pytestmark = pytest.mark.slow
 LOSS_REL = 1e-5
@@ -44,3 +48,28 @@ def test_a_launch_that_does_not_fit_the_mesh_is_refused_on_every_rank(tmp_path_f
         "`tp 1` in the plan header")
     assert ranks[0]["split"] == ("PlanLaunchError: the model's layers cannot be split over tp 2: "
                                  "mlp ffn 127: not divisible by tp 2 (choose a tp that divides them)")
+
+
+def test_train_py_runs_a_tp_plan_as_users_launch_it(tmp_path):
+    # a plan written by `octodsl gen --tp 2`, on 4 processes, against the same plan without
+    # its `tp 2` line (the same partition) on 2; no clipping: see deepspeed_ext/README.md, DeepSpeed's
+    # own fp32 clipping leaves out the parameters of every pipeline device but the first
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                                  "steps_per_print": 10**9}))
+    tp2 = tmp_path / "tp2.octo"
+    assert main_cli(["gen", "zb-h1", "--devices", "2", "--microbatches", "4", "--model",
+                     "nemotron-h-tiny", "--microbatch-size", "1", "--seq-len", "16", "--tp", "2",
+                     "-o", str(tp2)]) == 0
+    tp1 = tmp_path / "tp1.octo"
+    tp1.write_text(tp2.read_text().replace("  tp 2\n", ""))
+    runs = {}
+    for procs, plan in ((4, tp2), (2, tp1)):
+        proc = launch(procs, "examples/train.py", "--deepspeed_config", str(config), "--schedule",
+                      str(plan), "--steps", "3")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[procs] = [json.loads(line)["loss"] for line in proc.stdout.splitlines()
+                       if line.startswith('{"step"')]
+        assert ("each device a tp group of 2 (sequence-parallel)" in proc.stdout) == (procs == 4)
+    assert len(runs[4]) == 3
+    assert all(abs(a - b) <= LOSS_REL * b for a, b in zip(runs[4], runs[2], strict=True)), runs
