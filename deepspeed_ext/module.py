@@ -7,6 +7,7 @@ one-stage-per-rank module with given boundaries, for stock comparisons.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import partial
 from types import SimpleNamespace
 
@@ -111,7 +112,21 @@ class OctoPipeModule(PipelineModule):
     def save_state_dict(self, *args, **kwargs):
         for s in self.local_stages:
             self.activate(s)
-            super().save_state_dict(*args, **kwargs)
+            with self._tied_uses_as_modules():
+                super().save_state_dict(*args, **kwargs)
+
+    @contextmanager
+    def _tied_uses_as_modules(self):
+        """The stage's layers with each tied use other than the first (a `partial` of its
+        forward_fn, which DeepSpeed's save and load skip: no state_dict) as its module, so a
+        tied module's rank of the LM head saves and loads the head's own parameters (its final
+        norm) too, not only the tied weight DeepSpeed broadcasts from the first rank."""
+        funcs = self.forward_funcs
+        self.forward_funcs = [f.args[0] if isinstance(f, partial) else f for f in funcs]
+        try:
+            yield
+        finally:
+            self.forward_funcs = funcs
 
     def load_state_dir(self, *args, **kwargs):
         # The parent broadcasts tied weights after loading; ranks hold different numbers of
@@ -120,7 +135,8 @@ class OctoPipeModule(PipelineModule):
         try:
             for s in self.local_stages:
                 self.activate(s)
-                super().load_state_dir(*args, **kwargs)
+                with self._tied_uses_as_modules():
+                    super().load_state_dir(*args, **kwargs)
         finally:
             del self._synchronize_tied_weights
         self._synchronize_tied_weights()

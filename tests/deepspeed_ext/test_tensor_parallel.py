@@ -73,3 +73,16 @@ def test_train_py_runs_a_tp_plan_as_users_launch_it(tmp_path):
         assert ("each device a tp group of 2 (sequence-parallel)" in proc.stdout) == (procs == 4)
     assert len(runs[4]) == 3
     assert all(abs(a - b) <= LOSS_REL * b for a, b in zip(runs[4], runs[2], strict=True)), runs
+
+
+def test_a_checkpoint_resumes_and_names_its_tp(tmp_path_factory):
+    runs = run_case(tmp_path_factory, 4, "checkpoint", script="tp_cases.py")
+    layout = "2 stages (layers 0..11, 12..23) on devices 0, 1"
+    for tp, saved, other in ((2, f"{layout}, each a tp group of 2", layout),
+                             (1, layout, f"{layout}, each a tp group of 2")):
+        r = runs[f"tp{tp}"]
+        # bit for bit: the same weights (the LM head's final norm too, saved by the head's
+        # rank) and optimizer state, then the same operations
+        assert r["resumed"] == r["continued"], r
+        assert r["other"].endswith(f"was saved with {saved}, but this plan runs {other}; resume "
+                                   "with a plan of the checkpoint's partition and placement"), r

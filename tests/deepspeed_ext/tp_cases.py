@@ -136,7 +136,46 @@ def case_refusals(out_dir: Path) -> dict:
     return {"ranks": everyone}
 
 
-CASES = {"tp": case_tp, "refusals": case_refusals}
+def case_checkpoint(out_dir: Path) -> dict:
+    """4 processes: a plan saves after 2 steps; a new engine loads and trains 2 more as the first
+    one continued (zb-h1: the embedding and the LM head, tied, on different ranks); the plan
+    with the other tp refuses the checkpoint. At tp 2 x pp 2, and at tp 1 x pp 2 x dp 2."""
+    return {f"tp{tp}": round_trip(mesh_plan("zb-h1", 2, tp=tp, dp=3 - tp),
+                                  mesh_plan("zb-h1", 2, tp=3 - tp, dp=tp), out_dir / f"ck{tp}")
+            for tp in (2, 1)}
+
+
+def round_trip(plan: Plan, other: Plan, where: Path) -> dict:
+    from harness import TORCH_ADAMW
+    from launch_cases import error_of
+
+    folder = [str(where) if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(folder, src=0)
+
+    def build(p: Plan):
+        engine, *_ = initialize(pipeline_specs(SPEC), p, config=config(optimizer=TORCH_ADAMW),
+                                loss_fn=lm_loss, seed_layers=True, base_seed=SEED)
+        return engine
+
+    def steps(engine, first: int) -> list[float]:
+        return [engine.train_batch(step_data(SEED, s, 0, M, 1, SEQ, SPEC.vocab)).item()
+                for s in range(first, first + 2)]
+
+    with released_groups():
+        engine = build(plan)
+        steps(engine, 0)
+        engine.save_checkpoint(folder[0], tag="t")
+        continued = steps(engine, 2)
+    with released_groups():
+        again = build(plan)
+        again.load_checkpoint(folder[0], tag="t")
+        resumed = steps(again, 2)
+    with released_groups():
+        refused = error_of(lambda: build(other).load_checkpoint(folder[0], tag="t"))
+    return {"continued": continued, "resumed": resumed, "other": refused}
+
+
+CASES = {"tp": case_tp, "refusals": case_refusals, "checkpoint": case_checkpoint}
 
 
 if __name__ == "__main__":
