@@ -50,9 +50,11 @@ class Checkpoints(_Engine):
     fails there can still meet the others at that barrier."""
 
     def layout(self) -> dict:
-        """What a checkpoint's files depend on: the layers of each stage and their devices."""
+        """What a checkpoint's files depend on: the layers of each stage and their devices, and
+        the tp degree (each tp rank saves its shards; absent at tp 1, as before tp existed)."""
+        tp = self.plan.header.tp
         return {"stages": [[r.start, r.stop - 1] for r in self.module.stage_ranges],
-                "devices": list(self.module.stage_device)}
+                "devices": list(self.module.stage_device), **({"tp": tp} if tp > 1 else {})}
 
     def check_save_dir(self, path: str | os.PathLike) -> None:
         """Collective: CheckpointError on every rank unless every rank can create the folder and
@@ -130,11 +132,12 @@ class Checkpoints(_Engine):
         return None, tag
 
 def describe_layout(layout: dict) -> str:
-    """'2 stages (layers 0..11, 12..23) on devices 0, 1'."""
+    """'2 stages (layers 0..11, 12..23) on devices 0, 1' (', each a tp group of 2')."""
     stages = layout["stages"]
+    tp = layout.get("tp", 1)
     return (f"{len(stages)} stage{'s' if len(stages) != 1 else ''} (layers "
             f"{', '.join(f'{a}..{b}' for a, b in stages)}) on devices "
-            f"{', '.join(map(str, layout['devices']))}")
+            f"{', '.join(map(str, layout['devices']))}" + (f", each a tp group of {tp}" if tp > 1 else ""))
 
 
 def agree(problem: str | None, what: str, error: type[OctoError] = CheckpointError) -> None:

@@ -176,9 +176,15 @@ def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
 
 def plan_config(config: dict, plan: Plan, default_microbatch_size: int | None = None, *,
                 plan_name: str | None = None, config_name: str | None = None) -> dict:
-    """`config` with the plan's batch sizes (`batch_config`) and ZeRO stage (`zero_config`)."""
+    """`config` with the plan's batch sizes (`batch_config`) and ZeRO stage (`zero_config`);
+    with tp, DeepSpeed's partitioning of pipeline messages over the tp group turned off (the
+    executor's messages are whole activations, or under sp each rank's sequence slice)."""
     names = {"plan_name": plan_name, "config_name": config_name}
-    return zero_config(batch_config(config, plan, default_microbatch_size, **names), plan, **names)
+    config = zero_config(batch_config(config, plan, default_microbatch_size, **names), plan, **names)
+    if plan.header.tp == 1:
+        return config
+    return {**config, "pipeline": {**config.get("pipeline", {}), "pipe_partitioned": False,
+                                   "grad_partitioned": False}}
 
 
 def _validate(model: type[BaseModel], data: dict, prefix: str, name: str | None):

@@ -36,6 +36,7 @@ from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from ..plan import Op, OpKind, Plan, Recompute
 from . import program
+from .mesh import global_rank, grad_norm, reduce_sequence_parallel_grads, sequence_parallel_params
 from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
 from ..layers.recompute import dropping
@@ -83,14 +84,17 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self._recompute = plan.recompute()
         self._probed: set[int] = set()
         self._fused_in_b: set[int] = set()
+        self.tp = module.tp
+        self._sequence_parallel = sequence_parallel_params(module.parameters())
         self._train_sched = program.PlanSchedule(plan, self.stage_id, train=True)
         self._eval_sched: program.PlanSchedule | None = None
-        dp_id = self.grid.data_parallel_id
-        self._trace_pid = (self.stage_id if self.grid.data_parallel_size == 1 else self.global_rank) \
-            if trace else None
+        dp_id, tp_id = self.grid.data_parallel_id, self.tp.rank
+        one_per_device = self.grid.data_parallel_size == 1 and self.tp.size == 1
+        self._trace_pid = (self.stage_id if one_per_device else self.global_rank) if trace else None
         self.watchdog = Watchdog(timeout, f"rank {self.global_rank} (device {self.stage_id}, "
-                                          f"data-parallel copy {dp_id})")
-        self.p2p = P2P(self.stage_id, lambda d: self.grid.stage_to_global(stage_id=d, data=dp_id),
+                                          f"data-parallel copy {dp_id}"
+                                          + (f", tp rank {tp_id})" if self.tp.size > 1 else ")"))
+        self.p2p = P2P(self.stage_id, lambda d: global_rank(self.grid, d, dp_id, tp_id),
                        self._stream_groups(), self.device, self.watchdog, self._trace_pid)
         self._op_spans: list[TimedSpan] = []
         self._reset_buffers()
@@ -99,15 +103,16 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
 
     def _stream_groups(self) -> dict[tuple[int, int], dist.ProcessGroup]:
         """A two-rank group per direction between devices that exchange messages, in each
-        data-parallel copy (every rank creates every group, in the same order)."""
+        data-parallel copy and for each tp rank: tp rank t of a device talks to tp rank t of the
+        other (every rank creates every group, in the same order)."""
         pairs = sorted({(m.src, m.dst) for m in self._train_sched.messages})
         mine = {}
         for dp in range(self.grid.data_parallel_size):
-            for a, b in pairs:
-                ranks = [self.grid.stage_to_global(stage_id=d, data=dp) for d in (a, b)]
-                group = dist.new_group(ranks=ranks)
-                if dp == self.grid.data_parallel_id:
-                    mine[(a, b)] = group
+            for tp in range(self.tp.size):
+                for a, b in pairs:
+                    group = dist.new_group(ranks=[global_rank(self.grid, d, dp, tp) for d in (a, b)])
+                    if (dp, tp) == (self.grid.data_parallel_id, self.tp.rank):
+                        mine[(a, b)] = group
         return mine
 
     def _reset_buffers(self) -> None:
@@ -394,10 +399,32 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
                     p.grad.add_(grad)
         super()._exec_reduce_tied_grads()
 
+    def _exec_reduce_grads(self):
+        # the norms' gradients under sp are partial sums over the tp group (each rank's slice)
+        reduce_sequence_parallel_grads(self._sequence_parallel, self.tp, self.using_bf16_optimizer)
+        super()._exec_reduce_grads()
+
+    def clip_fp32_gradients(self):
+        if self.tp.size == 1:  # stock's clipping, unchanged (see mesh.py)
+            return super().clip_fp32_gradients()
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = grad_norm(params, self.grid, self.tp, self._tied_copies(), self.device)
+        coef = torch.clamp(self.gradient_clipping() / (norm + 1e-6), max=1.0)
+        for p in params:
+            p.grad.detach().mul_(coef.to(p.grad.dtype))
+        return norm
+
+    def _tied_copies(self) -> set[int]:
+        """Ids of the tied weights held here that another rank holds first (counted there)."""
+        module = self.module
+        return {id(module._recursive_getattr(module.tied_modules[key], attr))
+                for key, comm in module.tied_comms.items() if comm["ranks"][0] != self.global_rank
+                for attr in comm["weight_attr"]}
+
     def _warn_unsplit(self, s: int, fired) -> None:
         fired_ids = {id(p) for p in fired}
         layers = [i for i, ps in self.module.stage_layer_params(s) if any(id(p) in fired_ids for p in ps)]
-        if self.grid.data_parallel_id == 0:
+        if self.grid.data_parallel_id == 0 and self.tp.rank == 0:
             print(f"octodsl: stage {s}: layer(s) {', '.join(map(str, layers))} cannot split their "
                   "backward (e.g. reentrant activation checkpointing): they run a fused backward "
                   "in B; the stage's other layers still leave their weight gradients to W",
@@ -413,10 +440,12 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         torch.distributed.all_gather_object(gathered, self.trace_spans())
         if self.global_rank == 0:
             names = {}
+            dp, tp = self.grid.data_parallel_size, self.tp.size
             for rank in range(dist.get_world_size()):
                 coord = self.grid._topo.get_coord(rank)
-                pid = coord.pipe if self.grid.data_parallel_size == 1 else rank
-                names[pid] = f"device {coord.pipe}" + (f" (dp {coord.data})" if self.grid.data_parallel_size > 1 else "")
+                pid = coord.pipe if dp == 1 and tp == 1 else rank
+                where = ([f"dp {coord.data}"] if dp > 1 else []) + ([f"tp {coord.model}"] if tp > 1 else [])
+                names[pid] = f"device {coord.pipe}" + (f" ({', '.join(where)})" if where else "")
             write_trace(path, [s for spans in gathered for s in spans], names)
 
     _INSTRUCTION_MAP = {
@@ -428,6 +457,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         program.RunOp: _exec_run,
         program.FinishSends: _exec_finish_sends,
         schedule.ReduceTiedGrads: _exec_reduce_tied_grads,
+        schedule.ReduceGrads: _exec_reduce_grads,
     }
 
 

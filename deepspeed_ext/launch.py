@@ -20,6 +20,8 @@ from pathlib import Path
 
 from ..lang import PlanSyntaxError, load_plan
 from ..lint import lint_plan
+from ..models.spec import LayerConfig
+from ..models.tp import layer_problems
 from ..plan import Plan
 from .config import octo_section, plan_config, read_config
 from .distributed import init_distributed
@@ -51,7 +53,8 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
     import deepspeed
     from deepspeed import comm as dist
     from deepspeed.runtime.config import DeepSpeedConfig
-    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    from .mesh import topology
 
     config_name = str(config) if isinstance(config, (str, Path)) else None
     config, section = read_config(config)
@@ -66,7 +69,7 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
     if not isinstance(plan, Plan):
         plan = _read_plan(plan)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    ranges = check_launch(plan, world, config, len(layers), layer_costs, microbatch_size, **names)
+    ranges = check_launch(plan, world, config, layers, layer_costs, microbatch_size, **names)
     config = plan_config(config, plan, microbatch_size, **names)
     if all(st.abstract for st in plan.stages) and os.environ.get("RANK", "0") == "0":
         assert layer_costs is not None, "check_launch refuses a plan without layers or costs"
@@ -75,8 +78,8 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
               + describe_split(ranges, [layer_name(spec) for spec in layers], layer_costs), flush=True)
 
     init_distributed()
-    topology = PipeDataParallelTopology(num_pp=plan.devices, num_dp=world // plan.devices)
-    module = OctoPipeModule(layers, plan, ranges, loss_fn=loss_fn, topology=topology, **module_kwargs)
+    module = OctoPipeModule(layers, plan, ranges, loss_fn=loss_fn, topology=topology(plan),
+                            **module_kwargs)
     mpu = module.mpu()
     config_class = DeepSpeedConfig(config, mpu)
     deepspeed.set_optimizer_flags(config_class, module)
@@ -100,12 +103,13 @@ def _read_plan(path: str | Path) -> Plan:
         raise PlanLaunchError(e.render()) from None
 
 
-def check_launch(plan: Plan, world: int, config: dict, num_layers: int,
+def check_launch(plan: Plan, world: int, config: dict, layers: Sequence | int,
                  layer_costs: Sequence[float] | None = None, microbatch_size: int | None = None, *,
                  plan_name: str | None = None, config_name: str | None = None) -> list[range]:
     """The layers of each stage, once the plan is known to lint clean and to fit a launch of
-    `world` processes with this DeepSpeed config (its batch sizes and ZeRO stage:
-    `config.plan_config`) and a model of `num_layers` layers."""
+    `world` processes (tp x devices x dp) with this DeepSpeed config (its batch sizes and ZeRO
+    stage: `config.plan_config`) and the model's `layers` (its LayerSpecs, or their number),
+    whose layers the plan's tp can split (`octodsl.models.tp`)."""
     errors = [d for d in lint_plan(plan) if d.is_error]
     if errors:
         raise PlanLaunchError("the plan does not lint clean:\n" +
@@ -114,12 +118,43 @@ def check_launch(plan: Plan, world: int, config: dict, num_layers: int,
     if idle:
         raise PlanLaunchError(f"device(s) {', '.join(map(str, idle))} hold no stage; every process of "
                               "the pipeline must run one")
-    devices, dp = plan.devices, plan.header.dp
-    if world != devices * dp:
-        raise PlanLaunchError(
-            f"the plan runs {dp} data-parallel cop{'y' if dp == 1 else 'ies'} of a {devices}-device "
-            f"pipeline ({devices * dp} processes), but the job has {world} processes"
-            + (f"; for data parallelism set `dp {world // devices}` in the plan header"
-               if world % devices == 0 else ""))
+    _check_world(plan, world)
+    _check_tp(plan, layers)
     plan_config(config, plan, microbatch_size, plan_name=plan_name, config_name=config_name)
-    return stage_layers(plan, num_layers, layer_costs)
+    return stage_layers(plan, layers if isinstance(layers, int) else len(layers), layer_costs)
+
+
+def _check_world(plan: Plan, world: int) -> None:
+    """The launch has the plan's tp x devices x dp processes; else what would make it fit."""
+    tp, devices, dp = plan.header.tp, plan.devices, plan.header.dp
+    if world == tp * devices * dp:
+        return
+    mesh = (f"{dp} data-parallel cop{'y' if dp == 1 else 'ies'} of a {devices}-device pipeline"
+            + (f" of tp groups of {tp}" if tp > 1 else ""))
+    fixes = []
+    if world % (tp * devices) == 0:
+        fixes.append(f"`dp {world // (tp * devices)}`")
+    if world % (devices * dp) == 0 and world // (devices * dp) != tp:
+        fixes.append(f"`tp {world // (devices * dp)}`")
+    raise PlanLaunchError(
+        f"the plan runs {mesh} ({tp * devices * dp} processes"
+        + (f": tp {tp} x {devices} devices x dp {dp}" if tp > 1 else "") + f"), but the job has "
+        f"{world} processes" + (f"; to fit it set {' or '.join(fixes)} in the plan header"
+                                if fixes else ""))
+
+
+def _check_tp(plan: Plan, layers: Sequence | int) -> None:
+    """Refuse a tp the model's layers cannot be split by (octodsl.models.tp: what each layer
+    kind splits); the layers are known by the config each LayerSpec is built from (as
+    `octodsl.layers.pipeline_specs` makes them)."""
+    tp = plan.header.tp
+    if tp == 1 or isinstance(layers, int):
+        return
+    problems: dict[str, None] = {}
+    for spec in layers:
+        for arg in getattr(spec, "module_args", ()):
+            if isinstance(arg, LayerConfig):
+                problems.update((p.message, None) for p in layer_problems(arg, tp) if p.fatal)
+    if problems:
+        raise PlanLaunchError(f"the model's layers cannot be split over tp {tp}: "
+                              + "; ".join(problems) + " (choose a tp that divides them)")

@@ -7,6 +7,7 @@ one-stage-per-rank module with given boundaries, for stock comparisons.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import partial
 from types import SimpleNamespace
 
@@ -15,7 +16,9 @@ from deepspeed.runtime import utils as ds_utils
 from deepspeed.runtime.pipe.module import PipelineModule
 from torch import nn
 
+from ..layers import tensor_parallel
 from ..plan import Plan
+from .mesh import tp_group
 
 
 def as_leaf(value):
@@ -53,12 +56,15 @@ class OctoPipeModule(PipelineModule):
         raise IndexError(f"layer {layer_idx} is in no stage")
 
     def _build(self):
+        # the layers read the tp group at construction (octodsl.layers.tensor_parallel)
+        self.tp = tp_group(self._grid, self.plan.header.sp)
         self.stage_funcs: dict[int, list] = {}
-        for s in self.local_stages:
-            self._set_bounds(self.stage_ranges[s].start, self.stage_ranges[s].stop)
-            super()._build()
-            self.stage_funcs[s] = self.forward_funcs
-            self.forward_funcs: list = []
+        with tensor_parallel.building(self.tp):
+            for s in self.local_stages:
+                self._set_bounds(self.stage_ranges[s].start, self.stage_ranges[s].stop)
+                super()._build()
+                self.stage_funcs[s] = self.forward_funcs
+                self.forward_funcs: list = []
         self.activate(self.local_stages[0])
 
     def activate(self, stage: int) -> None:
@@ -106,7 +112,21 @@ class OctoPipeModule(PipelineModule):
     def save_state_dict(self, *args, **kwargs):
         for s in self.local_stages:
             self.activate(s)
-            super().save_state_dict(*args, **kwargs)
+            with self._tied_uses_as_modules():
+                super().save_state_dict(*args, **kwargs)
+
+    @contextmanager
+    def _tied_uses_as_modules(self):
+        """The stage's layers with each tied use other than the first (a `partial` of its
+        forward_fn, which DeepSpeed's save and load skip: no state_dict) as its module, so a
+        tied module's rank of the LM head saves and loads the head's own parameters (its final
+        norm) too, not only the tied weight DeepSpeed broadcasts from the first rank."""
+        funcs = self.forward_funcs
+        self.forward_funcs = [f.args[0] if isinstance(f, partial) else f for f in funcs]
+        try:
+            yield
+        finally:
+            self.forward_funcs = funcs
 
     def load_state_dir(self, *args, **kwargs):
         # The parent broadcasts tied weights after loading; ranks hold different numbers of
@@ -115,7 +135,8 @@ class OctoPipeModule(PipelineModule):
         try:
             for s in self.local_stages:
                 self.activate(s)
-                super().load_state_dir(*args, **kwargs)
+                with self._tied_uses_as_modules():
+                    super().load_state_dir(*args, **kwargs)
         finally:
             del self._synchronize_tied_weights
         self._synchronize_tied_weights()

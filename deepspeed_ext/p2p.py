@@ -5,6 +5,16 @@ group, so the two directions never queue behind each other (NCCL serialises the 
 one communicator). Within a stream, sends and receives match in posting order; the program
 (program.py) makes both sides post them in the sender's order.
 
+On CUDA (NCCL), receives and sends are enqueued on two side streams of this rank's, not on the
+compute stream. ProcessGroupNCCL makes its own stream wait for the *current* stream before a
+send or receive starts (so that the buffer is ready): a receive posted ahead on the compute
+stream would wait for every kernel enqueued before it, while one posted on the receive stream
+(its buffer allocated there) starts at once and overlaps the compute; a send waits, through an
+event, for the compute that produced its tensor. Consuming a received tensor makes the compute
+stream wait for the receive's end event (`Work.wait`), and each tensor is recorded on the stream
+that uses it, so the caching allocator reuses no buffer still in flight. On the CPU (gloo)
+there are no streams and nothing changes.
+
 Shapes are exchanged once: the first activation across each stage boundary is preceded on its
 stream by a small meta message (dtypes and shapes), cached by both sides from then on. The
 gradient coming back has the float entries of the activation, which its receiver sent itself.
@@ -13,7 +23,8 @@ gradient coming back has the float entries of the activation, which its receiver
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +90,39 @@ def flat(value) -> list[Tensor]:
     return [value] if torch.is_tensor(value) else list(value)
 
 
+class Streams:
+    """The side streams messages are enqueued on (CUDA), or nothing (CPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.recv = torch.cuda.Stream(device) if self.cuda else None
+        self.send = torch.cuda.Stream(device) if self.cuda else None
+
+    def receiving(self):
+        """Around allocating receive buffers and posting their receives."""
+        return torch.cuda.stream(self.recv) if self.cuda else nullcontext()
+
+    def received(self, tensors: list[Tensor]) -> None:
+        """Received tensors (their receive already waited for) now used on the compute stream."""
+        if self.cuda:
+            compute = torch.cuda.current_stream()
+            for t in tensors:
+                t.record_stream(compute)
+
+    @contextmanager
+    def sending(self, tensors: list[Tensor]) -> Iterator[None]:
+        """Around posting the sends of `tensors`, produced on the compute stream."""
+        if not self.cuda:
+            yield
+            return
+        assert self.send is not None
+        self.send.wait_stream(torch.cuda.current_stream())  # an event: what made the tensors
+        for t in tensors:
+            t.record_stream(self.send)
+        with torch.cuda.stream(self.send):
+            yield
+
+
 @dataclass(slots=True)
 class _Posted:
     works: list[dist.Work]
@@ -99,6 +143,7 @@ class P2P:
         self.torch_device = torch_device
         self.watchdog = watchdog
         self.trace_pid = trace_pid
+        self.streams = Streams(torch_device)
         self.spans: list[TimedSpan] = []
         self.specs: dict[int, Spec] = {}
         """Per stage boundary, the activation it carries (both sides learn it once)."""
@@ -138,6 +183,7 @@ class P2P:
         posted = self._posted.pop(msg.id)
         for w in posted.works:
             self.watchdog.wait(w, f"the {_what(msg)} from device {msg.src}", self._peer(msg.src))
+        self.streams.received(posted.tensors)
         self._record(msg, "recv", msg.src, posted.start)
         if not msg.act:
             return posted.tensors
@@ -153,9 +199,10 @@ class P2P:
             spec = self._spec(m, group, peer, block)
             if spec is None:
                 return
-            tensors = [torch.empty(shape, dtype=dtype, device=self.torch_device)
-                       for shape, dtype in spec.entries]
-            with self.watchdog.watching(self._peer(src), f"the {_what(m)} from device {src}"):
+            with self.streams.receiving(), \
+                    self.watchdog.watching(self._peer(src), f"the {_what(m)} from device {src}"):
+                tensors = [torch.empty(shape, dtype=dtype, device=self.torch_device)
+                           for shape, dtype in spec.entries]
                 works = [_irecv(t, peer, group) for t in tensors]
             self._posted[m.id] = _Posted(works, tensors, time.time())
             self._next[src] += 1
@@ -168,13 +215,14 @@ class P2P:
             return self.specs[m.boundary]
         what = f"the shapes of the {_what(m)} from device {m.src}"
         if m.boundary not in self._meta:
-            buf = torch.empty(META_SIZE, dtype=torch.int64, device=self.torch_device)
-            with self.watchdog.watching(self._peer(m.src), what):
+            with self.streams.receiving(), self.watchdog.watching(self._peer(m.src), what):
+                buf = torch.empty(META_SIZE, dtype=torch.int64, device=self.torch_device)
                 self._meta[m.boundary] = (_irecv(buf, peer, group), buf)
         work, buf = self._meta[m.boundary]
         if not block and not work.is_completed():
             return None
         self.watchdog.wait(work, what, self._peer(m.src))
+        self.streams.received([buf])
         del self._meta[m.boundary]
         self.specs[m.boundary] = Spec.decode(buf.cpu())
         return self.specs[m.boundary]
@@ -187,7 +235,8 @@ class P2P:
             self.specs[msg.boundary] = Spec.of(value)
             tensors.insert(0, self.specs[msg.boundary].encode(self.torch_device))  # meta goes first
             self._sent_meta.add(msg.boundary)
-        with self.watchdog.watching(self._peer(msg.dst), f"device {msg.dst} to receive the {_what(msg)}"):
+        with self.streams.sending(tensors), \
+                self.watchdog.watching(self._peer(msg.dst), f"device {msg.dst} to receive the {_what(msg)}"):
             works = [_isend(t, peer, group) for t in tensors]
         self._sends.append((msg, works, tensors, time.time()))
         self.poll()

@@ -91,9 +91,11 @@ def startup_line(plan: Plan, spec) -> str:
         f"{field} {getattr(spec, field)}: " + ("the plan's" if getattr(plan.header, field) is not None
                                                else "the model's default, the plan states none")
         for field in ("microbatch_size", "seq_len"))
-    dp = plan.header.dp
+    dp, tp = plan.header.dp, plan.header.tp
     return (f"train.py: {spec.name}, {plan.microbatches} micro-batches of {spec.microbatch_size} x "
             f"{spec.seq_len} tokens per step" + (f" on each of {dp} data-parallel copies" if dp > 1 else "")
+            + (f", each device a tp group of {tp}" + (" (sequence-parallel)" if plan.header.sp else "")
+               if tp > 1 else "")
             + f" ({source})")
 
 
@@ -133,6 +135,9 @@ def build_engine(args, plan: Plan, spec):
     from octodsl.layers import lm_loss, pipeline_specs
 
     specs = pipeline_specs(spec)
+    if args.stock and plan.header.tp > 1:
+        raise OctoError(f"--stock runs DeepSpeed's own PipelineEngine, which has no tensor-parallel "
+                        f"layers; the plan's `tp {plan.header.tp}` needs the octodsl executor")
     common = dict(loss_fn=lm_loss, seed_layers=True, base_seed=args.seed)
     if not args.stock:
         costs = layer_costs(plan, args.model) if all(st.abstract for st in plan.stages) else None

@@ -44,11 +44,11 @@ from train import step_data  # noqa: E402
 SEED, SEQ, M, STEPS = 7, 32, 4, 3
 
 
-def micro_spec():
+def micro_spec(name: str = "nemotron-h-micro", vocab: int = 512, groups: int = 1):
     d = copy.deepcopy(BUILTINS["nemotron-h-tiny"])
-    d.update(name="nemotron-h-micro", hidden=64, vocab=512, seq_len=SEQ, microbatch_size=1,
+    d.update(name=name, hidden=64, vocab=vocab, seq_len=SEQ, microbatch_size=1,
              tie_embeddings=True)
-    d["mamba2"].update(heads=4, head_dim=32, groups=1, state=16, chunk=16)
+    d["mamba2"].update(heads=4, head_dim=32, groups=groups, state=16, chunk=16)
     d["attention"].update(heads=2, kv_heads=1, head_dim=32)
     d["mlp"].update(ffn=128)
     return parse_model(d, "micro")
@@ -391,17 +391,30 @@ def _stalling(it):
     yield from it
 
 
-CASES = {"plans": case_plans, "dp": case_dp, "stall": case_stall}
+def case_single(out_dir: Path) -> dict:
+    """1 process (tp 1 x pp 1): the plan's executor against stock DeepSpeed on one stage."""
+    stock = build_stock(even(1), 1, config())
+    ref, ref_w = train(stock), weights(stock)
+    plan = with_partition(generate("1f1b", devices=1, microbatches=M), even(1))
+    return {"results": [compare("1f1b/pp1", build_ours(plan, config()), ref, ref_w, None)]}
+
+
+CASES = {"plans": case_plans, "dp": case_dp, "stall": case_stall, "single": case_single}
 
 
 def main(cases: dict = CASES) -> None:
     """Run the case the command line names (CASE OUT.json); rank 0 writes its result."""
     case, out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     torch.set_num_threads(1)
-    init_distributed("gloo")
+    # benchmarks/gpu_check.sh runs the cases on GPUs over NCCL, a GPU per rank
+    backend = os.environ.get("OCTO_TEST_BACKEND", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    init_distributed(backend)
     result = cases[case](Path(out).parent)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(result, indent=1))
+        Path(out).write_text(json.dumps({**result, "case": case, "world": dist.get_world_size(),
+                                         "backend": torch.distributed.get_backend()}, indent=1))
     shutdown()
 
 

@@ -71,9 +71,9 @@ def launch(procs: int, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProc
     return proc
 
 
-def run_case(tmp_path_factory, procs: int, case: str) -> dict:
+def run_case(tmp_path_factory, procs: int, case: str, script: str = "harness.py") -> dict:
     out = tmp_path_factory.mktemp(case) / "result.json"
-    proc = launch(procs, str(HERE / "harness.py"), case, str(out))
+    proc = launch(procs, str(HERE / script), case, str(out))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return {**json.loads(out.read_text()), "stderr": proc.stderr}
 
@@ -200,3 +200,12 @@ def test_plan_that_does_not_fit_the_launch_is_a_clear_error(tmp_path):
     assert "train.py: error: the plan runs 1 data-parallel copy of a 4-device pipeline " \
            "(4 processes), but the job has 2 processes" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_one_process_trains_like_stock(tmp_path_factory):
+    # tp 1 x pp 1: what benchmarks/gpu_check.sh runs on a machine with one GPU
+    result = run_case(tmp_path_factory, 1, "single")
+    assert result["world"] == 1 and result["backend"] == "gloo"
+    (r,) = result["results"]
+    assert r["exact"] and r["weight_diff"] == 0.0, r

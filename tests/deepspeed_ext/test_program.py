@@ -123,7 +123,7 @@ def test_check_launch_accepts_a_fitting_plan():
 
 @pytest.mark.parametrize("world,config,layers,message", [
     (4, CONFIG, 10, "1 data-parallel copy of a 2-device pipeline (2 processes), but the job has "
-                    "4 processes; for data parallelism set `dp 2`"),
+                    "4 processes; to fit it set `dp 2` or `tp 2` in the plan header"),
     (2, {**CONFIG, "gradient_accumulation_steps": 8}, 10,
      "4 micro-batches per step, but the DeepSpeed config gives 8 gradient-accumulation steps"),
     (2, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, 10, "gives 8 gradient"),

@@ -130,3 +130,20 @@ def test_abstract_plans_are_split_as_simulate_costs_them(name, model):
     costs = SimCosts.from_table(table, plan)
     # the simulator's stage costs are its layers' sums (same additions, same order)
     assert [c.f for c in costs.stages] == [sum(table.layers[i].f for i in r) for r in executed]
+
+
+def test_the_start_up_line_says_the_tp_group():
+    plan = generate("1f1b", devices=2, microbatches=4, model="nemotron-h-tiny")
+    tp = plan.__class__(plan.header.model_copy(update={"tp": 2, "dp": 2}), plan.stages, plan.placement,
+                        plan.schedule)
+    line = train.startup_line(tp, train.model_spec(tp, None))
+    assert "on each of 2 data-parallel copies, each device a tp group of 2 (sequence-parallel) (" in line
+    assert "tp group" not in train.startup_line(plan, train.model_spec(plan, None))
+
+
+def test_stock_deepspeed_cannot_run_tp():
+    plan = generate("1f1b", devices=2, microbatches=4, model="nemotron-h-tiny")
+    tp = plan.__class__(plan.header.model_copy(update={"tp": 2}), plan.stages, plan.placement, plan.schedule)
+    args = train.parse_args(["--deepspeed_config", "c.json", "--schedule", "p.octo", "--stock"])
+    with pytest.raises(train.OctoError, match="has no tensor-parallel layers; the plan's `tp 2` needs"):
+        train.build_engine(args, tp, train.model_spec(tp, None))
