@@ -1,11 +1,13 @@
 """`octodsl completion bash|zsh`: print a shell completion script for the commands and options,
 generated from the parser itself (so it cannot fall behind it).
 
-A static script rather than argcomplete: nothing to install, and a TAB does not start Python (a
-command's parser pulls in its module). It completes the commands, each command's options, the
+A static script rather than argcomplete: nothing to install, and a TAB does not start Python
+(argcomplete builds the whole parser on each, which imports every command's module: over a
+second, numba included). It completes the commands, each command's options, the
 values of options with a fixed set (`--device`, `--partition`, ...) and of positionals with one
 (`gen NAME`), and files elsewhere (the shell's own file completion, `complete -o default`).
-zsh runs the same script through its bash emulation (`bashcompinit`).
+zsh runs the same script through its bash emulation (`bashcompinit`, which calls it in sh
+emulation: arrays from 0, as in bash; zsh's own matching then filters the words offered).
 """
 
 from __future__ import annotations

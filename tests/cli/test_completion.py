@@ -12,6 +12,7 @@ from octodsl.cli import COMMANDS, build_parser, main
 from octodsl.cli.completion import commands, script
 
 BASH = shutil.which("bash")
+ZSH = shutil.which("zsh")
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +35,6 @@ def complete(bash_script: str, *words: str) -> list[str]:
     return [w for w in done.stdout.splitlines() if w]
 
 
-pytestmark = pytest.mark.skipif(BASH is None, reason="bash is not installed")
-
-
 def test_the_command_prints_the_script(capsys):
     assert main(["completion", "bash"]) == 0
     bash = capsys.readouterr().out
@@ -49,6 +47,10 @@ def test_the_command_prints_the_script(capsys):
     assert zsh.endswith(bash.split("\n", 1)[1])
 
 
+needs_bash = pytest.mark.skipif(BASH is None, reason="bash is not installed")
+
+
+@needs_bash
 def test_every_command(bash_script):
     assert complete(bash_script, "") == list(COMMANDS)
     assert complete(bash_script, "si") == ["simulate"]
@@ -58,6 +60,7 @@ def test_every_command(bash_script):
     assert complete(bash_script, "--debug", "ge") == ["gen"]
 
 
+@needs_bash
 def test_every_option_of_every_command(bash_script):
     for name, parser in commands(build_parser()).items():
         long = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
@@ -69,6 +72,7 @@ def test_every_option_of_every_command(bash_script):
     assert complete(bash_script, "lint", "-") == ["-h", "--help", "--strict", "-q", "--quiet"]
 
 
+@needs_bash
 def test_values(bash_script):
     assert complete(bash_script, "gen", "--partition", "") == ["time", "parameters", "equal"]
     assert complete(bash_script, "gen", "--partition", "=", "p") == ["parameters"]
@@ -80,3 +84,31 @@ def test_values(bash_script):
     assert complete(bash_script, "gen", "1f1b", "-p", "") == []
     assert complete(bash_script, "simulate", "") == []
     assert complete(bash_script, "no-such-command", "--") == []
+
+
+@pytest.mark.skipif(ZSH is None, reason="zsh is not installed")
+def test_zsh(tmp_path):
+    """The zsh script, called as zsh's bashcompinit calls it (`_bash_complete` sets COMP_WORDS
+    and COMP_CWORD and runs `compgen -F`, in sh emulation); zsh's own matching then keeps the
+    words that start with the one typed, as the filter here does."""
+    path = tmp_path / "octodsl.zsh"
+    path.write_text(script(build_parser(), "zsh"))
+
+    def zsh_complete(*words: str) -> list[str]:
+        line = ["octodsl", *words]
+        program = (f"autoload -U +X compinit && compinit -u -d {tmp_path}/zcompdump\n"
+                   f"source {path}\n"
+                   f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
+                   f"words=(\"${{COMP_WORDS[@]}}\"); CURRENT={len(line)}\n"
+                   f"compgen -F _octodsl_complete -- {line[-1]!r}\n")
+        done = subprocess.run([ZSH, "-f", "-c", program], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        return [w for w in done.stdout.splitlines() if w and w.startswith(line[-1])]
+
+    assert zsh_complete("") == list(COMMANDS)
+    assert zsh_complete("si") == ["simulate"]
+    assert zsh_complete("gen", "--par") == ["--partition"]
+    assert zsh_complete("gen", "--partition", "") == ["time", "parameters", "equal"]
+    assert zsh_complete("gen", "zb-") == ["zb-h1", "zb-h2", "zb-v"]
+    assert zsh_complete("simulate", "--trace", "") == []  # `-o default`: zsh's file completion
