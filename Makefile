@@ -8,7 +8,8 @@ TORCH ?= torch==2.13.0
 
 .PHONY: venv demo test check clean
 
-$(STAMP): setup.cfg pyproject.toml
+# octodsl/__init__.py holds the version the install's metadata records (setup.cfg reads it)
+$(STAMP): setup.cfg pyproject.toml octodsl/__init__.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .fileio import write_atomic
 from .plan import Op, OpKind
+from .version import FIELD, version
 
 COMPUTE, COMM = 0, 1
 """Thread ids."""
@@ -48,7 +49,8 @@ def comm_span(pid: int, direction: str, kind: str, stage: int, mb: int, peer: in
 
 
 def chrome_trace(spans: Iterable[TimedSpan], process_names: dict[int, str] | None = None) -> dict:
-    """{"traceEvents": [...]} with times in microseconds from the earliest span."""
+    """{"traceEvents": [...], "otherData": {"octodsl_version": ...}} with times in microseconds
+    from the earliest span."""
     spans = list(spans)
     t0 = min((s.start for s in spans), default=0.0)
     pids = sorted({s.pid for s in spans} | set(process_names or {}))
@@ -64,7 +66,8 @@ def chrome_trace(spans: Iterable[TimedSpan], process_names: dict[int, str] | Non
         events.append({"ph": "X", "pid": s.pid, "tid": s.tid, "name": s.name,
                        "ts": (s.start - t0) * 1e6, "dur": max(s.end - s.start, 0.0) * 1e6,
                        "args": s.args})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    # otherData: the format's free-form metadata (chrome://tracing shows it); callers add theirs
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {FIELD: version()}}
 
 
 def write_trace(path: str | Path, spans: Iterable[TimedSpan],

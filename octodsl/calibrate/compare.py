@@ -167,7 +167,7 @@ def side_by_side(c: Comparison) -> dict:
             first = c.measured.steps[0].start
             events.append({"ph": "C", "pid": meas_pid(d), "name": "memory (first step)",
                            "ts": max(t - first, 0.0) * 1e6, "args": {"bytes": nbytes}})
-    trace["otherData"] = {"octodsl": "compare", **c.to_json()}
+    trace["otherData"].update({"octodsl": "compare", **c.to_json()})
     return trace
 
 

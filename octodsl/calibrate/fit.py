@@ -58,6 +58,7 @@ from ..plan import Op, OpKind, Plan
 from ..sim import SimCosts, compile, simulate
 from ..sim.sharing import Sharing
 from .measured import MeasuredStep, MeasuredTrace, check_against
+from ..version import version
 
 
 @dataclass
@@ -340,7 +341,7 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
     say("fitting the optimizer step")
     per_param = _fit_update(table, runs, compute.rates(Pmax), Pmax, report)
     cal = ProfileCalibration(
-        created=datetime.now(timezone.utc).isoformat(), source=source,
+        created=datetime.now(timezone.utc).isoformat(), source=source, octodsl_version=version(),
         processes=sorted({r.plan.devices for r in runs}), link=link,
         # str keys, each an OpKind's value: pydantic checks them against the fields' Literal
         op_scale=scale, op_overhead=overhead,  # type: ignore[arg-type]

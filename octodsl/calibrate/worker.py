@@ -241,14 +241,14 @@ def run_plan(job: dict, run: dict, spec) -> dict:
                                "args": {"bytes": static + act}})
             memory[rank] = {"static": static,
                             "activations": max((a for _, a in m["samples"]), default=0.0)}
-        trace["otherData"] = {
+        trace["otherData"].update({
             "octodsl": "calibration run", "plan": plan.header.name, "model": spec.name,
             "steps": job["steps"], "processes": dist.get_world_size(),
             "threads": torch.get_num_threads(),
             "memory_method": "profiler accounting (saved-tensor hooks + W state; parameters, "
                              "gradients, optimizer state), first step",
             "memory": {str(k): v for k, v in memory.items()},
-        }
+        })
         write_atomic(run["trace"], json.dumps(trace, allow_nan=False))
         result["memory"] = memory
     del engine, meter

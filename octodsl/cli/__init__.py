@@ -18,19 +18,35 @@ from .common import Parser
 
 # Module names under octodsl.cli, one per command, in the order `--help` lists them.
 COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile", "tune", "compare",
-            "calibrate")
+            "calibrate", "completion")
+
+
+class _Version(argparse.Action):
+    """--version: print `octodsl X.Y.Z` and exit 0 (argparse's own action would look the
+    version up on every run, not only when asked)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print octodsl's version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ..version import version
+
+        print(f"octodsl {version()}")
+        parser.exit(0)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given argv naming a command, only that command's module is imported (some
-    pull in heavy libraries that `octodsl lint` should not pay for)."""
+    pull in heavy libraries that `octodsl lint` should not pay for), and none for `--version`."""
     chosen = next((a for a in argv or () if not a.startswith("-")), None)
-    names = [chosen] if chosen in COMMANDS else COMMANDS
+    asks_version = chosen is None and "--version" in (argv or ())
+    names = [chosen] if chosen in COMMANDS else () if asks_version else COMMANDS
     parser = Parser(
         prog="octodsl",
         description="Plan, check, simulate, tune and run pipeline-parallel training of hybrid LLMs.",
     )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in names:

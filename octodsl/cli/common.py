@@ -263,13 +263,20 @@ def write_output(path: str | os.PathLike, data: str | bytes) -> None:
         write_atomic(path, data)
 
 
-def print_json(obj) -> None:
-    """A command's --json result on standard output. Strict JSON: a value that cannot be a JSON
-    number (nan, inf) is a bug here, each producer turns those into null where it means
+def print_json(obj: dict | list) -> None:
+    """A command's --json result on standard output, each object of it (the object, or each of
+    a list's) opening with "octodsl_version": what made it. Strict JSON: a value that cannot be
+    a JSON number (nan, inf) is a bug here, each producer turns those into null where it means
     "undefined" (and its docstring says when)."""
     import json
     import sys
 
+    from ..version import FIELD, version
+
+    def stamped(o):
+        return {FIELD: version(), **o} if isinstance(o, dict) else o
+
+    obj = [stamped(o) for o in obj] if isinstance(obj, list) else stamped(obj)
     json.dump(obj, sys.stdout, indent=1, allow_nan=False)
     sys.stdout.write("\n")
 

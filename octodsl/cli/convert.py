@@ -12,6 +12,7 @@ from ..gen import render_plan
 from ..interop import export_warnings, read_csv, write_csv
 from ..lang import PlanSyntaxError
 from ..lint import lint_source
+from ..version import made_by
 from .common import UserError, check_output, read_text, write_output
 
 
@@ -45,7 +46,7 @@ def run(args) -> int:
         return 1
     _report([w.render(args.input, source) for w in warnings])
     title = (f"Imported from {Path(args.input).name} (torch.distributed.pipelining action CSV) "
-             "by `octodsl convert`.")
+             f"by {made_by('convert')}.")
     write_output(args.output, render_plan(plan, title=title))
     return 0
 

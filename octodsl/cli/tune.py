@@ -242,8 +242,9 @@ def _memory_limit(text: str) -> int | str:
 
 def _render(plan, problem, best, args) -> str:
     from ..gen import render_plan
+    from ..version import made_by
 
-    title = (f"Tuned by `octodsl tune` (seed {args.seed}): {problem.header.model}, "
+    title = (f"Tuned by {made_by('tune')} with seed {args.seed}: {problem.header.model}, "
              f"{problem.devices} devices, {problem.microbatches} micro-batches.\n"
              f"Simulated iteration {best.time * 1e3:.1f} ms, efficiency "
              f"{problem.lower_bound() / best.time:.3f} against the lower bound.")

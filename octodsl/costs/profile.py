@@ -80,6 +80,8 @@ class ProfileCalibration(BaseModel):
 
     created: str
     """ISO 8601 time of the fit."""
+    octodsl_version: str | None = Field(default=None, max_length=100)
+    """The octodsl that fitted it (None: a calibration from before octodsl recorded it)."""
     source: str
     """What was fitted on: the calibration plans run, or the trace files given."""
     processes: list[int] = []
@@ -142,6 +144,8 @@ class Profile(BaseModel):
     bytes_per_param: int = Field(ge=0, le=limits.MAX_INT)
     """Static bytes per parameter: parameters, gradients and optimizer state."""
     torch_version: str
+    octodsl_version: str | None = Field(default=None, max_length=100)
+    """The octodsl that measured it (None: a profile from before octodsl recorded it)."""
     created: str
     """ISO 8601 time of the measurement."""
     layers: list[MeasuredLayer]

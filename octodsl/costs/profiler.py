@@ -37,6 +37,7 @@ from ..layers.recompute import dropping
 from ..layers.split_backward import backward_input, backward_weight
 from ..layers import TORCH_DTYPES, TiedHead, build_layers, lm_loss
 from ..models.spec import ModelSpec
+from ..version import version
 from .analytical import BYTES_PER_PARAM
 from .profile import MeasuredLayer, Profile
 from .work import layer_work
@@ -266,6 +267,7 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
                        "saved-tensor hooks: distinct non-parameter storages saved by F; after B, "
                        "those still alive plus tensors held by the W state"),
         warmup=warmup, repeats=repeats, bytes_per_param=BYTES_PER_PARAM,
-        torch_version=torch.__version__, created=datetime.now(timezone.utc).isoformat(),
+        torch_version=torch.__version__, octodsl_version=version(),
+        created=datetime.now(timezone.utc).isoformat(),
         layers=measured,
     )

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from ..errors import OctoError
 from ..lang import parse_plan
 from ..plan import Header, Plan, Stage
+from ..version import made_by
 from .classic import gpipe, interleaved, one_f_one_b
 from .dualpipe import dualpipe_v
 from .phases import PhasedSchedule, ScheduleError
@@ -109,7 +110,7 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
         f, b, w = times or EQUAL_TIMES
         title.append(f"Weight gradients placed for op times F={f:g}, B={b:g}, W={w:g}.")
     schedule, comments = phased.orders()
-    title.append("Written by `octodsl gen`.")
+    title.append(f"Written by {made_by('gen')}.")
     return render_plan(Plan(header, stages, phased.placement, schedule), comments, "\n".join(title))
 
 
