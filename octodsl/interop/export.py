@@ -97,7 +97,3 @@ def placement_problem(plan: Plan) -> str:
     s = next(s for s in range(plan.num_stages) if home[s] != s % P)
     return f"it puts stage {s} on device {home[s]}, not on device {s % P} (stage mod devices)"
 
-
-def comment_block(lines: list[str], prefix: str = "# ") -> list[str]:
-    """`lines` as comment lines."""
-    return [prefix + line if line else prefix.rstrip() for line in lines]

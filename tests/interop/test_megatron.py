@@ -19,6 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from octodsl.gen import generate, phased_schedule
 from octodsl.interop.export import ExportError
@@ -83,6 +85,28 @@ def test_interleaved_gpt_layout_places_stage_s_on_rank_s_mod_p(mcore):
     for s, sym in enumerate(symbols):
         assert layout.layout[s % 4][s // 4].count(LayerType.decoder) == sym.count("*")
     assert layout.layout[0][0][0] is LayerType.embedding and layout.layout[3][1][-1] is LayerType.loss
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_whole_layer_cuts_are_read_back_by_megatron_core(mcore, data):
+    """layout_string for any P, V and cuts between transformer layers (the first and last stage
+    may hold only the embedding or the loss): megatron-core's parser finds each stage's layers on
+    rank s mod P, virtual stage s // P, and its validation passes."""
+    from megatron.core.transformer.enums import LayerType
+
+    P, V = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3))
+    n = data.draw(st.integers(max(1, P * V - 1), 40))
+    cuts = sorted(data.draw(st.sets(st.integers(0, n), min_size=P * V - 1, max_size=P * V - 1)))
+    bounds = [0, *cuts, n]
+    counts = [b - a for a, b in zip(bounds, bounds[1:])]
+    symbols = [("[" if s == 0 else "") + "*-" * c + ("]" if s == len(counts) - 1 else "")
+               for s, c in enumerate(counts)]
+    layout = mcore.Layout(layout_string(symbols), P)
+    assert layout.virtual_pipeline_model_parallel_size == V
+    layout.validate_layer_layout(n, None)
+    for s, c in enumerate(counts):
+        assert layout.layout[s % P][s // P].count(LayerType.decoder) == c
 
 
 def _segment(pattern: str, pp: int, rank: int, vp: int) -> str:
