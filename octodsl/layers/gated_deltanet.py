@@ -7,12 +7,13 @@ Per value head, with state S [key_head_dim, value_head_dim]:
 q and k L2-normalised per head (q also scaled by key_head_dim^-1/2), each key head serving
 value_heads // key_heads consecutive value heads.
 
-Tensor-parallel as mamba2.py: the key and value heads split over the group (a rank's value heads
-use its key heads, in either layout); the in-projection column-parallel, each of its parts
-[q, k, v, z, b, a] split; the convolution's channels likewise; the rule and the gated norm on
-the local heads; the out-projection row-parallel. The norm's weight (one per value-head channel,
-shared by all heads) is replicated; each rank's gradient of it is over its heads only, so it is
-marked to be summed over the group like the sequence-parallel norms'."""
+Tensor-parallel as mamba2.py: the key and value heads split over the group in contiguous
+shards, so a rank's value heads are those its key heads serve; the in-projection
+column-parallel, each of its parts [q, k, v, z, b, a] split; the convolution's channels
+likewise; the rule and the gated norm on the local heads; the out-projection row-parallel. The
+norm's weight (one per value-head channel, shared by all heads) is replicated; each rank's
+gradient of it is over its heads only, so it is marked to be summed over the group like the
+sequence-parallel norms'."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def chunk_recurrence(U: torch.Tensor, W: torch.Tensor, k_dec: torch.Tensor,
     states = []
     for i in range(c):
         states.append(S)
-        S = S * chunk_decay[:, :, i, None, None] + k_dec[:, :, i].transpose(-1, -2) @ (U[:, :, i] - W[:, :, i] @ S)
+        d = U[:, :, i] - W[:, :, i] @ S
+        S = S * chunk_decay[:, :, i, None, None] + k_dec[:, :, i].transpose(-1, -2) @ d
     return torch.stack(states, dim=2)
 
 
