@@ -12,6 +12,7 @@ from torch import nn
 from ..models.spec import ModelSpec
 from .attention import Attention
 from .embedding import Embedding, LMHead, TiedEmbeddingHead, tied_head_forward
+from .gated_deltanet import GatedDeltaNet
 from .mamba1 import Mamba1
 from .mamba2 import Mamba2
 from .mlp import MLP
@@ -22,6 +23,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 _BLOCKS: dict[str, type[nn.Module]] = {
     "attention": Attention, "mlp": MLP, "moe": MoE, "mamba2": Mamba2, "mamba1": Mamba1,
+    "gated_deltanet": GatedDeltaNet,
 }
 
 
@@ -41,7 +43,7 @@ class LayerFactory:
 
 def layer_factories(spec: ModelSpec) -> list[LayerFactory]:
     """One factory per layer of the spec, in order. Raises NotImplementedError for layer kinds
-    that have no torch implementation (gated DeltaNet)."""
+    that have no torch implementation."""
     out = []
     for layer in spec.layers:
         if layer.kind == "embedding":

@@ -69,7 +69,7 @@ BUILTINS: dict[str, dict] = {
         "name": "qwen3-next-80b", "hidden": 2048, "vocab": 151936, "seq_len": 4096,
         "norm_eps": 1e-6,
         "description": "Qwen3-Next-80B-A3B: 36 Gated DeltaNet, 12 gated attention, 48 MoE "
-                       "(512 experts, top-10, shared expert); DeltaNet costed analytically only",
+                       "(512 experts, top-10, shared expert)",
         "pattern": _qwen3_next_pattern(48),
         "gated_deltanet": {"key_heads": 16, "value_heads": 32, "key_head_dim": 128,
                            "value_head_dim": 128, "conv": 4, "chunk": 64},
@@ -100,6 +100,19 @@ BUILTINS: dict[str, dict] = {
         "attention": {"heads": 8, "kv_heads": 2, "head_dim": 32},
         "mlp": {"ffn": 896, "activation": "swiglu"},
         "moe": {"experts": 16, "top_k": 2, "expert_ffn": 896, "aux_loss_coef": 0.001},
+    },
+    "qwen3-next-tiny": {
+        "name": "qwen3-next-tiny", "hidden": 256, "vocab": 8192, "seq_len": 256,
+        "microbatch_size": 2, "dtype": "fp32", "norm_eps": 1e-6,
+        "description": "CPU-sized Qwen3-Next: two 4-layer blocks (3 DeltaNet, 1 attention, "
+                       "each then MoE with a shared expert)",
+        "pattern": _qwen3_next_pattern(8),
+        "gated_deltanet": {"key_heads": 2, "value_heads": 4, "key_head_dim": 64,
+                           "value_head_dim": 64, "conv": 4, "chunk": 64},
+        "attention": {"heads": 8, "kv_heads": 2, "head_dim": 32, "rope_theta": 10000000.0,
+                      "output_gate": True},
+        "moe": {"experts": 16, "top_k": 4, "expert_ffn": 128, "shared_ffn": 128,
+                "aux_loss_coef": 0.001},
     },
 }
 """Built-in specs by name, in `octodsl models` order."""

@@ -118,7 +118,7 @@ def _abstract_plans():
 
 
 @pytest.mark.parametrize("name", list(_abstract_plans()))
-@pytest.mark.parametrize("model", ["nemotron-h-tiny", "jamba-tiny"])
+@pytest.mark.parametrize("model", ["nemotron-h-tiny", "jamba-tiny", "qwen3-next-tiny"])
 def test_abstract_plans_are_split_as_simulate_costs_them(name, model):
     plan = _abstract_plans()[name]
     assert all(st.abstract for st in plan.stages)

@@ -7,10 +7,12 @@ from torch.func import functional_call
 
 from octodsl.layers import (
     MLP, Attention, Embedding, LMHead, Mamba1, Mamba2, MoE, TiedHead, build_layers,
-    layer_factories, lm_loss, pipeline_specs, set_aux_loss_scale,
+    lm_loss, pipeline_specs, set_aux_loss_scale,
 )
+from octodsl.layers.gated_deltanet import GatedDeltaNet
 from octodsl.models import (
-    AttentionConfig, Mamba1Config, Mamba2Config, MLPConfig, ModelSpec, MoEConfig, load_model,
+    AttentionConfig, GatedDeltaNetConfig, Mamba1Config, Mamba2Config, MLPConfig, ModelSpec,
+    MoEConfig, load_model,
 )
 
 H = 8
@@ -22,6 +24,8 @@ TINY = {
     "moe": (MoE, MoEConfig(experts=4, top_k=2, expert_ffn=6, shared_ffn=5, aux_loss_coef=0)),
     "mamba2": (Mamba2, Mamba2Config(heads=4, head_dim=2, groups=2, state=3, chunk=4)),
     "mamba1": (Mamba1, Mamba1Config(inner=6, state=3, dt_rank=2, inner_norms=True)),
+    "gated deltanet": (GatedDeltaNet, GatedDeltaNetConfig(key_heads=1, value_heads=2, key_head_dim=3,
+                                                          value_head_dim=2, conv=3, chunk=4)),
 }
 
 
@@ -102,7 +106,7 @@ def test_moe_aux_loss_reaches_the_gradients():
 
 def test_tiny_models_train_step():
     torch.set_default_dtype(torch.float32)  # the tiny models are fp32; the fixture restores it
-    for name in ("nemotron-h-tiny", "jamba-tiny"):
+    for name in ("nemotron-h-tiny", "jamba-tiny", "qwen3-next-tiny"):
         spec = load_model(name).with_shape(seq_len=16)
         layers = build_layers(spec, seed=0)
         assert [sum(p.numel() for p in m.parameters()) for m in layers] == \
@@ -155,8 +159,3 @@ def test_pipeline_specs():
     assert specs[0].key == specs[-1].key and specs[-1].forward_fn is not None
     assert isinstance(specs[1], LayerSpec) and not isinstance(specs[1], TiedLayerSpec)
     assert isinstance(specs[1].build(), MLP)
-
-
-def test_gated_deltanet_has_no_torch_layer():
-    with pytest.raises(NotImplementedError, match="analytically"):
-        layer_factories(load_model("qwen3-next-80b"))

@@ -28,9 +28,10 @@ from torch import nn
 
 from octodsl.layers import MLP, Attention, Mamba1, Mamba2, MoE, recompute
 from octodsl.layers import tensor_parallel as tpl
+from octodsl.layers.gated_deltanet import GatedDeltaNet
 from octodsl.layers.split_backward import backward_input, backward_weight
 from octodsl.models.load import SpecError
-from octodsl.models.spec import (AttentionConfig, Mamba1Config, Mamba2Config, MLPConfig,
+from octodsl.models.spec import (AttentionConfig, GatedDeltaNetConfig, Mamba1Config, Mamba2Config, MLPConfig,
                                  MoEConfig)
 
 TP = 2
@@ -125,7 +126,20 @@ def mamba1_case(inner_norms: bool) -> Case:
         "x_proj.weight": Shard(1, even(d)), "out_proj.weight": Shard(1, even(d))})
 
 
+def gated_deltanet_case(key_heads: int, value_heads: int) -> Case:
+    cfg = GatedDeltaNetConfig(key_heads=key_heads, value_heads=value_heads, key_head_dim=4,
+                              value_head_dim=3, conv=3, chunk=4)
+    kd, vd, vh = cfg.key_dim, cfg.value_dim, value_heads
+    return Case(lambda: GatedDeltaNet(cfg, HIDDEN), {
+        "in_proj.weight": Shard(0, even(kd, kd, vd, vd, vh, vh)),
+        "conv.weight": Shard(0, even(kd, kd, vd)),
+        "dt_bias": Shard(0, even(vh)), "A_log": Shard(0, even(vh)),
+        "out_proj.weight": Shard(1, even(vd))})
+
+
 CASES: dict[str, Case] = {
+    "gated-deltanet-gqa": gated_deltanet_case(2, 4),
+    "gated-deltanet": gated_deltanet_case(2, 2),
     "mamba1": mamba1_case(False),
     "mamba1-jamba-norms": mamba1_case(True),
     "mamba2-groups2": mamba2_case(4, 2),
@@ -297,6 +311,8 @@ def test_tp1_is_the_layer_itself(case):
     lambda: MoE(MoEConfig(experts=2, top_k=1, expert_ffn=8, shared_ffn=5), HIDDEN),
     lambda: Mamba2(Mamba2Config(heads=4, head_dim=4, groups=1, state=4), HIDDEN),
     lambda: Mamba1(Mamba1Config(inner=9, dt_rank=2), HIDDEN),
+    lambda: GatedDeltaNet(GatedDeltaNetConfig(key_heads=1, value_heads=2, key_head_dim=4,
+                                              value_head_dim=4), HIDDEN),
 ])
 def test_a_layer_tp_cannot_split_is_refused_before_any_communication(make):
     with tpl.building(tpl.TpGroup(TP, 0)), pytest.raises(SpecError, match="tp 2 cannot split"):

@@ -24,7 +24,7 @@ def counts(name: str) -> dict[str, int]:
 def test_builtin_names():
     assert builtin_models() == ["nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b", "jamba-v0.1",
                                 "qwen3-next-80b", "llama3-8b", "llama3-70b", "nemotron-h-tiny",
-                                "jamba-tiny"]
+                                "jamba-tiny", "qwen3-next-tiny"]
 
 
 def test_nemotron_patterns():
@@ -71,7 +71,8 @@ def test_active_parameters():
 
 
 @pytest.mark.parametrize("tiny,full", [("nemotron-h-tiny", "nemotron-h-8b"),
-                                       ("jamba-tiny", "jamba-v0.1")])
+                                       ("jamba-tiny", "jamba-v0.1"),
+                                       ("qwen3-next-tiny", "qwen3-next-80b")])
 def test_tiny_models_keep_the_kinds_and_proportions(tiny, full):
     t, f = load_model(tiny), load_model(full)
     assert 12 <= t.num_layers <= 24 and 128 <= t.hidden <= 512
