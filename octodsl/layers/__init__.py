@@ -16,6 +16,7 @@ from .build import (
     layer_factories,
     pipeline_specs,
 )
+from .gated_deltanet import GatedDeltaNet
 from .embedding import Embedding, LMHead, TiedEmbeddingHead, lm_loss, tied_head_forward
 from .mamba1 import Mamba1, selective_scan
 from .mamba2 import Mamba2, ssd_scan
@@ -23,7 +24,7 @@ from .mlp import MLP
 from .moe import MoE, aux_loss_scale, set_aux_loss_scale
 
 __all__ = [
-    "TORCH_DTYPES", "Attention", "Embedding", "LayerFactory", "LMHead", "Mamba1", "Mamba2", "MLP",
+    "TORCH_DTYPES", "Attention", "Embedding", "GatedDeltaNet", "LayerFactory", "LMHead", "Mamba1", "Mamba2", "MLP",
     "MoE", "TiedEmbeddingHead", "TiedHead", "aux_loss_scale", "build_layers", "layer_factories",
     "lm_loss", "pipeline_specs", "selective_scan", "set_aux_loss_scale", "ssd_scan",
     "tied_head_forward",

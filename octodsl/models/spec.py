@@ -194,7 +194,7 @@ class Mamba1Config(LayerConfig):
 
 
 class GatedDeltaNetConfig(LayerConfig):
-    """Gated DeltaNet linear attention (Qwen3-Next); costed analytically, no torch layer."""
+    """Gated DeltaNet linear attention (Qwen3-Next); torch layer: octodsl.layers.gated_deltanet."""
 
     kind: Literal["gated_deltanet"] = "gated_deltanet"
     key_heads: int = Field(ge=1)
