@@ -4,6 +4,7 @@ compare --json` output; examples/train.py takes `--task`."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -17,11 +18,22 @@ from octodsl.errors import OctoError
 from .conftest import REPO
 
 sys.path.insert(0, str(REPO / "examples"))
-_accelerator = os.environ.get("DS_ACCELERATOR")
 summary = importlib.import_module("demo_summary")
-train = importlib.import_module("train")
-if _accelerator is None:  # train.py chooses the CPU for its own process, not for the test session
-    os.environ.pop("DS_ACCELERATOR", None)
+
+
+def _train():
+    """examples/train.py as a module of its own name: tests/deepspeed_ext/test_train_script.py
+    imports it as `train` and expects to be the first (train.py sets DS_ACCELERATOR on import)."""
+    had = os.environ.get("DS_ACCELERATOR")
+    spec = importlib.util.spec_from_file_location("demo_train", REPO / "examples" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if had is None:  # train.py chooses the CPU for its own process, not for the test session
+        os.environ.pop("DS_ACCELERATOR", None)
+    return module
+
+
+train = _train()
 
 
 def _step(i: int, loss: float) -> str:
