@@ -2,13 +2,14 @@
 
     deepspeed --num_gpus 4 examples/train.py --deepspeed_config examples/ds_config.json \\
         --schedule plan.octo [--model nemotron-h-tiny] [--steps N] [--trace measured.json] \\
-        [--save DIR] [--load DIR] [--stock]
+        [--save DIR] [--load DIR] [--stock] [--task affine|modadd]
 
 Rank 0 prints a start-up line (the model and the micro-batch shape), then one JSON line per step:
 {"step", "loss", "tokens_per_s", "step_seconds"}. Without a GPU, DeepSpeed runs on the CPU
 (DS_ACCELERATOR=cpu) over gloo. The data are synthetic, deterministic token sequences (each next
 token a fixed function of the last one, so the loss falls); the same for every engine, so losses
-compare across runs.
+compare across runs. --task picks the rule (octodsl.synthetic): `affine` over the whole
+vocabulary (the default), or `modadd` over 16 ids, which the tiny models learn in ~20 steps.
 
 The micro-batch shape is the plan's, as `octodsl simulate` costs it: the header's
 `microbatch_size` and `seq_len`, else the model's defaults. The DeepSpeed config may leave its
@@ -42,6 +43,8 @@ from octodsl.errors import OctoError  # noqa: E402
 from octodsl.lang import PlanSyntaxError, parse_plan  # noqa: E402
 from octodsl.models import load_model  # noqa: E402
 from octodsl.plan import Plan  # noqa: E402
+from octodsl.synthetic import TASKS, get_task, sequences  # noqa: E402
+from octodsl.synthetic import check as check_task  # noqa: E402
 
 DEFAULT_MODEL = "nemotron-h-tiny"
 
@@ -63,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=integer(0, limits.MAX_SEED), default=1234,
                    help="model init and data seed")
     p.add_argument("--trace", help="write the measured per-op timeline (Chrome trace JSON)")
+    p.add_argument("--task", choices=list(TASKS), default="affine",
+                   help="the synthetic data (octodsl.synthetic): " + "; ".join(
+                       f"{t.name}: {t.description}" for t in TASKS.values()) + " (default affine)")
     p.add_argument("--stock", action="store_true", help="run stock DeepSpeed instead")
     p.add_argument("--save", help="save a checkpoint here after the last step")
     p.add_argument("--load", help="resume from a checkpoint saved with --save")
@@ -99,19 +105,18 @@ def startup_line(plan: Plan, spec) -> str:
             + f" ({source})")
 
 
-def synthetic_batch(seed: int, step: int, dp: int, mb: int, batch: int, seq: int, vocab: int):
+def synthetic_batch(seed: int, step: int, dp: int, mb: int, batch: int, seq: int, vocab: int,
+                    task: str = "affine"):
     """(ids, labels) for micro-batch `mb` of `step` on data-parallel copy `dp`: sequences that
-    follow x' = (5x + 3) mod vocab from a random start, so the next token is learnable."""
+    follow the task's rule (octodsl.synthetic; affine: x' = (5x + 3) mod vocab) from a random
+    start, so the next token is learnable."""
     g = torch.Generator().manual_seed(((seed * 1009 + step) * 1009 + dp) * 1009 + mb)
-    tokens = [torch.randint(0, vocab, (batch,), generator=g)]
-    for _ in range(seq):
-        tokens.append((5 * tokens[-1] + 3) % vocab)
-    tokens = torch.stack(tokens, dim=1)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return sequences(get_task(task), g, batch, seq, vocab)
 
 
-def step_data(seed: int, step: int, dp: int, microbatches: int, batch: int, seq: int, vocab: int):
-    return iter([synthetic_batch(seed, step, dp, m, batch, seq, vocab) for m in range(microbatches)])
+def step_data(seed: int, step: int, dp: int, microbatches: int, batch: int, seq: int, vocab: int,
+              task: str = "affine"):
+    return iter([synthetic_batch(seed, step, dp, m, batch, seq, vocab, task) for m in range(microbatches)])
 
 
 def stock_parts(plan: Plan) -> list[int] | None:
@@ -185,6 +190,7 @@ def run(args, rank0: bool) -> int:
     except PlanSyntaxError as e:
         raise OctoError(e.render()) from None
     spec = model_spec(plan, args.model)
+    check_task(get_task(args.task), spec.microbatch_size, spec.seq_len, spec.vocab)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     engine = build_engine(args, plan, spec)
     if rank0:
@@ -198,7 +204,7 @@ def run(args, rank0: bool) -> int:
     for _ in range(args.steps):
         step = engine.global_steps
         data = step_data(args.seed, step, dp_rank, plan.microbatches, spec.microbatch_size,
-                         spec.seq_len, spec.vocab)
+                         spec.seq_len, spec.vocab, args.task)
         start = time.perf_counter()
         loss = engine.train_batch(data)
         seconds = time.perf_counter() - start
