@@ -54,12 +54,10 @@ def _say(**event) -> None:
 
 def synthetic_batch(seed: int, step: int, mb: int, batch: int, seq: int, vocab: int):
     """The data of examples/train.py (each next token a fixed function of the last)."""
+    from ..synthetic import get_task, sequences
+
     g = torch.Generator().manual_seed(((seed * 1009 + step) * 1009 + 0) * 1009 + mb)
-    columns = [torch.randint(0, vocab, (batch,), generator=g)]
-    for _ in range(seq):
-        columns.append((5 * columns[-1] + 3) % vocab)
-    tokens = torch.stack(columns, dim=1)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return sequences(get_task("affine"), g, batch, seq, vocab)
 
 
 def probe_link(sizes=PROBE_SIZES, repeats: int = PROBE_REPEATS) -> list[tuple[int, float]]:

@@ -59,7 +59,8 @@ def one_error_line(err: str) -> str:
     (["profile", "--model", "nemotron-h-tiny", "--threads", "100000"], "--threads: must be at most"),
     (["profile", "--model", "nemotron-h-tiny", "-o", "x.csv"], "-o/--output: x.csv must end in .json"),
     (["compare", "p.octo", "--trace", "t.json", "--warmup=-1"], "--warmup: must be at least 0"),
-    (["calibrate", "--model", "nemotron-h-tiny", "-o", "out"], "-o/--output: out must end in .json"),
+    (["calibrate", "--model", "nemotron-h-tiny", "-o", "calibrated"],
+     "-o/--output: calibrated must end in .json"),
     (["tune"], "the following arguments are required: -o/--output (`octodsl tune --help` lists"),
 ])
 def test_bad_option_values_name_the_option(capsys, argv, message):
