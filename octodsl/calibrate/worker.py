@@ -42,6 +42,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import torch  # noqa: E402
 
+from octodsl.synthetic import get_task, sequences  # noqa: E402
+
 PROBE_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 20, 1 << 22)
 """Message bytes of the link probe."""
 PROBE_REPEATS = 9
@@ -54,8 +56,6 @@ def _say(**event) -> None:
 
 def synthetic_batch(seed: int, step: int, mb: int, batch: int, seq: int, vocab: int):
     """The data of examples/train.py (each next token a fixed function of the last)."""
-    from ..synthetic import get_task, sequences
-
     g = torch.Generator().manual_seed(((seed * 1009 + step) * 1009 + 0) * 1009 + mb)
     return sequences(get_task("affine"), g, batch, seq, vocab)
 
