@@ -118,43 +118,47 @@ def _reduce_scatter(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     return out.transpose(0, SEQ_DIM)
 
 
-class _Enter(torch.autograd.Function):
-    """Into a tp region: identity / all-reduce, or with sp all-gather / reduce-scatter."""
+class _GatherSeq(torch.autograd.Function):
+    """Into a sequence-parallel region: all-gather along the sequence, reduce-scatter back."""
 
     @staticmethod
     def forward(ctx, x, tp: TpGroup):
         ctx.tp = tp
-        return _all_gather(x, tp) if tp.sp else x.view_as(x)
+        return _all_gather(x, tp)
 
     @staticmethod
     def backward(ctx, grad):
-        tp = ctx.tp
-        return (_reduce_scatter(grad, tp) if tp.sp else _all_reduce(grad, tp)), None
+        return _reduce_scatter(grad, ctx.tp), None
 
 
-class _Leave(torch.autograd.Function):
-    """Out of a tp region: all-reduce / identity, or with sp reduce-scatter / all-gather."""
+class _ScatterSeq(torch.autograd.Function):
+    """Out of a sequence-parallel region: reduce-scatter along the sequence, all-gather back."""
 
     @staticmethod
     def forward(ctx, y, tp: TpGroup):
         ctx.tp = tp
-        return _reduce_scatter(y, tp) if tp.sp else _all_reduce(y.clone(), tp)
+        return _reduce_scatter(y, tp)
 
     @staticmethod
     def backward(ctx, grad):
-        tp = ctx.tp
-        return (_all_gather(grad, tp) if tp.sp else grad), None
+        return _all_gather(grad, ctx.tp), None
 
 
 def enter(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
-    """x as the column-parallel projections of the layer take it (whole sequence)."""
-    return x if tp.size == 1 else _Enter.apply(x, tp)
+    """x as the column-parallel projections of the layer take it (whole sequence): Megatron's
+    f (`copy`: identity / all-reduce), or with sp all-gather / reduce-scatter."""
+    if tp.size == 1:
+        return x
+    return _GatherSeq.apply(x, tp) if tp.sp else _Copy.apply(x, tp)
 
 
 def leave(y: torch.Tensor, tp: TpGroup) -> torch.Tensor:
     """A row-parallel projection's partial sum y, summed over the group, as the pipeline
-    carries it (this rank's sequence slice with sp)."""
-    return y if tp.size == 1 else _Leave.apply(y, tp)
+    carries it (this rank's sequence slice with sp): Megatron's g (`reduce`: all-reduce /
+    identity), or with sp reduce-scatter / all-gather."""
+    if tp.size == 1:
+        return y
+    return _ScatterSeq.apply(y, tp) if tp.sp else _Reduce.apply(y, tp)
 
 
 def seq_slice(x: torch.Tensor, tp: TpGroup) -> torch.Tensor:
