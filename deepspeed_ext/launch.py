@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..lang import PlanSyntaxError, load_plan
 from ..lint import lint_plan
+from ..mesh import Mesh
 from ..models.spec import LayerConfig
 from ..models.tp import layer_problems
 from ..plan import Plan
@@ -127,7 +128,8 @@ def check_launch(plan: Plan, world: int, config: dict, layers: Sequence | int,
 def _check_world(plan: Plan, world: int) -> None:
     """The launch has the plan's tp x devices x dp processes; else what would make it fit."""
     tp, devices, dp = plan.header.tp, plan.devices, plan.header.dp
-    if world == tp * devices * dp:
+    needed = Mesh.of(plan.header).world
+    if world == needed:
         return
     mesh = (f"{dp} data-parallel cop{'y' if dp == 1 else 'ies'} of a {devices}-device pipeline"
             + (f" of tp groups of {tp}" if tp > 1 else ""))
@@ -137,7 +139,7 @@ def _check_world(plan: Plan, world: int) -> None:
     if world % (devices * dp) == 0 and world // (devices * dp) != tp:
         fixes.append(f"`tp {world // (devices * dp)}`")
     raise PlanLaunchError(
-        f"the plan runs {mesh} ({tp * devices * dp} processes"
+        f"the plan runs {mesh} ({needed} processes"
         + (f": tp {tp} x {devices} devices x dp {dp}" if tp > 1 else "") + f"), but the job has "
         f"{world} processes" + (f"; to fit it set {' or '.join(fixes)} in the plan header"
                                 if fixes else ""))

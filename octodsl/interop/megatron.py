@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import re
 
+from ..mesh import Mesh
 from ..plan import Plan, Recompute
 from .export import Cuts, Export, ExportError, is_generated, looped_chunks, placement_problem, plan_cuts
 
@@ -212,7 +213,7 @@ class _Args:
         self.flag("--tensor-model-parallel-size", h.tp)
         if h.sp:
             self.flag("--sequence-parallel")
-        gpus = h.tp * h.devices * h.dp
+        gpus = Mesh.of(h).world
         self.comment(f"data-parallel size {h.dp}: Megatron takes it from the world size, "
                      f"tp {h.tp} x pp {h.devices} x dp {h.dp} = {gpus} GPUs")
         if h.zero:
