@@ -25,6 +25,10 @@ MAX_NESTING = 64
 """Nesting depth of `for` loops, and of parentheses and operators in one expression."""
 MAX_DP = 1 << 20
 """Data-parallel copies (`dp`)."""
+MAX_GPUS = 1 << 20
+"""GPUs of one cluster (`tune --gpus`)."""
+MAX_GLOBAL_BATCH = 1 << 24
+"""Sequences per iteration over all data-parallel copies (`tune --global-batch`)."""
 MAX_TP = 1024
 """Tensor-parallel degree (`tp`)."""
 MAX_GPUS_PER_NODE = 1024

@@ -11,7 +11,10 @@ every plan the tuner proposes and writes (ZeRO shards the optimizer state, and w
 gradients, over the dp copies; at tp N every layer is one GPU's share of a tp group, costed with
 its collectives). `--recompute auto` lets the tuner pick each stage's mode; a mode makes every
 stage recompute that way (`none`: never). `--keep` keeps the `--from` plan's cuts (and
-placement) exactly."""
+placement) exactly.
+
+`octodsl tune --model SPEC --gpus N --global-batch B -o PLAN [--top K]` searches the whole
+configuration instead (tp x pp x dp, micro-batching, ZeRO; `octodsl.cli.tune_cluster`)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from ..errors import OctoError
 from .common import (DEVICES, DP, INTER_NODE_LINK, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN,
                      ZERO, UserError, add_mesh_options, duration, link_named, memory_size,
                      mesh_update, output, print_json, read_text, stdout_console, write_output)
+from .tune_cluster import add_cluster_options, run_cluster
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
     from rich.live import Live
@@ -72,11 +76,17 @@ def register(sub) -> None:
                    help="write the tuned plan here (a .octo file)")
     p.add_argument("--explain", action="store_true", help="print each round: phase, move, "
                    "iteration time before and after")
+    add_cluster_options(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.gpus is not None or args.global_batch is not None:
+        return run_cluster(args)
+    if args.top is not None:
+        raise UserError("--top writes the best configurations of a whole-cluster search: give "
+                        "--gpus and --global-batch")
     from ..lint import lint_source
     from ..tune.compare import OTHERS, NoPlanFits, tune_and_compare
     from ..tune.report import comparison_table, explain, to_json

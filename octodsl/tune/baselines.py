@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ..gen import PARTITIONS, ScheduleError, phased_schedule
 from ..gen.model_partition import model_stages
@@ -63,19 +63,21 @@ def partition_stages(problem: Problem, method: str, num_stages: int) -> list[Sta
     return stages
 
 
-def classic_plans(problem: Problem) -> Iterator[tuple[str, Plan | None, str | None]]:
+def classic_plans(problem: Problem, schedules: Sequence[tuple[str, int | None]] = SCHEDULES,
+                  partitions: Sequence[str] = PARTITIONS
+                  ) -> Iterator[tuple[str, Plan | None, str | None]]:
     """(name, plan, None) for each schedule and partition, or (name, None, why not)."""
-    for schedule, chunks in SCHEDULES:
+    for schedule, chunks in schedules:
         try:
             phased = phased_schedule(schedule, problem.devices, problem.microbatches, chunks)
             if phased.num_stages > problem.num_layers:
                 raise ScheduleError(f"{phased.num_stages} stages for {problem.num_layers} layers")
         except ScheduleError as e:
-            for method in PARTITIONS:
+            for method in partitions:
                 yield baseline_name(schedule, chunks, method), None, str(e)
             continue
         orders, _ = phased.orders()
-        for method in PARTITIONS:
+        for method in partitions:
             name = baseline_name(schedule, chunks, method)
             header = problem.header.model_copy(update={"name": name})
             yield name, Plan(header, partition_stages(problem, method, phased.num_stages),
@@ -88,14 +90,16 @@ NOT_RUN = "not run: the budget ran out"
 
 def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
                       on_each: Callable[[str], None] | None = None,
-                      deadline: float | None = None) -> list[Baseline]:
-    """Every baseline, in SCHEDULES order; with a `deadline` (time.perf_counter()), those that
-    would likely end past it (by the slowest one so far, built and simulated) are not run."""
+                      deadline: float | None = None,
+                      schedules: Sequence[tuple[str, int | None]] = SCHEDULES) -> list[Baseline]:
+    """Every baseline of `schedules` (default all), in their order; with a `deadline`
+    (time.perf_counter()), those that would likely end past it (by the slowest one so far, built
+    and simulated) are not run."""
     evaluate = evaluate or Evaluator(problem)
-    names = [baseline_name(s, c, m) for s, c in SCHEDULES for m in PARTITIONS]
+    names = [baseline_name(s, c, m) for s, c in schedules for m in PARTITIONS]
     out: list[Baseline] = []
     slowest = 0.0
-    plans = classic_plans(problem)
+    plans = classic_plans(problem, schedules)
     while len(out) < len(names):
         began = time.perf_counter()
         if deadline is not None and began + slowest > deadline:
@@ -104,14 +108,14 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
         name, plan, error = next(plans)
         if on_each:
             on_each(name)
-        score, mode = _best_mode(problem, plan, evaluate) if plan is not None else (None, Recompute.NONE)
+        score, mode = best_mode(problem, plan, evaluate) if plan is not None else (None, Recompute.NONE)
         seconds = time.perf_counter() - began
         out.append(Baseline(name, score, error, seconds, mode))
         slowest = max(slowest, seconds)
     return out
 
 
-def _best_mode(problem: Problem, plan: Plan, evaluate: Evaluator) -> tuple[Score, Recompute]:
+def best_mode(problem: Problem, plan: Plan, evaluate: Evaluator) -> tuple[Score, Recompute]:
     """The plan with each recompute mode the problem allows on every stage: the best score
     (the least saving mode on a tie) and its mode. Without a memory limit recompute only adds
     time: the tuner's choice is then none."""

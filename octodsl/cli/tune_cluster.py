@@ -1,0 +1,114 @@
+"""`octodsl tune --model SPEC --gpus N --global-batch B -o PLAN [--top K] [--seq-len N]
+[--device H800] [--gpus-per-node 8] [--memory 80GiB] [--budget 60s] [--json]`: the fastest
+configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
+`--devices` (pp), `--microbatch-size`, `--zero` and `--recompute` fix those choices instead of
+searching them. Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
+and on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import OctoError
+from .common import UserError, integer, print_json, stdout_console, write_output
+
+TOP = integer(1, 100)
+GPUS = integer(1, 1 << 20)  # limits.MAX_GPUS, spelled here to keep the import of limits lazy
+GLOBAL_BATCH = integer(1, 1 << 24)  # limits.MAX_GLOBAL_BATCH
+
+_PER_PLAN_ONLY = (("microbatches", "--microbatches (the global batch and the micro-batch size "
+                   "set it)"), ("dp", "--dp (the GPU count sets it)"), ("start", "--from"),
+                  ("keep", "--keep"), ("compare", "--compare"), ("explain", "--explain"),
+                  ("sequence_parallel", "--sequence-parallel (on at tp > 1 in the search)"))
+
+
+def add_cluster_options(p) -> None:
+    p.add_argument("--gpus", type=GPUS, metavar="N", help="search the whole configuration for "
+                   "this many GPUs: tp x pp x dp, micro-batching, ZeRO (with --global-batch)")
+    p.add_argument("--global-batch", type=GLOBAL_BATCH, metavar="B",
+                   help="sequences per iteration over all data-parallel copies (with --gpus)")
+    p.add_argument("--top", type=TOP, metavar="K", help="with --gpus: also write the next K-1 "
+                   "configurations' plans, to PLAN-2.octo and on")
+
+
+def run_cluster(args) -> int:
+    from ..costs.devices import get_device
+    from ..tune.cluster import NoConfigurationFits, plan_of, search
+    from ..tune.cluster_report import baselines_table, cluster_table, skipped_counts, to_json
+    from ..tune.space import Cluster
+    from .tune import NO_LIMIT, _Progress
+
+    if args.gpus is None or args.global_batch is None:
+        raise UserError("the whole-cluster search needs both --gpus and --global-batch")
+    if args.model is None:
+        raise UserError("--model is required with --gpus")
+    for name, what in _PER_PLAN_ONLY:
+        if getattr(args, name) not in (None, False, ""):
+            raise UserError(f"--gpus searches the whole configuration: {what} is not taken")
+    try:
+        memory = (get_device(args.device).memory if args.memory is None else
+                  None if args.memory == NO_LIMIT else args.memory)
+        from .common import INTER_NODE_LINK, link_named
+
+        cluster = Cluster(args.model, args.gpus, args.global_batch, seq_len=args.seq_len,
+                          device=args.device, gpus_per_node=args.gpus_per_node or 8,
+                          memory=memory, link=link_named(args.link) if args.link else None,
+                          inter_link=args.inter_node_link or link_named(INTER_NODE_LINK),
+                          recompute=args.recompute, tp=args.tp, pp=args.devices,
+                          microbatch_size=args.microbatch_size, zero=args.zero)
+        cluster.tokens()  # the model loads
+    except OctoError as e:
+        raise UserError(str(e)) from None
+    top = args.top or 1
+    with _Progress(args.budget, enabled=not args.json) as progress:
+        try:
+            result = search(cluster, budget=args.budget, seed=args.seed, top=top, progress=progress)
+        except NoConfigurationFits as e:
+            raise UserError(str(e), exit_code=1) from None
+        except OctoError as e:
+            raise UserError(str(e)) from None
+    written = _write(result, plan_of, top, args)
+    status = 130 if result.interrupted else 0
+    if args.json:
+        print_json(to_json(result, written))
+        return status
+    console = stdout_console()
+    console.print(cluster_table(result))
+    console.print()
+    console.print(baselines_table(result))
+    counts = skipped_counts(result)
+    console.print(f"wrote {', '.join(written)}; configurations: "
+                  + ", ".join(f"{n} {k}" for k, n in counts.items())
+                  + f"; {result.seconds:.1f} s"
+                  + (" (interrupted: the best so far)" if result.interrupted else "")
+                  + (" (the budget ran out before any configuration was tuned: the best is a "
+                     "classic plan; give a longer --budget)" if result.budget_short else ""),
+                  style="dim")
+    return status
+
+
+def _write(result, plan_of, top: int, args) -> list[str]:
+    """The best `top` configurations' plans, linted: PLAN, then PLAN-2.octo, ..."""
+    from ..gen import render_plan
+    from ..lint import lint_source
+    from ..version import made_by
+
+    out = Path(args.output)
+    paths = []
+    for i, cand in enumerate(result.ranked()[:top]):
+        path = str(out if i == 0 else out.with_name(f"{out.stem}-{i + 1}{out.suffix}"))
+        plan = plan_of(cand)
+        best = cand.best
+        title = (f"Tuned by {made_by('tune')} with seed {args.seed}: {result.cluster.model} on "
+                 f"{result.cluster.gpus} GPUs, global batch {result.cluster.global_batch}; "
+                 f"rank {i + 1} of the configurations searched: {cand.config}.\n"
+                 f"Simulated iteration {best.time * 1e3:.1f} ms, "
+                 f"{result.tokens_per_gpu(best.time):,.0f} tokens per GPU per second.")
+        text = render_plan(plan, title=title)
+        _, diags = lint_source(text, path)
+        errors = [d for d in diags if d.is_error]
+        if errors:  # the search only proposes valid plans: a bug, not a user error
+            raise RuntimeError(f"the plan of {cand.config} does not lint clean: {errors[0].message}")
+        write_output(path, text)
+        paths.append(path)
+    return paths

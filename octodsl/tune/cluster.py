@@ -1,0 +1,295 @@
+"""`tune --gpus`: the fastest way to train a global batch on a GPU count, searched over the whole
+configuration (tp x pp x dp, micro-batching, ZeRO) and, inside the most promising
+configurations, over plans (partition, placement, schedule, recompute) by the pipeline tuner.
+
+Every configuration runs the same global batch on the same GPUs, so the shortest simulated
+iteration is the most tokens per GPU per second. The search, within one budget:
+1. enumerate (space.py): each configuration's problem; those no plan of which fits in memory are
+   infeasible; the rest are ranked by their lower bound (`Problem.tight_lower_bound`, a bound
+   over every plan of the configuration);
+2. the Megatron-style recipe (cluster_baselines.py): its plans are the first to beat;
+3. screen: in order of lower bound, the classic schedules of each configuration (every
+   generator, every partition, with the recompute that fits); a configuration whose lower bound
+   is no shorter than the best plan simulated so far is dominated and not screened;
+4. tune: in order of the best classic time, the pipeline tuner refines each configuration that
+   can still win (its lower bound below the best plan so far), the budget left shared among at
+   most `TUNED` of them at a time.
+Ctrl-C stops it with the best plan so far, as `tune` does."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from ..errors import OctoError
+from ..plan import Plan
+from ..sim import warm_up
+from ..units import size
+from .baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
+from .cluster_baselines import MegatronBaseline, megatron_baselines
+from .evaluate import Score
+from .loop import BudgetTooShort, TuneResult, tune
+from .problem import Problem
+from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
+                    configurations, fewest_gpus, infeasible, problem_of, tp_degrees)
+
+SCREEN_SHARE = 0.4
+"""Of the budget, what the Megatron-style recipe and the screen may take (the screen always
+finishes its first configuration, whatever the budget)."""
+TUNED = 4
+"""Configurations the budget left is shared among (at least `--top`)."""
+MAX_CONFIGS = 100_000
+"""Configurations one search enumerates (each a problem and its bounds): the space of a
+reasonable cluster has hundreds; a finer one must fix some choices."""
+
+Progress = Callable[[str, float, float], None]
+"""progress(what it is doing, best iteration time so far (inf: none yet), seconds left)."""
+
+
+class NoConfigurationFits(OctoError):
+    """No configuration of the GPU count can run the model's global batch."""
+
+    exit_code = 1
+
+
+@dataclass
+class Candidate:
+    """A configuration some plan of which may fit."""
+
+    config: Config
+    problem: Problem
+    bound: float
+    """No plan of this configuration runs faster (`Problem.tight_lower_bound`)."""
+    baselines: list[Baseline] = field(default_factory=list)
+    """The classic plans it was screened with (empty: not screened)."""
+    tuned: TuneResult | None = None
+    screen_seconds: float = 0.0
+    untuned: str = ""
+    """Screened but not tuned: why."""
+
+    @property
+    def classic(self) -> Baseline | None:
+        """Its fastest classic plan within the memory limit."""
+        return best_baseline(self.baselines)
+
+    @property
+    def best(self) -> Score | None:
+        """Its fastest plan within the memory limit, tuned or classic."""
+        scores = [s for s in (self.tuned.best if self.tuned else None,
+                              self.classic.score if self.classic else None)
+                  if s is not None and s.fits]
+        return min(scores, key=lambda s: s.time, default=None)
+
+
+@dataclass
+class ClusterResult:
+    cluster: Cluster
+    candidates: list[Candidate]
+    """The feasible configurations, by lower bound."""
+    skipped: list[Skipped]
+    megatron: list[MegatronBaseline]
+    excluded_tps: dict[int, str]
+    """Divisors of the node the model does not split over, with why."""
+    seconds: float = 0.0
+    interrupted: bool = False
+    budget_short: bool = False
+    """The budget ran out before any configuration was tuned: the best is a classic plan."""
+
+    def ranked(self) -> list[Candidate]:
+        """The candidates with a plan that fits, fastest first (ties: by configuration)."""
+        done = [c for c in self.candidates if c.best is not None]
+        return sorted(done, key=lambda c: (c.best.time, c.config))  # type: ignore[union-attr]
+
+    @property
+    def best(self) -> Candidate:
+        return self.ranked()[0]
+
+    def classic_search(self) -> tuple[Candidate | None, Baseline | None]:
+        """The configuration search without the pipeline tuner: the fastest classic plan of any
+        configuration screened (those left out are dominated by a classic plan or the
+        Megatron-style ones, or not screened for the budget)."""
+        scored = [(c, c.classic) for c in self.candidates if c.classic is not None]
+        return min(scored, key=lambda x: (x[1].score.time, x[0].config),  # type: ignore[union-attr]
+                   default=(None, None))
+
+    def tokens_per_gpu(self, seconds: float) -> float:
+        return self.cluster.tokens() / (seconds * self.cluster.gpus)
+
+
+def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
+           progress: Progress | None = None) -> ClusterResult:
+    """The whole-cluster search within `budget` seconds (see the module's docstring). Raises
+    NoConfigurationFits when no configuration is feasible, OctoError for a space too large."""
+    warm_up()
+    t0 = time.perf_counter()
+    deadline = t0 + budget
+    tables = Tables(cluster)
+    tps, excluded = tp_degrees(cluster)
+    result = ClusterResult(cluster, [], [], [], excluded)
+    result.candidates, result.skipped = _enumerate(cluster, tps, tables, excluded)
+    state = _State(result, progress, deadline)
+    try:
+        state.show("Megatron-style recipe")
+        result.megatron = megatron_baselines(cluster, tables)
+        state.incumbent = min([m.score.time for m in result.megatron if m.score is not None],
+                              default=math.inf)
+        _screen(state, t0 + SCREEN_SHARE * budget)
+        _tune(state, seed, max(TUNED, top))
+    except KeyboardInterrupt:
+        if not result.ranked():
+            raise
+        result.interrupted = True
+    result.seconds = time.perf_counter() - t0
+    if not result.ranked():
+        raise NoConfigurationFits(f"no plan simulated fits in {size(cluster.memory or 0)} per "
+                                  "GPU: the memory bounds allowed some, the classic schedules "
+                                  "none; try a longer --budget or more GPUs")
+    return result
+
+
+@dataclass
+class _State:
+    result: ClusterResult
+    progress: Progress | None
+    deadline: float
+    incumbent: float = math.inf
+    """The shortest iteration of a plan that fits, simulated so far."""
+
+    def show(self, what: str) -> None:
+        if self.progress:
+            self.progress(what, self.incumbent, self.deadline - time.perf_counter())
+
+    def beaten(self, c: Candidate) -> bool:
+        """Whether a plan already simulated is as fast as any plan of `c` can be."""
+        return c.bound >= self.incumbent
+
+    def skip(self, c: Candidate, why: str) -> None:
+        detail = (f"its lower bound {c.bound * 1e3:,.1f} ms is no shorter than a plan already "
+                  f"simulated ({self.incumbent * 1e3:,.1f} ms)" if why == DOMINATED else
+                  "the budget ran out before it")
+        self.result.skipped.append(Skipped(c.config, why, detail))
+
+
+def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
+               excluded: dict[int, str]) -> tuple[list[Candidate], list[Skipped]]:
+    """The feasible configurations by lower bound (ties by configuration), and the infeasible
+    ones with why. A larger micro-batch of a mesh and ZeRO stage whose smaller one does not fit
+    does not fit either (it only adds activations): it is skipped without its own problem."""
+    candidates: list[Candidate] = []
+    skipped: list[Skipped] = []
+    too_big: set[tuple[int, int, int, int]] = set()
+    for count, config in enumerate(configurations(cluster, tps)):
+        if count >= MAX_CONFIGS:
+            raise OctoError(f"{cluster.gpus} GPUs and a global batch of {cluster.global_batch} "
+                            f"make more than {MAX_CONFIGS:,} configurations; fix some of them "
+                            "(--tp, --devices, --microbatch-size, --zero)")
+        key = (config.tp, config.pp, config.dp, config.zero)
+        if key in too_big:
+            skipped.append(Skipped(config, INFEASIBLE, "a smaller micro-batch of the same mesh "
+                                   "and ZeRO stage does not fit in memory already"))
+            continue
+        problem = problem_of(cluster, config, tables)
+        why = infeasible(problem)
+        if why is not None:
+            if "ops" not in why:
+                too_big.add(key)
+            skipped.append(Skipped(config, INFEASIBLE, why))
+            continue
+        candidates.append(Candidate(config, problem, problem.tight_lower_bound()))
+    if not candidates:
+        raise NoConfigurationFits(_no_configuration(cluster, tps, tables, excluded, skipped))
+    candidates.sort(key=lambda c: (c.bound, c.config))
+    return candidates, skipped
+
+
+def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded: dict[int, str],
+                      skipped: list[Skipped]) -> str:
+    """Why no configuration is feasible, and the fewest GPUs for which one would be."""
+    c = cluster
+    what = f"{c.model} with a global batch of {c.global_batch} on {c.gpus} GPUs"
+    if not tps:
+        why = "; ".join(f"tp {tp}: {m}" for tp, m in excluded.items()) or "none divides it"
+        return (f"no tp of {c.gpus_per_node} GPUs per node splits {what} ({why}); fix --tp to "
+                "a degree that does, or change --gpus-per-node")
+    more = fewest_gpus(cluster, tps, tables, above=c.gpus)
+    hint = (f"the fewest GPUs above {c.gpus} that could is {more.gpus} ({more})" if more else
+            f"no GPU count above {c.gpus} would, with this global batch and memory")
+    if not skipped:
+        return (f"no configuration runs {what}: dp must divide the global batch and tp x pp x "
+                f"dp make {c.gpus} (tp dividing {c.gpus_per_node}, pp at most the model's "
+                f"{len(tables(tps[0], 1).layers)} layers); {hint}, or use a global batch with "
+                "more divisors")
+    first = next((s for s in skipped if "ops" not in s.detail), skipped[0])
+    return (f"no configuration of {what} fits in {size(c.memory or 0)} per GPU; e.g. {first.config}: "
+            f"{first.detail}; {hint}")
+
+
+def _screen(state: _State, until: float) -> None:
+    """The classic plans of each candidate, by lower bound, until `until` (the first always)."""
+    r = state.result
+    for i, c in enumerate(r.candidates):
+        if state.beaten(c):
+            state.skip(c, DOMINATED)
+            continue
+        if i and time.perf_counter() >= until:
+            for rest in r.candidates[i:]:
+                state.skip(rest, DOMINATED if state.beaten(rest) else NOT_SCREENED)
+            return
+        state.show(f"screen {i + 1}/{len(r.candidates)}: {c.config}")
+        began = time.perf_counter()
+        c.baselines = classic_baselines(c.problem, schedules=SCHEDULES if c.config.pp > 1
+                                        else SCHEDULES[:1])
+        c.screen_seconds = time.perf_counter() - began
+        if c.classic is not None:
+            assert c.classic.score is not None, "a usable baseline is scored"
+            state.incumbent = min(state.incumbent, c.classic.score.time)
+
+
+def _tune(state: _State, seed: int, at_most: int) -> None:
+    """The tuner on each screened candidate that can still win, by its classic time."""
+    r = state.result
+    order = sorted((c for c in r.candidates if c.classic is not None and c.config.pp > 1),
+                   key=lambda c: (c.classic.score.time, c.config))  # type: ignore[union-attr]
+    for i, c in enumerate(order):
+        if state.beaten(c):
+            c.untuned = (f"{DOMINATED}: its lower bound {c.bound * 1e3:,.1f} ms is no shorter "
+                         f"than the best plan ({state.incumbent * 1e3:,.1f} ms)")
+            continue
+        left = state.deadline - time.perf_counter()
+        # a tuner's start costs about what screening did: none fits in less
+        if left <= c.screen_seconds:
+            r.budget_short = not any(x.tuned for x in order[:i])
+            for rest in order[i:]:
+                rest.untuned = "the budget ran out"
+            return
+        share = left / min(at_most, sum(not state.beaten(x) for x in order[i:]))
+        state.show(f"tune {c.config}")
+        classic = c.classic
+        assert classic is not None and classic.score is not None
+        try:
+            c.tuned = tune(c.problem, budget=share, seed=seed, starts=[classic.score.plan],
+                           progress=_within(state, c))
+        except BudgetTooShort:
+            continue
+        if c.tuned.best.fits:
+            state.incumbent = min(state.incumbent, c.tuned.best.time)
+        if c.tuned.interrupted:
+            raise KeyboardInterrupt
+
+
+def _within(state: _State, c: Candidate) -> Progress | None:
+    """The tuner's progress shown as the search's: which configuration, the best of all."""
+    if state.progress is None:
+        return None
+    show = state.progress
+    return lambda phase, best, left: show(f"tune {c.config}: {phase}", min(best, state.incumbent),
+                                          state.deadline - time.perf_counter())
+
+
+def plan_of(c: Candidate) -> Plan:
+    """The candidate's best plan, with its configuration's header."""
+    best = c.best
+    assert best is not None, "only ranked candidates have plans"
+    return replace(best.plan, header=c.problem.header.model_copy())

@@ -1,0 +1,233 @@
+"""The configurations `tune --gpus` chooses among: every way to run a global batch on a GPU count
+as tp x pp x dp, micro-batch size x micro-batches and a ZeRO stage, each with its tuning problem,
+and the proof that each one left out cannot work.
+
+The space (docs/cluster.md):
+- tp divides the GPUs per node (a tp group inside one node, as Megatron places it) and splits
+  every size of the model (`octodsl.models.tp`); sequence parallelism on when tp > 1;
+- pp from 1 to the model's layer count, tp x pp x dp = the GPU count;
+- dp divides the global batch, and the micro-batch size divides each copy's share of it;
+- ZeRO 0, 1 and 2 (0 alone when dp is 1).
+A configuration of the space is infeasible when no plan of it fits in memory
+(`Problem.why_no_plan_fits`, a lower bound on any plan's bytes) or its plans exceed octodsl's
+op limit."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+from pydantic import ValidationError
+
+from .. import limits
+from ..costs.devices import INTER_NODE_LINK, get_device, get_link
+from ..costs.resolve import cost_table
+from ..costs.table import CostTable, Link
+from ..errors import OctoError
+from ..models import load_model
+from ..models.tp import tp_problems
+from ..plan import Header
+from .problem import AUTO, Problem, RecomputeChoice
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    """One way to run the global batch: the mesh, the micro-batching and the ZeRO stage."""
+
+    tp: int
+    pp: int
+    """Pipeline devices (each a tp group of GPUs)."""
+    dp: int
+    microbatch_size: int
+    """Sequences per micro-batch."""
+    microbatches: int
+    """Micro-batches per pipeline and iteration: global batch / (dp x micro-batch size)."""
+    zero: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def short(self) -> str:
+        """'tp8 pp4 dp2 64x1 z1': tp, pp, dp, micro-batches x size, ZeRO."""
+        return (f"tp{self.tp} pp{self.pp} dp{self.dp} {self.microbatches}x{self.microbatch_size} "
+                f"z{self.zero}")
+
+    def __str__(self) -> str:
+        return (f"tp {self.tp} x pp {self.pp} x dp {self.dp}, {self.microbatches} x "
+                f"{self.microbatch_size} sequences, zero {self.zero}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What `tune --gpus` is asked: a model, a GPU count, a global batch, the hardware; and
+    optionally some choices fixed."""
+
+    model: str
+    """Built-in name or spec path."""
+    gpus: int
+    global_batch: int
+    """Sequences per iteration, over all data-parallel copies."""
+    seq_len: int | None = None
+    """Tokens per sequence (None: the model's)."""
+    device: str = "H800"
+    gpus_per_node: int = 8
+    memory: int | None = None
+    """Bytes per GPU (None: no limit)."""
+    link: Link | None = None
+    """Inside a node: tp collectives, pipeline messages, dp collectives (None: the device's)."""
+    inter_link: Link | None = None
+    """Between nodes (None: INTER_NODE_LINK)."""
+    recompute: RecomputeChoice = AUTO
+    tp: int | None = None
+    """Fixed tp (None: searched); likewise pp, microbatch_size and zero."""
+    pp: int | None = None
+    microbatch_size: int | None = None
+    zero: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.gpus <= limits.MAX_GPUS:
+            raise OctoError(f"--gpus {self.gpus}: give 1 to {limits.at_most(limits.MAX_GPUS, 'GPUs')}")
+        if not 1 <= self.global_batch <= limits.MAX_GLOBAL_BATCH:
+            raise OctoError(f"--global-batch {self.global_batch}: give 1 to "
+                            + limits.at_most(limits.MAX_GLOBAL_BATCH, "sequences"))
+
+    @property
+    def node_link(self) -> Link:
+        return self.link or get_link(get_device(self.device).node_link)
+
+    @property
+    def between_nodes(self) -> Link:
+        return self.inter_link or get_link(INTER_NODE_LINK)
+
+    def tokens(self) -> int:
+        """Tokens per iteration."""
+        return self.global_batch * (self.seq_len or load_model(self.model).seq_len)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A configuration of the space that `tune --gpus` did not tune, and why it cannot win."""
+
+    config: Config
+    why: str
+    """INFEASIBLE, DOMINATED or NOT_SCREENED."""
+    detail: str
+
+
+INFEASIBLE, DOMINATED, NOT_SCREENED = "infeasible", "dominated", "not screened"
+"""Why a configuration was left out: no plan of it fits (or its plans exceed the op limit); its
+lower bound is no better than a plan already simulated; the budget ran out before it."""
+
+
+def tp_degrees(cluster: Cluster) -> tuple[list[int], dict[int, str]]:
+    """The tps of the space, and for each other divisor of the node the reason the model does
+    not split over it."""
+    spec = load_model(cluster.model)
+    out, why = [], {}
+    for tp in range(1, cluster.gpus_per_node + 1):
+        if cluster.gpus_per_node % tp or cluster.gpus % tp:
+            continue
+        fatal = [p.message for p in tp_problems(spec, tp) if p.fatal]
+        if fatal:
+            why[tp] = fatal[0]
+        elif cluster.tp in (None, tp):
+            out.append(tp)
+    return out, why
+
+
+def meshes(cluster: Cluster, tps: list[int]) -> Iterator[tuple[int, int, int]]:
+    """(tp, pp, dp) with tp x pp x dp = the GPU count, pp at most the layer count, pp and dp as
+    fixed."""
+    layers = len(load_model(cluster.model).layers)
+    for tp in tps:
+        for pp in range(1, min(layers, cluster.gpus // tp) + 1):
+            if (cluster.gpus // tp) % pp == 0 and cluster.pp in (None, pp):
+                yield tp, pp, cluster.gpus // (tp * pp)
+
+
+def configurations(cluster: Cluster, tps: list[int]) -> Iterator[Config]:
+    """Every configuration of the space, by mesh, then micro-batch size (smallest first), then
+    ZeRO stage."""
+    for tp, pp, dp in meshes(cluster, tps):
+        if cluster.global_batch % dp:
+            continue
+        share = cluster.global_batch // dp
+        for mbs in divisors(share):
+            if mbs > limits.MAX_MICROBATCH_SIZE or cluster.microbatch_size not in (None, mbs):
+                continue
+            for zero in (0, 1, 2) if dp > 1 else (0,):
+                if cluster.zero in (None, zero):
+                    yield Config(tp, pp, dp, mbs, share // mbs, zero)
+
+
+class Tables:
+    """Cost tables per (tp, micro-batch size): every configuration of one tp and micro-batch
+    size has the same per-layer costs."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._tables: dict[tuple[int, int], CostTable] = {}
+
+    def __call__(self, tp: int, microbatch_size: int) -> CostTable:
+        key = (tp, microbatch_size)
+        if key not in self._tables:
+            c = self.cluster
+            self._tables[key] = cost_table(model=c.model, device=c.device,
+                                           microbatch_size=microbatch_size, seq_len=c.seq_len,
+                                           tp=tp, tp_link=c.node_link)
+        return self._tables[key]
+
+
+def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
+    """The tuning problem of one configuration. OctoError for a header out of range."""
+    c = cluster
+    try:
+        header = Header(name=f"{c.model}-tp{config.tp}-pp{config.pp}-dp{config.dp}-"
+                        f"mb{config.microbatch_size}x{config.microbatches}-z{config.zero}",
+                        devices=config.pp, microbatches=config.microbatches, model=c.model,
+                        microbatch_size=config.microbatch_size, seq_len=c.seq_len,
+                        memory=c.memory, dp=config.dp, zero=config.zero, tp=config.tp,
+                        gpus_per_node=c.gpus_per_node)
+    except ValidationError as e:
+        raise OctoError(f"{config}: {e.errors()[0]['msg']}") from None
+    return Problem(tables(config.tp, config.microbatch_size), header, c.node_link, c.recompute,
+                   inter_link=c.between_nodes)
+
+
+def infeasible(problem: Problem) -> str | None:
+    """Why no plan of the problem can run, or None: over the op limit with the fewest ops a plan
+    has (`check_size`'s count; on one device F and a fused BW per micro-batch), or no partition
+    fits in memory."""
+    ops = (2 if problem.devices == 1 else 3) * problem.devices * problem.microbatches
+    if ops > limits.MAX_OPS:
+        return f"at least {ops:,} ops per plan, over octodsl's limit of {limits.MAX_OPS:,}"
+    return problem.why_no_plan_fits()
+
+
+def fewest_gpus(cluster: Cluster, tps: list[int], tables: Tables, above: int) -> Config | None:
+    """The configuration with the fewest GPUs above `above` (up to MAX_GPUS) of which some plan
+    may fit, or None: each mesh at the micro-batch size and ZeRO stage that need the least
+    memory (1 sequence, or the fixed size; the highest stage, or the fixed one), since a larger
+    micro-batch only adds activations and a lower stage only static bytes."""
+    layers = len(load_model(cluster.model).layers)
+    meshes = sorted((tp * pp * dp, tp, pp, dp) for tp in tps for pp in range(1, layers + 1)
+                    for dp in divisors(cluster.global_batch)
+                    if above < tp * pp * dp <= limits.MAX_GPUS and cluster.pp in (None, pp))
+    for _, tp, pp, dp in meshes:
+        mbs = cluster.microbatch_size or 1
+        zero = (2 if dp > 1 else 0) if cluster.zero is None else cluster.zero
+        share = cluster.global_batch // dp
+        if share % mbs or (zero > 0 and dp == 1):
+            continue
+        config = Config(tp, pp, dp, mbs, share // mbs, zero)
+        if infeasible(problem_of(cluster, config, tables)) is None:
+            return config
+    return None
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, smallest first."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
