@@ -133,6 +133,7 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
     try:
         state.show("Megatron-style recipe")
         result.megatron = megatron_baselines(cluster, tables)
+        _adopt(result)
         state.incumbent = min([m.score.time for m in result.megatron if m.score is not None],
                               default=math.inf)
         _screen(state, t0 + SCREEN_SHARE * budget)
@@ -224,6 +225,16 @@ def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded
     first = next((s for s in skipped if "ops" not in s.detail), skipped[0])
     return (f"no configuration of {what} fits in {size(c.memory or 0)} per GPU; e.g. {first.config}: "
             f"{first.detail}; {hint}")
+
+
+def _adopt(result: ClusterResult) -> None:
+    """The Megatron-style plans as the classic plans of their configurations (until screened,
+    which simulates them again among the others), so that the best plan is never slower."""
+    by_config = {c.config: c for c in result.candidates}
+    for m in result.megatron:
+        c = by_config.get(m.config) if m.config is not None else None
+        if c is not None and m.score is not None:
+            c.baselines.append(Baseline(m.plan_name, m.score, recompute=m.recompute))
 
 
 def _screen(state: _State, until: float) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..plan import Recompute
-from .baselines import classic_plans
+from .baselines import baseline_name, classic_plans
 from .evaluate import Evaluator, Score
 from .problem import AUTO, recompute_everywhere
 from .space import Cluster, Config, Tables, infeasible, meshes, problem_of, tp_degrees
@@ -31,6 +31,11 @@ class MegatronBaseline:
     recompute: Recompute = Recompute.NONE
     why: str = ""
     """Why there is none, when score is None."""
+
+    @property
+    def plan_name(self) -> str:
+        """The classic plan it is: 'interleaved-v2-equal'."""
+        return baseline_name(*RECIPE, self.name.removeprefix("megatron-"))
 
 
 def recipe_tp(cluster: Cluster, tps: list[int]) -> int | None:

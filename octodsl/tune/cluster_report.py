@@ -73,7 +73,7 @@ def baselines(result: ClusterResult) -> list[tuple[str, Row | None, str]]:
         if m.score is None or m.config is None or cand is None:
             out.append((f"{m.name} (Megatron-style)", None, m.why))
         else:
-            label = f"{m.name}" + ("" if m.recompute is Recompute.NONE else f" ({m.recompute})")
+            label = m.plan_name + ("" if m.recompute is Recompute.NONE else f" ({m.recompute})")
             out.append(("Megatron-style, " + ("equal layers" if m.name.endswith("equal") else
                                               "time-balanced"), Row.of(result, cand, m.score, label), ""))
     best = result.best
