@@ -18,6 +18,7 @@ Ctrl-C stops it with the best plan so far, as `tune` does."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -64,10 +65,12 @@ class Candidate:
     """No plan of this configuration runs faster (`Problem.tight_lower_bound`)."""
     baselines: list[Baseline] = field(default_factory=list)
     """The classic plans it was screened with (empty: not screened)."""
+    screened: bool = False
+    """Its classic plans were simulated (`baselines` may hold the Megatron-style plan before)."""
     tuned: TuneResult | None = None
     screen_seconds: float = 0.0
     untuned: str = ""
-    """Screened but not tuned: why."""
+    """Screened and not tuned: why (DOMINATED..., or the budget; set when the search ends)."""
 
     @property
     def classic(self) -> Baseline | None:
@@ -136,8 +139,15 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
         _adopt(result)
         state.incumbent = min([m.score.time for m in result.megatron if m.score is not None],
                               default=math.inf)
-        _screen(state, t0 + SCREEN_SHARE * budget)
-        _tune(state, seed, max(TUNED, top))
+        # Screen, tune, and while budget is left screen more (the tuning may have ended early:
+        # every other configuration dominated, or the tuner finished).
+        while True:
+            now = time.perf_counter()
+            screened = _screen(state, now + SCREEN_SHARE * (deadline - now))
+            _tune(state, seed, max(TUNED, top))
+            if not screened or time.perf_counter() >= deadline or not any(
+                    not c.screened and not state.beaten(c) for c in result.candidates):
+                break
     except KeyboardInterrupt:
         if not result.ranked():
             raise
@@ -145,9 +155,28 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
     result.seconds = time.perf_counter() - t0
     if not result.ranked():
         raise NoConfigurationFits(f"no plan simulated fits in {size(cluster.memory or 0)} per "
-                                  "GPU: the memory bounds allowed some, the classic schedules "
+                                  "GPU: the memory bounds allowed some, the plans simulated "
                                   "none; try a longer --budget or more GPUs")
+    _finish(result)
     return result
+
+
+def _finish(result: ClusterResult) -> None:
+    """Why each candidate was not screened or not tuned, against the best plan found: one whose
+    lower bound is no shorter cannot beat it (DOMINATED); the others the budget left out."""
+    best = result.best.best
+    assert best is not None, "a ranked candidate has a plan"
+    for c in result.candidates:
+        beaten = c.bound >= best.time
+        dominated = (f"{DOMINATED}: its lower bound {c.bound * 1e3:,.1f} ms is no shorter than "
+                     f"the best plan's {best.time * 1e3:,.1f} ms")
+        if not c.screened:
+            result.skipped.append(Skipped(c.config, DOMINATED if beaten else NOT_SCREENED,
+                                          dominated if beaten else "the budget ran out before it"))
+        elif c.tuned is None and c.config.pp > 1:
+            c.untuned = dominated if beaten else "the budget ran out before it"
+    result.budget_short = not any(c.tuned for c in result.candidates) and any(
+        c.untuned and not c.untuned.startswith(DOMINATED) for c in result.candidates)
 
 
 @dataclass
@@ -165,12 +194,6 @@ class _State:
     def beaten(self, c: Candidate) -> bool:
         """Whether a plan already simulated is as fast as any plan of `c` can be."""
         return c.bound >= self.incumbent
-
-    def skip(self, c: Candidate, why: str) -> None:
-        detail = (f"its lower bound {c.bound * 1e3:,.1f} ms is no shorter than a plan already "
-                  f"simulated ({self.incumbent * 1e3:,.1f} ms)" if why == DOMINATED else
-                  "the budget ran out before it")
-        self.result.skipped.append(Skipped(c.config, why, detail))
 
 
 def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
@@ -237,50 +260,53 @@ def _adopt(result: ClusterResult) -> None:
             c.baselines.append(Baseline(m.plan_name, m.score, recompute=m.recompute))
 
 
-def _screen(state: _State, until: float) -> None:
-    """The classic plans of each candidate, by lower bound, until `until` (the first always)."""
+def _screen(state: _State, until: float) -> int:
+    """The classic plans of the candidates not screened yet that can still win, by lower bound,
+    until `until` (the first of the search whatever the time); how many it screened."""
     r = state.result
+    first = not any(c.screened for c in r.candidates)
+    count = 0
     for i, c in enumerate(r.candidates):
-        if state.beaten(c):
-            state.skip(c, DOMINATED)
+        if c.screened or state.beaten(c):
             continue
-        if i and time.perf_counter() >= until:
-            for rest in r.candidates[i:]:
-                state.skip(rest, DOMINATED if state.beaten(rest) else NOT_SCREENED)
-            return
-        state.show(f"screen {i + 1}/{len(r.candidates)}: {c.config}")
+        if (count or not first) and time.perf_counter() >= until:
+            break
+        state.show(f"screen {i + 1}/{len(r.candidates)}: {c.config.short()}")
         began = time.perf_counter()
         c.baselines = classic_baselines(c.problem, schedules=SCHEDULES if c.config.pp > 1
                                         else SCHEDULES[:1])
-        c.screen_seconds = time.perf_counter() - began
+        c.screened, c.screen_seconds = True, time.perf_counter() - began
+        count += 1
         if c.classic is not None:
             assert c.classic.score is not None, "a usable baseline is scored"
             state.incumbent = min(state.incumbent, c.classic.score.time)
+    return count
 
 
 def _tune(state: _State, seed: int, at_most: int) -> None:
-    """The tuner on each screened candidate that can still win, by its classic time."""
+    """The tuner on each screened candidate not tuned yet that can still win: those with a
+    classic plan that fits by its time, then those without (the tuner's memory moves may find
+    one) by lower bound; starting from its best classic plan."""
     r = state.result
-    order = sorted((c for c in r.candidates if c.classic is not None and c.config.pp > 1),
-                   key=lambda c: (c.classic.score.time, c.config))  # type: ignore[union-attr]
-    for i, c in enumerate(order):
+
+    def order(c: Candidate) -> tuple:
+        fits = c.classic
+        return (0, fits.score.time, c.config) if fits and fits.score else (1, c.bound, c.config)
+
+    todo = sorted((c for c in r.candidates if c.screened and c.tuned is None and c.config.pp > 1
+                   and any(b.score for b in c.baselines)), key=order)
+    for i, c in enumerate(todo):
         if state.beaten(c):
-            c.untuned = (f"{DOMINATED}: its lower bound {c.bound * 1e3:,.1f} ms is no shorter "
-                         f"than the best plan ({state.incumbent * 1e3:,.1f} ms)")
             continue
         left = state.deadline - time.perf_counter()
-        # a tuner's start costs about what screening did: none fits in less
-        if left <= c.screen_seconds:
-            r.budget_short = not any(x.tuned for x in order[:i])
-            for rest in order[i:]:
-                rest.untuned = "the budget ran out"
+        if left <= c.screen_seconds:  # a tuner's start costs about what screening did
             return
-        share = left / min(at_most, sum(not state.beaten(x) for x in order[i:]))
-        state.show(f"tune {c.config}")
-        classic = c.classic
-        assert classic is not None and classic.score is not None
+        share = left / min(at_most, sum(not state.beaten(x) for x in todo[i:]))
+        state.show(f"tune {c.config.short()}")
+        start = functools.reduce(lambda a, b: b if b.better_than(a) else a,
+                                 [b.score for b in c.baselines if b.score is not None])
         try:
-            c.tuned = tune(c.problem, budget=share, seed=seed, starts=[classic.score.plan],
+            c.tuned = tune(c.problem, budget=share, seed=seed, starts=[start.plan],
                            progress=_within(state, c))
         except BudgetTooShort:
             continue
@@ -295,7 +321,8 @@ def _within(state: _State, c: Candidate) -> Progress | None:
     if state.progress is None:
         return None
     show = state.progress
-    return lambda phase, best, left: show(f"tune {c.config}: {phase}", min(best, state.incumbent),
+    return lambda phase, best, left: show(f"tune {c.config.short()}: {phase}",
+                                          min(best, state.incumbent),
                                           state.deadline - time.perf_counter())
 
 

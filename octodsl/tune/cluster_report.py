@@ -12,7 +12,7 @@ from ..plan import Recompute
 from ..units import size
 from .cluster import Candidate, ClusterResult
 from .evaluate import Score
-from .space import Config
+from .space import DOMINATED, INFEASIBLE, NOT_SCREENED, Config
 
 ROWS = 12
 """Configurations the table shows (--json lists every one simulated)."""
@@ -89,12 +89,12 @@ def baselines(result: ClusterResult) -> list[tuple[str, Row | None, str]]:
 
 
 def skipped_counts(result: ClusterResult) -> dict[str, int]:
-    """Configurations per status: tuned, screened (not tuned), and each reason for leaving one
-    out."""
+    """Configurations per status: tuned; screened (its classic plans simulated) and not tuned;
+    and each reason for leaving one out (INFEASIBLE, DOMINATED, NOT_SCREENED)."""
     counts = Counter(s.why for s in result.skipped)
     return {"tuned": sum(c.tuned is not None for c in result.candidates),
-            "screened": sum(bool(c.baselines) and c.tuned is None for c in result.candidates),
-            **counts}
+            "screened": sum(c.screened and c.tuned is None for c in result.candidates),
+            **{why: counts[why] for why in (INFEASIBLE, DOMINATED, NOT_SCREENED) if counts[why]}}
 
 
 def cluster_table(result: ClusterResult) -> Table:
