@@ -84,6 +84,10 @@ def run_cluster(args) -> int:
                   + (" (the budget ran out before any configuration was tuned: the best is a "
                      "classic plan; give a longer --budget)" if result.budget_short else ""),
                   style="dim")
+    if result.best.config.zero == 2 and result.best.config.pp > 1:
+        console.print("note: the best plan shards gradients too (zero 2) in a pipeline, which "
+                      "DeepSpeed's pipeline engine, and so octodsl's executor, refuses; "
+                      "`--zero 1` searches without it", style="yellow")
     return status
 
 

@@ -34,7 +34,7 @@ from .evaluate import Score
 from .loop import BudgetTooShort, TuneResult, tune
 from .problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
-                    configurations, fewest_gpus, infeasible, problem_of, tp_degrees)
+                    configurations, fewest_gpus, infeasible, meshes, problem_of, tp_degrees)
 
 SCREEN_SHARE = 0.4
 """Of the budget, what the Megatron-style recipe and the screen may take (the screen always
@@ -232,22 +232,24 @@ def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded
                       skipped: list[Skipped]) -> str:
     """Why no configuration is feasible, and the fewest GPUs for which one would be."""
     c = cluster
-    what = f"{c.model} with a global batch of {c.global_batch} on {c.gpus} GPUs"
+    what = f"{c.model} with a global batch of {c.global_batch} on {c.gpus} GPU{'s' * (c.gpus > 1)}"
     if not tps:
         why = "; ".join(f"tp {tp}: {m}" for tp, m in excluded.items()) or "none divides it"
         return (f"no tp of {c.gpus_per_node} GPUs per node splits {what} ({why}); fix --tp to "
                 "a degree that does, or change --gpus-per-node")
     more = fewest_gpus(cluster, tps, tables, above=c.gpus)
     hint = (f"the fewest GPUs above {c.gpus} that could is {more.gpus} ({more})" if more else
-            f"no GPU count above {c.gpus} would, with this global batch and memory")
+            f"no GPU count above {c.gpus} would with this global batch")
     if not skipped:
-        return (f"no configuration runs {what}: dp must divide the global batch and tp x pp x "
-                f"dp make {c.gpus} (tp dividing {c.gpus_per_node}, pp at most the model's "
-                f"{len(tables(tps[0], 1).layers)} layers); {hint}, or use a global batch with "
-                "more divisors")
+        dps = [dp for _, _, dp in meshes(cluster, tps)]
+        batch = (f"use a global batch that is a multiple of {min(dps)}, or " if dps else "")
+        return (f"no configuration runs {what}: dp = GPUs / (tp x pp) must divide the global "
+                f"batch (tp dividing {c.gpus_per_node}, pp at most the model's "
+                f"{len(tables(tps[0], 1).layers)} layers); {batch}{hint}")
+    # the memory bound's own hint names devices and levers: the cause alone, then GPUs
     first = next((s for s in skipped if "ops" not in s.detail), skipped[0])
-    return (f"no configuration of {what} fits in {size(c.memory or 0)} per GPU; e.g. {first.config}: "
-            f"{first.detail}; {hint}")
+    cause = first.detail.split("; use ")[0]
+    return f"no configuration of {what} fits: e.g. {first.config}: {cause}; {hint}"
 
 
 def _adopt(result: ClusterResult) -> None:
@@ -273,8 +275,10 @@ def _screen(state: _State, until: float) -> int:
             break
         state.show(f"screen {i + 1}/{len(r.candidates)}: {c.config.short()}")
         began = time.perf_counter()
+        # the budget stops a screen too (its plans not run are NOT_RUN), except the first
         c.baselines = classic_baselines(c.problem, schedules=SCHEDULES if c.config.pp > 1
-                                        else SCHEDULES[:1])
+                                        else SCHEDULES[:1],
+                                        deadline=state.deadline if count or not first else None)
         c.screened, c.screen_seconds = True, time.perf_counter() - began
         count += 1
         if c.classic is not None:
