@@ -46,13 +46,13 @@ def recipe_tp(cluster: Cluster, tps: list[int]) -> int | None:
 def megatron_baselines(cluster: Cluster, tables: Tables) -> list[MegatronBaseline]:
     """The recipe with each partition, at its fastest pipeline depth."""
     tps, _ = tp_degrees(replace(cluster, tp=None, pp=None))
-    tp = recipe_tp(cluster, tps)
+    chosen = recipe_tp(cluster, tps)
     out = []
     for partition in PARTITIONS:
         name = f"megatron-{partition}"
         best: MegatronBaseline | None = None
         tried = 0
-        for _, pp, dp in meshes(replace(cluster, pp=None), [tp] if tp else []):
+        for tp, pp, dp in meshes(replace(cluster, pp=None), [chosen] if chosen else []):
             if pp < 2 or cluster.global_batch % dp:
                 continue
             config = Config(tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
@@ -73,7 +73,7 @@ def megatron_baselines(cluster: Cluster, tables: Tables) -> list[MegatronBaselin
                         best = MegatronBaseline(name, config, s, mode)
                     break
         out.append(best or MegatronBaseline(
-            name, None, None, why=f"no pipeline depth at tp {tp} fits" if tried else
-            "no configuration of the recipe can be built" if tp else
+            name, None, None, why=f"no pipeline depth at tp {chosen} fits" if tried else
+            "no configuration of the recipe can be built" if chosen else
             "the model splits over no tp up to 8"))
     return out

@@ -87,11 +87,12 @@ class Cluster:
     zero: int | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= self.gpus <= limits.MAX_GPUS:
-            raise OctoError(f"--gpus {self.gpus}: give 1 to {limits.at_most(limits.MAX_GPUS, 'GPUs')}")
-        if not 1 <= self.global_batch <= limits.MAX_GLOBAL_BATCH:
-            raise OctoError(f"--global-batch {self.global_batch}: give 1 to "
-                            + limits.at_most(limits.MAX_GLOBAL_BATCH, "sequences"))
+        for what, value, limit in (("GPUs", self.gpus, limits.MAX_GPUS),
+                                   ("sequences of global batch", self.global_batch,
+                                    limits.MAX_GLOBAL_BATCH)):
+            if not 1 <= value <= limit:
+                raise OctoError(f"{value:,} {what}: the search takes at least 1 and "
+                                + limits.at_most(limit, ""))
 
     @property
     def node_link(self) -> Link:
