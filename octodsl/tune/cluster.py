@@ -9,12 +9,15 @@ iteration is the most tokens per GPU per second. The search, within one budget:
    over every plan of the configuration);
 2. the Megatron-style recipe (cluster_baselines.py): its plans are the first to beat;
 3. screen: in order of lower bound, the classic schedules of each configuration (every
-   generator, every partition, with the recompute that fits); a configuration whose lower bound
-   is no shorter than the best plan simulated so far is dominated and not screened;
+   generator, every partition, with the recompute that fits), until `SCREEN_SHARE` of the
+   budget left is spent; a configuration whose lower bound is no shorter than the best plan
+   simulated so far is dominated and not screened;
 4. tune: in order of the best classic time, the pipeline tuner refines each configuration that
    can still win (its lower bound below the best plan so far), the budget left shared among at
-   most `TUNED` of them at a time.
-Ctrl-C stops it with the best plan so far, as `tune` does."""
+   most `TUNED` of them at a time;
+5. while budget is left and some configuration may still win, screen and tune again.
+Ctrl-C stops it with the best plan so far, as `tune` does. docs/cluster.md says why each
+configuration left out cannot win."""
 
 from __future__ import annotations
 
@@ -37,8 +40,8 @@ from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skippe
                     configurations, fewest_gpus, infeasible, meshes, problem_of, tp_degrees)
 
 SCREEN_SHARE = 0.4
-"""Of the budget, what the Megatron-style recipe and the screen may take (the screen always
-finishes its first configuration, whatever the budget)."""
+"""Of the budget left, what a screening round may take (the search's first screen always
+finishes, whatever the budget)."""
 TUNED = 4
 """Configurations the budget left is shared among (at least `--top`)."""
 MAX_CONFIGS = 100_000
