@@ -1,8 +1,10 @@
 """Byte sizes as people write and read them: `parse_size('80GiB')`, the exact spelling a plan
-file keeps (`exact_size`) and the rounded one reports print (`size`)."""
+file keeps (`exact_size`) and the rounded one reports print (`size`); and times in reports
+(`milliseconds`)."""
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -42,3 +44,12 @@ def size(nbytes: float, digits: int = 1) -> str:
         if abs(nbytes) >= _UNITS[unit]:
             return f"{nbytes / _UNITS[unit]:.{digits}f} {unit}"
     return f"{nbytes:g} B"
+
+
+def milliseconds(seconds: float) -> str:
+    """'1,336.1 ms': one decimal from 10 ms on, four significant digits below (small models'
+    iterations); 'inf' for an infinite time."""
+    if math.isinf(seconds):
+        return "inf"
+    ms = seconds * 1e3
+    return f"{ms:,.1f} ms" if ms >= 10 else f"{ms:.4g} ms"

@@ -95,6 +95,7 @@ def _write(result, plan_of, top: int, args) -> list[str]:
     """The best `top` configurations' plans, linted: PLAN, then PLAN-2.octo, ..."""
     from ..gen import render_plan
     from ..lint import lint_source
+    from ..units import milliseconds
     from ..version import made_by
 
     out = Path(args.output)
@@ -106,7 +107,7 @@ def _write(result, plan_of, top: int, args) -> list[str]:
         title = (f"Tuned by {made_by('tune')} with seed {args.seed}: {result.cluster.model} on "
                  f"{result.cluster.gpus} GPUs, global batch {result.cluster.global_batch}; "
                  f"rank {i + 1} of the configurations searched: {cand.config}.\n"
-                 f"Simulated iteration {best.time * 1e3:.1f} ms, "
+                 f"Simulated iteration {milliseconds(best.time)}, "
                  f"{result.tokens_per_gpu(best.time):,.0f} tokens per GPU per second.")
         text = render_plan(plan, title=title)
         _, diags = lint_source(text, path)

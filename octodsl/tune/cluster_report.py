@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from ..plan import Recompute
-from ..units import size
+from ..units import milliseconds, size
 from .cluster import Candidate, ClusterResult
 from .evaluate import Score
 from .space import DOMINATED, INFEASIBLE, NOT_SCREENED, Config
@@ -123,7 +123,7 @@ def baselines_table(result: ClusterResult) -> Table:
         if r is None:
             table.add_row(what, why, "", "", "", "", "")
         else:
-            table.add_row(what, r.config.short(), r.how, _ms(r.time), f"{r.throughput:,.0f}",
+            table.add_row(what, r.config.short(), r.how, milliseconds(r.time), f"{r.throughput:,.0f}",
                           size(r.peak), f"{best.throughput / r.throughput:.2f}x")
     return table
 
@@ -150,9 +150,5 @@ def to_json(result: ClusterResult, written: list[str]) -> dict:
 def _cells(r: Row) -> list[str]:
     c = r.config
     return [str(c.tp), str(c.pp), str(c.dp), str(c.microbatch_size), str(c.microbatches),
-            str(c.zero), r.recompute, _ms(r.time), f"{r.throughput:,.0f}", size(r.peak),
+            str(c.zero), r.recompute, milliseconds(r.time), f"{r.throughput:,.0f}", size(r.peak),
             f"{r.efficiency:.3f}", r.how]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.1f} ms"

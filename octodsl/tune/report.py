@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..plan import Recompute
-from ..units import size
+from ..units import milliseconds as _ms, size
 from .baselines import NOT_RUN, Baseline, best_baseline
 from .evaluate import Score
 from .loop import Round, TuneResult
@@ -154,12 +154,3 @@ def explain(rounds: list[Round]) -> list[str]:
         peaks = f" (peak {size(r.peaks[0])} -> {size(r.peaks[1])})" if r.peaks else ""
         out.append(f"{r.number:4} {r.phase:<9} {before:>11} -> {_ms(r.after):>11}  {r.move}{peaks}")
     return out
-
-
-def _ms(seconds: float) -> str:
-    """One decimal from 10 ms on; four significant digits below (small models' iterations)."""
-    if math.isinf(seconds):
-        return "inf"
-    ms = seconds * 1e3
-    return f"{ms:,.1f} ms" if ms >= 10 else f"{ms:.4g} ms"
-
