@@ -22,6 +22,7 @@ configuration left out cannot win."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -44,9 +45,9 @@ SCREEN_SHARE = 0.4
 finishes, whatever the budget)."""
 TUNED = 4
 """Configurations the budget left is shared among (at least `--top`)."""
-MAX_CONFIGS = 100_000
-"""Configurations one search enumerates (each a problem and its bounds): the space of a
-reasonable cluster has hundreds; a finer one must fix some choices."""
+MAX_CONFIGS = 20_000
+"""Configurations one search enumerates (each a problem and its bounds, about 3 ms): the space
+of a real cluster has hundreds to a few thousand; a larger one must fix some choices."""
 
 Progress = Callable[[str, float, float], None]
 """progress(what it is doing, best iteration time so far (inf: none yet), seconds left)."""
@@ -207,11 +208,13 @@ def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
     too_big: set[tuple[int, int, int, int]] = set()
-    for count, config in enumerate(configurations(cluster, tps)):
-        if count >= MAX_CONFIGS:
-            raise OctoError(f"{cluster.gpus} GPUs and a global batch of {cluster.global_batch} "
-                            f"make more than {MAX_CONFIGS:,} configurations; fix some of them "
-                            "(--tp, --devices, --microbatch-size, --zero)")
+    # counted before any is costed, so that a huge space is refused at once
+    configs = list(itertools.islice(configurations(cluster, tps), MAX_CONFIGS + 1))
+    if len(configs) > MAX_CONFIGS:
+        raise OctoError(f"{cluster.gpus:,} GPUs and a global batch of {cluster.global_batch:,} "
+                        f"make more than {MAX_CONFIGS:,} configurations; fix some of the "
+                        "choices (--tp, --devices, --microbatch-size, --zero)")
+    for config in configs:
         key = (config.tp, config.pp, config.dp, config.zero)
         if key in too_big:
             skipped.append(Skipped(config, INFEASIBLE, "a smaller micro-batch of the same mesh "
