@@ -243,7 +243,7 @@ def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded
         why = "; ".join(f"tp {tp}: {m}" for tp, m in excluded.items()) or "none divides it"
         return (f"no tp of {c.gpus_per_node} GPUs per node splits {what} ({why}); fix --tp to "
                 "a degree that does, or change --gpus-per-node")
-    more = fewest_gpus(cluster, tps, tables, above=c.gpus)
+    more = fewest_gpus(cluster, tables, above=c.gpus)
     hint = (f"the fewest GPUs above {c.gpus} that could is {more.gpus} ({more})" if more else
             f"no GPU count above {c.gpus} would with this global batch")
     if not skipped:

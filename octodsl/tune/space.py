@@ -15,7 +15,7 @@ op limit."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from pydantic import ValidationError
@@ -207,11 +207,14 @@ def infeasible(problem: Problem) -> str | None:
     return problem.why_no_plan_fits()
 
 
-def fewest_gpus(cluster: Cluster, tps: list[int], tables: Tables, above: int) -> Config | None:
+def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
     """The configuration with the fewest GPUs above `above` (up to MAX_GPUS) of which some plan
     may fit, or None: each mesh at the micro-batch size and ZeRO stage that need the least
     memory (1 sequence, or the fixed size; the highest stage, or the fixed one), since a larger
     micro-batch only adds activations and a lower stage only static bytes."""
+    # every tp of the node, not only those dividing the cluster's own GPU count (on 6 GPUs tp 4
+    # is out, on 8 it is in)
+    tps, _ = tp_degrees(replace(cluster, gpus=cluster.gpus_per_node))
     layers = len(load_model(cluster.model).layers)
     meshes = sorted((tp * pp * dp, tp, pp, dp) for tp in tps for pp in range(1, layers + 1)
                     for dp in divisors(cluster.global_batch)
