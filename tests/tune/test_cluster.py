@@ -1,0 +1,222 @@
+"""`tune --gpus` (octodsl.tune.cluster): every configuration it leaves out is shown, by
+simulating its classic plans, to be unable to fit or to win; the best plan is never slower
+than a baseline; the Megatron-style recipe is what docs/parallelism.md says, at its fastest
+pipeline depth; Ctrl-C, a short budget and clusters no configuration fits. Tiny models, budgets
+of a few seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from octodsl.models import load_model
+from octodsl.plan import Recompute
+from octodsl.tune.baselines import classic_baselines, classic_plans
+from octodsl.tune.cluster import NoConfigurationFits, search
+from octodsl.tune.cluster_baselines import RECIPE, megatron_baselines
+from octodsl.tune.evaluate import Evaluator
+from octodsl.tune.problem import recompute_everywhere
+from octodsl.tune.space import (DOMINATED, INFEASIBLE, Cluster, Config, Tables, fewest_gpus,
+                                infeasible, problem_of, tp_degrees)
+
+from .test_space import model_bytes, splits
+
+TOLERANCE = 1e-9
+"""Relative: a bound and a simulated time of the same work may differ by rounding."""
+
+
+def tight(model: str, gpus: int, global_batch: int, share: float) -> Cluster:
+    """A cluster whose GPUs each hold `share` of the model's bytes (one sequence's
+    activations): some configurations fit, some do not."""
+    return Cluster(model, gpus, global_batch, memory=int(share * model_bytes(model)))
+
+
+@pytest.fixture(scope="module", params=[("nemotron-h-tiny", 8, 8, 1 / 6),
+                                        ("jamba-tiny", 16, 16, 1 / 12),
+                                        ("qwen3-next-tiny", 8, 16, 1 / 5)], ids=lambda p: p[0])
+def searched(request):
+    """Infeasible, dominated, screened and tuned configurations, all in one search."""
+    result = search(tight(*request.param), budget=3)
+    whys = {s.why for s in result.skipped}
+    assert {INFEASIBLE, DOMINATED} <= whys and any(c.tuned for c in result.candidates)
+    return result
+
+
+def test_no_plan_of_an_infeasible_configuration_fits(searched):
+    """The memory bound's claim checked by simulation: not even the classic plans with full
+    recompute on every stage (the fewest activations kept) fit."""
+    c, tables = searched.cluster, Tables(searched.cluster)
+    checked = 0
+    for s in searched.skipped:
+        if s.why != INFEASIBLE:
+            continue
+        problem = problem_of(c, s.config, tables)
+        assert infeasible(problem) is not None
+        evaluate = Evaluator(problem)
+        for name, plan, _ in classic_plans(problem):
+            if plan is not None:
+                score = evaluate(recompute_everywhere(plan, Recompute.FULL))
+                assert not score.fits, f"{s.config}: {name} fits ({score.peak.max():,.0f} B)"
+                checked += 1
+    assert checked
+
+
+def test_what_is_dominated_cannot_beat_the_best(searched):
+    """A dominated configuration's bound is no shorter than the best plan, and no classic plan
+    of it is faster (nor faster than its bound)."""
+    best = searched.best.best.time
+    dominated = [(s.config, next(c for c in searched.candidates if c.config == s.config))
+                 for s in searched.skipped if s.why == DOMINATED]
+    dominated += [(c.config, c) for c in searched.candidates if c.untuned.startswith(DOMINATED)]
+    assert dominated
+    for config, cand in dominated:
+        assert cand.bound >= best, config
+        for b in classic_baselines(cand.problem):
+            if b.usable:
+                assert b.score.time >= cand.bound * (1 - TOLERANCE) >= best * (1 - TOLERANCE), (
+                    f"{config}: {b.name}")
+
+
+def test_the_best_is_never_slower_than_a_baseline(searched):
+    best = searched.best
+    time = best.best.time
+    megatron = [m.score.time for m in searched.megatron if m.score is not None]
+    _, classic_only = searched.classic_search()
+    assert megatron and classic_only is not None and best.classic is not None
+    assert time <= min(megatron) and time <= best.classic.score.time
+    assert time <= classic_only.score.time
+    assert best.best.fits and best.best.peak.max() <= searched.cluster.memory
+
+
+def test_tokens_per_gpu_is_the_simulators_throughput(searched):
+    for c in searched.ranked():
+        result = c.best.result
+        assert result is not None and result.throughput is not None
+        assert searched.tokens_per_gpu(c.best.time) == pytest.approx(result.throughput,
+                                                                     rel=TOLERANCE)
+
+
+TIGHT_JAMBA = tight("jamba-tiny", 32, 16, 1 / 20)
+"""The recipe recomputes: without, no pipeline depth fits."""
+
+
+def recipe(cluster: Cluster, partition: str, tp: int) -> tuple[float, int, Recompute] | None:
+    """The recipe by brute force: every pipeline depth from 2, its interleaved plan without
+    recompute, else with full recompute; the fastest that fits (time, pp, recompute)."""
+    tables = Tables(cluster)
+    best = None
+    for pp in range(2, len(load_model(cluster.model).layers) + 1):
+        if cluster.gpus % (tp * pp) or cluster.global_batch % (cluster.gpus // (tp * pp)):
+            continue
+        dp = cluster.gpus // (tp * pp)
+        problem = problem_of(cluster, Config(tp, pp, dp, 1, cluster.global_batch // dp,
+                                             int(dp > 1)), tables)
+        [(_, plan, _)] = classic_plans(problem, (RECIPE,), (partition,))
+        if plan is None:
+            continue
+        evaluate = Evaluator(problem)
+        for mode in (Recompute.NONE, Recompute.FULL):
+            score = evaluate(recompute_everywhere(plan, mode))
+            if score.fits:
+                best = min(best or (score.time, pp, mode), (score.time, pp, mode))
+                break
+    return best
+
+
+@pytest.mark.parametrize("cluster,tp", [
+    (Cluster("jamba-tiny", 32, 16), 8),
+    (TIGHT_JAMBA, 8),
+    (tight("jamba-tiny", 32, 16, 1 / 30), 8),  # no depth fits, even with recompute
+    (Cluster("jamba-tiny", 12, 12), 4),  # 8 does not divide 12 GPUs
+    (Cluster("nemotron-h-tiny", 16, 8), 2),  # mamba2 groups 2 split over 2 at most
+    (Cluster("qwen3-next-tiny", 8, 8, gpus_per_node=1), 1),
+])
+def test_megatron_baselines_are_the_recipe_at_its_fastest_depth(cluster, tp):
+    assert max(t for t in tp_degrees(cluster)[0] if t <= 8) == tp and splits(cluster.model, tp)
+    for m in megatron_baselines(cluster, Tables(cluster)):
+        partition = m.name.removeprefix("megatron-")
+        expected = recipe(cluster, partition, tp)
+        if expected is None:
+            assert m.score is None and m.config is None and m.why
+            continue
+        assert m.config is not None and m.score is not None
+        c = m.config
+        assert (c.tp, c.microbatch_size, c.zero) == (tp, 1, 1 if c.dp > 1 else 0)
+        assert (m.score.time, c.pp, m.recompute) == expected
+        plan = m.score.plan
+        assert m.plan_name == f"interleaved-v2-{partition}"
+        assert sorted(plan.stage_device()) == sorted(list(range(c.pp)) * 2)
+        assert {s.recompute for s in plan.stages} == {m.recompute}
+        assert plan.header.tp == tp and plan.header.dp == c.dp and plan.header.zero == c.zero
+
+
+def test_the_recipe_recomputes_where_nothing_fits_without():
+    assert {m.recompute for m in megatron_baselines(TIGHT_JAMBA, Tables(TIGHT_JAMBA))} == {
+        Recompute.FULL}
+
+
+class Interrupt:
+    """A progress display that raises KeyboardInterrupt (once) at the first phase `when`
+    accepts, as Ctrl-C would."""
+
+    def __init__(self, when) -> None:
+        self.when, self.done, self.phases = when, False, []
+
+    def __call__(self, what: str, best: float, left: float) -> None:
+        self.phases.append(what)
+        if not self.done and self.when(what):
+            self.done = True
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("when", [lambda what: what.startswith("screen 2/"),
+                                  lambda what: what.startswith("tune "),
+                                  lambda what: what.startswith("tune ") and ": " in what],
+                         ids=["screening", "before the tuner", "inside the tuner"])
+def test_ctrl_c_keeps_the_best_plan_so_far(when):
+    interrupt = Interrupt(when)
+    result = search(Cluster("nemotron-h-tiny", 8, 8), budget=20, progress=interrupt)
+    assert interrupt.done and result.interrupted
+    assert result.best.best is not None and result.best.best.fits
+    assert result.seconds < 20
+
+
+def test_ctrl_c_before_any_plan_is_simulated_is_raised():
+    interrupt = Interrupt(lambda what: True)
+    with pytest.raises(KeyboardInterrupt):
+        search(Cluster("nemotron-h-tiny", 8, 8), budget=20, progress=interrupt)
+    assert interrupt.phases == ["Megatron-style recipe"]
+
+
+def test_a_budget_too_short_to_tune_returns_a_classic_plan():
+    result = search(Cluster("nemotron-h-tiny", 8, 8), budget=1e-3)
+    assert result.budget_short and not result.interrupted
+    assert not any(c.tuned for c in result.candidates)
+    best = result.best
+    assert best.classic is not None and best.best is best.classic.score
+
+
+def test_a_memory_no_configuration_fits_names_the_fewest_gpus():
+    cluster = tight("nemotron-h-tiny", 2, 8, 1 / 8)
+    more = fewest_gpus(cluster, Tables(cluster), above=2)
+    assert more is not None and more.gpus > 2
+    with pytest.raises(NoConfigurationFits) as e:
+        search(cluster, budget=2)
+    assert f"the fewest GPUs above 2 that could is {more.gpus} ({more})" in str(e.value)
+    assert e.value.exit_code == 1
+
+
+def test_a_memory_no_gpu_count_fits_says_so():
+    with pytest.raises(NoConfigurationFits, match="no GPU count above 8 would"):
+        search(tight("nemotron-h-tiny", 8, 8, 1 / 1000), budget=2)
+
+
+def test_a_global_batch_no_dp_divides():
+    """97 GPUs, a prime above the 24 layers: dp is 97, which does not divide 96."""
+    cluster = Cluster("nemotron-h-tiny", 97, 96)
+    more = fewest_gpus(cluster, Tables(cluster), above=97)
+    assert more is not None
+    with pytest.raises(NoConfigurationFits) as e:
+        search(cluster, budget=2)
+    message = str(e.value)
+    assert "must divide the global batch" in message and "a multiple of 97" in message
+    assert f"the fewest GPUs above 97 that could is {more.gpus}" in message
