@@ -16,7 +16,7 @@ from octodsl.tune.cluster_baselines import RECIPE, megatron_baselines
 from octodsl.tune.evaluate import Evaluator
 from octodsl.tune.problem import recompute_everywhere
 from octodsl.tune.space import (DOMINATED, INFEASIBLE, Cluster, Config, Tables, fewest_gpus,
-                                infeasible, problem_of, tp_degrees)
+                                infeasible, problem_of)
 
 from .test_space import model_bytes, splits
 
@@ -131,7 +131,8 @@ def recipe(cluster: Cluster, partition: str, tp: int) -> tuple[float, int, Recom
     (Cluster("qwen3-next-tiny", 8, 8, gpus_per_node=1), 1),
 ])
 def test_megatron_baselines_are_the_recipe_at_its_fastest_depth(cluster, tp):
-    assert max(t for t in tp_degrees(cluster)[0] if t <= 8) == tp and splits(cluster.model, tp)
+    assert tp == max(t for t in range(1, 9) if cluster.gpus_per_node % t == 0
+                     and cluster.gpus % t == 0 and splits(cluster.model, t))
     for m in megatron_baselines(cluster, Tables(cluster)):
         partition = m.name.removeprefix("megatron-")
         expected = recipe(cluster, partition, tp)
