@@ -57,7 +57,8 @@ def megatron_baselines(cluster: Cluster, tables: Tables) -> list[MegatronBaselin
                 continue
             config = Config(tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
             problem = problem_of(cluster, config, tables)
-            if infeasible(problem) is not None:
+            if infeasible(problem) is not None:  # a depth tried: no plan of it fits
+                tried += 1
                 continue
             plans = [p for _, p, _ in classic_plans(problem, (RECIPE,), (partition,)) if p]
             if not plans:  # too few layers or micro-batches for 2 chunks per device
