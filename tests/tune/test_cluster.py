@@ -35,7 +35,7 @@ def tight(model: str, gpus: int, global_batch: int, share: float) -> Cluster:
                                         ("qwen3-next-tiny", 8, 16, 1 / 5)], ids=lambda p: p[0])
 def searched(request):
     """Infeasible, dominated, screened and tuned configurations, all in one search."""
-    result = search(tight(*request.param), budget=3)
+    result = search(tight(*request.param), budget=6)  # room to tune on a loaded machine
     whys = {s.why for s in result.skipped}
     assert {INFEASIBLE, DOMINATED} <= whys and any(c.tuned for c in result.candidates)
     return result
@@ -81,9 +81,10 @@ def test_the_best_is_never_slower_than_a_baseline(searched):
     time = best.best.time
     megatron = [m.score.time for m in searched.megatron if m.score is not None]
     _, classic_only = searched.classic_search()
-    assert megatron and classic_only is not None and best.classic is not None
-    assert time <= min(megatron) and time <= best.classic.score.time
-    assert time <= classic_only.score.time
+    assert megatron and classic_only is not None
+    assert time <= min(megatron) and time <= classic_only.score.time
+    # the tuner may make a configuration fit where none of its classic plans does
+    assert best.classic is None or time <= best.classic.score.time
     assert best.best.fits and best.best.peak.max() <= searched.cluster.memory
 
 
