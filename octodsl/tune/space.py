@@ -210,8 +210,9 @@ def infeasible(problem: Problem) -> str | None:
 def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
     """The configuration with the fewest GPUs above `above` (up to MAX_GPUS) of which some plan
     may fit, or None: each mesh at the micro-batch size and ZeRO stage that need the least
-    memory (1 sequence, or the fixed size; the highest stage, or the fixed one), since a larger
-    micro-batch only adds activations and a lower stage only static bytes."""
+    memory (the fewest sequences within the op limit, or the fixed size; the highest stage, or
+    the fixed one), since a larger micro-batch only adds activations and a lower stage only
+    static bytes."""
     # every tp of the node, not only those dividing the cluster's own GPU count (on 6 GPUs tp 4
     # is out, on 8 it is in)
     tps, _ = tp_degrees(replace(cluster, gpus=cluster.gpus_per_node))
@@ -220,9 +221,12 @@ def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
                     for dp in divisors(cluster.global_batch)
                     if above < tp * pp * dp <= limits.MAX_GPUS and cluster.pp in (None, pp))
     for _, tp, pp, dp in meshes:
-        mbs = cluster.microbatch_size or 1
-        zero = (2 if dp > 1 else 0) if cluster.zero is None else cluster.zero
         share = cluster.global_batch // dp
+        # the fewest sequences per micro-batch that keep the plans within the op limit
+        ops = (2 if pp == 1 else 3) * pp
+        mbs = cluster.microbatch_size or next(
+            (m for m in divisors(share) if ops * (share // m) <= limits.MAX_OPS), share)
+        zero = (2 if dp > 1 else 0) if cluster.zero is None else cluster.zero
         if share % mbs or (zero > 0 and dp == 1):
             continue
         config = Config(tp, pp, dp, mbs, share // mbs, zero)
