@@ -24,7 +24,9 @@ _PER_PLAN_ONLY = (("microbatches", "--microbatches (the global batch and the mic
 
 def add_cluster_options(p) -> None:
     p.add_argument("--gpus", type=GPUS, metavar="N", help="search the whole configuration for "
-                   "this many GPUs: tp x pp x dp, micro-batching, ZeRO (with --global-batch)")
+                   "this many GPUs: tp x pp x dp, micro-batching, ZeRO (with --global-batch; "
+                   "--tp, --devices, --microbatch-size and --zero fix those choices; "
+                   "docs/cluster.md)")
     p.add_argument("--global-batch", type=GLOBAL_BATCH, metavar="B",
                    help="sequences per iteration over all data-parallel copies (with --gpus)")
     p.add_argument("--top", type=TOP, metavar="K", help="with --gpus: also write the next K-1 "
