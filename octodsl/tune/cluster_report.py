@@ -90,10 +90,14 @@ def baselines(result: ClusterResult) -> list[tuple[str, Row | None, str]]:
 
 def skipped_counts(result: ClusterResult) -> dict[str, int]:
     """Configurations per status: tuned, screened (not tuned), and each reason for leaving one
-    out."""
-    counts = Counter(s.why for s in result.skipped)
-    return {"tuned": sum(c.tuned is not None for c in result.candidates),
-            "screened": sum(bool(c.baselines) and c.tuned is None for c in result.candidates),
+    out; each configuration counted once. (A Megatron-style plan's configuration holds that
+    plan before it is screened, so holding classic plans does not say it was screened; and the
+    tuner may take it up even when the screen left it out.)"""
+    tuned = {c.config for c in result.candidates if c.tuned is not None}
+    left_out = {s.config for s in result.skipped}
+    counts = Counter(s.why for s in result.skipped if s.config not in tuned)
+    return {"tuned": len(tuned),
+            "screened": sum(c.config not in tuned | left_out for c in result.candidates),
             **counts}
 
 
