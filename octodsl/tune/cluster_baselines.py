@@ -52,10 +52,10 @@ def megatron_baselines(cluster: Cluster, tables: Tables) -> list[MegatronBaselin
         name = f"megatron-{partition}"
         best: MegatronBaseline | None = None
         tried = 0
-        for _, pp, dp in meshes(replace(cluster, pp=None), [tp] if tp else []):
+        for mesh_tp, pp, dp in meshes(replace(cluster, pp=None), [tp] if tp else []):
             if pp < 2 or cluster.global_batch % dp:
                 continue
-            config = Config(tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
+            config = Config(mesh_tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
             problem = problem_of(cluster, config, tables)
             if infeasible(problem) is not None:
                 continue
