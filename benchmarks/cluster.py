@@ -201,7 +201,7 @@ def search_table(results: list[dict]) -> list[str]:
         cells += [str(r["enumerated"])] + [str(r["counts"].get(s, 0)) for s in STATUSES]
         cells += [str(r["evaluations"]), _s(p.get("Megatron-style")), _s(p.get("screen")),
                   _s(p.get("tune")), f"{seconds:.1f}", f"{r['budget']:.0f}",
-                  "yes" if seconds <= r["budget"] else f"no, {seconds / r['budget']:.2f}x"]
+                  "yes" if seconds <= r["budget"] else f"no, +{seconds - r['budget']:.1f} s"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -230,7 +230,8 @@ def simulator_table(results: list[dict]) -> list[str]:
 
 def curve_table(results: list[dict]) -> list[str]:
     head = ["GPUs", "batch", "best: tp pp dp, M x mbs, zero", "recompute", "tok/GPU/s",
-            "Megatron-style best", "tok/GPU/s", "x", "search s"]
+            "Megatron-style best", "tok/GPU/s", "x", "tuned", "not screened", "search s",
+            "budget s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [str(r["gpus"]), str(r["global_batch"])]
@@ -242,7 +243,8 @@ def curve_table(results: list[dict]) -> list[str]:
         cells += (["none fits", "-", "-"] if m is None else
                   [f"{_config(m)}; {m['plan']}", _tok(m["tokens_per_gpu_per_s"]),
                    f"{m['speedup']:.3f}x"])
-        cells.append(f"{r['search']['seconds']:.1f}")
+        cells += [str(r["counts"].get("tuned", 0)), str(r["counts"].get("not screened", 0)),
+                  f"{r['search']['seconds']:.1f}", f"{r['budget']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -301,6 +303,51 @@ def targets(paper: list[dict], everything: list[dict], scale: list[dict]) -> lis
     return lines
 
 
+def _geo(xs: list[float]) -> str:
+    if not xs:
+        return "n/a"
+    return (f"geometric mean {statistics.geometric_mean(xs):.3f}x, min {min(xs):.3f}x, "
+            f"max {max(xs):.3f}x")
+
+
+def findings(paper: list[dict], curves: dict[str, list[dict]]) -> list[str]:
+    """Where the speed-up comes from, and the points a budget may have held back."""
+    ok = [r for r in paper if "error" not in r]
+    lines = []
+    for name in (CLASSIC_SEARCH, CLASSIC_SAME):
+        xs = [r["baselines"][name]["speedup"] for r in ok if r["baselines"].get(name)]
+        lines.append(f"- paper cases, speed-up over the {name}: {_geo(xs)} ({len(xs)} cases)")
+    tps = sorted({r["best"]["tp"] for r in ok})
+    meg = sorted({m["tp"] for r in ok if (m := megatron_best(r))})
+    split = [megatron_best(r)["speedup"] / r["baselines"][CLASSIC_SEARCH]["speedup"]  # type: ignore[index]
+             for r in ok if megatron_best(r) and r["baselines"].get(CLASSIC_SEARCH)]
+    lines += ["- the best configurations' tp in the paper cases: " + ", ".join(
+        f"tp {t} in {sum(r['best']['tp'] == t for r in ok)}" for t in tps)
+        + f"; the Megatron-style recipe's: tp {', '.join(map(str, meg))}",
+        "- of the speed-up over the better Megatron-style baseline, the configuration search with "
+        f"classic schedules only makes {_geo(split)}, the pipeline tuner the "
+        "rest (the first line; paper cases)"]
+    for part, rs in curves.items():
+        done = [r for r in rs if "error" not in r]
+        usual = statistics.mode(r["budget"] for r in rs) if rs else None
+        odd = [r for r in rs if r["budget"] != usual]
+        if odd:
+            lines.append(f"- {part} curve: " + ", ".join(
+                f"{r['gpus']} GPUs batch {r['global_batch']}" for r in odd)
+                + f" had the paper's budget of {odd[0]['budget']:.0f} s (a case of the paper's "
+                f"setting serves the curve too), the other points {usual:.0f} s")
+        for a, b in zip(done, done[1:], strict=False):
+            ta, tb = a["best"]["tokens_per_gpu_per_s"], b["best"]["tokens_per_gpu_per_s"]
+            if part == "batch" and tb < ta:
+                lines.append(f"- batch curve: {tb:,.0f} tok/GPU/s at batch {b['global_batch']} "
+                             f"is below {ta:,.0f} at {a['global_batch']}; that search tuned "
+                             f"{b['counts'].get('tuned', 0)} and left "
+                             f"{b['counts'].get('not screened', 0)} of its {b['candidates']} "
+                             f"feasible configurations not screened in {b['budget']:.0f} s "
+                             f"(the screen began at {b['phases'].get('screen', 0):.1f} s)")
+    return lines
+
+
 def plot(curves: dict[str, list[dict]], path: Path) -> None:
     import matplotlib
 
@@ -341,7 +388,8 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def report(data: dict, md: Path, png: Path) -> str:
+def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
+    """The md page and the PNG; `remade`: the command that re-made them from the JSON."""
     results = data["results"]
 
     def part(name: str) -> list[dict]:
@@ -360,7 +408,8 @@ def report(data: dict, md: Path, png: Path) -> str:
         f"single-threaded process, {m['jobs']} at once), commit {m['commit']}, {m['date']}; "
         f"{m['seconds']:.0f} s in all; load average {m['load_start']:.1f} when it started, "
         f"{m['load_end']:.1f} when it ended (budgets are wall time: on a busier machine the "
-        f"search simulates fewer plans).",
+        f"search simulates fewer plans)."
+        + (f" This page and the plot were re-made from the JSON by `{remade}`." if remade else ""),
         "",
         f"`octodsl.tune.cluster.search` (what `octodsl tune --gpus N --global-batch B` runs) on "
         f"{DEVICE}s with analytical costs, the device's {m['memory'] / 1e9:.0f} GB per GPU (as the "
@@ -383,7 +432,8 @@ def report(data: dict, md: Path, png: Path) -> str:
         "shorter than a plan already simulated; not screened: the screen's share of the budget "
         "ran out). `tuner plans`: plans the pipeline tuner simulated. The phase columns are "
         "seconds since the search began when the Megatron-style recipe (the enumeration's end), "
-        "the screen and the tuner began; `search s` is the search's own wall time.",
+        "the screen and the tuner began; `search s` is the search's own wall time (the process's "
+        "one-off numba warm-up before it not counted: `warm_up_seconds` in the JSON).",
         "",
         *search_table(sorted(results, key=lambda r: (r["model"], r["gpus"], r["global_batch"]))),
         "",
@@ -394,7 +444,9 @@ def report(data: dict, md: Path, png: Path) -> str:
         "",
         f"The simulator's time per plan (the Evaluator, median of {m['sims']} simulations each): "
         f"compiled afresh every time (a plan with a new placement), and with its placement's "
-        f"program reused (a partition or schedule move, the tuner's common case).",
+        f"program reused (a partition or schedule move, the tuner's common case). The simulator "
+        f"runs one pipeline of `pipeline devices` (tp and dp enter as the costs of its ops and "
+        f"collectives), so its time follows the plan's ops, not the GPU count.",
         "",
         *simulator_table(scale),
         "",
@@ -418,6 +470,10 @@ def report(data: dict, md: Path, png: Path) -> str:
         "",
         *targets(paper, results, scale),
         "",
+        "## Notes",
+        "",
+        *findings(paper, curves),
+        "",
     ]
     md.write_text("\n".join(text))
     return "\n".join(text)
@@ -436,7 +492,9 @@ def main() -> int:
     args = ap.parse_args()
     md, png = args.output, args.output.with_name(args.output.stem + "_scaling.png")
     if args.from_json:
-        print(report(json.loads(args.from_json.read_text()), md, png))
+        again = " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:])
+        print(report(json.loads(args.from_json.read_text()), md, png, f"{again}` at commit "
+                     f"`{commit()}"))
         return 0
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
