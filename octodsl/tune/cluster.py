@@ -40,6 +40,8 @@ from .problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
                     configurations, fewest_gpus, infeasible, meshes, problem_of, tp_degrees)
 
+RECIPE_SHARE = 0.2
+"""Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""
 SCREEN_SHARE = 0.4
 """Of the budget left, what a screening round may take (the search's first screen always
 finishes, whatever the budget)."""
@@ -139,7 +141,7 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
     state = _State(result, progress, deadline)
     try:
         state.show("Megatron-style recipe")
-        result.megatron = megatron_baselines(cluster, tables)
+        result.megatron = megatron_baselines(cluster, tables, t0 + RECIPE_SHARE * budget)
         _adopt(result)
         state.incumbent = min([m.score.time for m in result.megatron if m.score is not None],
                               default=math.inf)

@@ -8,12 +8,13 @@ the recipe's figure is its fastest one that fits."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from ..plan import Recompute
 from .baselines import baseline_name, classic_plans
 from .evaluate import Evaluator, Score
-from .problem import AUTO, recompute_everywhere
+from .problem import AUTO, Problem, recompute_everywhere
 from .space import Cluster, Config, Tables, infeasible, meshes, problem_of, tp_degrees
 
 RECIPE = ("interleaved", 2)
@@ -31,6 +32,9 @@ class MegatronBaseline:
     recompute: Recompute = Recompute.NONE
     why: str = ""
     """Why there is none, when score is None."""
+    depths: tuple[int, int] = (0, 0)
+    """Pipeline depths looked at (tried, or ruled out by their bound) of those some plan of which
+    may fit: fewer when the budget stopped it."""
 
     @property
     def plan_name(self) -> str:
@@ -43,38 +47,58 @@ def recipe_tp(cluster: Cluster, tps: list[int]) -> int | None:
     return max((t for t in tps if t <= RECIPE_TP), default=None)
 
 
-def megatron_baselines(cluster: Cluster, tables: Tables) -> list[MegatronBaseline]:
-    """The recipe with each partition, at its fastest pipeline depth."""
+def megatron_baselines(cluster: Cluster, tables: Tables,
+                       deadline: float | None = None) -> list[MegatronBaseline]:
+    """The recipe with each partition, at its fastest pipeline depth. Depths are tried by their
+    lower bound, and one whose bound is no shorter than the partition's fastest plan so far is
+    not simulated (it cannot be faster); with a `deadline` (time.perf_counter()), no depth
+    starts past it once one was simulated (`depths` says how many of how many were tried)."""
     tps, _ = tp_degrees(replace(cluster, tp=None, pp=None))
     chosen = recipe_tp(cluster, tps)
-    out = []
-    for partition in PARTITIONS:
-        name = f"megatron-{partition}"
-        best: MegatronBaseline | None = None
-        tried = 0
-        for tp, pp, dp in meshes(replace(cluster, pp=None), [chosen] if chosen else []):
-            if pp < 2 or cluster.global_batch % dp:
-                continue
-            config = Config(tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
-            problem = problem_of(cluster, config, tables)
-            if infeasible(problem) is not None:  # a depth tried: no plan of it fits
-                tried += 1
+    depths: list[tuple[float, Config, Problem]] = []
+    ruled_out = 0  # depths the memory bound rules out: tried, no plan of them fits
+    for tp, pp, dp in meshes(replace(cluster, pp=None), [chosen] if chosen else []):
+        if pp < 2 or cluster.global_batch % dp:
+            continue
+        config = Config(tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
+        problem = problem_of(cluster, config, tables)
+        if infeasible(problem) is not None:
+            ruled_out += 1
+        else:
+            depths.append((problem.tight_lower_bound(), config, problem))
+    depths.sort(key=lambda d: (d[0], d[1]))
+    best: dict[str, MegatronBaseline] = {}
+    built = 0
+    for i, (bound, config, problem) in enumerate(depths):
+        if deadline is not None and built and time.perf_counter() > deadline:
+            break
+        evaluate = Evaluator(problem)
+        for partition in PARTITIONS:
+            name = f"megatron-{partition}"
+            held = best.get(name)
+            if held is not None and held.score is not None and bound >= held.score.time:
                 continue
             plans = [p for _, p, _ in classic_plans(problem, (RECIPE,), (partition,)) if p]
             if not plans:  # too few layers or micro-batches for 2 chunks per device
                 continue
-            tried += 1
-            evaluate = Evaluator(problem)
-            modes = ((Recompute.NONE, Recompute.FULL) if cluster.recompute == AUTO
-                     else (Recompute(cluster.recompute),))
-            for mode in modes:
+            built += 1
+            for mode in _modes(cluster):
                 s = evaluate(recompute_everywhere(plans[0], mode))
                 if s.fits:
-                    if best is None or best.score is None or s.time < best.score.time:
-                        best = MegatronBaseline(name, config, s, mode)
+                    if held is None or held.score is None or s.time < held.score.time:
+                        best[name] = MegatronBaseline(name, config, s, mode)
                     break
-        out.append(best or MegatronBaseline(
-            name, None, None, why=f"no pipeline depth at tp {chosen} fits" if tried else
-            "no configuration of the recipe can be built" if chosen else
-            "the model splits over no tp up to 8"))
-    return out
+        for name in best:
+            best[name] = replace(best[name], depths=(i + 1, len(depths)))
+    tried = built or ruled_out
+    return [best.get(name) or MegatronBaseline(
+        name, None, None, why=f"no pipeline depth at tp {chosen} fits" if tried else
+        "no configuration of the recipe can be built" if chosen else
+        "the model splits over no tp up to 8") for name in (f"megatron-{p}" for p in PARTITIONS)]
+
+
+def _modes(cluster: Cluster) -> tuple[Recompute, ...]:
+    """No recompute, else full on every stage; a fixed mode alone."""
+    if cluster.recompute == AUTO:
+        return (Recompute.NONE, Recompute.FULL)
+    return (Recompute(cluster.recompute),)

@@ -74,6 +74,9 @@ def baselines(result: ClusterResult) -> list[tuple[str, Row | None, str]]:
             out.append((f"{m.name} (Megatron-style)", None, m.why))
         else:
             label = m.plan_name + ("" if m.recompute is Recompute.NONE else f" ({m.recompute})")
+            tried, depths = m.depths
+            if tried < depths:  # the budget stopped the recipe before every depth
+                label += f" ({tried} of {depths} depths)"
             out.append(("Megatron-style, " + ("equal layers" if m.name.endswith("equal") else
                                               "time-balanced"), Row.of(result, cand, m.score, label), ""))
     best = result.best
