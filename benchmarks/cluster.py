@@ -52,24 +52,29 @@ SHORT = {MEGATRON[0]: "Megatron equal", MEGATRON[1]: "Megatron time",
 STATUSES = ("tuned", "screened", "infeasible", "dominated", "not screened")
 
 
-def cases(quick: bool) -> dict[tuple[str, int, int], list[str]]:
-    """(model, GPUs, global batch) -> the parts it serves, in the order they run (the paper's
-    long cases first, so that the pool's two workers end together)."""
+def cases(quick: bool) -> dict[tuple[str, int, int, str], list[str]]:
+    """(model, GPUs, global batch, PAPER or CURVE: its budget) -> the parts it serves, in the
+    order they run (the paper's long cases first, so that the pool's two workers end together).
+    A paper case that is also a curve's point runs again with the curves' budget, so that every
+    point of a curve had the same."""
     if quick:
         paper = [(m, PAPER_GPUS, 256) for m in ("nemotron-h-8b", "nemotron-h-56b")]
         gpus, batches = (64, 1024, 8192), (256, 1024)
     else:
         paper = [(m, PAPER_GPUS, b) for m in PAPER_MODELS for b in PAPER_BATCHES]
         gpus, batches = CURVE_GPUS, CURVE_BATCHES
-    out: dict[tuple[str, int, int], list[str]] = {}
+    out: dict[tuple[str, int, int, str], list[str]] = {}
     parts = ([("paper", k) for k in paper]
              + [("scale", (SCALE_MODEL, g, SCALE_BATCH)) for g in SCALE_GPUS]
              + [("strong", (SCALE_MODEL, g, SCALE_BATCH)) for g in gpus]
              + [("weak", (SCALE_MODEL, g, g)) for g in gpus]
              + [("batch", (SCALE_MODEL, CURVE_BATCH_GPUS, b)) for b in batches])
     for part, key in parts:
-        out.setdefault(key, []).append(part)
+        out.setdefault((*key, PAPER if part == "paper" else CURVE), []).append(part)
     return out
+
+
+PAPER, CURVE = "paper", "curve"
 
 
 def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
@@ -329,13 +334,6 @@ def findings(paper: list[dict], curves: dict[str, list[dict]]) -> list[str]:
         "rest (the first line; paper cases)"]
     for part, rs in curves.items():
         done = [r for r in rs if "error" not in r]
-        usual = statistics.mode(r["budget"] for r in rs) if rs else None
-        odd = [r for r in rs if r["budget"] != usual]
-        if odd:
-            lines.append(f"- {part} curve: " + ", ".join(
-                f"{r['gpus']} GPUs batch {r['global_batch']}" for r in odd)
-                + f" had the paper's budget of {odd[0]['budget']:.0f} s (a case of the paper's "
-                f"setting serves the curve too), the other points {usual:.0f} s")
         for a, b in zip(done, done[1:], strict=False):
             ta, tb = a["best"]["tokens_per_gpu_per_s"], b["best"]["tokens_per_gpu_per_s"]
             if part == "batch" and tb < ta:
@@ -502,13 +500,13 @@ def main() -> int:
     t0, load = time.perf_counter(), os.getloadavg()[0]
     results = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {key: pool.submit(run_case, *key, args.paper_budget if "paper" in parts
+        futures = {key: pool.submit(run_case, *key[:3], args.paper_budget if key[3] == PAPER
                                     else args.budget, args.seed, args.sims)
-                   for key, parts in todo.items()}
+                   for key in todo}
         for key, f in futures.items():
             r = f.result() | {"parts": todo[key]}
             results.append(r)
-            print(*key, r.get("error") or f"{r['best']['tokens_per_gpu_per_s']:,.0f} tok/GPU/s, "
+            print(*key[:3], r.get("error") or f"{r['best']['tokens_per_gpu_per_s']:,.0f} tok/GPU/s, "
                   f"search {r['search']['seconds']:.1f} s", flush=True)
     from octodsl.costs.devices import get_device
 
