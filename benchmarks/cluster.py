@@ -302,8 +302,9 @@ def targets(paper: list[dict], everything: list[dict], scale: list[dict]) -> lis
         lines.append(f"- search at {r['gpus']} GPUs within its budget of {r['budget']:.0f} s: "
                      + ("met" if s <= r["budget"] else "not met")
                      + f" ({s:.1f} s; of it the enumeration {enum:.1f} s, the Megatron-style "
-                     f"recipe {r['phases'].get('screen', enum) - enum:.1f} s (neither is cut short "
-                     f"by the budget); {r['enumerated']:,} configurations enumerated, "
+                     f"recipe {r['phases'].get('screen', enum) - enum:.1f} s (the enumeration is "
+                     f"not cut short by the budget, the recipe after its first depth is); "
+                     f"{r['enumerated']:,} configurations enumerated, "
                      f"{r['candidates']:,} feasible)")
     return lines
 
@@ -427,8 +428,8 @@ def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
         "",
         "Configurations enumerated, then by status (tuned; screened with the classic schedules "
         "but not tuned; infeasible: no plan fits in memory; dominated: its lower bound no "
-        "shorter than a plan already simulated; not screened: the screen's share of the budget "
-        "ran out). `tuner plans`: plans the pipeline tuner simulated. The phase columns are "
+        "shorter than the best plan's iteration, so it cannot win; not screened: the budget ran "
+        "out before it, though its bound says it might have won). `tuner plans`: plans the pipeline tuner simulated. The phase columns are "
         "seconds since the search began when the Megatron-style recipe (the enumeration's end), "
         "the screen and the tuner began; `search s` is the search's own wall time (the process's "
         "one-off numba warm-up before it not counted: `warm_up_seconds` in the JSON).",
