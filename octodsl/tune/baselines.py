@@ -108,14 +108,14 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
         name, plan, error = next(plans)
         if on_each:
             on_each(name)
-        score, mode = best_mode(problem, plan, evaluate) if plan is not None else (None, Recompute.NONE)
+        score, mode = _best_mode(problem, plan, evaluate) if plan is not None else (None, Recompute.NONE)
         seconds = time.perf_counter() - began
         out.append(Baseline(name, score, error, seconds, mode))
         slowest = max(slowest, seconds)
     return out
 
 
-def best_mode(problem: Problem, plan: Plan, evaluate: Evaluator) -> tuple[Score, Recompute]:
+def _best_mode(problem: Problem, plan: Plan, evaluate: Evaluator) -> tuple[Score, Recompute]:
     """The plan with each recompute mode the problem allows on every stage: the best score
     (the least saving mode on a tie) and its mode. Without a memory limit recompute only adds
     time: the tuner's choice is then none."""

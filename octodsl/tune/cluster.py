@@ -21,7 +21,6 @@ configuration left out cannot win."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
@@ -34,7 +33,7 @@ from ..sim import warm_up
 from ..units import size
 from .baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
 from .cluster_baselines import MegatronBaseline, megatron_baselines
-from .evaluate import Score
+from .evaluate import Score, best_of
 from .loop import BudgetTooShort, TuneResult, tune
 from .problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
@@ -315,8 +314,7 @@ def _tune(state: _State, seed: int, at_most: int) -> None:
             return
         share = left / min(at_most, sum(not state.beaten(x) for x in todo[i:]))
         state.show(f"tune {c.config.short()}")
-        start = functools.reduce(lambda a, b: b if b.better_than(a) else a,
-                                 [b.score for b in c.baselines if b.score is not None])
+        start = best_of(b.score for b in c.baselines if b.score is not None)
         try:
             c.tuned = tune(c.problem, budget=share, seed=seed, starts=[start.plan],
                            progress=_within(state, c))

@@ -4,7 +4,6 @@ search and the CP-SAT model with the same budget."""
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -14,7 +13,7 @@ from ..plan import Plan
 from ..sim import warm_up
 from ..units import size
 from .baselines import Baseline, best_baseline, classic_baselines
-from .evaluate import Evaluator, Score
+from .evaluate import Evaluator, Score, best_of
 from .loop import BudgetTooShort, Progress, TuneResult, tune
 from .problem import AUTO, Problem
 
@@ -73,7 +72,7 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         if not scored:
             raise BudgetTooShort(f"the budget of {budget:.3g} s ran out before one plan was "
                                  "simulated; give it more time") from None
-        first = functools.reduce(lambda a, b: b if b.better_than(a) else a, scored)
+        first = best_of(scored)
         tuned = TuneResult(first, [], 0, finished=False)
     if tuned.interrupted and not tuned.best.fits:
         raise KeyboardInterrupt  # nothing worth keeping

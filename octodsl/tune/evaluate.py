@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +43,11 @@ class Score:
         if abs(rel) > 1e-9:
             return rel > 0
         return float(self.peak.max()) < float(other.peak.max()) - 1.0
+
+
+def best_of(scores: Iterable[Score]) -> Score:
+    """The best of some scores (Score.better_than; the earliest on a tie)."""
+    return functools.reduce(lambda a, b: b if b.better_than(a) else a, scores)
 
 
 PROGRAMS = 32
