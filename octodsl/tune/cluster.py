@@ -37,7 +37,7 @@ from .evaluate import Score, best_of
 from .loop import BudgetTooShort, TuneResult, tune
 from .problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
-                    configurations, fewest_gpus, infeasible, meshes, problem_of, tp_degrees)
+                    configurations, fewest_gpus, meshes, over_op_limit, problem_of, tp_degrees)
 
 RECIPE_SHARE = 0.2
 """Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""
@@ -219,14 +219,17 @@ def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
         key = (config.tp, config.pp, config.dp, config.zero)
         if key in too_big:
             skipped.append(Skipped(config, INFEASIBLE, "a smaller micro-batch of the same mesh "
-                                   "and ZeRO stage does not fit in memory already"))
+                                   "and ZeRO stage does not fit in memory already", memory=True))
             continue
         problem = problem_of(cluster, config, tables)
-        why = infeasible(problem)
+        why = over_op_limit(problem)
         if why is not None:
-            if "ops" not in why:
-                too_big.add(key)
             skipped.append(Skipped(config, INFEASIBLE, why))
+            continue
+        why = problem.why_no_plan_fits()
+        if why is not None:
+            too_big.add(key)
+            skipped.append(Skipped(config, INFEASIBLE, why, memory=True))
             continue
         candidates.append(Candidate(config, problem, problem.tight_lower_bound()))
     if not candidates:
@@ -253,9 +256,12 @@ def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded
         return (f"no configuration runs {what}: dp = GPUs / (tp x pp) must divide the global "
                 f"batch (tp dividing {c.gpus_per_node}, pp at most the model's "
                 f"{len(tables(tps[0], 1).layers)} layers); {batch}{hint}")
-    # the memory bound's own hint names devices and levers: the cause alone, then GPUs
-    first = next((s for s in skipped if "ops" not in s.detail), skipped[0])
-    cause = first.detail.split("; use ")[0]
+    first = next((s for s in skipped if s.memory), None)
+    if first is None:
+        return (f"no configuration of {what} fits: e.g. {skipped[0].config}: "
+                f"{skipped[0].detail}; {hint}")
+    # the memory bound's cause alone (its advice names devices and levers): then GPUs
+    cause = problem_of(cluster, first.config, tables).why_no_plan_fits(advice=False)
     return f"no configuration of {what} fits: e.g. {first.config}: {cause}; {hint}"
 
 

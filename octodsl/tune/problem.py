@@ -353,15 +353,17 @@ class Problem:
             return extra, np.where(bytes_s > 0, math.inf, 0.0)
         return extra, bytes_s / room
 
-    def why_no_plan_fits(self) -> str | None:
+    def why_no_plan_fits(self, advice: bool = True) -> str | None:
         """Why no partition can fit the memory limit, for the user; None when some may. A
         device holds its layers' static bytes (ZeRO-sharded) all the time and, while its
         deepest stage runs the first micro-batch, what that micro-batch keeps of all its layers
         (`least_kept()`), and while a stage's B runs all of its activations: so the static
         bytes, what one micro-batch keeps of all layers and the most any layer brings back must
         fit in all the devices' memory together, and each layer's static bytes and activations
-        in one device's. (memory_lower_bound() is finite whenever this is None.) The message
-        names the levers that would make room (`_levers_hint`)."""
+        in one device's. (memory_lower_bound() is finite whenever this is None.) With `advice`
+        the message goes on to name the levers that would make room (`_levers_hint`) and, for
+        all layers, the devices that would; without, it is the cause alone (for a caller that
+        gives its own advice, as `tune --gpus` names GPUs)."""
         short = self._static_room()
         if short is None:
             return None
@@ -371,18 +373,20 @@ class Problem:
         P = self.devices
         total, need, layer = short
         if layer is None:
-            return (f"no plan fits in {size(limit)} per device: on {P} devices the parameters, "
-                    f"gradients and optimizer state take {size(total / P)} per device "
-                    f"({self.sharding()}) and one micro-batch's activations "
-                    f"{size(need / P)} more{self._recompute_note()}; use "
-                    + self._levers_hint(need, limit)
-                    + f"at least {math.ceil((total + need) / limit)} devices, a larger memory "
-                    "limit or smaller micro-batches")
-        return (f"no plan fits in {size(limit)} per device: layer {layer} ({layers[layer].kind}) "
-                f"alone holds {size(total + need)} with one micro-batch's "
-                f"activations ({self.sharding()}); use "
-                + self._levers_hint(need, limit, layer=layer)
-                + "a larger memory limit or smaller micro-batches")
+            cause = (f"no plan fits in {size(limit)} per device: on {P} devices the parameters, "
+                     f"gradients and optimizer state take {size(total / P)} per device "
+                     f"({self.sharding()}) and one micro-batch's activations "
+                     f"{size(need / P)} more{self._recompute_note()}")
+            return cause if not advice else (
+                cause + "; use " + self._levers_hint(need, limit)
+                + f"at least {math.ceil((total + need) / limit)} devices, a larger memory "
+                "limit or smaller micro-batches")
+        cause = (f"no plan fits in {size(limit)} per device: layer {layer} ({layers[layer].kind}) "
+                 f"alone holds {size(total + need)} with one micro-batch's "
+                 f"activations ({self.sharding()})")
+        return cause if not advice else (
+            cause + "; use " + self._levers_hint(need, limit, layer=layer)
+            + "a larger memory limit or smaller micro-batches")
 
     def _static_room(self) -> tuple[float, float, int | None] | None:
         """None when why_no_plan_fits() finds room; else (static bytes, activation bytes, None)

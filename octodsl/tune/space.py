@@ -115,6 +115,8 @@ class Skipped:
     why: str
     """INFEASIBLE, DOMINATED or NOT_SCREENED."""
     detail: str
+    memory: bool = False
+    """INFEASIBLE for memory (not for the op limit): a larger micro-batch does not fit either."""
 
 
 INFEASIBLE, DOMINATED, NOT_SCREENED = "infeasible", "dominated", "not screened"
@@ -197,14 +199,19 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
                    inter_link=c.between_nodes)
 
 
-def infeasible(problem: Problem) -> str | None:
-    """Why no plan of the problem can run, or None: over the op limit with the fewest ops a plan
-    has (`check_size`'s count; on one device F and a fused BW per micro-batch), or no partition
-    fits in memory."""
+def over_op_limit(problem: Problem) -> str | None:
+    """Why no plan of the problem stays within octodsl's op limit, or None: the fewest ops a plan
+    has (`check_size`'s count; on one device F and a fused BW per micro-batch) exceed it."""
     ops = (2 if problem.devices == 1 else 3) * problem.devices * problem.microbatches
     if ops > limits.MAX_OPS:
         return f"at least {ops:,} ops per plan, over octodsl's limit of {limits.MAX_OPS:,}"
-    return problem.why_no_plan_fits()
+    return None
+
+
+def infeasible(problem: Problem) -> str | None:
+    """Why no plan of the problem can run, or None: over the op limit, or no partition fits in
+    memory."""
+    return over_op_limit(problem) or problem.why_no_plan_fits()
 
 
 def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
