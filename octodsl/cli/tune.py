@@ -185,17 +185,11 @@ def _start(args):
 def _problem(args, model: str, devices: int, microbatches: int, start):
     """The options given, else the --from plan's header (micro-batch shape, memory limit, data
     parallelism), else the defaults."""
-    from ..costs.devices import get_device
     from ..tune.problem import Problem
 
     own = start.header if start is not None else None
     try:
-        if args.memory is None and own is not None and own.memory is not None:
-            memory = own.memory
-        elif args.memory is None:
-            memory = get_device(args.device).memory
-        else:
-            memory = None if args.memory == NO_LIMIT else args.memory
+        memory = memory_limit(args, own.memory if own is not None else None)
         dp = args.dp if args.dp is not None else own.dp if own is not None else 1
         zero = args.zero if args.zero is not None else own.zero if own is not None else 0
         if zero > 0 and dp == 1:
@@ -213,6 +207,16 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     except OctoError as e:
         raise UserError(str(e)) from None
     return problem
+
+
+def memory_limit(args, own: int | None = None) -> int | None:
+    """The memory limit per device: --memory's size (None for 'none'); else `own` (a --from
+    plan's), else the --device's memory. OctoError for an unknown device."""
+    from ..costs.devices import get_device
+
+    if args.memory is None:
+        return own if own is not None else get_device(args.device).memory
+    return None if args.memory == NO_LIMIT else args.memory
 
 
 NO_LIMIT = "none"

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import limits
 from ..errors import OctoError
-from .common import UserError, integer, print_json, stdout_console, write_output
+from .common import UserError, integer, link_named, print_json, stdout_console, write_output
 
 TOP = integer(1, 100)
-GPUS = integer(1, 1 << 20)  # limits.MAX_GPUS, spelled here to keep the import of limits lazy
-GLOBAL_BATCH = integer(1, 1 << 24)  # limits.MAX_GLOBAL_BATCH
+GPUS = integer(1, limits.MAX_GPUS)
+GLOBAL_BATCH = integer(1, limits.MAX_GLOBAL_BATCH)
 
 _PER_PLAN_ONLY = (("microbatches", "--microbatches (the global batch and the micro-batch size "
                    "set it)"), ("dp", "--dp (the GPU count sets it)"), ("start", "--from"),
@@ -34,11 +35,10 @@ def add_cluster_options(p) -> None:
 
 
 def run_cluster(args) -> int:
-    from ..costs.devices import get_device
-    from ..tune.cluster import NoConfigurationFits, plan_of, search
+    from ..tune.cluster import NoConfigurationFits, search
     from ..tune.cluster_report import baselines_table, cluster_table, skipped_counts, to_json
     from ..tune.space import Cluster
-    from .tune import NO_LIMIT, _Progress
+    from .tune import _Progress, memory_limit
 
     if args.gpus is None or args.global_batch is None:
         raise UserError("the whole-cluster search needs both --gpus and --global-batch")
@@ -48,14 +48,11 @@ def run_cluster(args) -> int:
         if getattr(args, name) not in (None, False, ""):
             raise UserError(f"--gpus searches the whole configuration: {what} is not taken")
     try:
-        memory = (get_device(args.device).memory if args.memory is None else
-                  None if args.memory == NO_LIMIT else args.memory)
-        from .common import INTER_NODE_LINK, link_named
-
         cluster = Cluster(args.model, args.gpus, args.global_batch, seq_len=args.seq_len,
                           device=args.device, gpus_per_node=args.gpus_per_node or 8,
-                          memory=memory, link=link_named(args.link) if args.link else None,
-                          inter_link=args.inter_node_link or link_named(INTER_NODE_LINK),
+                          memory=memory_limit(args),
+                          link=link_named(args.link) if args.link else None,
+                          inter_link=args.inter_node_link,
                           recompute=args.recompute, tp=args.tp, pp=args.devices,
                           microbatch_size=args.microbatch_size, zero=args.zero)
         cluster.tokens()  # the model loads
@@ -69,7 +66,7 @@ def run_cluster(args) -> int:
             raise UserError(str(e), exit_code=1) from None
         except OctoError as e:
             raise UserError(str(e)) from None
-    written = _write(result, plan_of, top, args)
+    written = _write(result, top, args)
     status = 130 if result.interrupted else 0
     if args.json:
         print_json(to_json(result, written))
@@ -93,10 +90,11 @@ def run_cluster(args) -> int:
     return status
 
 
-def _write(result, plan_of, top: int, args) -> list[str]:
+def _write(result, top: int, args) -> list[str]:
     """The best `top` configurations' plans, linted: PLAN, then PLAN-2.octo, ..."""
     from ..gen import render_plan
     from ..lint import lint_source
+    from ..tune.cluster import plan_of
     from ..units import milliseconds
     from ..version import made_by
 
