@@ -37,7 +37,7 @@ from .evaluate import Score, best_of
 from .loop import BudgetTooShort, TuneResult, tune
 from .problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
-                    configurations, fewest_gpus, meshes, over_op_limit, problem_of, tp_degrees)
+                    configurations, fewest_gpus, meshes, over_limits, problem_of, tp_degrees)
 
 RECIPE_SHARE = 0.2
 """Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""
@@ -221,11 +221,11 @@ def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
             skipped.append(Skipped(config, INFEASIBLE, "a smaller micro-batch of the same mesh "
                                    "and ZeRO stage does not fit in memory already", memory=True))
             continue
-        problem = problem_of(cluster, config, tables)
-        why = over_op_limit(problem)
+        why = over_limits(config.pp, config.microbatches)
         if why is not None:
             skipped.append(Skipped(config, INFEASIBLE, why))
             continue
+        problem = problem_of(cluster, config, tables)
         why = problem.why_no_plan_fits()
         if why is not None:
             too_big.add(key)

@@ -15,7 +15,7 @@ from ..plan import Recompute
 from .baselines import baseline_name, classic_plans
 from .evaluate import Evaluator, Score
 from .problem import AUTO, Problem, recompute_everywhere
-from .space import Cluster, Config, Tables, infeasible, meshes, problem_of, tp_degrees
+from .space import Cluster, Config, Tables, meshes, over_limits, problem_of, tp_degrees
 
 RECIPE = ("interleaved", 2)
 RECIPE_TP = 8
@@ -61,8 +61,10 @@ def megatron_baselines(cluster: Cluster, tables: Tables,
         if pp < 2 or cluster.global_batch % dp:
             continue
         config = Config(tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
-        problem = problem_of(cluster, config, tables)
-        if infeasible(problem) is not None:
+        # over octodsl's limits (checked before the header, which would refuse it) or memory
+        problem = (None if over_limits(pp, config.microbatches) else
+                   problem_of(cluster, config, tables))
+        if problem is None or problem.why_no_plan_fits() is not None:
             ruled_out += 1
         else:
             depths.append((problem.tight_lower_bound(), config, problem))

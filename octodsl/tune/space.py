@@ -10,7 +10,7 @@ The space (docs/cluster.md):
 - ZeRO 0, 1 and 2 (0 alone when dp is 1).
 A configuration of the space is infeasible when no plan of it fits in memory
 (`Problem.why_no_plan_fits`, a lower bound on any plan's bytes) or its plans exceed octodsl's
-op limit."""
+limits (micro-batches, ops)."""
 
 from __future__ import annotations
 
@@ -116,11 +116,11 @@ class Skipped:
     """INFEASIBLE, DOMINATED or NOT_SCREENED."""
     detail: str
     memory: bool = False
-    """INFEASIBLE for memory (not for the op limit): a larger micro-batch does not fit either."""
+    """INFEASIBLE for memory (not for octodsl's limits): a larger micro-batch does not fit either."""
 
 
 INFEASIBLE, DOMINATED, NOT_SCREENED = "infeasible", "dominated", "not screened"
-"""Why a configuration was left out: no plan of it fits (or its plans exceed the op limit); its
+"""Why a configuration was left out: no plan of it fits (or its plans exceed octodsl's limits); its
 lower bound is no better than a plan already simulated; the budget ran out before it."""
 
 
@@ -199,25 +199,30 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
                    inter_link=c.between_nodes)
 
 
-def over_op_limit(problem: Problem) -> str | None:
-    """Why no plan of the problem stays within octodsl's op limit, or None: the fewest ops a plan
-    has (`check_size`'s count; on one device F and a fused BW per micro-batch) exceed it."""
-    ops = (2 if problem.devices == 1 else 3) * problem.devices * problem.microbatches
+def over_limits(pp: int, microbatches: int) -> str | None:
+    """Why no plan of `pp` pipeline devices and `microbatches` stays within octodsl's limits, or
+    None: more micro-batches than a plan may have, or more than MAX_OPS in the fewest ops such a
+    plan has (`check_size`'s count; on one device F and a fused BW per micro-batch). Checked
+    before the configuration's problem is built (its header would refuse it)."""
+    if microbatches > limits.MAX_MICROBATCHES:
+        return (f"{microbatches:,} micro-batches per pipeline, over octodsl's limit of "
+                f"{limits.MAX_MICROBATCHES:,}")
+    ops = (2 if pp == 1 else 3) * pp * microbatches
     if ops > limits.MAX_OPS:
         return f"at least {ops:,} ops per plan, over octodsl's limit of {limits.MAX_OPS:,}"
     return None
 
 
 def infeasible(problem: Problem) -> str | None:
-    """Why no plan of the problem can run, or None: over the op limit, or no partition fits in
-    memory."""
-    return over_op_limit(problem) or problem.why_no_plan_fits()
+    """Why no plan of the problem can run, or None: over octodsl's limits, or no partition fits
+    in memory."""
+    return over_limits(problem.devices, problem.microbatches) or problem.why_no_plan_fits()
 
 
 def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
     """The configuration with the fewest GPUs above `above` (up to MAX_GPUS) of which some plan
     may fit, or None: each mesh at the micro-batch size and ZeRO stage that need the least
-    memory (the fewest sequences within the op limit, or the fixed size; the highest stage, or
+    memory (the fewest sequences within octodsl's limits, or the fixed size; the highest stage, or
     the fixed one), since a larger micro-batch only adds activations and a lower stage only
     static bytes."""
     # every tp of the node, not only those dividing the cluster's own GPU count (on 6 GPUs tp 4
@@ -229,15 +234,14 @@ def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
                     if above < tp * pp * dp <= limits.MAX_GPUS and cluster.pp in (None, pp))
     for _, tp, pp, dp in meshes:
         share = cluster.global_batch // dp
-        # the fewest sequences per micro-batch that keep the plans within the op limit
-        ops = (2 if pp == 1 else 3) * pp
+        # the fewest sequences per micro-batch that keep the plans within octodsl's limits
         mbs = cluster.microbatch_size or next(
-            (m for m in divisors(share) if ops * (share // m) <= limits.MAX_OPS), share)
+            (m for m in divisors(share) if over_limits(pp, share // m) is None), share)
         zero = (2 if dp > 1 else 0) if cluster.zero is None else cluster.zero
-        if share % mbs or (zero > 0 and dp == 1):
+        if share % mbs or (zero > 0 and dp == 1) or over_limits(pp, share // mbs):
             continue
         config = Config(tp, pp, dp, mbs, share // mbs, zero)
-        if infeasible(problem_of(cluster, config, tables)) is None:
+        if problem_of(cluster, config, tables).why_no_plan_fits() is None:
             return config
     return None
 

@@ -227,3 +227,13 @@ def test_a_global_batch_no_dp_divides():
     message = str(e.value)
     assert "must divide the global batch" in message and "a multiple of 97" in message
     assert f"the fewest GPUs above 97 that could is {more.gpus}" in message
+
+
+def test_more_micro_batches_than_a_plan_may_have_is_a_skip_not_an_error():
+    """100,000 sequences on one GPU: one sequence per micro-batch is more micro-batches than a
+    plan may have (the header would refuse it), so that configuration is infeasible and a
+    larger micro-batch runs."""
+    result = search(Cluster("nemotron-h-tiny", 1, 100_000), budget=5)
+    limit = [s for s in result.skipped if s.why == INFEASIBLE and "micro-batches per" in s.detail]
+    assert limit and all(s.config.microbatches > 65_536 for s in limit)
+    assert result.best.config.microbatches <= 65_536
