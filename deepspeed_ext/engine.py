@@ -41,7 +41,8 @@ from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
 from ..layers.recompute import dropping
 from ..layers.split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
-from ..trace import TimedSpan, op_span, write_trace
+from ..trace import COMPUTE, TimedSpan, op_span, write_trace
+from . import memory
 from .checkpoint import Checkpoints
 from .watchdog import DEFAULT_TIMEOUT, Watchdog
 
@@ -97,6 +98,10 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self.p2p = P2P(self.stage_id, lambda d: global_rank(self.grid, d, dp_id, tp_id),
                        self._stream_groups(), self.device, self.watchdog, self._trace_pid)
         self._op_spans: list[TimedSpan] = []
+        # a traced run also meters memory in its first step and times each optimizer update
+        self._meter = memory.MemoryMeter(self) if trace else None
+        if trace:
+            self._time_updates()
         self._reset_buffers()
         if self.training_data:  # the parent gave the loader to the topological end ranks
             self._build_data_iter(self.training_data)
@@ -197,9 +202,13 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self.p2p.finish()
 
     def _exec_run(self, op: Op):
+        meter = self._meter if self._meter is not None and self._meter.active else None
         start = time.time()
-        {OpKind.F: self._forward, OpKind.B: self._backward_input, OpKind.W: self._backward_weight,
-         OpKind.BW: self._backward}[op.kind](op)
+        with (torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing()):
+            {OpKind.F: self._forward, OpKind.B: self._backward_input, OpKind.W: self._backward_weight,
+             OpKind.BW: self._backward}[op.kind](op)
+        if meter is not None:
+            meter.sample()
         if self._trace_pid is not None:
             self._op_spans.append(op_span(self._trace_pid, op.kind.value, op.stage, op.mb, start, time.time()))
             self.p2p.poll()
@@ -430,23 +439,60 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
                   "in B; the stage's other layers still leave their weight gradients to W",
                   file=sys.stderr, flush=True)
 
+    def _exec_optimizer_step(self, lr_kwargs=None):
+        meter = self._meter if self._meter is not None and self._meter.active else None
+        if meter is not None:
+            meter.before_optimizer()
+        super()._exec_optimizer_step(lr_kwargs)
+        if meter is not None:
+            meter.after_optimizer()
+
     # Traces.
+    def _time_updates(self) -> None:
+        """An "optimizer" span per step around `optimizer.step()` (the update alone, without
+        the gradient-norm all-reduce before it)."""
+        update, pid = self.optimizer.step, self._trace_pid
+        assert pid is not None, "only a traced run times its updates"
+
+        def timed_update(*args, **kwargs):
+            start = time.time()
+            out = update(*args, **kwargs)
+            self._op_spans.append(TimedSpan(pid, COMPUTE, "optimizer", start, time.time(),
+                                            {"kind": "optimizer"}))
+            return out
+
+        self.optimizer.step = timed_update
+
     def trace_spans(self) -> list[TimedSpan]:
         return self._op_spans + self.p2p.spans
 
-    def write_trace(self, path: str) -> None:
-        """Gather every rank's spans; rank 0 writes the Chrome trace (collective)."""
-        gathered: list = [None] * dist.get_world_size()  # all_gather_object: each rank's spans
-        torch.distributed.all_gather_object(gathered, self.trace_spans())
-        if self.global_rank == 0:
-            names = {}
-            dp, tp = self.grid.data_parallel_size, self.tp.size
-            for rank in range(dist.get_world_size()):
-                coord = self.grid._topo.get_coord(rank)
-                pid = coord.pipe if dp == 1 and tp == 1 else rank
-                where = ([f"dp {coord.data}"] if dp > 1 else []) + ([f"tp {coord.model}"] if tp > 1 else [])
-                names[pid] = f"device {coord.pipe}" + (f" ({', '.join(where)})" if where else "")
-            write_trace(path, [s for spans in gathered for s in spans], names)
+    def write_trace(self, path: str, info: dict | None = None) -> dict[int, dict] | None:
+        """Gather every rank's spans and memory; rank 0 writes the Chrome trace, with the
+        layers of each stage, the memory counters and `info` in its otherData, and returns each
+        rank's memory summary (memory.summary; None on the other ranks). Collective."""
+        mine = (self.trace_spans(), self._meter.report() if self._meter is not None else None)
+        gathered: list = [None] * dist.get_world_size()  # all_gather_object: each rank's
+        torch.distributed.all_gather_object(gathered, mine)
+        if self.global_rank != 0:
+            return None
+        names, pids = {}, []
+        dp, tp = self.grid.data_parallel_size, self.tp.size
+        for rank in range(dist.get_world_size()):
+            coord = self.grid._topo.get_coord(rank)
+            pid = coord.pipe if dp == 1 and tp == 1 else rank
+            pids.append(pid)
+            where = ([f"dp {coord.data}"] if dp > 1 else []) + ([f"tp {coord.model}"] if tp > 1 else [])
+            names[pid] = f"device {coord.pipe}" + (f" ({', '.join(where)})" if where else "")
+        reports = {pid: report for pid, (_, report) in zip(pids, gathered, strict=True)
+                   if report is not None}
+        summaries = {pid: memory.summary(r) for pid, r in reports.items()}
+        write_trace(path, [s for rank_spans, _ in gathered for s in rank_spans], names,
+                    lambda t0: [e for pid, r in reports.items()
+                                for e in memory.counter_events(pid, r, t0)],
+                    {"partition": [[r.start, r.stop - 1] for r in self.module.stage_ranges],
+                     "memory_method": memory.METHOD,
+                     "memory": {str(k): v for k, v in summaries.items()}, **(info or {})})
+        return summaries
 
     _INSTRUCTION_MAP = {
         **PipelineEngine._INSTRUCTION_MAP,
@@ -458,6 +504,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         program.FinishSends: _exec_finish_sends,
         schedule.ReduceTiedGrads: _exec_reduce_tied_grads,
         schedule.ReduceGrads: _exec_reduce_grads,
+        schedule.OptimizerStep: _exec_optimizer_step,
     }
 
 
@@ -471,3 +518,7 @@ def _input_grads(inputs, grads) -> list:
 @contextmanager
 def _nothing():
     yield
+
+
+def _same(t):
+    return t

@@ -21,6 +21,20 @@ def stage_layers(plan: Plan, num_layers: int,
         raise PlanLaunchError(e.message) from None
 
 
+def default_layer_costs(spec) -> list[float]:
+    """Per-layer F + B + W seconds of a model spec at its micro-batch shape, to split a plan
+    whose stages name no layers: the costs `octodsl simulate --device cpu` (H100 with a GPU)
+    takes for the same plan and model, so the executor runs the split it simulates. (A trace
+    records the split that ran, which `octodsl compare` simulates whatever the costs.)"""
+    import torch
+
+    from ..costs.analytical import analytical_costs
+    from ..costs.devices import get_device
+
+    device = "H100" if torch.cuda.is_available() else "cpu"
+    return analytical_costs(spec, get_device(device)).layer_work()
+
+
 def describe_split(ranges: Sequence[range], names: Sequence[str], costs: Sequence[float]) -> str:
     """One line per stage: its layers, their kinds and the stage's share of the cost."""
     total = sum(costs) or 1.0

@@ -136,6 +136,7 @@ def build_engine(args, plan: Plan, spec):
 
     from octodsl.deepspeed_ext import init_distributed, initialize
     from octodsl.deepspeed_ext.config import plan_config, read_config
+    from octodsl.deepspeed_ext.partition import default_layer_costs
     from octodsl.deepspeed_ext.module import FixedPartitionModule, parameters_parts
     from octodsl.layers import lm_loss, pipeline_specs
 
@@ -145,7 +146,7 @@ def build_engine(args, plan: Plan, spec):
                         f"layers; the plan's `tp {plan.header.tp}` needs the octodsl executor")
     common = dict(loss_fn=lm_loss, seed_layers=True, base_seed=args.seed)
     if not args.stock:
-        costs = layer_costs(plan, args.model) if all(st.abstract for st in plan.stages) else None
+        costs = default_layer_costs(spec) if all(st.abstract for st in plan.stages) else None
         engine, *_ = initialize(specs, args.schedule, config=args.deepspeed_config, layer_costs=costs,
                                 microbatch_size=spec.microbatch_size,
                                 octo={"trace": True} if args.trace else None, **common)
@@ -158,18 +159,6 @@ def build_engine(args, plan: Plan, spec):
     engine, *_ = deepspeed.initialize(model=module, config=config,
                                       model_parameters=[p for p in module.parameters() if p.requires_grad])
     return engine
-
-
-def layer_costs(plan: Plan, model: str | None) -> list[float]:
-    """Per-layer F + B + W seconds, to split a plan's stages that name no layers: the costs
-    `octodsl simulate --device cpu` (H100 with a GPU) takes for the same plan and model, so the
-    executor runs the split it simulates."""
-    from octodsl.costs.resolve import cost_table
-
-    device = "H100" if torch.cuda.is_available() else "cpu"
-    return cost_table(model=model_name(plan, model), device=device,
-                      microbatch_size=plan.header.microbatch_size,
-                      seq_len=plan.header.seq_len).layer_work()
 
 
 def check_outputs(engine, args) -> None:

@@ -11,7 +11,7 @@ with args {"kind": "send" | "recv", "stage", "mb", "peer"}.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,5 +71,14 @@ def chrome_trace(spans: Iterable[TimedSpan], process_names: dict[int, str] | Non
 
 
 def write_trace(path: str | Path, spans: Iterable[TimedSpan],
-                process_names: dict[int, str] | None = None) -> None:
-    write_atomic(path, json.dumps(chrome_trace(spans, process_names), allow_nan=False))
+                process_names: dict[int, str] | None = None,
+                counters: Callable[[float], list[dict]] | None = None,
+                info: dict | None = None) -> None:
+    """chrome_trace's trace, written atomically; `counters(t0)` gives counter events on its
+    clock (t0: the earliest span's start, in seconds) and `info` joins its otherData."""
+    spans = list(spans)
+    trace = chrome_trace(spans, process_names)
+    if counters is not None:
+        trace["traceEvents"] += counters(min((s.start for s in spans), default=0.0))
+    trace["otherData"].update(info or {})
+    write_atomic(path, json.dumps(trace, allow_nan=False))

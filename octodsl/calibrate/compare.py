@@ -2,7 +2,9 @@
 
 `compare(plan, costs, link, trace)` simulates the plan with the given costs (the one simulator)
 and sets each figure next to the trace's (measured.py): iteration time, per device busy and idle
-time, peak memory per device when the trace has it. Error = (simulated - measured) / measured.
+time, per op kind the time all devices spend in it per step, peak memory per device when the
+trace has it. Error = (simulated - measured) / measured. The plan is the one the trace ran
+(`measured.as_ran`: with the executor's split when it names no layers), its costs built for it.
 `side_by_side(...)` is both timelines in one Chrome trace; `write_png(...)` in one picture.
 """
 
@@ -20,13 +22,16 @@ from ..fileio import open_atomic, write_atomic
 from ..trace import COMM, COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
 from ..plan import Plan
 from ..sim import SimCosts, SimResult, compile, simulate
-from .measured import MeasuredTrace, check_against
+from .measured import MeasuredTrace, as_ran, check_against
+
+KIND_ORDER = ("F", "B", "W", "BW")
 
 
 @dataclass(frozen=True, slots=True)
 class Metric:
     name: str
-    """'iteration', 'busy', 'idle' or 'peak memory'."""
+    """'iteration', 'busy', 'idle', 'F ops' (B, W, BW: the time all devices spend in ops of
+    the kind per step) or 'peak memory'."""
     device: int | None
     simulated: float
     measured: float
@@ -57,11 +62,12 @@ class Comparison:
     iteration: Metric
     busy: list[Metric]
     idle: list[Metric]
+    kinds: list[Metric]
     peak: list[Metric] | None
     notes: list[str]
 
     def metrics(self) -> list[Metric]:
-        return [self.iteration, *self.busy, *self.idle, *(self.peak or [])]
+        return [self.iteration, *self.busy, *self.idle, *self.kinds, *(self.peak or [])]
 
     @property
     def memory_error(self) -> float | None:
@@ -86,7 +92,9 @@ class Comparison:
 
 def compare(plan: Plan, costs: SimCosts, link: Link, trace: MeasuredTrace) -> Comparison:
     """Raises TraceError when the trace is not a run of the plan, PlanError (SimDeadlock) when
-    the plan cannot be simulated."""
+    the plan cannot be simulated. `plan` is the one that ran (`as_ran(plan, trace)`)."""
+    if as_ran(plan, trace) is not plan:
+        raise ValueError("compare the plan as it ran, as_ran(plan, trace), with costs for it")
     check_against(trace, plan)
     result = simulate(compile(plan), costs, link)
     notes = list(trace.notes)
@@ -102,13 +110,16 @@ def compare(plan: Plan, costs: SimCosts, link: Link, trace: MeasuredTrace) -> Co
     busy = [Metric("busy", d, float(result.busy[d]), float(busy_m[d])) for d in range(P)]
     idle = [Metric("idle", d, sim_iteration - float(result.busy[d]),
                    meas_iteration - float(busy_m[d])) for d in range(P)]
+    ran = {op.kind for op in result.ops()}
+    kinds = [Metric(f"{k} ops", None, sum(op.end - op.start for op in result.ops() if op.kind == k),
+                    trace.kind_time(k)) for k in KIND_ORDER if k in ran]
     peak = None
     measured_peak = trace.peak_memory
     if measured_peak is not None:
         peak = [Metric("peak memory", d, float(result.peak_memory[d]), float(measured_peak[d]))
                 for d in range(P)]
     return Comparison(plan, result, trace, link, Metric("iteration", None, sim_iteration, meas_iteration),
-                      busy, idle, peak, notes)
+                      busy, idle, kinds, peak, notes)
 
 
 # Side by side.

@@ -10,9 +10,11 @@ first allocations make it slower; on a CPU the next ones are often slower too):
   optimizer step and the synchronisation between steps included), so the last step has none;
   a trace with no such interval after the warm-up falls back to the span of its ops (flagged);
 - per device: busy = the sum of its op spans, idle = iteration - busy;
-- memory, when the trace has "memory" counter tracks (calibration runs add them; see
-  worker.py): the peak per device.
-Calibration runs also add an "optimizer" span per rank and step (`optimizer.step()`).
+- memory, when the trace has "memory" counter tracks (the executor's traces have them, taken
+  in the first step: deepspeed_ext/memory.py): the peak per device.
+The executor also records an "optimizer" span per rank and step (`optimizer.step()`) and, in
+the otherData, the layers each stage ran (`partition`: [first, last] per stage): `as_ran` gives
+the plan with that split, so a plan that names no layers is simulated as it ran.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -61,7 +63,7 @@ class MeasuredStep:
     """Times in seconds from the trace's origin."""
     messages: list[MeasuredMessage]
     updates: dict[int, tuple[float, float]]
-    """Per device: its optimizer span (calibration runs only)."""
+    """Per device: its optimizer span."""
     start: float = 0.0
     end: float = 0.0
     period: float | None = None
@@ -134,9 +136,14 @@ class MeasuredTrace:
         return np.array([max((b for _, b in self.memory.get(d, [])), default=np.nan)
                          for d in range(self.devices)])
 
+    def kind_time(self, kind: str) -> float:
+        """Median over the timed steps of the seconds all devices spent in ops of `kind`."""
+        return statistics.median(sum(op.end - op.start for op in s.ops if op.kind == kind)
+                                 for s in self.timed)
+
     @property
     def update_times(self) -> np.ndarray | None:
-        """Per device: median optimizer-step seconds (calibration runs), else None."""
+        """Per device: median optimizer-step seconds (None: the trace has no optimizer spans)."""
         spans = [s.updates for s in self.timed if s.updates]
         if not spans:
             return None
@@ -337,6 +344,30 @@ def check_against(trace: MeasuredTrace, plan: Plan) -> None:
         raise TraceError(f"{trace.path}: step {s.index} did not run the plan's ops ({what or 'duplicates'}); "
                          "was it recorded with this plan?")
     trace.steps = good
+
+
+def as_ran(plan: Plan, trace: MeasuredTrace) -> Plan:
+    """The plan with the layers its stages ran, as the trace records them (otherData
+    `partition`): a plan that names no layers gets the executor's split; one that names them
+    must have run them (TraceError otherwise). Unchanged when the trace records no split."""
+    ran = trace.info.get("partition")
+    if ran is None:
+        return plan
+    if not isinstance(ran, list) or len(ran) != plan.num_stages or not all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                        and 0 <= x < limits.MAX_LAYERS for x in r)
+            and r[0] <= r[1] for r in ran):
+        raise TraceError(f"{trace.path}: its partition is not [first, last] layers for each of the "
+                         f"plan's {plan.num_stages} stages: {str(ran)[:80]}")
+    if all(st.abstract for st in plan.stages):
+        return replace(plan, stages=[replace(st, first=a, last=b) for st, (a, b)
+                                     in zip(plan.stages, ran, strict=True)])
+    for s, (st, (a, b)) in enumerate(zip(plan.stages, ran, strict=True)):
+        if st.abstract or st.bounds != (a, b):
+            got = "no layers" if st.abstract else f"layers {st.first}..{st.last}"
+            raise TraceError(f"{trace.path}: stage {s} ran layers {a}..{b}, but the plan gives it "
+                             f"{got}: was it recorded with this plan?")
+    return plan
 
 
 def _ops(items) -> str:

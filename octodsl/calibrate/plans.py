@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from ..gen import generate_text
 
-CALIBRATION_SCHEDULES = ("1f1b", "zb-h1", "zb-v")
-"""Fused backward, split backward, two chunks per device in a V."""
+CALIBRATION_SCHEDULES = ("1f1b", "zb-h1", "zb-v", "interleaved")
+"""Fused backward, split backward, two chunks per device in a V, and two per device looped with
+a fused backward: without the last, every fused backward the fit saw ran on a stage of a
+1F1B (one stage per device), and its per-op overhead came out of two stage sizes only (12.8
+and 29.6 ms in two fits of the same machine), over-predicting the fused backward of small
+stages (docs/calibration.md, "Why held-out plans were off")."""
 
 
 def calibration_plans(model: str, profile: str, ranks: list[int],

@@ -1,5 +1,5 @@
 """`octodsl calibrate --model SPEC [--ranks 2,4] [--profile BASE.json] -o PROFILE.json
-[--microbatch-size B] [--seq-len S] [--steps 6] [--warmup 2] [--workdir DIR] [--trace TRACE.json --plan PLAN.octo ...] [--json]`: profile the
+[--microbatch-size B] [--seq-len S] [--steps 12] [--warmup 2] [--workdir DIR] [--trace TRACE.json --plan PLAN.octo ...] [--json]`: profile the
 model, run calibration plans of its own through the executor on this machine (deepspeed
 launcher), fit what the layer profile does not capture (link latency and bandwidth, per-op
 overhead and scale, processor sharing, overlap slowdown, optimizer step, step overhead, memory
@@ -45,8 +45,9 @@ def register(sub) -> None:
                    "micro-batch size (default: the spec's)")
     p.add_argument("--seq-len", type=SEQ_LEN, metavar="S", help="profile at this sequence length "
                    "(default: the spec's)")
-    p.add_argument("--steps", type=STEPS, default=6, metavar="N",
-                   help="training steps per calibration plan (default 6)")
+    p.add_argument("--steps", type=STEPS, default=12, metavar="N",
+                   help="training steps per calibration plan (default 12: docs/calibration.md, "
+                   "\"Steady state\")")
     p.add_argument("--warmup", type=WARMUP, default=2, metavar="N",
                    help="steps at the start of each run (or --trace) that are not timed (default 2)")
     p.add_argument("--trace", action="append", default=[], metavar="TRACE.json",
@@ -192,7 +193,7 @@ def _profile(spec, console):
 
 def _from_traces(args, base, base_path):
     from ..calibrate.fit import Run
-    from ..calibrate.measured import read_trace
+    from ..calibrate.measured import as_ran, read_trace
     from ..costs.resolve import cost_table
     from ..lang import PlanSyntaxError, load_plan
 
@@ -204,6 +205,8 @@ def _from_traces(args, base, base_path):
             raise UserError(e.render() if hasattr(e, "render") else str(e)) from None
         except OSError as e:
             raise UserError(f"{plan_path}: {e.strerror}") from None
+        trace = read_trace(trace_path, args.warmup)  # a TraceError names the trace already
+        plan = as_ran(plan, trace)  # the executor's split of a plan that names no layers
         try:
             # The profile's shape must be the one the plan states, as for `simulate --profile`.
             cost_table(profile=args.profile or str(base_path),
@@ -211,8 +214,7 @@ def _from_traces(args, base, base_path):
                        seq_len=plan.header.seq_len).stage_costs(plan)
         except OctoError as e:
             raise UserError(f"{plan_path}: {e}") from None
-        # A TraceError names the trace already.
-        runs.append(Run(plan, read_trace(trace_path, args.warmup), Path(plan_path).stem))
+        runs.append(Run(plan, trace, Path(plan_path).stem))
     return runs, [], "traces " + ", ".join(args.trace)
 
 

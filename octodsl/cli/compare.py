@@ -1,7 +1,7 @@
 """`octodsl compare PLAN --trace MEASURED.json [--profile FILE | --model SPEC [--device D]]
 [--link NAME] [--warmup N] [--json] [--side-by-side FILE] [--png FILE] [--no-files]`: the simulator's
-iteration time, per-device busy and idle time and peak memory next to a measured run's, with the
-error of each, and both timelines side by side (one Chrome trace, one PNG)."""
+iteration time, per-device busy and idle time, the time in each op kind and peak memory next to
+a measured run's, with the error of each, and both timelines side by side (one Chrome trace, one PNG)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .simulate import load_plan_or_report
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="simulated vs measured: iteration time, busy and idle time "
-                       "per device, peak memory, and the two timelines side by side")
+                       "per device, time per op kind, peak memory, and the two timelines side by side")
     p.add_argument("plan", metavar="PLAN", help="the .octo plan the trace ran")
     p.add_argument("--trace", required=True, metavar="MEASURED.json",
                    help="Chrome trace of a run (examples/train.py --trace, or octodsl calibrate's)")
@@ -41,7 +41,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..calibrate.compare import compare, write_png, write_side_by_side
-    from ..calibrate.measured import TraceError, read_trace
+    from ..calibrate.measured import TraceError, as_ran, read_trace
     from ..plan import PlanError
 
     if not args.no_files:
@@ -53,9 +53,13 @@ def run(args) -> int:
     plan = load_plan_or_report(args.plan)
     if plan is None:
         return 1
-    costs, link = resolve_costs(args, plan)
     try:
         trace = read_trace(args.trace, args.warmup)
+        plan = as_ran(plan, trace)  # the executor's split of a plan that names no layers
+    except TraceError as e:
+        raise UserError(str(e)) from None
+    costs, link = resolve_costs(args, plan)
+    try:
         result = compare(plan, costs, link, trace)
     except TraceError as e:
         raise UserError(str(e)) from None
@@ -142,7 +146,8 @@ def render(c):
     if c.memory_error is not None:
         foot.append(f", peak memory {c.memory_error:.1%}")
     else:
-        foot.append("; the trace has no memory counters (calibration runs record them)")
+        foot.append("; the trace has no memory counters (an older trace: the executor's "
+                    "traces now record them)")
     for note in c.notes:
         foot.append(f"\nnote: {note}", style="yellow")
     return Group(head, Text(""), table, Text(""), foot)

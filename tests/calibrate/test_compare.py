@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -174,3 +175,89 @@ def test_cli_compare_user_errors(setup, tmp_path, capsys):
     other = syn.write_trace(tmp_path / "other.json", syn.measured_trace(syn.plan("1f1b", 2, 4, tmp_path)))
     assert main(["compare", str(plan_path), "--trace", str(other), "--profile", str(profile)]) == 2
     assert "did not run the plan's ops" in capsys.readouterr().err
+
+
+def test_op_kind_figures_sum_every_device(setup):
+    _, plan, table, _ = setup
+    exact = parse_trace(syn.measured_trace(plan)["traceEvents"])
+    c = compare(plan, *_costs(table, plan), exact)
+    assert [m.name for m in c.kinds] == ["F ops", "B ops", "W ops"]  # zb-h1 splits B and W
+    for m in c.kinds:
+        kind = m.name.split()[0]
+        assert m.simulated == pytest.approx(sum(op.end - op.start for op in c.result.ops()
+                                                if op.kind == kind))
+        assert m.error == pytest.approx(0, abs=1e-9)
+    slow = parse_trace(syn.measured_trace(plan, slowdown=1.25)["traceEvents"])
+    for m in compare(plan, *_costs(table, plan), slow).kinds:
+        assert m.error == pytest.approx(1 / 1.25 - 1)
+    assert {m["metric"] for m in c.to_json()["metrics"]} >= {"F ops", "B ops", "W ops"}
+
+
+def _abstract(plan):
+    from dataclasses import replace
+
+    from octodsl.plan import Stage
+
+    return replace(plan, stages=[Stage() for _ in plan.stages])
+
+
+def test_a_plan_without_layers_is_simulated_with_the_split_that_ran(setup, tmp_path, capsys):
+    from octodsl.calibrate.measured import as_ran
+    from octodsl.gen import render_plan
+
+    _, plan, table, profile = setup
+    ran = [list(st.bounds) for st in plan.stages]
+    data = syn.measured_trace(plan)
+    data["otherData"]["partition"] = ran
+    trace = parse_trace(data["traceEvents"], info=data["otherData"])
+    abstract = _abstract(plan)
+    assert [st.bounds for st in as_ran(abstract, trace).stages] == [st.bounds for st in plan.stages]
+    assert as_ran(plan, trace) is plan
+    assert as_ran(abstract, parse_trace(data["traceEvents"])) is abstract  # no split recorded
+    with pytest.raises(ValueError, match="as_ran"):
+        compare(abstract, *_costs(table, plan), trace)
+    # another split than the one the profile's costs would give: the CLI takes the trace's
+    moved = [[ran[0][0], ran[0][1] + 1], [ran[1][0] + 1, ran[1][1]]]
+    data["otherData"]["partition"] = moved
+    shifted = as_ran(abstract, parse_trace(data["traceEvents"], info=data["otherData"]))
+    assert [list(st.bounds) for st in shifted.stages] == moved
+    path = syn.write_trace(tmp_path / "moved.json", data)
+    plan_path = tmp_path / "abstract.octo"
+    plan_path.write_text(render_plan(abstract))
+    assert main(["compare", str(plan_path), "--trace", str(path), "--profile", str(profile),
+                 "--json", "--no-files"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expect = compare(shifted, SimCosts.from_table(table, shifted), table.calibration.link,
+                     parse_trace(data["traceEvents"], info=data["otherData"]))
+    assert out["iteration_error"] == pytest.approx(expect.iteration.error)
+    assert expect.iteration.error != pytest.approx(0, abs=1e-6)  # the split matters here
+
+
+@pytest.mark.parametrize("partition, message", [
+    ([[0, 3]], "not [first, last] layers for each of the plan's 2 stages"),
+    ([[0, 3], [5, 2]], "not [first, last] layers"),
+    ([[0, 3], ["4", 7]], "not [first, last] layers"),
+    ([[0, 3], [4, True]], "not [first, last] layers"),
+    ("0..3", "not [first, last] layers"),
+    ([[0, 3], [4, 1 << 40]], "not [first, last] layers"),
+])
+def test_a_bad_recorded_split_is_one_message(setup, partition, message):
+    from octodsl.calibrate.measured import as_ran
+
+    _, plan, _, _ = setup
+    data = syn.measured_trace(plan)
+    data["otherData"]["partition"] = partition
+    with pytest.raises(TraceError, match=re.escape(message)):
+        as_ran(_abstract(plan), parse_trace(data["traceEvents"], info=data["otherData"]))
+
+
+def test_a_plan_that_names_other_layers_than_ran_is_refused(setup):
+    from octodsl.calibrate.measured import as_ran
+
+    _, plan, _, _ = setup
+    data = syn.measured_trace(plan)
+    a, b = plan.stages[0].bounds
+    data["otherData"]["partition"] = [[a, b + 1], [b + 2, plan.stages[1].bounds[1]]]
+    with pytest.raises(TraceError, match=f"stage 0 ran layers {a}..{b + 1}, but the plan gives "
+                                         f"it layers {a}..{b}"):
+        as_ran(plan, parse_trace(data["traceEvents"], info=data["otherData"]))

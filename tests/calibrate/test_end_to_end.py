@@ -35,7 +35,7 @@ def test_calibrate_runs_the_executor_and_compare_reads_its_traces(tmp_path, caps
     assert main(["calibrate", "--model", str(spec), "--ranks", "2", "--steps", "4",
                  "--workdir", str(work), "-o", str(out), "--json"]) == 0
     cal = json.loads(capsys.readouterr().out)
-    assert cal["processes"] == [2] and len(cal["fit"]["runs"]) == 3
+    assert cal["processes"] == [2] and len(cal["fit"]["runs"]) == 4
     assert cal["link"]["bandwidth"] > 0 and cal["fit"]["probe"]
     assert cal["update_per_param"] > 0 and cal["act_w_extra"]
     assert read_profile(out).calibration is not None

@@ -249,7 +249,7 @@ def case_plans(out_dir: Path) -> dict:
     traced.write_trace(str(out_dir / "trace.json"))
     return {"results": results, "recompute": recompute_runs(plans),
             "checkpoint": checkpoint_round_trip(plans["zb-v"]),
-            "trace": str(out_dir / "trace.json"), "threads": threads}
+            "trace": str(out_dir / "trace.json"), "trace_bounds": even(4), "threads": threads}
 
 
 RECOMPUTED = {"zb-h1": ("full selective", "selective full"), "zb-v": ("selective full selective full",),

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -144,15 +145,33 @@ def test_a_layer_that_cannot_split_runs_fused_and_says_so(plans):
 
 @pytest.mark.slow
 def test_measured_trace_has_every_op_in_the_simulator_layout(plans):
-    events = json.loads(Path(plans["trace"]).read_text())["traceEvents"]
+    data = json.loads(Path(plans["trace"]).read_text())
+    events = data["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
-    compute = sorted(e["name"] for e in spans if e["tid"] == 0)
+    compute = sorted(e["name"] for e in spans if e["tid"] == 0 and e["args"]["kind"] != "optimizer")
     plan = generate("zb-v", devices=2, microbatches=4)
     assert compute == sorted(str(op) for _, _, op in plan.ops())
     assert {e["pid"] for e in spans} == {0, 1}
+    # one step: one optimizer update per rank, after its last op
+    updates = {e["pid"]: e for e in spans if e["args"]["kind"] == "optimizer"}
+    assert sorted(updates) == [0, 1] and len([e for e in spans if e["name"] == "optimizer"]) == 2
+    for pid, u in updates.items():
+        assert u["ts"] >= max(e["ts"] + e["dur"] for e in spans if e["pid"] == pid and e["tid"] == 0
+                              and e["args"]["kind"] != "optimizer")
+    # the first step's memory: the static bytes first, then a level after every op of the rank
+    for pid in (0, 1):
+        levels = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["pid"] == pid
+                  and e["name"] == "memory"]
+        assert len(levels) == 1 + sum(len(slot.ops) for slot in plan.schedule[pid])
+        static = data["otherData"]["memory"][str(pid)]["static"]
+        assert levels[0] == static > 0 and max(levels) > static
+        assert max(levels) == static + data["otherData"]["memory"][str(pid)]["activations"]
+    assert data["otherData"]["partition"] == [[a, b - 1] for a, b in pairwise(plans["trace_bounds"])]
     for e in spans:
         assert e["dur"] >= 0 and e["ts"] >= 0
         a = e["args"]
+        if a["kind"] == "optimizer":
+            continue
         if e["tid"] == 0:
             assert Op.parse(e["name"]) == Op(OpKind(a["kind"]), a["stage"], a["mb"])
         else:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from octodsl.costs.resolve import cost_table
 from octodsl.deepspeed_ext.config import batch_config
-from octodsl.deepspeed_ext.partition import stage_layers
+from octodsl.deepspeed_ext.partition import default_layer_costs, stage_layers
 from octodsl.gen import generate, generate_text
 from octodsl.interop import read_csv, write_csv
 from octodsl.models import load_model
@@ -123,7 +123,7 @@ def test_abstract_plans_are_split_as_simulate_costs_them(name, model):
     plan = _abstract_plans()[name]
     assert all(st.abstract for st in plan.stages)
     spec = train.model_spec(plan, model)
-    executed = stage_layers(plan, spec.num_layers, train.layer_costs(plan, model))
+    executed = stage_layers(plan, spec.num_layers, default_layer_costs(spec))
     table = cost_table(model=model, device="cpu")  # `octodsl simulate --model M --device cpu`
     simulated = table.stage_ranges(plan)
     assert executed == [range(a, b + 1) for a, b in simulated]
