@@ -73,8 +73,8 @@ class MemoryMeter:
     def after_optimizer(self) -> None:
         state_bytes = 0
         seen = set()
-        for p in self.params:
-            for v in self.engine.optimizer.state.get(p, {}).values():
+        for state in _torch_optimizer(self.engine.optimizer).state.values():
+            for v in state.values():
                 if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
                     seen.add(v.untyped_storage().data_ptr())
                     state_bytes += v.untyped_storage().nbytes()
@@ -85,6 +85,14 @@ class MemoryMeter:
     def report(self) -> dict:
         """What write_trace gathers: the static bytes and the activation samples."""
         return {"static": self.static, "samples": self.samples}
+
+
+def _torch_optimizer(optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside DeepSpeed's wrappers (a ZeRO optimizer holds the rank's
+    partition in its inner one): its state is this rank's alone."""
+    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
 
 
 def counter_events(pid: int, report: dict, t0: float) -> list[dict]:
