@@ -54,6 +54,24 @@ def test_recovers_every_parameter(exact):
 
 def test_reproduces_its_runs(exact):
     assert max(run_errors(exact)) < 1e-3
+    assert exact.fit["timeline"] == 1.0  # exact op costs: the iteration match changes nothing
+
+
+def test_the_iteration_match_restores_op_costs_that_simulate_short(tmp_path):
+    """Step 9 on its own: op costs 5% low against exact traces of the true costs come back by
+    the factor on the grid nearest 1 / 0.95 (step 0.005)."""
+    from octodsl.calibrate.fit import FitReport, _fit_timeline
+    from octodsl.sim import compile
+
+    runs = _runs(tmp_path, CASES[:3])
+    low = syn.TRUE.model_copy(update={"op_scale": {k: 0.95 * v for k, v in syn.TRUE.op_scale.items()},
+                                      "op_overhead": {k: 0.95 * v for k, v in syn.TRUE.op_overhead.items()}})
+    report = FitReport()
+    cal = _fit_timeline(syn.profile().cost_table("<syn>"), runs, [compile(r.plan) for r in runs],
+                        low, report)
+    assert report.timeline == pytest.approx(1 / 0.95, abs=0.005)
+    for k, v in syn.TRUE.op_scale.items():
+        assert cal.op_scale[k] == pytest.approx(v, rel=0.005)
 
 
 def test_contention_without_core_limit(tmp_path):
