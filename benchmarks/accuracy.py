@@ -54,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from octodsl.calibrate.compare import compare  # noqa: E402
-from octodsl.calibrate.fit import Run, fit  # noqa: E402
+from octodsl.calibrate.fit import Run, fit, stage_bases  # noqa: E402
 from octodsl.calibrate.measured import as_ran, read_trace  # noqa: E402
 from octodsl.calibrate.plans import calibration_plans  # noqa: E402
 from octodsl.calibrate.runner import run_plans  # noqa: E402
@@ -288,10 +288,11 @@ def analyse(manifest_path: Path, warmup: int) -> dict:
     base = read_profile(base_path)
     table = base.cost_table(base_path)
     plans = manifest["plans"]
-    runs = [Run(parse_plan((work / r["plan"]).read_text(), r["name"]), read_trace(r["trace"], warmup),
-                r["name"]) for r in plans if r["calibration"]]
+    traces = {r["name"]: read_trace(r["trace"], warmup) for r in plans}
+    runs = [Run(parse_plan((work / r["plan"]).read_text(), r["name"]), traces[r["name"]], r["name"])
+            for r in plans if r["calibration"]]
     log(f"{model}: fitting")
-    models = {"plain": (table, get_link("loopback"))}
+    models, fits = {"plain": (table, get_link("loopback"))}, {}
     for key, sel in (("3-schedule", [r for r in runs if "-interleaved-" not in r.name]),
                      ("calibrated", runs)):
         c = fit(table, sel, probe=manifest["probe"],
@@ -300,12 +301,11 @@ def analyse(manifest_path: Path, warmup: int) -> dict:
         path = work / f"{key}.profile.json"
         write_profile(base.model_copy(update={"calibration": c}), path)
         tab = read_profile(path).cost_table(path)
-        models[key] = (tab, tab.calibration.link)
-        cal = c
+        models[key], fits[key] = (tab, tab.calibration.link), c
     cal_table = models["calibrated"][0]
     rows, residual = [], []
     for r in plans:
-        trace = read_trace(r["trace"], warmup)
+        trace = traces[r["name"]]
         if r["calibration"]:
             plan = parse_plan((work / r["plan"]).read_text(), r["name"])
             c = compare(plan, SimCosts.from_table(cal_table, plan), cal_table.calibration.link, trace)
@@ -329,18 +329,22 @@ def analyse(manifest_path: Path, warmup: int) -> dict:
         log(f"  {r['name']}: measured {row['measured']:.3f} s, plain {row['plain']['error']:+.1%}, "
             f"calibrated {row['calibrated']['error']:+.1%}")
     loads = {r["name"]: r["other_load"] for r in plans if r["calibration"]}
-    return {"model": model, "models": list(models), "calibration": json.loads(cal.model_dump_json()),
+    return {"model": model, "models": list(models),
+            "calibration": json.loads(fits["calibrated"].model_dump_json()),
             "fitted_on": [r.name for r in runs], "calibration_load": loads, "rows": rows,
-            "residuals": residual, "warmup": warmup, "periods": {r["name"]: step_periods(r["trace"]) for r in plans}}
+            "residuals": residual, "warmup": warmup,
+            # every step's period, the warm-up included
+            "periods": {name: [s.period for s in t.steps if s.period is not None]
+                        for name, t in traces.items()}}
 
 
 def op_residuals(c, run: dict, table) -> list[dict]:
     """Per (kind, stage) of a run: the median measured duration over the timed steps and
     micro-batches against the simulated one (the last model of `compare`), with what the
     stage is: its layers, where it sits, how many stages share its device, and its profiled
-    seconds per layer."""
+    seconds (fit.stage_bases)."""
     plan = c.plan
-    home = plan.stage_device()
+    home, bases = plan.stage_device(), stage_bases(table, plan)
     sim, meas = defaultdict(list), defaultdict(list)
     for op in c.result.ops():
         sim[(op.kind, op.stage)].append(op.end - op.start)
@@ -351,19 +355,12 @@ def op_residuals(c, run: dict, table) -> list[dict]:
     for (kind, s), durations in sorted(sim.items()):
         st = plan.stages[s]
         first, last = st.bounds
-        profiled = sum(getattr(table.layers[i], kind.lower()) for i in range(first, last + 1)) \
-            if kind != "BW" else sum(table.layers[i].b + table.layers[i].w for i in range(first, last + 1))
         out.append({"run": run["name"], "calibration": run["calibration"], "processes": run["processes"],
                     "kind": kind, "stage": s, "layers": last - first + 1,
                     "position": "first" if s == 0 else "last" if s == plan.num_stages - 1 else "middle",
-                    "per_device": home.count(home[s]), "profiled": profiled,
+                    "per_device": home.count(home[s]), "profiled": bases[(kind, s)],
                     "simulated": statistics.median(durations), "measured": statistics.median(meas[(kind, s)])})
     return out
-
-
-def step_periods(trace_path: str) -> list[float]:
-    """Every step's period (start to the next step's start), the warm-up included."""
-    return [s.period for s in read_trace(trace_path, 0).steps if s.period is not None]
 
 
 def kendall(a: list[float], b: list[float]) -> float:

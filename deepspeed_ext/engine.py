@@ -201,8 +201,12 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _exec_finish_sends(self):
         self.p2p.finish()
 
+    def _active_meter(self) -> memory.MemoryMeter | None:
+        """The memory meter while it meters (a traced run's first step), else None."""
+        return self._meter if self._meter is not None and self._meter.active else None
+
     def _exec_run(self, op: Op):
-        meter = self._meter if self._meter is not None and self._meter.active else None
+        meter = self._active_meter()
         start = time.time()
         with (torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing()):
             {OpKind.F: self._forward, OpKind.B: self._backward_input, OpKind.W: self._backward_weight,
@@ -440,7 +444,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
                   file=sys.stderr, flush=True)
 
     def _exec_optimizer_step(self, lr_kwargs=None):
-        meter = self._meter if self._meter is not None and self._meter.active else None
+        meter = self._active_meter()
         if meter is not None:
             meter.before_optimizer()
         super()._exec_optimizer_step(lr_kwargs)

@@ -20,11 +20,9 @@ import numpy as np
 from ..costs.table import Link
 from ..fileio import open_atomic, write_atomic
 from ..trace import COMM, COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
-from ..plan import Plan
+from ..plan import OpKind, Plan
 from ..sim import SimCosts, SimResult, compile, simulate
 from .measured import MeasuredTrace, as_ran, check_against
-
-KIND_ORDER = ("F", "B", "W", "BW")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +108,11 @@ def compare(plan: Plan, costs: SimCosts, link: Link, trace: MeasuredTrace) -> Co
     busy = [Metric("busy", d, float(result.busy[d]), float(busy_m[d])) for d in range(P)]
     idle = [Metric("idle", d, sim_iteration - float(result.busy[d]),
                    meas_iteration - float(busy_m[d])) for d in range(P)]
-    ran = {op.kind for op in result.ops()}
-    kinds = [Metric(f"{k} ops", None, sum(op.end - op.start for op in result.ops() if op.kind == k),
-                    trace.kind_time(k)) for k in KIND_ORDER if k in ran]
+    per_kind: dict[str, float] = {}
+    for op in result.ops():
+        per_kind[op.kind] = per_kind.get(op.kind, 0.0) + (op.end - op.start)
+    kinds = [Metric(f"{k.value} ops", None, per_kind[k.value], trace.kind_time(k.value))
+             for k in OpKind if k.value in per_kind]
     peak = None
     measured_peak = trace.peak_memory
     if measured_peak is not None:

@@ -101,7 +101,8 @@ Progress = Callable[[str], None]
 
 
 # Per-op observations.
-def _stage_bases(table: CostTable, plan: Plan) -> dict[tuple[str, int], float]:
+def stage_bases(table: CostTable, plan: Plan) -> dict[tuple[str, int], float]:
+    """Per (kind, stage): the profiled seconds of the stage's layers (fused BW: B + W)."""
     out = {}
     for s, st in enumerate(plan.stages):
         first, last = st.bounds
@@ -172,7 +173,7 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
     handoffs: list[tuple[float, float]] = []  # (seconds from producer end to consumer start, bytes)
     for run in runs:
         plan = run.plan
-        bases = _stage_bases(table, plan)
+        bases = stage_bases(table, plan)
         stage_bytes = [table.layers[st.bounds[1]].out_bytes for st in plan.stages]
         messages = build_graph(plan).messages
         inputs: dict[Op, list[Message]] = defaultdict(list)  # each op's messages in

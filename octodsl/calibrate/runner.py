@@ -165,7 +165,7 @@ def _free_port() -> int:
 
 def run_plans(spec: ModelSpec, plans: list[tuple[str, str]], processes: int, workdir: str | Path,
               *, steps: int = 4, config: dict | None = None, seed: int = 1234,
-              link_probe: bool = True, memory: bool = True, timeout: float = 1800.0,
+              link_probe: bool = True, timeout: float = 1800.0,
               progress: Progress | None = None) -> Launch:
     """Run each (name, .octo text) plan for `steps` training steps on `processes` ranks; the
     traces go to workdir/NAME.trace.json. Raises RunError when the launch fails."""
@@ -176,7 +176,7 @@ def run_plans(spec: ModelSpec, plans: list[tuple[str, str]], processes: int, wor
     out_path = workdir / f"launch-{tag}.json"
     job = {
         "model": spec.model_dump(), "config": dict(config or DEFAULT_CONFIG), "seed": seed,
-        "steps": steps, "memory": memory, "link_probe": link_probe, "out": str(out_path),
+        "steps": steps, "link_probe": link_probe, "out": str(out_path),
         "runs": [{"name": name, "plan": text, "trace": str(workdir / f"{name}.trace.json")}
                  for name, text in plans],
     }
