@@ -69,6 +69,14 @@ class Mesh:
         """Whether pipeline device `pp`'s data-parallel groups have GPUs in two nodes."""
         return self.dp > 1 and self._straddles(self.rank(pp), (self.dp - 1) * self.tp, self.tp, 1)
 
+    def dp_ranks_per_node(self, pp: int = 0) -> int:
+        """GPUs of pipeline device `pp`'s data-parallel group (its first tp rank's) in the node of
+        the group's first rank, at most dp: consecutive copies are tp ranks apart. Each drives
+        its own network port, so a ring over the group moves this many ports' worth across nodes."""
+        first = self.rank(pp)
+        end = (self.node(first) + 1) * self.gpus_per_node
+        return max(1, min(self.dp, -(-(end - first) // self.tp)))
+
     def crosses_nodes(self, a: int, b: int) -> bool:
         """Whether messages between pipeline devices `a` and `b` leave a node: for some
         (dp, tp) coordinate, the two ranks sit in different nodes (the stage's tp ranks move in

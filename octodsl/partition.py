@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from itertools import accumulate, pairwise
 
 from .errors import OctoError
+from .models.pattern import transformer_layers
 from .plan import Plan, PlanError
 
 
@@ -58,6 +59,23 @@ def equal_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
     size, extra = divmod(n_layers, n_stages)
     bounds = list(accumulate((size + (s < extra) for s in range(n_stages)), initial=0))
     return _ranges(bounds)
+
+
+def megatron_layers(pattern: str, n_stages: int) -> list[tuple[int, int]]:
+    """Megatron-LM's default split of a model's layers (`pattern` with its `[` and `]`): its
+    layers in equal counts per stage, the embedding on the first stage and the LM head on the
+    last. A Megatron layer is a mixer + MLP pair of a GPT-style model and one symbol of any
+    other (its hybrid models: `models.pattern.transformer_layers`). Megatron asks the count to
+    divide; when it does not, the first stages take one more, as `equal_layers`."""
+    body = pattern[1:-1]
+    unit = 2 if transformer_layers(body) else 1
+    if len(body) // unit < n_stages:
+        raise OctoError(f"{len(body) // unit} Megatron layers cannot fill {n_stages} stages "
+                        "(a stage needs a layer)")
+    ranges = [(1 + a * unit, (b + 1) * unit) for a, b in equal_layers(len(body) // unit, n_stages)]
+    ranges[0] = (0, ranges[0][1])
+    ranges[-1] = (ranges[-1][0], len(pattern) - 1)
+    return ranges
 
 
 def balance_parameters(params_per_layer: Sequence[int], n_stages: int) -> list[tuple[int, int]]:

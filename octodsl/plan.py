@@ -118,6 +118,10 @@ class Slot:
         return "(" + " & ".join(str(op) for op in self.ops) + ")"
 
 
+OVERLAPS = ("overlap_tp_comm", "overlap_grad_reduce", "overlap_param_gather")
+"""The header's overlap fields: communication a runtime may hide under compute."""
+
+
 class Header(BaseModel):
     """The `plan "name" { ... }` block."""
 
@@ -150,8 +154,27 @@ class Header(BaseModel):
     between stages split along the sequence); None: on when tp > 1 (`Header.sp`)."""
     gpus_per_node: int = Field(default=8, ge=1, le=limits.MAX_GPUS_PER_NODE)
     """GPUs per node: which ranks share the intra-node link (octodsl.mesh)."""
+    overlap_tp_comm: bool = False
+    """The tp collectives run under the GEMMs next to them (Megatron's `--tp-comm-overlap`);
+    false: in line, as octodsl's executor runs them (docs/models-and-costs.md, "Overlaps")."""
+    overlap_grad_reduce: bool = False
+    """The gradients' data-parallel reduction runs in buckets during the last backwards
+    (Megatron's `--overlap-grad-reduce`); false: after the last micro-batch, as DeepSpeed's
+    pipeline engine (octodsl's executor) reduces them."""
+    overlap_param_gather: bool = False
+    """Under ZeRO, the updated parameters' all-gather runs under the next iteration's forwards
+    (Megatron's `--overlap-param-gather`); false: after the optimizer step."""
+    grad_accumulation_fusion: bool = False
+    """The weight-gradient GEMMs add into the gradient buffer themselves (Megatron's
+    `--gradient-accumulation-fusion`, Transformer Engine); false: each micro-batch's weight
+    gradient is added by a pass of its own, as autograd does in octodsl's executor."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
+
+    @property
+    def overlaps(self) -> tuple[str, ...]:
+        """The header's overlap fields that are on (OVERLAPS' names)."""
+        return tuple(name for name in OVERLAPS if getattr(self, name))
 
     @property
     def sp(self) -> bool:

@@ -174,7 +174,7 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
     for run in runs:
         plan = run.plan
         bases = stage_bases(table, plan)
-        stage_bytes = [table.layers[st.bounds[1]].out_bytes for st in plan.stages]
+        stage_bytes = [table.layers[st.bounds[1]].message_bytes for st in plan.stages]
         messages = build_graph(plan).messages
         inputs: dict[Op, list[Message]] = defaultdict(list)  # each op's messages in
         for msg in messages:

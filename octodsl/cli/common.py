@@ -15,6 +15,7 @@ from .. import limits
 from ..costs.devices import INTER_NODE_LINK  # --inter-node-link's default, for the commands
 from ..errors import OctoError
 from ..fileio import write_atomic
+from ..plan import OVERLAPS
 from ..units import exact_size, parse_size
 
 
@@ -104,14 +105,42 @@ def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
     p.add_argument("--inter-node-link", type=link_option, metavar="NAME",
                    help="link of the pipeline messages and data-parallel collectives that leave "
                    f"a node (default {INTER_NODE_LINK}: InfiniBand NDR, 400 Gb/s per GPU)")
+    add_overlap_option(p, default_from)
+
+
+def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
+    """--overlap: the communication the runtime hides under compute (the header's overlap
+    fields)."""
+    p.add_argument("--overlap", type=overlap_list, metavar="LIST",
+                   help=f"what the runtime overlaps with compute, comma-separated: "
+                   f"{', '.join(OVERLAP_OPTIONS)} (Megatron's --tp-comm-overlap, "
+                   "--overlap-grad-reduce, --overlap-param-gather), or none (what octodsl's "
+                   f"executor runs; default: {default_from})")
+
+
+OVERLAP_OPTIONS = {name.removeprefix("overlap_").replace("_", "-"): name for name in OVERLAPS}
+"""--overlap's names for the header's overlap fields."""
+
+
+def overlap_list(text: str) -> dict[str, bool]:
+    """--overlap's value: the header's overlap fields, those named on and the others off."""
+    names = [t.strip() for t in text.split(",")]
+    if names == ["none"]:
+        return {field: False for field in OVERLAPS}
+    unknown = [n for n in names if n not in OVERLAP_OPTIONS]
+    if unknown or not all(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give {', '.join(OVERLAP_OPTIONS)} (comma-separated) or none")
+    return {field: name in names for name, field in OVERLAP_OPTIONS.items()}
 
 
 def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
-    """The header fields --tp, --sequence-parallel and --gpus-per-node set (those given), for a
-    header of `tp` and `sequence_parallel` otherwise; a UserError for sequence parallelism at
-    tp 1 (it splits the sequence over the tp group: there is none)."""
+    """The header fields --tp, --sequence-parallel, --gpus-per-node and --overlap set (those
+    given), for a header of `tp` and `sequence_parallel` otherwise; a UserError for sequence
+    parallelism at tp 1 (it splits the sequence over the tp group: there is none)."""
     names = ("tp", "sequence_parallel", "gpus_per_node")  # a command may take only some
     update = {k: v for k in names if (v := getattr(args, k, None)) is not None}
+    update.update(getattr(args, "overlap", None) or {})
     if update.get("tp", tp) == 1 and update.get("sequence_parallel", sequence_parallel):
         raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
                         "or more, or --sequence-parallel false")

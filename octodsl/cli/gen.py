@@ -1,7 +1,8 @@
 """`octodsl gen NAME --devices P --microbatches M [--chunks V] [--model SPEC [--partition HOW]
 [--device GPU] [--profile FILE] [--microbatch-size N] [--seq-len N]] [--costs F=..,B=..,W=..]
-[--tp N] [--sequence-parallel true|false] [--gpus-per-node N] [-o FILE]`: write a classic
-schedule as a .octo plan (the last three go into its header as the plan language writes them)."""
+[--tp N] [--sequence-parallel true|false] [--gpus-per-node N] [--overlap LIST] [-o FILE]`:
+write a classic schedule as a .octo plan (the last four go into its header as the plan language
+writes them)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
 from ..lang.lower import BOOLEANS
 from .common import (DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
-                     integer, op_costs, output, write_output)
+                     add_overlap_option, integer, op_costs, output, write_output)
 
 
 def register(sub) -> None:
@@ -32,7 +33,8 @@ def register(sub) -> None:
                    "and cut its layers into the stages")
     p.add_argument("--partition", choices=PARTITIONS, default="time",
                    help="with --model: balance F+B+W time (default), parameter counts "
-                   "(DeepSpeed's 'parameters') or layer counts")
+                   "(DeepSpeed's 'parameters'), layer counts, or Megatron-LM's default split "
+                   "(equal transformer layers, the embedding first, the LM head last)")
     p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
     p.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile) "
                    "instead of the analytical ones")
@@ -46,6 +48,7 @@ def register(sub) -> None:
                    "--tp is above 1)")
     p.add_argument("--gpus-per-node", type=GPUS_PER_NODE, metavar="N",
                    help="GPUs per node, which ranks share NVLink (default 8)")
+    add_overlap_option(p, "none")
     p.add_argument("-o", "--output", type=output(".octo"), metavar="FILE",
                    help="write here, a .octo file (default: standard output)")
     p.set_defaults(func=run)
@@ -67,7 +70,8 @@ def run(args) -> int:
         raise UserError("--sequence-parallel true splits the sequence over the tp group: give "
                         "--tp 2 or more")
     mesh = {"tp": args.tp, "gpus_per_node": args.gpus_per_node,
-            "sequence_parallel": None if args.sequence_parallel is None else BOOLEANS[args.sequence_parallel]}
+            "sequence_parallel": None if args.sequence_parallel is None else BOOLEANS[args.sequence_parallel],
+            **(args.overlap or {})}
     text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
                          args.model, args.partition, times, device=args.device, profile=args.profile,
                          microbatch_size=args.microbatch_size, seq_len=args.seq_len,

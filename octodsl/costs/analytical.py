@@ -1,104 +1,118 @@
 """Analytical per-layer costs: the work of each layer (`work.py`) timed on a device.
 
-A part's time is its FLOPs over the achievable rate of the unit it runs on (peak x efficiency),
-and memory-bound parts take bytes over the achievable bandwidth; a scan takes the larger of its
-compute and its memory time (bandwidth is its floor). F = GEMMs + core + elementwise;
-B = GEMMs (input side) + core backward + elementwise backward; W = GEMMs (weight side) +
-weight-gradient reductions. Static memory is BYTES_PER_PARAM per parameter.
+Each weight GEMM takes its time at its shape (`costs/gemm.py`: a roofline with tile and wave
+quantization, calibrated on the device's best measured GEMM), in F, in B (the input gradient's
+GEMM) and in W (the weight gradient's). A flash-attention core runs at its kernel's measured
+rate for the sequence length and head dimension (`costs/attention.py`); unfused attention's
+score GEMMs at their shapes; scans at a fraction of the peak, and no faster than their bytes
+over the achievable bandwidth; memory-bound parts take bytes over the achievable bandwidth.
+F = GEMMs + core + elementwise; B = GEMMs (input side) + core backward + elementwise backward;
+W = GEMMs (weight side) + weight-gradient reductions. Static memory is BYTES_PER_PARAM per
+parameter; the optimizer step moves OPTIMIZER_BYTES per parameter through memory.
 
 Under tensor parallelism each layer is one GPU's share (work.py), its tp collectives timed as
 ring collectives of the tp group on the node's link (`Link.ring`) and added to the op that runs
-them: Megatron runs them in line with the compute (no overlap by default), so they are on the
-op's critical path. The weight GEMMs lose efficiency as the split width shrinks per GPU
-(`gemm_shrink`).
+them: Megatron runs them in line with the compute by default, so they are on the op's critical
+path. With `overlap_tp` (the plan's `overlap_tp_comm`, Megatron's `--tp-comm-overlap`) each
+op's collectives run under its GEMMs instead, as far as those last: `min(comm, gemms)` of them
+is hidden (`LayerCost.tp_hidden_f`, ...), the rest stays on the op.
 """
 
 from __future__ import annotations
 
-from ..models.spec import LayerConfig, ModelSpec
-from ..models.tp import local_params, split_width
+from ..models.spec import ModelSpec
+from ..models.tp import local_params
 from .devices import Device, get_link
 from .table import CostTable, LayerCost, Link
-from .work import Collective, Work, layer_work
+from .work import Collective, Gemm, Work, layer_work
 
 BYTES_PER_PARAM = 16
 """Mixed-precision Adam: bf16 parameter and gradient (2 + 2), fp32 master copy, Adam m and v
 (4 + 4 + 4). An fp32 model has fp32 parameter and gradient and Adam m, v: also 16."""
 
+OPTIMIZER_BYTES = 36
+"""Bytes per parameter the optimizer step reads and writes, fused Adam over fp32 main
+parameters and gradients (Megatron-LM's optimizer, apex's multi-tensor Adam): read the gradient,
+the main parameter, m and v (16), write the main parameter, m and v (12), then copy the main
+parameter into the model's bf16 one (read 4, write 2); the gradient's norm for clipping reads it
+once more (4). Derived from the kernels, not measured."""
 
-GEMM_HALF_WIDTH = 128
-"""The split width (per GPU) at which the GEMM efficiency model halves: one 128-wide tile of the
-tensor-core kernels (CUTLASS / cuBLAS), below which tile and wave quantisation leave the matrix
-units idle (NVIDIA, "Matrix Multiplication Background User's Guide")."""
+ACCUMULATE_ELEMENTS = 3
+"""Elements per parameter an unfused gradient accumulation moves each micro-batch: autograd's
+in-place `grad += new` reads both and writes one."""
 
 _PASSES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
-
-
-def gemm_shrink(width: int, tp: int) -> float:
-    """The GEMM efficiency of a layer whose split width is `width`, at tp relative to tp 1:
-    g(width / tp) / g(width) with g(x) = x / (x + GEMM_HALF_WIDTH), a saturating model of how
-    efficiency falls as matrices shrink (1 at tp 1 or for layers with no split GEMM). E.g. an
-    8192-wide attention at tp 8: 0.90; a 32768-wide MLP: 0.97. A model, not a measurement:
-    Narayanan et al. 2021 (SC'21, Fig. 13) report per-GPU throughput falling with tp at fixed
-    size; `octodsl profile` on the GPUs measures it."""
-    if tp == 1 or width <= 0:
-        return 1.0
-    def g(x: float) -> float:
-        return x / (x + GEMM_HALF_WIDTH)
-    return g(width / tp) / g(width)
 
 
 def _comm(collectives: tuple[Collective, ...], tp: int, link: Link) -> float:
     return sum(link.ring(nbytes, tp, _PASSES[kind]) for kind, nbytes in collectives)
 
 
+def _gemms(gemms: tuple[Gemm, ...], device: Device, dtype: str, e: int) -> float:
+    peak = device.matmul_flops(dtype)
+    return sum(device.gemm.seconds(g, peak, device.bandwidth, e) for g in gemms)
+
+
 def _times(work: Work, device: Device, dtype: str,
-           shrink: float = 1.0) -> tuple[float, float, float, float]:
-    """F, B and W compute seconds, and the seconds of what selective recompute runs again;
-    `shrink` is the GEMMs' efficiency factor (`gemm_shrink`)."""
+           e: int) -> tuple[tuple[float, float, float], tuple[float, float, float], float]:
+    """(F, B, W compute seconds), (the weight GEMMs' seconds of each) and the seconds of what
+    selective recompute runs again."""
     eff = device.efficiency
-    bandwidth = device.mem_bandwidth * eff.bandwidth
-    gemm = work.gemm / (device.matmul_flops(dtype) * eff.gemm * shrink)
-    if work.core_unit == "vector":
-        core_rate = device.vector_flops * eff.vector
-    else:
-        core_rate = device.matmul_flops(dtype) * getattr(eff, work.core_unit)
-    core_f = max(work.core / core_rate, work.core_bytes / bandwidth) if work.core else 0.0
-    core_b = max(work.core_b / core_rate, 2 * work.core_bytes / bandwidth) if work.core else 0.0
-    return (gemm + core_f + work.ew_f / bandwidth,
-            gemm + core_b + work.ew_b / bandwidth,
-            gemm + work.ew_w / bandwidth,
-            work.sel_core * core_f + work.sel_ew / bandwidth)
+    bandwidth = device.bandwidth
+    g_f = _gemms(work.gemms, device, dtype, e)
+    g_b = _gemms(tuple(g.input_grad() for g in work.gemms), device, dtype, e)
+    g_w = _gemms(tuple(g.weight_grad() for g in work.gemms), device, dtype, e)
+    core_f = core_b = 0.0
+    if work.core:
+        if work.core_unit == "vector":
+            rate_f = rate_b = device.vector_flops * eff.vector
+        elif work.core_unit == "attention" and device.attention is not None:
+            rate_f, rate_b = device.attention.rates(work.core_seq, work.core_head_dim)
+        else:
+            rate_f = rate_b = device.matmul_flops(dtype) * getattr(eff, work.core_unit)
+        core_f = max(work.core / rate_f, work.core_bytes / bandwidth)
+        core_b = max(work.core_b / rate_b, 2 * work.core_bytes / bandwidth)
+    core_f += _gemms(work.core_gemms, device, dtype, e)
+    core_b += _gemms(work.core_gemms_b, device, dtype, e)
+    return ((g_f + core_f + work.ew_f / bandwidth, g_b + core_b + work.ew_b / bandwidth,
+             g_w + work.ew_w / bandwidth),
+            (g_f, g_b, g_w), work.sel_core * core_f + work.sel_ew / bandwidth)
 
 
 def analytical_costs(spec: ModelSpec, device: Device, bytes_per_param: int = BYTES_PER_PARAM,
-                     tp: int = 1, sp: bool | None = None, tp_link: Link | None = None) -> CostTable:
+                     tp: int = 1, sp: bool | None = None, tp_link: Link | None = None,
+                     overlap_tp: bool = False) -> CostTable:
     """Per-layer costs of `spec` (at its micro-batch size and sequence length) on `device`, on
     one GPU of a tp group: `sp` sequence parallelism (default: on when tp > 1), the tp
-    collectives on `tp_link` (default: the device's node link). The model must split at this tp
-    (`octodsl.models.tp.tp_problems`)."""
+    collectives on `tp_link` (default: the device's node link), hidden under the GEMMs with
+    `overlap_tp`. The model must split at this tp (`octodsl.models.tp.tp_problems`)."""
     sp = tp > 1 if sp is None else sp and tp > 1
+    overlap_tp = overlap_tp and tp > 1
     link = tp_link or get_link(device.node_link)
     layers = []
     for i, layer in enumerate(spec.layers):
         work = layer_work(spec, layer, tp, sp)
-        f, b, w, sel_f = _times(work, device, spec.dtype, _shrink(layer, spec, tp))
+        (f, b, w), gemm, sel_f = _times(work, device, spec.dtype, spec.dtype_bytes)
         tp_f, tp_b, tp_w = (_comm(c, tp, link) for c in (work.tp_f, work.tp_b, work.tp_w))
+        hidden = tuple(min(c, g) for c, g in zip((tp_f, tp_b, tp_w), gemm, strict=True)) if overlap_tp \
+            else (0.0, 0.0, 0.0)
         params = local_params(spec, i, tp)
-        layers.append(LayerCost(kind=layer.kind, f=f + tp_f, b=b + tp_b, w=w + tp_w, act=work.act,
-                                act_w=work.act_w, static=float(params * bytes_per_param),
-                                params=params, out_bytes=work.out, sel_f=sel_f,
-                                sel_act=work.sel_act, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w))
-    where = f", tp {tp}{' sp' if sp else ''} on {link.name}" if tp > 1 else ""
+        layers.append(LayerCost(
+            kind=layer.kind, f=f + tp_f - hidden[0], b=b + tp_b - hidden[1],
+            w=w + tp_w - hidden[2], act=work.act, act_w=work.act_w,
+            static=float(params * bytes_per_param), params=params, out_bytes=work.out,
+            sel_f=sel_f, sel_act=work.sel_act, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w,
+            tp_hidden_f=hidden[0], tp_hidden_b=hidden[1], tp_hidden_w=hidden[2],
+            update=params * OPTIMIZER_BYTES / device.bandwidth,
+            grad_acc=params * ACCUMULATE_ELEMENTS * spec.dtype_bytes / device.bandwidth,
+            msg_bytes=work.out / (1 if sp else tp)))
+    where = (f", tp {tp}{' sp' if sp else ''}{' overlapped' if overlap_tp else ''} on {link.name}"
+             if tp > 1 else "")
     return CostTable(
         layers=layers,
         source=f"analytical {spec.name} on {device.name}{where}",
         tokens_per_microbatch=spec.tokens,
         meta={"model": spec.name, "device": device.name, "microbatch_size": spec.microbatch_size,
               "seq_len": spec.seq_len, "dtype": spec.dtype, "bytes_per_param": bytes_per_param,
-              "pattern": spec.pattern, "tp": tp, "sp": sp},
+              "pattern": spec.pattern, "tp": tp, "sp": sp, "overlap_tp_comm": overlap_tp},
     )
-
-
-def _shrink(layer: LayerConfig, spec: ModelSpec, tp: int) -> float:
-    return gemm_shrink(split_width(layer, spec), tp)

@@ -1,32 +1,36 @@
-"""Device and link descriptions for the analytical cost model (built-ins; no files)."""
+"""Device and link descriptions for the analytical cost model: the built-ins."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..errors import OctoError
+from .attention import AttentionCurve, AttentionModel
+from .gemm import GemmModel, Tile
 from .table import Link
+from .work import Gemm
 
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Achievable fractions of peak, per kind of work (the analytical model's calibration)."""
+    """Achievable fractions of peak of the work that has no shape model of its own."""
 
-    gemm: float = 0.7
-    """Weight GEMMs (projections, MLP, experts, LM head), of the tensor-core peak."""
     attention: float = 0.5
-    """Attention core (flash-attention: scores, softmax, values), of the tensor-core peak."""
+    """Attention core of a device without measured kernel curves (`Device.attention` None), of
+    the tensor-core peak."""
     scan: float = 0.25
     """Chunked scans built of small matmuls (Mamba2 SSD, gated DeltaNet), of the tensor peak."""
     vector: float = 0.5
     """Elementwise recurrences (Mamba1's selective scan), of the vector (non-tensor) peak."""
     bandwidth: float = 0.8
-    """Memory-bound kernels (norms, activations, softmax, gathers), of the memory bandwidth."""
+    """Memory-bound kernels (norms, activations, softmax, gathers, the optimizer step), of the
+    memory bandwidth."""
 
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """One pipeline device: peak rates, memory bandwidth and size."""
+    """One pipeline device: peak rates, memory bandwidth and size, and how its kernels reach
+    them."""
 
     name: str
     description: str
@@ -40,61 +44,126 @@ class Device:
     """Bytes per second."""
     memory: int
     """Bytes."""
+    gemm: GemmModel
+    """How its GEMMs' rate depends on their shape (costs/gemm.py)."""
+    attention: AttentionModel | None = None
+    """Its flash-attention kernel's measured rates (None: `efficiency.attention` of the peak)."""
     efficiency: Efficiency = field(default_factory=Efficiency)
     node_link: str = "nvlink"
     """The link between GPUs of one node (`LINKS`): tensor-parallel collectives, and pipeline
     messages and data-parallel collectives that stay in the node."""
+    inter_node_link: str = "ib-ndr"
+    """The link between nodes of the clusters this device is built into, per GPU (`LINKS`)."""
+    source: str = ""
+    """Where the figures come from (docs/models-and-costs.md has the whole list)."""
 
     def matmul_flops(self, dtype: str) -> float:
         """Peak matmul FLOP/s in a compute dtype (`bf16`, `fp16` or `fp32`)."""
         return self.fp32_flops if dtype == "fp32" else self.peak_flops
 
+    @property
+    def bandwidth(self) -> float:
+        """Achievable bytes per second of memory-bound kernels."""
+        return self.mem_bandwidth * self.efficiency.bandwidth
+
 
 _GB = 10**9
 _GIB = 2**30
 
+CUBLAS_TILES = (Tile(256, 128), Tile(128, 256), Tile(128, 128), Tile(128, 64, 2 / 3),
+                Tile(64, 128, 2 / 3), Tile(64, 64, 0.5))
+"""Output tiles of cuBLAS's tensor-core kernels (NVIDIA, "Matrix Multiplication Background
+User's Guide", "Typical tile dimensions in cuBLAS"). A tile of tm x tn loads tm + tn elements
+per k step for tm x tn products: below 128 x 128 its operand traffic, not the tensor cores,
+bounds it, and the rate falls with tm tn / (tm + tn) (128 x 64: 2/3, 64 x 64: 1/2 of 128 x
+128's)."""
+
+
+def _tensor_core_gemm(mamf: float, shape: tuple[int, int, int], sms: int, peak: float,
+                      bandwidth: float) -> GemmModel:
+    """The GEMM model of a GPU whose best-shaped bf16 GEMM (`shape`, m x n x k) was measured
+    at `mamf` of its peak (Stas Bekman's "Maximum Achievable Matmul FLOPS", ml-engineering,
+    compute/accelerator): the mainloop's rate is what makes the model give `mamf` at `shape`.
+    No prologue or epilogue cost (`k_ramp` 0): the kernels overlap one tile's epilogue with
+    another's mainloop (two tiles per SM on Ampere, warp-specialised kernels on Hopper)."""
+    unit = GemmModel(1.0, sms, CUBLAS_TILES)
+    m, n, k = shape
+    return GemmModel(mamf / unit.efficiency(Gemm(m, n, k), peak, bandwidth, 2), sms, CUBLAS_TILES)
+
+
+def _curves(seq: tuple[int, ...], by_dim: dict[int, tuple[float, ...]]) -> tuple[AttentionCurve, ...]:
+    return tuple(AttentionCurve(d, seq, t) for d, t in sorted(by_dim.items()))
+
+
+_FA_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+"""The sequence lengths FlashAttention's benchmarks measure (16k tokens per batch, hidden 2048)."""
+A100_ATTENTION = AttentionModel(
+    *(_curves(_FA_SEQ, {64: (88, 119, 140, 156, 165, 171), 128: (99, 133, 155, 173, 182, 189)}),) * 2,
+    source="FlashAttention-2, causal, forward + backward, A100 80GB SXM4 (Dao-AILab/flash-attention "
+           "README, assets/flash2_a100_fwd_bwd_benchmark.png)")
+"""Only forward + backward was measured: both directions run at that rate."""
+HOPPER_ATTENTION = AttentionModel(
+    _curves(_FA_SEQ, {64: (225, 288, 334, 363, 379, 388), 128: (315, 410, 484, 518, 529, 539)}),
+    _curves(_FA_SEQ, {64: (266, 348, 395, 417, 432, 433), 128: (305, 408, 465, 499, 518, 516)}),
+    source="cuDNN fused attention (Transformer Engine's on Hopper, as Megatron-LM and NeMo run it), "
+           "H100 SXM5: forward causal, backward as published (FlashAttention-3, Shah et al. 2024, "
+           "arXiv 2407.08608, Figures 5-6)")
+"""H100's compute (the H800 and H200 have the same SMs and clocks: the same rates)."""
+
+_A100_BW = 2.039e12
+_H100_BW = 3.35e12
+_A100_GEMM = _tensor_core_gemm(0.869, (1024, 10240, 5120), 108, 312e12, 0.8 * _A100_BW)
+_HOPPER_GEMM = _tensor_core_gemm(0.803, (2048, 2048, 13312), 132, 989.4e12, 0.8 * _H100_BW)
+
 DEVICES: dict[str, Device] = {
     d.name: d for d in (
         Device("H800", "NVIDIA H800 SXM (H100 compute, NVLink cut to 400 GB/s)",
-               989.4e12, 494.7e12, 66.9e12, 3.35e12, 80 * _GB),
-        Device("H100", "NVIDIA H100 SXM", 989.4e12, 494.7e12, 66.9e12, 3.35e12, 80 * _GB,
-               node_link="nvlink4"),
+               989.4e12, 494.7e12, 66.9e12, _H100_BW, 80 * _GB, _HOPPER_GEMM, HOPPER_ATTENTION),
+        Device("H100", "NVIDIA H100 SXM", 989.4e12, 494.7e12, 66.9e12, _H100_BW, 80 * _GB,
+               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4"),
         Device("H200", "NVIDIA H200 SXM", 989.4e12, 494.7e12, 66.9e12, 4.8e12, 141 * _GB,
-               node_link="nvlink4"),
-        Device("A100", "NVIDIA A100 SXM 80GB", 312e12, 156e12, 19.5e12, 2.039e12, 80 * _GB,
-               node_link="nvlink3"),
+               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4"),
+        Device("A100", "NVIDIA A100 SXM 80GB", 312e12, 156e12, 19.5e12, _A100_BW, 80 * _GB,
+               _A100_GEMM, A100_ATTENTION, node_link="nvlink3", inter_node_link="ib-hdr"),
         # One core of this machine (an AMD EPYC Zen 4 VM; the executor runs one rank per core
         # with one thread) and half its 24 GiB. Rates as measured with torch: ~95 GFLOP/s fp32
         # and ~200 GFLOP/s bf16 matmul on one thread, ~25 GB/s copy bandwidth.
         Device("cpu", "one core of this 2-core CPU (one executor rank), half its memory",
-               200e9, 95e9, 30e9, 25e9, 12 * _GIB,
-               Efficiency(gemm=0.75, attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6),
-               node_link="loopback"),
+               200e9, 95e9, 30e9, 25e9, 12 * _GIB, GemmModel(0.75),
+               efficiency=Efficiency(attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6),
+               node_link="loopback", inter_node_link="loopback"),
     )
 }
 """Built-in devices by name."""
 
 LINKS: dict[str, Link] = {
     link.name: link for link in (
-        # H800 NVLink: 400 GB/s both ways together, 200 GB/s each way; ~80% achieved by NCCL p2p.
+        # H800 NVLink: 400 GB/s both ways together, 200 GB/s each way; ~80% achieved (H100's
+        # NCCL ring all-reduce reaches 370 of its 450 GB/s each way: 82%).
         Link("nvlink", 8e-6, 160e9),
-        # H100/H200 NVLink 4: 450 GB/s each way.
-        Link("nvlink4", 8e-6, 360e9),
-        # A100 NVLink 3: 600 GB/s both ways, 300 GB/s each way, ~80% achieved.
-        Link("nvlink3", 8e-6, 240e9),
-        # InfiniBand NDR, one 400 Gb/s port per GPU: 50 GB/s, ~90% achieved.
-        Link("ib-ndr", 15e-6, 45e9),
+        # H100/H200 NVLink 4: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 370 GB/s (NVIDIA,
+        # GTC24 S62129 / GTC25 S72583, "NCCL Tests Allreduce Bus Bandwidth").
+        Link("nvlink4", 8e-6, 370e9),
+        # A100 NVLink 3: the same measurement, 232 GB/s (of 300 GB/s each way).
+        Link("nvlink3", 8e-6, 232e9),
+        # InfiniBand NDR, one 400 Gb/s port per GPU: DGX H100's 8 x 400 Gb/s all-reduce bus
+        # bandwidth across nodes is 370 GB/s (GTC25), 46 GB/s a port.
+        Link("ib-ndr", 15e-6, 46e9),
+        # InfiniBand HDR, one 200 Gb/s port per GPU (DGX A100, NVIDIA Selene): 192 GB/s over a
+        # node's 8 ports (GTC24), 24 GB/s a port.
+        Link("ib-hdr", 15e-6, 24e9),
         # Processes on this machine talking through gloo over TCP loopback: measured ~2 GB/s
         # for 16 MiB messages; small ones took 0.2-2 ms with both cores busy.
         Link("loopback", 200e-6, 2e9),
         Link("none", 0.0, 0.0),
     )
 }
-"""Built-in point-to-point links by name; `none` means free communication."""
+"""Built-in point-to-point links by name (per GPU, one direction); `none` means free
+communication."""
 
 INTER_NODE_LINK = "ib-ndr"
-"""The default link between nodes (InfiniBand NDR, one 400 Gb/s port per GPU); inside a node
-each device names its own (`Device.node_link`)."""
+"""The default link between nodes (InfiniBand NDR, one 400 Gb/s port per GPU) where no device
+says otherwise; inside a node each device names its own (`Device.node_link`)."""
 
 
 def get_device(name: str) -> Device:

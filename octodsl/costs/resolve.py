@@ -16,7 +16,8 @@ _SHAPE_FIELDS = {"name", "description", "microbatch_size", "seq_len"}
 
 def cost_table(model: str | None = None, profile: str | None = None, device: str = "H800",
                microbatch_size: int | None = None, seq_len: int | None = None, tp: int = 1,
-               sp: bool | None = None, tp_link: Link | None = None) -> CostTable:
+               sp: bool | None = None, tp_link: Link | None = None,
+               overlap_tp: bool = False) -> CostTable:
     """Per-layer costs for a plan.
 
     With `profile` (a path), the measured costs; `model`, when also given, must be the profiled
@@ -25,7 +26,8 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     path) on the built-in `device`, at the spec's shape with `microbatch_size` / `seq_len`
     (from the plan header) overriding it, on one GPU of a `tp` group (`sp`: sequence
     parallelism, default on when tp > 1; the collectives on `tp_link`, default the device's node
-    link). A profile is measured at tp 1: tp > 1 with a profile is refused.
+    link; `overlap_tp`: hidden under the GEMMs, the plan's `overlap_tp_comm`). A profile is
+    measured at tp 1: tp > 1 with a profile is refused.
 
     Raises ValueError (SpecError, ProfileError) with a message for the user."""
     if profile is not None:
@@ -52,4 +54,5 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     fatal = [p.message for p in tp_problems(spec, tp) if p.fatal]
     if fatal:
         raise OctoError(f"{spec.name} does not split over tp {tp}: {'; '.join(fatal)}")
-    return analytical_costs(spec, get_device(device), tp=tp, sp=sp, tp_link=tp_link)
+    return analytical_costs(spec, get_device(device), tp=tp, sp=sp, tp_link=tp_link,
+                            overlap_tp=overlap_tp)

@@ -47,6 +47,26 @@ class LayerCost:
     tp_w: float = 0.0
     """Of `w`, the seconds of its tensor-parallel collectives (the input's all-gather again
     under sequence parallelism)."""
+    tp_hidden_f: float = 0.0
+    """Of `tp_f`, the seconds that run under the layer's GEMMs and so are not in `f` (Megatron's
+    `--tp-comm-overlap`, the plan's `overlap_tp_comm`; 0 without it)."""
+    tp_hidden_b: float = 0.0
+    tp_hidden_w: float = 0.0
+    update: float = 0.0
+    """Seconds of the optimizer step over the layer's parameters, unsharded (0: unknown)."""
+    grad_acc: float = 0.0
+    """Seconds per micro-batch of adding the layer's weight gradient into its gradient buffer
+    by a pass of its own (0 for a measured W, which includes it); a plan with
+    `grad_accumulation_fusion` has the GEMM do it instead."""
+    msg_bytes: float | None = None
+    """Bytes one GPU sends across a cut after this layer (None: `out_bytes`): under tensor
+    parallelism each GPU of the group sends its 1/tp slice (Megatron's scatter/gather of the
+    pipeline messages, sequence parallel or not)."""
+
+    @property
+    def message_bytes(self) -> float:
+        """Bytes one GPU sends across a cut after this layer."""
+        return self.out_bytes if self.msg_bytes is None else self.msg_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +95,10 @@ class StageCost:
     """Of `b`, seconds of tensor-parallel collectives (a full recompute's forward included)."""
     tp_w: float = 0.0
     """Of `w`, seconds of tensor-parallel collectives."""
+    tp_hidden_f: float = 0.0
+    """Of `tp_f`, the seconds under the GEMMs (`overlap_tp_comm`), not in `f`."""
+    tp_hidden_b: float = 0.0
+    tp_hidden_w: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +220,9 @@ class CostTable:
         return float(sum(layer.params for layer in self.layers[first:stop]) * self._dtype_bytes)
 
     def layer_work(self) -> list[float]:
-        """F + B + W seconds of each layer: what a partition balances."""
-        return [layer.f + layer.b + layer.w for layer in self.layers]
+        """F + B + W seconds of each layer, W with its gradient-accumulation pass (as octodsl's
+        executor runs it): what a partition balances."""
+        return [layer.f + layer.b + layer.w + layer.grad_acc for layer in self.layers]
 
     def stage_ranges(self, plan: Plan) -> list[tuple[int, int]]:
         """The (first, last) layers of each stage: the plan's partition, which must cover this
@@ -211,7 +236,8 @@ class CostTable:
         and ZeRO sharding (and the calibration). Raises PlanError when the partition does not
         fit the model (`stage_ranges`)."""
         h = plan.header
-        return self.range_costs(self.stage_ranges(plan), plan.recompute(), h.zero, h.dp)
+        return self.range_costs(self.stage_ranges(plan), plan.recompute(), h.zero, h.dp,
+                                h.grad_accumulation_fusion)
 
     def input_bytes(self, first: int) -> float:
         """Bytes a stage starting at layer `first` receives: the previous layer's output, or
@@ -219,39 +245,46 @@ class CostTable:
         return self.layers[first - 1].out_bytes if first > 0 else self.layers[0].act
 
     def range_costs(self, ranges: list[tuple[int, int]], recompute: Sequence[Recompute] = (),
-                    zero: int = 0, dp: int = 1) -> list[StageCost]:
+                    zero: int = 0, dp: int = 1, fused_accumulation: bool = False) -> list[StageCost]:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
-        what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step."""
+        what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step;
+        W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
         share = self.param_bytes.share(zero, dp)
         out = []
         for i, (first, last) in enumerate(ranges):
             ls = self.layers[first: last + 1]
             f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
+            if not fused_accumulation:
+                w += sum(l.grad_acc for l in ls)
             act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
             mode = recompute[i] if i < len(recompute) else Recompute.NONE
-            # B runs again the forward of what F dropped: the whole stage, or the selected parts
             tp_f, tp_b, tp_w = (sum(l.tp_f for l in ls), sum(l.tp_b for l in ls),
                                 sum(l.tp_w for l in ls))
+            hid_f, hid_b, hid_w = (sum(l.tp_hidden_f for l in ls), sum(l.tp_hidden_b for l in ls),
+                                   sum(l.tp_hidden_w for l in ls))
+            # B runs again the forward of what F dropped: the whole stage, or the selected parts
             if mode is Recompute.FULL:
                 again, kept = f, min(act, self.input_bytes(first))
-                tp_b += tp_f
+                tp_b, hid_b = tp_b + tp_f, hid_b + hid_f
             elif mode is Recompute.SELECTIVE:
                 again, kept = sum(l.sel_f for l in ls), act - sum(l.sel_act for l in ls)
             else:
                 again, kept = 0.0, act
             cal = self.calibration
             extra = {}
+            update = sum(l.update for l in ls)
             if cal is not None:
                 again = cal.scale.get("F", 1.0) * again
                 f, b, w, extra["bw"] = (cal.op_seconds("F", f), cal.op_seconds("B", b),
                                         cal.op_seconds("W", w), cal.op_seconds("BW", b + w))
                 extra["bw"] += again
-                extra["update"] = cal.update_per_param * sum(l.params for l in ls) \
-                    / (dp if zero >= 1 else 1)
+                update = cal.update_per_param * sum(l.params for l in ls)
             out.append(StageCost(
                 f=f, b=b + again, w=w, act=kept, act_w=act_w,
-                static=share * sum(l.static for l in ls), send_bytes=ls[-1].out_bytes,
-                act_b=act - kept, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w, **extra,
+                static=share * sum(l.static for l in ls), send_bytes=ls[-1].message_bytes,
+                act_b=act - kept, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w,
+                update=update / (dp if zero >= 1 else 1),  # each copy updates its shard
+                tp_hidden_f=hid_f, tp_hidden_b=hid_b, tp_hidden_w=hid_w, **extra,
             ))
         return out
 

@@ -2,8 +2,10 @@
 of unit, bytes moved by memory-bound kernels, bytes held for the backward.
 
 Conventions: T tokens per micro-batch, s sequence length, h hidden, e bytes per element of the
-compute dtype. A weight GEMM costs `gemm` FLOPs in F, and again in B (dX = dY W^T) and in W
-(dW = X^T dY). Weight-free compute (attention core, scans) has all its backward in B. Memory
+compute dtype. Each weight GEMM is kept with its shape (`Gemm`): F computes Y[m, n] = X[m, k]
+W[k, n] (m the tokens), B dX = dY W^T (m x k, over n) and W dW = X^T dY (k x n, over m), each
+2mnk FLOPs, so that the device can time each at its shape (`costs/gemm.py`). Weight-free
+compute (attention core, scans) has all its backward in B. Memory
 activations assume fused kernels (flash attention; Mamba's scan kernels keep only chunk
 states), which is what a GPU training run uses. What W needs after B is taken as every GEMM's
 input and output gradient (capped at what F saved).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..models.spec import (
     AttentionConfig, EmbeddingConfig, GatedDeltaNetConfig, LayerConfig, LMHeadLossConfig,
@@ -48,18 +50,49 @@ Collective = tuple[str, float]
 bytes of the whole tensor it produces (all-reduce, all-gather) or reduces (reduce-scatter)."""
 
 
+class Gemm(NamedTuple):
+    """One weight GEMM of a forward, Y[m, n] = X[m, k] W[k, n], `count` times (the experts of
+    an MoE layer: a grouped GEMM)."""
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+    def input_grad(self) -> Gemm:
+        """B's GEMM: dX[m, k] = dY[m, n] W^T."""
+        return Gemm(self.m, self.k, self.n, self.count)
+
+    def weight_grad(self) -> Gemm:
+        """W's GEMM: dW[k, n] = X^T dY, reducing over the m tokens."""
+        return Gemm(self.k, self.n, self.m, self.count)
+
+
 @dataclass(frozen=True, slots=True)
 class Work:
     """One layer, one micro-batch."""
 
-    gemm: float = 0.0
-    """Weight-GEMM FLOPs of F (each of B and W costs the same)."""
+    gemms: tuple[Gemm, ...] = ()
+    """The weight GEMMs of F (B and W run each one's input and weight gradient)."""
     core: float = 0.0
     """Weight-free compute FLOPs of F (all of its backward goes to B)."""
     core_b: float = 0.0
     """Backward FLOPs of the weight-free compute."""
     core_unit: str = "attention"
     """Which rate the core runs at: `attention` or `scan` (matrix units), `vector`."""
+    core_seq: int = 0
+    """The attention core's sequence length and head dimension (its kernel's rate depends on
+    them: `costs/devices.py`, `AttentionModel`)."""
+    core_head_dim: int = 0
+    core_gemms: tuple[Gemm, ...] = ()
+    """The core's own GEMMs in F, where they are GEMMs: unfused attention's scores QK^T and
+    probabilities x V, batched over sequences and heads."""
+    core_gemms_b: tuple[Gemm, ...] = ()
+    """Their backward (all in B: the core has no weights)."""
     core_bytes: float = 0.0
     """Bytes the core reads and writes in F (bandwidth floor of the core; twice in B)."""
     ew_f: float = 0.0
@@ -83,6 +116,11 @@ class Work:
     tp_b: tuple[Collective, ...] = ()
     tp_w: tuple[Collective, ...] = ()
 
+    @property
+    def gemm(self) -> float:
+        """Weight-GEMM FLOPs of F (each of B and W costs the same)."""
+        return sum(g.flops for g in self.gemms)
+
 
 @dataclass(frozen=True, slots=True)
 class _Shape:
@@ -95,6 +133,8 @@ class _Shape:
     e: int
     tp: int = 1
     sp: bool = False
+    dropout: bool = False
+    """Whether dropout masks are drawn (ModelSpec.dropout > 0)."""
 
     @property
     def held(self) -> float:
@@ -131,8 +171,8 @@ class _Shape:
         return {"tp_f": tuple(f), "tp_b": tuple(b), "tp_w": tuple(w)}
 
 
-def _block(s: _Shape, gemm: float, act: float, gemm_io: float, ew: float, sel_act: float = 0.0,
-           sel_ew: float = 0.0, **core) -> Work:
+def _block(s: _Shape, gemms: tuple[Gemm, ...], act: float, gemm_io: float, ew: float,
+           sel_act: float = 0.0, sel_ew: float = 0.0, **core) -> Work:
     """A pre-norm residual layer: adds the norm and residual traffic and the norm's saved
     input; `act` is the layer's own saved bytes beyond x and norm(x), `gemm_io` the bytes of its
     GEMM inputs and output gradients beyond norm(x) and the output gradient. Selective
@@ -144,53 +184,89 @@ def _block(s: _Shape, gemm: float, act: float, gemm_io: float, ew: float, sel_ac
     core = {**s.collectives(), **core}
     ew_f = 5 * the + ew  # norm: read x, write; residual: read two, write one
     act = 2 * the + act
-    return Work(gemm=gemm, ew_f=ew_f, ew_b=EW_BWD * ew_f, ew_w=2 * the, act=act,
+    if s.dropout:  # a one-byte mask on the output, written in F (fused with the residual), kept
+        mask = the / s.e
+        ew_f, act = ew_f + mask, act + mask
+    return Work(gemms=gemms, ew_f=ew_f, ew_b=EW_BWD * ew_f, ew_w=2 * the, act=act,
                 act_w=min(act, 2 * the + gemm_io), out=the, sel_act=the + sel_act,
                 sel_ew=2 * the + sel_ew, **core)
 
 
 def _attention(c: AttentionConfig, s: _Shape) -> Work:
+    if not c.flash:
+        return _unfused_attention(c, s)
     T, e, h = s.tokens, s.e, s.hidden
     width = c.heads * c.head_dim
-    gemm = 2 * T * h * (c.q_out + c.kv_out) + 2 * T * width * h
+    gemms = (Gemm(T, c.q_out + c.kv_out, h), Gemm(T, h, width))  # fused QKV, output projection
     core = 2 * T * s.seq * width  # QK^T and PV, causal half
     ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) \
         + (3 * T * e * width if c.output_gate else 0)
     act = T * e * (c.q_out + c.kv_out + width) + 4 * T * c.heads  # q, k, v, out, fp32 LSE
     # selective: the core's own saves (out, LSE), by running the flash-attention forward again
-    return _block(s, gemm, act, T * e * (width + c.q_out + c.kv_out), ew,
+    return _block(s, gemms, act, T * e * (width + c.q_out + c.kv_out), ew,
                   sel_act=T * e * width + 4 * T * c.heads, core=core, sel_core=1.0,
-                  core_b=ATTENTION_BWD * core, core_unit="attention",
-                  core_bytes=T * e * (2 * width + c.kv_out))
+                  core_b=ATTENTION_BWD * core, core_unit="attention", core_seq=s.seq,
+                  core_head_dim=c.head_dim, core_bytes=T * e * (2 * width + c.kv_out))
 
 
-def _ffn(h: int, ffn: int, activation: str) -> tuple[int, int]:
-    """(GEMM FLOPs per token, width of the first projection) of an h x F feed-forward."""
-    first = 2 * ffn if activation == "swiglu" else ffn
-    return 2 * h * (first + ffn), first
+def _unfused_attention(c: AttentionConfig, s: _Shape) -> Work:
+    """Attention as Megatron-LM ran it before FlashAttention: the scores QK^T of every head, the
+    causal mask and softmax fused in one kernel, dropout on the probabilities, then P x V, as
+    batched GEMMs over the whole s x s (the mask is applied, not skipped). The probabilities
+    (and dropout's mask and output) are kept for the backward: Korthikanti et al.'s 5as/h term;
+    selective recompute drops them and runs this part again (their definition)."""
+    T, e, h = s.tokens, s.e, s.hidden
+    width = c.heads * c.head_dim
+    gemms = (Gemm(T, c.q_out + c.kv_out, h), Gemm(T, h, width))
+    batch, n, d = s.sequences * c.heads, s.seq, c.head_dim
+    scores = float(batch * n * n)
+    core_gemms = (Gemm(n, n, d, batch), Gemm(n, d, n, batch))  # QK^T, P V
+    # dP = dO V^T, dV = P^T dO; dQ = dS K, dK = dS^T Q
+    core_gemms_b = (Gemm(n, n, d, batch), Gemm(n, d, n, batch), Gemm(n, d, n, batch),
+                    Gemm(n, d, n, batch))
+    soft_f, soft_b = 2 * e * scores, 3 * e * scores  # read, write; read P and dP, write dS
+    kept = e * scores
+    if s.dropout:  # read, write, a one-byte mask; backward reads the mask and dP, writes
+        soft_f, soft_b, kept = (soft_f + (2 * e + 1) * scores, soft_b + (2 * e + 1) * scores,
+                                kept + (e + 1) * scores)
+    ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) \
+        + (3 * T * e * width if c.output_gate else 0)
+    act = T * e * (c.q_out + c.kv_out + width) + kept
+    work = _block(s, gemms, act, T * e * (width + c.q_out + c.kv_out), ew + soft_f,
+                  sel_act=kept, sel_ew=soft_f, sel_core=1.0, core_gemms=core_gemms,
+                  core_gemms_b=core_gemms_b)
+    return replace(work, ew_b=work.ew_b - EW_BWD * soft_f + soft_b)
+
+
+def _ffn(tokens: int, h: int, ffn: int, activation: str, count: int = 1) -> tuple[tuple[Gemm, ...], int]:
+    """(the GEMMs, width of the first projection) of an h x F feed-forward over `tokens`
+    tokens (`count` experts of that many tokens each)."""
+    first = 2 * ffn if activation == "swiglu" else ffn  # SwiGLU's gate and up are one GEMM
+    return (Gemm(tokens, first, h, count), Gemm(tokens, h, ffn, count)), first
 
 
 def _mlp(c: MLPConfig, s: _Shape) -> Work:
     T, e = s.tokens, s.e
-    flops, first = _ffn(s.hidden, c.ffn, c.activation)
+    gemms, first = _ffn(T, s.hidden, c.ffn, c.activation)
     act = T * e * (first + c.ffn)
     # selective: the activation function's output, by reading the up projection's again
-    return _block(s, T * flops, act, act, T * e * (first + c.ffn), sel_act=T * e * c.ffn,
+    return _block(s, gemms, act, act, T * e * (first + c.ffn), sel_act=T * e * c.ffn,
                   sel_ew=T * e * (first + c.ffn))
 
 
 def _moe(c: MoEConfig, s: _Shape) -> Work:
     T, e, h = s.tokens, s.e, s.hidden
     routed = c.top_k * T
-    expert_flops, first = _ffn(h, c.expert_ffn, c.activation)
-    shared_flops, shared_first = _ffn(h, c.shared_ffn, c.activation) if c.shared_ffn else (0, 0)
-    gemm = routed * expert_flops + T * shared_flops + 2 * T * h * c.experts
+    # dropless and balanced: each expert gets routed / experts tokens (grouped GEMMs)
+    experts, first = _ffn(-(-routed // c.experts), h, c.expert_ffn, c.activation, c.experts)
+    shared, shared_first = _ffn(T, h, c.shared_ffn, c.activation) if c.shared_ffn else ((), 0)
+    gemms = (Gemm(T, c.experts, h),) + experts + shared  # the router first
     expert_act = routed * e * (first + c.expert_ffn) + T * e * (shared_first + c.shared_ffn)
     # dispatched rows and expert outputs (for the weighted combine), fp32 router probabilities
     act = expert_act + routed * e * 2 * h + 4 * T * c.experts
     ew = 8 * T * c.experts + 4 * routed * h * e + expert_act
     # selective: the experts' activation-function outputs, from their up projections
-    return _block(s, gemm, act, act, ew, sel_act=routed * e * c.expert_ffn + T * e * c.shared_ffn,
+    return _block(s, gemms, act, act, ew, sel_act=routed * e * c.expert_ffn + T * e * c.shared_ffn,
                   sel_ew=expert_act)
 
 
@@ -202,7 +278,7 @@ def _chunk_states(s: _Shape, chunk: int, state_bytes_per_chunk: int) -> float:
 def _mamba2(c: Mamba2Config, s: _Shape) -> Work:
     T, e, h, d = s.tokens, s.e, s.hidden, c.inner
     gn = c.groups * c.state
-    gemm = 2 * T * h * c.in_proj_out + 2 * T * d * h
+    gemms = (Gemm(T, c.in_proj_out, h), Gemm(T, h, d))
     core = T * (2 * c.chunk * (gn + d) + 4 * c.state * d)
     # saved: in_proj output, conv output, scan output, gated-norm output; chunk states
     states = _chunk_states(s, c.chunk, d * c.state)
@@ -211,7 +287,7 @@ def _mamba2(c: Mamba2Config, s: _Shape) -> Work:
     ew = T * e * (4 * c.conv_channels + 4 * d)  # conv + SiLU, D skip, gate, grouped norm
     # selective: the chunk states (the scan's state-passing step again) and the conv output
     # (the conv + SiLU again)
-    return _block(s, gemm, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
+    return _block(s, gemms, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
                   sel_ew=2 * T * e * c.conv_channels,
                   sel_core=4 * c.state * d / (2 * c.chunk * (gn + d) + 4 * c.state * d),
                   core=core, core_b=SCAN_BWD * core,
@@ -220,7 +296,8 @@ def _mamba2(c: Mamba2Config, s: _Shape) -> Work:
 
 def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
     T, e, h, d, n, r = s.tokens, s.e, s.hidden, c.inner, c.state, c.dt_rank
-    gemm = 2 * T * (h * 2 * d + d * (r + 2 * n) + r * d + d * h)
+    # in-projection (x | z), x-projection (dt | B | C), dt-projection, out-projection
+    gemms = (Gemm(T, 2 * d, h), Gemm(T, r + 2 * n, d), Gemm(T, d, r), Gemm(T, h, d))
     core = 9 * T * d * n  # discretise, update and read out the state: elementwise
     # saved: x|z, conv output, dt|B|C, dt, scan output, gated output
     act = T * e * (6 * d + r + 2 * n)
@@ -230,7 +307,7 @@ def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
     ew = T * e * 10 * d  # conv + SiLU, softplus, D skip, gate
     # selective: the conv output and the gated output (conv + SiLU and the gate again); the
     # scan's states are never kept (the kernel recomputes them in its backward)
-    return _block(s, gemm, act, gemm_io, ew, sel_act=2 * T * e * d, sel_ew=5 * T * e * d,
+    return _block(s, gemms, act, gemm_io, ew, sel_act=2 * T * e * d, sel_ew=5 * T * e * d,
                   core=core, core_b=SCAN_BWD * core,
                   core_unit="vector", core_bytes=T * e * (3 * d + 2 * n),
                   # the x-projection is row-parallel: its dt|B|C partial sums are all-reduced
@@ -240,7 +317,7 @@ def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
 def _gated_deltanet(c: GatedDeltaNetConfig, s: _Shape) -> Work:
     T, e, h = s.tokens, s.e, s.hidden
     dk, dv, q = c.key_head_dim, c.value_head_dim, c.chunk
-    gemm = 2 * T * h * c.in_proj_out + 2 * T * c.value_dim * h
+    gemms = (Gemm(T, c.in_proj_out, h), Gemm(T, h, c.value_dim))
     # chunked gated delta rule, per value head: intra-chunk products, state update and readout
     core = T * c.value_heads * (2 * q * (3 * dk + 2 * dv) + 6 * dk * dv)
     states = _chunk_states(s, q, c.value_heads * dk * dv)
@@ -248,7 +325,7 @@ def _gated_deltanet(c: GatedDeltaNetConfig, s: _Shape) -> Work:
     gemm_io = T * e * (c.value_dim + c.in_proj_out + 2 * c.conv_channels)
     ew = T * e * (4 * c.conv_channels + 4 * c.value_dim)
     # selective: as Mamba2, the chunk states (the state update again) and the conv output
-    return _block(s, gemm, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
+    return _block(s, gemms, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
                   sel_ew=2 * T * e * c.conv_channels,
                   sel_core=6 * dk * dv / (2 * q * (3 * dk + 2 * dv) + 6 * dk * dv),
                   core=core, core_b=SCAN_BWD * core,
@@ -278,7 +355,7 @@ def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
     tp = s.collectives(leave=False)
     if tp:  # the vocab-parallel cross-entropy all-reduces its per-token max, sum and target
         tp["tp_f"] += (("all-reduce", 3.0 * LOSS_BYTES * T),)
-    return Work(gemm=2 * T * h * V, ew_f=ew_f, ew_b=ew_b, ew_w=2 * the, act=act,
+    return Work(gemms=(Gemm(T, V, h),), ew_f=ew_f, ew_b=ew_b, ew_w=2 * the, act=act,
                 act_w=min(act, the + T * V * e), out=0.0, sel_act=the, sel_ew=2 * the, **tp)
 
 
@@ -293,7 +370,8 @@ def layer_work(spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = Fals
     of a tp group (sequence parallel or not). The layer must split at this tp
     (`octodsl.models.tp.tp_problems`)."""
     shape = _Shape(spec.tokens, spec.seq_len, spec.microbatch_size, spec.hidden,
-                   local_vocab(spec.vocab, tp), spec.dtype_bytes, tp, sp and tp > 1)
+                   local_vocab(spec.vocab, tp), spec.dtype_bytes, tp, sp and tp > 1,
+                   spec.dropout > 0)
     work = _WORK_OF_KIND[layer.kind](local_layer(layer, tp), shape)
     if isinstance(layer, AttentionConfig) and layer.kv_heads < tp:
         # replicated KV heads: B sums the gradient of each one's K and V over the GPUs sharing

@@ -6,10 +6,10 @@ from __future__ import annotations
 from ..errors import OctoError
 from ..costs.resolve import cost_table
 from ..models import load_model
-from ..partition import balance_parameters, balance_time, equal_layers
+from ..partition import balance_parameters, balance_time, equal_layers, megatron_layers
 from ..plan import Stage
 
-METHODS = ("time", "parameters", "equal")
+METHODS = ("time", "parameters", "equal", "megatron")
 
 
 def model_stages(model: str, num_stages: int, method: str = "time", device: str = "H800",
@@ -27,6 +27,9 @@ def model_stages(model: str, num_stages: int, method: str = "time", device: str 
     if method == "equal":
         ranges = equal_layers(len(pattern), num_stages)
         note = "equal layer counts (DeepSpeed's 'uniform')"
+    elif method == "megatron":
+        ranges = megatron_layers(pattern, num_stages)
+        note = "Megatron-LM's default: equal transformer layers, embedding first, LM head last"
     else:
         table = cost_table(model=model, profile=profile, device=device,
                            microbatch_size=microbatch_size, seq_len=seq_len, tp=tp, sp=sp)

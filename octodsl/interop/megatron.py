@@ -40,13 +40,10 @@ from __future__ import annotations
 import re
 
 from ..mesh import Mesh
+from ..models.pattern import MIXERS, transformer_layers
 from ..plan import Plan, Recompute
 from .export import Cuts, Export, ExportError, is_generated, looped_chunks, placement_problem, plan_cuts
 
-MIXERS = "*G"
-"""Symbols that open a transformer layer of a GPT-style model."""
-FFNS = "-E"
-"""Symbols that close one."""
 HYBRID = "M*G-E"
 """Symbols of Megatron-LM's hybrid layer pattern (Mamba2, attention, gated DeltaNet, MLP, MoE)."""
 HYBRID_0_16 = "M*-E"
@@ -67,7 +64,7 @@ def megatron_args(plan: Plan, source: str = "") -> Export:
     if "m" in body:
         raise ExportError(f"{cuts.spec.name} has Mamba1 layers ('m'), which Megatron-LM has not "
                           "(its Mamba layers are Mamba2, 'M')")
-    hybrid = "M" in body or not _gpt_layers(body)
+    hybrid = "M" in body or not transformer_layers(body)
     out = _Args(plan, source, V, "pretrain_hybrid.py (pretrain_mamba.py before PR #3377)"
                 if hybrid else "pretrain_gpt.py")
     counts = out.partition_hybrid(cuts) if hybrid else out.partition_gpt(cuts)
@@ -76,12 +73,6 @@ def megatron_args(plan: Plan, source: str = "") -> Export:
     out.recompute(counts)
     out.schedule()
     return Export(out.render(), out.warnings)
-
-
-def _gpt_layers(body: str) -> bool:
-    """Whether the pattern (less its ends) is transformer layers: mixer, MLP, mixer, MLP, ..."""
-    return len(body) % 2 == 0 and all(body[i] in MIXERS and body[i + 1] in FFNS
-                                      for i in range(0, len(body), 2))
 
 
 def layout_string(symbols: list[str]) -> str:

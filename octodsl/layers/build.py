@@ -43,7 +43,10 @@ class LayerFactory:
 
 def layer_factories(spec: ModelSpec) -> list[LayerFactory]:
     """One factory per layer of the spec, in order. Raises NotImplementedError for layer kinds
-    that have no torch implementation."""
+    that have no torch implementation, and for dropout (a cost-model setting only)."""
+    if spec.dropout:
+        raise NotImplementedError(f"{spec.name} has dropout {spec.dropout:g}: octodsl's torch "
+                                  "layers train without dropout (the analytical model costs it)")
     out = []
     for layer in spec.layers:
         if layer.kind == "embedding":

@@ -23,10 +23,13 @@ def linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
 
 
 def activate(hidden: torch.Tensor, activation: str) -> torch.Tensor:
-    """The feed-forward nonlinearity: SwiGLU on [gate | up] halves, or squared ReLU."""
+    """The feed-forward nonlinearity: SwiGLU on [gate | up] halves, squared ReLU, or GELU (its
+    tanh form, as GPT-2/3 and Megatron-LM's fused bias-GELU)."""
     if activation == "swiglu":
         gate, up = hidden.chunk(2, dim=-1)
         return F.silu(gate) * up
+    if activation == "gelu":
+        return F.gelu(hidden, approximate="tanh")
     return torch.relu(hidden).square()
 
 

@@ -305,6 +305,36 @@ class ZeroWithoutCopies(Rule):
                              hint="give the data-parallel copies ('dp 8'), or drop 'zero'")
 
 
+@rule
+class OverlapsNeedTheirCommunication(Rule):
+    """An overlap field with nothing to overlap, or without what Megatron needs to overlap it."""
+
+    code = "W405"
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        if h.overlap_param_gather and h.zero == 0:
+            yield Diagnostic("E405", "overlap_param_gather true with zero 0: the parameters are "
+                             "gathered only when ZeRO shards them", h.spans.get("overlap_param_gather"),
+                             hint="give 'zero 1' (Megatron's distributed optimizer), or drop "
+                             "'overlap_param_gather'")
+        if h.overlap_grad_reduce and h.dp == 1:
+            yield Diagnostic("W405", "overlap_grad_reduce true with dp 1: there are no gradients "
+                             "to reduce over data-parallel copies", h.spans.get("overlap_grad_reduce"),
+                             severity=Severity.WARNING, hint="give 'dp 8' or more, or drop "
+                             "'overlap_grad_reduce'")
+        if h.overlap_tp_comm and h.tp == 1:
+            yield Diagnostic("W703", "overlap_tp_comm true with tp 1: there are no tensor-parallel "
+                             "collectives to overlap", h.spans.get("overlap_tp_comm"),
+                             severity=Severity.WARNING, hint="give 'tp 2' or more, or drop "
+                             "'overlap_tp_comm'")
+        elif h.overlap_tp_comm and not h.sp:
+            yield Diagnostic("E704", "overlap_tp_comm true without sequence parallelism: Megatron "
+                             "overlaps the all-gathers and reduce-scatters of sequence-parallel "
+                             "layers only", h.spans.get("overlap_tp_comm"),
+                             hint="drop 'sequence_parallel false', or 'overlap_tp_comm'")
+
+
 # -- tensor parallelism ------------------------------------------------------------------------
 
 

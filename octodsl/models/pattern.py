@@ -24,6 +24,20 @@ LAYER_KINDS: tuple[str, ...] = tuple(SYMBOL_KIND.values())
 """Every layer kind, in the symbol table's order."""
 
 
+MIXERS = "*G"
+"""Symbols that open a transformer layer of a GPT-style model (attention, gated DeltaNet)."""
+FFNS = "-E"
+"""Symbols that close one (MLP, MoE)."""
+
+
+def transformer_layers(body: str) -> bool:
+    """Whether a pattern (less its `[` and `]`) is GPT-style transformer layers: mixer, MLP,
+    mixer, MLP, ... (Llama, Qwen3-Next); Megatron-LM then counts each pair as one layer, and
+    each symbol of any other pattern (its hybrid models) as one."""
+    return len(body) % 2 == 0 and all(body[i] in MIXERS and body[i + 1] in FFNS
+                                      for i in range(0, len(body), 2))
+
+
 def normalize_pattern(text: str) -> str:
     """The pattern with whitespace removed and the `[` / `]` ends added when left out.
 

@@ -19,7 +19,7 @@ Dtype = Literal["bf16", "fp16", "fp32"]
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of each dtype."""
 
-Activation = Literal["swiglu", "relu2"]
+Activation = Literal["swiglu", "relu2", "gelu"]
 
 
 def _ffn_matrices(activation: str) -> int:
@@ -69,6 +69,11 @@ class AttentionConfig(LayerConfig):
     """Rotary position embedding base; None for no positional encoding (Nemotron-H, Jamba)."""
     output_gate: bool = False
     """Sigmoid gate on the attention output, projected with the queries (Qwen3-Next)."""
+    flash: bool = True
+    """A fused attention kernel (FlashAttention, cuDNN's): the s x s scores never reach memory.
+    false: they are written, softmaxed and read back (Megatron-LM's fused softmax, before
+    FlashAttention in 2022); a cost-model setting, the torch layers run
+    `scaled_dot_product_attention` either way."""
 
     @model_validator(mode="after")
     def _check(self):
@@ -96,7 +101,8 @@ class MLPConfig(LayerConfig):
     ffn: int = Field(ge=1)
     """Intermediate size F."""
     activation: Activation = "swiglu"
-    """`swiglu` (gate, up, down) or `relu2` (squared ReLU, up and down)."""
+    """`swiglu` (gate, up, down), `relu2` (squared ReLU, up and down) or `gelu` (GPT-3's, up
+    and down)."""
 
     def params(self, hidden, vocab, tied):
         return hidden + _ffn_matrices(self.activation) * hidden * self.ffn
@@ -267,6 +273,11 @@ class ModelSpec(BaseModel):
     """Compute and parameter dtype."""
     tie_embeddings: bool = False
     """Share the embedding matrix with the LM head."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout after the mixers' and MLPs' outputs and, with unfused attention, on the attention
+    probabilities (Megatron-LM's `--hidden-dropout` and `--attention-dropout`, 0.1 in its GPT
+    runs; 0 in most pre-training since). The analytical model costs its masks; the torch layers
+    cannot train with it."""
     norm_eps: float = Field(default=1e-5, gt=0)
     description: str = ""
     layers: list[Layer]

@@ -110,24 +110,6 @@ def local_params(spec: ModelSpec, i: int, tp: int) -> int:
                                                   spec.tie_embeddings)
 
 
-def split_width(layer: LayerConfig, spec: ModelSpec) -> int:
-    """The width tp divides in the layer's weight GEMMs (query width, intermediate size, inner
-    channels, vocabulary): what shrinks per GPU as tp grows (0: no split GEMM)."""
-    if isinstance(layer, AttentionConfig):
-        return layer.heads * layer.head_dim
-    if isinstance(layer, MLPConfig):
-        return layer.ffn
-    if isinstance(layer, MoEConfig):
-        return layer.expert_ffn
-    if isinstance(layer, Mamba2Config | Mamba1Config):
-        return layer.inner
-    if isinstance(layer, GatedDeltaNetConfig):
-        return layer.value_dim
-    if layer.kind in ("embedding", "lm_head_loss"):
-        return spec.vocab
-    return 0
-
-
 def local_layer(layer: LayerConfig, tp: int) -> LayerConfig:
     """The part of `layer` one GPU of a tp group holds, as a layer of the same kind (sizes
     divided as the module says; KV heads at least 1: replicated). The layer must have no fatal

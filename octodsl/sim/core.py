@@ -4,12 +4,15 @@ Model (docs in octodsl/sim/__init__.py):
 - compute: each device runs its nodes in the plan's order on one compute stream; a node starts
   when the device is free and every message into it has arrived (a producer on the same device
   ran earlier in the order, so it never delays the start);
-- communication: each device has one communication stream, separate from compute. A message
-  occupies the sender's and the receiver's stream for its whole transfer time, so the receive
-  ends exactly when the send does. Streams take messages in the order they become ready
-  (producer finished), ties broken by message id: the walk pops messages from a heap keyed
-  (ready time, id), so it is deterministic. Popping in time order also makes each stream's
-  reservations first-come first-served, whatever order the devices are visited in.
+- communication: each device has two communication streams, separate from compute: one for
+  what it sends and one for what it receives (links are full duplex, and every runtime we model
+  posts sends and receives on their own: docs/models-and-costs.md, "Pipeline messages"). A
+  message occupies the sender's send stream and the receiver's receive stream for its whole
+  transfer time, so the receive ends exactly when the send does; two sends of one device (to
+  two peers) take turns on its link, as do two receives. Streams take messages in the order
+  they become ready (producer finished), ties broken by message id: the walk pops messages from
+  a heap keyed (ready time, id), so it is deterministic. Popping in time order also makes each
+  stream's reservations first-come first-served, whatever order the devices are visited in.
 
 Everything here is plain loops over integer and float arrays so numba can compile it; the
 arrays travel in named tuples (numba compiles attribute access on them to a field load).
@@ -42,6 +45,13 @@ class WalkGraph(NamedTuple):
     msg_src_dev: np.ndarray
     msg_dst_dev: np.ndarray
     stream_ptr: np.ndarray
+    """Stream 2d is device d's send stream, 2d + 1 its receive stream (`send_stream`)."""
+
+
+@njit
+def send_stream(d):
+    """The stream of device d's sends; its receives are on the next one."""
+    return 2 * d
 
 
 class Timeline(NamedTuple):
@@ -60,11 +70,12 @@ class Timeline(NamedTuple):
     """Per message: -1 when it started as soon as its producer finished, else the message
     before it on a busy stream."""
     stream_log: np.ndarray
-    """Each device's messages in stream order, in slices stream_ptr[d]:stream_ptr[d + 1]."""
+    """Each stream's messages in order, in slices stream_ptr[k]:stream_ptr[k + 1] (stream 2d:
+    device d's sends, 2d + 1: its receives)."""
     dev_free: np.ndarray
     """Per device: when its compute stream is done."""
     comm_free: np.ndarray
-    """Per device: when its communication stream is done."""
+    """Per device: when its communication streams are done (the later of the two)."""
 
 
 @njit
@@ -126,15 +137,15 @@ def walk(g, dur, msg_dur):
     msg_start = np.zeros(M)
     msg_end = np.zeros(M)
     msg_pred = np.full(M, -1, np.int64)
-    stream_log = np.zeros(g.stream_ptr[P], np.int64)
-    log_pos = g.stream_ptr[:P].copy()
+    stream_log = np.zeros(g.stream_ptr[2 * P], np.int64)
+    log_pos = g.stream_ptr[:2 * P].copy()
     remaining = g.in_deg.copy()
     ready = np.zeros(N)
     ready_by = np.full(N, -1, np.int64)
     dev_free = np.zeros(P)
     last_node = np.full(P, -1, np.int64)
-    comm_free = np.zeros(P)
-    last_msg = np.full(P, -1, np.int64)
+    stream_free = np.zeros(2 * P)
+    last_msg = np.full(2 * P, -1, np.int64)
     pos = g.order_ptr[:P].copy()
     heap_t = np.zeros(max(M, 1))
     heap_m = np.zeros(max(M, 1), np.int64)
@@ -179,20 +190,20 @@ def walk(g, dur, msg_dur):
         t = heap_t[0]
         m = heap_m[0]
         hn = _heap_pop(heap_t, heap_m, hn)
-        a = g.msg_src_dev[m]
-        b = g.msg_dst_dev[m]
+        a = send_stream(g.msg_src_dev[m])
+        b = send_stream(g.msg_dst_dev[m]) + 1
         s = t
-        if comm_free[a] > s:
-            s = comm_free[a]
+        if stream_free[a] > s:
+            s = stream_free[a]
             msg_pred[m] = last_msg[a]
-        if comm_free[b] > s:
-            s = comm_free[b]
+        if stream_free[b] > s:
+            s = stream_free[b]
             msg_pred[m] = last_msg[b]
         e = s + msg_dur[m]
         msg_start[m] = s
         msg_end[m] = e
-        comm_free[a] = e
-        comm_free[b] = e
+        stream_free[a] = e
+        stream_free[b] = e
         last_msg[a] = m
         last_msg[b] = m
         stream_log[log_pos[a]] = m
@@ -208,6 +219,7 @@ def walk(g, dur, msg_dur):
         if remaining[n] == 0 and pos[d] < g.order_ptr[d + 1] and g.order_nodes[pos[d]] == n:
             stack[sn] = d
             sn += 1
+    comm_free = np.maximum(stream_free[0::2], stream_free[1::2])
     t = Timeline(done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
                  comm_free)
     comm, hidden = hidden_comm(g, t)
@@ -217,13 +229,15 @@ def walk(g, dur, msg_dur):
 @njit
 def comm_overlap(g, t):
     """Per node of WalkGraph `g`: seconds of Timeline `t` during which its device's
-    communication stream is busy. A device's nodes and its stream's messages are each disjoint
-    and in time order, so one merge per device suffices."""
+    communication streams carry messages (a second that both streams are busy counts twice). A
+    device's nodes and each stream's messages are disjoint and in time order, so one merge per
+    stream suffices."""
     out = np.zeros(t.start.shape[0])
     P = g.order_ptr.shape[0] - 1
-    for d in range(P):
-        j = g.stream_ptr[d]
-        j1 = g.stream_ptr[d + 1]
+    for k_stream in range(2 * P):
+        d = k_stream // 2
+        j = g.stream_ptr[k_stream]
+        j1 = g.stream_ptr[k_stream + 1]
         for i in range(g.order_ptr[d], g.order_ptr[d + 1]):
             n = g.order_nodes[i]
             a = t.start[n]
@@ -248,7 +262,7 @@ def hidden_comm(g, t):
     comm = np.zeros(P)
     hidden = np.zeros(P)
     for d in range(P):
-        for j in range(g.stream_ptr[d], g.stream_ptr[d + 1]):
+        for j in range(g.stream_ptr[send_stream(d)], g.stream_ptr[send_stream(d) + 2]):
             comm[d] += t.msg_end[t.stream_log[j]] - t.msg_start[t.stream_log[j]]
         for i in range(g.order_ptr[d], g.order_ptr[d + 1]):
             hidden[d] += under[g.order_nodes[i]]

@@ -54,9 +54,10 @@ class SimCosts:
         not fit the table's layers, or when the table is costed at another tensor-parallel
         degree (or sequence parallelism) than the plan's."""
         h = plan.header
-        check_tp(table, h.tp, h.sp)
+        check_tp(table, h.tp, h.sp, h.overlap_tp_comm)
         ranges = table.stage_ranges(plan)
-        stages = table.range_costs(ranges, plan.recompute(), h.zero, h.dp)
+        stages = table.range_costs(ranges, plan.recompute(), h.zero, h.dp,
+                                   h.grad_accumulation_fusion)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         cal = table.calibration
         sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown,
@@ -71,13 +72,20 @@ class TpMismatch(PlanError):
     """A cost table costed at another tensor-parallel degree than the plan runs."""
 
 
-def check_tp(table: CostTable, tp: int, sp: bool) -> None:
+def check_tp(table: CostTable, tp: int, sp: bool, overlap: bool = False) -> None:
     """TpMismatch unless `table` holds one GPU's share at tensor-parallel degree `tp` (and, for
-    tp > 1, with sequence parallelism `sp`): its meta "tp" (default 1) and "sp"."""
+    tp > 1, with sequence parallelism `sp` and its collectives under the GEMMs or not,
+    `overlap`): its meta "tp" (default 1), "sp" and "overlap_tp_comm"."""
     own = int(table.meta.get("tp", 1))
     own_sp = bool(table.meta.get("sp", own > 1))
-    if own == tp and (tp == 1 or own_sp == sp):
+    own_overlap = bool(table.meta.get("overlap_tp_comm", False))
+    if own == tp and (tp == 1 or (own_sp == sp and own_overlap == overlap)):
         return
+    if own == tp and own_sp == sp:
+        raise TpMismatch(f"the costs ({table.source or 'the cost table'}) have the tp collectives "
+                         f"{'under' if own_overlap else 'beside'} the GEMMs, the plan says "
+                         f"overlap_tp_comm {'true' if overlap else 'false'}: cost them with the "
+                         "plan's overlap")
     shown = f"tp {own}" + (f" with sequence parallelism {'on' if own_sp else 'off'}" if own > 1 else "")
     wanted = f"tp {tp}" + (f" with sequence parallelism {'on' if sp else 'off'}" if tp > 1 else "")
     raise TpMismatch(f"the costs ({table.source or 'the cost table'}) are for {shown}, the plan "

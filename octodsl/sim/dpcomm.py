@@ -20,6 +20,16 @@ collectives' times are bounds.py's ring formulas.
 The optimizer step starts on every device at once, when the last compute op has ended and every
 device's gradients are reduced (DeepSpeed synchronises the pipeline there); each device's
 all-gather starts when its own step ends.
+
+Megatron's overlaps (the plan's header, docs/models-and-costs.md "Overlaps"):
+- `overlap_grad_reduce` (zero 0 and 1): the gradients are reduced in buckets (BUCKET_PARAMS
+  parameters, megatron-core's default) as the last micro-batch's backward produces them, a
+  stage's once its last W (or BW) starts: its collective starts with that op (or when the stream
+  is free) and ends no sooner than that op's end plus one bucket's share of it (the last bucket
+  is ready only when the op ends).
+- `overlap_param_gather` (zero >= 1): each bucket's all-gather runs under the next iteration's
+  forwards, which need the parameters bucket by bucket: the first bucket's is exposed, and
+  what the device's forwards cannot cover (the all-gather beyond its F seconds).
 """
 
 from __future__ import annotations
@@ -38,6 +48,16 @@ from .program import KIND_CODE, SimProgram
 
 _W = KIND_CODE[OpKind.W]
 _BW = KIND_CODE[OpKind.BW]
+
+BUCKET_PARAMS = 40_000_000
+"""Parameters per gradient bucket: megatron-core's default, max(40M, 1M x dp)
+(`DistributedDataParallelConfig.bucket_size`)."""
+
+
+def buckets(params: np.ndarray, dp: int) -> np.ndarray:
+    """Gradient buckets of each stage's `params` parameters over `dp` copies (at least 1)."""
+    size = max(BUCKET_PARAMS, 1_000_000 * dp)
+    return np.maximum(1, np.ceil(np.asarray(params, float) / size)).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +89,8 @@ class DpComm:
     """Per device: seconds of its gradient reduce-scatters, all of them (zero >= 1)."""
     all_gather: np.ndarray
     """Per device: seconds of its all-gather of the updated parameters (zero >= 1)."""
-    hidden: np.ndarray
-    """Per device: of those seconds, the ones under the device's own compute."""
+    reduction_hidden: np.ndarray
+    """Per device: of its gradient reduction's seconds, the ones under its own compute."""
     span_ptr: np.ndarray
     """CSR offsets: device d's gradient reductions, in stream order, are span_ptr[d]:span_ptr[d + 1]."""
     span_dev: np.ndarray
@@ -85,6 +105,15 @@ class DpComm:
     """When the optimizer step starts, on every device at once."""
     gather_start: np.ndarray
     """Per device: when its all-gather starts (its step's end)."""
+    gather_exposed: np.ndarray
+    """Per device: the seconds of its all-gather the iteration waits for (all of it, but the
+    part under the next forwards with `overlap_param_gather`)."""
+
+    @property
+    def hidden(self) -> np.ndarray:
+        """Per device: data-parallel seconds under its own compute (this iteration's, or the
+        next one's forwards for an overlapped all-gather)."""
+        return self.reduction_hidden + self.all_gather - self.gather_exposed
 
     @property
     def total(self) -> np.ndarray:
@@ -95,6 +124,16 @@ class DpComm:
     def exposed(self) -> np.ndarray:
         """Per device: data-parallel communication seconds not under its own compute."""
         return self.total - self.hidden
+
+    @property
+    def reduction(self) -> np.ndarray:
+        """Per device: seconds of its gradient reduction (all-reduce or reduce-scatters)."""
+        return self.allreduce + self.reduce_scatter
+
+    @property
+    def reduction_exposed(self) -> np.ndarray:
+        """Per device: of its gradient reduction, the seconds not under its own compute."""
+        return self.reduction - self.reduction_hidden
 
     @property
     def reduction_kind(self) -> str:
@@ -113,16 +152,29 @@ class DpComm:
 
 
 def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks: int,
-            links: Sequence[Link], pipeline_time: float, update: np.ndarray) -> DpComm:
+            links: Sequence[Link], pipeline_time: float, update: np.ndarray,
+            stage_buckets: np.ndarray | None = None, overlap_grad: bool = False,
+            overlap_param: bool = False, forward: np.ndarray | None = None) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
     device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
-    module's model)."""
+    module's model). With the overlaps, `stage_buckets` (per stage, `buckets`) and `forward`
+    (per device, its F seconds) say how much of them hides."""
     P = p.devices
     device_bytes = np.bincount(p.stage_device, weights=grad_bytes, minlength=P)
     none = np.zeros(P)
     allreduce: np.ndarray
     reduce_scatter: np.ndarray
-    if zero >= 2 and ranks > 1:
+    stage_buckets = np.ones(p.num_stages, np.int64) if stage_buckets is None else stage_buckets
+    if overlap_grad and zero <= 1 and ranks > 1:
+        ring = ring_allreduce_time if zero == 0 else ring_reduce_scatter_time
+        ptr, start, end, op, held = _during_last_backwards(
+            p, t.start, t.end, ring(grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()]),
+            stage_buckets.astype(float))
+        dev = np.repeat(np.arange(P), np.diff(ptr))
+        whole = np.bincount(dev, weights=end - start, minlength=P)
+        allreduce, reduce_scatter = (whole, none) if zero == 0 else (none, whole)
+        hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
+    elif zero >= 2 and ranks > 1:
         ptr, start, end, op, held = _after_each_w(
             p.order_ptr, p.order_nodes, p.op_ptr, p.op_kind, p.op_stage, t.end,
             ring_reduce_scatter_time(grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()]))
@@ -141,8 +193,13 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
         hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
     gather = ring_all_gather_time(device_bytes, ranks, links) if zero >= 1 else none
+    exposed = gather
+    if overlap_param and zero >= 1:
+        per_device = np.maximum(1, np.bincount(p.stage_device, weights=stage_buckets, minlength=P))
+        fwd = none if forward is None else forward
+        exposed = np.maximum(gather / per_device, gather - fwd)
     return DpComm(zero, ranks, allreduce, reduce_scatter, gather, hidden, ptr, dev, start, end,
-                  op, held, update_start, update_start + update)
+                  op, held, update_start, update_start + update, exposed)
 
 
 @njit
@@ -182,6 +239,34 @@ def _after_each_w(order_ptr, order_nodes, op_ptr, op_kind, op_stage, end, second
                     op[j] = k
                     j += 1
     return ptr, start, stop, op, held
+
+
+def _during_last_backwards(p: SimProgram, start: np.ndarray, end: np.ndarray,
+                           seconds: np.ndarray, stage_buckets: np.ndarray):
+    """overlap_grad_reduce's reductions: per device, one per stage, starting with the stage's
+    last W (or BW) op, in the order those ops run, one after another on the device's stream;
+    each ends no sooner than its op's end plus one bucket's share (seconds[stage] /
+    stage_buckets[stage]). CSR offsets per device, start, end, the op, and whether each waited
+    for the one before."""
+    node_of = np.repeat(np.arange(p.num_nodes), np.diff(p.op_ptr))
+    pos = np.empty(p.num_nodes, np.int64)
+    pos[p.order_nodes] = np.arange(len(p.order_nodes))
+    ops = np.flatnonzero((p.op_kind == _W) | (p.op_kind == _BW))
+    # each stage's backward that runs last: sort by (stage, position) and keep each stage's last
+    ops = ops[np.lexsort((pos[node_of[ops]], p.op_stage[ops]))]
+    last = ops[np.r_[p.op_stage[ops][1:] != p.op_stage[ops][:-1], True]] if len(ops) else ops
+    last = last[np.lexsort((pos[node_of[last]], p.node_dev[node_of[last]]))]
+    dev = p.node_dev[node_of[last]]
+    ptr = np.zeros(p.devices + 1, np.int64)
+    ptr[1:] = np.cumsum(np.bincount(dev, minlength=p.devices))
+    t0, t1, held = np.zeros(len(last)), np.zeros(len(last)), np.zeros(len(last), bool)
+    free = np.zeros(p.devices)
+    for j, k in enumerate(last.tolist()):
+        n, d, st = int(node_of[k]), int(dev[j]), int(p.op_stage[k])
+        held[j] = free[d] > start[n]
+        t0[j] = max(start[n], free[d])
+        t1[j] = free[d] = max(t0[j] + seconds[st], end[n] + seconds[st] / stage_buckets[st])
+    return ptr, t0, t1, last, held
 
 
 @njit

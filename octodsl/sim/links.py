@@ -7,7 +7,10 @@
   (`SimProgram.cut_inter`) and a simulation only picks each cut's time.
 - A device's data-parallel collectives run over its dp group: on the inter-node link when the
   group has GPUs in two nodes (`Mesh.dp_spans_nodes`), else on the intra-node one; a dp link
-  given explicitly (`--dp-link`) overrides both.
+  given explicitly (`--dp-link`) overrides both. Across nodes, a group with k GPUs in each node
+  moves k ports' worth: NCCL runs one ring per network port (multi-rail), so the ring's
+  bandwidth is k x the inter-node link's, at most the node link's (`dp_link`). With k = 8, 8 x
+  24 GB/s reproduces DGX A100's published 192 GB/s across nodes of 8 x HDR.
 - The tensor-parallel collectives are in the costs already (StageCost.tp_f/tp_b/tp_w, costed
   on the node's link by the cost model); the simulator only reports them.
 """
@@ -45,6 +48,24 @@ def dp_spans_nodes(mesh: Mesh) -> np.ndarray:
     return np.array([mesh.dp_spans_nodes(d) for d in range(mesh.pp)], bool)
 
 
+def dp_rails(mesh: Mesh) -> np.ndarray:
+    """Per pipeline device: GPUs of its data-parallel group per node (`Mesh.dp_ranks_per_node`)."""
+    return np.array([mesh.dp_ranks_per_node(d) for d in range(mesh.pp)], np.int64)
+
+
+def dp_link(intra: Link, inter: Link, spans_nodes: bool, rails: int) -> Link:
+    """The link of a data-parallel ring: `intra` inside one node; across nodes `inter` with
+    `rails` ports driven at once (the group's GPUs per node), at most `intra`'s bandwidth."""
+    if not spans_nodes:
+        return intra
+    if rails <= 1 or inter.bandwidth <= 0:
+        return inter
+    bandwidth = rails * inter.bandwidth
+    if intra.bandwidth > 0:
+        bandwidth = min(bandwidth, intra.bandwidth)
+    return Link(f"{inter.name} x{rails}", inter.latency, bandwidth)
+
+
 def link_times(link: Link, nbytes: np.ndarray) -> np.ndarray:
     """`link.time` of each element, vectorised."""
     nbytes = np.asarray(nbytes, float)
@@ -67,20 +88,24 @@ class Links:
     """Per stage s: whether the cut s|s+1 is on `inter` (SimProgram.cut_inter)."""
     dp_inter: np.ndarray
     """Per device: whether its dp group spans nodes (SimProgram.dp_inter)."""
+    dp_rails: np.ndarray
+    """Per device: its dp group's GPUs per node (SimProgram.dp_rails)."""
 
     @classmethod
-    def of(cls, cut_inter: np.ndarray, dp_inter: np.ndarray, link: Link,
+    def of(cls, cut_inter: np.ndarray, dp_inter: np.ndarray, dp_rails: np.ndarray, link: Link,
            inter_link: Link | None = None, dp_link: Link | None = None) -> Links:
         """`link` inside nodes, `inter_link` between them (None: `link` everywhere, as on one
         node), `dp_link` for every data-parallel collective (None: by where its group sits)."""
-        return cls(link, link if inter_link is None else inter_link, dp_link, cut_inter, dp_inter)
+        return cls(link, link if inter_link is None else inter_link, dp_link, cut_inter, dp_inter,
+                   dp_rails)
 
     @property
     def dp(self) -> list[Link]:
         """Per device: the link of its data-parallel collectives."""
         if self.dp_given is not None:
             return [self.dp_given] * len(self.dp_inter)
-        return [self.inter if x else self.intra for x in self.dp_inter.tolist()]
+        return [dp_link(self.intra, self.inter, x, k)
+                for x, k in zip(self.dp_inter.tolist(), self.dp_rails.tolist(), strict=True)]
 
     def cut_times(self, send_bytes: np.ndarray) -> np.ndarray:
         """Per stage: seconds of one message across its cut (`send_bytes[s]` bytes)."""

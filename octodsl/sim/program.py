@@ -17,7 +17,7 @@ from ..dag import build_graph
 from ..mesh import Mesh
 from ..plan import Op, OpKind, Plan, PlanError, Slot
 from .core import WalkGraph
-from .links import cut_crosses_nodes, dp_spans_nodes
+from .links import cut_crosses_nodes, dp_rails, dp_spans_nodes
 
 KIND_OF_CODE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
 """Op kinds by their code in `SimProgram.op_kind` (and the constructor's, tune/construct.py)."""
@@ -63,11 +63,14 @@ class SimProgram:
     msg_boundary: np.ndarray
     """Per message: s when it crosses the cut between stages s and s + 1 (either direction)."""
     stream_ptr: np.ndarray
-    """Per device: room for every message its communication stream carries (sent or received)."""
+    """Per stream (2d: device d's sends, 2d + 1: its receives; core.send_stream): room for
+    every message it carries."""
     cut_inter: np.ndarray
     """Per stage s: True when messages across the cut s|s+1 leave a node (links.py)."""
     dp_inter: np.ndarray
     """Per device: True when its data-parallel group spans nodes (links.py)."""
+    dp_rails: np.ndarray
+    """Per device: its data-parallel group's GPUs per node (links.py)."""
 
     @property
     def devices(self) -> int:
@@ -164,9 +167,10 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     is_msg = edge_msg >= 0  # in edge order, as the messages are numbered
     msg_src_node, msg_dst_node = src[is_msg], dst[is_msg]
     msg_src_dev, msg_dst_dev = node_dev[msg_src_node], node_dev[msg_dst_node]
-    stream_ptr = np.zeros(P + 1, _I)
-    stream_ptr[1:] = np.cumsum(np.bincount(msg_src_dev, minlength=P)
-                               + np.bincount(msg_dst_dev, minlength=P))
+    stream_ptr = np.zeros(2 * P + 1, _I)
+    counts = np.stack([np.bincount(msg_src_dev, minlength=P), np.bincount(msg_dst_dev, minlength=P)],
+                      axis=1)
+    stream_ptr[1:] = np.cumsum(counts.ravel())
     split = np.zeros(plan.num_stages, bool)
     split[op_stage[op_kind == KIND_CODE[OpKind.W]]] = True  # as Plan.split_stages, from the arrays
     mesh = Mesh.of(plan.header)
@@ -185,6 +189,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         msg_boundary=np.fromiter((m.boundary for m in messages), _I, M),
         stream_ptr=stream_ptr,
         cut_inter=cut_crosses_nodes(mesh, stage_device), dp_inter=dp_spans_nodes(mesh),
+        dp_rails=dp_rails(mesh),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from ..plan import Op, OpKind
-from .core import NO_PRED, msg_pred_code
+from .core import NO_PRED, msg_pred_code, send_stream
 from .costs import SimCosts
 from .dpcomm import CollectiveSpan, DpComm
 from .links import Links
@@ -280,15 +280,15 @@ class SimResult:
         elif p.num_nodes:
             node = int(np.argmax(self.end))
         steps = self._path_to(node, msg)[::-1] + reductions[::-1]
-        tail = self.update + dpc.all_gather
+        tail = self.update + dpc.gather_exposed
         if len(tail) and tail.max() > 0:
             d = int(np.argmax(tail))
             if self.update[d] > 0:
                 t = dpc.update_start
                 steps.append(Step("update", "update", d, t, t + float(self.update[d])))
-            if dpc.all_gather[d] > 0:
+            if dpc.gather_exposed[d] > 0:
                 t = float(dpc.gather_start[d])
-                steps.append(Step("all-gather", "all-gather", d, t, t + float(dpc.all_gather[d])))
+                steps.append(Step("all-gather", "all-gather", d, t, t + float(dpc.gather_exposed[d])))
         return steps
 
     def _last_on(self, d: int) -> tuple[int, int]:
@@ -297,8 +297,12 @@ class SimResult:
         p = self.program
         lo, hi = p.order_ptr[d], p.order_ptr[d + 1]
         last_node = int(p.order_nodes[hi - 1]) if hi > lo else -1
-        lo, hi = p.stream_ptr[d], p.stream_ptr[d + 1]
-        last_msg = int(self.stream_log[hi - 1]) if hi > lo else -1
+        last_msg = -1
+        for k in (send_stream(d), send_stream(d) + 1):  # its send and its receive stream
+            lo, hi = p.stream_ptr[k], p.stream_ptr[k + 1]
+            m = int(self.stream_log[hi - 1]) if hi > lo else -1
+            if m >= 0 and (last_msg < 0 or self.msg_end[m] > self.msg_end[last_msg]):
+                last_msg = m
         if last_msg >= 0 and (last_node < 0 or self.msg_end[last_msg] > self.end[last_node]):
             return -1, last_msg
         return last_node, -1

@@ -15,12 +15,15 @@ from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_l
 from .bounds import lower_bound
 from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
-from .dpcomm import dp_comm
-from .links import Links, cut_crosses_nodes, dp_spans_nodes
+from .dpcomm import buckets, dp_comm
+from .links import Links, cut_crosses_nodes, dp_rails, dp_spans_nodes
 from .memory import memory
-from .program import SimProgram, compile
+from .program import KIND_CODE, SimProgram, compile
 from .result import SimResult
 from .sharing import ROUNDS, TOLERANCE, Sharing, shared_phase, stretch
+
+
+_F = KIND_CODE[OpKind.F]
 
 
 class SimDeadlock(PlanError):
@@ -58,11 +61,12 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     op_dur = np.stack([f, b, w, bw], axis=1)[p.op_stage, p.op_kind]
     work = p.per_node(op_dur)
     ranks = dp if dp is not None else p.plan.header.dp
-    cut_inter, dp_inter = p.cut_inter, p.dp_inter
+    cut_inter, dp_inter, rails = p.cut_inter, p.dp_inter, p.dp_rails
     if ranks != p.plan.header.dp:  # another mesh than the one compiled: place its ranks
         mesh = replace(Mesh.of(p.plan.header), dp=ranks)
         cut_inter, dp_inter = cut_crosses_nodes(mesh, p.stage_device), dp_spans_nodes(mesh)
-    links = Links.of(cut_inter, dp_inter, link, inter_link, dp_link)
+        rails = dp_rails(mesh)
+    links = Links.of(cut_inter, dp_inter, rails, link, inter_link, dp_link)
     cut_time = links.cut_times(np.array([c.send_bytes for c in stage_costs], float))
     msg_dur = cut_time[p.msg_boundary]
 
@@ -91,8 +95,13 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     grads = np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
     update = shared_phase(np.bincount(p.stage_device, weights=[c.update for c in stage_costs],
                                       minlength=p.devices), sharing)
-    dpc = dp_comm(p, t, grads, p.plan.header.zero, ranks, links.dp, pipeline_time, update)
-    iteration_time = dpc.update_start + (float((update + dpc.all_gather).max(initial=0.0))
+    h = p.plan.header
+    params = grads / max(costs.param_bytes.weights, 1.0) if costs.param_bytes else grads / 2
+    forward = np.bincount(p.node_dev, weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
+                          minlength=p.devices)
+    dpc = dp_comm(p, t, grads, h.zero, ranks, links.dp, pipeline_time, update,
+                  buckets(params, ranks), h.overlap_grad_reduce, h.overlap_param_gather, forward)
+    iteration_time = dpc.update_start + (float((update + dpc.gather_exposed).max(initial=0.0))
                                          + costs.step_overhead)
     comm = comm + dpc.total
     hidden = hidden + dpc.hidden

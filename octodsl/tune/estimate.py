@@ -63,7 +63,7 @@ class FillModel:
         self.sd = np.array(devices, np.int64)
         # Per cut s and layer c: a message of layer c's output across cut s, on the link the
         # cut's ranks take (octodsl.sim.links).
-        out = np.array([l.out_bytes for l in layers], float)
+        out = np.array([l.message_bytes for l in layers], float)
         inter = cut_crosses_nodes(problem.mesh, devices)
         self.hop = np.array([link_times(problem.inter_link or problem.link if x else problem.link, out)
                              for x in inter.tolist()]).reshape(len(devices), len(layers))

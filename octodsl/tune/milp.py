@@ -73,7 +73,7 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     held = [round((l.act - l.act_w) / unit) for l in layers]
     held_w = [round(l.act_w / unit) for l in layers]
     static = [round(x / unit) for x in problem.layer_static()]
-    largest = max(l.out_bytes for l in layers)
+    largest = max(l.message_bytes for l in layers)
     inter = problem.inter_link or problem.link
     hops = [_us((inter if x else problem.link).time(largest))
             for x in cut_crosses_nodes(problem.mesh, devs).tolist()]

@@ -78,7 +78,8 @@ def test_costs_follow_sequence_length_and_width():
     long = per_kind(analytical_costs(spec.with_shape(seq_len=8192), H800), spec)
     # attention's core is quadratic in s: more than 4x from 2k to 8k tokens
     assert long["attention"].f > 4.2 * short["attention"].f
-    assert long["mlp"].f == pytest.approx(4 * short["mlp"].f, rel=0.01)
+    # linear in the tokens but for the GEMMs' last wave, fuller with 4x the tiles (costs/gemm.py)
+    assert 3.8 * short["mlp"].f < long["mlp"].f <= 4 * short["mlp"].f
     assert long["mamba2"].act == pytest.approx(4 * short["mamba2"].act, rel=0.01)
     data = spec.compact()
     wide = parse_model({**data, "mlp": {**data["mlp"], "ffn": 2 * data["mlp"]["ffn"]}}, "wide")

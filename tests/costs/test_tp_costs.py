@@ -3,7 +3,7 @@ collectives' times, and what lint and the executor rely on in octodsl.models.tp.
 
 import pytest
 
-from octodsl.costs.analytical import GEMM_HALF_WIDTH, analytical_costs, gemm_shrink
+from octodsl.costs.analytical import analytical_costs
 from octodsl.costs.devices import get_device, get_link
 from octodsl.costs.profile import ProfileError
 from octodsl.costs.resolve import cost_table
@@ -87,14 +87,6 @@ def test_an_h100_node_link_is_faster():
     h800 = analytical_costs(spec, H800, tp=8).layers[2]
     h100 = analytical_costs(spec, get_device("H100"), tp=8).layers[2]
     assert h100.tp_f < h800.tp_f
-
-
-def test_gemm_efficiency_falls_as_the_split_shrinks():
-    assert gemm_shrink(8192, 1) == 1.0 and gemm_shrink(0, 8) == 1.0
-    values = [gemm_shrink(8192, tp) for tp in (1, 2, 4, 8, 16, 64)]
-    assert values == sorted(values, reverse=True)
-    w = 8192 / 8
-    assert gemm_shrink(8192, 8) == pytest.approx((w / (w + GEMM_HALF_WIDTH)) / (8192 / (8192 + 128)))
 
 
 def test_tp_makes_each_gpu_faster_until_communication_dominates():

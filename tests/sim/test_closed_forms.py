@@ -91,6 +91,18 @@ def test_messages_from_one_device_share_its_stream():
     assert starts["F1:1"] == pytest.approx(1 + 2 * c)
 
 
+def test_messages_the_other_way_do_not_wait():
+    # Full-duplex links: the gradient device 1 sends back at 6 starts at once, while device 0's
+    # second activation (sent 4..7) is still arriving there; one stream per device would hold
+    # the gradient until 7.
+    c = 3.0
+    plan = make_plan(2, 2, [["F0:0", "F0:1", "BW0:0", "BW0:1"], ["F1:0", "BW1:0", "F1:1", "BW1:1"]])
+    r = run(plan, 1, 1, 0, link=Link("fixed", c, 0.0))
+    starts = {op.label: op.start for op in r.ops()}
+    assert starts["F1:1"] == pytest.approx(4 + c)
+    assert starts["BW0:0"] == pytest.approx(6 + c)
+
+
 def test_bandwidth_term_uses_the_cut_size():
     plan = generate("1f1b", 2, 1)
     link = Link("bw", 0.0, 100.0)

@@ -80,16 +80,20 @@ def test_a_program_keeps_its_cuts_when_only_the_order_changes_but_not_the_mesh()
     assert compile(tp8, like=program).cut_inter[:-1].all()
 
 
-@pytest.mark.parametrize("dp, gpus, spans", [
-    (4, 8, [False, False, False, False]),   # each dp group is 4 GPUs of one node
-    (16, 8, [True, True, True, True]),      # 16 GPUs: two nodes
-    (3, 8, [False, False, True, False]),    # device 2's group is ranks 6, 7 | 8
+@pytest.mark.parametrize("dp, gpus, spans, rails", [
+    (4, 8, [False, False, False, False], [4, 4, 4, 4]),  # each dp group is 4 GPUs of one node
+    (16, 8, [True, True, True, True], [8, 8, 8, 8]),     # 16 GPUs: two nodes, 8 in each
+    (3, 8, [False, False, True, False], [3, 3, 2, 3]),   # device 2's group is ranks 6, 7 | 8
 ])
-def test_dp_link_by_where_each_device_s_group_sits(dp, gpus, spans):
+def test_dp_link_by_where_each_device_s_group_sits(dp, gpus, spans, rails):
     plan = _plan(p=4, m=4, dp=dp, gpus_per_node=gpus)
     assert compile(plan).dp_inter.tolist() == spans
+    assert compile(plan).dp_rails.tolist() == rails
     r = simulate(plan, _costs(4), INTRA, inter_link=INTER)
-    expected = [2 * (dp - 1) * (INTER if x else INTRA).time(400.0 / dp) for x in spans]
+    # Across nodes each GPU of the group in a node drives its own port: k x INTER's bandwidth.
+    links = [Link("x", INTER.latency, k * INTER.bandwidth) if x else INTRA
+             for x, k in zip(spans, rails, strict=True)]
+    expected = [2 * (dp - 1) * link.time(400.0 / dp) for link in links]
     assert r.allreduce.tolist() == pytest.approx(expected)
     # --dp-link overrides both.
     given = simulate(plan, _costs(4), INTRA, inter_link=INTER, dp_link=DP_LINK)
@@ -100,9 +104,18 @@ def test_simulate_dp_override_places_the_ranks_for_that_dp():
     plan = _plan(p=4, m=4, dp=1)
     assert not compile(plan).cut_inter.any()  # 4 GPUs: one node
     r = simulate(plan, _costs(4), INTRA, inter_link=INTER, dp=16)
-    assert r.allreduce.tolist() == pytest.approx([30 * INTER.time(400.0 / 16)] * 4)
+    eight_ports = Link("x", INTER.latency, 8 * INTER.bandwidth)
+    assert r.allreduce.tolist() == pytest.approx([30 * eight_ports.time(400.0 / 16)] * 4)
     assert r.links.cut_inter[:-1].all()  # 64 GPUs: a device per two nodes
     assert {round(m.end - m.start, 12) for m in r.messages()} == {round(INTER.time(SEND), 12)}
+
+
+def test_the_rails_are_capped_by_the_node_link():
+    plan = _plan(p=4, m=4, dp=16)
+    fast = Link("fast", INTER.latency, INTRA.bandwidth)  # 8 ports of it: more than NVLink's
+    r = simulate(plan, _costs(4), INTRA, inter_link=fast)
+    assert r.allreduce.tolist() == pytest.approx(
+        [30 * Link("x", fast.latency, INTRA.bandwidth).time(400.0 / 16)] * 4)
 
 
 def test_link_busy_against_hand_sums():
