@@ -61,18 +61,28 @@ def equal_layers(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
     return _ranges(bounds)
 
 
-def megatron_layers(pattern: str, n_stages: int) -> list[tuple[int, int]]:
+def megatron_layers(pattern: str, n_stages: int, ends: bool = False) -> list[tuple[int, int]]:
     """Megatron-LM's default split of a model's layers (`pattern` with its `[` and `]`): its
     layers in equal counts per stage, the embedding on the first stage and the LM head on the
     last. A Megatron layer is a mixer + MLP pair of a GPT-style model and one symbol of any
-    other (its hybrid models: `models.pattern.transformer_layers`). Megatron asks the count to
-    divide; when it does not, the first stages take one more, as `equal_layers`."""
+    other (its hybrid models: `models.pattern.transformer_layers`). With `ends` the embedding
+    and the LM head each count as one layer, so the first and last stages hold one layer fewer
+    (Megatron's `--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`,
+    DeepSpeed's `type:transformer|embedding`, Llama 3's and ZeroBubble's layouts). Megatron asks
+    the count to divide; when it does not, the first stages take one more, as `equal_layers`."""
     body = pattern[1:-1]
     unit = 2 if transformer_layers(body) else 1
-    if len(body) // unit < n_stages:
-        raise OctoError(f"{len(body) // unit} Megatron layers cannot fill {n_stages} stages "
+    units = len(body) // unit + (2 if ends else 0)
+    if units < n_stages:
+        raise OctoError(f"{units} Megatron layers cannot fill {n_stages} stages "
                         "(a stage needs a layer)")
-    ranges = [(1 + a * unit, (b + 1) * unit) for a, b in equal_layers(len(body) // unit, n_stages)]
+    # bounds in units; with `ends` unit 0 is the embedding and the last unit the LM head
+    cuts = [a for a, _ in equal_layers(units, n_stages)] + [units]
+    shift = 1 if ends else 0
+
+    def layer(u: int) -> int:  # the first pattern index of unit u
+        return min(max(1 + (u - shift) * unit, 0 if u == 0 else 1), len(pattern) - 1)
+    ranges = [(layer(a), layer(b) - 1) for a, b in pairwise(cuts)]
     ranges[0] = (0, ranges[0][1])
     ranges[-1] = (ranges[-1][0], len(pattern) - 1)
     return ranges

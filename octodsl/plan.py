@@ -118,8 +118,11 @@ class Slot:
         return "(" + " & ".join(str(op) for op in self.ops) + ")"
 
 
-OVERLAPS = ("overlap_tp_comm", "overlap_grad_reduce", "overlap_param_gather")
+OVERLAPS = ("overlap_tp_comm", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm")
 """The header's overlap fields: communication a runtime may hide under compute."""
+RUNTIME_FIELDS = (*OVERLAPS, "grad_accumulation_fusion", "scatter_gather_messages")
+"""Header fields that say how the runtime runs the plan's ops (docs/models-and-costs.md,
+"Overlaps")."""
 
 
 class Header(BaseModel):
@@ -164,6 +167,14 @@ class Header(BaseModel):
     overlap_param_gather: bool = False
     """Under ZeRO, the updated parameters' all-gather runs under the next iteration's forwards
     (Megatron's `--overlap-param-gather`); false: after the optimizer step."""
+    overlap_p2p_comm: bool = True
+    """Pipeline sends and receives run beside compute (octodsl's executor; Megatron's
+    `--overlap-p2p-comm`); false: each op waits for its own sends to finish (Megatron's
+    default 1F1B, DeepSpeed's stock pipeline engine)."""
+    scatter_gather_messages: bool = False
+    """Without sequence parallelism, each GPU of a tp group sends 1/tp of a pipeline message
+    and the receivers gather it over NVLink (Megatron's default scatter/gather); false: each
+    sends the whole activation, as octodsl's executor and DeepSpeed do."""
     grad_accumulation_fusion: bool = False
     """The weight-gradient GEMMs add into the gradient buffer themselves (Megatron's
     `--gradient-accumulation-fusion`, Transformer Engine); false: each micro-batch's weight
@@ -175,6 +186,11 @@ class Header(BaseModel):
     def overlaps(self) -> tuple[str, ...]:
         """The header's overlap fields that are on (OVERLAPS' names)."""
         return tuple(name for name in OVERLAPS if getattr(self, name))
+
+    def runtime_changes(self) -> list[tuple[str, bool]]:
+        """The runtime fields (RUNTIME_FIELDS) that differ from their defaults, as set."""
+        return [(name, getattr(self, name)) for name in RUNTIME_FIELDS
+                if getattr(self, name) != Header.model_fields[name].default]
 
     @property
     def sp(self) -> bool:

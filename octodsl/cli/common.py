@@ -109,13 +109,22 @@ def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
 
 
 def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
-    """--overlap: the communication the runtime hides under compute (the header's overlap
-    fields)."""
+    """--overlap and --grad-accumulation-fusion: what the runtime does beside the plan's ops
+    (the header's overlap fields and grad_accumulation_fusion)."""
     p.add_argument("--overlap", type=overlap_list, metavar="LIST",
                    help=f"what the runtime overlaps with compute, comma-separated: "
                    f"{', '.join(OVERLAP_OPTIONS)} (Megatron's --tp-comm-overlap, "
-                   "--overlap-grad-reduce, --overlap-param-gather), or none (what octodsl's "
-                   f"executor runs; default: {default_from})")
+                   "--overlap-grad-reduce, --overlap-param-gather, --overlap-p2p-comm), or none; "
+                   "those not named are off (octodsl's executor runs p2p-comm alone; default: "
+                   f"{default_from})")
+    p.add_argument("--scatter-gather-messages", type=switch, metavar="true|false",
+                   help="without sequence parallelism, each tp GPU sends 1/tp of a pipeline "
+                   "message (Megatron's default); false: the whole activation, as octodsl's "
+                   f"executor and DeepSpeed do (default: {default_from})")
+    p.add_argument("--grad-accumulation-fusion", type=switch, metavar="true|false",
+                   help="the weight-gradient GEMMs add into the gradient buffer themselves "
+                   "(Megatron's --gradient-accumulation-fusion); false: a pass of its own per "
+                   f"micro-batch, as octodsl's executor runs it (default: {default_from})")
 
 
 OVERLAP_OPTIONS = {name.removeprefix("overlap_").replace("_", "-"): name for name in OVERLAPS}
@@ -141,6 +150,9 @@ def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
     names = ("tp", "sequence_parallel", "gpus_per_node")  # a command may take only some
     update = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     update.update(getattr(args, "overlap", None) or {})
+    for name in ("grad_accumulation_fusion", "scatter_gather_messages"):
+        if getattr(args, name, None) is not None:
+            update[name] = getattr(args, name)
     if update.get("tp", tp) == 1 and update.get("sequence_parallel", sequence_parallel):
         raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
                         "or more, or --sequence-parallel false")

@@ -92,7 +92,7 @@ def run(args) -> int:
 
 def resolve_costs(args, plan):
     """(SimCosts, Link) as `octodsl simulate` resolves them, with compare's link default."""
-    from ..costs.resolve import cost_table
+    from ..costs.resolve import cost_table, header_costing
     from ..sim import SimCosts
 
     model = args.model or (None if args.profile else plan.header.model)
@@ -100,8 +100,7 @@ def resolve_costs(args, plan):
         raise UserError(f"{args.plan} names no model: give --profile or --model")
     try:
         table = cost_table(model=model, profile=args.profile, device=args.device,
-                           microbatch_size=plan.header.microbatch_size, seq_len=plan.header.seq_len,
-                           tp=plan.header.tp, sp=plan.header.sp)
+                           **header_costing(plan.header))
         costs = SimCosts.from_table(table, plan)
     except OctoError as e:
         raise UserError(str(e)) from None

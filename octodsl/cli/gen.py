@@ -33,8 +33,9 @@ def register(sub) -> None:
                    "and cut its layers into the stages")
     p.add_argument("--partition", choices=PARTITIONS, default="time",
                    help="with --model: balance F+B+W time (default), parameter counts "
-                   "(DeepSpeed's 'parameters'), layer counts, or Megatron-LM's default split "
-                   "(equal transformer layers, the embedding first, the LM head last)")
+                   "(DeepSpeed's 'parameters'), layer counts, or Megatron-LM's split (equal "
+                   "transformer layers, the embedding first, the LM head last; megatron-ends: "
+                   "those two each counted as a layer)")
     p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
     p.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile) "
                    "instead of the analytical ones")
@@ -72,6 +73,9 @@ def run(args) -> int:
     mesh = {"tp": args.tp, "gpus_per_node": args.gpus_per_node,
             "sequence_parallel": None if args.sequence_parallel is None else BOOLEANS[args.sequence_parallel],
             **(args.overlap or {})}
+    for name in ("grad_accumulation_fusion", "scatter_gather_messages"):
+        if getattr(args, name) is not None:
+            mesh[name] = getattr(args, name)
     text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
                          args.model, args.partition, times, device=args.device, profile=args.profile,
                          microbatch_size=args.microbatch_size, seq_len=args.seq_len,

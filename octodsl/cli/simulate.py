@@ -19,7 +19,7 @@ from typing import TypedDict
 
 from ..errors import OctoError
 from ..costs.devices import get_device
-from ..costs.resolve import cost_table
+from ..costs.resolve import cost_table, header_costing
 from ..costs.table import Link, uniform_stage_costs
 from ..interop import read_csv
 from ..lang import PlanSyntaxError
@@ -171,8 +171,7 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
         try:
             # The tp collectives run inside a node: on --link when given, else the device's own.
             table = cost_table(model=model, profile=args.profile, device=args.device,
-                               microbatch_size=h.microbatch_size, seq_len=h.seq_len, tp=h.tp,
-                               sp=h.sp, tp_link=given)
+                               tp_link=given, **header_costing(h))
             costs = SimCosts.from_table(table, plan)
         except TpMismatch as e:
             raise UserError(f"{path}: {e}") from None

@@ -5,8 +5,10 @@ quantization, calibrated on the device's best measured GEMM), in F, in B (the in
 GEMM) and in W (the weight gradient's). A flash-attention core runs at its kernel's measured
 rate for the sequence length and head dimension (`costs/attention.py`); unfused attention's
 score GEMMs at their shapes; scans at a fraction of the peak, and no faster than their bytes
-over the achievable bandwidth; memory-bound parts take bytes over the achievable bandwidth.
-F = GEMMs + core + elementwise; B = GEMMs (input side) + core backward + elementwise backward;
+over the achievable bandwidth; memory-bound parts take bytes over the achievable bandwidth;
+and each sub-layer's F and B pay the device's measured per-op overheads (`Overheads`: kernel
+launches and the memory traffic a byte count of the kernels misses). F = GEMMs + core +
+elementwise + overheads; B = GEMMs (input side) + core backward + elementwise backward;
 W = GEMMs (weight side) + weight-gradient reductions. Static memory is BYTES_PER_PARAM per
 parameter; the optimizer step moves OPTIMIZER_BYTES per parameter through memory.
 
@@ -74,20 +76,26 @@ def _times(work: Work, device: Device, dtype: str,
         core_b = max(work.core_b / rate_b, 2 * work.core_bytes / bandwidth)
     core_f += _gemms(work.core_gemms, device, dtype, e)
     core_b += _gemms(work.core_gemms_b, device, dtype, e)
-    return ((g_f + core_f + work.ew_f / bandwidth, g_b + core_b + work.ew_b / bandwidth,
+    o = device.overheads
+    over_f = o.f_seconds + work.elements * o.f_bytes / device.mem_bandwidth if work.elements else 0.0
+    over_b = o.b_seconds + work.elements * o.b_bytes / device.mem_bandwidth if work.elements else 0.0
+    return ((g_f + core_f + work.ew_f / bandwidth + over_f, g_b + core_b + work.ew_b / bandwidth + over_b,
              g_w + work.ew_w / bandwidth),
             (g_f, g_b, g_w), work.sel_core * core_f + work.sel_ew / bandwidth)
 
 
 def analytical_costs(spec: ModelSpec, device: Device, bytes_per_param: int = BYTES_PER_PARAM,
                      tp: int = 1, sp: bool | None = None, tp_link: Link | None = None,
-                     overlap_tp: bool = False) -> CostTable:
+                     overlap_tp: bool = False, scatter_gather: bool = False) -> CostTable:
     """Per-layer costs of `spec` (at its micro-batch size and sequence length) on `device`, on
     one GPU of a tp group: `sp` sequence parallelism (default: on when tp > 1), the tp
     collectives on `tp_link` (default: the device's node link), hidden under the GEMMs with
-    `overlap_tp`. The model must split at this tp (`octodsl.models.tp.tp_problems`)."""
+    `overlap_tp`; without sp, each GPU sends 1/tp of a pipeline message with `scatter_gather`
+    (the whole activation otherwise). The model must split at this tp
+    (`octodsl.models.tp.tp_problems`)."""
     sp = tp > 1 if sp is None else sp and tp > 1
     overlap_tp = overlap_tp and tp > 1
+    scatter_gather = scatter_gather and tp > 1 and not sp
     link = tp_link or get_link(device.node_link)
     layers = []
     for i, layer in enumerate(spec.layers):
@@ -105,7 +113,7 @@ def analytical_costs(spec: ModelSpec, device: Device, bytes_per_param: int = BYT
             tp_hidden_f=hidden[0], tp_hidden_b=hidden[1], tp_hidden_w=hidden[2],
             update=params * OPTIMIZER_BYTES / device.bandwidth,
             grad_acc=params * ACCUMULATE_ELEMENTS * spec.dtype_bytes / device.bandwidth,
-            msg_bytes=work.out / (1 if sp else tp)))
+            msg_bytes=work.out / tp if scatter_gather else None))
     where = (f", tp {tp}{' sp' if sp else ''}{' overlapped' if overlap_tp else ''} on {link.name}"
              if tp > 1 else "")
     return CostTable(
@@ -114,5 +122,7 @@ def analytical_costs(spec: ModelSpec, device: Device, bytes_per_param: int = BYT
         tokens_per_microbatch=spec.tokens,
         meta={"model": spec.name, "device": device.name, "microbatch_size": spec.microbatch_size,
               "seq_len": spec.seq_len, "dtype": spec.dtype, "bytes_per_param": bytes_per_param,
-              "pattern": spec.pattern, "tp": tp, "sp": sp, "overlap_tp_comm": overlap_tp},
+              "pattern": spec.pattern, "tp": tp, "sp": sp, "overlap_tp_comm": overlap_tp,
+              "message_overhead": device.overheads.message_seconds,
+              "scatter_gather_messages": scatter_gather},
     )

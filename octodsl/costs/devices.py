@@ -28,6 +28,31 @@ class Efficiency:
 
 
 @dataclass(frozen=True, slots=True)
+class Overheads:
+    """What a sub-layer's F and B cost beyond the kernels the analytical model counts, per op:
+    a fixed part (kernel launches, host work between kernels) and a part per activation element
+    (tokens x hidden on this GPU: the layout copies, casts and fp32 statistics a byte count of
+    the main kernels misses), in bytes at the device's memory bandwidth."""
+
+    f_seconds: float = 0.0
+    b_seconds: float = 0.0
+    f_bytes: float = 0.0
+    b_bytes: float = 0.0
+    message_seconds: float = 0.0
+    """Each pipeline message's cost beyond its link's time (posting the send and the receive,
+    synchronising them)."""
+
+
+MEGATRON_A100_OVERHEADS = Overheads(0.205e-3, 0.200e-3, 151.0, 106.0, 0.41e-3)
+"""Fitted to ZeroBubble's per-op profile (Qi et al. 2024, arXiv 2401.10241, Table 6: T_F, T_B
+and T_comm of 1.5B-28.3B GPT models on A100s under Megatron-LM) against this model's F and B
+of the same stages (least squares, per sub-layer: seconds + bytes x elements) and T_comm
+against the message's NVLink time: what Megatron-style eager PyTorch spends beyond its
+kernels' roofline. The GPUs share it (the bytes scale with each one's bandwidth, the seconds
+are the host's); docs/models-and-costs.md, "Overheads"."""
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One pipeline device: peak rates, memory bandwidth and size, and how its kernels reach
     them."""
@@ -49,6 +74,8 @@ class Device:
     attention: AttentionModel | None = None
     """Its flash-attention kernel's measured rates (None: `efficiency.attention` of the peak)."""
     efficiency: Efficiency = field(default_factory=Efficiency)
+    overheads: Overheads = MEGATRON_A100_OVERHEADS
+    """Per-op overheads of a training framework's layers on this device (`Overheads`)."""
     node_link: str = "nvlink"
     """The link between GPUs of one node (`LINKS`): tensor-parallel collectives, and pipeline
     messages and data-parallel collectives that stay in the node."""
@@ -83,12 +110,16 @@ def _tensor_core_gemm(mamf: float, shape: tuple[int, int, int], sms: int, peak: 
                       bandwidth: float) -> GemmModel:
     """The GEMM model of a GPU whose best-shaped bf16 GEMM (`shape`, m x n x k) was measured
     at `mamf` of its peak (Stas Bekman's "Maximum Achievable Matmul FLOPS", ml-engineering,
-    compute/accelerator): the mainloop's rate is what makes the model give `mamf` at `shape`.
-    No prologue or epilogue cost (`k_ramp` 0): the kernels overlap one tile's epilogue with
-    another's mainloop (two tiles per SM on Ampere, warp-specialised kernels on Hopper)."""
-    unit = GemmModel(1.0, sms, CUBLAS_TILES)
+    compute/accelerator). A tile's epilogue writes its tm x tn outputs (2 bytes each) at the
+    SM's share of the bandwidth, while each step of its mainloop does 2 tm tn FLOPs at the SM's
+    share of the rate: the epilogue is worth rate / bandwidth steps of k whatever the tile
+    (`k_ramp`), which a GEMM over a short k (a weight gradient over one micro-batch's tokens)
+    pays most. The mainloop's rate is what makes the model give `mamf` at `shape`."""
+    ramp = mamf * peak / bandwidth
+    unit = GemmModel(1.0, sms, CUBLAS_TILES, ramp)
     m, n, k = shape
-    return GemmModel(mamf / unit.efficiency(Gemm(m, n, k), peak, bandwidth, 2), sms, CUBLAS_TILES)
+    return GemmModel(mamf / unit.efficiency(Gemm(m, n, k), peak, bandwidth, 2), sms, CUBLAS_TILES,
+                     ramp)
 
 
 def _curves(seq: tuple[int, ...], by_dim: dict[int, tuple[float, ...]]) -> tuple[AttentionCurve, ...]:
@@ -131,7 +162,7 @@ DEVICES: dict[str, Device] = {
         Device("cpu", "one core of this 2-core CPU (one executor rank), half its memory",
                200e9, 95e9, 30e9, 25e9, 12 * _GIB, GemmModel(0.75),
                efficiency=Efficiency(attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6),
-               node_link="loopback", inter_node_link="loopback"),
+               overheads=Overheads(), node_link="loopback", inter_node_link="loopback"),
     )
 }
 """Built-in devices by name."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..errors import OctoError
 from ..models import load_model
 from ..models.tp import tp_problems
+from ..plan import Header
 from .analytical import analytical_costs
 from .devices import get_device
 from .profile import ProfileError, read_profile
@@ -17,7 +18,7 @@ _SHAPE_FIELDS = {"name", "description", "microbatch_size", "seq_len"}
 def cost_table(model: str | None = None, profile: str | None = None, device: str = "H800",
                microbatch_size: int | None = None, seq_len: int | None = None, tp: int = 1,
                sp: bool | None = None, tp_link: Link | None = None,
-               overlap_tp: bool = False) -> CostTable:
+               overlap_tp: bool = False, scatter_gather: bool = False) -> CostTable:
     """Per-layer costs for a plan.
 
     With `profile` (a path), the measured costs; `model`, when also given, must be the profiled
@@ -26,8 +27,9 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     path) on the built-in `device`, at the spec's shape with `microbatch_size` / `seq_len`
     (from the plan header) overriding it, on one GPU of a `tp` group (`sp`: sequence
     parallelism, default on when tp > 1; the collectives on `tp_link`, default the device's node
-    link; `overlap_tp`: hidden under the GEMMs, the plan's `overlap_tp_comm`). A profile is
-    measured at tp 1: tp > 1 with a profile is refused.
+    link; `overlap_tp`: hidden under the GEMMs, the plan's `overlap_tp_comm`; `scatter_gather`:
+    the plan's `scatter_gather_messages`). A profile is measured at tp 1: tp > 1 with a profile
+    is refused.
 
     Raises ValueError (SpecError, ProfileError) with a message for the user."""
     if profile is not None:
@@ -55,4 +57,11 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     if fatal:
         raise OctoError(f"{spec.name} does not split over tp {tp}: {'; '.join(fatal)}")
     return analytical_costs(spec, get_device(device), tp=tp, sp=sp, tp_link=tp_link,
-                            overlap_tp=overlap_tp)
+                            overlap_tp=overlap_tp, scatter_gather=scatter_gather)
+
+
+def header_costing(h: Header) -> dict:
+    """The `cost_table` arguments a plan's header decides: the micro-batch's shape, tp and
+    sequence parallelism, and the runtime fields that change per-layer costs."""
+    return {"microbatch_size": h.microbatch_size, "seq_len": h.seq_len, "tp": h.tp, "sp": h.sp,
+            "overlap_tp": h.overlap_tp_comm, "scatter_gather": h.scatter_gather_messages}

@@ -59,9 +59,8 @@ class LayerCost:
     by a pass of its own (0 for a measured W, which includes it); a plan with
     `grad_accumulation_fusion` has the GEMM do it instead."""
     msg_bytes: float | None = None
-    """Bytes one GPU sends across a cut after this layer (None: `out_bytes`): under tensor
-    parallelism each GPU of the group sends its 1/tp slice (Megatron's scatter/gather of the
-    pipeline messages, sequence parallel or not)."""
+    """Bytes one GPU sends across a cut after this layer (None: `out_bytes`): 1/tp of it under
+    Megatron's scatter/gather of pipeline messages (the plan's `scatter_gather_messages`)."""
 
     @property
     def message_bytes(self) -> float:
@@ -213,11 +212,18 @@ class CostTable:
     def _dtype_bytes(self) -> int:
         return DTYPE_BYTES.get(self.meta.get("dtype", "bf16"), 2)
 
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient the data-parallel collectives move: fp32 for a bf16 model
+        (Megatron-LM forces `accumulate_allreduce_grads_in_fp32` with bf16, and DeepSpeed's
+        BF16 optimizer accumulates them in fp32), else the model's dtype."""
+        return 4 if self.meta.get("dtype", "bf16") == "bf16" else self._dtype_bytes
+
     def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
-        """Gradient bytes of layers `first..last` (default: all) in the model's dtype, as the
-        data-parallel collectives move them."""
+        """Gradient bytes of layers `first..last` (default: all) as the data-parallel
+        collectives move them (`grad_reduce_bytes` each)."""
         stop = len(self.layers) if last is None else last + 1
-        return float(sum(layer.params for layer in self.layers[first:stop]) * self._dtype_bytes)
+        return float(sum(layer.params for layer in self.layers[first:stop]) * self.grad_reduce_bytes)
 
     def layer_work(self) -> list[float]:
         """F + B + W seconds of each layer, W with its gradient-accumulation pass (as octodsl's

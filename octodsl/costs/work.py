@@ -115,6 +115,9 @@ class Work:
     """The tp collectives of F (none at tp 1)."""
     tp_b: tuple[Collective, ...] = ()
     tp_w: tuple[Collective, ...] = ()
+    elements: float = 0.0
+    """Activation elements the layer's per-token kernels touch on this GPU (tokens x hidden /
+    tp): what the device's per-op overheads scale with (0: none, the embedding and LM head)."""
 
     @property
     def gemm(self) -> float:
@@ -189,7 +192,7 @@ def _block(s: _Shape, gemms: tuple[Gemm, ...], act: float, gemm_io: float, ew: f
         ew_f, act = ew_f + mask, act + mask
     return Work(gemms=gemms, ew_f=ew_f, ew_b=EW_BWD * ew_f, ew_w=2 * the, act=act,
                 act_w=min(act, 2 * the + gemm_io), out=the, sel_act=the + sel_act,
-                sel_ew=2 * the + sel_ew, **core)
+                sel_ew=2 * the + sel_ew, elements=s.tokens * s.hidden / s.tp, **core)
 
 
 def _attention(c: AttentionConfig, s: _Shape) -> Work:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from ..errors import OctoError
 from ..lang import parse_plan
-from ..plan import OVERLAPS, Header, Plan, Stage
+from ..plan import RUNTIME_FIELDS, Header, Plan, Stage
 from ..version import made_by
 from .classic import gpipe, interleaved, one_f_one_b
 from .dualpipe import dualpipe_v
@@ -30,7 +30,7 @@ _SINGLE: dict[str, Callable[[int, int], PhasedSchedule]] = {
     "gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2,
 }
 """Schedules with one stage per device."""
-MESH_FIELDS = ("tp", "sequence_parallel", "gpus_per_node", *OVERLAPS, "grad_accumulation_fusion")
+MESH_FIELDS = ("tp", "sequence_parallel", "gpus_per_node", *RUNTIME_FIELDS)
 """Header fields of the cluster a generated plan runs on (`generate_text(mesh=...)`)."""
 _V_SHAPE = ("zb-v", "dualpipev")
 """Schedules with two stages per device in a V."""
@@ -82,8 +82,7 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
     (balanced F+B+W time, the default), "parameters" or "equal"; `costs` go to the cost table
     (device, profile, microbatch_size, seq_len; the last two also into the header). `mesh`
     holds header fields of the cluster the plan runs on (tp, sequence_parallel,
-    gpus_per_node, the overlap fields, grad_accumulation_fusion), written into the header as
-    given."""
+    gpus_per_node, the runtime fields), written into the header as given."""
     phased = phased_schedule(name, devices, microbatches, chunks, times)
     v = chunks or 2
     plan_name = f"{name}-p{devices}-m{microbatches}" + (f"-v{v}" if name == "interleaved" else "")

@@ -9,7 +9,7 @@ from ..models import load_model
 from ..partition import balance_parameters, balance_time, equal_layers, megatron_layers
 from ..plan import Stage
 
-METHODS = ("time", "parameters", "equal", "megatron")
+METHODS = ("time", "parameters", "equal", "megatron", "megatron-ends")
 
 
 def model_stages(model: str, num_stages: int, method: str = "time", device: str = "H800",
@@ -27,9 +27,10 @@ def model_stages(model: str, num_stages: int, method: str = "time", device: str 
     if method == "equal":
         ranges = equal_layers(len(pattern), num_stages)
         note = "equal layer counts (DeepSpeed's 'uniform')"
-    elif method == "megatron":
-        ranges = megatron_layers(pattern, num_stages)
-        note = "Megatron-LM's default: equal transformer layers, embedding first, LM head last"
+    elif method in ("megatron", "megatron-ends"):
+        ranges = megatron_layers(pattern, num_stages, ends=method == "megatron-ends")
+        note = ("Megatron-LM's split: equal transformer layers, embedding first, LM head last"
+                + (", each counted as a layer" if method == "megatron-ends" else ""))
     else:
         table = cost_table(model=model, profile=profile, device=device,
                            microbatch_size=microbatch_size, seq_len=seq_len, tp=tp, sp=sp)

@@ -63,9 +63,7 @@ def _header(h: Header) -> list[tuple[str, str]]:
         out.append(("memory", exact_size(h.memory)))
     if h.gpus_per_node != Header.model_fields["gpus_per_node"].default:
         out.append(("gpus_per_node", str(h.gpus_per_node)))
-    out += [(name, "true") for name in h.overlaps]
-    if h.grad_accumulation_fusion:
-        out.append(("grad_accumulation_fusion", "true"))
+    out += [(name, "true" if value else "false") for name, value in h.runtime_changes()]
     return out
 
 

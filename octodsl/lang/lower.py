@@ -30,7 +30,8 @@ _FIELD_KINDS = {
     "seq_len": ("int",), "dp": ("int",), "zero": ("int",), "memory": ("int", "size"),
     "model": ("string", "name"), "tp": ("int",), "sequence_parallel": ("bool",),
     "gpus_per_node": ("int",), "overlap_tp_comm": ("bool",), "overlap_grad_reduce": ("bool",),
-    "overlap_param_gather": ("bool",), "grad_accumulation_fusion": ("bool",),
+    "overlap_param_gather": ("bool",), "overlap_p2p_comm": ("bool",),
+    "grad_accumulation_fusion": ("bool",), "scatter_gather_messages": ("bool",),
 }
 BOOLEANS = {"true": True, "false": False}
 """How a `bool` field is written: a bare name, `true` or `false` (not 1, yes or "true")."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import OctoError
-from ..costs.resolve import cost_table
+from ..costs.resolve import cost_table, header_costing
 from ..lang.errors import Diagnostic
 from ..plan import Plan
 from ..sim import SimCosts, compile, memory
@@ -23,8 +23,7 @@ def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
     if h.model is None or h.memory is None:
         return []
     try:
-        table = cost_table(model=h.model, device=DEFAULT_DEVICE, microbatch_size=h.microbatch_size,
-                           seq_len=h.seq_len, tp=h.tp, sp=h.sp)
+        table = cost_table(model=h.model, device=DEFAULT_DEVICE, **header_costing(h))
         costs = SimCosts.from_table(table, plan)
         program = compile(plan)
     except OctoError:  # an unknown model (SpecError), a partition that does not fit (PlanError),

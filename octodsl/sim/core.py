@@ -3,7 +3,8 @@
 Model (docs in octodsl/sim/__init__.py):
 - compute: each device runs its nodes in the plan's order on one compute stream; a node starts
   when the device is free and every message into it has arrived (a producer on the same device
-  ran earlier in the order, so it never delays the start);
+  ran earlier in the order, so it never delays the start); with blocking sends (the plan's
+  `overlap_p2p_comm` false) also when the sends of the node before it have finished;
 - communication: each device has two communication streams, separate from compute: one for
   what it sends and one for what it receives (links are full duplex, and every runtime we model
   posts sends and receives on their own: docs/models-and-costs.md, "Pipeline messages"). A
@@ -44,6 +45,7 @@ class WalkGraph(NamedTuple):
     msg_dst_node: np.ndarray
     msg_src_dev: np.ndarray
     msg_dst_dev: np.ndarray
+    msg_hold: np.ndarray
     stream_ptr: np.ndarray
     """Stream 2d is device d's send stream, 2d + 1 its receive stream (`send_stream`)."""
 
@@ -210,15 +212,17 @@ def walk(g, dur, msg_dur):
         log_pos[a] += 1
         stream_log[log_pos[b]] = m
         log_pos[b] += 1
-        n = g.msg_dst_node[m]
-        remaining[n] -= 1
-        if e > ready[n] or ready_by[n] < 0:
-            ready[n] = e
-            ready_by[n] = m
-        d = g.node_dev[n]
-        if remaining[n] == 0 and pos[d] < g.order_ptr[d + 1] and g.order_nodes[pos[d]] == n:
-            stack[sn] = d
-            sn += 1
+        for n in (g.msg_dst_node[m], g.msg_hold[m]):
+            if n < 0:
+                continue
+            remaining[n] -= 1
+            if e > ready[n] or ready_by[n] < 0:
+                ready[n] = e
+                ready_by[n] = m
+            d = g.node_dev[n]
+            if remaining[n] == 0 and pos[d] < g.order_ptr[d + 1] and g.order_nodes[pos[d]] == n:
+                stack[sn] = d
+                sn += 1
     comm_free = np.maximum(stream_free[0::2], stream_free[1::2])
     t = Timeline(done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
                  comm_free)

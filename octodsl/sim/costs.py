@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..costs.table import CostTable, ParamBytes, StageCost
-from ..plan import Plan, PlanError
+from ..plan import Header, Plan, PlanError
 from .sharing import Sharing
 
 
@@ -31,6 +31,12 @@ class SimCosts:
     zero: int = 0
     dp: int = 1
     """The ZeRO stage and data-parallel copies the stages' static bytes are sharded over."""
+    grad_reduce_bytes: float = 2.0
+    """Bytes per parameter in `grad_bytes` (the parameters' all-gather under ZeRO moves
+    `param_bytes.weights` each)."""
+    message_overhead: float = 0.0
+    """Seconds each pipeline message costs beyond its link's time (the device's
+    `Overheads.message_seconds`; 0 for measured costs, whose link is fitted)."""
 
     def static_parts(self, stage: int) -> ParamBytes | None:
         """The stage's static bytes on one copy split into weights, gradients and optimizer
@@ -54,7 +60,7 @@ class SimCosts:
         not fit the table's layers, or when the table is costed at another tensor-parallel
         degree (or sequence parallelism) than the plan's."""
         h = plan.header
-        check_tp(table, h.tp, h.sp, h.overlap_tp_comm)
+        check_tp(table, h)
         ranges = table.stage_ranges(plan)
         stages = table.range_costs(ranges, plan.recompute(), h.zero, h.dp,
                                    h.grad_accumulation_fusion)
@@ -65,27 +71,30 @@ class SimCosts:
         return cls(tuple(stages), grads, max(layer.f + layer.b + layer.w for layer in table.layers),
                    table.tokens_per_microbatch or None, table.source,
                    sharing,
-                   0.0 if cal is None else cal.step_overhead, table.param_bytes, h.zero, h.dp)
+                   0.0 if cal is None else cal.step_overhead, table.param_bytes, h.zero, h.dp,
+                   float(table.grad_reduce_bytes), float(table.meta.get("message_overhead", 0.0)))
 
 
 class TpMismatch(PlanError):
     """A cost table costed at another tensor-parallel degree than the plan runs."""
 
 
-def check_tp(table: CostTable, tp: int, sp: bool, overlap: bool = False) -> None:
-    """TpMismatch unless `table` holds one GPU's share at tensor-parallel degree `tp` (and, for
-    tp > 1, with sequence parallelism `sp` and its collectives under the GEMMs or not,
-    `overlap`): its meta "tp" (default 1), "sp" and "overlap_tp_comm"."""
+def check_tp(table: CostTable, h: Header) -> None:
+    """TpMismatch unless `table` holds one GPU's share at the header's tensor-parallel degree
+    (and, for tp > 1, with its sequence parallelism, its collectives under the GEMMs or not, its
+    messages scattered or not): the table's meta "tp" (default 1), "sp", "overlap_tp_comm" and
+    "scatter_gather_messages"."""
+    tp, sp = h.tp, h.sp
     own = int(table.meta.get("tp", 1))
     own_sp = bool(table.meta.get("sp", own > 1))
-    own_overlap = bool(table.meta.get("overlap_tp_comm", False))
-    if own == tp and (tp == 1 or (own_sp == sp and own_overlap == overlap)):
+    if own == tp and (tp == 1 or own_sp == sp):
+        for field, applies in (("overlap_tp_comm", tp > 1), ("scatter_gather_messages", tp > 1 and not sp)):
+            theirs, mine = bool(table.meta.get(field, False)), bool(getattr(h, field))
+            if applies and theirs != mine:
+                raise TpMismatch(f"the costs ({table.source or 'the cost table'}) are for "
+                                 f"{field} {str(theirs).lower()}, the plan says "
+                                 f"{str(mine).lower()}: cost the plan with its own header")
         return
-    if own == tp and own_sp == sp:
-        raise TpMismatch(f"the costs ({table.source or 'the cost table'}) have the tp collectives "
-                         f"{'under' if own_overlap else 'beside'} the GEMMs, the plan says "
-                         f"overlap_tp_comm {'true' if overlap else 'false'}: cost them with the "
-                         "plan's overlap")
     shown = f"tp {own}" + (f" with sequence parallelism {'on' if own_sp else 'off'}" if own > 1 else "")
     wanted = f"tp {tp}" + (f" with sequence parallelism {'on' if sp else 'off'}" if tp > 1 else "")
     raise TpMismatch(f"the costs ({table.source or 'the cost table'}) are for {shown}, the plan "

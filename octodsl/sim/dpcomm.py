@@ -154,11 +154,13 @@ class DpComm:
 def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks: int,
             links: Sequence[Link], pipeline_time: float, update: np.ndarray,
             stage_buckets: np.ndarray | None = None, overlap_grad: bool = False,
-            overlap_param: bool = False, forward: np.ndarray | None = None) -> DpComm:
+            overlap_param: bool = False, forward: np.ndarray | None = None,
+            param_bytes: np.ndarray | None = None) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
     device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
     module's model). With the overlaps, `stage_buckets` (per stage, `buckets`) and `forward`
-    (per device, its F seconds) say how much of them hides."""
+    (per device, its F seconds) say how much of them hides. The all-gather moves `param_bytes`
+    per stage (default: as many as the gradients)."""
     P = p.devices
     device_bytes = np.bincount(p.stage_device, weights=grad_bytes, minlength=P)
     none = np.zeros(P)
@@ -192,7 +194,9 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
         allreduce, reduce_scatter = (whole, none) if zero == 0 else (none, whole)
         hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
-    gather = ring_all_gather_time(device_bytes, ranks, links) if zero >= 1 else none
+    gathered = device_bytes if param_bytes is None else np.bincount(
+        p.stage_device, weights=param_bytes, minlength=P)
+    gather = ring_all_gather_time(gathered, ranks, links) if zero >= 1 else none
     exposed = gather
     if overlap_param and zero >= 1:
         per_device = np.maximum(1, np.bincount(p.stage_device, weights=stage_buckets, minlength=P))

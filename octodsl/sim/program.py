@@ -56,6 +56,9 @@ class SimProgram:
     msg_dst_node: np.ndarray
     msg_src_dev: np.ndarray
     msg_dst_dev: np.ndarray
+    msg_hold: np.ndarray
+    """Per message: the sender's node after its producer, which waits for the send to finish
+    (the plan's `overlap_p2p_comm` false: blocking sends), else -1."""
     msg_kind: np.ndarray
     msg_stage: np.ndarray
     msg_mb: np.ndarray
@@ -171,6 +174,16 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     counts = np.stack([np.bincount(msg_src_dev, minlength=P), np.bincount(msg_dst_dev, minlength=P)],
                       axis=1)
     stream_ptr[1:] = np.cumsum(counts.ravel())
+    msg_hold = np.full(M, -1, _I)
+    in_deg = np.bincount(dst, minlength=N).astype(_I)
+    if not plan.header.overlap_p2p_comm and M:
+        after = np.full(N, -1, _I)  # each node's successor on its device
+        consecutive = order_nodes[1:]
+        same = np.repeat(np.arange(P), np.diff(order_ptr))
+        keep = same[1:] == same[:-1]
+        after[order_nodes[:-1][keep]] = consecutive[keep]
+        msg_hold = after[msg_src_node]
+        in_deg += np.bincount(msg_hold[msg_hold >= 0], minlength=N).astype(_I)
     split = np.zeros(plan.num_stages, bool)
     split[op_stage[op_kind == KIND_CODE[OpKind.W]]] = True  # as Plan.split_stages, from the arrays
     mesh = Mesh.of(plan.header)
@@ -179,10 +192,10 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         order_ptr=order_ptr, order_nodes=order_nodes, node_dev=node_dev,
         op_ptr=op_ptr, grouped=K > N, op_kind=op_kind, op_stage=op_stage,
         op_mb=np.fromiter((op.mb for op in flat), _I, K),
-        in_deg=np.bincount(dst, minlength=N).astype(_I),
+        in_deg=in_deg,
         out_ptr=out_ptr, out_dst=dst[by_src], out_msg=edge_msg[by_src],
         msg_src_node=msg_src_node, msg_dst_node=msg_dst_node,
-        msg_src_dev=msg_src_dev, msg_dst_dev=msg_dst_dev,
+        msg_src_dev=msg_src_dev, msg_dst_dev=msg_dst_dev, msg_hold=msg_hold,
         msg_kind=np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
         msg_stage=np.fromiter((m.producer.stage for m in messages), _I, M),
         msg_mb=np.fromiter((m.producer.mb for m in messages), _I, M),
@@ -197,6 +210,8 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
     """`like` with the device orders of `plan`, when every device runs the same slots as in
     like.plan (same partition, placement and mesh); None when anything else changed."""
     old = like.plan
+    if not plan.header.overlap_p2p_comm or not old.header.overlap_p2p_comm:
+        return None  # which node a send holds back depends on the order
     if (Mesh.of(plan.header) != Mesh.of(old.header)
             or plan.devices != old.devices or plan.num_stages != old.num_stages
             or plan.microbatches != old.microbatches

@@ -67,7 +67,8 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
         cut_inter, dp_inter = cut_crosses_nodes(mesh, p.stage_device), dp_spans_nodes(mesh)
         rails = dp_rails(mesh)
     links = Links.of(cut_inter, dp_inter, rails, link, inter_link, dp_link)
-    cut_time = links.cut_times(np.array([c.send_bytes for c in stage_costs], float))
+    cut_time = links.cut_times(np.array([c.send_bytes for c in stage_costs], float)) \
+        + costs.message_overhead
     msg_dur = cut_time[p.msg_boundary]
 
     sharing = costs.sharing if costs.sharing is not None and costs.sharing.active else None
@@ -96,11 +97,13 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     update = shared_phase(np.bincount(p.stage_device, weights=[c.update for c in stage_costs],
                                       minlength=p.devices), sharing)
     h = p.plan.header
-    params = grads / max(costs.param_bytes.weights, 1.0) if costs.param_bytes else grads / 2
+    params = grads / costs.grad_reduce_bytes
     forward = np.bincount(p.node_dev, weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
                           minlength=p.devices)
+    weights = costs.param_bytes.weights if costs.param_bytes else costs.grad_reduce_bytes
     dpc = dp_comm(p, t, grads, h.zero, ranks, links.dp, pipeline_time, update,
-                  buckets(params, ranks), h.overlap_grad_reduce, h.overlap_param_gather, forward)
+                  buckets(params, ranks), h.overlap_grad_reduce, h.overlap_param_gather, forward,
+                  params * weights)
     iteration_time = dpc.update_start + (float((update + dpc.gather_exposed).max(initial=0.0))
                                          + costs.step_overhead)
     comm = comm + dpc.total

@@ -65,8 +65,9 @@ class FillModel:
         # cut's ranks take (octodsl.sim.links).
         out = np.array([l.message_bytes for l in layers], float)
         inter = cut_crosses_nodes(problem.mesh, devices)
+        extra = float(table.meta.get("message_overhead", 0.0))
         self.hop = np.array([link_times(problem.inter_link or problem.link if x else problem.link, out)
-                             for x in inter.tolist()]).reshape(len(devices), len(layers))
+                             for x in inter.tolist()]).reshape(len(devices), len(layers)) + extra
         self.mode = np.zeros(len(devices), np.int64)
         if recompute:
             self.set_modes(recompute)

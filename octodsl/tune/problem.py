@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from .. import limits
 from ..costs.devices import INTER_NODE_LINK, get_device, get_link
-from ..costs.resolve import cost_table
+from ..costs.resolve import cost_table, header_costing
 from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
 from ..mesh import Mesh
@@ -97,11 +97,12 @@ class Problem:
                memory: int | None = None, link: str | Link | None = None,
                microbatch_size: int | None = None, seq_len: int | None = None,
                name: str | None = None, dp: int = 1, zero: int = 0,
-               recompute: RecomputeChoice = AUTO, tp: int = 1, sequence_parallel: bool | None = None,
-               gpus_per_node: int = 8, inter_link: str | Link | None = INTER_NODE_LINK) -> Problem:
+               recompute: RecomputeChoice = AUTO, inter_link: str | Link | None = INTER_NODE_LINK,
+               **mesh) -> Problem:
         """Analytical costs of a model (built-in name or spec path) on a built-in device, one GPU's
         share at `tp` with the tp collectives on `link` (default: the device's node link); `dp`,
-        `zero`, `tp`, `sequence_parallel` and `gpus_per_node` go into the header of every plan.
+        `zero` and `mesh` (header fields: tp, sequence_parallel, gpus_per_node, the runtime
+        fields) go into the header of every plan.
         Pipeline messages and dp collectives that leave a node take `inter_link` (None: `link`).
         Raises OctoError with a message for the user."""
         try:
@@ -109,10 +110,8 @@ class Problem:
             header = Header(name=name or f"tuned-{model}-p{devices}-m{microbatches}",
                             devices=devices, microbatches=microbatches, model=model,
                             microbatch_size=microbatch_size, seq_len=seq_len, memory=memory,
-                            dp=dp, zero=zero, tp=tp, sequence_parallel=sequence_parallel,
-                            gpus_per_node=gpus_per_node)
-            table = cost_table(model=model, device=device, microbatch_size=microbatch_size,
-                               seq_len=seq_len, tp=tp, sp=header.sp, tp_link=intra)
+                            dp=dp, zero=zero, **mesh)
+            table = cost_table(model=model, device=device, tp_link=intra, **header_costing(header))
             check_size(model, len(table.layers), devices, microbatches)
         except ValidationError as e:  # a value out of the plan header's (or the spec's) range
             first = e.errors()[0]
@@ -256,7 +255,8 @@ class Problem:
             return 0.0, 0.0
         even = np.full(P, self.table.grad_bytes() / P)
         links = self.dp_links()
-        after = float(ring_all_gather_time(even, h.dp, links).sum()) / P if h.zero >= 1 else 0.0
+        gathered = even * self.table.param_bytes.weights / self.table.grad_reduce_bytes
+        after = float(ring_all_gather_time(gathered, h.dp, links).sum()) / P if h.zero >= 1 else 0.0
         if h.zero == 0:
             return float(ring_allreduce_time(even, h.dp, links).sum()) / P, after
         if h.zero == 1:
@@ -471,8 +471,8 @@ class Problem:
         model does not split over `tp`."""
         h = self.header.model_copy(update={"tp": tp})
         m = self.table.meta
-        table = cost_table(model=h.model, device=m["device"], microbatch_size=h.microbatch_size,
-                           seq_len=h.seq_len, tp=tp, sp=h.sp, tp_link=self.link)
+        table = cost_table(model=h.model, device=m["device"], tp_link=self.link,
+                           **header_costing(h))
         return replace(self, table=table, header=h)
 
     def skeleton(self, layout: StageLayout) -> Plan:
