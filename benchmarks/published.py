@@ -143,15 +143,10 @@ def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str], dict]:
     return name, args, {}
 
 
-def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
-    """The simulation of the row as octodsl's CLI runs it (gen, then simulate with --dp,
-    --zero, --recompute, --device, --inter-node-link)."""
-    from octodsl.costs.devices import get_device, get_link
-    from octodsl.costs.resolve import cost_table
+def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
+    """The row's plan: `octodsl gen` with its header fields, then --dp, --zero, --recompute."""
     from octodsl.gen import generate
-    from octodsl.costs.resolve import header_costing
     from octodsl.plan import OVERLAPS, Recompute
-    from octodsl.sim import SimCosts, compile, simulate
 
     runtime = row["runtime"]
     pp, tp = row["pp"], row["tp"]
@@ -169,6 +164,17 @@ def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
     header = plan.header.model_copy(update={"dp": row["dp"], "zero": runtime.get("zero", 0)})
     stages = [dataclasses.replace(st, recompute=Recompute(recompute)) for st in plan.stages]
     plan = dataclasses.replace(plan, header=header, stages=stages)
+    return plan
+
+
+def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
+    """The simulation of the row as octodsl's CLI runs it (gen, then simulate with --dp,
+    --zero, --recompute, --device, --inter-node-link)."""
+    from octodsl.costs.devices import get_device, get_link
+    from octodsl.costs.resolve import cost_table, header_costing
+    from octodsl.sim import SimCosts, compile, simulate
+
+    plan = _plan(row, spec_path, s, recompute)
     device = get_device(row["device"])
     h = plan.header
     table = cost_table(model=str(spec_path), device=row["device"], **header_costing(h))
@@ -185,6 +191,15 @@ def _link(name: str):
         d = yaml.safe_load((REPO / name).read_text())
         return Link(d["name"], float(d["latency"]), float(d["bandwidth"]))
     return get_link(name)
+
+
+def export_plan(row: dict, recompute: str, folder: Path) -> None:
+    """Write the row's plan as simulated (with `recompute`) to folder/<id>.octo."""
+    from octodsl.gen import render_plan
+
+    plan = _plan(row, write_spec(row["model"]), setup(row), recompute)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{row['id']}.octo").write_text(render_plan(plan, {}, row["id"]))
 
 
 def run_row(row: dict) -> dict:
@@ -377,6 +392,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", nargs="*", metavar="PREFIX", help="only rows whose id starts so")
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "published.md"))
+    ap.add_argument("--export", metavar="DIR", help="also write each row's plan to DIR/<id>.octo")
     args = ap.parse_args()
     from octodsl.sim import warm_up
 
@@ -389,6 +405,8 @@ def main() -> int:
             continue
         r = run_row(row)
         results.append(r)
+        if args.export:
+            export_plan(row, r["recompute"], Path(args.export))
         print(f"{r['id']:50} {r['published']:>9g} {r['simulated']:>9.4g} {_pct(r['error']):>7} "
               f"({r['seconds']:.1f} s)", flush=True)
     ranks = rankings(results)

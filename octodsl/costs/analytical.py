@@ -77,8 +77,8 @@ def _times(work: Work, device: Device, dtype: str,
     core_f += _gemms(work.core_gemms, device, dtype, e)
     core_b += _gemms(work.core_gemms_b, device, dtype, e)
     o = device.overheads
-    over_f = o.f_seconds + work.elements * o.f_bytes / device.mem_bandwidth if work.elements else 0.0
-    over_b = o.b_seconds + work.elements * o.b_bytes / device.mem_bandwidth if work.elements else 0.0
+    over_f = work.elements * o.f_bytes / device.mem_bandwidth
+    over_b = work.elements * o.b_bytes / device.mem_bandwidth
     return ((g_f + core_f + work.ew_f / bandwidth + over_f, g_b + core_b + work.ew_b / bandwidth + over_b,
              g_w + work.ew_w / bandwidth),
             (g_f, g_b, g_w), work.sel_core * core_f + work.sel_ew / bandwidth)
@@ -113,6 +113,8 @@ def analytical_costs(spec: ModelSpec, device: Device, bytes_per_param: int = BYT
             tp_hidden_f=hidden[0], tp_hidden_b=hidden[1], tp_hidden_w=hidden[2],
             update=params * OPTIMIZER_BYTES / device.bandwidth,
             grad_acc=params * ACCUMULATE_ELEMENTS * spec.dtype_bytes / device.bandwidth,
+            host_f=device.overheads.f_seconds if work.elements else 0.0,
+            host_b=device.overheads.b_seconds if work.elements else 0.0,
             msg_bytes=work.out / tp if scatter_gather else None))
     where = (f", tp {tp}{' sp' if sp else ''}{' overlapped' if overlap_tp else ''} on {link.name}"
              if tp > 1 else "")

@@ -3,7 +3,7 @@ calibration). The simulator and tuner only ever see `StageCost`s built from it."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from typing import Sequence
 
@@ -58,6 +58,11 @@ class LayerCost:
     """Seconds per micro-batch of adding the layer's weight gradient into its gradient buffer
     by a pass of its own (0 for a measured W, which includes it); a plan with
     `grad_accumulation_fusion` has the GEMM do it instead."""
+    host_f: float = 0.0
+    """Seconds the host takes to launch the layer's F beyond its kernels' run, which an op pays
+    when it starts after waiting for a message (a pipeline's ops; a single device streams its
+    ops back to back and hides it): `Overheads.f_seconds`."""
+    host_b: float = 0.0
     msg_bytes: float | None = None
     """Bytes one GPU sends across a cut after this layer (None: `out_bytes`): 1/tp of it under
     Megatron's scatter/gather of pipeline messages (the plan's `scatter_gather_messages`)."""
@@ -225,6 +230,16 @@ class CostTable:
         stop = len(self.layers) if last is None else last + 1
         return float(sum(layer.params for layer in self.layers[first:stop]) * self.grad_reduce_bytes)
 
+    def pipelined(self) -> CostTable:
+        """This table for a pipeline's ops: each layer's host launch time (`host_f`, `host_b`)
+        in its F and B, which `range_costs(pipelined=True)` would add (the same table when
+        there is none)."""
+        if not any(l.host_f or l.host_b for l in self.layers):
+            return self
+        layers = [replace(l, f=l.f + l.host_f, b=l.b + l.host_b, host_f=0.0, host_b=0.0)
+                  for l in self.layers]
+        return replace(self, layers=layers)
+
     def layer_work(self) -> list[float]:
         """F + B + W seconds of each layer, W with its gradient-accumulation pass (as octodsl's
         executor runs it): what a partition balances."""
@@ -243,7 +258,7 @@ class CostTable:
         fit the model (`stage_ranges`)."""
         h = plan.header
         return self.range_costs(self.stage_ranges(plan), plan.recompute(), h.zero, h.dp,
-                                h.grad_accumulation_fusion)
+                                h.grad_accumulation_fusion, plan.devices > 1)
 
     def input_bytes(self, first: int) -> float:
         """Bytes a stage starting at layer `first` receives: the previous layer's output, or
@@ -251,10 +266,12 @@ class CostTable:
         return self.layers[first - 1].out_bytes if first > 0 else self.layers[0].act
 
     def range_costs(self, ranges: list[tuple[int, int]], recompute: Sequence[Recompute] = (),
-                    zero: int = 0, dp: int = 1, fused_accumulation: bool = False) -> list[StageCost]:
+                    zero: int = 0, dp: int = 1, fused_accumulation: bool = False,
+                    pipelined: bool = False) -> list[StageCost]:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
         what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step;
-        W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
+        W adds each layer's gradient-accumulation pass unless `fused_accumulation`; F and B pay
+        the host's launch time (`host_f`, `host_b`) when `pipelined` (ops wait for messages)."""
         share = self.param_bytes.share(zero, dp)
         out = []
         for i, (first, last) in enumerate(ranges):
@@ -262,6 +279,8 @@ class CostTable:
             f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
             if not fused_accumulation:
                 w += sum(l.grad_acc for l in ls)
+            if pipelined:
+                f, b = f + sum(l.host_f for l in ls), b + sum(l.host_b for l in ls)
             act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
             mode = recompute[i] if i < len(recompute) else Recompute.NONE
             tp_f, tp_b, tp_w = (sum(l.tp_f for l in ls), sum(l.tp_b for l in ls),

@@ -69,6 +69,7 @@ def megatron_args(plan: Plan, source: str = "") -> Export:
                 if hybrid else "pretrain_gpt.py")
     counts = out.partition_hybrid(cuts) if hybrid else out.partition_gpt(cuts)
     out.mesh()
+    out.runtime()
     out.batch(cuts)
     out.recompute(counts)
     out.schedule()
@@ -198,6 +199,31 @@ class _Args:
         return f"{old}: there, {flags} cuts the same {P} stages"
 
     # -- header --------------------------------------------------------------------------------
+
+    def runtime(self) -> None:
+        """The header's runtime fields as Megatron's flags (its defaults: p2p overlap and
+        gradient-accumulation fusion on, the other overlaps off)."""
+        h = self.plan.header
+        if h.overlap_param_gather and not h.overlap_grad_reduce:
+            raise ExportError("the plan has overlap_param_gather without overlap_grad_reduce; "
+                              "Megatron-LM takes --overlap-param-gather only with "
+                              "--overlap-grad-reduce")
+        if h.overlap_tp_comm:
+            self.flag("--tp-comm-overlap", comment="overlap_tp_comm: Transformer Engine's "
+                      "userbuffers overlap of the tp collectives with the GEMMs")
+        if h.overlap_grad_reduce:
+            self.flag("--overlap-grad-reduce")
+        if h.overlap_param_gather:
+            self.flag("--overlap-param-gather")
+        if not h.overlap_p2p_comm:
+            self.flag("--no-overlap-p2p-communication", comment="overlap_p2p_comm false: "
+                      "each op waits for its pipeline sends and receives")
+        if not h.grad_accumulation_fusion:
+            self.flag("--no-gradient-accumulation-fusion", comment="grad_accumulation_fusion "
+                      "false: weight gradients are added to the buffer by a pass of their own")
+        if h.tp > 1 and not h.sp and not h.scatter_gather_messages:
+            self.comment("scatter_gather_messages false: Megatron-LM scatters and gathers the "
+                         "pipeline messages of a tp group anyway (1/tp from each GPU)")
 
     def mesh(self) -> None:
         h = self.plan.header

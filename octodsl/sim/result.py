@@ -223,6 +223,25 @@ class SimResult:
             out[key] = LinkBusy((links.dp_given or link).name, busy, float(busy.sum()))
         return out
 
+    def exposed(self) -> dict[str, np.ndarray]:
+        """Per kind of communication, per device: the seconds not hidden under compute, as the
+        plan's overlap fields have the runtime run it. 'tp': the tp collectives left in the ops
+        (all of them, but what `overlap_tp_comm` hides under the GEMMs); 'pipeline': messages
+        not under the device's compute; 'grad_reduce': the gradients' data-parallel reduction
+        not under compute (`overlap_grad_reduce` runs it during the last backwards);
+        'param_gather': the parameters' all-gather the iteration waits for
+        (`overlap_param_gather` hides it under the next forwards)."""
+        p = self.program
+        c = self.costs.stages
+        left = [np.array([getattr(x, "tp_" + k) - getattr(x, "tp_hidden_" + k) for x in c], float)
+                for k in "fbw"]
+        per_op = np.stack([left[0], left[1], left[2], left[1] + left[2]], axis=1)[p.op_stage, p.op_kind]
+        tp = np.bincount(np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=p.devices)
+        dpc = self.dp_comm
+        pipeline = self.comm_exposed - dpc.exposed
+        return {"tp": tp, "pipeline": np.maximum(pipeline, 0.0),
+                "grad_reduce": dpc.reduction_exposed, "param_gather": dpc.gather_exposed}
+
     def ops(self) -> Iterator[OpSpan]:
         """Every op's interval; the ops of an overlap group split their slot in turn."""
         p = self.program

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
-from ..gen import PARTITIONS, ScheduleError, phased_schedule
+from ..gen import ScheduleError, phased_schedule
 from ..gen.model_partition import model_stages
 from ..plan import Plan, Recompute, Stage
 from .evaluate import Evaluator, Score
@@ -46,6 +46,11 @@ class Baseline:
     def usable(self) -> bool:
         """Built and within the memory limit."""
         return self.score is not None and self.score.fits
+
+
+PARTITIONS = ("time", "parameters", "equal")
+"""The partitions every classic baseline is tried with (`gen --partition`'s balancing methods;
+the Megatron splits are the cluster search's Megatron-style recipe's business)."""
 
 
 def baseline_name(schedule: str, chunks: int | None, partition: str) -> str:

@@ -199,8 +199,11 @@ def _decide(x, st, d):
         if w_done[s] < b_done[s] and (best_w < 0 or
                                       st.b_end[s, w_done[s]] < st.b_end[best_w, w_done[best_w]]):
             best_w = s
+    # a B whose recomputed part would not fit lets a held W free memory first, now or later
+    b_needs_w = (best_w >= 0 and best_b >= 0 and x.act_b[best_b] > 0
+                 and st.memory[d] + x.act_b[best_b] > x.cap[d])
     if tb <= t0:
-        if best_w >= 0 and x.act_b[best_b] > 0 and st.memory[d] + x.act_b[best_b] > x.cap[d]:
+        if b_needs_w:
             return t0, 2, best_w, blocked
         return t0, 1, best_b, blocked
     if tf <= t0:
@@ -212,6 +215,8 @@ def _decide(x, st, d):
     if nxt == _INF:
         return _INF, -1, -1, blocked
     if tb <= tf:
+        if b_needs_w:
+            return t0, 2, best_w, blocked
         return tb, 1, best_b, blocked
     return tf, 0, best_f, blocked
 

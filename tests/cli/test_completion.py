@@ -74,7 +74,8 @@ def test_every_option_of_every_command(bash_script):
 
 @needs_bash
 def test_values(bash_script):
-    assert complete(bash_script, "gen", "--partition", "") == ["time", "parameters", "equal"]
+    assert complete(bash_script, "gen", "--partition", "") == ["time", "parameters", "equal",
+                                                              "megatron", "megatron-ends"]
     assert complete(bash_script, "gen", "--partition", "=", "p") == ["parameters"]
     assert complete(bash_script, "gen", "zb-") == ["zb-h1", "zb-h2", "zb-v"]
     assert complete(bash_script, "profile", "--device", "c") == ["cpu", "cuda"]

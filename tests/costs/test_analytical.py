@@ -50,9 +50,10 @@ def test_nemotron_8b_heterogeneity():
     assert k["mlp"].f > k["mamba2"].f > k["attention"].f > k["embedding"].f
     total = [c.f + c.b + c.w for c in table.layers]
     assert max(total) == total[-1]  # the LM head + loss is the heaviest layer
-    # GEMM-dominated layers split about 1:1:1; weight-free work puts B above W
+    # GEMM-dominated layers: B about F (their GEMMs and per-op overheads alike), W the weight
+    # gradients' GEMMs alone; weight-free work puts B above W
     assert k["mlp"].b == pytest.approx(k["mlp"].f, rel=0.15)
-    assert k["mlp"].w == pytest.approx(k["mlp"].f, rel=0.15)
+    assert 0.5 * k["mlp"].f < k["mlp"].w < k["mlp"].f
     assert k["attention"].b > 1.5 * k["attention"].w
     assert k["mamba2"].b > 1.3 * k["mamba2"].w
     assert k["embedding"].b == 0 and k["embedding"].w > 0
@@ -84,7 +85,8 @@ def test_costs_follow_sequence_length_and_width():
     data = spec.compact()
     wide = parse_model({**data, "mlp": {**data["mlp"], "ffn": 2 * data["mlp"]["ffn"]}}, "wide")
     base = per_kind(analytical_costs(spec, H800), spec)
-    assert per_kind(analytical_costs(wide, H800), wide)["mlp"].f > 1.8 * base["mlp"].f
+    # twice the GEMMs, the same per-op overheads (they scale with tokens x hidden)
+    assert per_kind(analytical_costs(wide, H800), wide)["mlp"].f > 1.6 * base["mlp"].f
     mb2 = analytical_costs(spec.with_shape(microbatch_size=2), H800)
     assert mb2.tokens_per_microbatch == 2 * spec.tokens
 

@@ -52,7 +52,8 @@ def test_small_gemms_are_memory_bound():
 
 def test_the_library_picks_the_fastest_tile():
     g = Gemm(2048, 2304, 2304)  # 1.7B GPT's output projection at one 2048-token sequence
-    times = [GemmModel(A100.gemm.peak_fraction, 108, (t,)).seconds(g, A100.peak_flops, A100.bandwidth, 2)
+    times = [GemmModel(A100.gemm.peak_fraction, 108, (t,), A100.gemm.k_ramp).seconds(
+                 g, A100.peak_flops, A100.bandwidth, 2)
              for t in CUBLAS_TILES]
     assert A100.gemm.seconds(g, A100.peak_flops, A100.bandwidth, 2) == pytest.approx(min(times))
 

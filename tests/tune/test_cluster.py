@@ -30,7 +30,7 @@ def tight(model: str, gpus: int, global_batch: int, share: float) -> Cluster:
     return Cluster(model, gpus, global_batch, memory=int(share * model_bytes(model)))
 
 
-@pytest.fixture(scope="module", params=[("nemotron-h-tiny", 8, 8, 1 / 6),
+@pytest.fixture(scope="module", params=[("nemotron-h-tiny", 8, 8, 1 / 4),
                                         ("jamba-tiny", 16, 16, 1 / 12),
                                         ("qwen3-next-tiny", 8, 16, 1 / 5)], ids=lambda p: p[0])
 def searched(request):

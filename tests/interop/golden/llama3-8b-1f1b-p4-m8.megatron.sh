@@ -8,6 +8,8 @@ MEGATRON_ARGS=(
   --pipeline-model-parallel-layout "Et*8|t*9|t*8|t*7L"
   --tensor-model-parallel-size 1
   # data-parallel size 1: Megatron takes it from the world size, tp 1 x pp 4 x dp 1 = 4 GPUs
+  # grad_accumulation_fusion false: weight gradients are added to the buffer by a pass of their own
+  --no-gradient-accumulation-fusion
   --micro-batch-size 1
   # 8 micro-batches of 1 per iteration
   --global-batch-size 8

@@ -10,6 +10,8 @@ MEGATRON_ARGS=(
   --sequence-parallel
   # data-parallel size 2: Megatron takes it from the world size, tp 8 x pp 8 x dp 2 = 128 GPUs
   --use-distributed-optimizer
+  # grad_accumulation_fusion false: weight gradients are added to the buffer by a pass of their own
+  --no-gradient-accumulation-fusion
   --micro-batch-size 1
   # 32 micro-batches of 1 per iteration, on each of 2 data-parallel copies
   --global-batch-size 64

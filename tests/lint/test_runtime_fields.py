@@ -1,0 +1,96 @@
+"""The header's runtime fields: written by gen, read by the parser, kept by fmt, checked by
+lint (E405, W405, W703, E704), turned into Megatron's flags by convert."""
+
+from __future__ import annotations
+
+import pytest
+
+from octodsl.cli import main
+from octodsl.gen import generate_text
+from octodsl.interop.export import ExportError
+from octodsl.interop.megatron import megatron_args
+from octodsl.lang import parse_plan
+from octodsl.cli.fmt import format_source
+from octodsl.lint import lint_source
+from octodsl.partition import megatron_layers
+from octodsl.plan import RUNTIME_FIELDS
+
+
+def _plan(**mesh) -> str:
+    return generate_text("1f1b", 2, 4, model="llama3-8b", partition="megatron", mesh=mesh)
+
+
+def _codes(text: str) -> list[str]:
+    return [d.code for d in lint_source(text, "p.octo")[1]]
+
+
+def test_every_runtime_field_round_trips_through_gen_parse_and_fmt():
+    mesh = {name: name != "overlap_p2p_comm" for name in RUNTIME_FIELDS}
+    text = generate_text("1f1b", 2, 4, model="llama3-8b", mesh={"tp": 2, **mesh})
+    h = parse_plan(text, path="p").header
+    assert {name: getattr(h, name) for name in RUNTIME_FIELDS} == mesh
+    assert format_source(text) == text  # gen writes the canonical form
+    assert "overlap_p2p_comm false" in text  # the one default that is true
+
+
+@pytest.mark.parametrize("field,code", [("overlap_param_gather true", "E405"),
+                                        ("overlap_grad_reduce true", "W405"),
+                                        ("overlap_tp_comm true", "W703")])
+def test_an_overlap_with_nothing_to_overlap_is_reported(field, code):
+    text = _plan().replace("  microbatches 4\n", f"  microbatches 4\n  {field}\n")
+    assert code in _codes(text)
+
+
+def test_tp_overlap_needs_sequence_parallelism():
+    text = _plan(tp=2, sequence_parallel=False, overlap_tp_comm=True)
+    assert "E704" in _codes(text)
+    assert "E704" not in _codes(_plan(tp=2, overlap_tp_comm=True))
+
+
+def test_a_runtime_field_must_be_true_or_false():
+    text = _plan().replace("  microbatches 4\n", "  microbatches 4\n  overlap_p2p_comm 1\n")
+    assert "E111" in _codes(text)
+
+
+def test_convert_to_megatron_emits_the_overlap_flags():
+    text = generate_text("1f1b", 2, 4, model="llama3-8b", partition="megatron",
+                         mesh={"tp": 2, "overlap_tp_comm": True, "overlap_grad_reduce": True,
+                               "overlap_param_gather": True, "overlap_p2p_comm": False,
+                               "grad_accumulation_fusion": True})
+    text = text.replace("  tp 2\n", "  tp 2\n  dp 4\n  zero 1\n")
+    args = megatron_args(parse_plan(text, path="p")).text
+    for flag in ("--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
+                 "--no-overlap-p2p-communication"):
+        assert flag in args
+    assert "--no-gradient-accumulation-fusion" not in args
+    plain = megatron_args(parse_plan(_plan(), path="p")).text
+    assert "--no-gradient-accumulation-fusion" in plain and "--overlap-grad-reduce" not in plain
+
+
+def test_megatron_refuses_a_parameter_gather_overlap_alone():
+    text = _plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"
+                           "  overlap_param_gather true\n")
+    with pytest.raises(ExportError, match="overlap-grad-reduce"):
+        megatron_args(parse_plan(text, path="p"))
+
+
+def test_gen_takes_the_runtime_options(tmp_path, capsys):
+    out = tmp_path / "p.octo"
+    assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "grad-reduce,p2p-comm",
+                 "--grad-accumulation-fusion", "true", "--scatter-gather-messages", "true",
+                 "-o", str(out)]) == 0
+    h = parse_plan(out.read_text(), path="p").header
+    assert h.overlap_grad_reduce and h.overlap_p2p_comm and not h.overlap_tp_comm
+    assert h.grad_accumulation_fusion and h.scatter_gather_messages
+    assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "sideways"]) == 2
+    assert "give tp-comm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pattern,stages,ends,expect", [
+    ("[" + "*-" * 4 + "]", 2, False, [(0, 4), (5, 9)]),
+    # 22 transformer layers on 8 stages, the embedding and the head counted: 2, 3 x 6, 2
+    ("[" + "*-" * 22 + "]", 8, True, [(0, 4)] + [(5 + 6 * i, 10 + 6 * i) for i in range(6)] + [(41, 45)]),
+    ("[M-M*-]", 3, False, [(0, 2), (3, 4), (5, 6)]),  # a hybrid: each symbol a Megatron layer
+])
+def test_megatron_partitions(pattern, stages, ends, expect):
+    assert megatron_layers(pattern, stages, ends) == expect
