@@ -52,9 +52,9 @@ class GemmModel:
     def seconds(self, g: Gemm, peak: float, bandwidth: float, element_bytes: int) -> float:
         """Time of `g` at a dense peak of `peak` FLOP/s and an achievable memory bandwidth of
         `bandwidth` bytes per second, its elements `element_bytes` wide."""
-        if g.m <= 0 or g.n <= 0 or g.k <= 0 or g.count <= 0:
+        if g.m <= 0 or g.n <= 0 or g.k <= 0 or g.batch <= 0:
             return 0.0
-        memory = element_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / bandwidth
+        memory = element_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch / bandwidth
         rate = peak * self.peak_fraction
         if self.sms <= 0 or not self.tiles:
             return max(g.flops / rate, memory)
@@ -62,7 +62,7 @@ class GemmModel:
         steps = g.k + self.k_ramp
         best = math.inf
         for t in self.tiles:
-            tiles = math.ceil(g.m / t.rows) * math.ceil(g.n / t.cols) * g.count
+            tiles = math.ceil(g.m / t.rows) * math.ceil(g.n / t.cols) * g.batch
             waves = math.ceil(tiles / self.sms)
             best = min(best, waves * 2.0 * t.rows * t.cols * steps / (per_sm * t.rate))
         return max(best, memory)

@@ -51,25 +51,25 @@ bytes of the whole tensor it produces (all-reduce, all-gather) or reduces (reduc
 
 
 class Gemm(NamedTuple):
-    """One weight GEMM of a forward, Y[m, n] = X[m, k] W[k, n], `count` times (the experts of
+    """One weight GEMM of a forward, Y[m, n] = X[m, k] W[k, n], `batch` times (the experts of
     an MoE layer: a grouped GEMM)."""
 
     m: int
     n: int
     k: int
-    count: int = 1
+    batch: int = 1
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k * self.count
+        return 2.0 * self.m * self.n * self.k * self.batch
 
     def input_grad(self) -> Gemm:
         """B's GEMM: dX[m, k] = dY[m, n] W^T."""
-        return Gemm(self.m, self.k, self.n, self.count)
+        return Gemm(self.m, self.k, self.n, self.batch)
 
     def weight_grad(self) -> Gemm:
         """W's GEMM: dW[k, n] = X^T dY, reducing over the m tokens."""
-        return Gemm(self.k, self.n, self.m, self.count)
+        return Gemm(self.k, self.n, self.m, self.batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +241,11 @@ def _unfused_attention(c: AttentionConfig, s: _Shape) -> Work:
     return replace(work, ew_b=work.ew_b - EW_BWD * soft_f + soft_b)
 
 
-def _ffn(tokens: int, h: int, ffn: int, activation: str, count: int = 1) -> tuple[tuple[Gemm, ...], int]:
+def _ffn(tokens: int, h: int, ffn: int, activation: str, batch: int = 1) -> tuple[tuple[Gemm, ...], int]:
     """(the GEMMs, width of the first projection) of an h x F feed-forward over `tokens`
-    tokens (`count` experts of that many tokens each)."""
+    tokens (`batch` experts of that many tokens each)."""
     first = 2 * ffn if activation == "swiglu" else ffn  # SwiGLU's gate and up are one GEMM
-    return (Gemm(tokens, first, h, count), Gemm(tokens, h, ffn, count)), first
+    return (Gemm(tokens, first, h, batch), Gemm(tokens, h, ffn, batch)), first
 
 
 def _mlp(c: MLPConfig, s: _Shape) -> Work:

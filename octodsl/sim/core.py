@@ -126,6 +126,21 @@ def _heap_pop(ht, hm, n):
 
 
 @njit
+def _arrive(g, n, m, e, remaining, ready, ready_by, pos, stack, sn):
+    """Message m, ended at e, is one of node n's waits: count it, and queue n's device when n
+    is its next node and has nothing left to wait for. Returns the stack's new size."""
+    remaining[n] -= 1
+    if e > ready[n] or ready_by[n] < 0:
+        ready[n] = e
+        ready_by[n] = m
+    d = g.node_dev[n]
+    if remaining[n] == 0 and pos[d] < g.order_ptr[d + 1] and g.order_nodes[pos[d]] == n:
+        stack[sn] = d
+        sn += 1
+    return sn
+
+
+@njit
 def walk(g, dur, msg_dur):
     """(Timeline, comm, hidden) of WalkGraph `g` with node durations `dur` and message
     durations `msg_dur` (seconds): comm and hidden as hidden_comm says (computed here, so that
@@ -212,17 +227,9 @@ def walk(g, dur, msg_dur):
         log_pos[a] += 1
         stream_log[log_pos[b]] = m
         log_pos[b] += 1
-        for n in (g.msg_dst_node[m], g.msg_hold[m]):
-            if n < 0:
-                continue
-            remaining[n] -= 1
-            if e > ready[n] or ready_by[n] < 0:
-                ready[n] = e
-                ready_by[n] = m
-            d = g.node_dev[n]
-            if remaining[n] == 0 and pos[d] < g.order_ptr[d + 1] and g.order_nodes[pos[d]] == n:
-                stack[sn] = d
-                sn += 1
+        sn = _arrive(g, g.msg_dst_node[m], m, e, remaining, ready, ready_by, pos, stack, sn)
+        if g.msg_hold[m] >= 0:  # a blocking send: its sender's next node waits for it too
+            sn = _arrive(g, g.msg_hold[m], m, e, remaining, ready, ready_by, pos, stack, sn)
     comm_free = np.maximum(stream_free[0::2], stream_free[1::2])
     t = Timeline(done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
                  comm_free)
