@@ -1,8 +1,11 @@
-"""Device and link descriptions for the analytical cost model: the built-ins."""
+"""Device and link descriptions for the analytical cost model: the built-ins, and a user's own
+as device and link files (`costs/device_file.py`), accepted wherever a built-in's name is."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import OctoError
 from .attention import AttentionCurve, AttentionModel
@@ -76,11 +79,13 @@ class Device:
     efficiency: Efficiency = field(default_factory=Efficiency)
     overheads: Overheads = MEGATRON_A100_OVERHEADS
     """Per-op overheads of a training framework's layers on this device (`Overheads`)."""
-    node_link: str = "nvlink"
-    """The link between GPUs of one node (`LINKS`): tensor-parallel collectives, and pipeline
-    messages and data-parallel collectives that stay in the node."""
-    inter_node_link: str = "ib-ndr"
-    """The link between nodes of the clusters this device is built into, per GPU (`LINKS`)."""
+    node_link: str | Link = "nvlink"
+    """The link between GPUs of one node: tensor-parallel collectives, and pipeline messages and
+    data-parallel collectives that stay in the node. A built-in's name (`LINKS`), or a device
+    file's own link (`get_link` takes either)."""
+    inter_node_link: str | Link = "ib-ndr"
+    """The link between nodes of the clusters this device is built into, per GPU: pipeline
+    messages and data-parallel collectives that leave a node (a name in `LINKS`, or a Link)."""
     source: str = ""
     """Where the figures come from (docs/models-and-costs.md has the whole list)."""
 
@@ -143,50 +148,74 @@ HOPPER_ATTENTION = AttentionModel(
 
 _A100_BW = 2.039e12
 _H100_BW = 3.35e12
-_A100_GEMM = _tensor_core_gemm(0.869, (1024, 10240, 5120), 108, 312e12, 0.8 * _A100_BW)
-_HOPPER_GEMM = _tensor_core_gemm(0.803, (2048, 2048, 13312), 132, 989.4e12, 0.8 * _H100_BW)
+_A100_MAMF = (0.869, (1024, 10240, 5120))
+"""A100 SXM: 271.2 of 312 TFLOP/s at 1024 x 10240 x 5120 (MAMF)."""
+_HOPPER_MAMF = (0.803, (2048, 2048, 13312))
+"""H100 SXM: 794.5 of 989 TFLOP/s at 2048 x 2048 x 13312 (MAMF)."""
+_A100_GEMM = _tensor_core_gemm(*_A100_MAMF, 108, 312e12, 0.8 * _A100_BW)
+_HOPPER_GEMM = _tensor_core_gemm(*_HOPPER_MAMF, 132, 989.4e12, 0.8 * _H100_BW)
+_MAMF_SOURCE = ("GEMM: Stas Bekman's Maximum Achievable Matmul FLOPS (ml-engineering, "
+                "compute/accelerator)")
+_HOPPER_SOURCE = ("NVIDIA H100 Tensor Core GPU datasheet (SXM: 989.4 TFLOP/s dense bf16, 494.7 "
+                  "TF32, 66.9 fp32; 3.35 TB/s HBM3); " + _MAMF_SOURCE + ", H100 SXM 80.3% at "
+                  "2048x2048x13312; attention: " + HOPPER_ATTENTION.source)
 
 DEVICES: dict[str, Device] = {
     d.name: d for d in (
         Device("H800", "NVIDIA H800 SXM (H100 compute, NVLink cut to 400 GB/s)",
-               989.4e12, 494.7e12, 66.9e12, _H100_BW, 80 * _GB, _HOPPER_GEMM, HOPPER_ATTENTION),
+               989.4e12, 494.7e12, 66.9e12, _H100_BW, 80 * _GB, _HOPPER_GEMM, HOPPER_ATTENTION,
+               source="H100 SXM's compute and memory: " + _HOPPER_SOURCE),
         Device("H100", "NVIDIA H100 SXM", 989.4e12, 494.7e12, 66.9e12, _H100_BW, 80 * _GB,
-               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4"),
+               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4", source=_HOPPER_SOURCE),
         Device("H200", "NVIDIA H200 SXM", 989.4e12, 494.7e12, 66.9e12, 4.8e12, 141 * _GB,
-               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4"),
+               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4",
+               source="NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s; H100 SXM's compute): "
+                      + _HOPPER_SOURCE),
         Device("A100", "NVIDIA A100 SXM 80GB", 312e12, 156e12, 19.5e12, _A100_BW, 80 * _GB,
-               _A100_GEMM, A100_ATTENTION, node_link="nvlink3", inter_node_link="ib-hdr"),
+               _A100_GEMM, A100_ATTENTION, node_link="nvlink3", inter_node_link="ib-hdr",
+               source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB: 312 TFLOP/s dense bf16, "
+                      "156 TF32, 19.5 fp32; 2.039 TB/s HBM2e); " + _MAMF_SOURCE + ", A100 SXM "
+                      "86.9% at 1024x10240x5120; attention: " + A100_ATTENTION.source),
         # One core of this machine (an AMD EPYC Zen 4 VM; the executor runs one rank per core
         # with one thread) and half its 24 GiB. Rates as measured with torch: ~95 GFLOP/s fp32
         # and ~200 GFLOP/s bf16 matmul on one thread, ~25 GB/s copy bandwidth.
         Device("cpu", "one core of this 2-core CPU (one executor rank), half its memory",
                200e9, 95e9, 30e9, 25e9, 12 * _GIB, GemmModel(0.75),
                efficiency=Efficiency(attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6),
-               overheads=Overheads(), node_link="loopback", inter_node_link="loopback"),
+               overheads=Overheads(), node_link="loopback", inter_node_link="loopback",
+               source="measured with torch on this machine (an AMD EPYC Zen 4 VM): ~95 GFLOP/s "
+                      "fp32 and ~200 GFLOP/s bf16 matmul on one thread, ~25 GB/s copy bandwidth"),
     )
 }
 """Built-in devices by name."""
 
+GEMM_CALIBRATION: dict[str, tuple[float, tuple[int, int, int]]] = {
+    "H800": _HOPPER_MAMF, "H100": _HOPPER_MAMF, "H200": _HOPPER_MAMF, "A100": _A100_MAMF}
+"""The measurement each built-in GPU's GEMM model is calibrated on (`_tensor_core_gemm`): the
+fraction of the peak its best-shaped bf16 GEMM reaches, and that shape (m, n, k). `octodsl
+devices NAME --yaml` writes it as the device file's `gemm: {mamf, shape}`."""
+
 LINKS: dict[str, Link] = {
     link.name: link for link in (
-        # H800 NVLink: 400 GB/s both ways together, 200 GB/s each way; ~80% achieved (H100's
-        # NCCL ring all-reduce reaches 370 of its 450 GB/s each way: 82%).
-        Link("nvlink", 8e-6, 160e9),
-        # H100/H200 NVLink 4: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 370 GB/s (NVIDIA,
-        # GTC24 S62129 / GTC25 S72583, "NCCL Tests Allreduce Bus Bandwidth").
-        Link("nvlink4", 8e-6, 370e9),
-        # A100 NVLink 3: the same measurement, 232 GB/s (of 300 GB/s each way).
-        Link("nvlink3", 8e-6, 232e9),
-        # InfiniBand NDR, one 400 Gb/s port per GPU: DGX H100's 8 x 400 Gb/s all-reduce bus
-        # bandwidth across nodes is 370 GB/s (GTC25), 46 GB/s a port.
-        Link("ib-ndr", 15e-6, 46e9),
-        # InfiniBand HDR, one 200 Gb/s port per GPU (DGX A100, NVIDIA Selene): 192 GB/s over a
-        # node's 8 ports (GTC24), 24 GB/s a port.
-        Link("ib-hdr", 15e-6, 24e9),
-        # Processes on this machine talking through gloo over TCP loopback: measured ~2 GB/s
-        # for 16 MiB messages; small ones took 0.2-2 ms with both cores busy.
-        Link("loopback", 200e-6, 2e9),
-        Link("none", 0.0, 0.0),
+        Link("nvlink", 8e-6, 160e9,
+             "H800 NVLink: 400 GB/s both ways together, 200 GB/s each way; ~80% achieved (H100's "
+             "NCCL ring all-reduce reaches 370 of its 450 GB/s each way: 82%)"),
+        Link("nvlink4", 8e-6, 370e9,
+             "H100/H200 NVLink 4: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 370 GB/s "
+             "(NVIDIA, GTC24 S62129 / GTC25 S72583, \"NCCL Tests Allreduce Bus Bandwidth\")"),
+        Link("nvlink3", 8e-6, 232e9,
+             "A100 NVLink 3: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 232 GB/s (of 300 "
+             "GB/s each way; NVIDIA, GTC24 S62129)"),
+        Link("ib-ndr", 15e-6, 46e9,
+             "InfiniBand NDR, one 400 Gb/s port per GPU: DGX H100's 8 x 400 Gb/s all-reduce bus "
+             "bandwidth across nodes is 370 GB/s (NVIDIA, GTC25 S72583), 46 GB/s a port"),
+        Link("ib-hdr", 15e-6, 24e9,
+             "InfiniBand HDR, one 200 Gb/s port per GPU (DGX A100, NVIDIA Selene): 192 GB/s over "
+             "a node's 8 ports (NVIDIA, GTC24 S62129), 24 GB/s a port"),
+        Link("loopback", 200e-6, 2e9,
+             "processes on this machine talking through gloo over TCP loopback: measured ~2 GB/s "
+             "for 16 MiB messages; small ones took 0.2-2 ms with both cores busy"),
+        Link("none", 0.0, 0.0, "free communication"),
     )
 }
 """Built-in point-to-point links by name (per GPU, one direction); `none` means free
@@ -197,17 +226,50 @@ INTER_NODE_LINK = "ib-ndr"
 says otherwise; inside a node each device names its own (`Device.node_link`)."""
 
 
-def get_device(name: str) -> Device:
-    """A built-in device by name (case-insensitive); an OctoError lists the known ones."""
+FILE_SUFFIXES = (".yaml", ".yml", ".json")
+"""A device or link given by a name that ends so is a file (so is any name of a file that
+exists, but a built-in's name first)."""
+
+
+def is_file_name(name: str) -> bool:
+    """Whether `name`, not a built-in's, names a device or link file."""
+    return Path(name).suffix.lower() in FILE_SUFFIXES or os.path.exists(name)
+
+
+def builtin_device(name: str) -> Device | None:
+    """The built-in device of this name (case-insensitive), else None."""
     for key, device in DEVICES.items():
         if key.lower() == name.lower():
             return device
-    raise OctoError(f"unknown device {name!r} (built-ins: {', '.join(DEVICES)})")
+    return None
 
 
-def get_link(name: str) -> Link:
-    """A built-in link by name; an OctoError lists the known ones."""
-    try:
-        return LINKS[name.lower()]
-    except KeyError:
-        raise OctoError(f"unknown link {name!r} (built-ins: {', '.join(LINKS)})") from None
+def get_device(name: str) -> Device:
+    """A built-in device by name (case-insensitive), else a device file by path (YAML or JSON,
+    `costs/device_file.py`; read once while it is unchanged). An OctoError lists the built-ins;
+    a bad file's names the file (its `path`) and the field."""
+    device = builtin_device(name)
+    if device is not None:
+        return device
+    if is_file_name(name):
+        from .device_file import load_device
+
+        return load_device(name)
+    raise OctoError(f"unknown device {name!r} (built-ins: {', '.join(DEVICES)}; or a device "
+                    "file, .yaml or .json: `octodsl devices` lists the built-ins)")
+
+
+def get_link(name: str | Link) -> Link:
+    """A built-in link by name (case-insensitive), else a link file by path (as `get_device`);
+    a Link (a device file's own) as it is. An OctoError lists the built-ins."""
+    if isinstance(name, Link):
+        return name
+    link = LINKS.get(name.lower())
+    if link is not None:
+        return link
+    if is_file_name(name):
+        from .device_file import load_link
+
+        return load_link(name)
+    raise OctoError(f"unknown link {name!r} (built-ins: {', '.join(LINKS)}; or a link file, "
+                    ".yaml or .json)")

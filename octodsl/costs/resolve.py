@@ -3,12 +3,14 @@ analytical model of a model spec on a device."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import OctoError
 from ..models import load_model
 from ..models.tp import tp_problems
 from ..plan import Header
 from .analytical import analytical_costs
-from .devices import get_device
+from .devices import builtin_device, get_device
 from .profile import ProfileError, read_profile
 from .table import CostTable, Link
 
@@ -24,7 +26,8 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     With `profile` (a path), the measured costs; `model`, when also given, must be the profiled
     model, and a micro-batch size or sequence length, when given, must be the profiled one (a
     profile is not rescaled). Otherwise the analytical costs of `model` (built-in name or spec
-    path) on the built-in `device`, at the spec's shape with `microbatch_size` / `seq_len`
+    path) on `device` (a built-in's name or a device file's path: the table's meta "device"
+    keeps it), at the spec's shape with `microbatch_size` / `seq_len`
     (from the plan header) overriding it, on one GPU of a `tp` group (`sp`: sequence
     parallelism, default on when tp > 1; the collectives on `tp_link`, default the device's node
     link; `overlap_tp`: hidden under the GEMMs, the plan's `overlap_tp_comm`; `scatter_gather`:
@@ -56,8 +59,11 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     fatal = [p.message for p in tp_problems(spec, tp) if p.fatal]
     if fatal:
         raise OctoError(f"{spec.name} does not split over tp {tp}: {'; '.join(fatal)}")
-    return analytical_costs(spec, get_device(device), tp=tp, sp=sp, tp_link=tp_link,
-                            overlap_tp=overlap_tp, scatter_gather=scatter_gather)
+    table = analytical_costs(spec, get_device(device), tp=tp, sp=sp, tp_link=tp_link,
+                             overlap_tp=overlap_tp, scatter_gather=scatter_gather)
+    if builtin_device(device) is None:  # a device file: its path, which resolves to it again
+        table = replace(table, meta={**table.meta, "device": device})
+    return table
 
 
 def header_costing(h: Header) -> dict:

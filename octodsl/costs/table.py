@@ -148,8 +148,12 @@ class Link:
 
     name: str
     latency: float
+    """Seconds per message."""
     bandwidth: float
     """Bytes per second; 0 with latency 0 means communication is free."""
+    source: str = field(default="", compare=False, repr=False)
+    """Where the figures come from (a built-in's measurement, a link file's citation); not part
+    of what the link is: two links of the same figures are equal."""
 
     def time(self, nbytes: float) -> float:
         if self.bandwidth <= 0:

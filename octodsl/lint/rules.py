@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable, Iterator
 
-from ..costs.devices import INTER_NODE_LINK, LINKS, get_device
+from ..costs.devices import get_device, get_link
 from .memory import DEFAULT_DEVICE
 from ..dag import Graph, build_graph, describe_cycle, execution_order
 from ..mesh import Mesh
@@ -424,7 +424,8 @@ class TpGroupSpansNodes(Rule):
         h = ctx.plan.header
         if not Mesh.of(h).tp_spans_nodes:
             return
-        intra, inter = LINKS[get_device(DEFAULT_DEVICE).node_link], LINKS[INTER_NODE_LINK]
+        device = get_device(DEFAULT_DEVICE)
+        intra, inter = get_link(device.node_link), get_link(device.inter_node_link)
         why = (f"tp {h.tp} exceeds" if h.tp > h.gpus_per_node else f"tp {h.tp} does not divide")
         yield Diagnostic(
             "W702", f"{why} gpus_per_node {h.gpus_per_node}: some tp groups span two nodes, so their "
