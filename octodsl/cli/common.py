@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .. import limits
+from ..costs import devices as _devices
 from ..costs.devices import INTER_NODE_LINK  # --inter-node-link's default, for the commands
 from ..errors import OctoError
 from ..fileio import write_atomic
@@ -79,16 +80,39 @@ def switch(text: str) -> bool:
         raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not true or false") from None
 
 
-def link_option(text: str):
-    """An argparse `type`: a built-in link by name (--inter-node-link)."""
-    from ..costs.devices import get_link
+class NameOrFile:
+    """An argparse `type` of an option that takes a built-in's name or a file's path (a device
+    or a link): `resolve` (get_device, get_link) checks it at once. The value is what `resolve`
+    gives, or with `as_text` the text itself (what the commands pass on: a cost table records
+    it, and it resolves again to the same device). A bad file is not the option's error but
+    the file's: its OctoError (`PATH: field: what is wrong`) goes out as it is; an unknown name
+    is the option's (`--device: unknown device ...`). `names`: the built-ins, which the shell
+    completion offers (octodsl.cli.completion)."""
 
-    try:
-        return get_link(text.strip())
-    except OctoError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    def __init__(self, resolve: Callable[[str], object], names: list[str], *, as_text: bool):
+        self.resolve = resolve
+        self.names = names
+        self.as_text = as_text
+        self.__name__ = getattr(resolve, "__name__", "value")  # argparse's messages name it
+
+    def __call__(self, text: str):
+        try:
+            value = self.resolve(text.strip())
+        except OctoError as e:
+            if e.path is not None:  # a file's own error: it names the file and the field
+                raise
+            raise argparse.ArgumentTypeError(e.message) from None
+        return text.strip() if self.as_text else value
 
 
+DEVICE = NameOrFile(_devices.get_device, list(_devices.DEVICES), as_text=True)
+"""--device: a built-in device or a device file, kept as given."""
+LINK = NameOrFile(_devices.get_link, list(_devices.LINKS), as_text=True)
+"""--link, --dp-link: a built-in link or a link file, kept as given (`link_named` reads it)."""
+link_option = NameOrFile(_devices.get_link, list(_devices.LINKS), as_text=False)
+"""--inter-node-link: the same, as the Link."""
+DEVICE_HELP = "a built-in device (`octodsl devices` lists them) or a device file"
+LINK_HELP = "a built-in link (`octodsl devices`) or a link file"
 
 
 def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
@@ -104,7 +128,8 @@ def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
                    help=f"GPUs per node, which sets which ranks share a node (default: {default_from})")
     p.add_argument("--inter-node-link", type=link_option, metavar="NAME",
                    help="link of the pipeline messages and data-parallel collectives that leave "
-                   f"a node (default {INTER_NODE_LINK}: InfiniBand NDR, 400 Gb/s per GPU)")
+                   f"a node: {LINK_HELP} (default: the device's inter-node link; H800: "
+                   f"{INTER_NODE_LINK}, InfiniBand NDR, 400 Gb/s per GPU)")
     add_overlap_option(p, default_from)
 
 
@@ -332,19 +357,21 @@ def stdout_console():
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
-def link_named(name: str):
-    """A built-in link by name (--link, --dp-link)."""
-    from ..costs.devices import get_link
-
+def link_named(name):
+    """A built-in link by name or a link file by path (--link, --dp-link), or a Link as it is
+    (a device file's own); a UserError for an unknown name, a bad file's own error (naming
+    it) for a file."""
     try:
-        return get_link(name)
+        return _devices.get_link(name)
     except OctoError as e:
+        if e.path is not None:
+            raise
         raise UserError(str(e)) from None
 
 
-def pipeline_link(name: str | None, table, default: str):
+def pipeline_link(name: str | None, table, default):
     """The link between pipeline devices: --link NAME, else the fitted link of a calibrated
-    profile's table, else the built-in `default`."""
+    profile's table, else `default` (a built-in's name or a Link: the device's node link)."""
     if not name and table.calibration is not None and table.calibration.link is not None:
         return table.calibration.link
     return link_named(name or default)

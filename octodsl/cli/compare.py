@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..errors import OctoError
 from ..units import size
-from .common import (WARMUP, UserError, check_output, output, pipeline_link, print_json,
-                     stdout_console, writing)
+from .common import (DEVICE, DEVICE_HELP, LINK, LINK_HELP, WARMUP, UserError, check_output,
+                     output, pipeline_link, print_json, stdout_console, writing)
 from .simulate import load_plan_or_report
 
 
@@ -25,9 +25,11 @@ def register(sub) -> None:
     src.add_argument("--profile", metavar="FILE", help="measured (and calibrated) per-layer costs")
     src.add_argument("--model", metavar="SPEC", help="analytical costs of this model (default: the "
                      "plan's model)")
-    p.add_argument("--device", default="cpu", help="device of the analytical costs (default cpu)")
-    p.add_argument("--link", metavar="NAME", help="link between devices (default: the calibrated "
-                   "profile's, else loopback for CPU costs, else nvlink)")
+    p.add_argument("--device", type=DEVICE, default="cpu", metavar="DEVICE",
+                   help=f"device of the analytical costs: {DEVICE_HELP} (default cpu)")
+    p.add_argument("--link", type=LINK, metavar="NAME", help=f"link between devices: {LINK_HELP} "
+                   "(default: the calibrated profile's, else the device's node link for "
+                   "analytical costs, else loopback for a CPU profile, else nvlink)")
     p.add_argument("--warmup", type=WARMUP, default=1, metavar="N",
                    help="steps at the start of the trace that are not timed (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -104,16 +106,19 @@ def resolve_costs(args, plan):
         costs = SimCosts.from_table(table, plan)
     except OctoError as e:
         raise UserError(str(e)) from None
-    return costs, pipeline_link(args.link, table, "loopback" if _on_cpu(args) else "nvlink")
+    return costs, pipeline_link(args.link, table, _node_link(args))
 
 
-def _on_cpu(args) -> bool:
-    """Whether the costs are for a CPU (processes of one machine talk over loopback)."""
+def _node_link(args):
+    """The default link between devices: the device's node link for analytical costs; for a
+    profile's, loopback on a CPU (processes of one machine talk over loopback), else nvlink."""
     if args.profile:
         from ..costs.profile import read_profile
 
-        return read_profile(args.profile).device == "cpu"
-    return args.device.lower() == "cpu"
+        return "loopback" if read_profile(args.profile).device == "cpu" else "nvlink"
+    from ..costs.devices import get_device
+
+    return get_device(args.device).node_link
 
 
 def render(c):

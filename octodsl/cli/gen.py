@@ -11,7 +11,7 @@ import sys
 from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
 from ..lang.lower import BOOLEANS
-from .common import (DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
+from .common import (DEVICE, DEVICE_HELP, DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
                      add_overlap_option, integer, op_costs, output, write_output)
 
 
@@ -36,7 +36,8 @@ def register(sub) -> None:
                    "(DeepSpeed's 'parameters'), layer counts, or Megatron-LM's split (equal "
                    "transformer layers, the embedding first, the LM head last; megatron-ends: "
                    "those two each counted as a layer)")
-    p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
+    p.add_argument("--device", type=DEVICE, default="H800", metavar="DEVICE",
+                   help=f"device of the analytical costs: {DEVICE_HELP} (default H800)")
     p.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile) "
                    "instead of the analytical ones")
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",

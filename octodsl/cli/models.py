@@ -5,7 +5,6 @@ over --dp copies; with --tp, one GPU's share of each layer and its tp collective
 
 from __future__ import annotations
 
-from ..costs.devices import DEVICES
 from ..costs.resolve import cost_table
 from ..errors import OctoError
 from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_model
@@ -14,7 +13,7 @@ from ..models.load import HF_PREFIX
 from ..models.spec import ModelSpec
 from ..units import size
 from ..costs.table import CostTable, ParamBytes
-from .common import DP, MICROBATCH_SIZE, SEQ_LEN, TP, ZERO, UserError, mesh_update, print_json, switch
+from .common import DEVICE, DEVICE_HELP, DP, MICROBATCH_SIZE, SEQ_LEN, TP, ZERO, UserError, mesh_update, print_json, switch
 
 _SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
           "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}
@@ -32,8 +31,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--yaml", action="store_true",
                    help="print SPEC as a spec file (a starting point for your own model)")
-    p.add_argument("--device", default="H800", choices=list(DEVICES),
-                   help="device for SPEC's analytical costs (default H800)")
+    p.add_argument("--device", type=DEVICE, default="H800", metavar="DEVICE",
+                   help=f"device for SPEC's analytical costs: {DEVICE_HELP} (default H800)")
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="B", help="override the spec's")
     p.add_argument("--seq-len", type=SEQ_LEN, metavar="S", help="override the spec's")
     p.add_argument("--zero", type=ZERO, default=0, metavar="N",

@@ -28,8 +28,9 @@ from ..plan import Plan, PlanError, Recompute
 from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..sim.costs import TpMismatch
 from ..lint.memory import CODE as MEMORY_CODE
-from .common import (DP, INTER_NODE_LINK, ZERO, UserError, add_mesh_options, link_named, mesh_update, op_costs,
-                     output, pipeline_link, print_json, read_text, stdout_console, writing)
+from .common import (DEVICE, DEVICE_HELP, DP, INTER_NODE_LINK, LINK, LINK_HELP, ZERO, UserError,
+                     add_mesh_options, link_named, mesh_update, op_costs, output, pipeline_link,
+                     print_json, read_text, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
@@ -56,14 +57,16 @@ def register(sub) -> None:
                      help="the same costs for every stage, per micro-batch, in seconds (a fused "
                      f"backward costs B + W); comm is each message's time. Default for a plan "
                      f"without a model: {_UNIT_COSTS}")
-    p.add_argument("--device", default="H800", help="device for a model's analytical costs (default H800)")
-    p.add_argument("--link", metavar="NAME",
+    p.add_argument("--device", type=DEVICE, default="H800", metavar="DEVICE",
+                   help=f"device for a model's analytical costs: {DEVICE_HELP} (default H800)")
+    p.add_argument("--link", type=LINK, metavar="NAME",
                    help="link between pipeline devices in one node (and of the tp collectives, "
                    "with a model): nvlink, nvlink4, nvlink3, ib-ndr, loopback, none (none: "
-                   "communication is free). Default: a calibrated profile's link, else the device's node link "
-                   "(H800: nvlink) with a model, --costs' comm without")
-    p.add_argument("--dp-link", metavar="NAME", help="link of every data-parallel collective "
-                   "(default: --inter-node-link for a dp group that spans nodes, else --link)")
+                   "communication is free), or a link file. Default: a calibrated profile's link, "
+                   "else the device's node link (H800: nvlink) with a model, --costs' comm without")
+    p.add_argument("--dp-link", type=LINK, metavar="NAME", help="link of every data-parallel "
+                   f"collective, {LINK_HELP} (default: --inter-node-link for a dp group that "
+                   "spans nodes, else --link)")
     p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
     p.add_argument("--zero", type=ZERO, metavar="N",
                    help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
@@ -162,8 +165,9 @@ def with_overrides(plan: Plan, update: dict, recompute: str | None) -> Plan:
 
 def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | None]:
     """The costs, the pipeline's links inside and between nodes, and the memory of the device
-    the costs are for. Between nodes: --inter-node-link, else InfiniBand NDR, but for a
-    calibrated profile's link or --costs' comm, which then holds everywhere."""
+    the costs are for. Between nodes: --inter-node-link, else the device's inter-node link
+    (InfiniBand NDR for a device we hold no description of), but for a calibrated profile's
+    link or --costs' comm, which then holds everywhere."""
     model = args.model or (None if args.costs or args.profile else plan.header.model)
     if model or args.profile:
         h = plan.header
@@ -186,7 +190,8 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
             device = None
         link = pipeline_link(args.link, table, device.node_link if device else "nvlink")
         fitted = table.calibration is not None and link is table.calibration.link
-        inter = args.inter_node_link or (link if fitted else link_named(INTER_NODE_LINK))
+        inter = args.inter_node_link or (link if fitted else link_named(
+            device.inter_node_link if device else INTER_NODE_LINK))
         return costs, link, inter, device.memory if device else None
     values = args.costs or op_costs(_UNIT_COSTS)
     costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),

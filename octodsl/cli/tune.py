@@ -23,8 +23,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import OctoError
-from .common import (DEVICES, DP, INTER_NODE_LINK, MICROBATCH_SIZE, MICROBATCHES, SEED, SEQ_LEN,
-                     ZERO, UserError, add_mesh_options, duration, link_named, memory_size,
+from .common import (DEVICE, DEVICE_HELP, DEVICES, DP, LINK, LINK_HELP, MICROBATCH_SIZE,
+                     MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError, add_mesh_options, duration,
+                     link_named, memory_size,
                      mesh_update, output, print_json, read_text, stdout_console, write_output)
 from .tune_cluster import add_cluster_options, run_cluster
 
@@ -41,9 +42,11 @@ def register(sub) -> None:
                    help="pipeline devices (2 up to the model's layer count)")
     p.add_argument("--microbatches", "-m", type=MICROBATCHES, metavar="M",
                    help="micro-batches per iteration")
-    p.add_argument("--device", default="H800", help="device of the analytical costs (default H800)")
-    p.add_argument("--link", metavar="NAME", help="link between devices in one node, and of the "
-                   "tp collectives (default: the device's node link, H800: nvlink)")
+    p.add_argument("--device", type=DEVICE, default="H800", metavar="DEVICE",
+                   help=f"device of the analytical costs: {DEVICE_HELP} (default H800)")
+    p.add_argument("--link", type=LINK, metavar="NAME", help="link between devices in one node, "
+                   f"and of the tp collectives: {LINK_HELP} (default: the device's node link, "
+                   "H800: nvlink)")
     p.add_argument("--memory", type=_memory_limit, metavar="SIZE", help="memory limit per "
                    "device, e.g. 80GiB, or 'none' (default: the device's memory)")
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
@@ -185,6 +188,7 @@ def _start(args):
 def _problem(args, model: str, devices: int, microbatches: int, start):
     """The options given, else the --from plan's header (micro-batch shape, memory limit, data
     parallelism), else the defaults."""
+    from ..costs.devices import get_device
     from ..tune.problem import Problem
 
     own = start.header if start is not None else None
@@ -203,7 +207,8 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
             link=link_named(args.link) if args.link else None,
             microbatch_size=args.microbatch_size or (own and own.microbatch_size),
             seq_len=args.seq_len or (own and own.seq_len), dp=dp, zero=zero,
-            recompute=args.recompute, inter_link=args.inter_node_link or INTER_NODE_LINK, **mesh)
+            recompute=args.recompute, inter_link=args.inter_node_link or get_device(
+                args.device).inter_node_link, **mesh)
     except OctoError as e:
         raise UserError(str(e)) from None
     return problem

@@ -21,7 +21,7 @@ from typing import Iterator
 from pydantic import ValidationError
 
 from .. import limits
-from ..costs.devices import INTER_NODE_LINK, get_device, get_link
+from ..costs.devices import get_device, get_link
 from ..costs.resolve import cost_table
 from ..costs.table import CostTable, Link
 from ..errors import OctoError
@@ -72,13 +72,14 @@ class Cluster:
     seq_len: int | None = None
     """Tokens per sequence (None: the model's)."""
     device: str = "H800"
+    """A built-in device's name or a device file's path."""
     gpus_per_node: int = 8
     memory: int | None = None
     """Bytes per GPU (None: no limit)."""
     link: Link | None = None
     """Inside a node: tp collectives, pipeline messages, dp collectives (None: the device's)."""
     inter_link: Link | None = None
-    """Between nodes (None: INTER_NODE_LINK)."""
+    """Between nodes (None: the device's inter-node link)."""
     recompute: RecomputeChoice = AUTO
     tp: int | None = None
     """Fixed tp (None: searched); likewise pp, microbatch_size and zero."""
@@ -100,7 +101,7 @@ class Cluster:
 
     @property
     def between_nodes(self) -> Link:
-        return self.inter_link or get_link(INTER_NODE_LINK)
+        return self.inter_link or get_link(get_device(self.device).inter_node_link)
 
     def tokens(self) -> int:
         """Tokens per iteration."""
