@@ -17,8 +17,8 @@ from ..errors import OctoError
 from .common import Parser
 
 # Module names under octodsl.cli, one per command, in the order `--help` lists them.
-COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "profile", "tune", "compare",
-            "calibrate", "completion")
+COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "devices", "profile", "tune",
+            "compare", "calibrate", "completion")
 
 
 class _Version(argparse.Action):

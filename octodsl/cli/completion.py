@@ -4,8 +4,9 @@ generated from the parser itself (so it cannot fall behind it).
 A static script rather than argcomplete: nothing to install, and a TAB does not start Python
 (argcomplete builds the whole parser on each, which imports every command's module: over a
 second, numba included). It completes the commands, each command's options, the
-values of options with a fixed set (`--device`, `--partition`, ...) and of positionals with one
-(`gen NAME`), and files elsewhere (the shell's own file completion, `complete -o default`).
+values of options with a fixed set (`--partition`, ...) and of positionals with one (`gen
+NAME`), the built-in names of options that take a name or a file (`--device`, `--link`: when no
+name matches, files), and files elsewhere (the shell's own file completion, `complete -o default`).
 zsh runs the same script through its bash emulation (`bashcompinit`, which calls it in sh
 emulation: arrays from 0, as in bash; zsh's own matching then filters the words offered).
 """
@@ -60,9 +61,12 @@ def _command_case(name: str, p: argparse.ArgumentParser) -> str:
     for a in p._actions:
         if not a.option_strings or a.nargs == 0:
             continue
-        if a.choices is not None:
+        names = a.choices if a.choices is not None else getattr(a.type, "names", None)
+        if names is not None:
+            # a built-in's name or a file (NameOrFile): the names that match, else (none
+            # matching) the shell's file completion
             cases.append(f"                {'|'.join(a.option_strings)}) "
-                         f"COMPREPLY=($(compgen -W {shlex.quote(_words(a.choices))} -- \"$cur\")); "
+                         f"COMPREPLY=($(compgen -W {shlex.quote(_words(names))} -- \"$cur\")); "
                          "return ;;")
         else:
             takes_value += a.option_strings
