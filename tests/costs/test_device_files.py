@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pytest
 import yaml
@@ -22,6 +23,8 @@ from octodsl.costs.gemm import GemmModel, Tile
 from octodsl.costs.resolve import cost_table
 from octodsl.costs.table import Link
 from octodsl.errors import OctoError
+
+from ..conftest import REPO
 
 GPU = {
     "name": "MyGPU", "peak_flops": 1e15, "fp32_flops": 5e14, "vector_flops": 6e13,
@@ -404,3 +407,21 @@ def test_a_whole_number_field_takes_only_whole_numbers_in_range(value):
         assert str(e).startswith("g.yaml: gemm.sms: ")
     else:
         assert ok and device.gemm.sms == int(number)
+
+
+def test_the_docs_examples_load(tmp_path):
+    text = (REPO / "docs" / "models-and-costs.md").read_text()
+    section = text.split("## Your own hardware: device and link files", 1)[1].split("\n## ", 1)[0]
+    device_text, link_text = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    (tmp_path / "mygpu.yaml").write_text(device_text)
+    (tmp_path / "roce.yaml").write_text(link_text)
+    device = load_device(tmp_path / "mygpu.yaml")
+    assert device.name == "my-h100-pcie" and device.peak_flops == 756e12
+    assert 0 < device.gemm.peak_fraction <= 1 and device.gemm.sms == 114
+    assert device.node_link == Link("pcie-nvlink-bridge", 10e-6, 50e9)
+    assert device.attention.backward != device.attention.forward
+    assert load_link(tmp_path / "roce.yaml") == Link("roce-200g", 12e-6, 21e9)
+    # every field of the schema appears in the example
+    for name in (*df.DeviceFile.model_fields, *df.GemmFile.model_fields):
+        if name not in ("octodsl_version", "peak_fraction", "tiles", "k_ramp"):
+            assert f"{name}:" in device_text, name
