@@ -174,7 +174,8 @@ def _text(most: int, *, name: bool = False) -> Callable[[object], str]:
     empty)."""
     def parse(value: object) -> str:
         if not isinstance(value, str):
-            raise ValueError(f"must be text, not {_kind(value)} (quote it)")
+            quote = "" if isinstance(value, list | dict) or value is None else " (quote it)"
+            raise ValueError(f"must be text, not {_kind(value)}{quote}")
         if name and not value.strip():
             raise ValueError("must not be empty")
         if len(value) > most:
@@ -242,7 +243,7 @@ Version = Annotated[str, PlainValidator(_text(MAX_NAME))]
 class _Strict(BaseModel):
     """A mapping of known fields: an unknown one is refused with the nearest known name."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -477,9 +478,13 @@ class DeviceFile(_Strict):
     memory: Bytes
     """Memory: bytes, or a size (80GB, 80GiB), 1 byte to 1 PiB."""
     gemm: GemmFile
+    """How its GEMMs' rate depends on their shape: {sms, mamf, shape} (calibrated on a
+    measurement) or {sms, peak_fraction[, tiles, k_ramp]} (`GemmFile`)."""
     attention: AttentionFile | None = None
     """Measured flash-attention rates (absent: `efficiency.attention` of the peak)."""
     efficiency: EfficiencyFile = EfficiencyFile()
+    """Achievable fractions of peak of the work without a shape model (defaults as
+    `Efficiency`)."""
     overheads: OverheadsFile = OverheadsFile()
     """Per-op overheads of the training framework (defaults as `Device.overheads`)."""
     node_link: LinkRef = "nvlink"
