@@ -19,10 +19,11 @@ and optionally `description`, `source`, `attention` (measured flash-attention cu
 optionally `source`.
 
 Every value is validated here, in one place, and refused with one line naming the file and the
-field (`mygpu.yaml: gemm.sms: must be at least 1`): every number is finite and within a range
-(below, `_RANGES`), written as a number or as a numeric string (`24e9`, which YAML 1.1 reads as a
-string); unknown fields are refused (with the nearest known name). So is a file that is missing,
-a folder, larger than `MAX_FILE_BYTES`, not UTF-8, not YAML or JSON, or not a mapping.
+field (`mygpu.yaml: gemm.sms: must be at least 1`): every number is finite and within its range
+(the MIN_ and MAX_ constants below, and each field's docstring), written as a number or as a
+numeric string (`24e9`, which YAML 1.1 reads as a string); unknown fields are refused (with the
+nearest known name). So is a file that is missing, a folder, larger than `MAX_FILE_BYTES`, not
+UTF-8, not YAML or JSON, or not a mapping.
 
 A file is read once while it is unchanged: `load_device` and `load_link` keep what they read
 by resolved path, modification time and size.
@@ -122,7 +123,8 @@ def _number(value: object) -> float | int:
     return value
 
 
-def _real(low: float, high: float, unit: str = "", *, zero: bool = False) -> Callable[[object], float]:
+def _real(low: float, high: float, unit: str = "", *,
+          zero: bool = False) -> Callable[[object], float]:
     """A number from `low` to `high` (`unit` names what it counts), or 0 with `zero`."""
     def parse(value: object) -> float:
         x = _number(value)
