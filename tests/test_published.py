@@ -1,0 +1,47 @@
+"""benchmarks/published.py: the command lines it prints for a row give the figure it reports,
+and its data file is sound (every row cites its source and quotes its figure)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from octodsl.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import published  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r["id"]: r for r in published.rows(published.load())}
+
+
+def test_every_row_cites_its_source(rows):
+    data = published.load()
+    assert len(rows) >= 25 and len({r["source"] for r in rows.values()}) >= 4
+    for r in rows.values():
+        src = data["sources"][r["source"]]
+        assert src["url"].startswith("https://") and src["cite"]
+        assert r["quote"] and r["where"] and r["reported"]["value"] > 0
+        assert r["runtime"].get("why"), r["id"]  # how that source's software ran, and why
+
+
+@pytest.mark.parametrize("row_id", ["zb2024-t4-1.5b-m24-zb-2p", "bloom-176b-production-384",
+                                    "narayanan2021-t1-39.1b"])
+def test_the_printed_commands_give_the_reported_figure(row_id, rows, tmp_path, capsys, monkeypatch):
+    result = published.run_row(rows[row_id], {})
+    monkeypatch.chdir(REPO)
+    gen, sim = result["commands"]
+    plan = tmp_path / "plan.octo"
+    assert main(shlex.split(gen.removeprefix("octodsl ").replace("plan.octo", str(plan)))) == 0
+    capsys.readouterr()
+    assert main(shlex.split(sim.removeprefix("octodsl ").replace("plan.octo", str(plan))) + ["--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)["iteration_time"]
+    # the same plan and costs by the same arithmetic: equal to the last digit
+    assert simulated == result["iteration_time"]
