@@ -123,8 +123,8 @@ def setup(row: dict) -> Setup:
     return Setup(schedule, vp, mbs, per_copy // mbs, row.get("recompute", "?"), assumed)
 
 
-def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str], dict]:
-    """(schedule name, the `octodsl gen` arguments, the header fields beyond gen's)."""
+def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
+    """(schedule name, the `octodsl gen` arguments)."""
     runtime = row["runtime"]
     pp = row["pp"]
     name = s.schedule if pp > 1 else "1f1b"
@@ -140,7 +140,7 @@ def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str], dict]:
     for field in ("grad_accumulation_fusion", "scatter_gather_messages"):
         if runtime.get(field):
             args += ["--" + field.replace("_", "-"), "true"]
-    return name, args, {}
+    return name, args
 
 
 def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
@@ -208,7 +208,7 @@ def run_row(row: dict, before: dict[str, float]) -> dict:
     if s.recompute == "?":
         s.assumed.append(f"recompute {mode} ({ASSUMPTIONS['recompute']})")
     s.recompute = mode
-    name, args, _ = gen_args(row, s, spec_path)
+    name, args = gen_args(row, s, spec_path)
     sim_args = ["--device", row["device"], "--inter-node-link", row["inter_node_link"],
                 "--dp", str(row["dp"]), "--zero", str(row["runtime"].get("zero", 0)),
                 "--recompute", mode]

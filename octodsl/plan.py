@@ -182,11 +182,6 @@ class Header(BaseModel):
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
 
-    @property
-    def overlaps(self) -> tuple[str, ...]:
-        """The header's overlap fields that are on (OVERLAPS' names)."""
-        return tuple(name for name in OVERLAPS if getattr(self, name))
-
     def runtime_changes(self) -> list[tuple[str, bool]]:
         """The runtime fields (RUNTIME_FIELDS) that differ from their defaults, as set."""
         return [(name, getattr(self, name)) for name in RUNTIME_FIELDS

@@ -168,16 +168,23 @@ def overlap_list(text: str) -> dict[str, bool]:
     return {field: name in names for name, field in OVERLAP_OPTIONS.items()}
 
 
+def runtime_update(args) -> dict[str, bool]:
+    """The header's runtime fields that --overlap, --grad-accumulation-fusion and
+    --scatter-gather-messages set (those given; `add_overlap_option`)."""
+    update = dict(getattr(args, "overlap", None) or {})
+    for name in ("grad_accumulation_fusion", "scatter_gather_messages"):
+        if getattr(args, name, None) is not None:
+            update[name] = getattr(args, name)
+    return update
+
+
 def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
     """The header fields --tp, --sequence-parallel, --gpus-per-node and --overlap set (those
     given), for a header of `tp` and `sequence_parallel` otherwise; a UserError for sequence
     parallelism at tp 1 (it splits the sequence over the tp group: there is none)."""
     names = ("tp", "sequence_parallel", "gpus_per_node")  # a command may take only some
     update = {k: v for k in names if (v := getattr(args, k, None)) is not None}
-    update.update(getattr(args, "overlap", None) or {})
-    for name in ("grad_accumulation_fusion", "scatter_gather_messages"):
-        if getattr(args, name, None) is not None:
-            update[name] = getattr(args, name)
+    update.update(runtime_update(args))
     if update.get("tp", tp) == 1 and update.get("sequence_parallel", sequence_parallel):
         raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
                         "or more, or --sequence-parallel false")

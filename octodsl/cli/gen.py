@@ -12,7 +12,7 @@ from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
 from ..lang.lower import BOOLEANS
 from .common import (DEVICE, DEVICE_HELP, DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
-                     add_overlap_option, integer, op_costs, output, write_output)
+                     add_overlap_option, integer, op_costs, output, runtime_update, write_output)
 
 
 def register(sub) -> None:
@@ -73,10 +73,7 @@ def run(args) -> int:
                         "--tp 2 or more")
     mesh = {"tp": args.tp, "gpus_per_node": args.gpus_per_node,
             "sequence_parallel": None if args.sequence_parallel is None else BOOLEANS[args.sequence_parallel],
-            **(args.overlap or {})}
-    for name in ("grad_accumulation_fusion", "scatter_gather_messages"):
-        if getattr(args, name) is not None:
-            mesh[name] = getattr(args, name)
+            **runtime_update(args)}
     text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
                          args.model, args.partition, times, device=args.device, profile=args.profile,
                          microbatch_size=args.microbatch_size, seq_len=args.seq_len,

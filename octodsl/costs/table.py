@@ -235,9 +235,8 @@ class CostTable:
         return float(sum(layer.params for layer in self.layers[first:stop]) * self.grad_reduce_bytes)
 
     def pipelined(self) -> CostTable:
-        """This table for a pipeline's ops: each layer's host launch time (`host_f`, `host_b`)
-        in its F and B, which `range_costs(pipelined=True)` would add (the same table when
-        there is none)."""
+        """This table for a pipeline's ops, which wait for messages: each layer's host launch
+        time (`host_f`, `host_b`) in its F and B (the same table when there is none)."""
         if not any(l.host_f or l.host_b for l in self.layers):
             return self
         layers = [replace(l, f=l.f + l.host_f, b=l.b + l.host_b, host_f=0.0, host_b=0.0)
@@ -256,13 +255,16 @@ class CostTable:
         PlanError."""
         return plan_partition(plan, len(self.layers), self.layer_work())
 
-    def stage_costs(self, plan: Plan) -> list[StageCost]:
-        """Sum layer costs over each stage of the plan's partition, with the plan's recompute
-        and ZeRO sharding (and the calibration). Raises PlanError when the partition does not
-        fit the model (`stage_ranges`)."""
+    def stage_costs(self, plan: Plan, ranges: list[tuple[int, int]] | None = None
+                    ) -> list[StageCost]:
+        """Sum layer costs over each stage of the plan's partition (`ranges`, default
+        `stage_ranges(plan)`), with the plan's recompute, ZeRO sharding and accumulation fusion
+        (and the calibration), F and B with the host's launch time when the plan spans devices
+        (`pipelined`). Raises PlanError when the partition does not fit the model."""
         h = plan.header
-        return self.range_costs(self.stage_ranges(plan), plan.recompute(), h.zero, h.dp,
-                                h.grad_accumulation_fusion, plan.devices > 1)
+        ranges = self.stage_ranges(plan) if ranges is None else ranges
+        table = self.pipelined() if plan.devices > 1 else self
+        return table.range_costs(ranges, plan.recompute(), h.zero, h.dp, h.grad_accumulation_fusion)
 
     def input_bytes(self, first: int) -> float:
         """Bytes a stage starting at layer `first` receives: the previous layer's output, or
@@ -270,12 +272,11 @@ class CostTable:
         return self.layers[first - 1].out_bytes if first > 0 else self.layers[0].act
 
     def range_costs(self, ranges: list[tuple[int, int]], recompute: Sequence[Recompute] = (),
-                    zero: int = 0, dp: int = 1, fused_accumulation: bool = False,
-                    pipelined: bool = False) -> list[StageCost]:
+                    zero: int = 0, dp: int = 1, fused_accumulation: bool = False
+                    ) -> list[StageCost]:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
         what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step;
-        W adds each layer's gradient-accumulation pass unless `fused_accumulation`; F and B pay
-        the host's launch time (`host_f`, `host_b`) when `pipelined` (ops wait for messages)."""
+        W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
         share = self.param_bytes.share(zero, dp)
         out = []
         for i, (first, last) in enumerate(ranges):
@@ -283,8 +284,6 @@ class CostTable:
             f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
             if not fused_accumulation:
                 w += sum(l.grad_acc for l in ls)
-            if pipelined:
-                f, b = f + sum(l.host_f for l in ls), b + sum(l.host_b for l in ls)
             act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
             mode = recompute[i] if i < len(recompute) else Recompute.NONE
             tp_f, tp_b, tp_w = (sum(l.tp_f for l in ls), sum(l.tp_b for l in ls),

@@ -62,8 +62,7 @@ class SimCosts:
         h = plan.header
         check_tp(table, h)
         ranges = table.stage_ranges(plan)
-        stages = table.range_costs(ranges, plan.recompute(), h.zero, h.dp,
-                                   h.grad_accumulation_fusion, plan.devices > 1)
+        stages = table.stage_costs(plan, ranges)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         cal = table.calibration
         sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown,

@@ -66,6 +66,13 @@ def dp_link(intra: Link, inter: Link, spans_nodes: bool, rails: int) -> Link:
     return Link(f"{inter.name} x{rails}", inter.latency, bandwidth)
 
 
+def dp_links(intra: Link, inter: Link, spans_nodes: np.ndarray, rails: np.ndarray) -> list[Link]:
+    """Per device: the link of its data-parallel ring (`dp_link`), from whether its group spans
+    nodes and its GPUs per node (`dp_spans_nodes`, `dp_rails`)."""
+    return [dp_link(intra, inter, x, k)
+            for x, k in zip(spans_nodes.tolist(), rails.tolist(), strict=True)]
+
+
 def link_times(link: Link, nbytes: np.ndarray) -> np.ndarray:
     """`link.time` of each element, vectorised."""
     nbytes = np.asarray(nbytes, float)
@@ -104,8 +111,7 @@ class Links:
         """Per device: the link of its data-parallel collectives."""
         if self.dp_given is not None:
             return [self.dp_given] * len(self.dp_inter)
-        return [dp_link(self.intra, self.inter, x, k)
-                for x, k in zip(self.dp_inter.tolist(), self.dp_rails.tolist(), strict=True)]
+        return dp_links(self.intra, self.inter, self.dp_inter, self.dp_rails)
 
     def cut_times(self, send_bytes: np.ndarray) -> np.ndarray:
         """Per stage: seconds of one message across its cut (`send_bytes[s]` bytes)."""

@@ -204,10 +204,7 @@ class SimResult:
         group sits)."""
         p, links = self.program, self.links
         P = p.devices
-        c = self.costs.stages
-        tp_f, tp_b, tp_w = (np.array([getattr(x, k) for x in c], float) for k in ("tp_f", "tp_b", "tp_w"))
-        per_op = np.stack([tp_f, tp_b, tp_w, tp_b + tp_w], axis=1)[p.op_stage, p.op_kind]
-        tp = np.bincount(np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=P)
+        tp = self._per_device(*(self._stage_field("tp_" + k) for k in "fbw"))
         out = {"tp": LinkBusy(links.intra.name, tp, float(tp.sum()))}
         seconds = self.msg_end - self.msg_start
         inter = links.cut_inter[p.msg_boundary]
@@ -231,16 +228,24 @@ class SimResult:
         not under compute (`overlap_grad_reduce` runs it during the last backwards);
         'param_gather': the parameters' all-gather the iteration waits for
         (`overlap_param_gather` hides it under the next forwards)."""
-        p = self.program
-        c = self.costs.stages
-        left = [np.array([getattr(x, "tp_" + k) - getattr(x, "tp_hidden_" + k) for x in c], float)
-                for k in "fbw"]
-        per_op = np.stack([left[0], left[1], left[2], left[1] + left[2]], axis=1)[p.op_stage, p.op_kind]
-        tp = np.bincount(np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=p.devices)
+        tp = self._per_device(*(self._stage_field("tp_" + k) - self._stage_field("tp_hidden_" + k)
+                                for k in "fbw"))
         dpc = self.dp_comm
         pipeline = self.comm_exposed - dpc.exposed
         return {"tp": tp, "pipeline": np.maximum(pipeline, 0.0),
                 "grad_reduce": dpc.reduction_exposed, "param_gather": dpc.gather_exposed}
+
+    def _stage_field(self, name: str) -> np.ndarray:
+        """Per stage: that StageCost field."""
+        return np.array([getattr(c, name) for c in self.costs.stages], float)
+
+    def _per_device(self, f: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Per device: per-stage seconds of F, B and W summed over the ops it runs (a fused BW
+        both B's and W's)."""
+        p = self.program
+        per_op = np.stack([f, b, w, b + w], axis=1)[p.op_stage, p.op_kind]
+        return np.bincount(np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op,
+                           minlength=p.devices)
 
     def ops(self) -> Iterator[OpSpan]:
         """Every op's interval; the ops of an overlap group split their slot in turn."""

@@ -98,8 +98,10 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
                                       minlength=p.devices), sharing)
     h = p.plan.header
     params = grads / costs.grad_reduce_bytes
-    forward = np.bincount(p.node_dev, weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
-                          minlength=p.devices)
+    forward = None  # what an overlapped all-gather hides under; only then worth summing
+    if h.overlap_param_gather and h.zero >= 1:
+        forward = np.bincount(p.node_dev, weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
+                              minlength=p.devices)
     weights = costs.param_bytes.weights if costs.param_bytes else costs.grad_reduce_bytes
     dpc = dp_comm(p, t, grads, h.zero, ranks, links.dp, pipeline_time, update,
                   buckets(params, ranks), h.overlap_grad_reduce, h.overlap_param_gather, forward,

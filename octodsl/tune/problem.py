@@ -19,7 +19,7 @@ from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
 from ..mesh import Mesh
 from ..plan import Header, Plan, Recompute, Slot
-from ..sim.links import dp_link, dp_rails, dp_spans_nodes
+from ..sim.links import dp_links, dp_rails, dp_spans_nodes
 from ..units import size
 from .layout import SAVING, StageLayout
 
@@ -134,8 +134,7 @@ class Problem:
         their ring times is at least every device's latencies plus all the bytes on the fastest
         link (one link for all devices: exactly the simulator's sum, whatever the split)."""
         inter = self.inter_link or self.link
-        links = [dp_link(self.link, inter, x, k) for x, k in
-                 zip(dp_spans_nodes(self.mesh).tolist(), dp_rails(self.mesh).tolist(), strict=True)]
+        links = dp_links(self.link, inter, dp_spans_nodes(self.mesh), dp_rails(self.mesh))
         bandwidths = [k.bandwidth for k in links]
         best = 0.0 if min(bandwidths) <= 0 else max(bandwidths)  # 0: one of them is free
         return [Link(k.name, k.latency, best) for k in links]

@@ -114,7 +114,7 @@ def test_per_op_overheads_scale_with_the_activation():
     assert gpu.layers[2].host_f == o.f_seconds and gpu.layers[0].host_f == 0.0  # not the embedding
     # the host's part only where ops wait for messages
     one = cost_table(model="llama3-8b", device="A100")
-    two_devices = one.range_costs([(0, 10), (11, 65)], pipelined=True)
+    two_devices = one.pipelined().range_costs([(0, 10), (11, 65)])
     alone = one.range_costs([(0, 10), (11, 65)])
     assert two_devices[0].f - alone[0].f == pytest.approx(sum(l.host_f for l in one.layers[:11]))
 
