@@ -164,7 +164,7 @@ def overlap_list(text: str) -> dict[str, bool]:
     unknown = [n for n in names if n not in OVERLAP_OPTIONS]
     if unknown or not all(names):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: give {', '.join(OVERLAP_OPTIONS)} (comma-separated) or none")
+            f"{text.strip()[:40]!r}: give {', '.join(OVERLAP_OPTIONS)} (comma-separated) or none")
     return {field: name in names for name, field in OVERLAP_OPTIONS.items()}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ..errors import OctoError
-from ..costs.devices import get_device
+from ..costs.devices import LINKS, get_device
 from ..costs.resolve import cost_table, header_costing
 from ..costs.table import Link, uniform_stage_costs
 from ..interop import read_csv
@@ -61,8 +61,8 @@ def register(sub) -> None:
                    help=f"device for a model's analytical costs: {DEVICE_HELP} (default H800)")
     p.add_argument("--link", type=LINK, metavar="NAME",
                    help="link between pipeline devices in one node (and of the tp collectives, "
-                   "with a model): nvlink, nvlink4, nvlink3, ib-ndr, loopback, none (none: "
-                   "communication is free), or a link file. Default: a calibrated profile's link, "
+                   f"with a model): {', '.join(LINKS)} (none: communication is free), or a "
+                   "link file. Default: a calibrated profile's link, "
                    "else the device's node link (H800: nvlink) with a model, --costs' comm without")
     p.add_argument("--dp-link", type=LINK, metavar="NAME", help="link of every data-parallel "
                    f"collective, {LINK_HELP} (default: --inter-node-link for a dp group that "

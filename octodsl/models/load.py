@@ -28,9 +28,29 @@ def parse_model(data: dict, source: str) -> ModelSpec:
     try:
         return ModelSpec.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}" for err in e.errors())
-        raise SpecError(f"{source}: invalid model spec: {problems}") from None
+        raise SpecError(f"{source}: invalid model spec: {_problems(e)}") from None
+
+
+def _problems(e: ValidationError) -> str:
+    """The errors on one line. A block's field (`attention: {heads: ...}`) is a field of every
+    layer of its kind the pattern expands to: the error it makes in each of them is said once,
+    with the layers it is in."""
+    grouped: dict[tuple[str, str], list[str | None]] = {}
+    for err in e.errors():
+        loc = [str(p) for p in err["loc"]]
+        layer = loc[1] if len(loc) > 2 and loc[0] == "layers" and loc[1].isdigit() else None
+        where = ".".join(loc[2:] if layer else loc) or "spec"
+        grouped.setdefault((where, err["msg"]), []).append(layer)
+    parts = []
+    for (where, msg), layers in grouped.items():
+        if layers[0] is None:
+            parts.append(f"{where}: {msg}")
+        elif len(layers) == 1:
+            parts.append(f"layers.{layers[0]}.{where}: {msg}")
+        else:
+            more = f" and {len(layers) - 3} more" if len(layers) > 3 else ""
+            parts.append(f"{where} (layers {', '.join(map(str, layers[:3]))}{more}): {msg}")
+    return "; ".join(parts)
 
 
 @lru_cache(maxsize=None)

@@ -84,6 +84,9 @@ def test_gen_takes_the_runtime_options(tmp_path, capsys):
     assert h.grad_accumulation_fusion and h.scatter_gather_messages
     assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "sideways"]) == 2
     assert "give tp-comm" in capsys.readouterr().err
+    assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "x" * 100_000]) == 2
+    err = capsys.readouterr().err
+    assert "give tp-comm" in err and len(err) < 200  # the value quoted in part
 
 
 @pytest.mark.parametrize("pattern,stages,ends,expect", [

@@ -122,6 +122,20 @@ def test_invalid_specs(change, message):
         parse_model(data, "test")
 
 
+def test_a_blocks_bad_field_is_reported_once_for_all_its_layers():
+    pattern = "*-" * 40
+    data = small(pattern=pattern, attention={"heads": 4, "kv_heads": 2, "head_dim": 16,
+                                              "flash": [True]}, hidden=-1)
+    data.pop("mamba2")
+    with pytest.raises(SpecError) as e:
+        parse_model(data, "test")
+    message = str(e.value)
+    # the 40 attention layers are at 1, 3, 5, ...; the top-level field keeps its own place
+    assert "attention.flash (layers 1, 3, 5 and 37 more): Input should be a valid boolean" in message
+    assert "hidden: Input should be greater than or equal to 1" in message
+    assert message.count("flash") == 1 and len(message) < 300
+
+
 def test_explicit_layers_must_start_and_end_right():
     with pytest.raises(SpecError, match="first layer must be the embedding"):
         parse_model({"name": "x", "hidden": 8, "vocab": 8, "seq_len": 8,
