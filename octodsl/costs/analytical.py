@@ -32,12 +32,12 @@ BYTES_PER_PARAM = 16
 """Mixed-precision Adam: bf16 parameter and gradient (2 + 2), fp32 master copy, Adam m and v
 (4 + 4 + 4). An fp32 model has fp32 parameter and gradient and Adam m, v: also 16."""
 
-OPTIMIZER_BYTES = 36
+OPTIMIZER_BYTES = 38
 """Bytes per parameter the optimizer step reads and writes, fused Adam over fp32 main
 parameters and gradients (Megatron-LM's optimizer, apex's multi-tensor Adam): read the gradient,
 the main parameter, m and v (16), write the main parameter, m and v (12), then copy the main
 parameter into the model's bf16 one (read 4, write 2); the gradient's norm for clipping reads it
-once more (4). Derived from the kernels, not measured."""
+once more (4): 16 + 12 + 6 + 4. Derived from the kernels, not measured."""
 
 ACCUMULATE_ELEMENTS = 3
 """Elements per parameter an unfused gradient accumulation moves each micro-batch: autograd's
