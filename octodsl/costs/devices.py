@@ -16,7 +16,9 @@ from .work import Gemm
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Achievable fractions of peak of the work that has no shape model of its own."""
+    """Achievable fractions of peak of the work that has no shape model of its own: round
+    estimates, not measurements (docs/models-and-costs.md says so; a device file or `octodsl
+    calibrate` replaces them)."""
 
     attention: float = 0.5
     """Attention core of a device without measured kernel curves (`Device.attention` None), of
