@@ -363,7 +363,9 @@ def report(results: list[dict], ranks: list[dict], data: dict, command: str, sec
     lines += ["", "What is fitted, and to what: the per-op overheads and the message overhead "
               "(docs/models-and-costs.md, \"Overheads\") to ZeroBubble's per-op profile (Table 6 "
               "of the zerobubble2024 source, F, B and communication times of single stages); every "
-              "other constant is a published kernel or network measurement. So the zerobubble2024 "
+              "other constant is a published kernel or network measurement, but the fractions of "
+              "peak of the work without a model of its own (`Efficiency`: memory-bound kernels, "
+              "scans), round estimates fitted to nothing. So the zerobubble2024 "
               "rows check the pipeline (schedules, bubbles, messages) on op costs fitted to the "
               "same paper; the other five sources are out of sample.", "", "## Sources", ""]
     for key in by_source:
