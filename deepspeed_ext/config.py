@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from .. import limits
+from ..inputs import read_data
 from ..plan import Plan
 from .errors import PlanLaunchError
 from .watchdog import DEFAULT_TIMEOUT
@@ -76,12 +77,7 @@ def read_config(config: dict | str | Path) -> tuple[dict, OctoSection]:
     section or a batch size is not what the executor can use."""
     name = str(config) if isinstance(config, (str, Path)) else None
     if name is not None:
-        try:
-            config = json.loads(Path(name).read_text())
-        except OSError as e:
-            raise PlanLaunchError(f"cannot read the DeepSpeed config: {e.strerror or e}", path=name) from None
-        except ValueError as e:
-            raise PlanLaunchError(f"the DeepSpeed config is not JSON: {e}", path=name) from None
+        config = read_data(name, "DeepSpeed config", error=PlanLaunchError, json_file=True)
     if not isinstance(config, dict):
         raise PlanLaunchError(f"a DeepSpeed config is a JSON object, not {_json_type(config)}", path=name)
     config = dict(config)

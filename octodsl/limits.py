@@ -41,6 +41,11 @@ MAX_MEMORY = 1 << 50
 """Memory per device, bytes (1 PiB)."""
 MAX_LAYERS = 65536
 """Layers of one model spec."""
+MAX_WIDTH = 1 << 24
+"""Any width of a model spec: `hidden`, `vocab` and each layer's dimensions (heads, ffn, ...)."""
+MAX_FILE_BYTES = 1 << 28
+"""Bytes of any file octodsl reads (a plan, a CSV, a model spec, a profile, a trace); device
+and link files (1 MiB) and Hugging Face configs (16 MiB) have smaller limits of their own."""
 MAX_STEPS = 1000
 """Training steps or timed runs a command makes itself (`calibrate --steps`, `profile
 --repeats` and `--warmup`)."""

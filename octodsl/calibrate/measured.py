@@ -19,7 +19,6 @@ the plan with that split, so a plan that names no layers is simulated as it ran.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -32,6 +31,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import OctoError
+from ..inputs import kind_of, read_data
 from ..plan import Op, OpKind, Plan, PlanError
 from ..sim.result import OpSpan
 
@@ -157,17 +157,14 @@ _NAME = re.compile(r"device (\d+)(?: \(dp (\d+)\))?")
 def read_trace(path: str | Path, warmup: int = 1) -> MeasuredTrace:
     """Read a measured trace whose first `warmup` steps are not timed; TraceError says what is
     wrong with it."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    data = read_data(path, "trace", error=TraceError, json_file=True)
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{path}: not a Chrome trace (no traceEvents list)")
-    return parse_trace(events, str(path), data.get("otherData", {}) if isinstance(data, dict) else {},
-                       warmup)
+    info = data.get("otherData", {}) if isinstance(data, dict) else {}
+    if not isinstance(info, dict):
+        raise TraceError(f"{path}: otherData must be an object, not {kind_of(info)}")
+    return parse_trace(events, str(path), info, warmup)
 
 
 def _check_events(events: list, path: str) -> None:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .. import limits
+from .. import inputs, limits
 from ..costs import devices as _devices
 from ..costs.devices import INTER_NODE_LINK  # --inter-node-link's default, for the commands
 from ..errors import OctoError
@@ -265,21 +265,7 @@ def memory_size(text: str) -> int:
 
 def read_text(path: str) -> str:
     """A file's text ('-' for standard input), or a UserError saying why it cannot be read."""
-    import sys
-
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a UTF-8 text file") from None
-    except OSError as e:
-        raise UserError(f"{path}: {e.strerror}") from None
+    return inputs.read_text(path, "file", error=UserError)
 
 
 def check_output(path: str, suffixes: tuple[str, ...], option: str) -> str:

@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import json
 import math
 import os
 import re
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -48,6 +46,8 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidato
 
 from .. import limits
 from ..errors import OctoError
+from ..inputs import is_json, parse_data, read_text
+from ..inputs import kind_of as _kind
 from ..units import exact_size, parse_size
 from .attention import AttentionCurve, AttentionModel
 from .devices import (CUBLAS_TILES, DEVICES, GEMM_CALIBRATION, LINKS, MEGATRON_A100_OVERHEADS,
@@ -92,16 +92,6 @@ class DeviceFileError(OctoError):
 
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 """A number as text: decimal, an optional exponent; no nan, inf, underscores or other digits."""
-
-
-def _kind(value: object) -> str:
-    """How a refusal names what it got instead of a number or a mapping."""
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return str(value).lower()
-    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "text"}
-    return names.get(type(value), type(value).__name__)
 
 
 def _shown(x: float) -> str:
@@ -571,7 +561,7 @@ def _load(path: str | os.PathLike, kind: str) -> Device | Link:
         raise DeviceFileError(f"cannot read it: {getattr(e, 'strerror', None) or e}",
                               path=shown) from None
     if key not in _cache:
-        data = read_mapping(shown, kind, st)
+        data = read_mapping(shown, kind)
         _cache[key] = validate(data, kind, shown)
     return _cache[key]
 
@@ -589,66 +579,19 @@ def validate(data: dict, kind: str, path: str) -> Device | Link:
         raise DeviceFileError(str(e), path=path) from None
 
 
-def read_mapping(path: str, kind: str, st: os.stat_result | None = None) -> dict:
+def read_mapping(path: str, kind: str) -> dict:
     """A device or link file's parsed mapping: YAML, or JSON for `.json`. DeviceFileError
     (naming `path`) for a file that is not a small UTF-8 YAML or JSON mapping."""
-    data = _parse(_read_text(path, kind, st), path)
+    text = read_text(path, f"{kind} file", max_bytes=MAX_FILE_BYTES, error=DeviceFileError)
+    if not text.strip():
+        raise DeviceFileError(f"is empty; a {kind} file is a mapping of fields (`octodsl devices "
+                              "NAME --yaml` prints one to start from)", path=path)
+    data = parse_data(text, path, json_file=is_json(path), error=DeviceFileError)
     if data is None:  # only comments
         raise DeviceFileError(f"holds no fields; a {kind} file is a mapping of fields", path=path)
     if not isinstance(data, dict):
         raise DeviceFileError(f"a {kind} file is a mapping of fields, not {_kind(data)}", path=path)
     return data
-
-
-def _read_text(path: str, kind: str, st: os.stat_result | None) -> str:
-    """The text of a regular file of at most MAX_FILE_BYTES, UTF-8 and not blank."""
-    def refuse(why: str) -> DeviceFileError:
-        return DeviceFileError(why, path=path)
-
-    try:
-        st = st or os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            raise refuse(f"is a folder, not a {kind} file")
-        if not stat.S_ISREG(st.st_mode):
-            raise refuse(f"is not a regular file (a {kind} file is YAML or JSON)")
-        if st.st_size > MAX_FILE_BYTES:
-            raise refuse(f"is {st.st_size:,} bytes; a {kind} file is at most "
-                         f"{exact_size(MAX_FILE_BYTES)}")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)  # it may have grown since
-    except FileNotFoundError:
-        raise refuse(f"no such {kind} file") from None
-    except OSError as e:
-        raise refuse(f"cannot read it: {e.strerror or e}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise refuse(f"is more than {exact_size(MAX_FILE_BYTES)}; a {kind} file is at most that")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise refuse(f"not UTF-8 text (byte {e.start:,} is 0x{raw[e.start]:02x})") from None
-    if not text.strip():
-        raise refuse(f"is empty; a {kind} file is a mapping of fields (`octodsl devices NAME "
-                     "--yaml` prints one to start from)")
-    return text
-
-
-def _parse(text: str, path: str) -> object:
-    """YAML, or JSON for a `.json` path; DeviceFileError saying where it is not."""
-    json_file = Path(path).suffix.lower() == ".json"
-    language = "JSON" if json_file else "YAML"
-    try:
-        return json.loads(text) if json_file else yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        why = f"{e.msg} at line {e.lineno}, column {e.colno}"
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        why = f"{getattr(e, 'problem', None) or type(e).__name__}{where}"
-    except RecursionError:
-        why = "nested too deep"
-    except ValueError as e:  # Python reads no whole number of 4,300 digits or more
-        why = "a number of 4,300 digits or more" if "digits" in str(e) else str(e)[:100]
-    raise DeviceFileError(f"not valid {language}: {why}", path=path)
 
 
 def _problem(e: ValidationError) -> str:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .. import limits
 from ..errors import OctoError
 from ..fileio import write_atomic
+from ..inputs import read_text
 from ..models.spec import ModelSpec
 from .table import Calibration, CostTable, LayerCost, Link
 
@@ -190,10 +191,7 @@ class Profile(BaseModel):
 
 def read_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; ProfileError says what is wrong."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ProfileError(f"cannot read profile {path}: {e.strerror or e}") from None
+    text = read_text(path, "profile", error=ProfileError)
     try:
         return Profile.model_validate_json(text)
     except ValidationError as e:

@@ -33,9 +33,10 @@ def parse_plan(source: str, path: str = "<string>") -> Plan:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """parse_plan of a file."""
-    p = Path(path)
-    return parse_plan(p.read_text(), str(p))
+    """parse_plan of a file (octodsl.inputs.read_text: an InputError when it cannot be read)."""
+    from ..inputs import read_text
+
+    return parse_plan(read_text(path, "plan"), str(path))
 
 
 def _unique(diags: list[Diagnostic]) -> list[Diagnostic]:

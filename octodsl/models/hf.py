@@ -12,12 +12,14 @@ they are and a missing one is an error naming it.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import limits
+from ..errors import OctoError
+from ..inputs import kind_of, read_data
 from .spec import ModelSpec
 
 MAX_CONFIG_BYTES = 1 << 24
@@ -27,33 +29,34 @@ SUPPORTED = ("nemotron_h", "jamba", "qwen3_next", "llama")
 """The `model_type`s read."""
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+"""The `torch_dtype`s (`dtype` in transformers 5) read, and their spec dtype."""
+_NEMOTRON_ACTIVATIONS = {"relu2": "relu2", "gelu": "gelu", "gelu_pytorch_tanh": "gelu",
+                         "gelu_new": "gelu"}
+"""NemotronH's `mlp_hidden_act`s (its MLP is not gated: up, activation, down)."""
 
 
-class HFConfigError(ValueError):
+class HFConfigError(OctoError):
     """A config that cannot be read as a supported model; the message is for the user."""
 
 
 def read_config(path: str | Path) -> dict:
     """The JSON object of a `config.json`, or of the `config.json` in folder `path`."""
+    if not str(path):  # Path("") is the working folder
+        raise HFConfigError("'': an empty path names no Hugging Face config.json")
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        if p.stat().st_size > MAX_CONFIG_BYTES:
-            raise HFConfigError(f"{p}: {p.stat().st_size:,} bytes is no config.json (at most "
-                                f"{MAX_CONFIG_BYTES:,})")
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not p.exists() and not p.is_symlink():
         raise HFConfigError(f"{path}: no such file (a Hugging Face config.json, or a folder "
-                            "holding one)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise HFConfigError(f"{p}: not a readable JSON config: {e}") from None
+                            "holding one)")
+    data = read_data(p, "config.json", max_bytes=MAX_CONFIG_BYTES, error=HFConfigError,
+                     json_file=True)
     if not isinstance(data, dict):
-        raise HFConfigError(f"{p}: a config is a JSON object, not {type(data).__name__}")
+        raise HFConfigError(f"{p}: a config is a JSON object, not {kind_of(data)}")
     return data
 
 
-def _through_transformers(data: dict) -> Mapping[str, Any]:
+def _through_transformers(data: dict, source: str) -> Mapping[str, Any]:
     """The config as transformers' own class reads it (defaults filled, legacy names mapped),
     or the file's fields unchanged when transformers is not installed."""
     try:
@@ -64,7 +67,7 @@ def _through_transformers(data: dict) -> Mapping[str, Any]:
     try:
         cfg = AutoConfig.for_model(data["model_type"], **fields)
     except Exception as e:  # noqa: BLE001 -- its validators raise their own types
-        raise HFConfigError(f"transformers refuses the config: {type(e).__name__}: "
+        raise HFConfigError(f"{source}: transformers refuses the config: {type(e).__name__}: "
                             f"{str(e).splitlines()[-1].strip() if str(e) else e!r}") from None
     return {**data, **cfg.to_dict()}
 
@@ -95,6 +98,40 @@ class _Fields:
         value = self.data.get(key)
         return default if value is None else value
 
+    def number(self, key: str, default: float | None = None) -> float | None:
+        """A finite number (JSON reads 1e999 as infinity), or `default` when absent."""
+        value = self.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise HFConfigError(f"{self.source}: `{key}` must be a finite number, not {value!r:.40}")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """true or false (the text "false" is neither: it is refused, not read as true)."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise HFConfigError(f"{self.source}: `{key}` must be true or false, not {value!r:.40}")
+        return value
+
+    def choice(self, key: str, default: str, names: Mapping[str, str]) -> str:
+        """`names`' value for the field's text: an unknown one is refused, not replaced."""
+        value = self.get(key, default)
+        if isinstance(value, str) and value.removeprefix("torch.") in names:
+            return names[value.removeprefix("torch.")]
+        raise HFConfigError(f"{self.source}: `{key}` {value!r:.40} is not supported "
+                            f"(supported: {', '.join(names)})")
+
+    def whole_numbers(self, key: str) -> list[int]:
+        """A list of whole numbers (layer indices), empty when absent."""
+        value = self.get(key, [])
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise HFConfigError(f"{self.source}: `{key}` must be a list of layer numbers, "
+                                f"not {value!r:.40}")
+        return value
+
 
 def _attention(c: _Fields, **extra) -> dict:
     heads = c.count("num_attention_heads")
@@ -106,9 +143,10 @@ def _attention(c: _Fields, **extra) -> dict:
 
 
 def _rope_theta(c: _Fields) -> float | None:
+    if c.has("rope_theta"):
+        return c.number("rope_theta")
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    theta = c.get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
-    return float(theta) if theta is not None else None
+    return _Fields(rope, c.source).number("rope_theta") if isinstance(rope, dict) else None
 
 
 _NEMOTRON_KINDS = {"M": "M", "*": "*", "-": "-", "E": "E", "mamba": "M", "linear_attention": "M",
@@ -119,6 +157,9 @@ def _nemotron_symbols(pattern: Any, source: str) -> str:
     """Our pattern symbols of NemotronH's pattern string or layer-type list."""
     if pattern is None:
         raise HFConfigError(f"{source}: the config has no `hybrid_override_pattern`")
+    if not isinstance(pattern, (str, list)):
+        raise HFConfigError(f"{source}: the layer pattern must be a string or a list of layer "
+                            f"types, not {pattern!r:.40}")
     if len(pattern) > limits.MAX_LAYERS - 2:
         raise HFConfigError(f"{source}: {len(pattern):,} layers; {limits.at_most(limits.MAX_LAYERS, 'layers')}")
     try:
@@ -131,14 +172,14 @@ def _nemotron_symbols(pattern: Any, source: str) -> str:
 def _nemotron_h(c: _Fields) -> dict:
     symbols = _nemotron_symbols(c.get("hybrid_override_pattern") or c.get("layers_block_type"),
                                 c.source)
-    act = "relu2" if c.get("mlp_hidden_act", "relu2") == "relu2" else "swiglu"
+    act = c.choice("mlp_hidden_act", "relu2", _NEMOTRON_ACTIVATIONS)
     out: dict = {
         "pattern": symbols,
         "mamba2": {"heads": c.count("mamba_num_heads"), "head_dim": c.count("mamba_head_dim"),
                    "groups": c.count("n_groups"), "state": c.count("ssm_state_size"),
                    "conv": c.count("conv_kernel", 4), "chunk": c.count("chunk_size", 256)},
         "attention": _attention(c), "mlp": {"ffn": c.count("intermediate_size"), "activation": act},
-        "norm_eps": float(c.get("layer_norm_epsilon", 1e-5)),
+        "norm_eps": c.number("layer_norm_epsilon", 1e-5),
     }
     if "E" in symbols:
         out["moe"] = {"experts": c.count("n_routed_experts"), "top_k": c.count("num_experts_per_tok"),
@@ -177,8 +218,8 @@ def _jamba(c: _Fields) -> dict:
         "mlp": {"ffn": c.count("intermediate_size"), "activation": "swiglu"},
         "moe": {"experts": experts, "top_k": c.count("num_experts_per_tok", 1),
                 "expert_ffn": c.count("intermediate_size"),
-                "aux_loss_coef": float(c.get("router_aux_loss_coef", 0.001))},
-        "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+                "aux_loss_coef": c.number("router_aux_loss_coef", 0.001)},
+        "norm_eps": c.number("rms_norm_eps", 1e-6),
     }
     return _used(out, symbols)
 
@@ -190,10 +231,11 @@ def _qwen3_next(c: _Fields) -> dict:
         interval = c.count("full_attention_interval", 4)
         types = ["full_attention" if (i + 1) % max(interval, 1) == 0 else "linear_attention"
                  for i in range(layers)]
-    if len(types) != layers or not set(types) <= {"full_attention", "linear_attention"}:
+    if not isinstance(types, list) or len(types) != layers or not all(
+            t in ("full_attention", "linear_attention") for t in types):
         raise HFConfigError(f"{c.source}: `layer_types` must list full_attention or "
                             f"linear_attention for each of the {layers} layers")
-    dense = set(c.get("mlp_only_layers", []))
+    dense = set(c.whole_numbers("mlp_only_layers"))
     step, experts = c.count("decoder_sparse_step", 1), c.count("num_experts", 0)
     moe = [experts > 0 and i not in dense and (i + 1) % max(step, 1) == 0 for i in range(layers)]
     symbols = "".join(("*" if t == "full_attention" else "G") + ("E" if m else "-")
@@ -210,8 +252,8 @@ def _qwen3_next(c: _Fields) -> dict:
         "moe": {"experts": max(experts, 1), "top_k": c.count("num_experts_per_tok", 1),
                 "expert_ffn": c.count("moe_intermediate_size", 0) or 1,
                 "shared_ffn": c.count("shared_expert_intermediate_size", 0),
-                "aux_loss_coef": float(c.get("router_aux_loss_coef", 0.001))},
-        "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+                "aux_loss_coef": c.number("router_aux_loss_coef", 0.001)},
+        "norm_eps": c.number("rms_norm_eps", 1e-6),
     }
     return _used(out, symbols)
 
@@ -221,7 +263,7 @@ def _llama(c: _Fields) -> dict:
         "pattern": "*-" * c.layers(),
         "attention": _attention(c, rope_theta=_rope_theta(c)),
         "mlp": {"ffn": c.count("intermediate_size"), "activation": "swiglu"},
-        "norm_eps": float(c.get("rms_norm_eps", 1e-5)),
+        "norm_eps": c.number("rms_norm_eps", 1e-5),
     }
 
 
@@ -233,22 +275,24 @@ _FAMILIES: dict[str, Callable[[_Fields], dict]] = {
 def spec_fields(data: dict, source: str, name: str | None = None) -> dict:
     """The model-spec fields (octodsl.models.spec, pattern form) of a parsed config."""
     kind = data.get("model_type")
-    if kind not in _FAMILIES:
-        raise HFConfigError(f"{source}: model_type {kind!r} is not supported (supported: "
+    if not isinstance(kind, str) or kind not in _FAMILIES:
+        raise HFConfigError(f"{source}: model_type {kind!r:.40} is not supported (supported: "
                             f"{', '.join(SUPPORTED)})")
     # what transformers would expand first: a layer count or pattern past our limit
     if "num_hidden_layers" in data:
         _Fields(data, source).layers()
     if kind == "nemotron_h" and "hybrid_override_pattern" in data:
         _nemotron_symbols(data["hybrid_override_pattern"], source)
-    c = _Fields(_through_transformers(data), source)
-    dtype = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
+    c = _Fields(_through_transformers(data, source), source)
+    dtype_key = "torch_dtype" if c.has("torch_dtype") else "dtype"
+    if kind != "nemotron_h":  # a gated MLP: SiLU is SwiGLU; another is not what the spec costs
+        c.choice("hidden_act", "silu", {"silu": "swiglu"})
     return {
         "name": name or Path(source).parent.name or kind,
         "description": f"from {source} ({kind})",
         "hidden": c.count("hidden_size"), "vocab": c.count("vocab_size"), "seq_len": 4096,
-        "dtype": _DTYPES.get(str(dtype).removeprefix("torch."), "bf16"),
-        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "dtype": c.choice(dtype_key, "bfloat16", _DTYPES),
+        "tie_embeddings": c.flag("tie_word_embeddings", False),
         **_FAMILIES[kind](c),
     }
 

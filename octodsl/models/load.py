@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
+from .. import limits
 from ..errors import OctoError
+from ..inputs import kind_of, read_data
 from .builtin import BUILTINS
 from .spec import ModelSpec
 
@@ -39,11 +39,16 @@ def _problems(e: ValidationError) -> str:
     for err in e.errors():
         loc = [str(p) for p in err["loc"]]
         layer = loc[1] if len(loc) > 2 and loc[0] == "layers" and loc[1].isdigit() else None
-        where = ".".join(loc[2:] if layer else loc) or "spec"
-        grouped.setdefault((where, err["msg"]), []).append(layer)
+        where = ".".join(loc[2:] if layer else loc)
+        msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+        if err["type"] == "less_than_equal" and isinstance(err["ctx"]["le"], int):
+            msg = f"{err['input']!r:.20} is too large: must be {limits.at_most(err['ctx']['le'], '')}"
+        grouped.setdefault((where, msg), []).append(layer)
     parts = []
     for (where, msg), layers in grouped.items():
-        if layers[0] is None:
+        if not where:  # the spec's own check, whose message names its fields
+            parts.append(msg)
+        elif layers[0] is None:
             parts.append(f"{where}: {msg}")
         elif len(layers) == 1:
             parts.append(f"layers.{layers[0]}.{where}: {msg}")
@@ -74,16 +79,15 @@ def load_model(name_or_path: str) -> ModelSpec:
         from .hf import load_hf
 
         return load_hf(name_or_path.removeprefix(HF_PREFIX))
+    if not name_or_path:
+        raise SpecError("an empty name ('') names no model: give a built-in's name "
+                        f"({', '.join(BUILTINS)}), a spec file or hf:PATH")
     path = Path(name_or_path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise SpecError(f"no built-in model or spec file {name_or_path!r} "
                         f"(built-ins: {', '.join(BUILTINS)})")
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise SpecError(f"{path}: cannot read the model spec: {e}") from None
+    data = read_data(path, "model spec", error=SpecError)
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: a model spec is a mapping of fields, not {type(data).__name__}")
+        raise SpecError(f"a model spec is a mapping of fields, not {kind_of(data)}", path=str(path))
     data.setdefault("name", path.stem)
     return parse_model(data, str(path))

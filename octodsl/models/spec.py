@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .. import limits
+from ..inputs import kind_of
 from .pattern import KIND_SYMBOL, LAYER_KINDS, SYMBOL_KIND, normalize_pattern
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -20,6 +22,10 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of each dtype."""
 
 Activation = Literal["swiglu", "relu2", "gelu"]
+
+Width = Annotated[int, Field(ge=1, le=limits.MAX_WIDTH)]
+"""A model's or a layer's dimension (hidden, heads, ffn, ...): bounded, so that no typo makes
+a cost model of 10^13-wide matrices."""
 
 
 def _ffn_matrices(activation: str) -> int:
@@ -30,7 +36,7 @@ def _ffn_matrices(activation: str) -> int:
 class LayerConfig(BaseModel):
     """Base of the per-kind layer configurations; `hidden` is the model's."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     kind: str
 
     @property
@@ -60,11 +66,11 @@ class AttentionConfig(LayerConfig):
     """Causal self-attention with grouped-query heads."""
 
     kind: Literal["attention"] = "attention"
-    heads: int = Field(ge=1)
+    heads: Width
     """Query heads."""
-    kv_heads: int = Field(ge=1)
+    kv_heads: Width
     """Key/value heads (GQA groups); divides `heads`."""
-    head_dim: int = Field(ge=1)
+    head_dim: Width
     rope_theta: float | None = None
     """Rotary position embedding base; None for no positional encoding (Nemotron-H, Jamba)."""
     output_gate: bool = False
@@ -98,7 +104,7 @@ class MLPConfig(LayerConfig):
     """Dense feed-forward block."""
 
     kind: Literal["mlp"] = "mlp"
-    ffn: int = Field(ge=1)
+    ffn: Width
     """Intermediate size F."""
     activation: Activation = "swiglu"
     """`swiglu` (gate, up, down), `relu2` (squared ReLU, up and down) or `gelu` (GPT-3's, up
@@ -112,11 +118,11 @@ class MoEConfig(LayerConfig):
     """Token-choice top-k mixture of experts, dropless, with an optional shared expert."""
 
     kind: Literal["moe"] = "moe"
-    experts: int = Field(ge=1)
-    top_k: int = Field(ge=1)
-    expert_ffn: int = Field(ge=1)
+    experts: Width
+    top_k: Width
+    expert_ffn: Width
     """Intermediate size of one expert."""
-    shared_ffn: int = Field(default=0, ge=0)
+    shared_ffn: Annotated[int, Field(ge=0, le=limits.MAX_WIDTH)] = 0
     """Intermediate size of the shared expert every token goes through; 0 for none."""
     activation: Activation = "swiglu"
     aux_loss_coef: float = Field(default=0.01, ge=0)
@@ -143,15 +149,15 @@ class Mamba2Config(LayerConfig):
     """Mamba2 mixer (SSD): multi-head scalar-decay SSM, B and C shared within groups."""
 
     kind: Literal["mamba2"] = "mamba2"
-    heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    groups: int = Field(ge=1)
+    heads: Width
+    head_dim: Width
+    groups: Width
     """B/C groups; divides `heads`."""
-    state: int = Field(ge=1)
+    state: Width
     """SSM state size N."""
-    conv: int = Field(default=4, ge=1)
+    conv: Width = 4
     """Depthwise causal convolution width."""
-    chunk: int = Field(default=256, ge=1)
+    chunk: Width = 256
     """Chunk length of the SSD scan."""
 
     @model_validator(mode="after")
@@ -184,11 +190,11 @@ class Mamba1Config(LayerConfig):
     """Mamba1 mixer: selective scan with a per-channel diagonal state."""
 
     kind: Literal["mamba1"] = "mamba1"
-    inner: int = Field(ge=1)
+    inner: Width
     """d_in (expand x hidden)."""
-    state: int = Field(default=16, ge=1)
-    conv: int = Field(default=4, ge=1)
-    dt_rank: int = Field(ge=1)
+    state: Width = 16
+    conv: Width = 4
+    dt_rank: Width
     inner_norms: bool = False
     """RMSNorms on dt, B and C after the x projection (Jamba)."""
 
@@ -203,12 +209,12 @@ class GatedDeltaNetConfig(LayerConfig):
     """Gated DeltaNet linear attention (Qwen3-Next); torch layer: octodsl.layers.gated_deltanet."""
 
     kind: Literal["gated_deltanet"] = "gated_deltanet"
-    key_heads: int = Field(ge=1)
-    value_heads: int = Field(ge=1)
-    key_head_dim: int = Field(ge=1)
-    value_head_dim: int = Field(ge=1)
-    conv: int = Field(default=4, ge=1)
-    chunk: int = Field(default=64, ge=1)
+    key_heads: Width
+    value_heads: Width
+    key_head_dim: Width
+    value_head_dim: Width
+    conv: Width = 4
+    chunk: Width = 64
 
     @property
     def key_dim(self) -> int:
@@ -259,15 +265,15 @@ class ModelSpec(BaseModel):
     ends optional) plus one block per layer kind it uses (`mamba2: {...}`, `attention: {...}`),
     every layer of a kind then sharing that block's dimensions."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
-    hidden: int = Field(ge=1)
+    hidden: Width
     """Width of the activation between layers."""
-    vocab: int = Field(ge=1)
-    seq_len: int = Field(ge=1)
+    vocab: Width
+    seq_len: int = Field(ge=1, le=limits.MAX_SEQ_LEN)
     """Tokens per sequence."""
-    microbatch_size: int = Field(default=1, ge=1)
+    microbatch_size: int = Field(default=1, ge=1, le=limits.MAX_MICROBATCH_SIZE)
     """Sequences per micro-batch."""
     dtype: Dtype = "bf16"
     """Compute and parameter dtype."""
@@ -280,7 +286,7 @@ class ModelSpec(BaseModel):
     cannot train with it."""
     norm_eps: float = Field(default=1e-5, gt=0)
     description: str = ""
-    layers: list[Layer]
+    layers: list[Layer] = Field(max_length=limits.MAX_LAYERS)
 
     @model_validator(mode="before")
     @classmethod
@@ -290,8 +296,19 @@ class ModelSpec(BaseModel):
         data = dict(data)
         if "layers" in data:
             raise ValueError("give the layers either as `pattern` or as `layers`, not both")
-        pattern = normalize_pattern(str(data.pop("pattern")))
+        pattern = data.pop("pattern")
+        if not isinstance(pattern, str):
+            raise ValueError(f"pattern: must be a string of layer symbols such as \"M-M*-\", "
+                             f"not {kind_of(pattern)}")
+        if len(pattern) > limits.MAX_LAYERS:
+            raise ValueError(f"pattern: {len(pattern):,} symbols; "
+                             f"{limits.at_most(limits.MAX_LAYERS, 'layers')}")
+        pattern = normalize_pattern(pattern)
         blocks = {kind: data.pop(kind) for kind in _BLOCK_KINDS if kind in data}
+        for kind, block in blocks.items():
+            if not isinstance(block, dict):
+                raise ValueError(f"{kind}: must be a mapping of the {kind} layers' dimensions "
+                                 f"({{field: value, ...}}), not {kind_of(block)}")
         used = {SYMBOL_KIND[s] for s in pattern}
         for kind in used & set(_BLOCK_KINDS) - set(blocks):
             raise ValueError(f"the pattern has '{KIND_SYMBOL[kind]}' layers ({kind}) but the "

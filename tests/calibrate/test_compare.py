@@ -91,10 +91,10 @@ def test_incomplete_last_step_is_dropped(setup):
 
 
 def test_read_trace_errors(tmp_path):
-    with pytest.raises(TraceError, match="cannot read"):
+    with pytest.raises(TraceError, match="missing.json: no such trace"):
         read_trace(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(TraceError, match="not JSON"):
+    with pytest.raises(TraceError, match="bad.json: not valid JSON: .* at line 1, column 2"):
         read_trace(tmp_path / "bad.json")
     (tmp_path / "empty.json").write_text('{"traceEvents": []}')
     with pytest.raises(TraceError, match="no spans"):
@@ -171,7 +171,7 @@ def test_cli_compare_user_errors(setup, tmp_path, capsys):
     plan_path.write_text(render_plan(plan))
     assert main(["compare", str(plan_path), "--trace", str(tmp_path / "none.json"),
                  "--profile", str(profile)]) == 2
-    assert "cannot read trace" in capsys.readouterr().err
+    assert "none.json: no such trace" in capsys.readouterr().err
     other = syn.write_trace(tmp_path / "other.json", syn.measured_trace(syn.plan("1f1b", 2, 4, tmp_path)))
     assert main(["compare", str(plan_path), "--trace", str(other), "--profile", str(profile)]) == 2
     assert "did not run the plan's ops" in capsys.readouterr().err

@@ -106,7 +106,7 @@ def test_invalid_profiles(profile, tmp_path):
     bad.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="cover each of the model's 24 layers"):
         load_profile(bad)
-    with pytest.raises(ProfileError, match="cannot read profile"):
+    with pytest.raises(ProfileError, match="missing.json: no such profile"):
         load_profile(tmp_path / "missing.json")
 
 

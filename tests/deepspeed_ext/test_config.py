@@ -44,7 +44,7 @@ def test_a_bad_octo_section_is_one_line_naming_the_file(tmp_path, octo, message)
 
 @pytest.mark.parametrize("text,message", [
     ("[1]", "a DeepSpeed config is a JSON object, not an array"),
-    ("{", "the DeepSpeed config is not JSON: "),
+    ("{", "not valid JSON: "),
     ('{"octo": 5}', '"octo" is an object such as {"timeout": 300}, not a number'),
     ('{"train_micro_batch_size_per_gpu": 0}',
      "train_micro_batch_size_per_gpu: input should be greater than or equal to 1, not 0"),
@@ -62,7 +62,7 @@ def test_a_bad_file_is_one_line(tmp_path, text, message):
 
 
 def test_a_missing_file_is_named(tmp_path):
-    with pytest.raises(PlanLaunchError, match="no-such.json: cannot read the DeepSpeed config: No such file"):
+    with pytest.raises(PlanLaunchError, match="no-such.json: no such DeepSpeed config"):
         read_config(tmp_path / "no-such.json")
 
 
