@@ -8,8 +8,10 @@ they are found and printed here, the one place, without a traceback unless `--de
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import importlib
+import io
 import os
 import sys
 
@@ -62,8 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     # Known before parsing: a bad option value is reported like every other error.
     debug = "--debug" in argv
     try:
-        args = build_parser(argv).parse_args(argv)
-        return int(args.func(args) or 0)
+        try:
+            args = build_parser(argv).parse_args(argv)
+            status = int(args.func(args) or 0)
+        except SystemExit:  # --help, --version: their text is out (or its failure seen) first
+            sys.stdout.flush()
+            raise
+        # Flushed here, not at exit: a full disk is then one line like every other error.
+        sys.stdout.flush()
+        return status
     except OctoError as e:
         if debug:
             raise
@@ -71,17 +80,44 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except BrokenPipeError:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
-        sys.stdout = open(os.devnull, "w")
+        _discard_stdout()
         return 0
     except KeyboardInterrupt:
         print("octodsl: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        # Every file a command writes turns its OSError into an OctoError (cli.common.writing);
+        # what is left is standard output: a full disk, a quota, /dev/full.
+        if debug or e.errno not in _CANNOT_WRITE:
+            return _internal_error(e, debug)
+        _discard_stdout()
+        print(f"octodsl: error: standard output: cannot write: {e.strerror}", file=sys.stderr)
+        return 2
     except Exception as e:  # noqa: BLE001 - the one place an unexpected error is turned into a message
-        if debug:
-            raise
-        print(f"octodsl: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
-              file=sys.stderr)
-        return 3
+        return _internal_error(e, debug)
+
+
+_CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+"""The errors of writing to standard output that are the disk's, not octodsl's."""
+
+
+def _internal_error(e: Exception, debug: bool) -> int:
+    if debug:
+        raise e
+    print(f"octodsl: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+          file=sys.stderr)
+    return 3
+
+
+def _discard_stdout() -> None:
+    """Send what standard output still buffers to /dev/null, so that the flush at exit does
+    not fail again (Python's advice for a closed pipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        sys.stdout = open(os.devnull, "w")  # no descriptor (a test's capture): replace it
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from .. import limits
 from ..errors import OctoError
 from ..units import size
-from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, integer, output,
-                     print_json, write_output, writing)
+from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_outputs, integer,
+                     output, print_json, write_output, writing)
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
     from ..calibrate.fit import Run
@@ -65,6 +65,7 @@ def run(args) -> int:
     from ..costs.profile import ProfileError, read_profile, write_profile
     from ..models import SpecError, load_model
 
+    check_outputs(args, "output")
     if args.steps < args.warmup + 2:
         raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
                         "after the warm-up are timed, from one step's start to the next's)")

@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from .. import inputs, limits
@@ -290,6 +290,8 @@ def output(*suffixes: str) -> Callable[[str], str]:
 def _unwritable(path: str, suffixes: tuple[str, ...]) -> str | None:
     if not path:
         return "no file name given"
+    if path.endswith(("/", os.sep)):  # `out/` would be written as the file `out`
+        return f"{path} ends in '/': give a file's name, not a folder's"
     if os.path.isdir(path):
         return f"{path} is a folder"
     if Path(path).suffix.lower() not in suffixes:
@@ -304,6 +306,56 @@ def _unwritable(path: str, suffixes: tuple[str, ...]) -> str | None:
     if os.path.exists(path) and not os.access(path, os.W_OK):
         return f"cannot write {path}: it is read-only"
     return None
+
+
+def check_outputs(args, *dests: str, more: Iterable[tuple[str, str]] = ()) -> None:
+    """Before a command does its work: a UserError when a file it will write (the options of
+    `dests`, and `more`: (option, path) pairs, e.g. default names) is, or links to (a symbolic
+    or a hard link), a file one of its other arguments names: writing it would destroy that
+    input, and the command would have nothing left to read from."""
+    inputs = [v for k, value in vars(args).items() if k not in dests
+              for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    outputs = [(_option_name(d), getattr(args, d)) for d in dests if getattr(args, d, None)]
+    for option, path in [*outputs, *more]:
+        for name in inputs:
+            if _same_file(path, _input_file(name)):
+                same = "is" if os.path.abspath(path) == os.path.abspath(_input_file(name)) \
+                    else "links to"
+                raise UserError(f"{option}: {path} {same} the input {name}: writing it would "
+                                "destroy it (give another file name)")
+
+
+def _option_name(dest: str) -> str:
+    return "-o/--output" if dest == "output" else "--" + dest.replace("_", "-")
+
+
+def _input_file(name: str) -> str:
+    """The file an argument names: `hf:PATH` is PATH's config.json."""
+    if name.startswith("hf:"):
+        name = name.removeprefix("hf:")
+        return os.path.join(name, "config.json") if os.path.isdir(name) else name
+    return name
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return bool(b) and os.path.samefile(a, b)
+    except (OSError, ValueError):  # either is missing (nothing to destroy), or no path
+        return False
+
+
+def numbered_outputs(path: str, count: int) -> list[str]:
+    """Where `tune --top K` writes its K plans: PATH, then PATH-2.octo, PATH-3.octo, ..."""
+    out = Path(path)
+    return [path] + [str(out.with_name(f"{out.stem}-{i}{out.suffix}")) for i in range(2, count + 1)]
+
+
+def check_top_outputs(args) -> None:
+    """`tune`'s outputs, before the search: each of the --top plans' files writable (their
+    names are numbered after -o's) and none an input (check_outputs)."""
+    more = [("--top", check_output(p, (".octo",), "--top"))
+            for p in numbered_outputs(args.output, args.top or 1)[1:]]
+    check_outputs(args, "output", more=more)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import OctoError
 from ..units import size
-from .common import (DEVICE, DEVICE_HELP, LINK, LINK_HELP, WARMUP, UserError, check_output,
+from .common import (DEVICE, DEVICE_HELP, LINK, LINK_HELP, WARMUP, UserError, check_output, check_outputs,
                      output, pipeline_link, print_json, stdout_console, writing)
 from .simulate import load_plan_or_report
 
@@ -52,6 +52,8 @@ def run(args) -> int:
         trace_out = args.side_by_side or check_output(f"{stem}.compare.json", (".json",),
                                                       "--side-by-side (default)")
         png_out = args.png or check_output(f"{stem}.compare.png", (".png",), "--png (default)")
+        check_outputs(args, "side_by_side", "png", more=[("--side-by-side (default)", trace_out),
+                                                          ("--png (default)", png_out)])
     plan = load_plan_or_report(args.plan)
     if plan is None:
         return 1

@@ -20,7 +20,7 @@ from ..lang import PlanSyntaxError
 from ..lint import lint_source
 from ..plan import Plan
 from ..version import made_by
-from .common import UserError, check_output, read_text, write_output
+from .common import UserError, check_output, check_outputs, read_text, write_output
 
 TARGETS = {"torch": (".csv",), "megatron": (".txt", ".sh"), "deepspeed": (".py",)}
 """--to's targets and the files -o may write for each."""
@@ -41,6 +41,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_outputs(args, "output")
     if args.to is None:
         return _by_extension(args)
     if Path(args.input).suffix.lower() != ".octo":

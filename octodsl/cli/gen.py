@@ -12,7 +12,7 @@ from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
 from ..lang.lower import BOOLEANS
 from .common import (DEVICE, DEVICE_HELP, DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
-                     add_overlap_option, integer, op_costs, output, runtime_update, write_output)
+                     add_overlap_option, check_outputs, integer, op_costs, output, runtime_update, write_output)
 
 
 def register(sub) -> None:
@@ -57,6 +57,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_outputs(args, "output")
     # Every schedule has at least `chunks` stages per device and two ops per stage and
     # micro-batch: refuse a plan past the limit before spending minutes building it.
     ops = args.devices * (args.chunks or 1) * args.microbatches * 2

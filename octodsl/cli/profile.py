@@ -8,7 +8,7 @@ import sys
 from .. import limits
 from ..errors import OctoError
 from ..models import SpecError, load_model
-from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_output, integer,
+from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_output, check_outputs, integer,
                      output, writing)
 
 
@@ -47,6 +47,7 @@ def run(args) -> int:
     console = Console(stderr=True)
     output = args.output or check_output(f"{spec.name}.{args.device}.profile.json", (".json",),
                                          "-o/--output (default)")
+    check_outputs(args, "output", more=[("-o/--output (default)", output)])
     with Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=not sys.stderr.isatty()) as bar:
         task = bar.add_task(spec.name, total=None)

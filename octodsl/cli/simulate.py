@@ -29,7 +29,7 @@ from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..sim.costs import TpMismatch
 from ..lint.memory import CODE as MEMORY_CODE
 from .common import (DEVICE, DEVICE_HELP, DP, INTER_NODE_LINK, LINK, LINK_HELP, ZERO, UserError,
-                     add_mesh_options, link_named, mesh_update, op_costs, output, pipeline_link,
+                     add_mesh_options, check_outputs, link_named, mesh_update, op_costs, output, pipeline_link,
                      print_json, read_text, stdout_console, writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
@@ -85,6 +85,7 @@ def register(sub) -> None:
 def run(args) -> int:
     if len(args.plans) > 1 and (args.trace or args.png):
         raise UserError("--trace and --png take one plan at a time")
+    check_outputs(args, "trace", "png")
     dp_link = link_named(args.dp_link) if args.dp_link else None
     warm_up()  # start-up (loading the compiled walk) is not simulating
     rows: list[tuple[str, SimResult, _Shown]] = []

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from ..errors import OctoError
 from .common import (DEVICE, DEVICE_HELP, DEVICES, DP, LINK, LINK_HELP, MICROBATCH_SIZE,
                      MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError, add_mesh_options, duration,
-                     link_named, memory_size,
+                     check_top_outputs, link_named, memory_size,
                      mesh_update, output, print_json, read_text, stdout_console, write_output)
 from .tune_cluster import add_cluster_options, run_cluster
 
@@ -85,6 +85,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_top_outputs(args)
     if args.gpus is not None or args.global_batch is not None:
         return run_cluster(args)
     if args.top is not None:

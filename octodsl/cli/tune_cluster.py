@@ -7,11 +7,10 @@ and on."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .. import limits
 from ..errors import OctoError
-from .common import UserError, integer, link_named, print_json, stdout_console, write_output
+from .common import (UserError, integer, link_named, numbered_outputs, print_json, stdout_console,
+                     write_output)
 
 TOP = integer(1, 100)
 GPUS = integer(1, limits.MAX_GPUS)
@@ -98,10 +97,9 @@ def _write(result, top: int, args) -> list[str]:
     from ..units import milliseconds
     from ..version import made_by
 
-    out = Path(args.output)
     paths = []
-    for i, cand in enumerate(result.ranked()[:top]):
-        path = str(out if i == 0 else out.with_name(f"{out.stem}-{i + 1}{out.suffix}"))
+    for i, (path, cand) in enumerate(zip(numbered_outputs(args.output, top),
+                                         result.ranked()[:top], strict=False)):
         plan = plan_of(cand)
         best = cand.best
         title = (f"Tuned by {made_by('tune')} with seed {args.seed}: {result.cluster.model} on "
