@@ -125,6 +125,16 @@ RUNTIME_FIELDS = (*OVERLAPS, "grad_accumulation_fusion", "scatter_gather_message
 "Overlaps")."""
 
 
+def zero_without_copies(zero: int, dp: int) -> str | None:
+    """Lint's W404, also what `simulate --zero` and `models --zero` warn of: ZeRO shards over
+    the data-parallel copies, and with one copy there is nothing to shard."""
+    if zero == 0 or dp > 1:
+        return None
+    what = "optimizer state" if zero == 1 else "optimizer state and gradients"
+    return (f"zero {zero} with dp 1: there is only one copy of the pipeline, no other to shard "
+            f"the {what} over")
+
+
 class Header(BaseModel):
     """The `plan "name" { ... }` block."""
 

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -38,18 +39,26 @@ class Parser(argparse.ArgumentParser):
 
 # --- Option values ------------------------------------------------------------------------
 
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""Numbers as a plan writes them, in ASCII digits (`re`'s [0-9] is ASCII only)."""
+
+
 def integer(low: int, high: int) -> Callable[[str], int]:
     """An argparse `type`: a whole number from `low` to `high`."""
     def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        digits = text.strip()
+        # int() also reads 1_0 and other scripts' digits (Arabic-Indic ١٢): a plan does not.
+        if not _WHOLE.fullmatch(digits):
+            raise argparse.ArgumentTypeError(f"{digits[:40]!r} is not a whole number")
+        value = int(digits) if len(digits) <= 40 else high + 1  # int() refuses 4,300 digits
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}")
         if value > high:
             raise argparse.ArgumentTypeError(f"must be at most {high:,} (octodsl's limit)")
         return value
+    # A short range is a fixed set of values (--zero: 0, 1, 2), which the completion offers.
+    parse.choices = tuple(map(str, range(low, high + 1))) if high - low < 10 else None  # type: ignore[attr-defined]
     return parse
 
 
@@ -70,14 +79,28 @@ STEPS = integer(1, limits.MAX_STEPS)
 WARMUP = integer(0, limits.MAX_STEPS)
 
 
-def switch(text: str) -> bool:
-    """An argparse `type`: true or false, as a plan's header writes it."""
-    from ..lang.lower import BOOLEANS
+class _Switch:
+    """An argparse `type`: true or false, as a plan's header writes it (`switch`)."""
 
-    try:
-        return BOOLEANS[text.strip().lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not true or false") from None
+    __name__ = "switch"  # argparse's messages name it
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The words it takes, which the completion offers (read when asked: lang is heavy)."""
+        from ..lang.lower import BOOLEANS
+
+        return tuple(BOOLEANS)
+
+    def __call__(self, text: str) -> bool:
+        from ..lang.lower import BOOLEANS
+
+        try:
+            return BOOLEANS[text.strip().lower()]
+        except KeyError:
+            raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not true or false") from None
+
+
+switch = _Switch()
 
 
 class NameOrFile:
@@ -168,6 +191,10 @@ def overlap_list(text: str) -> dict[str, bool]:
     return {field: name in names for name, field in OVERLAP_OPTIONS.items()}
 
 
+overlap_list.choices = (*OVERLAP_OPTIONS, "none")  # type: ignore[attr-defined]
+"""The words --overlap takes (one, or several comma-separated), which the completion offers."""
+
+
 def runtime_update(args) -> dict[str, bool]:
     """The header's runtime fields that --overlap, --grad-accumulation-fusion and
     --scatter-gather-messages set (those given; `add_overlap_option`)."""
@@ -191,6 +218,18 @@ def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
     return update
 
 
+def warn_zero_without_copies(where: str, zero: int, dp: int) -> None:
+    """Lint's W404 on standard error, for a command that takes --zero and --dp."""
+    from ..plan import zero_without_copies
+
+    message = zero_without_copies(zero, dp)
+    if message:
+        import sys
+
+        print(f"{where}: warning[W404]: {message} (give --dp 2 or more, or --zero 0)",
+              file=sys.stderr)
+
+
 def seconds_value(text: str, *, zero: bool = False, unit: float = 1.0,
                   shown: str | None = None) -> float:
     """`text` x `unit` seconds, finite and at most MAX_SECONDS; 0 only if `zero`.
@@ -200,7 +239,10 @@ def seconds_value(text: str, *, zero: bool = False, unit: float = 1.0,
     try:
         value = float(text) * unit
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{shown[:40]!r} is not a number of seconds") from None
+    if math.isfinite(value) and not _DECIMAL.fullmatch(text.strip()):  # float() reads 1_0, ١٢
+        raise argparse.ArgumentTypeError(f"{shown[:40]!r} is not a number of seconds (digits "
+                                         "0-9)")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{shown!r} is not a finite number of seconds")
     if value < 0 or (value == 0 and not zero):

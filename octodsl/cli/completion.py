@@ -48,6 +48,15 @@ def _words(items) -> str:
     return " ".join(str(w) for w in items)
 
 
+def fixed_values(action: argparse.Action):
+    """The values an option takes when they are a fixed set: its argparse `choices`, else its
+    type's (`choices`: common.switch, common.integer's short ranges, --overlap's names;
+    `names`: the built-ins of a NameOrFile). None for an option that takes any value."""
+    if action.choices is not None:
+        return action.choices
+    return getattr(action.type, "choices", None) or getattr(action.type, "names", None)
+
+
 def _options(parser: argparse.ArgumentParser) -> list[str]:
     return [s for a in parser._actions for s in a.option_strings]
 
@@ -61,10 +70,10 @@ def _command_case(name: str, p: argparse.ArgumentParser) -> str:
     for a in p._actions:
         if not a.option_strings or a.nargs == 0:
             continue
-        names = a.choices if a.choices is not None else getattr(a.type, "names", None)
+        names = fixed_values(a)
         if names is not None:
-            # a built-in's name or a file (NameOrFile): the names that match, else (none
-            # matching) the shell's file completion
+            # a fixed set, or a built-in's name or a file (NameOrFile): the names that match,
+            # else (none matching) the shell's file completion
             cases.append(f"                {'|'.join(a.option_strings)}) "
                          f"COMPREPLY=($(compgen -W {shlex.quote(_words(names))} -- \"$cur\")); "
                          "return ;;")

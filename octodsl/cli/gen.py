@@ -79,8 +79,25 @@ def run(args) -> int:
                          args.model, args.partition, times, device=args.device, profile=args.profile,
                          microbatch_size=args.microbatch_size, seq_len=args.seq_len,
                          mesh={k: v for k, v in mesh.items() if v is not None})
+    _check_lints_clean(text)
     if args.output:
         write_output(args.output, text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _check_lints_clean(text: str) -> None:
+    """A UserError with lint's first error (its code, message and hint) when the plan these
+    options make would not lint clean (a seq_len that tp does not divide): gen writes no plan
+    that `octodsl lint` refuses."""
+    from ..lint import lint_source
+
+    _, diags = lint_source(text, "<gen>")
+    errors = [d for d in diags if d.is_error]
+    if errors:
+        e = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        hint = f"; hint: {e.hint}" if e.hint else ""
+        raise UserError(f"the plan these options make does not lint: error[{e.code}]: "
+                        f"{e.message}{hint}{more}")

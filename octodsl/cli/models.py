@@ -13,7 +13,8 @@ from ..models.load import HF_PREFIX
 from ..models.spec import ModelSpec
 from ..units import size
 from ..costs.table import CostTable, ParamBytes
-from .common import DEVICE, DEVICE_HELP, DP, MICROBATCH_SIZE, SEQ_LEN, TP, ZERO, UserError, mesh_update, print_json, switch
+from .common import (DEVICE, DEVICE_HELP, DP, MICROBATCH_SIZE, SEQ_LEN, TP, ZERO, UserError,
+                     mesh_update, print_json, switch, warn_zero_without_copies)
 
 _SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
           "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}
@@ -69,6 +70,7 @@ def run(args) -> int:
         print(yaml.safe_dump(spec.compact(), sort_keys=False, width=100), end="")
         return 0
     mesh_update(args, 1, None)  # refuses sequence parallelism at tp 1
+    warn_zero_without_copies("--zero", args.zero, args.dp)
     try:
         table = cost_table(model=args.spec, device=args.device, microbatch_size=args.microbatch_size,
                            seq_len=args.seq_len, tp=args.tp, sp=args.sequence_parallel)

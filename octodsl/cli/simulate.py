@@ -29,8 +29,9 @@ from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..sim.costs import TpMismatch
 from ..lint.memory import CODE as MEMORY_CODE
 from .common import (DEVICE, DEVICE_HELP, DP, INTER_NODE_LINK, LINK, LINK_HELP, ZERO, UserError,
-                     add_mesh_options, check_outputs, link_named, mesh_update, op_costs, output, pipeline_link,
-                     print_json, read_text, stdout_console, writing)
+                     add_mesh_options, check_outputs, link_named, mesh_update, op_costs, output,
+                     pipeline_link, print_json, read_text, stdout_console, warn_zero_without_copies,
+                     writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
@@ -96,6 +97,7 @@ def run(args) -> int:
         update = {k: v for k, v in (("dp", args.dp), ("zero", args.zero)) if v is not None}
         update.update(mesh_update(args, plan.header.tp, plan.header.sequence_parallel))
         plan = with_overrides(plan, update, args.recompute)
+        warn_zero_without_copies(path, plan.header.zero, plan.header.dp)
         costs, link, inter_link, device_memory = _costs(args, path, plan)
         t0 = time.perf_counter()
         try:

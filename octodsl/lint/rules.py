@@ -14,10 +14,11 @@ from typing import Callable, Iterable, Iterator
 from ..costs.devices import get_device, get_link
 from .memory import DEFAULT_DEVICE
 from ..dag import Graph, build_graph, describe_cycle, execution_order
+from ..limits import MAX_SEQ_LEN
 from ..mesh import Mesh
 from ..models import ModelSpec
 from ..models.tp import tp_problems
-from ..plan import Op, OpKind, Plan, Span
+from ..plan import Op, OpKind, Plan, Span, zero_without_copies
 from ..lang.errors import Diagnostic, Severity, ranges_text
 
 
@@ -297,11 +298,9 @@ class ZeroWithoutCopies(Rule):
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
-        if h.zero > 0 and h.dp == 1:
-            what = "optimizer state" if h.zero == 1 else "optimizer state and gradients"
-            yield Diagnostic("W404", f"zero {h.zero} with dp 1: there is only one copy of the "
-                             f"pipeline, no other to shard the {what} over",
-                             h.spans.get("zero"), severity=Severity.WARNING,
+        message = zero_without_copies(h.zero, h.dp)
+        if message:
+            yield Diagnostic("W404", message, h.spans.get("zero"), severity=Severity.WARNING,
                              hint="give the data-parallel copies ('dp 8'), or drop 'zero'")
 
 
@@ -410,8 +409,15 @@ class SequenceSplits(Rule):
         where = "seq_len" if h.seq_len is not None else "tp"
         yield Diagnostic("E703", f"sequence parallelism splits the sequence over tp {h.tp}, but "
                          f"its length {seq} is not a multiple of {h.tp}", h.spans.get(where),
-                         hint=f"a seq_len of {seq - seq % h.tp or h.tp} or {seq - seq % h.tp + h.tp}, or "
+                         hint=f"a seq_len of {_or_list(_multiples_near(seq, h.tp))}, or "
                          "'sequence_parallel false'")
+
+
+def _multiples_near(value: int, step: int) -> list[int]:
+    """The multiples of `step` just below and above `value` (not a multiple), each at least
+    `step` and within MAX_SEQ_LEN: one of them only, when the other is not."""
+    below = value - value % step
+    return [m for m in (below, below + step) if step <= m <= MAX_SEQ_LEN] or [step]
 
 
 @rule
