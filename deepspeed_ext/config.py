@@ -76,11 +76,11 @@ def read_config(config: dict | str | Path) -> tuple[dict, OctoSection]:
     that section. PlanLaunchError when the file cannot be read or is no JSON object, or when the
     section or a batch size is not what the executor can use."""
     name = str(config) if isinstance(config, (str, Path)) else None
-    if name is not None:
-        config = read_data(name, "DeepSpeed config", error=PlanLaunchError, json_file=True)
-    if not isinstance(config, dict):
-        raise PlanLaunchError(f"a DeepSpeed config is a JSON object, not {_json_type(config)}", path=name)
-    config = dict(config)
+    data = config if name is None else read_data(name, "DeepSpeed config", error=PlanLaunchError,
+                                                 json_file=True)
+    if not isinstance(data, dict):
+        raise PlanLaunchError(f"a DeepSpeed config is a JSON object, not {_json_type(data)}", path=name)
+    config = dict(data)
     octo = config.pop("octo", {})
     if not isinstance(octo, dict):
         raise PlanLaunchError(f'"octo" is an object such as {{"timeout": 300}}, not {_json_type(octo)}',

@@ -197,7 +197,8 @@ def read_profile(path: str | Path) -> Profile:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "profile"
-        raise ProfileError(f"{path}: not a valid profile ({where}: {first['msg']}; "
+        what = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
+        raise ProfileError(f"{path}: not a valid profile ({where}: {what}; "
                            f"{e.error_count()} problem(s) in all)") from None
 
 
