@@ -25,6 +25,8 @@ from octodsl.cli.completion import commands, fixed_values, script
 from octodsl.lint import lint_source
 from octodsl.plan import zero_without_copies
 
+from ..models.test_hostile_specs import deadline
+
 
 @pytest.fixture
 def here(tmp_path, monkeypatch):
@@ -67,6 +69,8 @@ def bad_files(here):
         (here / name).write_bytes(data)
     os.mkfifo(here / "fifo.json")
     (here / "folder.json").mkdir()
+    with deadline(30):  # a reader that opened the FIFO would wait forever for a writer
+        yield
 
 
 @pytest.mark.parametrize("name,message", [

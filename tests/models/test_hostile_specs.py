@@ -4,9 +4,11 @@ of memory. Each case is a class of input the last round's campaign found, not on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 
 import pytest
 import yaml
@@ -108,9 +110,27 @@ def test_the_text_false_is_false_not_true(here, capsys):
 
 @pytest.fixture
 def fifo(here):
+    """A FIFO, and 30 s to finish the test: opening one waits for a writer forever, and a
+    reader that did would hang the test run instead of failing it."""
     path = here / "fifo.yaml"
     os.mkfifo(path)
-    return "fifo.yaml"
+    with deadline(30):
+        yield "fifo.yaml"
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """TimeoutError in the main thread after `seconds` (which interrupts a blocking open)."""
+    def expire(*_):
+        raise TimeoutError(f"still running after {seconds} s: a read that hangs")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.parametrize("form", ["{}", "hf:{}"])
