@@ -10,9 +10,8 @@ import sys
 
 from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
-from ..lang.lower import BOOLEANS
 from .common import (DEVICE, DEVICE_HELP, DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
-                     add_overlap_option, check_outputs, integer, op_costs, output, runtime_update, write_output)
+                     add_overlap_option, switch, check_outputs, integer, op_costs, output, runtime_update, write_output)
 
 
 def register(sub) -> None:
@@ -45,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--seq-len", type=SEQ_LEN, metavar="N", help="tokens per sequence")
     p.add_argument("--tp", type=TP, metavar="N", help="tensor-parallel degree: each pipeline "
                    "device is a group of N GPUs (default 1)")
-    p.add_argument("--sequence-parallel", choices=tuple(BOOLEANS), metavar="true|false",
+    p.add_argument("--sequence-parallel", type=switch, metavar="true|false",
                    help="Megatron's sequence parallelism in the tp group (default: true when "
                    "--tp is above 1)")
     p.add_argument("--gpus-per-node", type=GPUS_PER_NODE, metavar="N",
@@ -69,11 +68,11 @@ def run(args) -> int:
     times = None if args.costs is None else (args.costs["F"], args.costs["B"], args.costs["W"])
     if times is not None and min(times) <= 0:
         raise UserError("--costs: F, B and W must each be more than 0 (their ratio is what counts)")
-    if args.sequence_parallel == "true" and (args.tp or 1) == 1:
+    if args.sequence_parallel and (args.tp or 1) == 1:
         raise UserError("--sequence-parallel true splits the sequence over the tp group: give "
                         "--tp 2 or more")
     mesh = {"tp": args.tp, "gpus_per_node": args.gpus_per_node,
-            "sequence_parallel": None if args.sequence_parallel is None else BOOLEANS[args.sequence_parallel],
+            "sequence_parallel": args.sequence_parallel,
             **runtime_update(args)}
     text = generate_text(args.name, args.devices, args.microbatches, args.chunks,
                          args.model, args.partition, times, device=args.device, profile=args.profile,
