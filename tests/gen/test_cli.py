@@ -70,7 +70,7 @@ def test_gen_with_a_model_and_tp_lints_clean(capsys):
     (["--tp", "99999999999999999999999"], "--tp: must be at most 1,024 (octodsl's limit)"),
     (["--gpus-per-node", "0"], "--gpus-per-node: must be at least 1"),
     (["--gpus-per-node", "4096"], "--gpus-per-node: must be at most 1,024 (octodsl's limit)"),
-    (["--sequence-parallel", "yes"], "--sequence-parallel: invalid choice: 'yes' (choose from 'true', 'false')"),
+    (["--sequence-parallel", "yes"], "--sequence-parallel: 'yes' is not true or false"),
     (["--sequence-parallel", "true"], "--sequence-parallel true splits the sequence over the tp group: "
      "give --tp 2 or more"),
     (["--tp", "1", "--sequence-parallel", "true"], "--sequence-parallel true splits the sequence over "
