@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .. import limits
 from ..errors import OctoError
+from ..extras import require
 from ..units import size
 from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, integer, output,
                      print_json, write_output, writing)
@@ -65,15 +66,8 @@ def run(args) -> int:
     from ..costs.profile import ProfileError, read_profile, write_profile
     from ..models import SpecError, load_model
 
-    if args.steps < args.warmup + 2:
-        raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
-                        "after the warm-up are timed, from one step's start to the next's)")
-    if len(args.trace) != len(args.plan):
-        raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
-                        f"{len(args.plan)} plans)")
+    _check_options(args)
     ranks = args.ranks
-    if args.profile is None and args.model is None:
-        raise UserError("give --model (or a --profile to start from)")
     base = None
     if args.profile:
         try:
@@ -133,6 +127,20 @@ def run(args) -> int:
     else:
         Console(highlight=False).print(render(calibration, args.output, profile.model))
     return 0
+
+
+def _check_options(args) -> None:
+    """What the options alone say is wrong, before anything runs."""
+    if args.steps < args.warmup + 2:
+        raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
+                        "after the warm-up are timed, from one step's start to the next's)")
+    if len(args.trace) != len(args.plan):
+        raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
+                        f"{len(args.plan)} plans)")
+    if args.profile is None and args.model is None:
+        raise UserError("give --model (or a --profile to start from)")
+    if not (args.trace and args.profile):  # else it only fits, from the traces and the profile
+        require("calibrate", "torch", "deepspeed")
 
 
 def _layers(spec) -> dict:
