@@ -17,7 +17,7 @@ def test_readme_plan_lints_clean():
         assert diags == [], "\n".join(d.render("README.md", block) for d in diags)
 
 
-DOCS_WITH_COMMANDS = ("README.md", "docs/cli.md")
+DOCS_WITH_COMMANDS = ("README.md", "docs/cli.md", "docs/tutorial.md")
 """The docs whose every `octodsl COMMAND ... --option` is checked against the parser."""
 
 
