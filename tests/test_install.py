@@ -120,17 +120,23 @@ def test_the_core_alone_lints_simulates_and_converts(tmp_path):
                  ["simulate", "p.octo", "--trace", "p.trace.json"],
                  ["convert", "p.octo", "--to", "torch", "-o", "p.csv"],
                  ["convert", "p.octo", "--to", "deepspeed", "-o", "p_ds.py"],
-                 ["convert", "p.csv", "-o", "back.octo"], ["models", "nemotron-h-8b"], ["devices"]):
+                 ["convert", "p.csv", "-o", "back.octo"], ["models", "nemotron-h-8b"], ["devices"],
+                 ["completion", "bash"],
+                 # the simulated trace stands in for a measured one; no picture without matplotlib
+                 ["compare", "p.octo", "--trace", "p.trace.json"]):
         done = octodsl(*argv)
         assert done.returncode == 0, (argv, done.stderr)
     assert (tmp_path / "p.trace.json").stat().st_size > 0
     assert (tmp_path / "p.csv").read_text().strip()
+    assert (tmp_path / "p.trace.compare.json").exists() and not (tmp_path / "p.trace.compare.png").exists()
     for argv, line in ((["tune", "--model", "nemotron-h-8b", "-p", "4", "-m", "8", "-o", "t.octo"],
                         "tune needs numba and ortools: pip install 'octodsl[tune]'"),
                        (["simulate", "p.octo", "--png", "p.png"],
                         "simulate --png needs matplotlib: pip install 'octodsl[plot]'"),
+                       (["compare", "p.octo", "--trace", "p.trace.json", "--png", "c.png"],
+                        "compare --png needs matplotlib: pip install 'octodsl[plot]'"),
                        (["profile", "--model", "nemotron-h-8b"],
                         "profile needs torch: pip install 'octodsl[run]'")):
         done = octodsl(*argv)
         assert (done.returncode, done.stderr) == (2, f"octodsl: error: {line}\n"), argv
-    assert not (tmp_path / "t.octo").exists() and not (tmp_path / "p.png").exists()
+    assert not any((tmp_path / name).exists() for name in ("t.octo", "p.png", "c.png"))
