@@ -13,8 +13,8 @@ $(STAMP): setup.cfg pyproject.toml octodsl/__init__.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	# both extras at once, so that `make test` and `make check` share one install
-	$(PY) -m pip install -q -e '.[test,check]'
+	# every extra at once, so that `make demo`, `make test` and `make check` share one install
+	$(PY) -m pip install -q -e '.[all,test,check]'
 	touch $(STAMP)
 
 venv: $(STAMP)

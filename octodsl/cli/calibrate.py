@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .. import limits
 from ..errors import OctoError
+from ..extras import require
 from ..units import size
 from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_outputs, integer,
                      output, print_json, write_output, writing)
@@ -66,15 +67,8 @@ def run(args) -> int:
     from ..models import SpecError, load_model
 
     check_outputs(args, "output")
-    if args.steps < args.warmup + 2:
-        raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
-                        "after the warm-up are timed, from one step's start to the next's)")
-    if len(args.trace) != len(args.plan):
-        raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
-                        f"{len(args.plan)} plans)")
+    _check_options(args)
     ranks = args.ranks
-    if args.profile is None and args.model is None:
-        raise UserError("give --model (or a --profile to start from)")
     base = None
     if args.profile:
         try:
@@ -134,6 +128,20 @@ def run(args) -> int:
     else:
         Console(highlight=False).print(render(calibration, args.output, profile.model))
     return 0
+
+
+def _check_options(args) -> None:
+    """What the options alone say is wrong, before anything runs."""
+    if args.steps < args.warmup + 2:
+        raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
+                        "after the warm-up are timed, from one step's start to the next's)")
+    if len(args.trace) != len(args.plan):
+        raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
+                        f"{len(args.plan)} plans)")
+    if args.profile is None and args.model is None:
+        raise UserError("give --model (or a --profile to start from)")
+    if not (args.trace and args.profile):  # else it only fits, from the traces and the profile
+        require("calibrate", "torch", "deepspeed")
 
 
 def _layers(spec) -> dict:

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from ..errors import OctoError
+from ..extras import installed, require
 from ..units import size
 from .common import (DEVICE, DEVICE_HELP, LINK, LINK_HELP, WARMUP, UserError, check_output, check_outputs,
                      output, pipeline_link, print_json, stdout_console, writing)
@@ -46,6 +47,8 @@ def run(args) -> int:
     from ..calibrate.measured import TraceError, as_ran, read_trace
     from ..plan import PlanError
 
+    if args.png:
+        require("compare --png", "matplotlib")
     if not args.no_files:
         stem = Path(args.trace)
         stem = stem.with_name(stem.name.removesuffix(".json"))
@@ -75,13 +78,10 @@ def run(args) -> int:
         with writing(trace_out):
             write_side_by_side(result, trace_out)
         written.append(trace_out)
-        try:
+        if installed("matplotlib"):  # the default picture is skipped without it
             with writing(png_out):
                 write_png(result, png_out)
             written.append(png_out)
-        except ImportError:
-            if args.png:
-                raise UserError("--png needs matplotlib: pip install matplotlib") from None
     if args.json:
         out = result.to_json()
         out["written"] = written

@@ -7,6 +7,7 @@ import sys
 
 from .. import limits
 from ..errors import OctoError
+from ..extras import require
 from ..models import SpecError, load_model
 from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_output, check_outputs, integer,
                      output, writing)
@@ -34,6 +35,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    require("profile", "torch")
     try:
         spec = load_model(args.model).with_shape(args.microbatch_size, args.seq_len)
     except SpecError as e:

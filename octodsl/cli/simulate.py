@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ..errors import OctoError
+from ..extras import require
 from ..costs.devices import LINKS, get_device
 from ..costs.resolve import cost_table, header_costing
 from ..costs.table import Link, uniform_stage_costs
@@ -87,6 +88,8 @@ def run(args) -> int:
     if len(args.plans) > 1 and (args.trace or args.png):
         raise UserError("--trace and --png take one plan at a time")
     check_outputs(args, "trace", "png")
+    if args.png:
+        require("simulate --png", "matplotlib")
     dp_link = link_named(args.dp_link) if args.dp_link else None
     warm_up()  # start-up (loading the compiled walk) is not simulating
     rows: list[tuple[str, SimResult, _Shown]] = []
@@ -127,11 +130,8 @@ def run(args) -> int:
     if args.png:
         from ..sim.gantt import write_gantt
 
-        try:
-            with writing(args.png):
-                write_gantt(result, args.png)
-        except ImportError:
-            raise UserError("--png needs matplotlib: pip install matplotlib") from None
+        with writing(args.png):
+            write_gantt(result, args.png)
     return 0
 
 

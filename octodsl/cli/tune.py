@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import OctoError
+from ..extras import require
 from .common import (DEVICE, DEVICE_HELP, DEVICES, DP, LINK, LINK_HELP, MICROBATCH_SIZE,
                      MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError, add_mesh_options, duration,
                      check_top_outputs, link_named, memory_size,
@@ -85,6 +86,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    require("tune", "numba", "ortools")
     check_top_outputs(args)
     if args.gpus is not None or args.global_batch is not None:
         return run_cluster(args)
