@@ -259,6 +259,8 @@ class Plan:
     placement_span: Span | None = field(default=None, compare=False, repr=False)
     schedule_spans: list[Span | None] = field(default_factory=list, compare=False, repr=False)
     """Where each device's schedule block starts."""
+    schedule_span: Span | None = field(default=None, compare=False, repr=False)
+    """Where the schedule section is; None for a plan written without one."""
 
     @property
     def num_stages(self) -> int:

@@ -17,10 +17,10 @@ from pathlib import Path
 from ..gen import render_plan
 from ..interop import export_warnings, read_csv, write_csv
 from ..lang import PlanSyntaxError
-from ..lint import lint_source
 from ..plan import Plan
 from ..version import made_by
 from .common import UserError, check_output, check_outputs, read_text, write_output
+from .plans import checked_plan
 
 TARGETS = {"torch": (".csv",), "megatron": (".txt", ".sh"), "deepspeed": (".py",)}
 """--to's targets and the files -o may write for each."""
@@ -49,8 +49,6 @@ def run(args) -> int:
     if args.output is not None:
         check_output(args.output, TARGETS[args.to], "-o/--output")
     plan = _linted(args.input)
-    if plan is None:
-        return 1
     if args.to == "torch":
         _report([d.render(args.input, read_text(args.input)) for d in export_warnings(plan)])
         text = write_csv(plan)
@@ -80,8 +78,6 @@ def _by_extension(args) -> int:
     check_output(out, (kinds[1],), "-o/--output")
     if kinds[0] == ".octo":
         plan = _linted(args.input)
-        if plan is None:
-            return 1
         _report([d.render(args.input, read_text(args.input)) for d in export_warnings(plan)])
         write_output(out, write_csv(plan))
         return 0
@@ -98,13 +94,10 @@ def _by_extension(args) -> int:
     return 0
 
 
-def _linted(path: str) -> Plan | None:
-    """The plan of a .octo file with its lint diagnostics reported; None when it has errors."""
-    source = read_text(path)
-    plan, diags = lint_source(source, path)
-    _report([d.render(path, source) for d in diags])
-    if plan is None or any(d.is_error for d in diags):
-        return None
+def _linted(path: str) -> Plan:
+    """The plan of a .octo file with its lint warnings reported (its errors refuse it)."""
+    plan, source, warnings = checked_plan(path)
+    _report([d.render(path, source) for d in warnings])
     return plan
 
 

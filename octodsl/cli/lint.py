@@ -17,18 +17,19 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    errors = warnings = 0
+    errors = warnings = hidden = 0
     for path in args.files:
         source = read_text(path)
         _, diags = lint_source(source, path)
         for d in diags:
             print(d.render(path, source), file=sys.stderr if d.is_error else sys.stdout)
-        e = sum(d.is_error for d in diags)
+        e = sum(d.count for d in diags if d.is_error)
         errors += e
-        warnings += len(diags) - e
+        warnings += sum(d.count for d in diags) - e
+        hidden += sum(d.more for d in diags)
         if not diags and not args.quiet:
             print(f"{path}: ok")
     if errors or warnings:
-        print(f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}",
-              file=sys.stderr)
+        print(f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
+              + (f" ({hidden} not shown)" if hidden else ""), file=sys.stderr)
     return 1 if errors or (args.strict and warnings) else 0

@@ -24,11 +24,11 @@ from ..costs.resolve import cost_table, header_costing
 from ..costs.table import Link, uniform_stage_costs
 from ..interop import read_csv
 from ..lang import PlanSyntaxError
-from ..lint import lint_source
 from ..plan import Plan, PlanError, Recompute
 from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..sim.costs import TpMismatch
 from ..lint.memory import CODE as MEMORY_CODE
+from .plans import checked_plan
 from .common import (DEVICE, DEVICE_HELP, DP, INTER_NODE_LINK, LINK, LINK_HELP, ZERO, UserError,
                      add_mesh_options, check_outputs, link_named, mesh_update, op_costs, output,
                      pipeline_link, print_json, read_text, stdout_console, warn_zero_without_copies,
@@ -136,25 +136,21 @@ def run(args) -> int:
 
 
 def load_plan_or_report(path: str) -> Plan | None:
-    """The plan, or None after printing why it cannot be simulated. Lint's memory error is no
-    reason: the simulation shows the memory."""
+    """The plan, or None after printing why it cannot be simulated (a CSV's errors, which lint
+    does not read; a .octo plan's are refused by checked_plan in one line). Lint's memory error
+    is no reason: the simulation shows the memory."""
+    if Path(path).suffix.lower() != ".csv":
+        return checked_plan(path, allow=(MEMORY_CODE,))[0]
     source = read_text(path)
-    plan: Plan | None
-    if Path(path).suffix.lower() == ".csv":
-        try:
-            plan, diags = read_csv(source, path)
-        except PlanSyntaxError as e:
-            print(e.render(), file=sys.stderr)
-            return None
-    else:
-        plan, diags = lint_source(source, path)
-    errors = [d for d in diags if d.is_error and d.code != MEMORY_CODE]
+    try:
+        plan, diags = read_csv(source, path)
+    except PlanSyntaxError as e:
+        print(e.render(), file=sys.stderr)
+        return None
+    errors = [d for d in diags if d.is_error]
     for d in errors:
         print(d.render(path, source), file=sys.stderr)
-    if plan is None or errors:
-        print(f"{path}: the plan has errors; `octodsl lint {path}` lists them", file=sys.stderr)
-        return None
-    return plan
+    return None if errors else plan
 
 
 def with_overrides(plan: Plan, update: dict, recompute: str | None) -> Plan:

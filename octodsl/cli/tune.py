@@ -27,7 +27,7 @@ from ..extras import require
 from .common import (DEVICE, DEVICE_HELP, DEVICES, DP, LINK, LINK_HELP, MICROBATCH_SIZE,
                      MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError, add_mesh_options, duration,
                      check_top_outputs, link_named, memory_size,
-                     mesh_update, output, print_json, read_text, stdout_console, write_output)
+                     mesh_update, output, print_json, stdout_console, write_output)
 from .tune_cluster import add_cluster_options, run_cluster
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
@@ -165,16 +165,11 @@ def _start(args):
     start = None
     model, devices, microbatches = args.model, args.devices, args.microbatches
     if args.start:
-        from ..lint import lint_source
         from ..lint.memory import CODE as MEMORY_CODE
+        from .plans import checked_plan
 
-        source = read_text(args.start)
-        start, diags = lint_source(source, args.start)
         # Over the memory limit is what the tuner can fix; anything else must be fixed first.
-        errors = [d for d in diags if d.is_error and d.code != MEMORY_CODE]
-        if start is None or errors:
-            first = errors[0].render(args.start, source) if errors else ""
-            raise UserError(f"{args.start}: the plan has errors (`octodsl lint {args.start}`)\n{first}")
+        start = checked_plan(args.start, allow=(MEMORY_CODE,))[0]
         model = model or start.header.model
         for what, given, own in (("--devices", devices, start.devices),
                                  ("--microbatches", microbatches, start.microbatches)):

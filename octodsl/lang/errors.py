@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,10 +33,19 @@ class Diagnostic:
     severity: Severity = Severity.ERROR
     notes: tuple[str, ...] = ()
     """Extra lines printed after the caret (e.g. the steps of a wait-for cycle)."""
+    more: int = 0
+    """Diagnostics of the same code left out after this one (`capped`), counted but not shown."""
+    more_lines: tuple[int, int] = (0, 0)
+    """The first and last line of those left out."""
 
     @property
     def is_error(self) -> bool:
         return self.severity is Severity.ERROR
+
+    @property
+    def count(self) -> int:
+        """The problems this diagnostic stands for: itself and those left out after it."""
+        return 1 + self.more
 
     def sort_key(self) -> tuple:
         s = self.span
@@ -50,7 +61,41 @@ class Diagnostic:
         out.extend(f"  {n}" for n in self.notes)
         if self.hint:
             out.append(f"  hint: {self.hint}")
+        if self.more:
+            lo, hi = self.more_lines
+            where = (" on this line" if s and lo == hi == s.line else f" at line {lo}" if lo == hi
+                     else f" at lines {lo}..{hi}")
+            out.append(f"  and {self.more:,} more like this{where}")
         return "\n".join(out)
+
+
+MAX_PER_LINE = 8
+"""Diagnostics of one code shown per source line; the rest are counted (`capped`)."""
+MAX_PER_CODE = 20
+"""Diagnostics of one code shown per file."""
+
+
+def capped(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """`diags` (sorted) with at most MAX_PER_LINE of a code on a line and MAX_PER_CODE of a code
+    in all: each one left out is counted on the last one shown of its code (on its line, when
+    the line's cap left it out), so that no code floods the output and the counts stay whole."""
+    shown: list[Diagnostic] = []
+    on_line: Counter = Counter()
+    last: dict[object, int] = {}
+    for d in diags:
+        line = d.span.line if d.span else 0
+        if on_line[d.code, line] < MAX_PER_LINE and on_line[d.code] < MAX_PER_CODE:
+            on_line[d.code, line] += 1
+            on_line[d.code] += 1
+            last[d.code, line] = last[d.code] = len(shown)
+            shown.append(d)
+            continue
+        i = last[d.code, line] if (d.code, line) in last else last[d.code]
+        kept = shown[i]
+        lo, hi = kept.more_lines if kept.more else (line, line)
+        shown[i] = dataclasses.replace(kept, more=kept.more + d.count,
+                                       more_lines=(min(lo, line), max(hi, line)))
+    return shown
 
 
 BOM = "\ufeff"

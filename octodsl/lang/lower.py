@@ -62,7 +62,8 @@ def lower(file: ast.File) -> tuple[Plan | None, list[Diagnostic]]:
     schedule, schedule_spans = unroller.schedule(schedule_sec, header.devices)
     if unroller.stopped:
         return None, diags
-    plan = Plan(header, stages, placement, schedule, partition_span, placement_span, schedule_spans)
+    plan = Plan(header, stages, placement, schedule, partition_span, placement_span, schedule_spans,
+                schedule_sec.span if schedule_sec else None)
     return plan, diags
 
 
@@ -237,11 +238,11 @@ def _placement(sec, num_stages: int, devices: int,
         if num_stages != 2 * devices:
             diags.append(Diagnostic("E131", f"a V placement needs 2 x devices = {2 * devices} stages; "
                                     f"the partition has {num_stages}", sec.span))
-            return [], sec.span
+            return [], None  # no placement: lint reports no stage as unplaced again
         return _with_span(placement_v(num_stages, devices), sec.span), sec.span
     diags.append(Diagnostic("E130", f"unknown placement '{sec.name}'", sec.span,
                             hint="use 'loop', 'v' or placement { device 0: stages 0, 1 ... }"))
-    return [], sec.span
+    return [], None
 
 
 def _with_span(entries: list[DevicePlacement], span: Span) -> list[DevicePlacement]:

@@ -3,7 +3,7 @@ nowhere else, worded for people (no terminal names)."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import functools
 import re
 from importlib import resources
@@ -19,9 +19,8 @@ from . import syntax as ast
 from .errors import BOM, Diagnostic, PlanSyntaxError, source_lines
 
 MAX_SYNTAX_ERRORS = 20
-MAX_RECOVERIES = 5 * MAX_SYNTAX_ERRORS
-"""Errors the parser goes on after, reported or not (what it trips over next on the same line is
-not): each costs time in proportion to the nesting, so a long line of garbage is cut short."""
+"""Syntax errors reported at most: each costs a parse of the file (with the blocks before it
+blanked)."""
 _STRING_OR_COMMENT = re.compile(r'"[^"\n]*"|#[^\n]*')
 _NUMBER_LIKE = re.compile(r"[0-9A-Za-z_]+(?:\.[0-9A-Za-z_]+)*")
 """What a malformed number such as `1e8`, `1.5` or `80Gib` runs to (the lexer stops at it)."""
@@ -115,7 +114,13 @@ def _header_range(e: UnexpectedToken) -> str | None:
 
 
 def _syntax_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
-    """One lark error, in words."""
+    """One lark error, in words, with a hint for a construct people confuse."""
+    d = _plain_diagnostic(e, source)
+    hint = _did_you_mean(e, source)
+    return dataclasses.replace(d, hint=hint) if hint else d
+
+
+def _plain_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
     bad = _malformed_number(e, source)
     if bad is not None:
         span = Span(e.line, e.column, e.line, e.column + len(bad))
@@ -148,43 +153,39 @@ def _syntax_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
     return Diagnostic("E101", str(e).splitlines()[0], None)
 
 
-_PLACEHOLDERS = {"INT": "0", "NAME": "x", "STRING": '""', "OPKIND": "F", "SIZE": "1B"}
+_PLACEMENT_HINT = ("a placement entry names the device first, then its stages: "
+                   "'device 0: stages 0, 7' (or 'placement loop')")
+_PARTITION_COUNT_HINT = "a partition of N stages without layers is written 'stages {n}'"
+_STAGES_BLOCK_HINT = ("'stages N' counts stages; stages of named layers are written "
+                      "partition { stage 0: layers 0..13 ... }")
+_BACKWARD_HINT = ("a fused backward is one op, BW2:5; a split one is two, B2:5 (input gradient) "
+                  "then W2:5 (weight gradient)")
+_CSV_HINT = ("PyTorch's I (input backward) is B here and its B (full backward) is BW; "
+             "ops are F, B, W or BW")
 
 
-def _repair(e: UnexpectedToken) -> None:
-    """Insert the one missing token that lets the parser take the unexpected one (as in `B1: }`),
-    so that one slip gives one error; otherwise lark drops the unexpected token."""
-    ip = e.interactive_parser
-    # Trials share the parsed values and build no trees, as lark's own accepts() does: a deep
-    # copy of the value stack costs as much as everything parsed so far.
-    bare = copy.copy(ip.parser_state.parse_conf)
-    bare.callbacks = {}
-    for name in sorted(e.expected):
-        value = _PLACEHOLDERS.get(name) or _terminal_words().get(name, "").strip("'")
-        if not value:
-            continue
-        trial = ip.copy(deepcopy_values=False)
-        trial.parser_state.parse_conf = bare
-        try:
-            trial.feed_token(Token(name, value))
-            if e.token.type not in trial.accepts():
-                continue
-            ip.feed_token(Token(name, value))
-            ip.feed_token(e.token)
-            return
-        except UnexpectedInput:
-            continue
-
-
-def _skip_number(e: UnexpectedCharacters, bad: str) -> None:
-    """Go on after a malformed number as after a number (a placeholder, where one may stand),
-    so that it gives one error, not one more for each piece of it."""
-    ip = e.interactive_parser
-    if "INT" in ip.accepts():
-        ip.feed_token(Token("INT", "0"))
-    state = ip.lexer_thread.state
-    assert state is not None, "an error on a character comes from a lexer that is running"
-    state.line_ctr.feed(bad)
+def _did_you_mean(e: UnexpectedInput, source: str) -> str | None:
+    """A hint for the constructs people confuse: a placement entry in the other order
+    (`stage 0: device 0`), `partition 4` or `stages { ... }`, a backward written `WB`, `B W`
+    or in lower case, PyTorch's `I`."""
+    if isinstance(e, UnexpectedCharacters):
+        pos = _lex_pos(e)
+        return _CSV_HINT if source.startswith("I", pos) and "OPKIND" in (e.allowed or ()) else None
+    if not isinstance(e, UnexpectedToken):
+        return None
+    tok, prev = e.token, e.token_history[-1] if e.token_history else None
+    before = prev.type if prev is not None else None
+    if tok.type == "STAGE" and "DEVICE" in e.expected:
+        return _PLACEMENT_HINT
+    if before == "PARTITION" and tok.type == "INT":
+        return _PARTITION_COUNT_HINT.format(n=tok.value)
+    if before == "STAGES" and tok.type == "LBRACE":
+        return _STAGES_BLOCK_HINT
+    if before == "OPKIND" and tok.type == "OPKIND":
+        return _BACKWARD_HINT
+    if tok.type == "NAME" and "OPKIND" in e.expected and re.fullmatch(r"(bw|wb|[fbw])[0-9]+", tok.value):
+        return "ops are written in capitals: " + _BACKWARD_HINT
+    return None
 
 
 def _end_span(source: str) -> Span:
@@ -197,41 +198,29 @@ def _end_span(source: str) -> Span:
 
 
 def parse_syntax(source: str, path: str = "<string>") -> ast.File:
-    """Parse .octo text into a syntax tree; raises PlanSyntaxError with every syntax error found
-    (the parser skips the offending token and goes on, so later errors are reported too).
-    A leading byte-order mark is ignored."""
+    """Parse .octo text into a syntax tree; raises PlanSyntaxError with the syntax errors found:
+    the first one of each block (the rest of the block, up to its matching `}`, is skipped, so
+    that the well-formed lines after it are not reported), and the first one of each section
+    outside a block. A leading byte-order mark is ignored."""
     source = source.removeprefix(BOM)
     errors: list[Diagnostic] = []
-    recoveries = 0
-
-    def record(d: Diagnostic) -> None:
-        # After the first error the parser skips tokens to resynchronise; what it trips over on
-        # the same line, or at the end of the file, is usually a consequence: leave it out.
-        last = errors[-1].span.line if errors and errors[-1].span else 0
-        if not errors or (d.code != "E102" and d.span is not None and d.span.line > last):
-            errors.append(d)
-
-    def on_error(e: UnexpectedInput) -> bool:
-        nonlocal recoveries
-        recoveries += 1
-        record(_syntax_diagnostic(e, source))
-        bad = _malformed_number(e, source)
-        if bad is not None:
-            assert isinstance(e, UnexpectedCharacters)  # the only error with a malformed number
-            _skip_number(e, bad)
-        elif isinstance(e, UnexpectedToken):
-            if e.token.type == "$END":
-                return False
-            if _negative_number(e, source) is None:  # else lark drops the '-', reads the number
-                _repair(e)
-        return len(errors) < MAX_SYNTAX_ERRORS and recoveries < MAX_RECOVERIES
-
+    text, tree, last = source, None, -1
     lark = _parser()
-    try:
-        tree = lark.parse(source, on_error=on_error)
-    except UnexpectedInput as e:
-        record(_syntax_diagnostic(e, source))
-        tree = None
+    while True:
+        try:
+            tree = lark.parse(text)
+            break
+        except UnexpectedInput as e:
+            d = _syntax_diagnostic(e, text)
+            at = _error_offset(e, text)
+            if at is None or at <= last:  # the end of the file, or no progress: a consequence
+                if not errors:
+                    errors.append(d)
+                break
+            errors.append(d)
+            if len(errors) >= MAX_SYNTAX_ERRORS:
+                break
+            text, last = _skip_block(text, at), at
     if errors or tree is None:
         raise PlanSyntaxError(bounds.parentheses(source) + errors, path, source)
     errors = bounds.parentheses(source) + bounds.nesting(tree)
@@ -247,6 +236,45 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
     file.comments = comments
     file.blank_lines = frozenset(i for i, text in enumerate(source_lines(source), 1) if not text.strip())
     return file
+
+
+def _error_offset(e: UnexpectedInput, text: str) -> int | None:
+    """Where in `text` the error is; None at the end of the file."""
+    if isinstance(e, UnexpectedToken):
+        return None if e.token.type == "$END" else e.token.start_pos
+    if isinstance(e, UnexpectedCharacters):
+        return _lex_pos(e)
+    return None
+
+
+_SECTION_START = re.compile(r"^[ \t]*(?:partition|placement|recompute|schedule|stages|plan)\b", re.M)
+
+
+def _skip_block(text: str, at: int) -> str:
+    """`text` with what follows an error at offset `at` blanked up to the end of its block: the
+    inside of the innermost `{ ... }` holding it, or outside a block its line and those up to
+    the next section. Blanks keep the line ends, so positions are as in the source."""
+    code = _STRING_OR_COMMENT.sub(lambda m: " " * len(m.group(0)), text)
+    opened: list[int] = []
+    lo = hi = None
+    for i, ch in enumerate(code):
+        if ch == "{":
+            opened.append(i)
+        elif ch == "}" and opened:
+            o = opened.pop()
+            if o < at <= i:
+                lo, hi = o + 1, i
+                break
+    if lo is None:
+        inner = [o for o in opened if o < at]  # a block the file never closes
+        if inner:
+            lo, hi = inner[-1] + 1, len(text)
+        else:
+            lo = text.rfind("\n", 0, at) + 1
+            nxt = _SECTION_START.search(text, text.find("\n", at) + 1 if "\n" in text[at:] else len(text))
+            hi = nxt.start() if nxt else len(text)
+    assert hi is not None
+    return text[:lo] + re.sub(r"[^\n]", " ", text[lo:hi]) + text[hi:]
 
 
 def _comment_matches(source: str):

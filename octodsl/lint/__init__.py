@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..lang import analyze
-from ..lang.errors import Diagnostic
+from ..lang.errors import Diagnostic, capped
 from ..models import SpecError, load_model
 from ..plan import Plan
 from .rules import RULES, Context, run_rules
@@ -12,11 +12,12 @@ __all__ = ["RULES", "lint_plan", "lint_source"]
 
 
 def lint_source(source: str, path: str = "<string>") -> tuple[Plan | None, list[Diagnostic]]:
-    """Parse, lower and check a plan text; all diagnostics, sorted by position."""
+    """Parse, lower and check a plan text; all diagnostics, sorted by position, capped per code
+    and line (`Diagnostic.count` says how many each stands for)."""
     plan, diags = analyze(source, path)
     if plan is not None:
         diags = diags + lint_plan(plan)
-    return plan, sorted(diags, key=Diagnostic.sort_key)
+    return plan, capped(sorted(diags, key=Diagnostic.sort_key))
 
 
 def lint_plan(plan: Plan) -> list[Diagnostic]:

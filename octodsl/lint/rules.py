@@ -2,6 +2,9 @@
 
 A rule's `check(ctx)` yields Diagnostics. Rules marked `needs_valid_structure` run only when no
 structural error was found (a deadlock search over a plan with missing ops says nothing useful).
+A rule names the sections it speaks about in `needs`; it does not run when one of them is
+missing or stated nothing (no stages, no placement, no schedule block), as what it would report
+only restates that error (docs/diagnostics.md, "One cause, one diagnostic").
 """
 
 from __future__ import annotations
@@ -38,6 +41,17 @@ class Context:
         return build_graph(self.plan)
 
     @cached_property
+    def sections(self) -> frozenset[str]:
+        """The sections that state something: a partition of one stage or more, a placement
+        (not an unknown or impossible shorthand: lowering leaves those out), a schedule (a
+        plan from a generator, the tuner or a CSV has no spans and a schedule all the same)."""
+        plan = self.plan
+        present = {"partition": plan.num_stages > 0,
+                   "placement": plan.placement_span is not None or bool(plan.placement),
+                   "schedule": plan.schedule_span is not None or any(plan.schedule)}
+        return frozenset(name for name, ok in present.items() if ok)
+
+    @cached_property
     def stage_device(self) -> dict[int, int]:
         """Device of each stage placed exactly once on an existing device."""
         count: dict[int, list[int]] = defaultdict(list)
@@ -50,6 +64,9 @@ class Context:
 class Rule:
     code: str = ""
     needs_valid_structure = False
+    needs: tuple[str, ...] = ()
+    """Sections ('partition', 'placement', 'schedule') without which the rule has nothing to say
+    that their absence's error (E121, E130, E131, E205) did not."""
 
     def check(self, ctx: Context) -> Iterable[Diagnostic]:
         raise NotImplementedError
@@ -130,11 +147,10 @@ class PlacementValid(Rule):
     """Every stage on exactly one existing device."""
 
     code = "E210"
+    needs = ("partition", "placement")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         plan = ctx.plan
-        if not plan.placement and plan.placement_span is None:
-            return
         seen: dict[int, int] = {}
         for e in plan.placement:
             if not 0 <= e.device < plan.devices:
@@ -162,31 +178,53 @@ class OpsComplete(Rule):
     """One F, and one B + W or one BW, per stage and micro-batch; each on its stage's device."""
 
     code = "E301"
+    needs = ("partition", "schedule")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         plan = ctx.plan
         S, M = plan.num_stages, plan.microbatches
         seen: dict[tuple, Op] = {}
         kinds_of_stage: dict[int, set[OpKind]] = defaultdict(set)
+        # Problems are gathered per op as written (a range, an op in a loop body), then reported
+        # once each, naming the micro-batches it covers: `F0:0..3: stage 0 does not exist`.
+        problems: dict[tuple, list[int]] = defaultdict(list)
+        firsts: dict[tuple, Op] = {}
         for d, _, op in plan.ops():
             if not 0 <= op.stage < S:
-                yield Diagnostic("E303", f"{op}: stage {op.stage} does not exist (stages 0..{S - 1})", op.span)
+                problems["stage", op.kind, op.stage, op.span].append(op.mb)
                 continue
             if not 0 <= op.mb < M:
-                yield Diagnostic("E303", f"{op}: micro-batch {op.mb} does not exist (micro-batches 0..{M - 1})",
-                                 op.span)
+                problems["mb", op.kind, op.stage, op.span].append(op.mb)
                 continue
-            first = seen.get(op.key())
+            key = op.key()
+            first = seen.get(key)
             if first is not None:
-                yield Diagnostic("E302", f"{op} appears twice", op.span,
-                                 hint=f"first at line {first.span.line}" if first.span else None)
+                where = ("twice", op.kind, op.stage, op.span)
+                problems[where].append(op.mb)
+                firsts.setdefault(where, first)
                 continue
-            seen[op.key()] = op
+            seen[key] = op
             kinds_of_stage[op.stage].add(op.kind)
             home = ctx.stage_device.get(op.stage)
             if home is not None and home != d:
-                yield Diagnostic("E305", f"{op} runs on device {d}, but stage {op.stage} is on device {home}",
-                                 op.span, hint=f"move it to device {home}'s schedule")
+                problems["device", op.kind, op.stage, op.span, d, home].append(op.mb)
+        for (what, kind, stage, span, *devices), mbs in problems.items():
+            label = f"{kind}{stage}:{ranges_text(mbs)}"
+            if what == "stage":
+                yield Diagnostic("E303", f"{label}: stage {stage} does not exist ({_stages(S)})", span)
+            elif what == "mb":
+                out = sorted(set(mbs))
+                yield Diagnostic("E303", f"{label}: micro-batch{'es' * (len(out) > 1)} "
+                                 f"{ranges_text(out)} do{'es' * (len(out) == 1)} not exist "
+                                 f"(micro-batches 0..{M - 1})", span)
+            elif what == "twice":
+                first = firsts[what, kind, stage, span]
+                yield Diagnostic("E302", f"{label} {_again(mbs)}", span,
+                                 hint=f"first at line {first.span.line}" if first.span else None)
+            else:
+                d, home = devices
+                yield Diagnostic("E305", f"{label} runs on device {d}, but stage {stage} is on device {home}",
+                                 span, hint=f"move it to device {home}'s schedule")
         for s in range(S):
             kinds = kinds_of_stage.get(s, set())
             if OpKind.BW in kinds and kinds & {OpKind.B, OpKind.W}:
@@ -220,6 +258,21 @@ class OpsComplete(Rule):
         return None
 
 
+def _stages(n: int) -> str:
+    """'stages 0..3', 'stage 0 only'."""
+    return f"stages 0..{n - 1}" if n > 1 else "stage 0 only"
+
+
+def _again(mbs: list[int]) -> str:
+    """How often the ops of micro-batches `mbs` (one entry per repeat) were given before."""
+    distinct = len(set(mbs))
+    if len(mbs) == distinct:
+        return "appears twice" if distinct == 1 else "appear twice"
+    if distinct == 1:
+        return f"appears {len(mbs) + 1:,} times"
+    return "appear more than twice"
+
+
 # -- executability -----------------------------------------------------------------------------
 
 @rule
@@ -249,6 +302,7 @@ class IdleDevice(Rule):
     """A device that holds no stage or runs nothing."""
 
     code = "W401"
+    needs = ("partition", "placement")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         plan = ctx.plan
@@ -445,11 +499,12 @@ class TpGroupSpansNodes(Rule):
 def run_rules(ctx: Context, extra: Iterable[Callable[[Context], Iterable[Diagnostic]]] = ()) -> list[Diagnostic]:
     """Run every rule; rules that need a sound structure run only when there is one."""
     diags: list[Diagnostic] = []
-    for cls in RULES:
+    rules = [cls for cls in RULES if ctx.sections.issuperset(cls.needs)]
+    for cls in rules:
         if not cls.needs_valid_structure:
             diags.extend(cls().check(ctx))
     if not any(d.is_error for d in diags):
-        for cls in RULES:
+        for cls in rules:
             if cls.needs_valid_structure:
                 diags.extend(cls().check(ctx))
         for check in extra:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from octodsl.cli import main
 
 GOOD = """plan "t" {
@@ -91,3 +93,38 @@ def test_lint_of_hostile_files_never_an_internal_error(tmp_path, capsys):
         err = capsys.readouterr().err
         assert status == (0 if name == "bom" else 1), err
         assert "internal error" not in err
+
+
+# -- a plan with errors: lint lists them, the other commands name their count ------------------
+
+PLACEMENT_BACKWARDS = ('plan "first" {\n  devices 2\n  microbatches 2\n}\nstages 2\nplacement {\n'
+                       "  stage 0: device 0\n  stage 1: device 1\n}\n"
+                       "schedule {\n  device 0 { F0:0..1 F9:0 F9:1 }\n  device 1 { F1:0..1 BW1:0..1 }\n}\n")
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["tune", "--model", "nemotron-h-8b", "--from"],
+                                     ["convert", "--to", "megatron"]])
+def test_a_plan_with_errors_is_refused_in_one_line(tmp_path, capsys, command):
+    plan = tmp_path / "place.octo"
+    plan.write_text(PLACEMENT_BACKWARDS.replace("placement {\n  stage 0: device 0\n  stage 1: device 1\n}",
+                                                "placement loop"))
+    args = command[:-1] + [command[-1], str(plan)] if command[0] == "tune" else command + [str(plan)]
+    if command[0] == "tune":
+        args += ["-o", str(tmp_path / "out.octo")]
+    assert main(args) == 1
+    out = capsys.readouterr()
+    # F9:0 and F9:1 (stage 9 does not exist), and stage 0 has no BW: three errors
+    assert out.err == f"octodsl: error: {plan}: 3 errors; run `octodsl lint {plan}` to see them\n"
+    assert out.out == ""
+
+
+def test_lint_counts_what_its_cap_leaves_out(tmp_path, capsys):
+    plan = tmp_path / "many.octo"
+    ops = " ".join(f"F9:{m}" for m in range(100))
+    plan.write_text(PLACEMENT_BACKWARDS.replace("placement {\n  stage 0: device 0\n  stage 1: device 1\n}",
+                                                "placement loop").replace("F9:0 F9:1", ops))
+    assert main(["lint", str(plan)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("error[E303]") == 8  # MAX_PER_LINE
+    assert "  and 92 more like this on this line\n" in err
+    assert err.endswith("101 errors, 0 warnings (92 not shown)\n")

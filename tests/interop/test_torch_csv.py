@@ -245,7 +245,7 @@ def test_convert_cli_errors(tmp_path, capsys):
     broken.write_text('plan "b" { devices 1 microbatches 1 }\nstages 1\nplacement loop\n'
                       "schedule { device 0 { F0:0 } }\n")
     assert main(["convert", str(broken), "-o", str(tmp_path / "b.csv")]) == 1
-    assert "E301" in capsys.readouterr().err
+    assert f"{broken}: 1 error; run `octodsl lint {broken}`" in capsys.readouterr().err
     assert not (tmp_path / "b.csv").exists()
 
 

@@ -183,7 +183,7 @@ def test_excerpt_shows_unprintable_characters_as_one_column():
 def test_excerpt_of_a_long_line_is_cut_around_the_span():
     from octodsl.lang.errors import EXCERPT_LEAD, EXCERPT_WIDTH
 
-    pad = "F0:0 " * 60  # 300 characters before the duplicate
+    pad = "F0:0 F0:1" + " " * 291  # 300 characters before the duplicate
     src = f'plan "t" {{ devices 1 microbatches 2 }}\nstages 1\nplacement loop\n' \
           f"schedule {{ device 0 {{ {pad}BW0:0 BW0:0 {'W0:1 ' * 60}}} }}\n"
     _, diags = lint_source(src, "t.octo")

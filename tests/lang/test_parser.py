@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from octodsl.lang import PlanSyntaxError, analyze, parse_plan
@@ -113,8 +115,8 @@ def test_parse_plan_raises_with_all_errors():
 
 
 def test_error_recovery_is_bounded(monkeypatch):
-    # A long line of garbage: lark would recover after each ':' (and each recovery costs time
-    # in proportion to the nesting); the parser gives up after MAX_RECOVERIES.
+    # A long line of garbage: the first error skips its block, so each costs one parse and
+    # there are at most MAX_SYNTAX_ERRORS of them.
     from octodsl.lang import parser
 
     calls = []
@@ -123,7 +125,7 @@ def test_error_recovery_is_bounded(monkeypatch):
     src = HEAD + "stages 2 placement loop schedule { device 0 { F0:0 " + ": " * 1000 + "} }"
     msgs = errors(src)
     assert msgs and "t.octo:2:52: error[E101]: unexpected ':'" in msgs[0]
-    assert len(calls) <= parser.MAX_RECOVERIES + 1
+    assert len(calls) <= parser.MAX_SYNTAX_ERRORS + 1
 
 
 def test_byte_order_mark_is_ignored():
@@ -196,3 +198,28 @@ def test_e205_a_partition_without_stages():
         d = only(src, "E205")
         assert d.message == "the partition has no stages"
         assert where(d) == (2, 1, 2, 1 + width)
+
+
+# -- golden: one error per block, with a hint for the constructs people confuse ----------------
+
+@pytest.mark.parametrize("name", ["hint-placement", "hint-backward", "hint-lowercase", "hint-torch-csv",
+                                  "hint-partition-count", "hint-stages-block", "no-partition",
+                                  "op-ranges"])
+def test_golden_diagnostics(name):
+    from octodsl.lint import lint_source
+
+    from ..conftest import check_golden
+
+    golden = Path(__file__).parent / "golden"
+    src = (golden / f"{name}.octo").read_text()
+    shown = f"golden/{name}.octo"
+    _, diags = lint_source(src, shown)
+    check_golden(golden / f"{name}.lint.txt", "".join(d.render(shown, src) + "\n" for d in diags))
+
+
+def test_an_error_skips_the_rest_of_its_block_only():
+    src = (HEAD + "stages 2 placement { stage 0: device 0\n stage 1: device 1 }\n"
+           "schedule { device 0 { F0:0 WB0:0 F0:1 }\n device 1 { F1:0 F1:1 bw1:0 } }")
+    msgs = errors(src)
+    assert len(msgs) == 3, msgs  # one per block: the placement, device 0, device 1
+    assert all("hint:" in m for m in msgs)

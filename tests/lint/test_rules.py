@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from octodsl.lint import lint_source
 
 HEAD = 'plan "t" { devices 2 microbatches 2 }\n'
@@ -203,7 +205,7 @@ def test_a_plan_without_stages_is_not_simulated(tmp_path, capsys):
     f.write_text(HEAD + "partition { }\nplacement loop\nschedule { device 0 { } device 1 { } }\n")
     assert main(["simulate", str(f)]) == 1
     err = capsys.readouterr().err
-    assert f"{f}:2:1: error[E205]: the partition has no stages" in err and "efficiency" not in err
+    assert err == f"octodsl: error: {f}: 1 error; run `octodsl lint {f}` to see them\n"
 
 
 def test_w404_zero_without_data_parallel_copies():
@@ -218,3 +220,14 @@ def test_w404_zero_without_data_parallel_copies():
             assert (d.span.line, d.span.col, d.span.end_col) == (1, col, col + 1)
     for header in ("microbatches 2 dp 4 zero 1", "microbatches 2 dp 2 zero 2", "microbatches 2 zero 0"):
         assert lint_source(HEAD.replace("microbatches 2", header) + ONE_F_ONE_B)[1] == []
+
+
+@pytest.mark.slow
+def test_a_million_duplicate_ops_are_one_diagnostic():
+    from octodsl.limits import MAX_OPS
+
+    src = ('plan "dups" { devices 1 microbatches 1 }\nstages 1\nplacement loop\n'
+           f"schedule {{ device 0 {{ for i in 0..{MAX_OPS - 2} {{ F0:0 }} BW0:0 }} }}\n")
+    _, diags = lint_source(src, "dups.octo")
+    (d,) = diags
+    assert (d.code, d.message) == ("E302", f"F0:0 appears {MAX_OPS - 1:,} times")
