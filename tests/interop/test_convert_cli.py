@@ -89,5 +89,5 @@ def test_a_plan_that_does_not_lint_is_refused(tmp_path, capsys):
                       "placement loop\nschedule { device 0 { F0:0 } }\n")
     assert main(["convert", str(broken), "--to", "megatron"]) == 1
     out = capsys.readouterr()
-    assert out.err == f"octodsl: error: {broken}: 1 error; run `octodsl lint {broken}` to see them\n"
+    assert out.err == f"octodsl: error: {broken}: 1 error; run `octodsl lint {broken}` to see it\n"
     assert out.out == ""

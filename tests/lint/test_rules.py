@@ -205,7 +205,7 @@ def test_a_plan_without_stages_is_not_simulated(tmp_path, capsys):
     f.write_text(HEAD + "partition { }\nplacement loop\nschedule { device 0 { } device 1 { } }\n")
     assert main(["simulate", str(f)]) == 1
     err = capsys.readouterr().err
-    assert err == f"octodsl: error: {f}: 1 error; run `octodsl lint {f}` to see them\n"
+    assert err == f"octodsl: error: {f}: 1 error; run `octodsl lint {f}` to see it\n"
 
 
 def test_w404_zero_without_data_parallel_copies():
