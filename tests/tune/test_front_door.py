@@ -116,7 +116,9 @@ def wall(args: list[str], tmp_path) -> float:
     return seconds
 
 
-BUDGET = 3.0
+BUDGET = 5.0
+"""Room for the minimum a command always does (start-up, one plan simulated and checked) on
+a loaded machine: before issue 27 they took 9.5 s at --budget 2s and 14.5 s at --budget 3s."""
 
 
 @pytest.mark.parametrize("args", [
