@@ -65,8 +65,9 @@ def register(sub) -> None:
                    "selective or full per stage; none never recomputes; full or selective "
                    "makes every stage (and every baseline) recompute that way")
     p.add_argument("--budget", type=duration, default="60s", metavar="TIME",
-                   help="wall time of the baselines and the search, e.g. 60s, 2m (default 60s; "
-                   "each --compare search gets as much again)")
+                   help="wall time of the whole command, start-up and the check of the written "
+                   "plan included, e.g. 60s, 2m (default 60s; each --compare search gets as "
+                   "much again)")
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument("--from", dest="start", metavar="PLAN", help="refine this plan (its partition "
                    "must name the model's layers)")
@@ -86,16 +87,24 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    require("tune", "numba", "ortools")
+    require("tune", "numba", "ortools")  # before octodsl.tune, which imports them
+    from ..tune.clock import command_start
+
+    began = command_start()  # --budget bounds the whole command, its start-up too (/proc)
     check_top_outputs(args)
     if args.gpus is not None or args.global_batch is not None:
-        return run_cluster(args)
+        return run_cluster(args, began)
+    if args.target is not None:
+        raise UserError("--target chooses the runtime of a whole-cluster search: give --gpus "
+                        "and --global-batch")
     if args.top is not None:
         raise UserError("--top writes the best configurations of a whole-cluster search: give "
                         "--gpus and --global-batch")
     from ..lint import lint_source
     from ..tune.compare import OTHERS, NoPlanFits, tune_and_compare
+    from ..tune.clock import check_reserve, left
     from ..tune.report import comparison_table, explain, to_json
+    from ..tune.space import plan_ops
 
     start, model, devices, microbatches = _start(args)
     if args.keep is not None and start is None:
@@ -123,7 +132,8 @@ def run(args) -> int:
             problem.keep = Keep.of(start, placement=args.keep == KEEP_PLACEMENT)
     with _Progress(args.budget, enabled=not args.json) as progress:
         try:
-            outcome = tune_and_compare(problem, budget=args.budget, seed=args.seed, start=start,
+            outcome = tune_and_compare(problem, budget=left(args.budget, began, check_reserve(
+                plan_ops(devices, microbatches))), seed=args.seed, start=start,
                                        others=others, progress=progress)
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None

@@ -2,7 +2,8 @@
 [--device H800] [--gpus-per-node 8] [--memory 80GiB] [--budget 60s] [--json]`: the fastest
 configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
 `--devices` (pp), `--microbatch-size`, `--zero` and `--recompute` fix those choices instead of
-searching them. Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
+searching them; `--sequence-parallel false` keeps sequence parallelism off; `--target` chooses
+the runtime the configurations are for (octodsl.tune.target). Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
 and on."""
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ GLOBAL_BATCH = integer(1, limits.MAX_GLOBAL_BATCH)
 
 _PER_PLAN_ONLY = (("microbatches", "--microbatches (the global batch and the micro-batch size "
                    "set it)"), ("dp", "--dp (the GPU count sets it)"), ("start", "--from"),
-                  ("keep", "--keep"), ("compare", "--compare"), ("explain", "--explain"),
-                  ("sequence_parallel", "--sequence-parallel (on at tp > 1 in the search)"))
+                  ("keep", "--keep"), ("compare", "--compare"), ("explain", "--explain"))
 
 
 def add_cluster_options(p) -> None:
@@ -29,14 +29,20 @@ def add_cluster_options(p) -> None:
                    "docs/cluster.md)")
     p.add_argument("--global-batch", type=GLOBAL_BATCH, metavar="B",
                    help="sequences per iteration over all data-parallel copies (with --gpus)")
+    p.add_argument("--target", choices=("deepspeed", "megatron"), help="with --gpus: the "
+                   "runtime the configurations are for: deepspeed (default; octodsl's executor, "
+                   "ZeRO 0 and 1), megatron (zero 2 in a pipeline too)")
     p.add_argument("--top", type=TOP, metavar="K", help="with --gpus: also write the next K-1 "
                    "configurations' plans, to PLAN-2.octo and on")
 
 
-def run_cluster(args) -> int:
+def run_cluster(args, began: float) -> int:
+    """`began`: when the command began (octodsl.tune.clock.command_start)."""
     from ..tune.cluster import NoConfigurationFits, search
     from ..tune.cluster_report import baselines_table, cluster_table, skipped_counts, to_json
+    from ..tune.clock import left
     from ..tune.space import Cluster
+    from ..tune.target import DEEPSPEED, refusal
     from .tune import _Progress, memory_limit
 
     if args.gpus is None or args.global_batch is None:
@@ -46,6 +52,13 @@ def run_cluster(args) -> int:
     for name, what in _PER_PLAN_ONLY:
         if getattr(args, name) not in (None, False, ""):
             raise UserError(f"--gpus searches the whole configuration: {what} is not taken")
+    target = args.target or DEEPSPEED
+    why = refusal(target, args.zero) if args.zero is not None else None
+    if why is not None:
+        raise UserError(why)
+    if args.tp == 1 and args.sequence_parallel:
+        raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
+                        "or more, or --sequence-parallel false")
     try:
         cluster = Cluster(args.model, args.gpus, args.global_batch, seq_len=args.seq_len,
                           device=args.device, gpus_per_node=args.gpus_per_node or 8,
@@ -53,14 +66,15 @@ def run_cluster(args) -> int:
                           link=link_named(args.link) if args.link else None,
                           inter_link=args.inter_node_link,
                           recompute=args.recompute, tp=args.tp, pp=args.devices,
-                          microbatch_size=args.microbatch_size, zero=args.zero)
+                          microbatch_size=args.microbatch_size, zero=args.zero,
+                          sequence_parallel=args.sequence_parallel, target=target)
         cluster.tokens()  # the model loads
     except OctoError as e:
         raise UserError(str(e)) from None
     top = args.top or 1
     with _Progress(args.budget, enabled=not args.json) as progress:
         try:
-            result = search(cluster, budget=args.budget, seed=args.seed, top=top, progress=progress)
+            result = search(cluster, budget=left(args.budget, began), seed=args.seed, top=top, progress=progress)
         except NoConfigurationFits as e:
             raise UserError(str(e), exit_code=1) from None
         except OctoError as e:
@@ -82,10 +96,6 @@ def run_cluster(args) -> int:
                   + (" (the budget ran out before any configuration was tuned: the best is a "
                      "classic plan; give a longer --budget)" if result.budget_short else ""),
                   style="dim")
-    if result.best.config.zero == 2 and result.best.config.pp > 1:
-        console.print("note: the best plan shards gradients too (zero 2) in a pipeline, which "
-                      "DeepSpeed's pipeline engine, and so octodsl's executor, refuses; "
-                      "`--zero 1` searches without it", style="yellow")
     return status
 
 

@@ -99,7 +99,7 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
                       schedules: Sequence[tuple[str, int | None]] = SCHEDULES) -> list[Baseline]:
     """Every baseline of `schedules` (default all), in their order; with a `deadline`
     (time.perf_counter()), those that would likely end past it (by the slowest one so far, built
-    and simulated) are not run."""
+    and simulated) are not run; the first always runs."""
     evaluate = evaluate or Evaluator(problem)
     names = [baseline_name(s, c, m) for s, c in schedules for m in PARTITIONS]
     out: list[Baseline] = []
@@ -107,7 +107,7 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
     plans = classic_plans(problem, schedules)
     while len(out) < len(names):
         began = time.perf_counter()
-        if deadline is not None and began + slowest > deadline:
+        if deadline is not None and out and began + slowest > deadline:
             out += [Baseline(name, None, NOT_RUN) for name in names[len(out):]]
             break
         name, plan, error = next(plans)

@@ -37,13 +37,15 @@ from .evaluate import Score, best_of
 from .loop import BudgetTooShort, TuneResult, tune
 from .problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
-                    configurations, fewest_gpus, meshes, over_limits, problem_of, tp_degrees)
+                    configurations, fewest_gpus, fixed_cause, meshes, over_limits, plan_ops,
+                    problem_of, tp_degrees)
+from .clock import check_reserve
 
 RECIPE_SHARE = 0.2
 """Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""
 SCREEN_SHARE = 0.4
-"""Of the budget left, what a screening round may take (the search's first screen always
-finishes, whatever the budget)."""
+"""Of the budget left, what a screening round may take (the search always screens its first
+configuration, and its first plan whatever the budget)."""
 TUNED = 4
 """Configurations the budget left is shared among (at least `--top`)."""
 MAX_CONFIGS = 20_000
@@ -130,13 +132,18 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
            progress: Progress | None = None) -> ClusterResult:
     """The whole-cluster search within `budget` seconds (see the module's docstring). Raises
     NoConfigurationFits when no configuration is feasible, OctoError for a space too large."""
-    warm_up()
-    t0 = time.perf_counter()
-    deadline = t0 + 0.99 * budget  # 1% held back, as tune() does: the steps in flight at the end
+    began = time.perf_counter()
+    warm_up()  # loading the compiled simulator: within the budget, as all start-up is
     tables = Tables(cluster)
     tps, excluded = tp_degrees(cluster)
     result = ClusterResult(cluster, [], [], [], excluded)
     result.candidates, result.skipped = _enumerate(cluster, tps, tables, excluded)
+    # writing and checking the `top` plans comes out of the budget: the likely winners' size
+    likely = result.candidates[:max(TUNED, top)]
+    t0 = time.perf_counter()
+    ops = max(plan_ops(c.config.pp, c.config.microbatches) for c in likely)
+    budget = max(budget - (t0 - began) - check_reserve(ops, top), 1e-3)
+    deadline = t0 + 0.99 * budget  # 1% held back, as tune() does: the steps in flight at the end
     state = _State(result, progress, deadline)
     try:
         state.show("Megatron-style recipe")
@@ -157,7 +164,7 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
         if not result.ranked():
             raise
         result.interrupted = True
-    result.seconds = time.perf_counter() - t0
+    result.seconds = time.perf_counter() - began
     if not result.ranked():
         raise NoConfigurationFits(f"no plan simulated fits in {size(cluster.memory or 0)} per "
                                   "GPU: the memory bounds allowed some, the plans simulated "
@@ -243,6 +250,9 @@ def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded
     """Why no configuration is feasible, and the fewest GPUs for which one would be."""
     c = cluster
     what = f"{c.model} with a global batch of {c.global_batch} on {c.gpus} GPU{'s' * (c.gpus > 1)}"
+    cause = fixed_cause(cluster) if not skipped else None
+    if cause is not None:
+        return f"no configuration runs {what}: {cause} rules out every one ({_why_fixed(c, excluded)})"
     if not tps:
         why = "; ".join(f"tp {tp}: {m}" for tp, m in excluded.items()) or "none divides it"
         return (f"no tp of {c.gpus_per_node} GPUs per node splits {what} ({why}); fix --tp to "
@@ -263,6 +273,16 @@ def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded
     # the memory bound's cause alone (its advice names devices and levers): then GPUs
     cause = problem_of(cluster, first.config, tables).why_no_plan_fits(advice=False)
     return f"no configuration of {what} fits: e.g. {first.config}: {cause}; {hint}"
+
+
+def _why_fixed(c: Cluster, excluded: dict[int, str]) -> str:
+    """What the fixed choices leave, for the one-line cause."""
+    if c.tp is not None and c.tp in excluded:
+        return f"tp {c.tp}: {excluded[c.tp]}"
+    if c.tp is not None and (c.gpus_per_node % c.tp or c.gpus % c.tp):
+        return f"tp must divide the {c.gpus_per_node} GPUs per node and the {c.gpus} GPUs"
+    return ("tp x pp x dp = the GPUs, pp at most the layer count, dp x micro-batch size dividing "
+            "the global batch, ZeRO 1 or 2 only with dp > 1")
 
 
 def _adopt(result: ClusterResult) -> None:
@@ -288,10 +308,9 @@ def _screen(state: _State, until: float) -> int:
             break
         state.show(f"screen {i + 1}/{len(r.candidates)}: {c.config.short()}")
         began = time.perf_counter()
-        # the budget stops a screen too (its plans not run are NOT_RUN), except the first
+        # the budget stops a screen too (its plans not run are NOT_RUN) after its first plan
         c.baselines = classic_baselines(c.problem, schedules=SCHEDULES if c.config.pp > 1
-                                        else SCHEDULES[:1],
-                                        deadline=state.deadline if count or not first else None)
+                                        else SCHEDULES[:1], deadline=state.deadline)
         c.screened, c.screen_seconds = True, time.perf_counter() - began
         count += 1
         if c.classic is not None:

@@ -13,6 +13,7 @@ from ..units import milliseconds, size
 from .cluster import Candidate, ClusterResult
 from .evaluate import Score
 from .space import DOMINATED, INFEASIBLE, NOT_SCREENED, Config
+from .target import runtimes
 
 ROWS = 12
 """Configurations the table shows (--json lists every one simulated)."""
@@ -50,7 +51,7 @@ class Row:
                 "microbatches": c.microbatches, "zero": c.zero, "plan": self.how,
                 "iteration_time": self.time, "tokens_per_gpu_per_s": self.throughput,
                 "peak_memory": self.peak, "efficiency": self.efficiency,
-                "recompute": self.recompute}
+                "recompute": self.recompute, "runtimes": list(runtimes(c.zero))}
 
 
 def rows(result: ClusterResult) -> list[Row]:
@@ -106,8 +107,8 @@ def cluster_table(result: ClusterResult) -> Table:
                   f"({result.cluster.tokens():,} tokens), {size(c.memory) if c.memory else 'no limit'}"
                   " per GPU", header_style="bold", title_justify="left")
     for col in ("tp", "pp", "dp", "mb size", "micro-b.", "zero", "recompute", "iteration",
-                "tok/GPU/s", "peak mem", "eff.", "plan"):
-        table.add_column(col, justify="left" if col in ("recompute", "plan") else "right",
+                "tok/GPU/s", "peak mem", "eff.", "plan", "runs on"):
+        table.add_column(col, justify="left" if col in ("recompute", "plan", "runs on") else "right",
                          no_wrap=True)
     for i, r in enumerate(rows(result)[:ROWS]):
         table.add_row(*_cells(r), style="bold green" if i == 0 else "")
@@ -137,7 +138,7 @@ def to_json(result: ClusterResult, written: list[str]) -> dict:
     return {
         "model": c.model, "gpus": c.gpus, "global_batch": c.global_batch,
         "tokens_per_iteration": c.tokens(), "memory_limit": c.memory,
-        "gpus_per_node": c.gpus_per_node, "device": c.device,
+        "gpus_per_node": c.gpus_per_node, "device": c.device, "target": c.target,
         "plans": written,
         "best": out_rows[0].to_json(),
         "configurations": [r.to_json() for r in out_rows],
@@ -154,4 +155,4 @@ def _cells(r: Row) -> list[str]:
     c = r.config
     return [str(c.tp), str(c.pp), str(c.dp), str(c.microbatch_size), str(c.microbatches),
             str(c.zero), r.recompute, milliseconds(r.time), f"{r.throughput:,.0f}", size(r.peak),
-            f"{r.efficiency:.3f}", r.how]
+            f"{r.efficiency:.3f}", r.how, ", ".join(runtimes(c.zero))]

@@ -44,8 +44,8 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
                      others: Sequence[str] = (), progress: Progress | None = None) -> Outcome:
     """The baselines and the tuner within `budget` seconds together (the baselines take at most
     half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own."""
-    warm_up()  # loading the compiled simulator is start-up, not the budget's
     t0 = time.perf_counter()
+    warm_up()  # loading the compiled simulator: within the budget, as all start-up is
 
     def note(phase: str):
         if progress:

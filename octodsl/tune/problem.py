@@ -18,6 +18,7 @@ from ..costs.resolve import cost_table, header_costing
 from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
 from ..mesh import Mesh
+from ..models import load_model
 from ..plan import Header, Plan, Recompute, Slot
 from ..sim.links import dp_links, dp_rails, dp_spans_nodes
 from ..units import size
@@ -116,6 +117,9 @@ class Problem:
                             dp=dp, zero=zero, **mesh)
             table = cost_table(model=model, device=device, tp_link=intra, **header_costing(header))
             check_size(model, len(table.layers), devices, microbatches)
+            why = unsplit_sequence(seq_len or load_model(model).seq_len, header.tp, header.sp)
+            if why is not None:
+                raise OctoError(why)
         except ValidationError as e:  # a value out of the plan header's (or the spec's) range
             first = e.errors()[0]
             raise OctoError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (given "
@@ -489,3 +493,12 @@ class Problem:
 
     def with_schedule(self, plan: Plan, schedule: list[list[Slot]]) -> Plan:
         return replace(plan, schedule=schedule)
+
+
+def unsplit_sequence(seq_len: int, tp: int, sequence_parallel: bool) -> str | None:
+    """Why sequence parallelism cannot split a sequence over the tp group (lint's E703), or
+    None: its length must be a multiple of tp."""
+    if tp == 1 or not sequence_parallel or seq_len % tp == 0:
+        return None
+    return (f"sequence parallelism splits the sequence over tp {tp}, but its length {seq_len} "
+            f"is not a multiple of {tp} (give a --seq-len that is, or --sequence-parallel false)")

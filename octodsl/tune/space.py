@@ -7,13 +7,14 @@ The space (docs/cluster.md):
   every size of the model (`octodsl.models.tp`); sequence parallelism on when tp > 1;
 - pp from 1 to the model's layer count, tp x pp x dp = the GPU count;
 - dp divides the global batch, and the micro-batch size divides each copy's share of it;
-- ZeRO 0, 1 and 2 (0 alone when dp is 1).
+- ZeRO 0, 1 and 2 (0 alone when dp is 1), those the target runs (octodsl.tune.target).
 A configuration of the space is infeasible when no plan of it fits in memory
 (`Problem.why_no_plan_fits`, a lower bound on any plan's bytes) or its plans exceed octodsl's
 limits (micro-batches, ops)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -28,7 +29,8 @@ from ..errors import OctoError
 from ..models import load_model
 from ..models.tp import tp_problems
 from ..plan import Header
-from .problem import AUTO, Problem, RecomputeChoice
+from .problem import AUTO, Problem, RecomputeChoice, unsplit_sequence
+from .target import DEEPSPEED, admits
 
 
 @dataclass(frozen=True, order=True)
@@ -86,6 +88,10 @@ class Cluster:
     pp: int | None = None
     microbatch_size: int | None = None
     zero: int | None = None
+    sequence_parallel: bool | None = None
+    """None: on at tp > 1."""
+    target: str = DEEPSPEED
+    """The runtime the configurations are for (octodsl.tune.target)."""
 
     def __post_init__(self) -> None:
         for what, value, limit in (("GPUs", self.gpus, limits.MAX_GPUS),
@@ -134,6 +140,8 @@ def tp_degrees(cluster: Cluster) -> tuple[list[int], dict[int, str]]:
         if cluster.gpus_per_node % tp or cluster.gpus % tp:
             continue
         fatal = [p.message for p in tp_problems(spec, tp) if p.fatal]
+        fatal += [m for m in [unsplit_sequence(cluster.seq_len or spec.seq_len, tp,
+                                               cluster.sequence_parallel is not False)] if m]
         if fatal:
             why[tp] = fatal[0]
         elif cluster.tp in (None, tp):
@@ -161,8 +169,8 @@ def configurations(cluster: Cluster, tps: list[int]) -> Iterator[Config]:
         for mbs in divisors(share):
             if mbs > limits.MAX_MICROBATCH_SIZE or cluster.microbatch_size not in (None, mbs):
                 continue
-            for zero in (0, 1, 2) if dp > 1 else (0,):
-                if cluster.zero in (None, zero):
+            for zero in ZEROS if dp > 1 else (0,):
+                if cluster.zero in (None, zero) and admits(cluster.target, zero):
                     yield Config(tp, pp, dp, mbs, share // mbs, zero)
 
 
@@ -180,7 +188,7 @@ class Tables:
             c = self.cluster
             self._tables[key] = cost_table(model=c.model, device=c.device,
                                            microbatch_size=microbatch_size, seq_len=c.seq_len,
-                                           tp=tp, tp_link=c.node_link)
+                                           tp=tp, sp=c.sequence_parallel, tp_link=c.node_link)
         return self._tables[key]
 
 
@@ -193,11 +201,30 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
                         devices=config.pp, microbatches=config.microbatches, model=c.model,
                         microbatch_size=config.microbatch_size, seq_len=c.seq_len,
                         memory=c.memory, dp=config.dp, zero=config.zero, tp=config.tp,
-                        gpus_per_node=c.gpus_per_node)
+                        sequence_parallel=c.sequence_parallel, gpus_per_node=c.gpus_per_node)
     except ValidationError as e:
         raise OctoError(f"{config}: {e.errors()[0]['msg']}") from None
     return Problem(tables(config.tp, config.microbatch_size), header, c.node_link, c.recompute,
                    inter_link=c.between_nodes)
+
+
+ZEROS = (0, 1, 2)
+FIXED = {"tp": "--tp", "pp": "--devices", "microbatch_size": "--microbatch-size", "zero": "--zero"}
+"""The choices a command line may fix, and their options."""
+
+
+def fixed_cause(cluster: Cluster) -> str | None:
+    """When no configuration of the space exists: the fewest fixed choices that rule out every
+    one (with them free some would exist), named as the options given; else None."""
+    if next(configurations(cluster, tp_degrees(cluster)[0]), None) is not None:
+        return None
+    fixed = [n for n in FIXED if getattr(cluster, n) is not None]
+    for k in range(1, len(fixed) + 1):
+        for names in itertools.combinations(fixed, k):
+            free = replace(cluster, **dict.fromkeys(names))  # type: ignore[arg-type]
+            if next(configurations(free, tp_degrees(free)[0]), None) is not None:
+                return " with ".join(f"{FIXED[n]} {getattr(cluster, n)}" for n in names)
+    return None
 
 
 def over_limits(pp: int, microbatches: int) -> str | None:
@@ -208,10 +235,16 @@ def over_limits(pp: int, microbatches: int) -> str | None:
     if microbatches > limits.MAX_MICROBATCHES:
         return (f"{microbatches:,} micro-batches per pipeline, over octodsl's limit of "
                 f"{limits.MAX_MICROBATCHES:,}")
-    ops = (2 if pp == 1 else 3) * pp * microbatches
+    ops = plan_ops(pp, microbatches)
     if ops > limits.MAX_OPS:
         return f"at least {ops:,} ops per plan, over octodsl's limit of {limits.MAX_OPS:,}"
     return None
+
+
+def plan_ops(pp: int, microbatches: int) -> int:
+    """The fewest ops a plan of `pp` devices and `microbatches` has: F and B and W per device
+    and micro-batch, a fused BW on one device."""
+    return (2 if pp == 1 else 3) * pp * microbatches
 
 
 def infeasible(problem: Problem) -> str | None:
@@ -238,7 +271,8 @@ def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
         # the fewest sequences per micro-batch that keep the plans within octodsl's limits
         mbs = cluster.microbatch_size or next(
             (m for m in divisors(share) if over_limits(pp, share // m) is None), share)
-        zero = (2 if dp > 1 else 0) if cluster.zero is None else cluster.zero
+        zero = (max(z for z in ZEROS if admits(cluster.target, z)) if dp > 1 else 0) \
+            if cluster.zero is None else cluster.zero
         if share % mbs or (zero > 0 and dp == 1) or over_limits(pp, share // mbs):
             continue
         config = Config(tp, pp, dp, mbs, share // mbs, zero)

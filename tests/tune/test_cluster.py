@@ -17,6 +17,7 @@ from octodsl.tune.evaluate import Evaluator
 from octodsl.tune.problem import recompute_everywhere
 from octodsl.tune.space import (DOMINATED, INFEASIBLE, Cluster, Config, Tables, fewest_gpus,
                                 infeasible, problem_of)
+from octodsl.tune.target import MEGATRON
 
 from .test_space import model_bytes, splits
 
@@ -27,7 +28,8 @@ TOLERANCE = 1e-9
 def tight(model: str, gpus: int, global_batch: int, share: float) -> Cluster:
     """A cluster whose GPUs each hold `share` of the model's bytes (one sequence's
     activations): some configurations fit, some do not."""
-    return Cluster(model, gpus, global_batch, memory=int(share * model_bytes(model)))
+    return Cluster(model, gpus, global_batch, memory=int(share * model_bytes(model)),
+                   target=MEGATRON)  # the whole space, zero 2 in a pipeline included
 
 
 @pytest.fixture(scope="module", params=[("nemotron-h-tiny", 8, 8, 1 / 4),

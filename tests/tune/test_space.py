@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from octodsl.models import load_model
 from octodsl.models.tp import tp_problems
 from octodsl.tune.cluster import NoConfigurationFits, _enumerate
+from octodsl.tune.target import admits
 from octodsl.tune.space import (INFEASIBLE, Cluster, Config, Tables, configurations, fewest_gpus,
                                 infeasible, problem_of, tp_degrees)
 
@@ -67,7 +68,7 @@ def brute_force(c: Cluster) -> list[Config]:
                             continue
                         for zero in (0, 1, 2):
                             config = Config(tp, pp, dp, mbs, m, zero)
-                            if (zero == 0 or dp > 1) and all(
+                            if (zero == 0 or dp > 1) and admits(c.target, zero) and all(
                                     getattr(c, k) in (None, getattr(config, k))
                                     for k in ("tp", "pp", "microbatch_size", "zero")):
                                 out.append(config)

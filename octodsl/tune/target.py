@@ -1,0 +1,32 @@
+"""Which runtime runs a configuration: `tune --gpus --target` proposes only what its target
+runs (docs/cluster.md, "Targets")."""
+
+from __future__ import annotations
+
+DEEPSPEED, MEGATRON = "deepspeed", "megatron"
+TARGETS = (DEEPSPEED, MEGATRON)
+
+EXECUTOR_ZERO = 1
+"""The highest ZeRO stage octodsl's executor (deepspeed_ext, on DeepSpeed's pipeline engine)
+runs, at any pipeline depth: deepspeed_ext/config.py's PIPELINE_ZERO, which
+tests/tune/test_target.py holds equal (importing the executor here would import torch)."""
+
+
+def runtimes(zero: int) -> tuple[str, ...]:
+    """The targets that run a configuration of this ZeRO stage: Megatron's distributed optimizer
+    shards gradients in a pipeline too (`zero 2`), octodsl's executor does not."""
+    return TARGETS if zero <= EXECUTOR_ZERO else (MEGATRON,)
+
+
+def admits(target: str, zero: int) -> bool:
+    return target in runtimes(zero)
+
+
+def refusal(target: str, zero: int) -> str | None:
+    """Why `--zero` fixed to `zero` rules out every configuration of `target`, or None."""
+    if admits(target, zero):
+        return None
+    return (f"--zero {zero} rules out every configuration of --target {target}: octodsl's "
+            f"executor (deepspeed_ext, on DeepSpeed's pipeline engine) runs ZeRO 0 to "
+            f"{EXECUTOR_ZERO} only; --target {MEGATRON} admits it (Megatron's distributed "
+            "optimizer shards gradients in a pipeline)")
