@@ -197,6 +197,7 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     """The options given, else the --from plan's header (micro-batch shape, memory limit, data
     parallelism), else the defaults."""
     from ..costs.devices import get_device
+    from ..plan import zero_without_copies
     from ..tune.problem import Problem
 
     own = start.header if start is not None else None
@@ -204,9 +205,9 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
         memory = memory_limit(args, own.memory if own is not None else None)
         dp = args.dp if args.dp is not None else own.dp if own is not None else 1
         zero = args.zero if args.zero is not None else own.zero if own is not None else 0
-        if zero > 0 and dp == 1:
-            raise UserError(f"--zero {zero} shards over the data-parallel copies: give --dp 2 or "
-                            "more (with one copy there is nothing to shard over)")
+        pointless = zero_without_copies(zero, dp)
+        if pointless:  # lint warns of it in a plan; a search that shards nothing is refused
+            raise UserError(f"--{pointless}: give --dp 2 or more, or --zero 0")
         mesh = {"tp": own.tp, "sequence_parallel": own.sequence_parallel,
                 "gpus_per_node": own.gpus_per_node} if own is not None else {}
         mesh.update(mesh_update(args, mesh.get("tp", 1), mesh.get("sequence_parallel")))

@@ -64,7 +64,7 @@ def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
     (ARGS + ["--dp", "-4"], "--dp: must be at least 1"),
     (ARGS + ["--dp", "eight"], "--dp: 'eight' is not a whole number"),
     (ARGS + ["--dp", "10000000"], "--dp: must be at most"),
-    (ARGS + ["--zero", "1"], "--zero 1 shards over the data-parallel copies: give --dp 2"),
+    (ARGS + ["--zero", "1"], "--zero 1 with dp 1: there is only one copy of the pipeline, no other to shard the optimizer state over: give --dp 2 or more, or --zero 0"),
     (ARGS + ["--recompute", "some"], "--recompute: 'some' is not a recompute choice (choose "
                                      "from auto, none, full, selective)"),
     (ARGS + ["--keep", "partition"], "--keep needs a --from plan"),
