@@ -238,16 +238,29 @@ AUTO_MODE = "auto"
 KEEP_PARTITION, KEEP_PLACEMENT = "partition", "partition,placement"
 
 
-def RECOMPUTE(text: str):  # noqa: N802 - an argparse type, named like the others
+class _Recompute:
     """--recompute: auto, or a mode for every stage."""
-    from ..plan import Recompute
 
-    name = text.strip().lower()
-    names = (AUTO_MODE, *(m.value for m in Recompute))
-    if name not in names:
-        raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not a recompute choice "
-                                         f"(choose from {', '.join(names)})")
-    return name if name == AUTO_MODE else Recompute(name)
+    __name__ = "recompute"  # argparse's messages name it
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The words it takes, which the completion offers (read when asked: plan is heavy)."""
+        from ..plan import Recompute
+
+        return (AUTO_MODE, *(m.value for m in Recompute))
+
+    def __call__(self, text: str):
+        from ..plan import Recompute
+
+        name = text.strip().lower()
+        if name not in self.choices:
+            raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not a recompute choice "
+                                             f"(choose from {', '.join(self.choices)})")
+        return name if name == AUTO_MODE else Recompute(name)
+
+
+RECOMPUTE = _Recompute()
 
 
 def _keep(text: str) -> str:
@@ -260,7 +273,10 @@ def _keep(text: str) -> str:
     if parts == ["placement"]:
         raise argparse.ArgumentTypeError("a placement is of the plan's stages: keep the "
                                          "partition too (--keep partition,placement)")
-    raise argparse.ArgumentTypeError(f"{text.strip()!r}: write partition or partition,placement")
+    raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r}: write partition or partition,placement")
+
+
+_keep.choices = (KEEP_PARTITION, KEEP_PLACEMENT)  # type: ignore[attr-defined]  # offered by the completion
 
 
 def _memory_limit(text: str) -> int | str:

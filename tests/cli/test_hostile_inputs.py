@@ -306,13 +306,12 @@ def test_the_completion_offers_the_values_of_every_option_with_a_fixed_set():
 
 def test_every_metavar_that_spells_a_set_is_a_fixed_set():
     """An option whose help spells its values (`true|false`) has them as a fixed set, so
-    that the completion offers them. tune's --recompute and --keep are tune's own types
-    (octodsl/cli/tune.py), left to that command's owner."""
+    that the completion offers them."""
     sets = {(c, o) for c, o, _ in _fixed_sets()}
     spelled = [(name, a.option_strings[-1]) for name, p in commands(build_parser()).items()
                for a in p._actions if a.option_strings and isinstance(a.metavar, str)
                and "|" in a.metavar and "[" not in a.metavar]
-    missing = [s for s in spelled if s not in sets and s[0] != "tune"]
+    missing = [s for s in spelled if s not in sets]
     assert spelled and missing == []
 
 
