@@ -12,8 +12,9 @@ simulator, the executor and the calibration read them there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
+from .gcpause import paused_collection
 from .plan import Op, OpKind, Plan
 
 BACKWARD_INPUT = (OpKind.B, OpKind.BW)
@@ -103,52 +104,95 @@ _FORWARD = (OpKind.F,)
 _INPUT_GRAD_SPLIT = (OpKind.B,)
 
 
+_Key = tuple[OpKind, int, int]
+
+
 def build_graph(plan: Plan) -> Graph:
     """Build the graph of a plan. Ops whose producer is missing get no edge for it (lint reports
     the missing op); a duplicated op maps to its first occurrence."""
+    with paused_collection():
+        node_ops, node_device, order, op_node, first = _nodes(plan)
+        deps, messages = _edges(plan.num_stages, node_ops, node_device, op_node, first)
+    return Graph(plan, node_ops, node_device, order, deps, op_node, messages)
+
+
+def _nodes(plan: Plan) -> tuple[list[tuple[Op, ...]], list[int], list[list[int]], dict[_Key, int],
+                                dict[_Key, Op]]:
+    """The nodes' ops and devices, each device's node ids, and the node and op of each op's
+    first occurrence."""
     node_ops: list[tuple[Op, ...]] = []
     node_device: list[int] = []
     order: list[list[int]] = []
-    op_node: dict[tuple[OpKind, int, int], int] = {}
-    first: dict[tuple[OpKind, int, int], Op] = {}
+    op_node: dict[_Key, int] = {}
+    first: dict[_Key, Op] = {}
     for d, slots in enumerate(plan.schedule):
-        ids = []
-        for slot in slots:
-            n = len(node_ops)
-            node_ops.append(slot.ops)
-            node_device.append(d)
-            ids.append(n)
+        n0 = len(node_ops)
+        node_ops.extend(slot.ops for slot in slots)
+        node_device.extend([d] * len(slots))
+        order.append(list(range(n0, len(node_ops))))
+        for n, slot in enumerate(slots, n0):
             for op in slot.ops:
                 key = (op.kind, op.stage, op.mb)
                 if key not in op_node:
                     op_node[key] = n
                     first[key] = op
-        order.append(ids)
-    S = plan.num_stages
+    return node_ops, node_device, order, op_node, first
+
+
+def _producer_keys(op: Op, S: int, op_node: dict[_Key, int]) -> tuple[_Key, ...]:
+    """`producers` resolved to the op present for each need (or the first kind, when none is):
+    a tuple per op, as a plan at the op limit has two million edges."""
+    kind, s, m = op.kind, op.stage, op.mb
+    if kind is OpKind.F:
+        return ((OpKind.F, s - 1, m),) if s > 0 else ()
+    if kind is OpKind.W:
+        return ((OpKind.B, s, m),)
+    if s + 1 < S:
+        key = (OpKind.B, s + 1, m)
+        return ((OpKind.F, s, m), key if key in op_node else (OpKind.BW, s + 1, m))
+    return ((OpKind.F, s, m),)
+
+
+def _edges(S: int, node_ops: list[tuple[Op, ...]], node_device: list[int], op_node: dict[_Key, int],
+           first: dict[_Key, Op]) -> tuple[list[list[Edge]], list[Message]]:
     deps: list[list[Edge]] = []
     messages: list[Message] = []
     get = op_node.get
     # tuple.__new__ rather than the NamedTuples' constructors, whose argument handling costs
-    # three times as much: a large plan has hundreds of thousands of edges.
+    # three times as much.
     new = tuple.__new__
     for n, ops in enumerate(node_ops):
-        edges = []
+        edges: list[Edge] = []
         d = node_device[n]
         for op in ops:
-            for kinds, s, m in producers(op, S):
-                for k in kinds:
-                    src = get((k, s, m))
-                    if src is not None:
-                        producer = first[(k, s, m)]
-                        if node_device[src] == d:
-                            edges.append(new(Edge, (src, n, producer, op, -1)))
-                        else:
-                            edges.append(new(Edge, (src, n, producer, op, len(messages))))
-                            messages.append(new(Message, (src, n, node_device[src], d, producer, op,
-                                                          min(s, op.stage))))
-                        break
+            for key in _producer_keys(op, S, op_node):
+                src = get(key)
+                if src is None:
+                    continue
+                producer = first[key]
+                if node_device[src] == d:
+                    edges.append(new(Edge, (src, n, producer, op, -1)))
+                else:
+                    edges.append(new(Edge, (src, n, producer, op, len(messages))))
+                    messages.append(new(Message, (src, n, node_device[src], d, producer, op,
+                                                  min(key[1], op.stage))))
         deps.append(edges)
-    return Graph(plan, node_ops, node_device, order, deps, op_node, messages)
+    return deps, messages
+
+
+def deadlock(plan: Plan) -> list[Wait] | None:
+    """The wait-for cycle of `execution_order`, or None when the plan runs. Walks node ids
+    alone, without the graph's edge and message objects (lint's check of a plan at the op
+    limit); builds the graph only to describe a cycle."""
+    with paused_collection():
+        node_ops, _, order, op_node, _ = _nodes(plan)
+        S, get = plan.num_stages, op_node.get
+        sources = [[src for op in ops for key in _producer_keys(op, S, op_node)
+                    if (src := get(key)) is not None] for ops in node_ops]
+        walked = _walk(order, sources, len(node_ops), _first_pending_id)
+    if isinstance(walked, list):
+        return None
+    return _cycle(build_graph(plan), *walked)  # the graph's edges are these sources, in order
 
 
 def execution_order(g: Graph) -> list[int] | list[Wait]:
@@ -156,29 +200,59 @@ def execution_order(g: Graph) -> list[int] | list[Wait]:
 
     Returns node ids in an order in which they can run; when the devices' orders admit no
     execution, returns the cycle as a list of `Wait`s (each device waiting on the next)."""
-    done = bytearray(g.num_nodes)
-    pos = [0] * len(g.order)
+    walked = _walk(g.order, g.deps, g.num_nodes, _first_pending)
+    if isinstance(walked, list):
+        return walked
+    return _cycle(g, *walked)
+
+
+_Pending = Callable[[Any, bytearray], int]
+
+
+def _walk(order: list[list[int]], deps: Sequence[Any], num_nodes: int,
+          first_pending: _Pending) -> list[int] | tuple[bytearray, list[int]]:
+    """Run each device's nodes in order while their inputs are done: the order it found, or
+    where it got stuck (done, each device's position). `first_pending(deps[n], done)` is the
+    first node that node n waits for, or -1."""
+    done = bytearray(num_nodes)
+    pos = [0] * len(order)
     waiting: dict[int, list[int]] = {}
     out: list[int] = []
-    stack = list(range(len(g.order) - 1, -1, -1))
+    stack = list(range(len(order) - 1, -1, -1))
     while stack:
         d = stack.pop()
-        seq = g.order[d]
-        while pos[d] < len(seq):
-            n = seq[pos[d]]
-            blocked = next((e.src for e in g.deps[n] if not done[e.src]), None)
-            if blocked is not None:
+        seq = order[d]
+        i = pos[d]
+        while i < len(seq):
+            n = seq[i]
+            blocked = first_pending(deps[n], done)
+            if blocked >= 0:
                 waiting.setdefault(blocked, []).append(d)
                 break
             done[n] = 1
             out.append(n)
-            pos[d] += 1
+            i += 1
             woken = waiting.pop(n, None)
             if woken:
                 stack.extend(woken)
-    if len(out) == g.num_nodes:
-        return out
-    return _cycle(g, done, pos)
+        pos[d] = i
+    return out if len(out) == num_nodes else (done, pos)
+
+
+def _first_pending(edges: list[Edge], done: bytearray) -> int:
+    """The source of the first edge not yet done, or -1. A loop, not next() over a generator,
+    which costs twice as much once per node of a plan at the op limit."""
+    for e in edges:
+        if not done[e.src]:
+            return e.src
+    return -1
+
+
+def _first_pending_id(sources: list[int], done: bytearray) -> int:
+    for src in sources:
+        if not done[src]:
+            return src
+    return -1
 
 
 def _cycle(g: Graph, done: bytearray, pos: list[int]) -> list[Wait]:

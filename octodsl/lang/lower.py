@@ -40,6 +40,7 @@ ZERO_STAGES = (0, 1, 2)
 ZERO_HINT = ("zero 0 shards nothing; zero 1 shards the optimizer state (the fp32 master copy, "
              "Adam m and v) over the dp copies; zero 2 the gradients as well")
 RECOMPUTE_MODES = {m.value: m for m in Recompute}
+_OP_KINDS = {k.value: k for k in OpKind}
 
 
 def lower(file: ast.File) -> tuple[Plan | None, list[Diagnostic]]:
@@ -306,6 +307,9 @@ class _Unroller:
     iterations_left: int = MAX_LOOP_ITERATIONS
     stopped: bool = False
     seen: set = field(default_factory=set)
+    constant: dict[int, list[Slot]] = field(default_factory=dict)
+    """The slots of each op item that names no loop variable, by id(item): a loop body gives
+    the same ones on every iteration (Slot and Op are frozen, so they are shared)."""
 
     def schedule(self, sec: ast.ScheduleBlock | None,
                  devices: int) -> tuple[list[list[Slot]], list[Span | None]]:
@@ -333,7 +337,7 @@ class _Unroller:
             if self.stopped:
                 return
             if isinstance(item, ast.OpItem):
-                out.extend(Slot((op,), item.span) for op in self.ops(item, env))
+                out.extend(self.op_slots(item, env))
             elif isinstance(item, ast.Overlap):
                 ops = []
                 for o in item.ops:
@@ -363,11 +367,30 @@ class _Unroller:
                                  item.span))
             return
         self.iterations_left -= count
+        # One env for every iteration, restored after: the body only reads it.
+        outer = env.get(item.var)
         for v in range(first, last + 1):
-            self.items(item.body, {**env, item.var: v}, out)
+            env[item.var] = v
+            self.items(item.body, env, out)
+        if outer is None:
+            env.pop(item.var, None)
+        else:
+            env[item.var] = outer
+
+    def op_slots(self, item: ast.OpItem, env: dict[str, int]) -> list[Slot]:
+        slots = self.constant.get(id(item))
+        if slots is None:
+            slots = [Slot((op,), item.span) for op in self.ops(item, env)]
+            if _constant(item) and slots:
+                self.constant[id(item)] = slots
+        elif len(slots) > self.ops_left:
+            return [Slot((op,), item.span) for op in self.ops(item, env)]  # reports the limit
+        else:
+            self.ops_left -= len(slots)
+        return slots
 
     def ops(self, item: ast.OpItem, env: dict[str, int]) -> list[Op]:
-        kind = OpKind(item.kind)
+        kind = _OP_KINDS[item.kind]
         stage = self.eval(item.stage, env)
         first = self.eval(item.mb, env)
         last = first if item.mb_last is None else self.eval(item.mb_last, env)
@@ -415,3 +438,7 @@ class _Unroller:
     def stop(self, d: Diagnostic) -> None:
         self.note(d)
         self.stopped = True
+
+
+def _constant(item: ast.OpItem) -> bool:
+    return all(isinstance(e, ast.Num) for e in (item.stage, item.mb, item.mb_last or item.mb))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..gcpause import paused_collection
 from ..lang import analyze
 from ..lang.errors import Diagnostic, capped
 from ..models import SpecError, load_model
@@ -14,9 +15,10 @@ __all__ = ["RULES", "lint_plan", "lint_source"]
 def lint_source(source: str, path: str = "<string>") -> tuple[Plan | None, list[Diagnostic]]:
     """Parse, lower and check a plan text; all diagnostics, sorted by position, capped per code
     and line (`Diagnostic.count` says how many each stands for)."""
-    plan, diags = analyze(source, path)
-    if plan is not None:
-        diags = diags + lint_plan(plan)
+    with paused_collection():  # see gcpause: a plan at the op limit is millions of objects
+        plan, diags = analyze(source, path)
+        if plan is not None:
+            diags = diags + lint_plan(plan)
     return plan, capped(sorted(diags, key=Diagnostic.sort_key))
 
 

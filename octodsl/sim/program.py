@@ -8,12 +8,12 @@ ops on some devices changed, the tuner's most common move, without rebuilding th
 from __future__ import annotations
 
 import functools
-import gc
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..dag import build_graph
+from ..gcpause import paused_collection
 from ..mesh import Mesh
 from ..plan import Op, OpKind, Plan, PlanError, Slot
 from .core import WalkGraph
@@ -128,15 +128,8 @@ def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: 
     if len(plan.schedule) != plan.devices:
         raise PlanError(f"the schedule has {len(plan.schedule)} device blocks for {plan.devices} devices")
     stage_device = np.array(plan.stage_device(), _I)
-    # The graph is hundreds of thousands of small objects for a large plan; the collector's
-    # passes over them while they are built cost as much as building them.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_collection():
         return _compile(plan, stage_device)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:

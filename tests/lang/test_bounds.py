@@ -114,6 +114,14 @@ def test_ops_count_over_the_whole_plan():
     assert "E157" in [d.code for d in diagnostics(src)]
 
 
+def test_a_loop_bodys_repeated_op_is_counted_on_every_iteration():
+    # The second iteration reuses the first one's slots (lower._Unroller.constant): still counted.
+    src = GOOD.replace("F0:0 F0:1", "for i in 0..1 { F0:0..600000 } F0:0 F0:1")
+    d = only(src, "E157")
+    at(d, src, "F0:0..600000")
+    assert analyze(src)[0] is None
+
+
 def test_loop_iterations_are_counted_before_unrolling():
     src = GOOD.replace("F0:0 F0:1", "for i in 0..1000000000000 {} F0:0 F0:1")
     d = only(src, "E158")
