@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 UPDATE_GOLDEN = os.environ.get("OCTODSL_UPDATE_GOLDEN") == "1"
 """Set OCTODSL_UPDATE_GOLDEN=1 to rewrite golden files from the current output."""
@@ -31,3 +33,10 @@ def check_golden(path: Path, actual: str) -> None:
         if not UPDATE_GOLDEN:
             raise AssertionError(f"golden file {path} did not exist; written now, check it in")
     assert actual == path.read_text(), f"output differs from {path} (OCTODSL_UPDATE_GOLDEN=1 to accept)"
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """Run in a fresh folder, so that the files' names in messages are short."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

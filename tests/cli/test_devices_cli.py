@@ -23,13 +23,6 @@ GPU = {
 
 
 @pytest.fixture
-def here(tmp_path, monkeypatch):
-    """Run in a fresh folder, so that the files' names in messages are short."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-@pytest.fixture
 def plan(here, capsys) -> str:
     """`octodsl gen 1f1b -p 4 -m 8 --model nemotron-h-8b` with 2 GPUs per node (so some
     pipeline messages leave a node)."""

@@ -29,13 +29,6 @@ from ..models.test_hostile_specs import deadline
 
 
 @pytest.fixture
-def here(tmp_path, monkeypatch):
-    """Run in a fresh folder, so that the files' names in messages are short."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-@pytest.fixture
 def plan(here, capsys) -> str:
     assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--model", "nemotron-h-tiny",
                  "-o", "plan.octo"]) == 0

@@ -21,13 +21,6 @@ from .test_hf import _hide_transformers
 TINY = BUILTINS["nemotron-h-tiny"]
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    """Run in a fresh folder, so that the files' names in messages are short."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def _error(capsys, *argv: str) -> str:
     """The one line a refused command prints (exit 2, nothing on standard output)."""
     assert main(list(argv)) == 2
