@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # A plan of 10k+ ops allocates many small objects that all live until exit; the default
     # collector thresholds would walk them again and again (a third of lint's time).
     gc.set_threshold(100_000, 50, 100)
+    own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     # Known before parsing: a bad option value is reported like every other error.
     debug = "--debug" in argv
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # Flushed here, not at exit: a full disk is then one line like every other error.
         sys.stdout.flush()
+        # The interpreter's last collections at exit walk every object still alive: after a
+        # search that is most of a second (tune --budget bounds the command's wall time).
+        # Frozen objects are not walked, and none of them is needed any more. Only when this is
+        # the process's command line: a caller's (a test's) later cycles must stay collectable.
+        if own_process:
+            gc.freeze()
         return status
     except OctoError as e:
         if debug:
