@@ -13,7 +13,7 @@ from pydantic_core import ErrorDetails
 
 from .. import limits
 from ..inputs import read_data
-from ..plan import Plan
+from ..plan import PIPELINE_ZERO, Plan
 from .errors import PlanLaunchError
 from .watchdog import DEFAULT_TIMEOUT
 
@@ -67,8 +67,6 @@ class _Zero(BaseModel):
     zero_optimization: _ZeroSection | None = None
 
 
-PIPELINE_ZERO = 1
-"""The highest ZeRO stage DeepSpeed's pipeline engine runs."""
 
 
 def read_config(config: dict | str | Path) -> tuple[dict, OctoSection]:

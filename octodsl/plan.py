@@ -125,6 +125,11 @@ RUNTIME_FIELDS = (*OVERLAPS, "grad_accumulation_fusion", "scatter_gather_message
 "Overlaps")."""
 
 
+PIPELINE_ZERO = 1
+"""The highest ZeRO stage DeepSpeed's pipeline engine, and so octodsl's executor, runs at any
+pipeline depth (the executor refuses more; `tune --gpus --target deepspeed` proposes no more)."""
+
+
 def zero_without_copies(zero: int, dp: int) -> str | None:
     """Lint's W404, also what `simulate --zero` and `models --zero` warn of: ZeRO shards over
     the data-parallel copies, and with one copy there is nothing to shard."""

@@ -3,13 +3,13 @@ runs (docs/cluster.md, "Targets")."""
 
 from __future__ import annotations
 
+from ..plan import PIPELINE_ZERO
+
 DEEPSPEED, MEGATRON = "deepspeed", "megatron"
 TARGETS = (DEEPSPEED, MEGATRON)
 
-EXECUTOR_ZERO = 1
-"""The highest ZeRO stage octodsl's executor (deepspeed_ext, on DeepSpeed's pipeline engine)
-runs, at any pipeline depth: deepspeed_ext/config.py's PIPELINE_ZERO, which
-tests/tune/test_target.py holds equal (importing the executor here would import torch)."""
+EXECUTOR_ZERO = PIPELINE_ZERO
+"""The highest ZeRO stage octodsl's executor runs, the one value its ds_config check uses."""
 
 
 def runtimes(zero: int) -> tuple[str, ...]:
