@@ -9,6 +9,7 @@ import contextlib
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -35,6 +36,12 @@ class Parser(argparse.ArgumentParser):
         if message.startswith("argument "):
             raise UserError(message.removeprefix("argument "))
         raise UserError(f"{message} (`{self.prog} --help` lists the options)")
+
+    def _print_message(self, message: str, file=None) -> None:
+        # argparse drops an OSError here, so `--help > /dev/full` would exit 0 with nothing
+        # written; raised, it reaches `main`, which reports a full disk in one line.
+        if message:
+            (file or sys.stderr).write(message)
 
 
 # --- Option values ------------------------------------------------------------------------

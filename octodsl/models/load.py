@@ -31,14 +31,18 @@ def parse_model(data: dict, source: str) -> ModelSpec:
         raise SpecError(f"{source}: invalid model spec: {_problems(e)}") from None
 
 
+_MAX_PROBLEMS = 10
+"""Problems a refusal lists; a file of 20,000 bad layers is still one readable line."""
+
+
 def _problems(e: ValidationError) -> str:
     """The errors on one line. A block's field (`attention: {heads: ...}`) is a field of every
-    layer of its kind the pattern expands to: the error it makes in each of them is said once,
-    with the layers it is in."""
+    layer of its kind the pattern expands to, and a list of layers can be wrong in each of them:
+    the error it makes in each is said once, with the layers it is in."""
     grouped: dict[tuple[str, str], list[str | None]] = {}
     for err in e.errors():
         loc = [str(p) for p in err["loc"]]
-        layer = loc[1] if len(loc) > 2 and loc[0] == "layers" and loc[1].isdigit() else None
+        layer = loc[1] if len(loc) > 1 and loc[0] == "layers" and loc[1].isdigit() else None
         where = ".".join(loc[2:] if layer else loc)
         msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
         if err["type"] == "less_than_equal" and isinstance(err["ctx"]["le"], int):
@@ -46,15 +50,19 @@ def _problems(e: ValidationError) -> str:
         grouped.setdefault((where, msg), []).append(layer)
     parts = []
     for (where, msg), layers in grouped.items():
-        if not where:  # the spec's own check, whose message names its fields
+        field = f".{where}" if where else ""
+        if not where and layers[0] is None:  # the spec's own check, whose message names its fields
             parts.append(msg)
         elif layers[0] is None:
             parts.append(f"{where}: {msg}")
         elif len(layers) == 1:
-            parts.append(f"layers.{layers[0]}.{where}: {msg}")
+            parts.append(f"layers.{layers[0]}{field}: {msg}")
         else:
-            more = f" and {len(layers) - 3} more" if len(layers) > 3 else ""
-            parts.append(f"{where} (layers {', '.join(map(str, layers[:3]))}{more}): {msg}")
+            more = f" and {len(layers) - 3:,} more" if len(layers) > 3 else ""
+            which = f"layers {', '.join(map(str, layers[:3]))}{more}"
+            parts.append(f"{where} ({which}): {msg}" if where else f"{which}: {msg}")
+    if len(parts) > _MAX_PROBLEMS:
+        parts[_MAX_PROBLEMS:] = [f"and {len(parts) - _MAX_PROBLEMS:,} more problems"]
     return "; ".join(parts)
 
 

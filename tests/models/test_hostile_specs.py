@@ -99,6 +99,33 @@ def test_the_text_false_is_false_not_true(here, capsys):
     assert yaml.safe_load(capsys.readouterr().out)["tie_embeddings"] is False
 
 
+def test_a_spec_wrong_in_every_layer_is_one_short_line(here, capsys):
+    """20,000 layers of the wrong type are one problem said once, and a file wrong in many
+    fields lists the first ten: the line stays readable (it was 1.6 MB)."""
+    dims = {k: TINY[k] for k in ("hidden", "vocab", "seq_len")}
+    (here / "many.yaml").write_text(yaml.safe_dump({**dims, "layers": ["a"] * 20_000}))
+    assert _error(capsys, "models", "many.yaml") == (
+        "many.yaml: invalid model spec: layers 0, 1, 2 and 19,997 more: Input should be a valid "
+        "dictionary or object to extract fields from")
+    (here / "wide.yaml").write_text(yaml.safe_dump({f"extra{i}": i for i in range(50)}))
+    line = _error(capsys, "models", "wide.yaml")
+    assert line.endswith("; and 44 more problems") and line.count(";") == 10, line  # 54 in all
+
+
+def test_a_yaml_alias_bomb_is_refused_without_expanding_it(here, capsys):
+    """Each alias level repeats the one before ten times: 10^9 strings if anything walked the
+    expansion. YAML shares an alias's object; the spec's check refuses the unknown field
+    without walking into it (this test would run out of time or memory otherwise)."""
+    levels = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        levels.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]")
+    spec = yaml.safe_dump(_spec()) + "\n".join(levels) + "\n"
+    (here / "bomb.yaml").write_text(spec)
+    with deadline(60):
+        line = _error(capsys, "models", "bomb.yaml")
+    assert line.startswith("bomb.yaml: invalid model spec: a: Extra inputs are not permitted"), line
+
+
 # --- Files that are not files -----------------------------------------------------------------
 
 @pytest.fixture
