@@ -146,7 +146,7 @@ def test_no_plan_fits_exits_1_and_says_why(tmp_path, capsys, args, message):
 
 def _press_ctrl_c_at(monkeypatch, calls: int) -> None:
     """Ctrl-C when the tuner is about to simulate its `calls`-th plan."""
-    from octodsl.tune import loop
+    from octodsl.tune.pipeline import loop
 
     score, seen = loop._Search.score, []
 

@@ -14,7 +14,7 @@ import pytest
 
 from octodsl.cli import main
 from octodsl.lint import lint_source
-from octodsl.tune.target import EXECUTOR_ZERO, runtimes
+from octodsl.tune.cluster.target import EXECUTOR_ZERO, runtimes
 
 MODEL = "nemotron-h-tiny"
 ARGS = ["tune", "--model", MODEL, "--gpus", "8", "--global-batch", "8", "--budget", "2s"]

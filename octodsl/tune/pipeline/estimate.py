@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plan import Recompute
-from ..sim.jit import njit
-from ..sim.links import cut_crosses_nodes, link_times
-from .problem import Problem
+from ...plan import Recompute
+from ...sim.jit import njit
+from ...sim.links import cut_crosses_nodes, link_times
+from ..problem import Problem
 
 _MODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 """Recompute modes as the compiled bound reads them."""

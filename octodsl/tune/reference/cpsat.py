@@ -25,11 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..plan import Op, OpKind, Plan, Slot
-from ..sim.links import cut_crosses_nodes
-from .evaluate import Evaluator, Score
-from .layout import StageLayout, looped, v_shape
-from .problem import Problem
+from ...plan import Op, OpKind, Plan, Slot
+from ...sim.links import cut_crosses_nodes
+from ..pipeline.evaluate import Evaluator, Score
+from ..pipeline.layout import StageLayout, looped, v_shape
+from ..problem import Problem
 
 _US = 1e6
 _MEMORY_STEPS = 2 ** 16

@@ -17,13 +17,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..plan import OpKind, Plan
+from ...plan import OpKind, Plan
 from .diagnose import Bottleneck
-from ..sim import SimResult
+from ...sim import SimResult
 from .evaluate import Score
 from .layout import StageLayout, even_cuts
 from .moves import memory, partition, placement, recompute, schedule
-from .problem import AUTO, Problem
+from ..problem import AUTO, Problem
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from octodsl.lint import lint_plan
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import StageLayout, looped
-from octodsl.tune.milp import solve_milp
-from octodsl.tune.moves.schedule import rebuild
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout, looped
+from octodsl.tune.reference.cpsat import solve_milp
+from octodsl.tune.pipeline.moves.schedule import rebuild
 
 from .helpers import problem
 

@@ -7,7 +7,7 @@ iteration is the most tokens per GPU per second. The search, within one budget:
 1. enumerate (space.py): each configuration's problem; those no plan of which fits in memory are
    infeasible; the rest are ranked by their lower bound (`Problem.tight_lower_bound`, a bound
    over every plan of the configuration);
-2. the Megatron-style recipe (cluster_baselines.py): its plans are the first to beat;
+2. the Megatron-style recipe (baselines.py): its plans are the first to beat;
 3. screen: in order of lower bound, the classic schedules of each configuration (every
    generator, every partition, with the recompute that fits), until `SCREEN_SHARE` of the
    budget left is spent; a configuration whose lower bound is no shorter than the best plan
@@ -27,19 +27,19 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..errors import OctoError
-from ..plan import Plan
-from ..sim import warm_up
-from ..units import size
-from .baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
-from .cluster_baselines import MegatronBaseline, megatron_baselines
-from .evaluate import Score, best_of
-from .loop import BudgetTooShort, TuneResult, tune
-from .problem import Problem
+from ...errors import OctoError
+from ...plan import Plan
+from ...sim import warm_up
+from ...units import size
+from ..reference.baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
+from .baselines import MegatronBaseline, megatron_baselines
+from ..pipeline.evaluate import Score, best_of
+from ..pipeline.loop import BudgetTooShort, TuneResult, tune
+from ..problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
                     configurations, fewest_gpus, fixed_cause, meshes, over_limits, plan_ops,
                     problem_of, tp_degrees)
-from .clock import check_reserve
+from ..clock import check_reserve
 
 RECIPE_SHARE = 0.2
 """Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""

@@ -30,12 +30,12 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from ..costs.table import Link, StageCost
-from ..plan import Op, Plan, Slot
-from ..mesh import Mesh
-from ..sim.jit import njit
-from ..sim.links import cut_crosses_nodes, cut_times, link_times
-from ..sim.program import KIND_OF_CODE
+from ...costs.table import Link, StageCost
+from ...plan import Op, Plan, Slot
+from ...mesh import Mesh
+from ...sim.jit import njit
+from ...sim.links import cut_crosses_nodes, cut_times, link_times
+from ...sim.program import KIND_OF_CODE
 
 _INF = np.inf
 

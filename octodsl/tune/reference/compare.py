@@ -8,14 +8,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..errors import OctoError
-from ..plan import Plan
-from ..sim import warm_up
-from ..units import size
+from ...errors import OctoError
+from ...plan import Plan
+from ...sim import warm_up
+from ...units import size
+from ..advice import larger_tps, sharding
 from .baselines import Baseline, best_baseline, classic_baselines
-from .evaluate import Evaluator, Score, best_of
-from .loop import BudgetTooShort, Progress, TuneResult, tune
-from .problem import AUTO, Problem
+from ..pipeline.evaluate import Evaluator, Score, best_of
+from ..pipeline.loop import BudgetTooShort, Progress, TuneResult, tune
+from ..problem import AUTO, Problem
 
 OTHERS = ("random", "milp", "milp-warm")
 """Baselines with the tuner's budget: random search, CP-SAT cold, CP-SAT warm-started from the
@@ -81,12 +82,12 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         peak = float(tuned.best.peak.max())
         more = "" if tuned.finished else " (the budget stopped the search: a longer one may)"
         h = problem.header
-        tp = next((t for t, _ in problem.larger_tps()), None)
+        tp = next((t for t, _ in larger_tps(problem)), None)
         levers = ([f"ZeRO (`--zero {h.zero + 1} --dp {max(h.dp, 8)}`)"] if h.zero < 2 else []) + (
             ["recompute (`--recompute auto`)"] if problem.recompute != AUTO else []) + (
             [f"a larger tp (`--tp {tp}` or more)"] if tp is not None else [])
         raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device "
-                         f"({problem.sharding()}, recompute {problem.recompute}): the best peaks "
+                         f"({sharding(problem)}, recompute {problem.recompute}): the best peaks "
                          f"at {size(peak)}; use " + "".join(x + ", " for x in levers)
                          + "more devices or a larger memory limit" + more)
     out = Outcome(problem, tuned, baselines, seconds=time.perf_counter() - t0)
@@ -101,7 +102,7 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
             out.others[name], count = random_search(problem, budget, seed)
             out.notes[name] = f"{count} plans"
         else:
-            from .milp import solve_milp
+            from .cpsat import solve_milp
 
             hint = best_plan if name == "milp-warm" else None
             r = solve_milp(problem, budget, hint=hint)
