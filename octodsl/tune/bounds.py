@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..costs.levers import Zero, recomputed
 from ..costs.table import Link
 from ..plan import Recompute
-from ..sim.bounds import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
+from ..sim.bounds import ring_all_gather_time, ring_reduce_scatter_time, ring_reduction_time
 from ..sim.links import dp_links, dp_rails, dp_spans_nodes
 
 if TYPE_CHECKING:
@@ -36,17 +37,16 @@ def least_kept(problem: Problem) -> np.ndarray:
     """Per layer, the fewest activation bytes a micro-batch keeps from its forward to its
     input-gradient backward with a recompute mode allowed (full keeps only the stage's
     input, counted as none of any layer's: a true lower bound whatever the cuts)."""
-    kept = _kept(problem)
-    return np.min([kept[m] for m in problem.modes], axis=0)
+    return np.min([_recomputed(problem, m)[1] for m in problem.modes], axis=0)
 
 
-def _kept(problem: Problem) -> dict[Recompute, np.ndarray]:
-    """Per mode, what a micro-batch keeps of each layer from F to B (full: the stage's
-    input, counted as none of any layer's)."""
-    act, sel_act = (np.array([getattr(l, k) for l in problem.table.layers], float)
-                    for k in ("act", "sel_act"))
-    return {Recompute.NONE: act, Recompute.SELECTIVE: act - sel_act,
-            Recompute.FULL: np.zeros_like(act)}
+def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, the seconds B runs again and the bytes a micro-batch keeps from F to B under
+    `mode` (`levers.recomputed` layer by layer; full keeps the stage's input, counted as none
+    of any layer's)."""
+    again, kept = zip(*(recomputed(mode, l.f, l.act, l.sel_f, l.sel_act, 0.0)
+                        for l in problem.table.layers), strict=True)
+    return np.array(again, float), np.array(kept, float)
 
 
 def lower_bound(problem: Problem) -> float:
@@ -105,12 +105,12 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
     even = np.full(P, problem.table.grad_bytes() / P)
     links = fastest_dp_links(problem)
     gathered = even * problem.table.param_bytes.weights / problem.table.grad_reduce_bytes
-    after = float(ring_all_gather_time(gathered, h.dp, links).sum()) / P if h.zero >= 1 else 0.0
-    if h.zero == 0:
-        return float(ring_allreduce_time(even, h.dp, links).sum()) / P, after
-    if h.zero == 1:
-        return float(ring_reduce_scatter_time(even, h.dp, links).sum()) / P, after
-    return 0.0, after
+    zero = Zero(h.zero)
+    after = (float(ring_all_gather_time(gathered, h.dp, links).sum()) / P
+             if zero.gathers_parameters else 0.0)
+    if zero.shards_gradients:  # reduce-scattered under later compute: none counted
+        return 0.0, after
+    return float(ring_reduction_time(even, h.dp, links, zero).sum()) / P, after
 
 
 def dp_stream_bound(problem: Problem) -> float:
@@ -121,7 +121,7 @@ def dp_stream_bound(problem: Problem) -> float:
     however the layers are split and more stages only adding latencies. 0 otherwise. It
     binds where the gradients are large for the compute (jamba-v0.1, qwen3-next-80b)."""
     h, P = problem.header, problem.devices
-    if h.zero < 2 or h.dp <= 1:
+    if not Zero(h.zero).shards_gradients or h.dp <= 1:
         return 0.0
     even = np.full(P, problem.table.grad_bytes() / P)
     stream = problem.microbatches * float(ring_reduce_scatter_time(even, h.dp, fastest_dp_links(problem)).sum())
@@ -188,16 +188,13 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     byte-seconds take of the memory left beside the static bytes (inf when none is left;
     0 without a limit)."""
     layers = problem.table.layers
-    f, b, w, act, act_w, sel_f = (np.array([getattr(l, k) for l in layers], float)
-                                  for k in ("f", "b", "w", "act", "act_w", "sel_f"))
+    f, b, w, act, act_w = (np.array([getattr(l, k) for l in layers], float)
+                           for k in ("f", "b", "w", "act", "act_w"))
     later = np.cumsum((f + b)[::-1])[::-1]  # F + B of each layer and all after it
-    kept = _kept(problem)
-    # The seconds B runs again.
-    again = {Recompute.NONE: np.zeros_like(f), Recompute.SELECTIVE: sel_f, Recompute.FULL: f}
+    again, kept = zip(*(_recomputed(problem, m) for m in problem.modes), strict=True)
     M = problem.microbatches
-    extra = np.array([M * again[m] / problem.devices for m in problem.modes])
-    bytes_s = np.array([M * (kept[m] * later + (act - kept[m]) * b + act_w * w)
-                        for m in problem.modes])
+    extra = np.array([M * a / problem.devices for a in again])
+    bytes_s = np.array([M * (k * later + (act - k) * b + act_w * w) for k in kept])
     if problem.memory is None:
         return extra, np.zeros_like(bytes_s)
     room = problem.devices * float(problem.memory) - float(problem.layer_static().sum())

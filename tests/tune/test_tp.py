@@ -52,8 +52,8 @@ def test_the_fill_estimate_times_each_cut_on_its_link():
     model = FillModel(pr, tuple(range(16)))
     out = np.array([layer.message_bytes for layer in pr.table.layers])
     extra = pr.table.meta["message_overhead"]  # each message's cost beyond its link's time
-    assert model.hop[7] == pytest.approx(SLOW.latency + out / SLOW.bandwidth + extra)
-    assert model.hop[6] == pytest.approx(pr.link.latency + out / pr.link.bandwidth + extra)
+    assert model.inputs.hop[7] == pytest.approx(SLOW.latency + out / SLOW.bandwidth + extra)
+    assert model.inputs.hop[6] == pytest.approx(pr.link.latency + out / pr.link.bandwidth + extra)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2])

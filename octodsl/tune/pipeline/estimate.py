@@ -30,18 +30,82 @@ carry less work, and a device whose first stage is tiny idles until its first ba
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from ...costs.levers import RECOMPUTE_CODE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE
 from ...plan import Recompute
 from ...sim.jit import njit
 from ...sim.links import cut_crosses_nodes, link_times
 from ..problem import Problem
 
-_MODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
-"""Recompute modes as the compiled bound reads them."""
-
 _UNFIT = 1e12
 """Seconds no real layout takes: the scale of the score of one that does not fit."""
+
+_TIE_BREAK = 1e-3
+"""Weight of the devices' mean bound beside the slowest device's: it breaks ties between layouts
+with the same slowest device."""
+
+
+class _LayerSums(NamedTuple):
+    """Prefix sums over the layers, one array each: entry c sums the layers before layer c."""
+
+    f: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    """W seconds without the gradient-accumulation pass (`LayerCost.w`)."""
+    act: np.ndarray
+    static: np.ndarray
+    """ZeRO-sharded (`Problem.layer_static`)."""
+    sel_act: np.ndarray
+    """Bytes selective recompute drops, and below the seconds it runs again."""
+    sel_f: np.ndarray
+
+
+class _Inputs(NamedTuple):
+    """What the compiled bound reads besides the cuts; per stage unless said."""
+
+    stage_device: np.ndarray
+    mode: np.ndarray
+    """What each stage recomputes (`RECOMPUTE_CODE`); FillModel.set_modes writes it in place."""
+    devices: int
+    microbatches: int
+    limit: float
+    """Bytes per device (inf: no limit)."""
+    sums: _LayerSums
+    input_bytes: np.ndarray
+    """Per layer c: what a stage starting at c keeps under full recompute (0 at the end)."""
+    hop: np.ndarray
+    """[stage, layer c]: a message of layer c's output across the cut after the stage, on the
+    link the cut's ranks take (octodsl.sim.links)."""
+
+
+class _StageSums(NamedTuple):
+    """Per stage, its layers' sums with its recompute mode applied."""
+
+    f: np.ndarray
+    b: np.ndarray
+    """With what recompute runs again."""
+    act: np.ndarray
+    """Kept from F to B."""
+    static: np.ndarray
+    load: np.ndarray
+    """F + B + W seconds."""
+    brought: np.ndarray
+    """What its B brings back by recompute (`StageCost.act_b`)."""
+
+
+class _DeviceSums(NamedTuple):
+    """Per device, over its stages."""
+
+    first: np.ndarray
+    """Its first stage, and below its deepest (-1 for none)."""
+    deepest: np.ndarray
+    load: np.ndarray
+    act: np.ndarray
+    held: np.ndarray
+    """Static bytes plus the most one of its B's brings back."""
 
 
 class FillModel:
@@ -52,35 +116,34 @@ class FillModel:
                  recompute: tuple[Recompute, ...] = ()) -> None:
         table = problem.table
         layers = table.layers
-        # Prefix sums over the layers, one row each: F, B, W, act, static (ZeRO-sharded),
-        # selective's dropped bytes and its extra seconds.
-        rows = np.array([[l.f for l in layers], [l.b for l in layers], [l.w for l in layers],
-                         [l.act for l in layers], list(problem.layer_static()),
-                         [l.sel_act for l in layers], [l.sel_f for l in layers]], float)
-        self.pre = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)], axis=1)
-        # What a stage starting at layer c keeps under full recompute (none at the end).
-        self.inb = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
-        self.sd = np.array(devices, np.int64)
-        # Per cut s and layer c: a message of layer c's output across cut s, on the link the
-        # cut's ranks take (octodsl.sim.links).
+        rows = [[l.f for l in layers], [l.b for l in layers], [l.w for l in layers],
+                [l.act for l in layers], list(problem.layer_static()),
+                [l.sel_act for l in layers], [l.sel_f for l in layers]]
+        sums = _LayerSums(*(np.concatenate([[0.0], np.cumsum(np.array(r, float))]) for r in rows))
+        input_bytes = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
         out = np.array([l.message_bytes for l in layers], float)
         inter = cut_crosses_nodes(problem.mesh, devices)
         extra = float(table.meta.get("message_overhead", 0.0))
-        self.hop = np.array([link_times(problem.inter_link or problem.link if x else problem.link, out)
-                             for x in inter.tolist()]).reshape(len(devices), len(layers)) + extra
-        self.mode = np.zeros(len(devices), np.int64)
+        hop = np.array([link_times(problem.inter_link or problem.link if x else problem.link, out)
+                        for x in inter.tolist()]).reshape(len(devices), len(layers)) + extra
+        limit = float(problem.memory) if problem.memory is not None else np.inf
+        self.inputs = _Inputs(np.array(devices, np.int64), np.zeros(len(devices), np.int64),
+                              problem.devices, problem.microbatches, limit, sums, input_bytes,
+                              hop)
         if recompute:
             self.set_modes(recompute)
-        self.P = problem.devices
-        self.M = problem.microbatches
-        self.limit = float(problem.memory) if problem.memory is not None else np.inf
 
     def set_modes(self, recompute: tuple[Recompute, ...] | list[Recompute]) -> None:
         """What each stage recomputes from now on."""
-        self.mode[:] = [_MODE[m] for m in recompute]
+        self.inputs.mode[:] = [RECOMPUTE_CODE[m] for m in recompute]
 
     def __call__(self, cuts) -> float:
-        return _bound(np.asarray(cuts, np.int64), *self._args())
+        return _bound(np.asarray(cuts, np.int64), self.inputs)
+
+    def stage_sums(self, cuts) -> _StageSums:
+        """Per stage of `cuts`, the sums the bound is made of (for the tests that hold them
+        equal to `CostTable.stage_costs`)."""
+        return _stage_sums(np.asarray(cuts, np.int64), self.inputs)
 
     @staticmethod
     def fits(value: float) -> bool:
@@ -90,22 +153,19 @@ class FillModel:
 
     def descend(self, cuts: np.ndarray) -> float:
         """Steepest descent over one-layer shifts of single cuts, in place; the final value."""
-        return _descend(cuts, *self._args())
-
-    def _args(self):
-        return (self.sd, self.mode, self.P, self.M, self.limit, self.pre, self.inb, self.hop)
+        return _descend(cuts, self.inputs)
 
 
 @njit
-def _descend(c, sd, mode, P, M, limit, pre, inb, hop):
-    cur = _bound(c, sd, mode, P, M, limit, pre, inb, hop)
+def _descend(c, x):
+    cur = _bound(c, x)
     while True:
         best, best_i, best_d = cur, -1, 0
         for i in range(1, c.shape[0] - 1):
             for d in (-1, 1):
                 if c[i - 1] < c[i] + d < c[i + 1]:
                     c[i] += d
-                    v = _bound(c, sd, mode, P, M, limit, pre, inb, hop)
+                    v = _bound(c, x)
                     c[i] -= d
                     if v < best:
                         best, best_i, best_d = v, i, d
@@ -116,60 +176,98 @@ def _descend(c, sd, mode, P, M, limit, pre, inb, hop):
 
 
 @njit
-def _first_trip(c, sd, sf, sb, hop):
+def recomputed_code(mode, f, act, sel_f, sel_act, input_bytes):
+    """octodsl.costs.levers.recomputed for a mode's code, compiled: (seconds B runs again,
+    bytes F keeps until B). It mirrors that rule (tests/tune/test_mirrors.py holds them equal)."""
+    if mode == RECOMPUTE_FULL:
+        return f, min(act, input_bytes)
+    if mode == RECOMPUTE_SELECTIVE:
+        return sel_f, act - sel_act
+    return 0.0, act
+
+
+@njit
+def _stage_sums(c, x):
+    """The layers' sums over each stage, as `CostTable.range_costs` sums them (W without the
+    gradient-accumulation pass)."""
+    S = x.stage_device.shape[0]
+    p = x.sums
+    out = _StageSums(np.empty(S), np.empty(S), np.empty(S), np.empty(S), np.empty(S),
+                     np.empty(S))
+    for s in range(S):
+        a, b = c[s], c[s + 1]
+        f = p.f[b] - p.f[a]
+        act = p.act[b] - p.act[a]
+        again, kept = recomputed_code(x.mode[s], f, act, p.sel_f[b] - p.sel_f[a],
+                                      p.sel_act[b] - p.sel_act[a], x.input_bytes[a])
+        out.f[s] = f
+        out.b[s] = p.b[b] - p.b[a] + again
+        out.act[s] = kept
+        out.static[s] = p.static[b] - p.static[a]
+        out.load[s] = f + out.b[s] + p.w[b] - p.w[a]
+        out.brought[s] = act - kept
+    return out
+
+
+# Micro-batch 0's path follows the dependency rule: it mirrors octodsl.dag.producers (F after
+# the F before it, B after its F and the B after it).
+@njit
+def _first_trip(c, x, st):
     """When micro-batch 0's forward reaches each stage, and when its input gradient can start
     there (messages only between stages of different devices)."""
+    sd = x.stage_device
     S = sd.shape[0]
     # Message time after each stage (none between stages of one device).
     h = np.zeros(S)
     for s in range(S - 1):
         if sd[s] != sd[s + 1]:
-            h[s] = hop[s, c[s + 1] - 1]
+            h[s] = x.hop[s, c[s + 1] - 1]
     arrive = np.zeros(S)  # micro-batch 0's forward reaches stage s
     for s in range(1, S):
-        arrive[s] = arrive[s - 1] + sf[s - 1] + h[s - 1]
+        arrive[s] = arrive[s - 1] + st.f[s - 1] + h[s - 1]
     back = np.zeros(S)  # micro-batch 0's input gradient can start on stage s
-    back[S - 1] = arrive[S - 1] + sf[S - 1]
+    back[S - 1] = arrive[S - 1] + st.f[S - 1]
     for s in range(S - 2, -1, -1):
-        back[s] = back[s + 1] + sb[s + 1] + h[s]
+        back[s] = back[s + 1] + st.b[s + 1] + h[s]
     return arrive, back
 
 
 @njit
-def _device_sums(sd, P, load_s, sa, ss, back_s):
-    """Per device: its first and deepest stage (-1 for none), its stages' summed work,
-    kept activations, and its static bytes plus the most one of its B's brings back."""
-    first = np.full(P, -1, np.int64)
-    deepest = np.full(P, -1, np.int64)
-    load = np.zeros(P)
-    act = np.zeros(P)
+def _device_sums(x, st):
+    P = x.devices
+    out = _DeviceSums(np.full(P, -1, np.int64), np.full(P, -1, np.int64), np.zeros(P),
+                      np.zeros(P), np.zeros(P))
     static = np.zeros(P)
     brought = np.zeros(P)
-    for s in range(sd.shape[0]):
-        d = sd[s]
-        if first[d] < 0:
-            first[d] = s
-        deepest[d] = s
-        load[d] += load_s[s]
-        act[d] += sa[s]
-        static[d] += ss[s]
-        brought[d] = max(brought[d], back_s[s])
-    return first, deepest, load, act, static + brought
+    for s in range(x.stage_device.shape[0]):
+        d = x.stage_device[s]
+        if out.first[d] < 0:
+            out.first[d] = s
+        out.deepest[d] = s
+        out.load[d] += st.load[s]
+        out.act[d] += st.act[s]
+        static[d] += st.static[s]
+        brought[d] = max(brought[d], st.brought[s])
+    out.held[:] = static + brought
+    return out
 
 
 @njit
-def _device_bound(d, first, hs, M, limit, load, act, static, sd, sf, sb, sa, arrive, back, pace):
+def _device_bound(d, x, st, dev, arrive, back, pace):
     """The module docstring's a_d + max(M * load_d + fill_d, M * pace_d) for device d, whose
-    stages run from `first` to `hs` (its deepest)."""
+    stages run from its first to its deepest."""
+    M, limit, sd = x.microbatches, x.limit, x.stage_device
+    first, hs = dev.first[d], dev.deepest[d]
+    act, held_static = dev.act[d], dev.held[d]
     cap = float(M)
     if limit < np.inf and act > 0:
-        cap = min(cap, float(np.floor((limit - static) / act)))
+        cap = min(cap, float(np.floor((limit - held_static) / act)))
     a = arrive[first]
     early = 0.0
     for s in range(first, hs + 1):
         if sd[s] == d:
             reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
-            early += sf[s] * min(cap, reach)
+            early += st.f[s] * min(cap, reach)
     fill = max(0.0, back[hs] - a - early)
     # Memory throttle: stage s holds a micro-batch's activations for its round trip, so
     # at one micro-batch per `pace` it holds about trip / pace of them; the fastest pace
@@ -177,51 +275,32 @@ def _device_bound(d, first, hs, M, limit, load, act, static, sd, sf, sb, sa, arr
     held = 0.0
     for s in range(first, hs + 1):
         if sd[s] == d:
-            held += sa[s] * (back[s] + sb[s] - arrive[s])
-    throttle = held / (limit - static)
-    return a + max(M * load + fill, M * throttle)
+            held += st.act[s] * (back[s] + st.b[s] - arrive[s])
+    throttle = held / (limit - held_static)
+    return a + max(M * dev.load[d] + fill, M * throttle)
 
 
 @njit
-def _bound(c, sd, mode, P, M, limit, pre, inb, hop):
-    S = sd.shape[0]
-    sf, sb, sa, ss = np.empty(S), np.empty(S), np.empty(S), np.empty(S)
-    load_s, back_s = np.empty(S), np.empty(S)
-    for s in range(S):  # the rows' sums over each stage's layers
-        a, b = c[s], c[s + 1]
-        sf[s] = pre[0, b] - pre[0, a]
-        sb[s] = pre[1, b] - pre[1, a]
-        sa[s] = pre[3, b] - pre[3, a]
-        ss[s] = pre[4, b] - pre[4, a]
-        whole = sa[s]
-        # recompute: B runs again what F dropped, F keeps less
-        if mode[s] == 1:
-            sb[s] += pre[6, b] - pre[6, a]
-            sa[s] -= pre[5, b] - pre[5, a]
-        elif mode[s] == 2:
-            sb[s] += sf[s]
-            sa[s] = min(sa[s], inb[a])
-        load_s[s] = sf[s] + sb[s] + pre[2, b] - pre[2, a]
-        back_s[s] = whole - sa[s]
-    arrive, back = _first_trip(c, sd, sf, sb, hop)
-    first, deepest, load, act, static = _device_sums(sd, P, load_s, sa, ss, back_s)
+def _bound(c, x):
+    S, P, limit = x.stage_device.shape[0], x.devices, x.limit
+    st = _stage_sums(c, x)
+    arrive, back = _first_trip(c, x, st)
+    dev = _device_sums(x, st)
     overflow = 0.0
     for d in range(P):
-        overflow += max(0.0, static[d] + act[d] - limit)
+        overflow += max(0.0, dev.held[d] + dev.act[d] - limit)
     if overflow > 0:
         return _UNFIT * (1.0 + overflow / limit)
     # Forwards reach stage s no faster than the slowest forward before it lets them through.
     pace = np.zeros(S)
     for s in range(1, S):
-        pace[s] = max(pace[s - 1], sf[s - 1])
+        pace[s] = max(pace[s - 1], st.f[s - 1])
     worst = 0.0
     total = 0.0
     for d in range(P):
-        if first[d] < 0:
+        if dev.first[d] < 0:
             continue
-        t = _device_bound(d, first[d], deepest[d], M, limit, load[d], act[d], static[d],
-                          sd, sf, sb, sa, arrive, back, pace)
+        t = _device_bound(d, x, st, dev, arrive, back, pace)
         worst = max(worst, t)
         total += t
-    # The mean breaks ties between layouts with the same slowest device.
-    return worst + 1e-3 * total / P
+    return worst + _TIE_BREAK * total / P

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ...costs.levers import Zero
 from ...plan import OpKind, Plan
 from .diagnose import Bottleneck
 from ...sim import SimResult
@@ -93,7 +94,7 @@ def _finish_load(result: SimResult) -> np.ndarray:
     gradients are large for the compute, the device with the most parameters is the one to
     relieve."""
     dpc = result.dp_comm
-    if dpc.zero >= 2:
+    if Zero(dpc.zero).shards_gradients:
         return np.maximum(result.busy, dpc.reduce_scatter)
     return result.busy + dpc.allreduce + dpc.reduce_scatter
 
