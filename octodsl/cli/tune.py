@@ -1,7 +1,7 @@
 """`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
 [--dp N] [--zero 0|1|2] [--tp N] [--sequence-parallel true|false] [--gpus-per-node N]
 [--link NAME] [--inter-node-link NAME] [--recompute auto|none|full|selective] [--budget 60s]
-[--seed N] [--from PLAN [--keep partition|partition,placement]]
+[--evaluations N] [--seed N] [--from PLAN [--keep partition|partition,placement]]
 [--compare random,milp,milp-warm] [--explain] [--json]`: search partition, placement, schedule
 and recompute together for the fastest plan that fits in memory, and show it next to the
 classic schedules (with the same levers) on the same simulator.
@@ -28,7 +28,7 @@ from .common import (DEVICE, DEVICE_HELP, DEVICES, DP, LINK, LINK_HELP, MICROBAT
                      check_top_outputs, link_named,
                      mesh_update, output, print_json, stdout_console, write_output)
 from .tune_cluster import add_cluster_options, run_cluster
-from .tune_options import ProgressLine, memory_limit, memory_option
+from .tune_options import EVALUATIONS, ProgressLine, memory_limit, memory_option
 
 def register(sub) -> None:
     p = sub.add_parser("tune", help="tune partition, placement and schedule together; compare "
@@ -64,6 +64,11 @@ def register(sub) -> None:
                    help="wall time of the whole command, start-up and the check of the written "
                    "plan included, e.g. 60s, 2m (default 60s; each --compare search gets as "
                    "much again)")
+    p.add_argument("--evaluations", type=EVALUATIONS, metavar="N", help="stop the tuner after "
+                   "it has simulated N plans (with --gpus: N of each configuration it tunes), "
+                   "or when --budget runs out, whichever comes first: with a --budget that N "
+                   "plans fit in, the result depends on the seed alone, not on the machine's "
+                   "speed (default: the budget alone)")
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument("--from", dest="start", metavar="PLAN", help="refine this plan (its partition "
                    "must name the model's layers)")
@@ -130,7 +135,8 @@ def run(args) -> int:
         try:
             outcome = tune_and_compare(problem, budget=left(args.budget, began, check_reserve(
                 plan_ops(devices, microbatches))), seed=args.seed, start=start,
-                                       others=others, progress=progress)
+                                       others=others, progress=progress,
+                                       max_evaluations=args.evaluations)
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None
     best = outcome.tuned.best
@@ -158,7 +164,8 @@ def run(args) -> int:
     notes = "; ".join(f"{k}: {v}" for k, v in outcome.notes.items())
     stopped = ("" if t.finished else
                " (interrupted: the best plan found so far)" if t.interrupted else
-               " (stopped by the budget)")
+               f" (stopped after {args.evaluations} plans)" if args.evaluations is not None
+               and t.evaluations >= args.evaluations else " (stopped by the budget)")
     built = sum(b.score is not None for b in outcome.baselines)
     console.print(f"wrote {args.output}; {built} baselines and {t.evaluations} plans simulated in "
                   f"{outcome.seconds:.1f} s"

@@ -1,6 +1,6 @@
 """`octodsl tune --model SPEC --gpus N --global-batch B -o PLAN [--top K] [--seq-len N]
-[--device H800] [--gpus-per-node 8] [--memory 80GiB] [--budget 60s] [--json]`: the fastest
-configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
+[--device H800] [--gpus-per-node 8] [--memory 80GiB] [--budget 60s] [--evaluations N]
+[--json]`: the fastest configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
 `--devices` (pp), `--microbatch-size`, `--zero` and `--recompute` fix those choices instead of
 searching them; `--sequence-parallel false` keeps sequence parallelism off; `--target` chooses
 the runtime the configurations are for (octodsl.tune.target). Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
@@ -74,7 +74,8 @@ def run_cluster(args, began: float) -> int:
     top = args.top or 1
     with ProgressLine(args.budget, enabled=not args.json) as progress:
         try:
-            result = search(cluster, budget=left(args.budget, began), seed=args.seed, top=top, progress=progress)
+            result = search(cluster, budget=left(args.budget, began), seed=args.seed, top=top,
+                            progress=progress, max_evaluations=args.evaluations)
         except NoConfigurationFits as e:
             raise UserError(str(e), exit_code=1) from None
         except OctoError as e:

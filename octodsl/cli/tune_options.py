@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .common import memory_size
+from .. import limits
+from .common import integer, memory_size
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
     from rich.live import Live
 
 NO_LIMIT = "none"
+EVALUATIONS = integer(1, limits.MAX_EVALUATIONS)
+"""--evaluations' type."""
 
 
 def memory_option(text: str) -> int | str:

@@ -129,9 +129,11 @@ class ClusterResult:
 
 
 def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
-           progress: Progress | None = None) -> ClusterResult:
-    """The whole-cluster search within `budget` seconds (see the module's docstring). Raises
-    NoConfigurationFits when no configuration is feasible, OctoError for a space too large."""
+           progress: Progress | None = None, max_evaluations: int | None = None) -> ClusterResult:
+    """The whole-cluster search within `budget` seconds (see the module's docstring);
+    `max_evaluations`: the tuner stops after simulating that many plans of each configuration.
+    Raises NoConfigurationFits when no configuration is feasible, OctoError for a space too
+    large."""
     began = time.perf_counter()
     warm_up()  # loading the compiled simulator: within the budget, as all start-up is
     tables = Tables(cluster)
@@ -156,7 +158,7 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
         while True:
             now = time.perf_counter()
             screened = _screen(state, now + SCREEN_SHARE * (deadline - now))
-            _tune(state, seed, max(TUNED, top))
+            _tune(state, seed, max(TUNED, top), max_evaluations)
             if not screened or time.perf_counter() >= deadline or not any(
                     not c.screened and not state.beaten(c) for c in result.candidates):
                 break
@@ -319,7 +321,7 @@ def _screen(state: _State, until: float) -> int:
     return count
 
 
-def _tune(state: _State, seed: int, at_most: int) -> None:
+def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -> None:
     """The tuner on each screened candidate not tuned yet that can still win: those with a
     classic plan that fits by its time, then those without (the tuner's memory moves may find
     one) by lower bound; starting from its best classic plan."""
@@ -342,7 +344,7 @@ def _tune(state: _State, seed: int, at_most: int) -> None:
         start = best_of(b.score for b in c.baselines if b.score is not None)
         try:
             c.tuned = tune(c.problem, budget=share, seed=seed, starts=[start.plan],
-                           progress=_within(state, c))
+                           progress=_within(state, c), max_evaluations=max_evaluations)
         except BudgetTooShort:
             continue
         if c.tuned.best.fits:

@@ -42,9 +42,12 @@ class Outcome:
 
 
 def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: Plan | None = None,
-                     others: Sequence[str] = (), progress: Progress | None = None) -> Outcome:
+                     others: Sequence[str] = (), progress: Progress | None = None,
+                     max_evaluations: int | None = None) -> Outcome:
     """The baselines and the tuner within `budget` seconds together (the baselines take at most
-    half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own."""
+    half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own.
+    `max_evaluations`: the tuner (and random search) stop after simulating that many plans, a
+    stop that does not depend on the machine's speed."""
     t0 = time.perf_counter()
     warm_up()  # loading the compiled simulator: within the budget, as all start-up is
 
@@ -65,7 +68,8 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         # A start of the tuner costs about what a baseline does: none fits in less time.
         if left <= 0 or (best is not None and left < max(b.seconds for b in baselines)):
             raise BudgetTooShort("no time left after the baselines")
-        tuned = tune(problem, budget=left, seed=seed, starts=starts, progress=progress)
+        tuned = tune(problem, budget=left, seed=seed, starts=starts, progress=progress,
+                     max_evaluations=max_evaluations)
     except BudgetTooShort:
         # The best baseline is the best plan found in time (the checks below say if it does
         # not fit).
@@ -80,7 +84,10 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
     if not tuned.best.fits:
         assert problem.memory is not None, "only a memory limit makes a simulated plan not fit"
         peak = float(tuned.best.peak.max())
-        more = "" if tuned.finished else " (the budget stopped the search: a longer one may)"
+        counted = max_evaluations is not None and tuned.evaluations >= max_evaluations
+        more = ("" if tuned.finished else
+                f" (the search stopped after {max_evaluations} plans: more may)" if counted else
+                " (the budget stopped the search: a longer one may)")
         h = problem.header
         tp = next((t for t, _ in larger_tps(problem)), None)
         levers = ([f"ZeRO (`--zero {h.zero + 1} --dp {max(h.dp, 8)}`)"] if h.zero < 2 else []) + (
@@ -99,7 +106,7 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         if name == "random":
             from .random_search import random_search
 
-            out.others[name], count = random_search(problem, budget, seed)
+            out.others[name], count = random_search(problem, budget, seed, max_evaluations)
             out.notes[name] = f"{count} plans"
         else:
             from .cpsat import solve_milp
