@@ -109,10 +109,10 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
             out.others[name], count = random_search(problem, budget, seed, max_evaluations)
             out.notes[name] = f"{count} plans"
         else:
-            from .cpsat import solve_milp
+            from .cpsat import solve_cpsat
 
             hint = best_plan if name == "milp-warm" else None
-            r = solve_milp(problem, budget, hint=hint)
+            r = solve_cpsat(problem, budget, hint=hint)
             out.others[name] = r.score
             out.notes[name] = r.status.lower()
     return out
