@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from octodsl.costs.table import Link
 from octodsl.costs.levers import Zero, held_change, op_bytes, recomputed
 from octodsl.dag import producers
-from octodsl.plan import Op, Recompute
+from octodsl.plan import Op, OpKind, Recompute
 from octodsl.sim.program import KIND_OF_CODE
-from octodsl.tune.pipeline import construct
+from octodsl.tune.pipeline import construct, estimate
 from octodsl.tune.pipeline.estimate import FillModel, recomputed_code
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout, looped, v_shape
@@ -119,3 +119,33 @@ def test_the_list_schedulers_order_respects_dag_producers(case, w_gap):
             assert any((k, s, m) in done for k in kinds), (op, kinds, s, m)
         done.add((op.kind, stage, mb))
     assert len(done) == 3 * layout.num_stages * pr.microbatches
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts())
+def test_the_estimates_first_trip_follows_dag_producers(case):
+    # Micro-batch 0 with a device per op: each op starts when the last of its producers ends
+    # (a message between stages of different devices takes the cut's time). The estimate's
+    # arrivals are its forwards' starts, its backs its input gradients' starts.
+    pr, layout = case
+    model = FillModel(pr, layout.devices, layout.recompute)
+    cuts = np.asarray(layout.cuts, np.int64)
+    sums = model.stage_sums(cuts)
+    arrive, back = estimate._first_trip(cuts, model.inputs, sums)
+    S, devices = layout.num_stages, layout.devices
+
+    def hop(a: int, b: int) -> float:  # between stages a and b = a + 1
+        return 0.0 if devices[a] == devices[b] else float(model.inputs.hop[a, cuts[b] - 1])
+
+    seconds = {OpKind.F: sums.f, OpKind.B: sums.b}
+    start: dict[tuple[OpKind, int], float] = {}
+    for op in [Op(OpKind.F, s, 0) for s in range(S)] + [Op(OpKind.B, s, 0)
+                                                         for s in reversed(range(S))]:
+        ready = 0.0
+        for kinds, s, _ in producers(op, S):
+            (kind,) = [k for k in kinds if k in seconds]  # every backward is split here
+            wait = hop(min(s, op.stage), max(s, op.stage)) if s != op.stage else 0.0
+            ready = max(ready, start[kind, s] + seconds[kind][s] + wait)
+        start[op.kind, op.stage] = ready
+    assert list(arrive) == pytest.approx([start[OpKind.F, s] for s in range(S)], rel=1e-12)
+    assert list(back) == pytest.approx([start[OpKind.B, s] for s in range(S)], rel=1e-12)

@@ -210,7 +210,7 @@ def _stage_sums(c, x):
 
 
 # Micro-batch 0's path follows the dependency rule: it mirrors octodsl.dag.producers (F after
-# the F before it, B after its F and the B after it).
+# the F before it, B after its F and the B after it; tests/tune/test_mirrors.py holds it to it).
 @njit
 def _first_trip(c, x, st):
     """When micro-batch 0's forward reaches each stage, and when its input gradient can start
