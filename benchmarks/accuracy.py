@@ -185,7 +185,7 @@ def held_out_plans(model: str, base_path: Path, shape: dict) -> dict[int, list[t
 def tuned_plan(model: str, profile_path: Path, processes: int, microbatches: int) -> str:
     """The tuner's search (octodsl.tune.loop) against the plain profile, from its own starts
     and the profile-balanced 1F1B."""
-    from octodsl.tune.loop import tune
+    from octodsl.tune.pipeline.loop import tune
     from octodsl.tune.problem import Problem
 
     prof = read_profile(profile_path)

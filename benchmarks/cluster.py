@@ -81,9 +81,9 @@ def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
              sims: int) -> dict:
     from octodsl.costs.devices import get_device
     from octodsl.sim import warm_up
-    from octodsl.tune.cluster import NoConfigurationFits, search
-    from octodsl.tune.cluster_report import to_json
-    from octodsl.tune.space import Cluster
+    from octodsl.tune.cluster.search import NoConfigurationFits, search
+    from octodsl.tune.cluster.report import to_json
+    from octodsl.tune.cluster.space import Cluster
 
     out: dict = {"model": model, "gpus": gpus, "global_batch": global_batch, "budget": budget}
     t = time.perf_counter()
@@ -122,7 +122,7 @@ def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
 def _sim_time(problem, plan, sims: int) -> dict:
     """The Evaluator's seconds per simulation of `plan`: compiled afresh each time (a new
     placement) and again with the program of its placement reused (the tuner's common case)."""
-    from octodsl.tune.evaluate import Evaluator
+    from octodsl.tune.pipeline.evaluate import Evaluator
 
     def timed(evaluate) -> float:
         t = time.perf_counter()

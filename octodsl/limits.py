@@ -53,6 +53,8 @@ MAX_THREADS = 1024
 """CPU threads of one process (`profile --threads`)."""
 MAX_SECONDS = 10**6
 """Any time in seconds given on the command line (`--costs`, `tune --budget`): 11.6 days."""
+MAX_EVALUATIONS = 10**9
+"""Plans a search may simulate (`tune --evaluations`)."""
 MAX_TIMEOUT = 86400
 """Seconds the executor's watchdog lets a rank wait for one message (`"octo": {"timeout"}`)."""
 MAX_TRAIN_STEPS = 10**7

@@ -1,7 +1,7 @@
 """`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
 [--dp N] [--zero 0|1|2] [--tp N] [--sequence-parallel true|false] [--gpus-per-node N]
 [--link NAME] [--inter-node-link NAME] [--recompute auto|none|full|selective] [--budget 60s]
-[--seed N] [--from PLAN [--keep partition|partition,placement]]
+[--evaluations N] [--seed N] [--from PLAN [--keep partition|partition,placement]]
 [--compare random,milp,milp-warm] [--explain] [--json]`: search partition, placement, schedule
 and recompute together for the fastest plan that fits in memory, and show it next to the
 classic schedules (with the same levers) on the same simulator.
@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..errors import OctoError
 from ..extras import require
 from .common import (DEVICE, DEVICE_HELP, DEVICES, DP, LINK, LINK_HELP, MICROBATCH_SIZE,
                      MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError, add_mesh_options, duration,
-                     check_top_outputs, link_named, memory_size,
+                     check_top_outputs, link_named,
                      mesh_update, output, print_json, stdout_console, write_output)
 from .tune_cluster import add_cluster_options, run_cluster
-
-if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
-    from rich.live import Live
-
+from .tune_options import EVALUATIONS, ProgressLine, memory_limit, memory_option
 
 def register(sub) -> None:
     p = sub.add_parser("tune", help="tune partition, placement and schedule together; compare "
@@ -48,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--link", type=LINK, metavar="NAME", help="link between devices in one node, "
                    f"and of the tp collectives: {LINK_HELP} (default: the device's node link, "
                    "H800: nvlink)")
-    p.add_argument("--memory", type=_memory_limit, metavar="SIZE", help="memory limit per "
+    p.add_argument("--memory", type=memory_option, metavar="SIZE", help="memory limit per "
                    "device, e.g. 80GiB, or 'none' (default: the device's memory)")
     p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
                    help="sequences per micro-batch")
@@ -68,6 +64,11 @@ def register(sub) -> None:
                    help="wall time of the whole command, start-up and the check of the written "
                    "plan included, e.g. 60s, 2m (default 60s; each --compare search gets as "
                    "much again)")
+    p.add_argument("--evaluations", type=EVALUATIONS, metavar="N", help="stop the tuner after "
+                   "it has simulated N plans (with --gpus: N of each configuration it tunes), "
+                   "or when --budget runs out, whichever comes first: with a --budget that N "
+                   "plans fit in, the result depends on the seed alone, not on the machine's "
+                   "speed (default: the budget alone)")
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument("--from", dest="start", metavar="PLAN", help="refine this plan (its partition "
                    "must name the model's layers)")
@@ -101,10 +102,10 @@ def run(args) -> int:
         raise UserError("--top writes the best configurations of a whole-cluster search: give "
                         "--gpus and --global-batch")
     from ..lint import lint_source
-    from ..tune.compare import OTHERS, NoPlanFits, tune_and_compare
+    from ..tune.reference.compare import OTHERS, NoPlanFits, tune_and_compare
     from ..tune.clock import check_reserve, left
-    from ..tune.report import comparison_table, explain, to_json
-    from ..tune.space import plan_ops
+    from ..tune.reference.report import comparison_table, explain, to_json
+    from ..tune.cluster.space import plan_ops
 
     start, model, devices, microbatches = _start(args)
     if args.keep is not None and start is None:
@@ -116,7 +117,7 @@ def run(args) -> int:
     problem = _problem(args, model, devices, microbatches, start)
     if start is not None:
         from ..plan import PlanError
-        from ..tune.evaluate import check_plan
+        from ..tune.pipeline.evaluate import check_plan
 
         try:
             check_plan(start, problem)
@@ -130,11 +131,12 @@ def run(args) -> int:
             from ..tune.problem import Keep
 
             problem.keep = Keep.of(start, placement=args.keep == KEEP_PLACEMENT)
-    with _Progress(args.budget, enabled=not args.json) as progress:
+    with ProgressLine(args.budget, enabled=not args.json) as progress:
         try:
             outcome = tune_and_compare(problem, budget=left(args.budget, began, check_reserve(
                 plan_ops(devices, microbatches))), seed=args.seed, start=start,
-                                       others=others, progress=progress)
+                                       others=others, progress=progress,
+                                       max_evaluations=args.evaluations)
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None
     best = outcome.tuned.best
@@ -162,7 +164,8 @@ def run(args) -> int:
     notes = "; ".join(f"{k}: {v}" for k, v in outcome.notes.items())
     stopped = ("" if t.finished else
                " (interrupted: the best plan found so far)" if t.interrupted else
-               " (stopped by the budget)")
+               f" (stopped after {args.evaluations} plans)" if args.evaluations is not None
+               and t.evaluations >= args.evaluations else " (stopped by the budget)")
     built = sum(b.score is not None for b in outcome.baselines)
     console.print(f"wrote {args.output}; {built} baselines and {t.evaluations} plans simulated in "
                   f"{outcome.seconds:.1f} s"
@@ -223,17 +226,6 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     return problem
 
 
-def memory_limit(args, own: int | None = None) -> int | None:
-    """The memory limit per device: --memory's size (None for 'none'); else `own` (a --from
-    plan's), else the --device's memory. OctoError for an unknown device."""
-    from ..costs.devices import get_device
-
-    if args.memory is None:
-        return own if own is not None else get_device(args.device).memory
-    return None if args.memory == NO_LIMIT else args.memory
-
-
-NO_LIMIT = "none"
 AUTO_MODE = "auto"
 KEEP_PARTITION, KEEP_PLACEMENT = "partition", "partition,placement"
 
@@ -279,11 +271,6 @@ def _keep(text: str) -> str:
 _keep.choices = (KEEP_PARTITION, KEEP_PLACEMENT)  # type: ignore[attr-defined]  # offered by the completion
 
 
-def _memory_limit(text: str) -> int | str:
-    """--memory: a size, or NO_LIMIT."""
-    return NO_LIMIT if text.strip().lower() == NO_LIMIT else memory_size(text)
-
-
 def _render(plan, problem, best, args) -> str:
     from ..gen import render_plan
     from ..version import made_by
@@ -293,36 +280,3 @@ def _render(plan, problem, best, args) -> str:
              f"Simulated iteration {best.time * 1e3:.1f} ms, efficiency "
              f"{problem.lower_bound() / best.time:.3f} against the lower bound.")
     return render_plan(plan, title=title)
-
-
-class _Progress:
-    """The search's phase, best iteration time so far and time left, on standard error while
-    it runs (only on a terminal)."""
-
-    def __init__(self, budget: float, enabled: bool) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True)
-        self.enabled = enabled and self.console.is_terminal
-        self.budget = budget
-        self.live: Live | None = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.live import Live
-
-            self.live = Live(console=self.console, transient=True, refresh_per_second=8)
-            self.live.__enter__()
-        return self if self.enabled else None
-
-    def __call__(self, phase: str, best: float, left: float) -> None:
-        from rich.text import Text
-
-        best_text = "-" if best == float("inf") else f"{best * 1e3:,.1f} ms"
-        assert self.live is not None, "the search reports progress only when it is shown"
-        self.live.update(Text(f"tuning: {phase:<10} best {best_text:>12}   "
-                              f"{max(left, 0.0):5.1f} s left", style="cyan"))
-
-    def __exit__(self, *exc) -> None:
-        if self.live is not None:
-            self.live.__exit__(*exc)

@@ -1,6 +1,6 @@
 """`octodsl tune --model SPEC --gpus N --global-batch B -o PLAN [--top K] [--seq-len N]
-[--device H800] [--gpus-per-node 8] [--memory 80GiB] [--budget 60s] [--json]`: the fastest
-configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
+[--device H800] [--gpus-per-node 8] [--memory 80GiB] [--budget 60s] [--evaluations N]
+[--json]`: the fastest configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
 `--devices` (pp), `--microbatch-size`, `--zero` and `--recompute` fix those choices instead of
 searching them; `--sequence-parallel false` keeps sequence parallelism off; `--target` chooses
 the runtime the configurations are for (octodsl.tune.target). Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
@@ -12,6 +12,7 @@ from .. import limits
 from ..errors import OctoError
 from .common import (UserError, integer, link_named, numbered_outputs, print_json, stdout_console,
                      write_output)
+from .tune_options import ProgressLine, memory_limit
 
 TOP = integer(1, 100)
 GPUS = integer(1, limits.MAX_GPUS)
@@ -38,12 +39,11 @@ def add_cluster_options(p) -> None:
 
 def run_cluster(args, began: float) -> int:
     """`began`: when the command began (octodsl.tune.clock.command_start)."""
-    from ..tune.cluster import NoConfigurationFits, search
-    from ..tune.cluster_report import baselines_table, cluster_table, skipped_counts, to_json
+    from ..tune.cluster.search import NoConfigurationFits, search
+    from ..tune.cluster.report import baselines_table, cluster_table, skipped_counts, to_json
     from ..tune.clock import left
-    from ..tune.space import Cluster
-    from ..tune.target import DEEPSPEED, refusal
-    from .tune import _Progress, memory_limit
+    from ..tune.cluster.space import Cluster
+    from ..tune.cluster.target import DEEPSPEED, refusal
 
     if args.gpus is None or args.global_batch is None:
         raise UserError("the whole-cluster search needs both --gpus and --global-batch")
@@ -72,9 +72,10 @@ def run_cluster(args, began: float) -> int:
     except OctoError as e:
         raise UserError(str(e)) from None
     top = args.top or 1
-    with _Progress(args.budget, enabled=not args.json) as progress:
+    with ProgressLine(args.budget, enabled=not args.json) as progress:
         try:
-            result = search(cluster, budget=left(args.budget, began), seed=args.seed, top=top, progress=progress)
+            result = search(cluster, budget=left(args.budget, began), seed=args.seed, top=top,
+                            progress=progress, max_evaluations=args.evaluations)
         except NoConfigurationFits as e:
             raise UserError(str(e), exit_code=1) from None
         except OctoError as e:
@@ -103,7 +104,7 @@ def _write(result, top: int, args) -> list[str]:
     """The best `top` configurations' plans, linted: PLAN, then PLAN-2.octo, ..."""
     from ..gen import render_plan
     from ..lint import lint_source
-    from ..tune.cluster import plan_of
+    from ..tune.cluster.search import plan_of
     from ..units import milliseconds
     from ..version import made_by
 

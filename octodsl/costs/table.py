@@ -10,6 +10,7 @@ from typing import Sequence
 from ..models.spec import DTYPE_BYTES
 from ..partition import plan_partition
 from ..plan import Plan, Recompute
+from .levers import Zero, recomputed
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +130,10 @@ class ParamBytes:
 
     def sharded(self, zero: int, dp: int) -> ParamBytes:
         """Bytes per parameter on one of `dp` copies at ZeRO stage `zero`, by part: 1 divides
-        the optimizer state by dp, 2 the gradients as well."""
-        return ParamBytes(self.weights, self.grads / (dp if zero >= 2 else 1),
-                          self.optimizer / (dp if zero >= 1 else 1))
+        the optimizer state by dp, 2 the gradients as well (`Zero`)."""
+        stage = Zero(zero)
+        return ParamBytes(self.weights, self.grads / (dp if stage.shards_gradients else 1),
+                          self.optimizer / (dp if stage.shards_optimizer else 1))
 
     def per_device(self, zero: int, dp: int) -> float:
         """`sharded(zero, dp)`'s total."""
@@ -290,14 +292,10 @@ class CostTable:
                                 sum(l.tp_w for l in ls))
             hid_f, hid_b, hid_w = (sum(l.tp_hidden_f for l in ls), sum(l.tp_hidden_b for l in ls),
                                    sum(l.tp_hidden_w for l in ls))
-            # B runs again the forward of what F dropped: the whole stage, or the selected parts
-            if mode is Recompute.FULL:
-                again, kept = f, min(act, self.input_bytes(first))
+            again, kept = recomputed(mode, f, act, sum(l.sel_f for l in ls),
+                                     sum(l.sel_act for l in ls), self.input_bytes(first))
+            if mode is Recompute.FULL:  # the whole forward again, its tp collectives too
                 tp_b, hid_b = tp_b + tp_f, hid_b + hid_f
-            elif mode is Recompute.SELECTIVE:
-                again, kept = sum(l.sel_f for l in ls), act - sum(l.sel_act for l in ls)
-            else:
-                again, kept = 0.0, act
             cal = self.calibration
             extra = {}
             update = sum(l.update for l in ls)
@@ -311,7 +309,7 @@ class CostTable:
                 f=f, b=b + again, w=w, act=kept, act_w=act_w,
                 static=share * sum(l.static for l in ls), send_bytes=ls[-1].message_bytes,
                 act_b=act - kept, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w,
-                update=update / (dp if zero >= 1 else 1),  # each copy updates its shard
+                update=update / (dp if Zero(zero).shards_optimizer else 1),  # its shard
                 tp_hidden_f=hid_f, tp_hidden_b=hid_b, tp_hidden_w=hid_w, **extra,
             ))
         return out

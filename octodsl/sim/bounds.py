@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..costs.levers import Zero
 from ..costs.table import Link, StageCost
 from .program import SimProgram
 
@@ -21,6 +22,8 @@ def lower_bound(program: SimProgram, costs: Sequence[StageCost], total_work: flo
                single_microbatch_path(program, costs, cut_time))
 
 
+# The path follows the dependency rule: it mirrors octodsl.dag.producers (F after the F before
+# it, B after its F and the B after it, W after its B).
 def single_microbatch_path(program: SimProgram, costs: Sequence[StageCost],
                            cut_time: np.ndarray) -> float:
     """Forwards down the stages, input-gradient backwards up, then the last W (or the fused BW
@@ -65,3 +68,10 @@ def ring_all_gather_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[L
     """A ring all-gather: each copy sends its 1 / ranks shard round the ring (the other half of
     an all-reduce, the same time as a reduce-scatter)."""
     return ring_time(nbytes, ranks, link, 1)
+
+
+def ring_reduction_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link],
+                        zero: int) -> np.ndarray:
+    """The gradient reduction ZeRO stage `zero` runs (`Zero.reduction`): a ring all-reduce, or
+    under a sharded optimizer a ring reduce-scatter."""
+    return ring_time(nbytes, ranks, link, Zero(zero).reduction_passes)

@@ -39,9 +39,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..costs.levers import Zero
 from ..costs.table import Link
 from ..plan import Op, OpKind
-from .bounds import ring_all_gather_time, ring_allreduce_time, ring_reduce_scatter_time
+from .bounds import ring_all_gather_time, ring_reduce_scatter_time, ring_reduction_time
 from .core import Timeline
 from .jit import njit
 from .program import KIND_CODE, SimProgram
@@ -137,7 +138,7 @@ class DpComm:
 
     @property
     def reduction_kind(self) -> str:
-        return "allreduce" if self.zero == 0 else "reduce-scatter"
+        return Zero(self.zero).reduction
 
     def spans(self, program: SimProgram) -> Iterator[CollectiveSpan]:
         """Every collective, device by device in stream order."""
@@ -162,21 +163,22 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
     (per device, its F seconds) say how much of them hides. The all-gather moves `param_bytes`
     per stage (default: as many as the gradients)."""
     P = p.devices
+    stage = Zero(zero)
     device_bytes = np.bincount(p.stage_device, weights=grad_bytes, minlength=P)
     none = np.zeros(P)
     allreduce: np.ndarray
     reduce_scatter: np.ndarray
     stage_buckets = np.ones(p.num_stages, np.int64) if stage_buckets is None else stage_buckets
-    if overlap_grad and zero <= 1 and ranks > 1:
-        ring = ring_allreduce_time if zero == 0 else ring_reduce_scatter_time
+    if overlap_grad and not stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _during_last_backwards(
-            p, t.start, t.end, ring(grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()]),
+            p, t.start, t.end, ring_reduction_time(
+                grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()], zero),
             stage_buckets.astype(float))
         dev = np.repeat(np.arange(P), np.diff(ptr))
         whole = np.bincount(dev, weights=end - start, minlength=P)
-        allreduce, reduce_scatter = (whole, none) if zero == 0 else (none, whole)
+        allreduce, reduce_scatter = (none, whole) if stage.shards_optimizer else (whole, none)
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
-    elif zero >= 2 and ranks > 1:
+    elif stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _after_each_w(
             p.order_ptr, p.order_nodes, p.op_ptr, p.op_kind, p.op_stage, t.end,
             ring_reduce_scatter_time(grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()]))
@@ -188,17 +190,17 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
         # it is under the device's compute.
         ptr, dev = np.arange(P + 1), np.arange(P)
         start = np.maximum(t.dev_free, t.comm_free)
-        whole = (ring_allreduce_time if zero == 0 else ring_reduce_scatter_time)(device_bytes, ranks, links)
+        whole = ring_reduction_time(device_bytes, ranks, links, zero)
         end = start + whole
         op, held = np.full(P, -1), np.zeros(P, bool)
-        allreduce, reduce_scatter = (whole, none) if zero == 0 else (none, whole)
+        allreduce, reduce_scatter = (none, whole) if stage.shards_optimizer else (whole, none)
         hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
     gathered = device_bytes if param_bytes is None else np.bincount(
         p.stage_device, weights=param_bytes, minlength=P)
-    gather = ring_all_gather_time(gathered, ranks, links) if zero >= 1 else none
+    gather = ring_all_gather_time(gathered, ranks, links) if stage.gathers_parameters else none
     exposed = gather
-    if overlap_param and zero >= 1:
+    if overlap_param and stage.gathers_parameters:
         per_device = np.maximum(1, np.bincount(p.stage_device, weights=stage_buckets, minlength=P))
         fwd = none if forward is None else forward
         exposed = np.maximum(gather / per_device, gather - fwd)

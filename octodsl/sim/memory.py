@@ -4,9 +4,8 @@ A device holds the static bytes (parameters, gradients, optimizer state) of its 
 time. F allocates its stage's activations when it starts (with recompute, only what it keeps);
 B allocates what recompute brings back (`act_b`) when it starts and releases all but `act_w`
 when it ends, W releases the rest when it ends, a fused BW allocates as B and releases all when
-it ends. An overlap
-group allocates for all its ops, then releases for all. Since a device runs its ops one after
-another, the levels depend only on the order, not on timing: lint's memory check needs no walk.
+it ends (octodsl.costs.levers.op_bytes). An overlap group allocates for all its ops, then
+releases for all. Since a device runs its ops one after another, the levels depend only on the order, not on timing: lint's memory check needs no walk.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..costs.levers import op_bytes
 from ..costs.table import StageCost
 from .jit import njit
 from .program import SimProgram
@@ -36,14 +36,8 @@ class Memory:
 
 
 def memory(program: SimProgram, costs: Sequence[StageCost]) -> Memory:
-    S = program.num_stages
-    act = np.array([c.act for c in costs], float)
-    act_w = np.array([c.act_w for c in costs], float)
-    act_b = np.array([c.act_b for c in costs], float)
-    zero = np.zeros(S)
-    # Columns by kind code: F, B, W, BW.
-    alloc = np.stack([act, act_b, zero, act_b], axis=1)
-    release = np.stack([zero, act + act_b - act_w, act_w, act + act_b], axis=1)
+    alloc, release = op_bytes(*(np.array([getattr(c, k) for c in costs], float)
+                                for k in ("act", "act_w", "act_b")))
     static = np.bincount(program.stage_device, weights=[c.static for c in costs],
                          minlength=program.devices)
     node_alloc = program.per_node(alloc[program.op_stage, program.op_kind])

@@ -7,30 +7,28 @@ working on where the simulated timeline loses time (after OctoPipe's tuner).
     found = search(Cluster("nemotron-h-56b", gpus=128, global_batch=512, memory=80 * 10**9),
                    budget=600)                 # found.best.config, found.ranked()
 
-Modules, one job each:
-- problem.py: costs, devices, micro-batches, memory limit, link; the lower bound;
-- layout.py: a plan's partition and placement as two tuples;
-- construct.py: each device's order by list scheduling (ZeroBubble-style priorities, memory
-  aware);
-- estimate.py: the closed-form bubble-aware bound the partition search ranks cuts with;
-- moves/: partition, placement, schedule and memory moves, small functions over plans;
-- diagnose.py, propose.py, loop.py: which phase a round works on, its candidate moves, the loop;
-- evaluate.py: every plan is timed by octodsl.sim;
-- baselines.py, random_search.py, milp.py, compare.py, report.py: what the tuner is measured
-  against, and how it is shown;
-- space.py, cluster.py, cluster_baselines.py, cluster_report.py: `tune --gpus`, the whole
-  configuration (tp x pp x dp, micro-batching, ZeRO) searched around the tuner, its
-  Megatron-style baselines and its tables (docs/cluster.md).
+Rooms, one job each:
+- problem.py: what the tuner is asked (costs, devices, micro-batches, memory limit, links,
+  the levers it may pull) and how a layout becomes a plan; bounds.py: the lower bounds on
+  every plan of a problem; advice.py: what to tell the user when no plan fits;
+  clock.py: the clock `--budget` runs on;
+- pipeline/: the pipeline tuner: layouts, list scheduling, the closed-form estimate, the
+  moves, diagnosis and the round loop, every plan timed by octodsl.sim (evaluate.py);
+- reference/: what the tuner is measured against (the classic baselines, random search,
+  CP-SAT) and the comparison `octodsl tune` prints;
+- cluster/: `tune --gpus`, the whole configuration (tp x pp x dp, micro-batching, ZeRO)
+  searched around the tuner, its Megatron-style baselines, the runtimes it targets and its
+  tables (docs/cluster.md).
 """
 
-from .baselines import Baseline, best_baseline, classic_baselines
-from .cluster import ClusterResult, NoConfigurationFits, search
-from .compare import NoPlanFits, Outcome, tune_and_compare
-from .evaluate import Evaluator, Score
-from .layout import StageLayout
-from .loop import Round, TuneResult, tune
+from .cluster.search import ClusterResult, NoConfigurationFits, search
+from .cluster.space import Cluster, Config
+from .pipeline.evaluate import Evaluator, Score
+from .pipeline.layout import StageLayout
+from .pipeline.loop import Round, TuneResult, tune
 from .problem import Problem
-from .space import Cluster, Config
+from .reference.baselines import Baseline, best_baseline, classic_baselines
+from .reference.compare import NoPlanFits, Outcome, tune_and_compare
 
 __all__ = ["Baseline", "Cluster", "ClusterResult", "Config", "Evaluator", "NoConfigurationFits",
            "NoPlanFits", "Outcome", "Problem", "Round", "Score", "StageLayout", "TuneResult",

@@ -69,12 +69,12 @@ def test_bad_option_values_name_the_option(capsys, argv, message):
 
 
 def test_a_bad_value_is_refused_before_any_work(monkeypatch, capsys, plan, tmp_path):
-    import octodsl.tune.compare
+    import octodsl.tune.reference.compare
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the work started")
 
-    monkeypatch.setattr(octodsl.tune.compare, "tune_and_compare", must_not_run)
+    monkeypatch.setattr(octodsl.tune.reference.compare, "tune_and_compare", must_not_run)
     monkeypatch.setattr("octodsl.cli.simulate.simulate", must_not_run)
     for argv in (TUNE + ["-o", str(tmp_path / "no" / "such" / "t.octo")],
                  TUNE + ["-o", str(tmp_path)],

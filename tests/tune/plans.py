@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from octodsl.plan import Op, Slot
-from octodsl.tune.layout import StageLayout
+from octodsl.tune.pipeline.layout import StageLayout
 
 
 def ops(text: str) -> list[Slot]:

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.loop import tune
-from octodsl.tune.random_search import random_search
+from octodsl.tune.bounds import memory_lower_bound
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.loop import tune
+from octodsl.tune.reference.random_search import random_search
 
 from .helpers import problem
 
@@ -59,16 +60,16 @@ MEMORY_BOUND = dict(work=[3.0] * 8, devices=4, microbatches=8, memory=200, act=1
 def test_memory_bound_counts_the_activation_byte_seconds():
     pr = problem(**MEMORY_BOUND)
     assert pr.lower_bound() == pytest.approx(48.0)
-    assert pr.memory_lower_bound() == pytest.approx(76.0)
+    assert memory_lower_bound(pr) == pytest.approx(76.0)
     assert pr.tight_lower_bound() == pytest.approx(76.0)
-    assert problem(**(MEMORY_BOUND | {"memory": None})).memory_lower_bound() == 0.0
-    assert problem(**(MEMORY_BOUND | {"static": 100.0})).memory_lower_bound() == float("inf")
+    assert memory_lower_bound(problem(**(MEMORY_BOUND | {"memory": None}))) == 0.0
+    assert memory_lower_bound(problem(**(MEMORY_BOUND | {"static": 100.0}))) == float("inf")
 
 
 def test_plans_within_the_memory_limit_respect_the_memory_bound():
     pr = problem(**MEMORY_BOUND)
     out = tune(pr, budget=30, max_evaluations=200, seed=0).best
-    assert out.fits and out.time >= pr.memory_lower_bound() * (1 - 1e-9)
+    assert out.fits and out.time >= memory_lower_bound(pr) * (1 - 1e-9)
 
 
 @settings(max_examples=20, deadline=None)
@@ -103,7 +104,7 @@ def test_a_problem_said_to_fit_has_a_finite_memory_bound(statics, act, devices, 
                  act=act, static=statics)
     reason = pr.why_no_plan_fits()
     if reason is None:
-        assert math.isfinite(pr.memory_lower_bound())
+        assert math.isfinite(memory_lower_bound(pr))
     else:
         assert reason.startswith("no plan fits in ")
     # The static bytes and one micro-batch's activations over all the devices' memory (or

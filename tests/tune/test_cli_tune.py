@@ -9,7 +9,10 @@ import pytest
 from octodsl.cli import main
 from octodsl.lint import lint_source
 
-ARGS = ["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "20s"]
+# A stop by count, not by the clock: the tuned plan does not depend on the machine's load (the
+# budget is only a backstop).
+SEARCH = ["--budget", "10m", "--evaluations", "150"]
+ARGS = ["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", *SEARCH]
 
 
 def test_json_figures_and_a_clean_plan(tmp_path, capsys):
@@ -33,7 +36,7 @@ def test_table_explain_and_from(tmp_path, capsys):
     assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
                  "-o", str(start)]) == 0
     out = tmp_path / "t.octo"
-    assert main(["tune", "--from", str(start), "--budget", "20s", "-o", str(out),
+    assert main(["tune", "--from", str(start), *SEARCH, "-o", str(out),
                  "--explain"]) == 0
     text = capsys.readouterr().out
     assert "given plan" in text and "tuned" in text and "zb-v-time" in text
@@ -47,7 +50,7 @@ def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
     start.write_text(start.read_text().replace(
         "  microbatches 8\n", "  microbatches 8\n  dp 2\n  seq_len 128\n  memory 40GB\n"))
     out = tmp_path / "t.octo"
-    assert main(["tune", "--from", str(start), "--budget", "5s", "-o", str(out)]) == 0
+    assert main(["tune", "--from", str(start), *SEARCH, "-o", str(out)]) == 0
     h = lint_source(out.read_text(), str(out))[0].header
     assert (h.dp, h.seq_len, h.memory) == (2, 128, 40 * 10**9)
     assert "memory 40GB" in out.read_text()
@@ -55,7 +58,10 @@ def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["tune", "-p", "4", "-m", "8"], "--model is required"),
-    (ARGS[:-2] + ["--budget", "soon"], "--budget"),
+    (ARGS + ["--budget", "soon"], "--budget"),
+    (ARGS + ["--evaluations", "0"], "--evaluations: must be at least 1"),
+    (ARGS + ["--evaluations", "many"], "--evaluations: 'many' is not a whole number"),
+    (ARGS + ["--evaluations", "10000000000"], "--evaluations: must be at most"),
     (ARGS + ["--compare", "annealing"], "--compare: unknown annealing"),
     (["tune", "--model", "no-such-model", "-p", "2", "-m", "2"], "no-such-model"),
     (ARGS + ["--zero", "3"], "--zero: must be at most 2"),
@@ -79,7 +85,7 @@ def test_user_errors(tmp_path, capsys, args, message):
 
 def test_recompute_fits_what_does_not_fit_without(tmp_path, capsys):
     out = tmp_path / "t.octo"  # the 100 MiB case above, with the tuner picking recompute
-    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", "-p", "4", "--budget", "10s",
+    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", "-p", "4", *SEARCH,
                  "--memory", "100MiB", "-o", str(out), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert max(data["peak_memory"]) <= 100 * 2**20 and set(data["tuned_recompute"]) != {"none"}
@@ -105,7 +111,7 @@ def test_keep_keeps_the_cuts_and_the_placement(tmp_path, capsys, keep):
     assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
                  "-o", str(start)]) == 0
     out = tmp_path / "t.octo"
-    assert main(["tune", "--from", str(start), "--budget", "10s", "-o", str(out), "--keep",
+    assert main(["tune", "--from", str(start), *SEARCH, "-o", str(out), "--keep",
                  keep, "--explain"]) == 0
     given = lint_source(start.read_text(), str(start))[0]
     tuned = lint_source(out.read_text(), str(out))[0]
@@ -138,7 +144,7 @@ def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
      "no plan found fits in 100.0 MiB per device (zero 0, dp 1, recompute none)"),
 ])
 def test_no_plan_fits_exits_1_and_says_why(tmp_path, capsys, args, message):
-    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", "--budget", "5s", *args,
+    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", *SEARCH, *args,
                  "-o", str(tmp_path / "t.octo")]) == 1
     assert message in capsys.readouterr().err
     assert not (tmp_path / "t.octo").exists()
@@ -146,7 +152,7 @@ def test_no_plan_fits_exits_1_and_says_why(tmp_path, capsys, args, message):
 
 def _press_ctrl_c_at(monkeypatch, calls: int) -> None:
     """Ctrl-C when the tuner is about to simulate its `calls`-th plan."""
-    from octodsl.tune import loop
+    from octodsl.tune.pipeline import loop
 
     score, seen = loop._Search.score, []
 
@@ -175,3 +181,20 @@ def test_ctrl_c_before_the_first_plan_writes_nothing(tmp_path, capsys, monkeypat
     out = tmp_path / "t.octo"
     assert main(ARGS + ["-o", str(out)]) == 130
     assert "interrupted" in capsys.readouterr().err and not out.exists()
+
+
+def test_evaluations_stop_the_tuner_by_count(tmp_path, capsys):
+    # Stopped by count, not by its generous budget, twice alike: the same plan, written the
+    # same, whatever the machine's speed.
+    runs = []
+    for name in ("a.octo", "b.octo"):
+        out = tmp_path / name
+        assert main(["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "10m",
+                     "--evaluations", "25", "--json", "-o", str(out)]) == 0
+        tuner = json.loads(capsys.readouterr().out)["tuner"]
+        assert tuner["evaluations"] == 25 and not tuner["finished"]
+        runs.append(out.read_text())
+    assert runs[0] == runs[1]
+    assert main(["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "10m",
+                 "--evaluations", "25", "-o", str(tmp_path / "c.octo")]) == 0
+    assert "(stopped after 25 plans)" in capsys.readouterr().out

@@ -10,14 +10,14 @@ import pytest
 
 from octodsl.models import load_model
 from octodsl.plan import Recompute
-from octodsl.tune.baselines import classic_baselines, classic_plans
-from octodsl.tune.cluster import NoConfigurationFits, search
-from octodsl.tune.cluster_baselines import RECIPE, megatron_baselines
-from octodsl.tune.evaluate import Evaluator
+from octodsl.tune.reference.baselines import classic_baselines, classic_plans
+from octodsl.tune.cluster.search import NoConfigurationFits, search
+from octodsl.tune.cluster.baselines import RECIPE, megatron_baselines
+from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.problem import recompute_everywhere
-from octodsl.tune.space import (DOMINATED, INFEASIBLE, Cluster, Config, Tables, fewest_gpus,
+from octodsl.tune.cluster.space import (DOMINATED, INFEASIBLE, Cluster, Config, Tables, fewest_gpus,
                                 infeasible, problem_of)
-from octodsl.tune.target import MEGATRON
+from octodsl.tune.cluster.target import MEGATRON
 
 from .test_space import model_bytes, splits
 
@@ -37,7 +37,9 @@ def tight(model: str, gpus: int, global_batch: int, share: float) -> Cluster:
                                         ("qwen3-next-tiny", 8, 16, 1 / 5)], ids=lambda p: p[0])
 def searched(request):
     """Infeasible, dominated, screened and tuned configurations, all in one search."""
-    result = search(tight(*request.param), budget=6)  # room to tune on a loaded machine
+    # Stopped by a count of plans per configuration, not the clock (the budget a backstop): the
+    # same configurations are tuned however loaded the machine is.
+    result = search(tight(*request.param), budget=600, max_evaluations=60)
     whys = {s.why for s in result.skipped}
     assert {INFEASIBLE, DOMINATED} <= whys and any(c.tuned for c in result.candidates)
     return result

@@ -11,10 +11,10 @@ from octodsl.costs.table import Link
 
 from octodsl.lint import lint_plan
 from octodsl.plan import Recompute
-from octodsl.tune.construct import build_schedule
-from octodsl.tune.estimate import FillModel
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import StageLayout, even_cuts, looped, v_shape
+from octodsl.tune.pipeline.construct import build_schedule
+from octodsl.tune.pipeline.estimate import FillModel
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout, even_cuts, looped, v_shape
 from octodsl.tune.problem import Problem
 
 from ..conftest import check_golden

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from octodsl.tune.construct import build_schedule
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import StageLayout, looped, v_shape
+from octodsl.tune.pipeline.construct import build_schedule
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout, looped, v_shape
 
 from .helpers import problem
 

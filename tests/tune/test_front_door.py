@@ -14,7 +14,7 @@ import pytest
 
 from octodsl.cli import main
 from octodsl.lint import lint_source
-from octodsl.tune.target import EXECUTOR_ZERO, runtimes
+from octodsl.tune.cluster.target import EXECUTOR_ZERO, runtimes
 
 MODEL = "nemotron-h-tiny"
 ARGS = ["tune", "--model", MODEL, "--gpus", "8", "--global-batch", "8", "--budget", "2s"]
@@ -130,3 +130,15 @@ a loaded machine: before issue 27 they took 9.5 s at --budget 2s and 14.5 s at -
 def test_the_budget_bounds_the_whole_command(tmp_path, args):
     seconds = wall(args + ["--budget", f"{BUDGET}s"], tmp_path)
     assert seconds <= max(1.1 * BUDGET, BUDGET + 1), f"{seconds:.1f} s for --budget {BUDGET}s"
+
+
+def test_the_cluster_command_does_not_import_the_plan_command():
+    # cli/tune.py imports cli/tune_cluster.py; what both take lives in cli/tune_options.py, so
+    # the two modules do not import each other (issue 28's cycle).
+    import ast
+
+    import octodsl.cli.tune_cluster as cluster_cli
+
+    tree = ast.parse(open(cluster_cli.__file__).read())
+    imported = {(n.level, n.module) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert (1, "tune") not in imported and (1, "tune_options") in imported

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from octodsl.plan import PlanError
-from octodsl.tune.estimate import FillModel
-from octodsl.tune.layout import StageLayout, even_cuts, looped, v_shape
+from octodsl.tune.pipeline.estimate import FillModel
+from octodsl.tune.pipeline.layout import StageLayout, even_cuts, looped, v_shape
 
 from .helpers import problem
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from octodsl.lint import lint_plan
-from octodsl.tune.baselines import SCHEDULES, PARTITIONS, best_baseline, classic_baselines
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.loop import tune
+from octodsl.tune.reference.baselines import SCHEDULES, PARTITIONS, best_baseline, classic_baselines
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.loop import tune
 from octodsl.tune.problem import Problem
-from octodsl.tune.random_search import random_search
+from octodsl.tune.reference.random_search import random_search
 
 GIB = 2**30
 

@@ -11,9 +11,9 @@ import pytest
 
 from octodsl.lint import lint_plan
 from octodsl.partition import balance_time
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import StageLayout, even_cuts, looped, v_shape
-from octodsl.tune.moves import memory, partition, placement, schedule
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout, even_cuts, looped, v_shape
+from octodsl.tune.pipeline.moves import memory, partition, placement, schedule
 
 from ..conftest import REPO
 from .helpers import problem
@@ -96,7 +96,7 @@ def test_fitting_says_none_when_no_cuts_fit_or_there_is_no_limit():
 def test_fitting_gets_jamba_into_80_gib_where_shifts_do_not():
     # jamba-v0.1's MoE layers hold 45 GiB each: one per device of 80 GiB. From equal layer
     # counts, one-layer shifts end with two on some device; the fitting cuts, then shifts, fit.
-    from octodsl.tune.estimate import FillModel
+    from octodsl.tune.pipeline.estimate import FillModel
     from octodsl.tune.problem import Problem
 
     pr = Problem.create("jamba-v0.1", 16, 32, memory=80 * 2**30)

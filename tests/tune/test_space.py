@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from octodsl.models import load_model
 from octodsl.models.tp import tp_problems
-from octodsl.tune.cluster import NoConfigurationFits, _enumerate
-from octodsl.tune.target import admits
-from octodsl.tune.space import (INFEASIBLE, Cluster, Config, Tables, configurations, fewest_gpus,
+from octodsl.tune.cluster.search import NoConfigurationFits, _enumerate
+from octodsl.tune.cluster.target import admits
+from octodsl.tune.cluster.space import (INFEASIBLE, Cluster, Config, Tables, configurations, fewest_gpus,
                                 infeasible, problem_of, tp_degrees)
 
 MODELS = ("nemotron-h-tiny", "jamba-tiny", "qwen3-next-tiny")

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from octodsl.costs.table import Link
-from octodsl.tune.baselines import classic_baselines
-from octodsl.tune.estimate import FillModel
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.loop import tune
+from octodsl.tune.advice import tp_that_fits
+from octodsl.tune.bounds import dp_seconds, fastest_dp_links
+from octodsl.tune.reference.baselines import classic_baselines
+from octodsl.tune.pipeline.estimate import FillModel
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.loop import tune
 from octodsl.tune.problem import Problem
 
 GIB = 2**30
@@ -36,13 +38,13 @@ def test_no_fit_names_the_smallest_tp_that_fits():
     pr = Problem.create("nemotron-h-56b", 4, 8, memory=80 * GIB, dp=2, zero=1)
     reason = pr.why_no_plan_fits()
     assert reason is not None and "tensor parallelism (`--tp 2` splits every layer" in reason
-    assert pr.tp_that_fits() == 2 and pr.at_tp(2).why_no_plan_fits() is None
+    assert tp_that_fits(pr) == 2 and pr.at_tp(2).why_no_plan_fits() is None
     at2 = Problem.create("llama3-70b", 4, 8, memory=80 * GIB, dp=2, zero=1, tp=2)
-    assert "(zero 1, dp 2, tp 2)" in at2.why_no_plan_fits() and at2.tp_that_fits() == 4
+    assert "(zero 1, dp 2, tp 2)" in at2.why_no_plan_fits() and tp_that_fits(at2) == 4
     # Within a node only: 2 GPUs per node leave no larger tp to try.
     narrow = Problem.create("llama3-70b", 4, 8, memory=80 * GIB, dp=2, zero=1, tp=2,
                             gpus_per_node=2)
-    assert narrow.tp_that_fits() is None and "--tp" not in narrow.why_no_plan_fits()
+    assert tp_that_fits(narrow) is None and "--tp" not in narrow.why_no_plan_fits()
 
 
 def test_the_fill_estimate_times_each_cut_on_its_link():
@@ -50,8 +52,8 @@ def test_the_fill_estimate_times_each_cut_on_its_link():
     model = FillModel(pr, tuple(range(16)))
     out = np.array([layer.message_bytes for layer in pr.table.layers])
     extra = pr.table.meta["message_overhead"]  # each message's cost beyond its link's time
-    assert model.hop[7] == pytest.approx(SLOW.latency + out / SLOW.bandwidth + extra)
-    assert model.hop[6] == pytest.approx(pr.link.latency + out / pr.link.bandwidth + extra)
+    assert model.inputs.hop[7] == pytest.approx(SLOW.latency + out / SLOW.bandwidth + extra)
+    assert model.inputs.hop[6] == pytest.approx(pr.link.latency + out / pr.link.bandwidth + extra)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2])
@@ -59,9 +61,9 @@ def test_bounds_hold_with_dp_groups_on_different_links(zero):
     # dp 3 on 8 GPUs per node: device 2's dp group (ranks 6, 7 | 8) spans two nodes, on the
     # slow link; the others stay in theirs.
     pr = Problem.create("nemotron-h-tiny", 4, 8, dp=3, zero=zero, inter_link=SLOW)
-    assert [link.latency for link in pr.dp_links()] == [pr.link.latency] * 2 + [SLOW.latency, pr.link.latency]
+    assert [link.latency for link in fastest_dp_links(pr)] == [pr.link.latency] * 2 + [SLOW.latency, pr.link.latency]
     bound = pr.tight_lower_bound()
-    assert pr.dp_seconds()[0 if zero < 2 else 1] > 0
+    assert dp_seconds(pr)[0 if zero < 2 else 1] > 0
     result = tune(pr, budget=30, max_evaluations=40, seed=0)
     scores = [result.best] + [b.score for b in classic_baselines(pr) if b.score is not None]
     for s in scores:

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
-from ..plan import Recompute
-from ..units import milliseconds as _ms, size
+from ...plan import Recompute
+from ...units import milliseconds as _ms, size
+from ..bounds import memory_lower_bound
 from .baselines import NOT_RUN, Baseline, best_baseline
-from .evaluate import Score
-from .loop import Round, TuneResult
-from .problem import Problem
+from ..pipeline.evaluate import Score
+from ..pipeline.loop import Round, TuneResult
+from ..problem import Problem
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def _tight(problem: Problem) -> str:
     if tight <= problem.lower_bound() * 1.001:
         return ""
     why = ("the activations the memory limit leaves room for"
-           if tight == problem.memory_lower_bound() else "each layer's wait for the first forward")
+           if tight == memory_lower_bound(problem) else "each layer's wait for the first forward")
     return f"; {_ms(tight)} counting {why}"
 
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from ..plan import Recompute
-from ..units import milliseconds, size
-from .cluster import Candidate, ClusterResult
-from .evaluate import Score
+from ...plan import Recompute
+from ...units import milliseconds, size
+from .search import Candidate, ClusterResult
+from ..pipeline.evaluate import Score
 from .space import DOMINATED, INFEASIBLE, NOT_SCREENED, Config
 from .target import runtimes
 

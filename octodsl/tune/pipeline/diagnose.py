@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sim import SimResult
+from ...sim import SimResult
 
 PHASES = ("memory", "partition", "placement", "schedule")
 

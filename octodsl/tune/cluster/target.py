@@ -3,7 +3,7 @@ runs (docs/cluster.md, "Targets")."""
 
 from __future__ import annotations
 
-from ..plan import PIPELINE_ZERO
+from ...plan import PIPELINE_ZERO
 
 DEEPSPEED, MEGATRON = "deepspeed", "megatron"
 TARGETS = (DEEPSPEED, MEGATRON)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..estimate import FillModel
 from ..layout import StageLayout
-from ..problem import Problem
+from ...problem import Problem
 
 
 def shift(layout: StageLayout, cut: int, delta: int) -> StageLayout | None:

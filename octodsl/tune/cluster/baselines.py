@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from ..plan import Recompute
-from .baselines import baseline_name, classic_plans
-from .evaluate import Evaluator, Score
-from .problem import AUTO, Problem, recompute_everywhere
+from ...plan import Recompute
+from ..reference.baselines import baseline_name, classic_plans
+from ..pipeline.evaluate import Evaluator, Score
+from ..problem import AUTO, Problem, recompute_everywhere
 from .space import Cluster, Config, Tables, meshes, over_limits, problem_of, tp_degrees
 
 RECIPE = ("interleaved", 2)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import Plan, PlanError
-from ..sim import SimCosts, SimDeadlock, SimProgram, SimResult, compile, simulate
-from .problem import Problem
+from ...plan import Plan, PlanError
+from ...sim import SimCosts, SimDeadlock, SimProgram, SimResult, compile, simulate
+from ..problem import Problem
 
 
 @dataclass(frozen=True)

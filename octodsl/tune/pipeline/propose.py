@@ -17,13 +17,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..plan import OpKind, Plan
+from ...costs.levers import Zero
+from ...plan import OpKind, Plan
 from .diagnose import Bottleneck
-from ..sim import SimResult
+from ...sim import SimResult
 from .evaluate import Score
 from .layout import StageLayout, even_cuts
 from .moves import memory, partition, placement, recompute, schedule
-from .problem import AUTO, Problem
+from ..problem import AUTO, Problem
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _finish_load(result: SimResult) -> np.ndarray:
     gradients are large for the compute, the device with the most parameters is the one to
     relieve."""
     dpc = result.dp_comm
-    if dpc.zero >= 2:
+    if Zero(dpc.zero).shards_gradients:
         return np.maximum(result.busy, dpc.reduce_scatter)
     return result.busy + dpc.allreduce + dpc.reduce_scatter
 

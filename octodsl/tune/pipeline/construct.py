@@ -8,7 +8,7 @@ Greedy list scheduling over the plan's dependency rules (octodsl.dag), ZeroBubbl
   `w_gap`, a W only when it ends before the next known arrival (so it never delays a B or F);
 - among ready ops of one kind, the oldest micro-batch first, then the deeper stage (a deeper F
   reaches the loss, and so its B, sooner);
-- memory is counted as the simulator counts it (F allocates `act`, B releases all but `act_w`,
+- memory is counted as the simulator counts it (octodsl.costs.levers: F allocates `act`, B releases all but `act_w`,
   W the rest; with recompute, B holds `act_b` more while it runs and may leave more than F
   kept). A forward that starts a micro-batch on a device keeps room for the rest of that
   micro-batch on the device and for the most one of its B's brings back; when a forward does
@@ -30,12 +30,12 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from ..costs.table import Link, StageCost
-from ..plan import Op, Plan, Slot
-from ..mesh import Mesh
-from ..sim.jit import njit
-from ..sim.links import cut_crosses_nodes, cut_times, link_times
-from ..sim.program import KIND_OF_CODE
+from ...costs.table import Link, StageCost
+from ...plan import Op, Plan, Slot
+from ...mesh import Mesh
+from ...sim.jit import njit
+from ...sim.links import cut_crosses_nodes, cut_times, link_times
+from ...sim.program import KIND_OF_CODE
 
 _INF = np.inf
 
@@ -146,6 +146,8 @@ def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
                          col["act_w"], col["act_b"], delay, cap - transient, cap, room, w_gap))
 
 
+# _ready_f, _ready_b and the W after its B in _decide are the dependency rule: they mirror
+# octodsl.dag.producers (tests/tune/test_mirrors.py holds the run order to it).
 @njit(refcounts=False)
 def _ready_f(x, st, s, mb):
     """When forward `mb` of stage `s` can start (inf: not yet known)."""
@@ -221,6 +223,19 @@ def _decide(x, st, d):
     return tf, 0, best_f, blocked
 
 
+@njit(refcounts=False)
+def held_change(kind, act, act_w):
+    """octodsl.costs.levers.held_change, compiled: the bytes an op of kind code `kind` leaves
+    held. It mirrors that rule (tests/tune/test_mirrors.py holds them equal)."""
+    if kind == 0:
+        return act
+    if kind == 1:
+        return -(act - act_w)
+    if kind == 2:
+        return -act_w
+    return -act
+
+
 @njit
 def _walk(x):
     S, M = x.num_stages, x.microbatches
@@ -253,20 +268,17 @@ def _walk(x):
             e = bt + x.f[s]
             st.f_end[s, i] = e
             st.f_done[s] += 1
-            st.memory[bd] += x.act[s]
         elif bk == 1:
             i = st.b_done[s]
             e = bt + x.b[s]
             st.b_end[s, i] = e
             st.b_done[s] += 1
-            # B's own act_b comes and goes within it (the budget keeps room for it): what is
-            # left is the part for W.
-            st.memory[bd] -= x.act[s] - x.act_w[s]
+            # B's own act_b comes and goes within it (the budget keeps room for it)
         else:
             i = st.w_done[s]
             e = bt + x.w[s]
             st.w_done[s] += 1
-            st.memory[bd] -= x.act_w[s]
+        st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
         out.kind[k] = bk
         out.stage[k] = s

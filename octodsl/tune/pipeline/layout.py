@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import pairwise
 
-from ..plan import DevicePlacement, Plan, PlanError, Recompute, Stage
+from ...plan import DevicePlacement, Plan, PlanError, Recompute, Stage
 
 SAVING = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 """Recompute modes by the activation bytes they save, least first (full keeps only the input)."""

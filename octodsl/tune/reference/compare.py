@@ -8,14 +8,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..errors import OctoError
-from ..plan import Plan
-from ..sim import warm_up
-from ..units import size
+from ...errors import OctoError
+from ...plan import Plan
+from ...sim import warm_up
+from ...units import size
+from ..advice import larger_tps, sharding
 from .baselines import Baseline, best_baseline, classic_baselines
-from .evaluate import Evaluator, Score, best_of
-from .loop import BudgetTooShort, Progress, TuneResult, tune
-from .problem import AUTO, Problem
+from ..pipeline.evaluate import Evaluator, Score, best_of
+from ..pipeline.loop import BudgetTooShort, Progress, TuneResult, tune
+from ..problem import AUTO, Problem
 
 OTHERS = ("random", "milp", "milp-warm")
 """Baselines with the tuner's budget: random search, CP-SAT cold, CP-SAT warm-started from the
@@ -41,9 +42,12 @@ class Outcome:
 
 
 def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: Plan | None = None,
-                     others: Sequence[str] = (), progress: Progress | None = None) -> Outcome:
+                     others: Sequence[str] = (), progress: Progress | None = None,
+                     max_evaluations: int | None = None) -> Outcome:
     """The baselines and the tuner within `budget` seconds together (the baselines take at most
-    half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own."""
+    half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own.
+    `max_evaluations`: the tuner (and random search) stop after simulating that many plans, a
+    stop that does not depend on the machine's speed."""
     t0 = time.perf_counter()
     warm_up()  # loading the compiled simulator: within the budget, as all start-up is
 
@@ -64,7 +68,8 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         # A start of the tuner costs about what a baseline does: none fits in less time.
         if left <= 0 or (best is not None and left < max(b.seconds for b in baselines)):
             raise BudgetTooShort("no time left after the baselines")
-        tuned = tune(problem, budget=left, seed=seed, starts=starts, progress=progress)
+        tuned = tune(problem, budget=left, seed=seed, starts=starts, progress=progress,
+                     max_evaluations=max_evaluations)
     except BudgetTooShort:
         # The best baseline is the best plan found in time (the checks below say if it does
         # not fit).
@@ -79,14 +84,17 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
     if not tuned.best.fits:
         assert problem.memory is not None, "only a memory limit makes a simulated plan not fit"
         peak = float(tuned.best.peak.max())
-        more = "" if tuned.finished else " (the budget stopped the search: a longer one may)"
+        counted = max_evaluations is not None and tuned.evaluations >= max_evaluations
+        more = ("" if tuned.finished else
+                f" (the search stopped after {max_evaluations} plans: more may)" if counted else
+                " (the budget stopped the search: a longer one may)")
         h = problem.header
-        tp = next((t for t, _ in problem.larger_tps()), None)
+        tp = next((t for t, _ in larger_tps(problem)), None)
         levers = ([f"ZeRO (`--zero {h.zero + 1} --dp {max(h.dp, 8)}`)"] if h.zero < 2 else []) + (
             ["recompute (`--recompute auto`)"] if problem.recompute != AUTO else []) + (
             [f"a larger tp (`--tp {tp}` or more)"] if tp is not None else [])
         raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device "
-                         f"({problem.sharding()}, recompute {problem.recompute}): the best peaks "
+                         f"({sharding(problem)}, recompute {problem.recompute}): the best peaks "
                          f"at {size(peak)}; use " + "".join(x + ", " for x in levers)
                          + "more devices or a larger memory limit" + more)
     out = Outcome(problem, tuned, baselines, seconds=time.perf_counter() - t0)
@@ -98,13 +106,13 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         if name == "random":
             from .random_search import random_search
 
-            out.others[name], count = random_search(problem, budget, seed)
+            out.others[name], count = random_search(problem, budget, seed, max_evaluations)
             out.notes[name] = f"{count} plans"
         else:
-            from .milp import solve_milp
+            from .cpsat import solve_cpsat
 
             hint = best_plan if name == "milp-warm" else None
-            r = solve_milp(problem, budget, hint=hint)
+            r = solve_cpsat(problem, budget, hint=hint)
             out.others[name] = r.score
             out.notes[name] = r.status.lower()
     return out

@@ -16,7 +16,7 @@ merged stage the mode of its parts that saves the most memory (so that it still 
 
 from __future__ import annotations
 
-from ...plan import Recompute
+from ....plan import Recompute
 from ..layout import SAVING, StageLayout, looped, v_shape
 from .partition import shift
 

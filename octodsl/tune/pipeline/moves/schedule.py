@@ -19,10 +19,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...plan import OpKind, Plan
-from ...sim import SimResult
+from ....plan import OpKind, Plan
+from ....sim import SimResult
 from ..construct import build_schedule
-from ..problem import Problem
+from ...problem import Problem
 
 
 def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:

@@ -7,8 +7,8 @@ dependants, so moving it earlier never deadlocks.
 
 from __future__ import annotations
 
-from ...plan import OpKind, Plan
-from ...sim import SimResult
+from ....plan import OpKind, Plan
+from ....sim import SimResult
 from .schedule import advance
 
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..plan import Op, OpKind, Plan, Slot
-from ..sim.links import cut_crosses_nodes
-from .evaluate import Evaluator, Score
-from .layout import StageLayout, looped, v_shape
-from .problem import Problem
+from ...plan import Op, OpKind, Plan, Slot
+from ...sim.links import cut_crosses_nodes
+from ..pipeline.evaluate import Evaluator, Score
+from ..pipeline.layout import StageLayout, looped, v_shape
+from ..problem import Problem
 
 _US = 1e6
 _MEMORY_STEPS = 2 ** 16
@@ -38,7 +38,7 @@ _SPLIT_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 
 
 @dataclass(frozen=True)
-class MilpResult:
+class CpsatResult:
     score: Score | None
     """The solver's best plan, simulated; None when it found none within the budget."""
     status: str
@@ -48,8 +48,8 @@ class MilpResult:
     warm: bool
 
 
-def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
-               workers: int = 1, keep_partition: bool = False) -> MilpResult:
+def solve_cpsat(problem: Problem, budget: float, hint: Plan | None = None,
+               workers: int = 1, keep_partition: bool = False) -> CpsatResult:
     """Solve for `budget` seconds. The placement is the hint's when given (its partition and
     op start times are the warm start), else the V shape (looped for fewer layers than V
     stages). `keep_partition` (with a hint): the hint's partition too, so only the order is
@@ -106,9 +106,9 @@ def solve_milp(problem: Problem, budget: float, hint: Plan | None = None,
     status = solver.solve(m)
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return MilpResult(None, name, None, hint is not None)
+        return CpsatResult(None, name, None, hint is not None)
     plan = _solved_plan(problem, solver, devs, stage_of, start)
-    return MilpResult(Evaluator(problem)(plan), name, solver.best_objective_bound / _US,
+    return CpsatResult(Evaluator(problem)(plan), name, solver.best_objective_bound / _US,
                       hint is not None)
 
 
@@ -167,6 +167,8 @@ def _precedences(m, devs, M: int, start: dict, end: dict, hops: list[int]) -> No
     for s in range(S):
         h_next = hops[s] if s + 1 < S and devs[s] != devs[s + 1] else 0
         h_prev = hops[s - 1] if s > 0 and devs[s] != devs[s - 1] else 0
+        # The dependency rule, as constraints: it mirrors octodsl.dag.producers (a solved plan
+        # simulates to its objective, tests/tune/test_cpsat.py).
         for i in range(M):
             if s > 0:
                 m.add(start["F", s, i] >= end["F", s - 1, i] + h_prev)
@@ -226,7 +228,7 @@ def _hint(m, problem: Problem, plan: Plan, score: Score, x, start) -> None:
         for l in range(len(x)):
             m.add_hint(x[l][s], layout.cuts[s] <= l < layout.cuts[s + 1])
     b = [c.b for c in problem.stage_costs(plan)]
-    assert score.result is not None, "solve_milp hints only from a plan that simulated"
+    assert score.result is not None, "solve_cpsat hints only from a plan that simulated"
     for op in score.result.ops():
         if op.kind == "BW":
             m.add_hint(start["B", op.stage, op.mb], _us(op.start))

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from ..errors import OctoError
-from ..plan import Plan, Recompute
+from ...errors import OctoError
+from ...plan import Plan, Recompute
 from .diagnose import diagnose
 from .evaluate import Evaluator, Score
 from .layout import StageLayout, even_cuts
@@ -39,7 +39,7 @@ from .moves.partition import fitting, rebalance
 from .moves.placement import families
 from .moves.recompute import fit_modes
 from .moves.schedule import rebuild
-from .problem import AUTO, Problem
+from ..problem import AUTO, Problem
 from .propose import State, kick, proposals
 
 PATIENCE = 8

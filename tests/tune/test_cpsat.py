@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from octodsl.lint import lint_plan
-from octodsl.tune.evaluate import Evaluator
-from octodsl.tune.layout import StageLayout, looped
-from octodsl.tune.milp import solve_milp
-from octodsl.tune.moves.schedule import rebuild
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout, looped
+from octodsl.tune.reference.cpsat import solve_cpsat
+from octodsl.tune.pipeline.moves.schedule import rebuild
 
 from .helpers import problem
 
@@ -17,7 +17,7 @@ def test_cold_solve_is_optimal_and_simulates_to_its_objective():
     # Six uniform layers on two devices in a V (four stages): with free messages the
     # simulator times the solver's order exactly as the model does.
     pr = problem([3.0, 3.0, 3.0, 3.0, 3.0, 3.0], 2, 2)
-    out = solve_milp(pr, budget=20)
+    out = solve_cpsat(pr, budget=20)
     assert out.status == "OPTIMAL" and not out.warm
     assert not [d for d in lint_plan(out.score.plan) if d.is_error]
     assert out.score.time == pytest.approx(out.bound, rel=1e-5)
@@ -28,7 +28,7 @@ def test_warm_start_keeps_the_hint_placement_and_does_no_worse():
     pr = problem([1.0, 4.0, 2.0, 2.0, 3.0], 2, 3, memory=6, act=1.0)
     hint = rebuild(pr.skeleton(StageLayout((0, 2, 5), looped(2, 1))), pr, w_gap=False)
     before = Evaluator(pr)(hint)
-    out = solve_milp(pr, budget=3, hint=hint)
+    out = solve_cpsat(pr, budget=3, hint=hint)
     assert out.warm and out.score.fits
     assert StageLayout.of(out.score.plan).devices == (0, 1)
     assert out.score.time <= before.time + 1e-9
@@ -39,14 +39,14 @@ def test_keep_partition_solves_only_the_order():
     # solver only orders the ops, and proves its order the best for these cuts.
     pr = problem([1.0, 4.0, 2.0, 2.0, 3.0], 2, 3)
     hint = rebuild(pr.skeleton(StageLayout((0, 1, 5), looped(2, 1))), pr, w_gap=False)
-    out = solve_milp(pr, budget=20, hint=hint, keep_partition=True)
+    out = solve_cpsat(pr, budget=20, hint=hint, keep_partition=True)
     assert StageLayout.of(out.score.plan) == StageLayout.of(hint)
     assert out.status == "OPTIMAL"
     assert out.score.time == pytest.approx(out.bound, rel=1e-5)
     assert out.score.time <= Evaluator(pr)(hint).time + 1e-9
-    assert solve_milp(pr, budget=20).score.time < out.score.time - 1.0
+    assert solve_cpsat(pr, budget=20).score.time < out.score.time - 1.0
 
 
 def test_keep_partition_needs_a_hint():
     with pytest.raises(ValueError, match="hint"):
-        solve_milp(problem([1.0, 1.0], 2, 2), budget=1, keep_partition=True)
+        solve_cpsat(problem([1.0, 1.0], 2, 2), budget=1, keep_partition=True)

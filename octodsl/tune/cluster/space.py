@@ -21,15 +21,15 @@ from typing import Iterator
 
 from pydantic import ValidationError
 
-from .. import limits
-from ..costs.devices import get_device, get_link
-from ..costs.resolve import cost_table
-from ..costs.table import CostTable, Link
-from ..errors import OctoError
-from ..models import load_model
-from ..models.tp import tp_problems
-from ..plan import Header
-from .problem import AUTO, Problem, RecomputeChoice, unsplit_sequence
+from ... import limits
+from ...costs.devices import get_device, get_link
+from ...costs.resolve import cost_table
+from ...costs.table import CostTable, Link
+from ...errors import OctoError
+from ...models import load_model
+from ...models.tp import tp_problems
+from ...plan import Header
+from ..problem import AUTO, Problem, RecomputeChoice, unsplit_sequence
 from .target import DEEPSPEED, admits
 
 

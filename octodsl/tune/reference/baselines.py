@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
-from ..gen import ScheduleError, phased_schedule
-from ..gen.model_partition import model_stages
-from ..plan import Plan, Recompute, Stage
-from .evaluate import Evaluator, Score
-from .problem import Problem, recompute_everywhere
+from ...gen import ScheduleError, phased_schedule
+from ...gen.model_partition import model_stages
+from ...plan import Plan, Recompute, Stage
+from ..pipeline.evaluate import Evaluator, Score
+from ..problem import Problem, recompute_everywhere
 
 SCHEDULES: tuple[tuple[str, int | None], ...] = (
     ("1f1b", None), ("interleaved", 2), ("interleaved", 4), ("zb-h1", None), ("zb-h2", None),

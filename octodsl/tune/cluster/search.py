@@ -7,7 +7,7 @@ iteration is the most tokens per GPU per second. The search, within one budget:
 1. enumerate (space.py): each configuration's problem; those no plan of which fits in memory are
    infeasible; the rest are ranked by their lower bound (`Problem.tight_lower_bound`, a bound
    over every plan of the configuration);
-2. the Megatron-style recipe (cluster_baselines.py): its plans are the first to beat;
+2. the Megatron-style recipe (baselines.py): its plans are the first to beat;
 3. screen: in order of lower bound, the classic schedules of each configuration (every
    generator, every partition, with the recompute that fits), until `SCREEN_SHARE` of the
    budget left is spent; a configuration whose lower bound is no shorter than the best plan
@@ -27,19 +27,19 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..errors import OctoError
-from ..plan import Plan
-from ..sim import warm_up
-from ..units import size
-from .baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
-from .cluster_baselines import MegatronBaseline, megatron_baselines
-from .evaluate import Score, best_of
-from .loop import BudgetTooShort, TuneResult, tune
-from .problem import Problem
+from ...errors import OctoError
+from ...plan import Plan
+from ...sim import warm_up
+from ...units import size
+from ..reference.baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
+from .baselines import MegatronBaseline, megatron_baselines
+from ..pipeline.evaluate import Score, best_of
+from ..pipeline.loop import BudgetTooShort, TuneResult, tune
+from ..problem import Problem
 from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
                     configurations, fewest_gpus, fixed_cause, meshes, over_limits, plan_ops,
                     problem_of, tp_degrees)
-from .clock import check_reserve
+from ..clock import check_reserve
 
 RECIPE_SHARE = 0.2
 """Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""
@@ -129,9 +129,11 @@ class ClusterResult:
 
 
 def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
-           progress: Progress | None = None) -> ClusterResult:
-    """The whole-cluster search within `budget` seconds (see the module's docstring). Raises
-    NoConfigurationFits when no configuration is feasible, OctoError for a space too large."""
+           progress: Progress | None = None, max_evaluations: int | None = None) -> ClusterResult:
+    """The whole-cluster search within `budget` seconds (see the module's docstring);
+    `max_evaluations`: the tuner stops after simulating that many plans of each configuration.
+    Raises NoConfigurationFits when no configuration is feasible, OctoError for a space too
+    large."""
     began = time.perf_counter()
     warm_up()  # loading the compiled simulator: within the budget, as all start-up is
     tables = Tables(cluster)
@@ -156,7 +158,7 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
         while True:
             now = time.perf_counter()
             screened = _screen(state, now + SCREEN_SHARE * (deadline - now))
-            _tune(state, seed, max(TUNED, top))
+            _tune(state, seed, max(TUNED, top), max_evaluations)
             if not screened or time.perf_counter() >= deadline or not any(
                     not c.screened and not state.beaten(c) for c in result.candidates):
                 break
@@ -319,7 +321,7 @@ def _screen(state: _State, until: float) -> int:
     return count
 
 
-def _tune(state: _State, seed: int, at_most: int) -> None:
+def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -> None:
     """The tuner on each screened candidate not tuned yet that can still win: those with a
     classic plan that fits by its time, then those without (the tuner's memory moves may find
     one) by lower bound; starting from its best classic plan."""
@@ -342,7 +344,7 @@ def _tune(state: _State, seed: int, at_most: int) -> None:
         start = best_of(b.score for b in c.baselines if b.score is not None)
         try:
             c.tuned = tune(c.problem, budget=share, seed=seed, starts=[start.plan],
-                           progress=_within(state, c))
+                           progress=_within(state, c), max_evaluations=max_evaluations)
         except BudgetTooShort:
             continue
         if c.tuned.best.fits:

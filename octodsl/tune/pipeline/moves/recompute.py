@@ -19,11 +19,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ...plan import Recompute
-from ...sim import SimResult
+from ....plan import Recompute
+from ....sim import SimResult
 from ..estimate import FillModel
 from ..layout import SAVING, StageLayout
-from ..problem import Problem
+from ...problem import Problem
 
 HOT = 0.9
 """A device whose peak reaches this share of the limit may be throttled by memory."""

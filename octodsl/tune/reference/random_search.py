@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 import time
 
-from .evaluate import Evaluator, Score
-from .layout import StageLayout
-from .moves.placement import families
-from .moves.schedule import rebuild
-from .problem import Problem
+from ..pipeline.evaluate import Evaluator, Score
+from ..pipeline.layout import StageLayout
+from ..pipeline.moves.placement import families
+from ..pipeline.moves.schedule import rebuild
+from ..problem import Problem
 
 
 def random_layout(problem: Problem, rng: random.Random) -> StageLayout:

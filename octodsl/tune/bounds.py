@@ -1,0 +1,203 @@
+"""The lower bounds on every plan of a `Problem` (tune/problem.py): whatever its partition,
+placement, schedule and recompute choice, no plan the tuner may produce runs faster. The tuner
+reports its plans' efficiency against `lower_bound`; the whole-cluster search ranks and prunes
+configurations by `tight_lower_bound`, the largest of the others."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..costs.levers import Zero, recomputed
+from ..costs.table import Link
+from ..plan import Recompute
+from ..sim.bounds import ring_all_gather_time, ring_reduce_scatter_time, ring_reduction_time
+from ..sim.links import dp_links, dp_rails, dp_spans_nodes
+
+if TYPE_CHECKING:
+    from .problem import Problem
+
+
+def fastest_dp_links(problem: Problem) -> list[Link]:
+    """Per device, for the bounds: its data-parallel link's latency (octodsl.sim.links: the
+    inter-node link when its group spans nodes) with the fastest bandwidth of any device's.
+    A plan chooses how many gradient bytes each device holds, so the sum over devices of
+    their ring times is at least every device's latencies plus all the bytes on the fastest
+    link (one link for all devices: exactly the simulator's sum, whatever the split)."""
+    inter = problem.inter_link or problem.link
+    links = dp_links(problem.link, inter, dp_spans_nodes(problem.mesh), dp_rails(problem.mesh))
+    bandwidths = [k.bandwidth for k in links]
+    best = 0.0 if min(bandwidths) <= 0 else max(bandwidths)  # 0: one of them is free
+    return [Link(k.name, k.latency, best) for k in links]
+
+
+def least_kept(problem: Problem) -> np.ndarray:
+    """Per layer, the fewest activation bytes a micro-batch keeps from its forward to its
+    input-gradient backward with a recompute mode allowed (full keeps only the stage's
+    input, counted as none of any layer's: a true lower bound whatever the cuts)."""
+    return np.min([_recomputed(problem, m)[1] for m in problem.modes], axis=0)
+
+
+def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, the seconds B runs again and the bytes a micro-batch keeps from F to B under
+    `mode` (`levers.recomputed` layer by layer; full keeps the stage's input, counted as none
+    of any layer's)."""
+    again, kept = zip(*(recomputed(mode, l.f, l.act, l.sel_f, l.sel_act, 0.0)
+                        for l in problem.table.layers), strict=True)
+    return np.array(again, float), np.array(kept, float)
+
+
+def lower_bound(problem: Problem) -> float:
+    """No plan runs faster than the largest of: all work spread evenly over the devices; the
+    heaviest layer times the micro-batches (a layer is never split); one micro-batch's path
+    through every layer (all forwards, the input-gradient backwards down to some layer, its
+    W), messages left out since a plan may keep layers together. Unlike the simulator's
+    bound, which is a plan's (its stages, its messages), this one holds for every plan of
+    the problem, so all are measured against the same number."""
+    layers = problem.table.layers
+    b_from = np.cumsum([l.b for l in reversed(layers)])[::-1]
+    path = sum(l.f for l in layers) + float(np.max(b_from + [l.w for l in layers]))
+    return max(float(problem.work.sum()) * problem.microbatches / problem.devices,
+               float(problem.work.max()) * problem.microbatches, path)
+
+
+def tight_lower_bound(problem: Problem) -> float:
+    """lower_bound() made tighter by the wait of each layer's device and by the memory limit
+    (memory_lower_bound()). The wait: no op of a layer can start before the forwards of the
+    layers before it (for the first micro-batch), and after the layer's last input-gradient
+    backward come either its remaining W or the backwards of the layers before it. So per
+    layer: forwards before + M x (F + B) + max(M x W, backwards before). Where one layer
+    outweighs a device's fair share (an LM head on 16 devices), this is what even a perfect
+    plan needs, and lower_bound() cannot be reached.
+
+    A true lower bound over every plan the tuner may produce with the levers allowed: its
+    work and waits are without recompute time (recompute only adds to B), and its memory
+    term counts the fewest bytes the allowed recompute modes hold and the static bytes
+    under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
+    mode costs against the bytes it saves. The data-parallel collectives no plan avoids
+    count too (dp_seconds(), dp_stream_bound())."""
+    f, b, w = (np.array([getattr(l, k) for l in problem.table.layers]) for k in "fbw")
+    before_f = np.cumsum(f) - f
+    before_b = np.cumsum(b) - b
+    m = problem.microbatches
+    layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
+    before, after = dp_seconds(problem)
+    return max(max(lower_bound(problem), float(layer.max()), memory_lower_bound(problem)) + after,
+               problem.microbatches * float(problem.work.sum()) / problem.devices + before + after,
+               recompute_lower_bound(problem), dp_stream_bound(problem))
+
+
+def dp_seconds(problem: Problem) -> tuple[float, float]:
+    """What the data-parallel collectives add to any plan's iteration, on average over the
+    devices (octodsl.sim.dpcomm's model), as (before, after) the optimizer step: before it,
+    each device's gradient all-reduce (zero 0) or reduce-scatter (zero 1) runs after its
+    own compute (zero 2's reduce-scatters overlap later compute: none counted); after it
+    (the step waits for all of them and for the last compute), each device's all-gather of
+    the parameters (zero 1 and 2). Ring times are linear in the bytes plus a latency per
+    device, so their sum over the devices is the same however the layers are split (with
+    devices on different links, at least `fastest_dp_links()`'s): so
+    T >= (all compute + P x before) / P + after, and T >= (the pipeline) + after."""
+    h, P = problem.header, problem.devices
+    if h.dp <= 1:
+        return 0.0, 0.0
+    even = np.full(P, problem.table.grad_bytes() / P)
+    links = fastest_dp_links(problem)
+    gathered = even * problem.table.param_bytes.weights / problem.table.grad_reduce_bytes
+    zero = Zero(h.zero)
+    after = (float(ring_all_gather_time(gathered, h.dp, links).sum()) / P
+             if zero.gathers_parameters else 0.0)
+    if zero.shards_gradients:  # reduce-scattered under later compute: none counted
+        return 0.0, after
+    return float(ring_reduction_time(even, h.dp, links, zero).sum()) / P, after
+
+
+def dp_stream_bound(problem: Problem) -> float:
+    """Under zero 2, no plan runs faster than its data-parallel streams: each W (or BW) is
+    followed by a reduce-scatter of its stage's gradient bytes on its device's stream, one
+    after another, and the step waits for the last; so T >= (all devices' M reduce-scatters
+    of all their bytes) / P + the all-gather after the step (dp_seconds()), the sum the same
+    however the layers are split and more stages only adding latencies. 0 otherwise. It
+    binds where the gradients are large for the compute (jamba-v0.1, qwen3-next-80b)."""
+    h, P = problem.header, problem.devices
+    if not Zero(h.zero).shards_gradients or h.dp <= 1:
+        return 0.0
+    even = np.full(P, problem.table.grad_bytes() / P)
+    stream = problem.microbatches * float(ring_reduce_scatter_time(even, h.dp, fastest_dp_links(problem)).sum())
+    return stream / P + dp_seconds(problem)[1]
+
+
+def memory_lower_bound(problem: Problem) -> float:
+    """No plan within the memory limit runs faster than this (0 without a limit, inf when
+    the static bytes alone overflow the devices). A micro-batch holds a layer's activations
+    from the start of its forward to the end of its input-gradient backward, at least the F
+    and B of that layer and of every later one, and the part kept for W through W too. In
+    an iteration of T seconds the devices offer T x (P x limit - all static bytes)
+    byte-seconds beside the static bytes, so T >= M x (byte-seconds held per micro-batch) /
+    (P x limit - all static bytes). It binds when the memory left beside the parameters
+    throttles the micro-batches in flight (nemotron-h-56b on 16 devices of 80 GiB).
+
+    With recompute, a micro-batch keeps `least_kept()` of a layer from F to B, holds the
+    rest only while its stage's B runs (at least the layer's B), and the part for W until
+    W as before; static bytes are ZeRO-sharded (`share`)."""
+    if problem.memory is None:
+        return 0.0
+    _, held = _per_mode(problem)
+    return float(held.min(axis=0).sum())
+
+
+def recompute_lower_bound(problem: Problem) -> float:
+    """The work and memory terms together, over the recompute modes allowed: per layer, a
+    mode costs its recompute seconds on some device (all work / P) and its byte-seconds in
+    the memory left beside the static bytes (memory_lower_bound()). For any choice of
+    modes T >= max(work / P, memory term) >= l x work / P + (1 - l) x memory term for every
+    l in [0, 1], and the right side is smallest with each layer's own best mode for that l:
+    so the largest of these minima over l is a lower bound whatever modes a plan picks
+    (stages pick per stage, which is one of the per-layer choices). It binds where memory
+    forces recompute and recompute costs time (nemotron-h-56b on 8 devices of 80 GiB).
+    The data-parallel collectives (dp_seconds()) add to the work side before and after the
+    step, to the memory side (the pipeline's time) after it."""
+    extra, held = _per_mode(problem)
+    work = problem.microbatches * problem.work / problem.devices
+    before, after = dp_seconds(problem)  # the data-parallel collectives, on both sides
+    if problem.memory is None:
+        return float((work + extra.min(axis=0)).sum()) + before + after
+    if not np.isfinite(held).all():
+        return math.inf
+
+    def g(lam: float) -> float:
+        return (float((lam * (work + extra) + (1 - lam) * held).min(axis=0).sum())
+                + lam * before + after)
+
+    # g is concave (a minimum of linear functions of l): a ternary search finds its top;
+    # every value it computes is a lower bound, so the largest seen is one.
+    lo, hi = 0.0, 1.0
+    best = max(g(0.0), g(1.0))
+    for _ in range(60):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        ga, gb = g(a), g(b)
+        best = max(best, ga, gb)
+        lo, hi = (a, hi) if ga < gb else (lo, b)
+    return best
+
+
+def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Per allowed mode (rows) and layer (columns): the recompute seconds the layer adds to
+    an iteration over the devices (M x extra B seconds / P), and the seconds its held
+    byte-seconds take of the memory left beside the static bytes (inf when none is left;
+    0 without a limit)."""
+    layers = problem.table.layers
+    f, b, w, act, act_w = (np.array([getattr(l, k) for l in layers], float)
+                           for k in ("f", "b", "w", "act", "act_w"))
+    later = np.cumsum((f + b)[::-1])[::-1]  # F + B of each layer and all after it
+    again, kept = zip(*(_recomputed(problem, m) for m in problem.modes), strict=True)
+    M = problem.microbatches
+    extra = np.array([M * a / problem.devices for a in again])
+    bytes_s = np.array([M * (k * later + (act - k) * b + act_w * w) for k in kept])
+    if problem.memory is None:
+        return extra, np.zeros_like(bytes_s)
+    room = problem.devices * float(problem.memory) - float(problem.layer_static().sum())
+    if room <= 0:
+        return extra, np.where(bytes_s > 0, math.inf, 0.0)
+    return extra, bytes_s / room

@@ -1,0 +1,306 @@
+"""The partition phase's objective: a closed-form, bubble-aware bound on when each device can
+finish, used to rank the many cuts a partition search visits before the simulator times the few
+it keeps.
+
+For device d, with its stages' per-micro-batch work `load_d`, the bound is
+
+    a_d + max(M * load_d + fill_d, M * pace_d)
+
+- a_d: when micro-batch 0 first reaches d (the forwards and messages before d's first stage);
+- fill_d: the warm-up gap d cannot fill: until the first input gradient comes back to d's
+  deepest stage, d can only run forwards: of each of its stages, the micro-batches that reach
+  it by then (one per slowest forward upstream; all of them at the first stage) and that its
+  memory admits;
+- cap_d: micro-batches whose activations fit beside d's static bytes (no limit: M);
+- pace_d: the memory throttle: each stage s of d holds a micro-batch's activations a_s for
+  its round trip R_s (forward to input-gradient backward), so one micro-batch every pace_d
+  needs about sum(a_s * R_s / pace_d) bytes beside the static ones.
+A layout whose static bytes and one micro-batch overflow some device scores above any that
+fits, the more the larger the overflow, so a search is led toward layouts that fit.
+
+Static bytes are ZeRO-sharded as the problem's header says (`Problem.share`). A stage that
+recomputes keeps less from F to B (full: its input; selective: all but `sel_act`), its B takes
+longer (full: + its F; selective: + `sel_f`), and while one of its B's runs the device holds
+what it brings back as well: so a device's room is the limit less its static bytes and the
+most one of its B's brings back, as the list scheduler counts it.
+
+This prices balance and the fill/drain bubble together: a deep device starts late, so it should
+carry less work, and a device whose first stage is tiny idles until its first backward.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ...costs.levers import RECOMPUTE_CODE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE
+from ...plan import Recompute
+from ...sim.jit import njit
+from ...sim.links import cut_crosses_nodes, link_times
+from ..problem import Problem
+
+_UNFIT = 1e12
+"""Seconds no real layout takes: the scale of the score of one that does not fit."""
+
+_TIE_BREAK = 1e-3
+"""Weight of the devices' mean bound beside the slowest device's: it breaks ties between layouts
+with the same slowest device."""
+
+
+class _LayerSums(NamedTuple):
+    """Prefix sums over the layers, one array each: entry c sums the layers before layer c."""
+
+    f: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    """W seconds without the gradient-accumulation pass (`LayerCost.w`)."""
+    act: np.ndarray
+    static: np.ndarray
+    """ZeRO-sharded (`Problem.layer_static`)."""
+    sel_act: np.ndarray
+    """Bytes selective recompute drops, and below the seconds it runs again."""
+    sel_f: np.ndarray
+
+
+class _Inputs(NamedTuple):
+    """What the compiled bound reads besides the cuts; per stage unless said."""
+
+    stage_device: np.ndarray
+    mode: np.ndarray
+    """What each stage recomputes (`RECOMPUTE_CODE`); FillModel.set_modes writes it in place."""
+    devices: int
+    microbatches: int
+    limit: float
+    """Bytes per device (inf: no limit)."""
+    sums: _LayerSums
+    input_bytes: np.ndarray
+    """Per layer c: what a stage starting at c keeps under full recompute (0 at the end)."""
+    hop: np.ndarray
+    """[stage, layer c]: a message of layer c's output across the cut after the stage, on the
+    link the cut's ranks take (octodsl.sim.links)."""
+
+
+class _StageSums(NamedTuple):
+    """Per stage, its layers' sums with its recompute mode applied."""
+
+    f: np.ndarray
+    b: np.ndarray
+    """With what recompute runs again."""
+    act: np.ndarray
+    """Kept from F to B."""
+    static: np.ndarray
+    load: np.ndarray
+    """F + B + W seconds."""
+    brought: np.ndarray
+    """What its B brings back by recompute (`StageCost.act_b`)."""
+
+
+class _DeviceSums(NamedTuple):
+    """Per device, over its stages."""
+
+    first: np.ndarray
+    """Its first stage, and below its deepest (-1 for none)."""
+    deepest: np.ndarray
+    load: np.ndarray
+    act: np.ndarray
+    held: np.ndarray
+    """Static bytes plus the most one of its B's brings back."""
+
+
+class FillModel:
+    """`model(cuts)` -> the bound above for one placement (`devices[s]` per stage) and what
+    each stage recomputes (`recompute[s]`, default none)."""
+
+    def __init__(self, problem: Problem, devices: tuple[int, ...],
+                 recompute: tuple[Recompute, ...] = ()) -> None:
+        table = problem.table
+        layers = table.layers
+        rows = [[l.f for l in layers], [l.b for l in layers], [l.w for l in layers],
+                [l.act for l in layers], list(problem.layer_static()),
+                [l.sel_act for l in layers], [l.sel_f for l in layers]]
+        sums = _LayerSums(*(np.concatenate([[0.0], np.cumsum(np.array(r, float))]) for r in rows))
+        input_bytes = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
+        out = np.array([l.message_bytes for l in layers], float)
+        inter = cut_crosses_nodes(problem.mesh, devices)
+        extra = float(table.meta.get("message_overhead", 0.0))
+        hop = np.array([link_times(problem.inter_link or problem.link if x else problem.link, out)
+                        for x in inter.tolist()]).reshape(len(devices), len(layers)) + extra
+        limit = float(problem.memory) if problem.memory is not None else np.inf
+        self.inputs = _Inputs(np.array(devices, np.int64), np.zeros(len(devices), np.int64),
+                              problem.devices, problem.microbatches, limit, sums, input_bytes,
+                              hop)
+        if recompute:
+            self.set_modes(recompute)
+
+    def set_modes(self, recompute: tuple[Recompute, ...] | list[Recompute]) -> None:
+        """What each stage recomputes from now on."""
+        self.inputs.mode[:] = [RECOMPUTE_CODE[m] for m in recompute]
+
+    def __call__(self, cuts) -> float:
+        return _bound(np.asarray(cuts, np.int64), self.inputs)
+
+    def stage_sums(self, cuts) -> _StageSums:
+        """Per stage of `cuts`, the sums the bound is made of (for the tests that hold them
+        equal to `CostTable.stage_costs`)."""
+        return _stage_sums(np.asarray(cuts, np.int64), self.inputs)
+
+    @staticmethod
+    def fits(value: float) -> bool:
+        """Whether a value of this model is of a layout whose every device holds its static
+        bytes and one micro-batch's activations within the limit."""
+        return value < _UNFIT
+
+    def descend(self, cuts: np.ndarray) -> float:
+        """Steepest descent over one-layer shifts of single cuts, in place; the final value."""
+        return _descend(cuts, self.inputs)
+
+
+@njit
+def _descend(c, x):
+    cur = _bound(c, x)
+    while True:
+        best, best_i, best_d = cur, -1, 0
+        for i in range(1, c.shape[0] - 1):
+            for d in (-1, 1):
+                if c[i - 1] < c[i] + d < c[i + 1]:
+                    c[i] += d
+                    v = _bound(c, x)
+                    c[i] -= d
+                    if v < best:
+                        best, best_i, best_d = v, i, d
+        if best_i < 0:
+            return cur
+        cur = best
+        c[best_i] += best_d
+
+
+@njit
+def recomputed_code(mode, f, act, sel_f, sel_act, input_bytes):
+    """octodsl.costs.levers.recomputed for a mode's code, compiled: (seconds B runs again,
+    bytes F keeps until B). It mirrors that rule (tests/tune/test_mirrors.py holds them equal)."""
+    if mode == RECOMPUTE_FULL:
+        return f, min(act, input_bytes)
+    if mode == RECOMPUTE_SELECTIVE:
+        return sel_f, act - sel_act
+    return 0.0, act
+
+
+@njit
+def _stage_sums(c, x):
+    """The layers' sums over each stage, as `CostTable.range_costs` sums them (W without the
+    gradient-accumulation pass)."""
+    S = x.stage_device.shape[0]
+    p = x.sums
+    out = _StageSums(np.empty(S), np.empty(S), np.empty(S), np.empty(S), np.empty(S),
+                     np.empty(S))
+    for s in range(S):
+        a, b = c[s], c[s + 1]
+        f = p.f[b] - p.f[a]
+        act = p.act[b] - p.act[a]
+        again, kept = recomputed_code(x.mode[s], f, act, p.sel_f[b] - p.sel_f[a],
+                                      p.sel_act[b] - p.sel_act[a], x.input_bytes[a])
+        out.f[s] = f
+        out.b[s] = p.b[b] - p.b[a] + again
+        out.act[s] = kept
+        out.static[s] = p.static[b] - p.static[a]
+        out.load[s] = f + out.b[s] + p.w[b] - p.w[a]
+        out.brought[s] = act - kept
+    return out
+
+
+# Micro-batch 0's path follows the dependency rule: it mirrors octodsl.dag.producers (F after
+# the F before it, B after its F and the B after it; tests/tune/test_mirrors.py holds it to it).
+@njit
+def _first_trip(c, x, st):
+    """When micro-batch 0's forward reaches each stage, and when its input gradient can start
+    there (messages only between stages of different devices)."""
+    sd = x.stage_device
+    S = sd.shape[0]
+    # Message time after each stage (none between stages of one device).
+    h = np.zeros(S)
+    for s in range(S - 1):
+        if sd[s] != sd[s + 1]:
+            h[s] = x.hop[s, c[s + 1] - 1]
+    arrive = np.zeros(S)  # micro-batch 0's forward reaches stage s
+    for s in range(1, S):
+        arrive[s] = arrive[s - 1] + st.f[s - 1] + h[s - 1]
+    back = np.zeros(S)  # micro-batch 0's input gradient can start on stage s
+    back[S - 1] = arrive[S - 1] + st.f[S - 1]
+    for s in range(S - 2, -1, -1):
+        back[s] = back[s + 1] + st.b[s + 1] + h[s]
+    return arrive, back
+
+
+@njit
+def _device_sums(x, st):
+    P = x.devices
+    out = _DeviceSums(np.full(P, -1, np.int64), np.full(P, -1, np.int64), np.zeros(P),
+                      np.zeros(P), np.zeros(P))
+    static = np.zeros(P)
+    brought = np.zeros(P)
+    for s in range(x.stage_device.shape[0]):
+        d = x.stage_device[s]
+        if out.first[d] < 0:
+            out.first[d] = s
+        out.deepest[d] = s
+        out.load[d] += st.load[s]
+        out.act[d] += st.act[s]
+        static[d] += st.static[s]
+        brought[d] = max(brought[d], st.brought[s])
+    out.held[:] = static + brought
+    return out
+
+
+@njit
+def _device_bound(d, x, st, dev, arrive, back, pace):
+    """The module docstring's a_d + max(M * load_d + fill_d, M * pace_d) for device d, whose
+    stages run from its first to its deepest."""
+    M, limit, sd = x.microbatches, x.limit, x.stage_device
+    first, hs = dev.first[d], dev.deepest[d]
+    act, held_static = dev.act[d], dev.held[d]
+    cap = float(M)
+    if limit < np.inf and act > 0:
+        cap = min(cap, float(np.floor((limit - held_static) / act)))
+    a = arrive[first]
+    early = 0.0
+    for s in range(first, hs + 1):
+        if sd[s] == d:
+            reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
+            early += st.f[s] * min(cap, reach)
+    fill = max(0.0, back[hs] - a - early)
+    # Memory throttle: stage s holds a micro-batch's activations for its round trip, so
+    # at one micro-batch per `pace` it holds about trip / pace of them; the fastest pace
+    # whose activations fit beside the static bytes.
+    held = 0.0
+    for s in range(first, hs + 1):
+        if sd[s] == d:
+            held += st.act[s] * (back[s] + st.b[s] - arrive[s])
+    throttle = held / (limit - held_static)
+    return a + max(M * dev.load[d] + fill, M * throttle)
+
+
+@njit
+def _bound(c, x):
+    S, P, limit = x.stage_device.shape[0], x.devices, x.limit
+    st = _stage_sums(c, x)
+    arrive, back = _first_trip(c, x, st)
+    dev = _device_sums(x, st)
+    overflow = 0.0
+    for d in range(P):
+        overflow += max(0.0, dev.held[d] + dev.act[d] - limit)
+    if overflow > 0:
+        return _UNFIT * (1.0 + overflow / limit)
+    # Forwards reach stage s no faster than the slowest forward before it lets them through.
+    pace = np.zeros(S)
+    for s in range(1, S):
+        pace[s] = max(pace[s - 1], st.f[s - 1])
+    worst = 0.0
+    total = 0.0
+    for d in range(P):
+        if dev.first[d] < 0:
+            continue
+        t = _device_bound(d, x, st, dev, arrive, back, pace)
+        worst = max(worst, t)
+        total += t
+    return worst + _TIE_BREAK * total / P

@@ -1,0 +1,151 @@
+"""The tuner's compiled kernels restate rules that live once elsewhere (numba compiles only what
+it can see): the recompute and memory rules of octodsl.costs.levers, the stage sums of
+`CostTable.stage_costs`, the dependency rule of `dag.producers`. Each mirror is held equal to
+its rule here, on random inputs, plans and models."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from octodsl.costs.table import Link
+from octodsl.costs.levers import Zero, held_change, op_bytes, recomputed
+from octodsl.dag import producers
+from octodsl.plan import Op, OpKind, Recompute
+from octodsl.sim.program import KIND_OF_CODE
+from octodsl.tune.pipeline import construct, estimate
+from octodsl.tune.pipeline.estimate import FillModel, recomputed_code
+from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout, looped, v_shape
+from octodsl.tune.problem import Problem
+
+from .helpers import problem
+
+MODES = list(Recompute)
+BYTES = st.floats(0.0, 1e9)
+SECONDS = st.floats(0.0, 10.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(MODES), SECONDS, BYTES, SECONDS, BYTES, BYTES)
+def test_the_estimates_recompute_rule_is_the_levers(mode, f, act, sel_f, sel_act, input_bytes):
+    # The same operations on the same floats: equal exactly.
+    code = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}[mode]
+    assert recomputed_code(code, f, act, sel_f, sel_act, input_bytes) == recomputed(
+        mode, f, act, sel_f, sel_act, input_bytes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3), BYTES, BYTES, BYTES)
+def test_the_schedulers_memory_rule_is_the_levers(kind, act, act_w, act_b):
+    # The list scheduler's copy equals the rule exactly (the same operations); the rule is the
+    # simulator's allocation less its release up to rounding (act_b added and taken away).
+    assert construct.held_change(kind, act, act_w) == held_change(kind, act, act_w)
+    alloc, release = op_bytes(np.array([act]), np.array([act_w]), np.array([act_b]))
+    assert alloc[0, kind] - release[0, kind] == pytest.approx(held_change(kind, act, act_w),
+                                                              rel=1e-12, abs=1e-3)
+
+
+def test_zero_stages_shard_and_reduce_as_the_simulator_does():
+    for stage in Zero:
+        run = problem([3.0] * 4, 2, 4, dp=2, zero=int(stage), static=16.0,
+                      link=Link("slow", 1e-3, 1e3))
+        skeleton = run.skeleton(StageLayout((0, 2, 4), (0, 1)))
+        plan = construct.build_schedule(skeleton, run.stage_costs(skeleton), run.link)
+        dpc = Evaluator(run)(plan).result.dp_comm
+        assert dpc.reduction_kind == stage.reduction
+        assert (dpc.all_gather.sum() > 0) == stage.gathers_parameters
+        assert (dpc.allreduce.sum() > 0) == (stage is Zero.NONE)
+        sharded = run.table.param_bytes.sharded(int(stage), 2)
+        assert (sharded.optimizer < run.table.param_bytes.optimizer) == stage.shards_optimizer
+        assert (sharded.grads < run.table.param_bytes.grads) == stage.shards_gradients
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name: str, zero: int) -> Problem:
+    return Problem.create(name, 4, 8, memory=None, dp=2 if zero else 1, zero=zero)
+
+
+@st.composite
+def layouts(draw):
+    """A built-in model's problem, and a layout of it: cuts, a placement, recompute modes."""
+    pr = _model(draw(st.sampled_from(["nemotron-h-tiny", "jamba-tiny"])),
+                draw(st.sampled_from([0, 1, 2])))
+    devices = draw(st.sampled_from([tuple(range(4)), v_shape(4), looped(4, 2)]))
+    inner = sorted(draw(st.sets(st.integers(1, pr.num_layers - 1), min_size=len(devices) - 1,
+                                max_size=len(devices) - 1)))
+    modes = tuple(draw(st.lists(st.sampled_from(MODES), min_size=len(devices),
+                                max_size=len(devices))))
+    return pr, StageLayout((0, *inner, pr.num_layers), devices, modes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts())
+def test_the_estimates_stage_sums_are_the_cost_tables(case):
+    # Prefix-sum differences against sums layer by layer: equal up to rounding. The estimate's
+    # W is without the gradient-accumulation pass, as a plan with `grad_accumulation_fusion`
+    # counts it.
+    pr, layout = case
+    sums = FillModel(pr, layout.devices, layout.recompute).stage_sums(layout.cuts)
+    plan = pr.skeleton(layout)
+    fused = replace(plan, header=plan.header.model_copy(update={"grad_accumulation_fusion": True}))
+    costs = pr.stage_costs(fused)
+    close = functools.partial(pytest.approx, rel=1e-9, abs=1e-12)
+    assert list(sums.f) == close([c.f for c in costs])
+    assert list(sums.b) == close([c.b for c in costs])
+    assert list(sums.act) == close([c.act for c in costs])
+    assert list(sums.brought) == close([c.act_b for c in costs])
+    assert list(sums.static) == close([c.static for c in costs])
+    assert list(sums.load) == close([c.f + c.b + c.w for c in costs])
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), st.booleans())
+def test_the_list_schedulers_order_respects_dag_producers(case, w_gap):
+    # The scheduler's run order: every op runs after one op of each kind its producers list.
+    pr, layout = case
+    plan = pr.skeleton(layout)
+    order = construct._arrays(plan, pr.stage_costs(plan), pr.link, None, w_gap)
+    done = set()
+    for kind, stage, mb in zip(order.kind.tolist(), order.stage.tolist(), order.mb.tolist(),
+                               strict=True):
+        op = Op(KIND_OF_CODE[kind], stage, mb)
+        for kinds, s, m in producers(op, layout.num_stages):
+            assert any((k, s, m) in done for k in kinds), (op, kinds, s, m)
+        done.add((op.kind, stage, mb))
+    assert len(done) == 3 * layout.num_stages * pr.microbatches
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts())
+def test_the_estimates_first_trip_follows_dag_producers(case):
+    # Micro-batch 0 with a device per op: each op starts when the last of its producers ends
+    # (a message between stages of different devices takes the cut's time). The estimate's
+    # arrivals are its forwards' starts, its backs its input gradients' starts.
+    pr, layout = case
+    model = FillModel(pr, layout.devices, layout.recompute)
+    cuts = np.asarray(layout.cuts, np.int64)
+    sums = model.stage_sums(cuts)
+    arrive, back = estimate._first_trip(cuts, model.inputs, sums)
+    S, devices = layout.num_stages, layout.devices
+
+    def hop(a: int, b: int) -> float:  # between stages a and b = a + 1
+        return 0.0 if devices[a] == devices[b] else float(model.inputs.hop[a, cuts[b] - 1])
+
+    seconds = {OpKind.F: sums.f, OpKind.B: sums.b}
+    start: dict[tuple[OpKind, int], float] = {}
+    for op in [Op(OpKind.F, s, 0) for s in range(S)] + [Op(OpKind.B, s, 0)
+                                                         for s in reversed(range(S))]:
+        ready = 0.0
+        for kinds, s, _ in producers(op, S):
+            (kind,) = [k for k in kinds if k in seconds]  # every backward is split here
+            wait = hop(min(s, op.stage), max(s, op.stage)) if s != op.stage else 0.0
+            ready = max(ready, start[kind, s] + seconds[kind][s] + wait)
+        start[op.kind, op.stage] = ready
+    assert list(arrive) == pytest.approx([start[OpKind.F, s] for s in range(S)], rel=1e-12)
+    assert list(back) == pytest.approx([start[OpKind.B, s] for s in range(S)], rel=1e-12)
