@@ -11,7 +11,7 @@ import re
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -379,7 +379,6 @@ def _as_number(value) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-@settings(max_examples=400, deadline=None)
 @given(NUMBERISH)
 def test_a_latency_is_accepted_exactly_when_it_is_a_finite_number_in_range(value):
     number = _as_number(value)
@@ -394,7 +393,6 @@ def test_a_latency_is_accepted_exactly_when_it_is_a_finite_number_in_range(value
         assert ok and link.latency == number and math.isfinite(link.latency)
 
 
-@settings(max_examples=300, deadline=None)
 @given(NUMBERISH.filter(lambda v: v is not None))  # None: sms left out
 def test_a_whole_number_field_takes_only_whole_numbers_in_range(value):
     number = _as_number(value)
