@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,14 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("octodsl")
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a launch's --master_port: each launch takes its
+    own, so launches on parallel workers (or two test runs) do not meet on DeepSpeed's 29500."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def versionless(text: str) -> str:
