@@ -22,8 +22,11 @@ venv: $(STAMP)
 demo: venv
 	PATH=$(abspath $(VENV))/bin:$$PATH bash examples/demo.sh
 
+# pytest-xdist: a worker per core; tests/conftest.py puts a module's tests that share a
+# module-scoped fixture (a DeepSpeed launch, a tuner run) in one group, which loadgroup keeps
+# on one worker. Each DeepSpeed launch takes a free master port of its own.
 test: venv
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n auto --dist loadgroup
 
 # ruff (pyflakes, bugbear, complexity) and mypy, configured in pyproject.toml. mypy runs through
 # .ci/typecheck.py, which checks deepspeed_ext/ and grammar/ as octodsl.deepspeed_ext and

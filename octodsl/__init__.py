@@ -1,3 +1,3 @@
 """octodsl: plan, check, simulate, tune and run pipeline-parallel training of hybrid LLMs."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

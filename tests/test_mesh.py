@@ -1,7 +1,7 @@
 """octodsl.mesh against a brute-force walk over every rank (the mesh's checks look at no more than
 gpus_per_node ranks, whatever the mesh's size)."""
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from octodsl.mesh import Mesh
@@ -15,7 +15,6 @@ def _nodes(m: Mesh, ranks) -> set[int]:
     return {m.node(r) for r in ranks}
 
 
-@settings(max_examples=300, deadline=None)
 @given(meshes)
 def test_checks_equal_a_walk_over_every_rank(m):
     assert sorted(m.rank(p, d, t) for p in range(m.pp) for d in range(m.dp)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, free_port
 
 TUTORIAL = REPO / "docs" / "tutorial.md"
 LAUNCH = "deepspeed --num_gpus"
@@ -77,7 +77,9 @@ def _run(tmp_path: Path, upto_launch: bool) -> None:
             continue
         if upto_launch and LAUNCH in step.line:
             break
-        done = subprocess.run(["bash", "-c", step.line], cwd=tmp_path, env=env, text=True,
+        # the launch as shown, on a port of its own (parallel workers, other test runs)
+        command = step.line.replace(LAUNCH, f"deepspeed --master_port {free_port()} --num_gpus")
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=540)
         printed = [line.rstrip() for line in done.stdout.splitlines()]
         failing = any("error" in line for line in step.shown)  # a step that shows an error

@@ -30,7 +30,8 @@ BAD = st.one_of(st.sampled_from([math.nan, math.inf, -math.inf, "12", None, [], 
                 st.floats(max_value=-1e-12, allow_nan=False, allow_infinity=False))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# the examples share tmp_path: each writes its one file anew
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), key=st.sampled_from(["ts", "dur", "bytes"]), value=BAD)
 def test_bad_times_are_refused_naming_the_file_and_event(good, tmp_path, data, key, value):
     _, _, trace = good

@@ -8,7 +8,7 @@ import argparse
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from octodsl import limits
 from octodsl.cli import main
@@ -128,14 +128,12 @@ def _refused_or_bounded(parse, text, check):
     check(value)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=30), st.integers().map(str),
                  st.floats(allow_nan=True, allow_infinity=True).map(repr)))
 def test_integer_options(text):
     _refused_or_bounded(DEVICES, text, lambda v: 1 <= v <= limits.MAX_DEVICES)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=30),
                  st.tuples(st.floats(allow_nan=True, allow_infinity=True),
                            st.sampled_from(["", "s", "m", "h", "S", "x"])).map(
@@ -145,7 +143,6 @@ def test_durations(text):
                         lambda v: math.isfinite(v) and 0 < v <= limits.MAX_SECONDS)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=30),
                  st.tuples(st.floats(allow_nan=True, allow_infinity=True),
                            st.sampled_from(["", "B", "KiB", "GiB", "TB", "PiB"])).map(
@@ -155,7 +152,6 @@ def test_memory_sizes(text):
                         lambda v: isinstance(v, int) and 1 <= v <= limits.MAX_MEMORY)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["F", "B", "W", "comm", "f", "X", ""]),
                           st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
                                     st.text(max_size=5))), max_size=5))

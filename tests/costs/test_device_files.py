@@ -11,7 +11,7 @@ import re
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -379,8 +379,8 @@ def _as_number(value) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-@settings(max_examples=400, deadline=None)
 @given(NUMBERISH)
+@example(math.nan)  # one draw in hundreds: the fixed examples the profile draws have none
 def test_a_latency_is_accepted_exactly_when_it_is_a_finite_number_in_range(value):
     number = _as_number(value)
     ok = number is not None and 0 <= number <= df.MAX_LATENCY
@@ -394,7 +394,6 @@ def test_a_latency_is_accepted_exactly_when_it_is_a_finite_number_in_range(value
         assert ok and link.latency == number and math.isfinite(link.latency)
 
 
-@settings(max_examples=300, deadline=None)
 @given(NUMBERISH.filter(lambda v: v is not None))  # None: sms left out
 def test_a_whole_number_field_takes_only_whole_numbers_in_range(value):
     number = _as_number(value)

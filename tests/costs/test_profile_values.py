@@ -56,13 +56,15 @@ def _refused(tmp_path, path, value):
         read_profile(file)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# the examples share tmp_path: each writes its one file anew
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(NUMBERS), st.sampled_from([math.nan, math.inf, -math.inf, -1.0, -1e-9]))
 def test_bad_numbers_are_refused_naming_the_field(tmp_path, path, value):
     _refused(tmp_path, path, value)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# the examples share tmp_path: each writes its one file anew
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(SECONDS_AND_BYTES), st.floats(min_value=1.2e15, allow_infinity=False))
 def test_absurd_seconds_and_bytes_are_refused(tmp_path, path, value):
     _refused(tmp_path, path, value)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 from itertools import pairwise
@@ -21,6 +20,8 @@ import pytest
 from octodsl.deepspeed_ext.program import PlanSchedule
 from octodsl.gen import generate, generate_text
 from octodsl.plan import Op, OpKind
+
+from ..conftest import free_port
 
 HERE = Path(__file__).resolve().parent
 M = 4
@@ -55,16 +56,10 @@ corrections), so a step moves a weight by at most lr, and two runs by 2 lr (a ro
 flips a near-zero gradient's sign moves it the whole way), plus 1% for the decay term."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(procs: int, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
-    port = _free_port()
+    port = free_port()
     cmd = [DEEPSPEED, "--num_gpus", str(procs), "--master_port", str(port), *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     # DeepSpeed's CPU all-reduce segments (69 MB a rank) must not outlive the launch

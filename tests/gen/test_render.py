@@ -4,7 +4,7 @@ the plan it is given (any plan: the tuner writes its plans with it)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from octodsl.gen import generate_text, render_plan
@@ -147,7 +147,6 @@ MESHES = st.sampled_from([{}, {"tp": 8}, {"tp": 4, "sequence_parallel": False},
 
 @given(st.lists(slots, min_size=1, max_size=3), st.lists(st.sampled_from(list(Recompute)), min_size=4, max_size=4),
        st.sampled_from([(1, 0), (4, 0), (4, 1), (8, 2), (1, 2)]), MESHES)
-@settings(max_examples=150, deadline=None)
 def test_render_round_trips_any_schedule(schedule, recompute, dp_zero, mesh):
     dp, zero = dp_zero
     plan = _plan(schedule, stages=[Stage(recompute=r) for r in recompute],
@@ -159,7 +158,6 @@ def test_render_round_trips_any_schedule(schedule, recompute, dp_zero, mesh):
 
 
 @given(slots)
-@settings(max_examples=150, deadline=None)
 def test_compaction_is_no_longer_than_the_ops(seq):
     assert len(compact(seq)) <= len(seq)
 

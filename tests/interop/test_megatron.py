@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from octodsl.gen import generate, phased_schedule
@@ -87,7 +87,6 @@ def test_interleaved_gpt_layout_places_stage_s_on_rank_s_mod_p(mcore):
     assert layout.layout[0][0][0] is LayerType.embedding and layout.layout[3][1][-1] is LayerType.loss
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_any_whole_layer_cuts_are_read_back_by_megatron_core(mcore, data):
     """layout_string for any P, V and cuts between transformer layers (the first and last stage

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from octodsl.cli.fmt import format_source
@@ -129,7 +129,6 @@ def plans(draw):
     return "".join(parts)
 
 
-@settings(max_examples=150, deadline=None)
 @given(plans())
 def test_fmt_round_trip(src):
     out = format_source(src)

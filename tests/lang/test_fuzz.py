@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from octodsl.cli.fmt import format_source
@@ -34,19 +34,16 @@ def _check(src: str) -> None:
         assert parse_plan(once).same_as(plan)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_random_text(src):
     _check(src)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(TOKENS), max_size=60).map(" ".join))
 def test_random_tokens(src):
     _check(src)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_mutated_plan(data):
     src = data.draw(st.sampled_from(SEEDS))
@@ -71,7 +68,6 @@ NUMBERS = st.one_of(st.integers(0, 2).map(lambda n: "9" * n + "1"),
 a range up to one of them makes a plan of up to MAX_OPS ops, which takes seconds to lint.)"""
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_hostile_values_in_a_plan(data):
     """A number, an odd character or a deep construct put anywhere in a plan."""
@@ -87,7 +83,6 @@ def test_hostile_values_in_a_plan(data):
     _check(src)
 
 
-@settings(max_examples=100, deadline=None)
 @given(loops=st.integers(0, 200), terms=st.integers(1, 200), parens=st.integers(0, 200))
 def test_nesting_is_refused_exactly_past_the_limit(loops, terms, parens):
     from octodsl.limits import MAX_NESTING

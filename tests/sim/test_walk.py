@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from octodsl.costs import Link, StageCost, uniform_stage_costs
@@ -47,7 +47,6 @@ def cases(draw):
     return plan, costs, link
 
 
-@settings(max_examples=60, deadline=None)
 @given(cases())
 def test_timelines_respect_dependencies_and_streams(case):
     plan, costs, link = case
