@@ -227,13 +227,14 @@ def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
 
 def warn_zero_without_copies(where: str, zero: int, dp: int) -> None:
     """Lint's W404 on standard error, for a command that takes --zero and --dp."""
+    from ..lang.errors import Diagnostic
     from ..plan import zero_without_copies
 
     message = zero_without_copies(zero, dp)
     if message:
         import sys
 
-        print(f"{where}: warning[W404]: {message} (give --dp 2 or more, or --zero 0)",
+        print(Diagnostic("W404", f"{message} (give --dp 2 or more, or --zero 0)").render(where, None),
               file=sys.stderr)
 
 

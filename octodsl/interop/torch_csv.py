@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePath
 
 from ..lang.bounds import ops_beyond_limit, whole_number
-from ..lang.errors import Diagnostic, PlanSyntaxError, Severity, ranges_text, source_lines
+from ..lang.errors import Diagnostic, PlanSyntaxError, ranges_text, source_lines
 from ..lint import lint_plan
 from ..limits import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, at_most
 from ..plan import (DevicePlacement, Header, Op, OpKind, Plan, PlanError, Recompute, Slot, Span,
@@ -81,8 +81,7 @@ def export_warnings(plan: Plan) -> list[Diagnostic]:
     if plan.header.zero:
         out.append(Diagnostic("W603", f"'zero {plan.header.zero}' is dropped: the CSV has no place "
                               "for ZeRO sharding", plan.header.spans.get("zero"),
-                              "set the sharding up in the training script instead",
-                              Severity.WARNING))
+                              "set the sharding up in the training script instead"))
     out.extend(_mesh_warnings(plan.header))
     recompute = [(i, s) for i, s in enumerate(plan.stages) if s.recompute is not Recompute.NONE]
     if recompute:
@@ -90,7 +89,7 @@ def export_warnings(plan: Plan) -> list[Diagnostic]:
         out.append(Diagnostic("W603", f"the recompute section ({shown}) is dropped: the CSV has "
                               "no place for it", recompute[0][1].recompute_span,
                               "torch's pipeline keeps every activation unless the stage's module "
-                              "checkpoints itself", Severity.WARNING))
+                              "checkpoints itself"))
     return out
 
 
@@ -112,7 +111,7 @@ def _mesh_warnings(h: Header) -> list[Diagnostic]:
             continue
         shown = str(value).lower()  # a bool as the plan writes it
         out.append(Diagnostic("W603", f"'{key} {shown}' is dropped: the CSV has no place for {what}",
-                              h.spans.get(key), hint, Severity.WARNING))
+                              h.spans.get(key), hint))
     return out
 
 
@@ -137,13 +136,13 @@ def read_csv(text: str, path: str = "<csv>",
     if lines[-1] == "":
         lines.pop()
     if len(lines) > MAX_DEVICES:
-        reader.error("E607", f"{len(lines):,} rows, one device each: a plan has "
-                     f"{at_most(MAX_DEVICES, 'devices')}", Span(MAX_DEVICES + 1, 1, MAX_DEVICES + 1, 2))
+        reader.report("E607", f"{len(lines):,} rows, one device each: a plan has "
+                      f"{at_most(MAX_DEVICES, 'devices')}", Span(MAX_DEVICES + 1, 1, MAX_DEVICES + 1, 2))
         raise PlanSyntaxError(reader.diags, path, text)
     rows = [reader.row(n + 1, line) for n, line in enumerate(lines)]
     if not any(rows):
-        reader.error("E606", "the file has no actions", None,
-                     "one row per rank, its actions separated by commas")
+        reader.report("E606", "the file has no actions", None,
+                      "one row per rank, its actions separated by commas")
     plan = reader.plan(rows, name or PurePath(path).stem)
     if not reader.has_errors():
         reader.lint(plan)
@@ -164,14 +163,11 @@ class _Reader:
         self.comms_dropped = False
         """Whether the warning about dropped communication actions was given (once per file)."""
 
-    def error(self, code: str, message: str, span: Span | None, hint: str | None = None) -> None:
+    def report(self, code: str, message: str, span: Span | None, hint: str | None = None) -> None:
         self.diags.append(Diagnostic(code, message, span, hint))
 
     def has_errors(self) -> bool:
         return any(d.is_error for d in self.diags)
-
-    def warn(self, code: str, message: str, span: Span | None, hint: str | None = None) -> None:
-        self.diags.append(Diagnostic(code, message, span, hint, Severity.WARNING))
 
     # -- one row ---------------------------------------------------------------------------
 
@@ -192,8 +188,8 @@ class _Reader:
         if text.startswith("("):
             close = text.find(")")
             if close < 0 or text[close + 1:] != GROUP:
-                self.error("E601", f"{_shown(text)} is not an action", span,
-                           f"an overlap group is written (ACTION;ACTION){GROUP}")
+                self.report("E601", f"{_shown(text)} is not an action", span,
+                            f"an overlap group is written (ACTION;ACTION){GROUP}")
                 return None
             ops, start = [], col + 1
             for part in text[1:close].split(";"):
@@ -204,7 +200,7 @@ class _Reader:
                 if op is not None:
                     ops.append(op)
             if not ops:
-                self.error("E601", "an overlap group without compute actions", span, _HINT)
+                self.report("E601", "an overlap group without compute actions", span, _HINT)
                 return None
             return _Cell(tuple(ops), span)
         op = self.action(line, col, text)
@@ -214,7 +210,7 @@ class _Reader:
         span = Span(line, col, line, col + len(text))
         m = _ACTION.fullmatch(text)
         if m is None:
-            self.error("E601", f"{_shown(text)} is not an action", span, _HINT)
+            self.report("E601", f"{_shown(text)} is not an action", span, _HINT)
             return None
         _, kind, mb = m.groups()
         stage = self.index(m, 1, MAX_STAGES, "a stage", span)
@@ -223,11 +219,11 @@ class _Reader:
         if kind not in FROM_TORCH:
             if not self.comms_dropped:
                 self.comms_dropped = True
-                self.warn("W601", f"communication actions such as '{text}' are dropped", span,
-                          "octodsl derives the messages from the plan's dependencies")
+                self.report("W601", f"communication actions such as '{text}' are dropped", span,
+                            "octodsl derives the messages from the plan's dependencies")
             return None
         if not mb:
-            self.error("E602", f"'{text}' names no micro-batch", span, f"e.g. {text}0")
+            self.report("E602", f"'{text}' names no micro-batch", span, f"e.g. {text}0")
             return None
         microbatch = self.index(m, 3, MAX_MICROBATCHES, "a micro-batch", span)
         if stage is None or microbatch is None:
@@ -252,8 +248,8 @@ class _Reader:
         microbatches = 1 + max((op.mb for _, op in ops), default=0)
         too_many = ops_beyond_limit(num_stages, microbatches)
         if too_many is not None:
-            self.error("E607", too_many, None, "the file names stages up to "
-                       f"{num_stages - 1} and micro-batches up to {microbatches - 1}")
+            self.report("E607", too_many, None, "the file names stages up to "
+                        f"{num_stages - 1} and micro-batches up to {microbatches - 1}")
         home = self.placement(ops, num_stages, check_missing=not self.has_errors())
         rows = self.split_mixed(rows)
         self.completeness(rows, num_stages, microbatches, check_missing=not self.has_errors())
@@ -272,15 +268,15 @@ class _Reader:
             if op.stage not in home:
                 home[op.stage], first[op.stage] = d, op
             elif home[op.stage] != d:
-                self.error("E603", f"stage {op.stage} is on row {d + 1} and on row "
-                           f"{home[op.stage] + 1}", op.span,
-                           f"{_torch(first[op.stage])} runs it on row {home[op.stage] + 1}; "
-                           "a stage lives on one rank")
+                self.report("E603", f"stage {op.stage} is on row {d + 1} and on row "
+                            f"{home[op.stage] + 1}", op.span,
+                            f"{_torch(first[op.stage])} runs it on row {home[op.stage] + 1}; "
+                            "a stage lives on one rank")
         absent = [s for s in range(num_stages if check_missing else 0) if s not in home]
         if absent:
-            self.error("E605", f"stage{'s' * (len(absent) > 1)} {ranges_text(absent)} "
-                       f"appear{'s' * (len(absent) == 1)} in no row", None,
-                       f"the file has stages up to {num_stages - 1}")
+            self.report("E605", f"stage{'s' * (len(absent) > 1)} {ranges_text(absent)} "
+                        f"appear{'s' * (len(absent) == 1)} in no row", None,
+                        f"the file has stages up to {num_stages - 1}")
         return home
 
     def split_mixed(self, rows: list[list[_Cell]]) -> list[list[_Cell]]:
@@ -302,10 +298,10 @@ class _Reader:
                                        if op in fused else op for op in c.ops), c.span))
                 new.extend(_Cell((Op(OpKind.W, op.stage, op.mb, op.span),), c.span) for op in fused)
             out.append(new)
-        self.warn("W602", "stage" + ("s " if len(mixed) > 1 else " ")
-                  + ", ".join(map(str, sorted(mixed)))
-                  + " mix fused (B) and split (I, W) backwards; each fused one became B then W",
-                  None, "a .octo stage either splits every backward or fuses every one")
+        self.report("W602", "stage" + ("s " if len(mixed) > 1 else " ")
+                    + ", ".join(map(str, sorted(mixed)))
+                    + " mix fused (B) and split (I, W) backwards; each fused one became B then W",
+                    None, "a .octo stage either splits every backward or fuses every one")
         return out
 
     def completeness(self, rows: list[list[_Cell]], num_stages: int, microbatches: int,
@@ -323,8 +319,8 @@ class _Reader:
                     if first is not None:
                         at = first.span
                         assert at is not None, "an op read from a CSV has its cell's span"
-                        self.error("E604", f"{_torch(op)} is given twice", op.span,
-                                   f"first at row {at.line}, column {at.col}")
+                        self.report("E604", f"{_torch(op)} is given twice", op.span,
+                                    f"first at row {at.line}, column {at.col}")
                     else:
                         seen[op.key()] = op
         if not check_missing:
@@ -336,10 +332,10 @@ class _Reader:
                        if (k, s, m) not in seen and m not in partial.get(s, ())]
             if missing and s in row_of:
                 shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
-                self.error("E605", f"stage {s} lacks {len(missing)} action(s): {shown}",
-                           Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
-                           f"every stage needs a forward and a backward for each micro-batch "
-                           f"0..{microbatches - 1}")
+                self.report("E605", f"stage {s} lacks {len(missing)} action(s): {shown}",
+                            Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
+                            f"every stage needs a forward and a backward for each micro-batch "
+                            f"0..{microbatches - 1}")
 
     def absent_microbatches(self, seen: dict[tuple[OpKind, int, int], Op], stages: list[int],
                             microbatches: int, row_of: dict[int, int]) -> dict[int, set[int]]:
@@ -364,23 +360,23 @@ class _Reader:
                 reported[s].update(ms)
             mbs = f"micro-batch{'es' * (len(ms) > 1)} {ranges_text(ms)}"
             if not on:
-                self.error("E605", f"no action names {mbs}", None,
-                           f"micro-batches are numbered from 0 without gaps; the file names "
-                           f"micro-batches up to {microbatches - 1}")
+                self.report("E605", f"no action names {mbs}", None,
+                            f"micro-batches are numbered from 0 without gaps; the file names "
+                            f"micro-batches up to {microbatches - 1}")
             elif not stray:
                 s = lacking[0]
-                self.error("E605", f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
-                           f"{'have' if len(lacking) > 1 else 'has'} no action of {mbs}",
-                           Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
-                           f"stage{'s' * (len(on) > 1)} {ranges_text(on)} "
-                           f"{'have' if len(on) > 1 else 'has'} {'them' if len(ms) > 1 else 'it'}")
+                self.report("E605", f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
+                            f"{'have' if len(lacking) > 1 else 'has'} no action of {mbs}",
+                            Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
+                            f"stage{'s' * (len(on) > 1)} {ranges_text(on)} "
+                            f"{'have' if len(on) > 1 else 'has'} {'them' if len(ms) > 1 else 'it'}")
             else:
-                self.error("E605", f"{mbs} appear{'s' * (len(ms) == 1)} only on "
-                           f"stage{'s' * (len(on) > 1)} {ranges_text(on)}", first[ms[0]].span,
-                           f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
-                           f"{'have' if len(lacking) > 1 else 'has'} none of "
-                           f"{'their' if len(ms) > 1 else 'its'} actions; every stage needs a "
-                           "forward and a backward for each micro-batch")
+                self.report("E605", f"{mbs} appear{'s' * (len(ms) == 1)} only on "
+                            f"stage{'s' * (len(on) > 1)} {ranges_text(on)}", first[ms[0]].span,
+                            f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
+                            f"{'have' if len(lacking) > 1 else 'has'} none of "
+                            f"{'their' if len(ms) > 1 else 'its'} actions; every stage needs a "
+                            "forward and a backward for each micro-batch")
         return reported
 
     def lint(self, plan: Plan) -> None:

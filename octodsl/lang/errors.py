@@ -9,34 +9,31 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..plan import Span
-
-
-class Severity(str, enum.Enum):
-    ERROR = "error"
-    WARNING = "warning"
+from .codes import CODES, Severity
 
 
 @dataclass(frozen=True, slots=True)
 class Diagnostic:
     code: str
-    """Stable identifier, e.g. E101 (syntax), E2xx (structure), E3xx (schedule), W4xx, E7xx/W7xx
-    (tensor parallelism)."""
+    """Stable identifier, one of octodsl.lang.codes.CODES (which says its severity and title)."""
     message: str
     span: Span | None = None
     hint: str | None = None
-    severity: Severity = Severity.ERROR
     notes: tuple[str, ...] = ()
     """Extra lines printed after the caret (e.g. the steps of a wait-for cycle)."""
     more: int = 0
     """Diagnostics of the same code left out after this one (`capped`), counted but not shown."""
     more_lines: tuple[int, int] = (0, 0)
     """The first and last line of those left out."""
+
+    @property
+    def severity(self) -> Severity:
+        return CODES[self.code].severity
 
     @property
     def is_error(self) -> bool:

@@ -232,7 +232,7 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
         raise PlanSyntaxError(list(to_ast.diags), path, source)
     # Comments are ignored by the grammar; collect them with their positions for fmt.
     comments = [ast.Comment(m.group(0).rstrip(), bounds.offset_span(source, m.start(), len(m.group(0))))
-                for m in _comment_matches(source)]
+                for m in comment_matches(source)]
     file.comments = comments
     file.blank_lines = frozenset(i for i, text in enumerate(source_lines(source), 1) if not text.strip())
     return file
@@ -277,7 +277,7 @@ def _skip_block(text: str, at: int) -> str:
     return text[:lo] + re.sub(r"[^\n]", " ", text[lo:hi]) + text[hi:]
 
 
-def _comment_matches(source: str):
+def comment_matches(source: str):
     """Every `#...` outside a string literal."""
     return (m for m in _STRING_OR_COMMENT.finditer(source) if m.group(0).startswith("#"))
 

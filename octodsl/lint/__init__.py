@@ -8,17 +8,20 @@ from ..lang.errors import Diagnostic, capped
 from ..models import SpecError, load_model
 from ..plan import Plan
 from .rules import RULES, Context, run_rules
+from .suppress import apply_suppressions
 
 __all__ = ["RULES", "lint_plan", "lint_source"]
 
 
 def lint_source(source: str, path: str = "<string>") -> tuple[Plan | None, list[Diagnostic]]:
-    """Parse, lower and check a plan text; all diagnostics, sorted by position, capped per code
-    and line (`Diagnostic.count` says how many each stands for)."""
+    """Parse, lower and check a plan text; all diagnostics but the warnings its suppression
+    comments silence, sorted by position, capped per code and line (`Diagnostic.count` says
+    how many each stands for)."""
     with paused_collection():  # see gcpause: a plan at the op limit is millions of objects
         plan, diags = analyze(source, path)
         if plan is not None:
             diags = diags + lint_plan(plan)
+        diags = apply_suppressions(source, diags)  # before the cap, which counts what it hides
     return plan, capped(sorted(diags, key=Diagnostic.sort_key))
 
 

@@ -1,7 +1,8 @@
 """Lint rules: small registered classes, each checking one thing about a Plan.
 
-A rule's `check(ctx)` yields Diagnostics. Rules marked `needs_valid_structure` run only when no
-structural error was found (a deadlock search over a plan with missing ops says nothing useful).
+A rule's `check(ctx)` yields Diagnostics of the codes it declares in `codes`. Rules marked
+`needs_valid_structure` run only when no structural error was found (a deadlock search over a
+plan with missing ops says nothing useful).
 A rule names the sections it speaks about in `needs`; it does not run when one of them is
 missing or stated nothing (no stages, no placement, no schedule block), as what it would report
 only restates that error (docs/diagnostics.md, "One cause, one diagnostic").
@@ -22,7 +23,8 @@ from ..mesh import Mesh
 from ..models import ModelSpec
 from ..models.tp import tp_problems
 from ..plan import Op, OpKind, Plan, Span, zero_without_copies
-from ..lang.errors import Diagnostic, Severity, ranges_text
+from ..lang.codes import CODES
+from ..lang.errors import Diagnostic, ranges_text
 
 
 @dataclass
@@ -58,7 +60,8 @@ class Context:
 
 
 class Rule:
-    code: str = ""
+    codes: tuple[str, ...] = ()
+    """The codes (octodsl.lang.codes.CODES) its check may report, and no other."""
     needs_valid_structure = False
     needs: tuple[str, ...] = ()
     """Sections ('partition', 'placement', 'schedule') without which the rule has nothing to say
@@ -72,6 +75,12 @@ RULES: list[type[Rule]] = []
 
 
 def rule(cls: type[Rule]) -> type[Rule]:
+    """Register a rule; one that declares no code, or a code the registry lacks, is refused as
+    the module loads (a programming error, which every test that lints meets first)."""
+    unknown = [c for c in cls.codes if c not in CODES]
+    if not cls.codes or unknown:
+        what = f"unknown codes {', '.join(unknown)}" if unknown else "no code"
+        raise TypeError(f"lint rule {cls.__name__} declares {what}")
     RULES.append(cls)
     return cls
 
@@ -92,7 +101,7 @@ def _layers(r: range) -> str:
 class PartitionCoverage(Rule):
     """Every layer in exactly one stage, in order, no empty stage."""
 
-    code = "E201"
+    codes = ("E201", "E202", "E204")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         stages = ctx.plan.stages
@@ -142,7 +151,7 @@ class PartitionCoverage(Rule):
 class PlacementValid(Rule):
     """Every stage on exactly one existing device."""
 
-    code = "E210"
+    codes = ("E210", "E211", "E212", "E213")
     needs = ("partition", "placement")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
@@ -173,7 +182,7 @@ class PlacementValid(Rule):
 class OpsComplete(Rule):
     """One F, and one B + W or one BW, per stage and micro-batch; each on its stage's device."""
 
-    code = "E301"
+    codes = ("E301", "E302", "E303", "E304", "E305")
     needs = ("partition", "schedule")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
@@ -275,7 +284,7 @@ def _again(mbs: list[int]) -> str:
 class NoDeadlock(Rule):
     """The devices' orders together admit an execution."""
 
-    code = "E310"
+    codes = ("E310",)
     needs_valid_structure = True
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
@@ -297,7 +306,7 @@ class NoDeadlock(Rule):
 class IdleDevice(Rule):
     """A device that holds no stage or runs nothing."""
 
-    code = "W401"
+    codes = ("W401",)
     needs = ("partition", "placement")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
@@ -305,22 +314,21 @@ class IdleDevice(Rule):
         held = {e.device for e in plan.placement if e.stages}
         for d in range(plan.devices):
             if d not in held and plan.placement:
-                yield Diagnostic("W401", f"device {d} holds no stage and stays idle", plan.placement_span,
-                                 severity=Severity.WARNING)
+                yield Diagnostic("W401", f"device {d} holds no stage and stays idle", plan.placement_span)
 
 
 @rule
 class FewMicrobatches(Rule):
     """Fewer micro-batches than devices: the pipeline is never full."""
 
-    code = "W402"
+    codes = ("W402",)
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
         if h.microbatches < h.devices:
             yield Diagnostic("W402", f"{h.microbatches} micro-batches for {h.devices} devices: the pipeline "
                              "is never full, and most of each device's time is bubble",
-                             h.spans.get("microbatches"), severity=Severity.WARNING,
+                             h.spans.get("microbatches"),
                              hint="use at least as many micro-batches as devices")
 
 
@@ -328,7 +336,7 @@ class FewMicrobatches(Rule):
 class OverlapSameDirection(Rule):
     """An overlap group of two forwards (or two backwards) gains nothing over running them in turn."""
 
-    code = "W403"
+    codes = ("W403",)
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         for slots in ctx.plan.schedule:
@@ -338,7 +346,7 @@ class OverlapSameDirection(Rule):
                 fwd = [op.kind is OpKind.F for op in slot.ops]
                 if all(fwd) or not any(fwd):
                     yield Diagnostic("W403", f"overlap group {slot} pairs ops of the same direction",
-                                     slot.span, severity=Severity.WARNING,
+                                     slot.span,
                                      hint="overlap pays off between a forward and a backward")
 
 
@@ -346,13 +354,13 @@ class OverlapSameDirection(Rule):
 class ZeroWithoutCopies(Rule):
     """ZeRO shards over the data-parallel copies: with one copy there is nothing to shard."""
 
-    code = "W404"
+    codes = ("W404",)
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
         message = zero_without_copies(h.zero, h.dp)
         if message:
-            yield Diagnostic("W404", message, h.spans.get("zero"), severity=Severity.WARNING,
+            yield Diagnostic("W404", message, h.spans.get("zero"),
                              hint="give the data-parallel copies ('dp 8'), or drop 'zero'")
 
 
@@ -360,7 +368,7 @@ class ZeroWithoutCopies(Rule):
 class OverlapsNeedTheirCommunication(Rule):
     """An overlap field with nothing to overlap, or without what Megatron needs to overlap it."""
 
-    code = "W405"
+    codes = ("E405", "W405", "W703", "E704")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
@@ -372,12 +380,12 @@ class OverlapsNeedTheirCommunication(Rule):
         if h.overlap_grad_reduce and h.dp == 1:
             yield Diagnostic("W405", "overlap_grad_reduce true with dp 1: there are no gradients "
                              "to reduce over data-parallel copies", h.spans.get("overlap_grad_reduce"),
-                             severity=Severity.WARNING, hint="give 'dp 8' or more, or drop "
+                             hint="give 'dp 8' or more, or drop "
                              "'overlap_grad_reduce'")
         if h.overlap_tp_comm and h.tp == 1:
             yield Diagnostic("W703", "overlap_tp_comm true with tp 1: there are no tensor-parallel "
                              "collectives to overlap", h.spans.get("overlap_tp_comm"),
-                             severity=Severity.WARNING, hint="give 'tp 2' or more, or drop "
+                             hint="give 'tp 2' or more, or drop "
                              "'overlap_tp_comm'")
         elif h.overlap_tp_comm and not h.sp:
             yield Diagnostic("E704", "overlap_tp_comm true without sequence parallelism: Megatron "
@@ -394,7 +402,7 @@ class OverlapsNeedTheirCommunication(Rule):
 class SequenceParallelNeedsTp(Rule):
     """Sequence parallelism splits the sequence over the tp group: with tp 1 there is none."""
 
-    code = "E701"
+    codes = ("E701",)
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
@@ -410,7 +418,7 @@ class TpSplitsModel(Rule):
     """tp must split every size of the model it divides (octodsl.models.tp): an error where it
     cannot, a warning where it is handled another way (KV heads replicated, vocab padded)."""
 
-    code = "E702"
+    codes = ("E702", "W701")
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h, spec = ctx.plan.header, ctx.spec
@@ -425,7 +433,7 @@ class TpSplitsModel(Rule):
                                  hint=None if i else _tp_that_fit(spec, h.gpus_per_node))
             else:
                 yield Diagnostic("W701", f"{spec.name}'s {p.kind} {p.what} {p.size} with tp {h.tp}: "
-                                 f"{p.remedy}", h.spans.get("tp"), severity=Severity.WARNING)
+                                 f"{p.remedy}", h.spans.get("tp"))
 
 
 def _node_tps(gpus_per_node: int) -> list[int]:
@@ -451,7 +459,7 @@ class SequenceSplits(Rule):
     """Sequence parallelism gives each GPU of the tp group 1/tp of the sequence: the sequence
     length must divide (Megatron requires it too)."""
 
-    code = "E703"
+    codes = ("E703",)
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
@@ -476,7 +484,7 @@ def _multiples_near(value: int, step: int) -> list[int]:
 class TpGroupSpansNodes(Rule):
     """A tp group with GPUs in two nodes: its collectives leave NVLink for the inter-node link."""
 
-    code = "W702"
+    codes = ("W702",)
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
@@ -490,7 +498,7 @@ class TpGroupSpansNodes(Rule):
             f"collectives run on the inter-node link ({inter.name}: {inter.bandwidth / 1e9:g} GB/s) "
             f"instead of NVLink ({intra.name}: {intra.bandwidth / 1e9:g} GB/s), about "
             f"{intra.bandwidth / inter.bandwidth:.1f}x slower per collective", h.spans.get("tp"),
-            severity=Severity.WARNING, hint=f"tp {_or_list(_node_tps(h.gpus_per_node))} stay inside a node of "
+            hint=f"tp {_or_list(_node_tps(h.gpus_per_node))} stay inside a node of "
             f"{h.gpus_per_node} GPUs")
 
 
