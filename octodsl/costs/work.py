@@ -31,7 +31,7 @@ from ..models.spec import (
     AttentionConfig, EmbeddingConfig, GatedDeltaNetConfig, LayerConfig, LMHeadLossConfig,
     Mamba1Config, Mamba2Config, MLPConfig, ModelSpec, MoEConfig,
 )
-from ..models.tp import local_layer, local_vocab
+from ..models.tp import kv_split, local_layer, local_vocab
 
 ATTENTION_BWD = 2.5
 """Flash-attention backward FLOPs over forward (five matmuls against two)."""
@@ -376,7 +376,7 @@ def layer_work(spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = Fals
                    local_vocab(spec.vocab, tp), spec.dtype_bytes, tp, sp and tp > 1,
                    spec.dropout > 0)
     work = _WORK_OF_KIND[layer.kind](local_layer(layer, tp), shape)
-    if isinstance(layer, AttentionConfig) and layer.kv_heads < tp:
+    if isinstance(layer, AttentionConfig) and kv_split(layer.kv_heads, tp).replicated:
         # replicated KV heads: B sums the gradient of each one's K and V over the GPUs sharing
         # it (costed over the whole group: an upper bound for its tp / kv_heads sharers)
         kv = float(shape.tokens * 2 * layer.head_dim * shape.e)

@@ -3,7 +3,7 @@
 Tensor-parallel as Megatron's: the heads split over the group, the QKV projection
 column-parallel (each rank keeps its query heads, their output gates (Qwen3-Next) and the KV
 heads they use), the output projection row-parallel. When there are fewer KV heads than ranks
-(`models.tp`: each replicated on tp / kv_heads ranks) the ranks sharing a head each hold its
+(`models.tp.kv_split`: each replicated on tp / kv_heads ranks) the ranks sharing a head each hold its
 projection, a separate `kv` Linear: each rank's gradient of it covers its own query heads only,
 so `copy_shared` sums the keys' and values' gradients over the sharers in B (one all-reduce of
 every head's), giving every sharer the whole weight gradient (local in W, as for any shard),
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.spec import AttentionConfig
+from ..models.tp import kv_split
 from . import tensor_parallel as tpl
 from .common import linear
 from .recompute import recomputable
@@ -54,9 +55,10 @@ class Attention(nn.Module):
         self.out = linear(cfg.heads * cfg.head_dim, hidden)
         self.kv_heads = cfg.kv_heads
         """The layer's KV heads, on all ranks."""
-        self.kv_head = tp.rank * self.cfg.heads // (cfg.heads // cfg.kv_heads)
+        kv = kv_split(cfg.kv_heads, tp.size)
+        self.kv_head = kv.first_head(tp.rank)
         """The first KV head this rank's query heads use."""
-        self.sharers = max(tp.size // cfg.kv_heads, 1)
+        self.sharers = kv.sharers
         """Ranks holding each KV head (1 unless replicated)."""
         self.kv: nn.Linear | None = None
         """The replicated KV head's projection (fewer KV heads than ranks), else None."""

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.tp import padded_vocab
+from ..models.tp import local_vocab
 from . import tensor_parallel as tpl
 from .common import INIT_STD, wide_dtype
 from .recompute import recomputable
@@ -38,7 +38,7 @@ class VocabShard:
     def __init__(self, vocab: int, tp: tpl.TpGroup):
         self.vocab = vocab
         self.tp = tp
-        self.rows = padded_vocab(vocab, tp.size) // tp.size
+        self.rows = local_vocab(vocab, tp.size)
         self.first = tp.rank * self.rows
 
     def weight(self, hidden: int) -> nn.Parameter:

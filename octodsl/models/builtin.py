@@ -25,7 +25,7 @@ def _qwen3_next_pattern(layers: int) -> str:
     return "".join(("*" if (i + 1) % 4 == 0 else "G") + "E" for i in range(layers))
 
 
-def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, description: str) -> dict:
+def _llama(*, name: str, layers: int, hidden: int, ffn: int, heads: int, description: str) -> dict:
     return {
         "name": name, "description": description, "hidden": hidden, "vocab": 128256,
         "seq_len": 4096, "pattern": "*-" * layers,
@@ -34,7 +34,7 @@ def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, descriptio
     }
 
 
-def _nemotron_h(name: str, pattern: str, hidden: int, ffn: int, heads: int, mamba_heads: int,
+def _nemotron_h(*, name: str, pattern: str, hidden: int, ffn: int, heads: int, mamba_heads: int,
                 state: int, description: str) -> dict:
     return {
         "name": name, "description": description, "hidden": hidden, "vocab": 131072,
@@ -48,14 +48,17 @@ def _nemotron_h(name: str, pattern: str, hidden: int, ffn: int, heads: int, mamb
 
 BUILTINS: dict[str, dict] = {
     "nemotron-h-8b": _nemotron_h(
-        "nemotron-h-8b", _NEMOTRON_H_8B, 4096, 21504, 32, 128, 128,
-        "NVIDIA Nemotron-H-8B: 24 Mamba2, 4 attention, 24 squared-ReLU MLP layers"),
+        name="nemotron-h-8b", pattern=_NEMOTRON_H_8B, hidden=4096, ffn=21504, heads=32,
+        mamba_heads=128, state=128,
+        description="NVIDIA Nemotron-H-8B: 24 Mamba2, 4 attention, 24 squared-ReLU MLP layers"),
     "nemotron-h-47b": _nemotron_h(
-        "nemotron-h-47b", _NEMOTRON_H_47B, 8192, 30720, 64, 256, 256,
-        "NVIDIA Nemotron-H-47B: 45 Mamba2, 5 attention, 48 squared-ReLU MLP layers"),
+        name="nemotron-h-47b", pattern=_NEMOTRON_H_47B, hidden=8192, ffn=30720, heads=64,
+        mamba_heads=256, state=256,
+        description="NVIDIA Nemotron-H-47B: 45 Mamba2, 5 attention, 48 squared-ReLU MLP layers"),
     "nemotron-h-56b": _nemotron_h(
-        "nemotron-h-56b", _NEMOTRON_H_56B, 8192, 32768, 64, 256, 256,
-        "NVIDIA Nemotron-H-56B: 54 Mamba2, 10 attention, 54 squared-ReLU MLP layers"),
+        name="nemotron-h-56b", pattern=_NEMOTRON_H_56B, hidden=8192, ffn=32768, heads=64,
+        mamba_heads=256, state=256,
+        description="NVIDIA Nemotron-H-56B: 54 Mamba2, 10 attention, 54 squared-ReLU MLP layers"),
     "jamba-v0.1": {
         "name": "jamba-v0.1", "hidden": 4096, "vocab": 65536, "seq_len": 4096,
         "description": "AI21 Jamba v0.1: 32 layers (Mamba1:attention 7:1, MoE every other layer)",
@@ -78,10 +81,10 @@ BUILTINS: dict[str, dict] = {
         "moe": {"experts": 512, "top_k": 10, "expert_ffn": 512, "shared_ffn": 512,
                 "aux_loss_coef": 0.001},
     },
-    "llama3-8b": _llama("llama3-8b", 32, 4096, 14336, 32,
-                        "Meta Llama 3 8B (homogeneous control)"),
-    "llama3-70b": _llama("llama3-70b", 80, 8192, 28672, 64,
-                         "Meta Llama 3 70B (homogeneous control)"),
+    "llama3-8b": _llama(name="llama3-8b", layers=32, hidden=4096, ffn=14336, heads=32,
+                        description="Meta Llama 3 8B (homogeneous control)"),
+    "llama3-70b": _llama(name="llama3-70b", layers=80, hidden=8192, ffn=28672, heads=64,
+                         description="Meta Llama 3 70B (homogeneous control)"),
     "nemotron-h-tiny": {
         "name": "nemotron-h-tiny", "hidden": 256, "vocab": 8192, "seq_len": 256,
         "microbatch_size": 2, "dtype": "fp32",

@@ -20,6 +20,7 @@ from typing import Any
 from .. import limits
 from ..errors import OctoError
 from ..inputs import kind_of, read_data
+from .parse import SpecError, parse_model
 from .spec import ModelSpec
 
 MAX_CONFIG_BYTES = 1 << 24
@@ -300,8 +301,6 @@ def spec_fields(data: dict, source: str, name: str | None = None) -> dict:
 def load_hf(path: str | Path, name: str | None = None) -> ModelSpec:
     """The model spec of a Hugging Face config (a config.json, or a folder holding one).
     Raises SpecError."""
-    from .load import SpecError, parse_model
-
     source = str(Path(path) / "config.json" if Path(path).is_dir() else path)
     try:
         fields = spec_fields(read_config(path), source, name)

@@ -1,6 +1,7 @@
 """How tensor parallelism splits each layer kind (Megatron-LM's layouts), in one place: lint
 checks a plan's `tp` against it, the cost model sizes one GPU's share of each layer with it, and
-the tensor-parallel torch layers build their shards from it.
+the tensor-parallel torch layers build their shards from it. `SPLIT_FIELDS` is the table of
+which fields each kind divides; `kv_split` is how GQA's KV heads go over the group.
 
 What each kind splits over a tp group of t GPUs (docs/models-and-costs.md, "Tensor parallelism"):
 - attention: query heads / t (column-parallel Q, K, V; row-parallel output); KV heads / t, or,
@@ -21,11 +22,56 @@ What each kind splits over a tp group of t GPUs (docs/models-and-costs.md, "Tens
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
 
-from .spec import (
-    AttentionConfig, GatedDeltaNetConfig, LayerConfig, Mamba1Config, Mamba2Config, MLPConfig,
-    ModelSpec, MoEConfig,
-)
+from .spec import LayerConfig, ModelSpec
+
+
+class Split(Enum):
+    """How tp divides one field of a layer."""
+
+    DIVIDE = "divide"
+    """size / tp on each GPU; tp must divide it."""
+    KV_HEADS = "kv_heads"
+    """GQA's KV heads: divided, or, when tp is a multiple of them, each replicated (`kv_split`)."""
+
+
+SPLIT_FIELDS: dict[str, dict[str, Split]] = {
+    "attention": {"heads": Split.DIVIDE, "kv_heads": Split.KV_HEADS},
+    "mlp": {"ffn": Split.DIVIDE},
+    "moe": {"expert_ffn": Split.DIVIDE, "shared_ffn": Split.DIVIDE},
+    "mamba2": {"heads": Split.DIVIDE, "groups": Split.DIVIDE},
+    "mamba1": {"inner": Split.DIVIDE},
+    "gated_deltanet": {"key_heads": Split.DIVIDE, "value_heads": Split.DIVIDE},
+}
+"""The fields tp divides, per layer kind (the module's docstring says why each); every other
+field, and every field of the kinds not listed (embedding, LM head: the vocabulary, split by
+`local_vocab`), is whole on every GPU."""
+
+
+class KvSplit(NamedTuple):
+    """How a tp group of `tp` GPUs holds an attention layer's `kv_heads` KV heads."""
+
+    per_gpu: int
+    """KV heads each GPU holds: kv_heads / tp, or 1 when there are fewer than tp."""
+    sharers: int
+    """GPUs holding each KV head: tp / kv_heads when replicated, else 1."""
+
+    @property
+    def replicated(self) -> bool:
+        return self.sharers > 1
+
+    def first_head(self, rank: int) -> int:
+        """The first KV head GPU `rank` holds (its query heads use it and the next
+        `per_gpu - 1`)."""
+        return rank // self.sharers * self.per_gpu
+
+
+def kv_split(kv_heads: int, tp: int) -> KvSplit:
+    """The KV heads one GPU of a tp group holds, and how many GPUs share each (Megatron's GQA
+    layout); for a layer with no fatal problem at this tp (`layer_problems`)."""
+    return KvSplit(max(kv_heads // tp, 1), max(tp // kv_heads, 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,37 +92,25 @@ class TpProblem:
         return f"{self.kind} {self.what} {self.size}" + (f": {self.remedy}" if self.remedy else "")
 
 
-def _split(kind: str, fields: dict[str, int], tp: int) -> list[TpProblem]:
-    return [TpProblem(kind, what, size, True, f"not divisible by tp {tp}")
-            for what, size in fields.items() if size % tp]
+def _field_problem(kind: str, what: str, size: int, split: Split, tp: int) -> TpProblem | None:
+    if size % tp == 0:
+        return None
+    if split is Split.DIVIDE:
+        return TpProblem(kind, what, size, True, f"not divisible by tp {tp}")
+    if tp % size == 0:
+        return TpProblem(kind, what, size, False,
+                         f"each KV head replicated on {kv_split(size, tp).sharers} GPUs of the "
+                         "tp group")
+    return TpProblem(kind, what, size, True, f"neither divisible by tp {tp} nor a divisor of it")
 
 
 def layer_problems(layer: LayerConfig, tp: int) -> list[TpProblem]:
     """What tp cannot split evenly in one layer."""
     if tp == 1:
         return []
-    if isinstance(layer, AttentionConfig):
-        out = _split("attention", {"heads": layer.heads}, tp)
-        kv = layer.kv_heads
-        if kv % tp and tp % kv == 0:
-            out.append(TpProblem("attention", "kv_heads", kv, False,
-                                 f"each KV head replicated on {tp // kv} GPUs of the tp group"))
-        elif kv % tp:
-            out.append(TpProblem("attention", "kv_heads", kv, True,
-                                 f"neither divisible by tp {tp} nor a divisor of it"))
-        return out
-    if isinstance(layer, MLPConfig):
-        return _split("mlp", {"ffn": layer.ffn}, tp)
-    if isinstance(layer, MoEConfig):
-        return _split("moe", {"expert_ffn": layer.expert_ffn, "shared_ffn": layer.shared_ffn}, tp)
-    if isinstance(layer, Mamba2Config):
-        return _split("mamba2", {"heads": layer.heads, "groups": layer.groups}, tp)
-    if isinstance(layer, Mamba1Config):
-        return _split("mamba1", {"inner": layer.inner}, tp)
-    if isinstance(layer, GatedDeltaNetConfig):
-        return _split("gated_deltanet", {"key_heads": layer.key_heads,
-                                         "value_heads": layer.value_heads}, tp)
-    return []
+    found = (_field_problem(layer.kind, what, getattr(layer, what), split, tp)
+             for what, split in SPLIT_FIELDS.get(layer.kind, {}).items())
+    return [p for p in found if p is not None]
 
 
 def tp_problems(spec: ModelSpec, tp: int) -> list[TpProblem]:
@@ -89,7 +123,7 @@ def tp_problems(spec: ModelSpec, tp: int) -> list[TpProblem]:
         seen[("embedding", "vocab", spec.vocab)] = TpProblem(
             "embedding", "vocab", spec.vocab, False,
             f"padded to {padded_vocab(spec.vocab, tp)} ({tp} shards of "
-            f"{padded_vocab(spec.vocab, tp) // tp})")
+            f"{local_vocab(spec.vocab, tp)})")
     return sorted(seen.values(), key=lambda p: not p.fatal)
 
 
@@ -110,25 +144,15 @@ def local_params(spec: ModelSpec, i: int, tp: int) -> int:
                                                   spec.tie_embeddings)
 
 
+def _local_size(size: int, split: Split, tp: int) -> int:
+    return size // tp if split is Split.DIVIDE else kv_split(size, tp).per_gpu
+
+
 def local_layer(layer: LayerConfig, tp: int) -> LayerConfig:
-    """The part of `layer` one GPU of a tp group holds, as a layer of the same kind (sizes
-    divided as the module says; KV heads at least 1: replicated). The layer must have no fatal
-    problem at this tp."""
-    if tp == 1:
+    """The part of `layer` one GPU of a tp group holds, as a layer of the same kind (the fields
+    of `SPLIT_FIELDS` divided). The layer must have no fatal problem at this tp."""
+    fields = SPLIT_FIELDS.get(layer.kind)
+    if tp == 1 or not fields:
         return layer
-    update: dict[str, int]
-    if isinstance(layer, AttentionConfig):
-        update = {"heads": layer.heads // tp, "kv_heads": max(layer.kv_heads // tp, 1)}
-    elif isinstance(layer, MLPConfig):
-        update = {"ffn": layer.ffn // tp}
-    elif isinstance(layer, MoEConfig):
-        update = {"expert_ffn": layer.expert_ffn // tp, "shared_ffn": layer.shared_ffn // tp}
-    elif isinstance(layer, Mamba2Config):
-        update = {"heads": layer.heads // tp, "groups": layer.groups // tp}
-    elif isinstance(layer, Mamba1Config):
-        update = {"inner": layer.inner // tp}
-    elif isinstance(layer, GatedDeltaNetConfig):
-        update = {"key_heads": layer.key_heads // tp, "value_heads": layer.value_heads // tp}
-    else:
-        return layer
-    return layer.model_copy(update=update)
+    return layer.model_copy(update={what: _local_size(getattr(layer, what), split, tp)
+                                    for what, split in fields.items()})
