@@ -14,7 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
+import numpy as np
+
 from .gcpause import paused_collection
+from .limits import MAX_OPS
+from .optable import BW, B, F, OpTable, W, op_table
 from .plan import Op, OpKind, Plan
 
 BACKWARD_INPUT = (OpKind.B, OpKind.BW)
@@ -183,16 +187,120 @@ def _edges(S: int, node_ops: list[tuple[Op, ...]], node_device: list[int], op_no
 def deadlock(plan: Plan) -> list[Wait] | None:
     """The wait-for cycle of `execution_order`, or None when the plan runs. Walks node ids
     alone, without the graph's edge and message objects (lint's check of a plan at the op
-    limit); builds the graph only to describe a cycle."""
+    limit); builds the graph only to describe a cycle.
+
+    Where the walk stops does not depend on the order it visits the devices in (running a node
+    never stops another from running), so the array walk (`_stuck`), used whenever every op is
+    inside the plan's stages and micro-batches, stops where `_walk` does."""
     with paused_collection():
-        node_ops, _, order, op_node, _ = _nodes(plan)
-        S, get = plan.num_stages, op_node.get
-        sources = [[src for op in ops for key in _producer_keys(op, S, op_node)
-                    if (src := get(key)) is not None] for ops in node_ops]
-        walked = _walk(order, sources, len(node_ops), _first_pending_id)
+        pos = _stuck(plan)
+        if pos is None:
+            walked = _walk_ids(plan)
+        elif all(p == len(slots) for p, slots in zip(pos, plan.schedule, strict=True)):
+            walked = []
+        else:
+            walked = (_done_before(plan, pos), pos)
     if isinstance(walked, list):
         return None
     return _cycle(build_graph(plan), *walked)  # the graph's edges are these sources, in order
+
+
+def _walk_ids(plan: Plan) -> list[int] | tuple[bytearray, list[int]]:
+    """`_walk` over each node's producer ids (the reference the array walk keeps to)."""
+    node_ops, _, order, op_node, _ = _nodes(plan)
+    S, get = plan.num_stages, op_node.get
+    sources = [[src for op in ops for key in _producer_keys(op, S, op_node)
+                if (src := get(key)) is not None] for ops in node_ops]
+    return _walk(order, sources, len(node_ops), _first_pending_id)
+
+
+def _done_before(plan: Plan, pos: list[int]) -> bytearray:
+    """`_walk`'s done flags for a walk stopped at `pos`: the nodes before each device's position."""
+    done = bytearray()
+    for p, slots in zip(pos, plan.schedule, strict=True):
+        done += b"\1" * p + b"\0" * (len(slots) - p)
+    return done
+
+
+def _stuck(plan: Plan) -> list[int] | None:
+    """Each device's position where `_walk` stops (its length when the plan runs), over integer
+    arrays; None when an op's stage or micro-batch is outside the plan (the ids walk then)."""
+    table = op_table(plan)
+    S, M = plan.num_stages, plan.microbatches
+    keys = table.keys(S, M) if 4 * S * M <= 4 * MAX_OPS else None
+    if keys is None:
+        return None
+    producers = _producer_nodes(table, keys, S, M)
+    return _walk_arrays(table, producers)
+
+
+def _producer_nodes(table: OpTable, keys: np.ndarray, S: int, M: int) -> tuple[list[int], list[int], dict[int, list[int]]]:
+    """The nodes each node needs done first, as `_producer_keys` resolves them: two per node
+    (-1 for none), and for an overlap group the list of all its ops' (its two are then -2)."""
+    found, first = np.unique(keys, return_index=True)
+    node_of = np.full(4 * S * M, -1, np.int64)
+    node_of[found] = table.node[first]  # a duplicated op counts at its first occurrence
+
+    def at(kind: int, stage: np.ndarray, mb: np.ndarray) -> np.ndarray:
+        return node_of[(kind * S + stage) * M + mb]
+
+    kind, stage, mb = table.kind, table.stage, table.mb
+    p1 = np.full(len(kind), -1, np.int64)
+    p2 = np.full(len(kind), -1, np.int64)
+    fwd = (kind == F) & (stage > 0)
+    p1[fwd] = at(F, stage[fwd] - 1, mb[fwd])
+    wgt = kind == W
+    p1[wgt] = at(B, stage[wgt], mb[wgt])
+    bwd = (kind == B) | (kind == BW)
+    p1[bwd] = at(F, stage[bwd], mb[bwd])
+    nxt = bwd & (stage + 1 < S)
+    split = at(B, stage[nxt] + 1, mb[nxt])
+    p2[nxt] = np.where(split >= 0, split, at(BW, stage[nxt] + 1, mb[nxt]))
+    if len(kind) == table.num_nodes:  # one op per node
+        return p1.tolist(), p2.tolist(), {}
+    groups: dict[int, list[int]] = {}
+    for op, n in enumerate(table.node.tolist()):
+        groups.setdefault(n, []).extend(int(p) for p in (p1[op], p2[op]) if p >= 0)
+    n1 = np.full(table.num_nodes, -1, np.int64)
+    n2 = np.full(table.num_nodes, -1, np.int64)
+    alone = np.bincount(table.node, minlength=table.num_nodes) == 1
+    single = alone[table.node]
+    n1[table.node[single]], n2[table.node[single]] = p1[single], p2[single]
+    n1[~alone] = n2[~alone] = -2
+    return n1.tolist(), n2.tolist(), {n: groups[n] for n in np.flatnonzero(~alone).tolist()}
+
+
+def _walk_arrays(table: OpTable, producers: tuple[list[int], list[int], dict[int, list[int]]]) -> list[int]:
+    """`_walk` over the nodes' producers (nodes are numbered device by device, so a device's
+    position is a node id); each device's position where it stopped."""
+    p1, p2, groups = producers
+    done = bytearray(table.num_nodes)
+    pos = [r.start for r in table.device_nodes]
+    ends = [r.stop for r in table.device_nodes]
+    waiting: dict[int, list[int]] = {}
+    stack = list(range(len(pos) - 1, -1, -1))
+    while stack:
+        d = stack.pop()
+        i, end = pos[d], ends[d]
+        while i < end:
+            a, b = p1[i], p2[i]
+            if a == -2:
+                a = next((p for p in groups[i] if not done[p]), -1)
+                b = -1
+            if a >= 0 and not done[a]:
+                waiting.setdefault(a, []).append(d)
+                break
+            if b >= 0 and not done[b]:
+                waiting.setdefault(b, []).append(d)
+                break
+            done[i] = 1
+            if waiting:
+                woken = waiting.pop(i, None)
+                if woken:
+                    stack.extend(woken)
+            i += 1
+        pos[d] = i
+    return [p - r.start for p, r in zip(pos, table.device_nodes, strict=True)]
 
 
 def execution_order(g: Graph) -> list[int] | list[Wait]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from octodsl.dag import build_graph
+from octodsl.dag import _done_before, _stuck, _walk_ids, build_graph, deadlock, execution_order
 from octodsl.gen import generate
-from octodsl.plan import Op, OpKind
+from octodsl.plan import Header, Op, OpKind, Plan, Slot, Stage, placement_loop
 
 
 def test_messages_of_a_two_device_pipeline():
@@ -36,3 +38,38 @@ def test_messages_are_the_crossing_edges_and_each_edge_knows_its_own(name):
             assert m.producer.stage == m.consumer.stage + 1 == m.boundary + 1
         assert m.consumer.mb == m.mb
     assert g.messages and Op(OpKind.F, 0, 0) in [m.producer for m in g.messages]
+
+
+# -- the array walk keeps to the ids walk ------------------------------------------------------
+
+@st.composite
+def small_plans(draw) -> Plan:
+    """Plans of up to 3 devices, 4 stages and 3 micro-batches whose devices list random ops
+    (some missing, some twice, some in overlap groups, now and then one outside the plan)."""
+    devices, stages, mbs = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    op = st.builds(Op, st.sampled_from(list(OpKind)), st.integers(0, stages - 1) | st.just(stages),
+                   st.integers(0, mbs - 1))
+    slot = st.lists(op, min_size=1, max_size=3, unique_by=Op.key).map(lambda ops: Slot(tuple(ops)))
+    schedule = [draw(st.lists(st.one_of(op.map(lambda o: Slot((o,))), slot), max_size=12))
+                for _ in range(devices)]
+    return Plan(Header(name="p", devices=devices, microbatches=mbs), [Stage() for _ in range(stages)],
+                placement_loop(stages, devices), schedule)
+
+
+@given(small_plans())
+def test_the_array_walk_stops_where_the_ids_walk_does(plan):
+    walked = _walk_ids(plan)
+    pos = _stuck(plan)
+    if pos is None:  # an op outside the plan: deadlock() walks the ids itself
+        assert any(not (0 <= op.stage < plan.num_stages) for _, _, op in plan.ops())
+        return
+    if isinstance(walked, list):
+        assert pos == [len(slots) for slots in plan.schedule]
+    else:
+        assert pos == walked[1] and _done_before(plan, pos) == walked[0]
+
+
+@given(small_plans())
+def test_deadlock_finds_the_cycle_execution_order_finds(plan):
+    order = execution_order(build_graph(plan))
+    assert deadlock(plan) == (None if not order or isinstance(order[0], int) else order)

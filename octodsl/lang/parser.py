@@ -14,7 +14,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from ..plan import Header, Span
 from ..units import parse_size
-from . import bounds
+from . import bounds, fastparse
 from . import syntax as ast
 from .errors import BOM, Diagnostic, PlanSyntaxError, source_lines
 
@@ -198,11 +198,16 @@ def _end_span(source: str) -> Span:
 
 
 def parse_syntax(source: str, path: str = "<string>") -> ast.File:
-    """Parse .octo text into a syntax tree; raises PlanSyntaxError with the syntax errors found:
+    """Parse .octo text into a syntax tree (fastparse's, when it reads the text; lark's, which
+    words the errors, otherwise); raises PlanSyntaxError with the syntax errors found:
     the first one of each block (the rest of the block, up to its matching `}`, is skipped, so
     that the well-formed lines after it are not reported), and the first one of each section
     outside a block. A leading byte-order mark is ignored."""
     source = source.removeprefix(BOM)
+    # Parentheses first: fastparse recurses into them (lark's path reports them, E105).
+    fast = None if bounds.parentheses(source) else fastparse.parse(source)
+    if fast is not None:
+        return _with_layout(fast, source)
     errors: list[Diagnostic] = []
     text, tree, last = source, None, -1
     lark = _parser()
@@ -230,10 +235,13 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
     file: ast.File = to_ast.transform(tree)
     if to_ast.diags:
         raise PlanSyntaxError(list(to_ast.diags), path, source)
-    # Comments are ignored by the grammar; collect them with their positions for fmt.
-    comments = [ast.Comment(m.group(0).rstrip(), bounds.offset_span(source, m.start(), len(m.group(0))))
-                for m in comment_matches(source)]
-    file.comments = comments
+    return _with_layout(file, source)
+
+
+def _with_layout(file: ast.File, source: str) -> ast.File:
+    """`file` with the comments (which the grammar ignores) and blank lines of its source, for fmt."""
+    file.comments = [ast.Comment(m.group(0).rstrip(), bounds.offset_span(source, m.start(), len(m.group(0))))
+                     for m in comment_matches(source)]
     file.blank_lines = frozenset(i for i, text in enumerate(source_lines(source), 1) if not text.strip())
     return file
 
