@@ -224,10 +224,11 @@ def _done_before(plan: Plan, pos: list[int]) -> bytearray:
 
 def _stuck(plan: Plan) -> list[int] | None:
     """Each device's position where `_walk` stops (its length when the plan runs), over integer
-    arrays; None when an op's stage or micro-batch is outside the plan (the ids walk then)."""
+    arrays; None when an op's stage or micro-batch is outside the plan, or when stages x
+    micro-batches exceed MAX_OPS (the node table would have 4 x S x M entries): the ids walk then."""
     table = op_table(plan)
     S, M = plan.num_stages, plan.microbatches
-    keys = table.keys(S, M) if 4 * S * M <= 4 * MAX_OPS else None
+    keys = table.keys(S, M) if S * M <= MAX_OPS else None
     if keys is None:
         return None
     producers = _producer_nodes(table, keys, S, M)

@@ -1,5 +1,5 @@
 """A plan's ops as integer arrays, for the checks that look at every op of a plan at the op limit
-(lint's completeness check, the deadlock walk): one pass over the Op objects, then numpy.
+(the deadlock walk): one pass over the Op objects, then numpy.
 
 Ops are in the plan's order (device by device, slot by slot); a node is a slot (an overlap group
 is one node), numbered in the same order, as dag.build_graph numbers them.
@@ -14,16 +14,18 @@ import numpy as np
 
 from .plan import OpKind, Plan
 
-KINDS = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
-"""The kinds by code: `kind == KINDS.index(OpKind.B)` selects the B ops."""
+KIND_OF_CODE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
+"""Op kinds by their code: here, in the simulator's program (sim/program.py) and in the tuner's
+constructor (tune/pipeline/construct.py)."""
 F, B, W, BW = range(4)
-_CODE = {k: i for i, k in enumerate(KINDS)}
+KIND_CODE = {k: i for i, k in enumerate(KIND_OF_CODE)}
+"""The code of each op kind."""
 
 
 @dataclass(frozen=True, slots=True)
 class OpTable:
     kind: np.ndarray
-    """Each op's kind, as its index in KINDS."""
+    """Each op's kind, as its code (KIND_CODE)."""
     stage: np.ndarray
     mb: np.ndarray
     node: np.ndarray
@@ -55,7 +57,7 @@ def op_table(plan: Plan) -> OpTable:
     else:  # no overlap group: one op per slot
         ops = [group[0] for group in op_groups]
     n = len(ops)
-    kind = np.fromiter(map(_CODE.__getitem__, map(attrgetter("kind"), ops)), np.int8, n)
+    kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), ops)), np.int8, n)
     stage = np.fromiter(map(attrgetter("stage"), ops), np.int64, n)
     mb = np.fromiter(map(attrgetter("mb"), ops), np.int64, n)
     node = np.repeat(np.arange(len(slots)), widths)

@@ -15,14 +15,10 @@ import numpy as np
 from ..dag import build_graph
 from ..gcpause import paused_collection
 from ..mesh import Mesh
+from ..optable import KIND_CODE, KIND_OF_CODE
 from ..plan import Op, OpKind, Plan, PlanError, Slot
 from .core import WalkGraph
 from .links import cut_crosses_nodes, dp_rails, dp_spans_nodes
-
-KIND_OF_CODE = (OpKind.F, OpKind.B, OpKind.W, OpKind.BW)
-"""Op kinds by their code in `SimProgram.op_kind` (and the constructor's, tune/construct.py)."""
-KIND_CODE = {k: i for i, k in enumerate(KIND_OF_CODE)}
-"""The code of each op kind."""
 
 _I = np.int64
 
