@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import re
 from importlib import resources
+from collections.abc import Iterator
 from typing import cast
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
@@ -240,8 +241,8 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
 
 def _with_layout(file: ast.File, source: str) -> ast.File:
     """`file` with the comments (which the grammar ignores) and blank lines of its source, for fmt."""
-    file.comments = [ast.Comment(m.group(0).rstrip(), bounds.offset_span(source, m.start(), len(m.group(0))))
-                     for m in comment_matches(source)]
+    file.comments = [ast.Comment(m.group(0).rstrip(), Span(line, col, line, col + len(m.group(0))))
+                     for m, line, col in comment_positions(source)]
     file.blank_lines = frozenset(i for i, text in enumerate(source_lines(source), 1) if not text.strip())
     return file
 
@@ -288,6 +289,17 @@ def _skip_block(text: str, at: int) -> str:
 def comment_matches(source: str):
     """Every `#...` outside a string literal."""
     return (m for m in _STRING_OR_COMMENT.finditer(source) if m.group(0).startswith("#"))
+
+
+def comment_positions(source: str) -> Iterator[tuple[re.Match, int, int]]:
+    """Every comment (`comment_matches`) with its line and column (lines end at \\n only, as
+    the parser counts them). Lines are counted on from the comment before, not from the top
+    (`bounds.offset_span` per comment made a file of many comments quadratic)."""
+    line, at = 1, 0
+    for m in comment_matches(source):
+        line += source.count("\n", at, m.start())
+        at = m.start()
+        yield m, line, at - source.rfind("\n", 0, at)
 
 
 def _binop(op: str):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..lang.codes import CODES, Severity
 from ..lang.errors import BOM, Diagnostic
-from ..lang.parser import comment_matches
+from ..lang.parser import comment_matches, comment_positions
 from ..plan import Span
 
 _DIRECTIVE = re.compile(r"#\s*octodsl\s*:", re.I)
@@ -94,16 +94,12 @@ def _read(source: str, problems: list[Diagnostic]):
     """The codes each suppression comment of `source` names (W801, W802 and W804 in `problems`
     for those that name nothing usable)."""
     preamble_end = _first_statement(source)
-    line, at = 1, 0
-    for m in comment_matches(source):
+    for m, line, col in comment_positions(source):
         text = m.group(0).rstrip()
         if not _DIRECTIVE.match(text):
             continue
-        line += source.count("\n", at, m.start())
         at = m.start()
-        line_start = source.rfind("\n", 0, at) + 1
-        col = at - line_start + 1
-        own_line = not source[line_start:at].strip()
+        own_line = not source[at - col + 1:at].strip()
         yield from _directive(text, line, col, own_line, at < preamble_end, problems)
 
 
