@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..costs.levers import Zero
 from ..costs.table import Link, StageCost, uniform_stage_costs
 from ..dag import build_graph, describe_cycle, execution_order
 from ..mesh import Mesh
@@ -99,7 +100,7 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     h = p.plan.header
     params = grads / costs.grad_reduce_bytes
     forward = None  # what an overlapped all-gather hides under; only then worth summing
-    if h.overlap_param_gather and h.zero >= 1:
+    if h.overlap_param_gather and Zero(h.zero).gathers_parameters:
         forward = np.bincount(p.node_dev, weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
                               minlength=p.devices)
     weights = costs.param_bytes.weights if costs.param_bytes else costs.grad_reduce_bytes
