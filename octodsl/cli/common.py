@@ -232,8 +232,6 @@ def warn_zero_without_copies(where: str, zero: int, dp: int) -> None:
 
     message = zero_without_copies(zero, dp)
     if message:
-        import sys
-
         print(Diagnostic("W404", f"{message} (give --dp 2 or more, or --zero 0)").render(where, None),
               file=sys.stderr)
 
@@ -430,7 +428,6 @@ def print_json(obj: dict | list) -> None:
     a JSON number (nan, inf) is a bug here, each producer turns those into null where it means
     "undefined" (and its docstring says when)."""
     import json
-    import sys
 
     from ..version import FIELD, version
 
@@ -445,8 +442,6 @@ def print_json(obj: dict | list) -> None:
 def stdout_console():
     """A rich Console for command output; piped output gets a wide page instead of rich's
     80-column default, so tables stay one line per row."""
-    import sys
-
     from rich.console import Console
 
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
