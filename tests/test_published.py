@@ -45,3 +45,16 @@ def test_the_printed_commands_give_the_reported_figure(row_id, rows, tmp_path, c
     simulated = json.loads(capsys.readouterr().out)["iteration_time"]
     # the same plan and costs by the same arithmetic: equal to the last digit
     assert simulated == result["iteration_time"]
+
+
+def test_the_a100_overheads_are_the_fit_benchmarks_fit_overheads_makes():
+    # The constants in devices.py are the fit's output rounded as printed (3 significant
+    # figures), so a change to the model's kernels or to the profile shows here.
+    import fit_overheads
+
+    from octodsl.costs.devices import MEGATRON_A100_OVERHEADS as o
+
+    fs, bs, fb, bb, msg = fit_overheads.fit([fit_overheads.point(name, flash=False)
+                                             for name in fit_overheads.PROFILE])
+    assert (fs, bs, msg) == pytest.approx((o.f_seconds, o.b_seconds, o.message_seconds), rel=5e-3)
+    assert (fb, bb) == pytest.approx((o.f_bytes, o.b_bytes), abs=0.06)

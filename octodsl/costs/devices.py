@@ -48,13 +48,14 @@ class Overheads:
     synchronising them)."""
 
 
-MEGATRON_A100_OVERHEADS = Overheads(0.205e-3, 0.200e-3, 151.0, 106.0, 0.41e-3)
+MEGATRON_A100_OVERHEADS = Overheads(0.258e-3, 0.292e-3, 76.7, 9.5, 0.413e-3)
 """Fitted to ZeroBubble's per-op profile (Qi et al. 2024, arXiv 2401.10241, Table 6: T_F, T_B
-and T_comm of 1.5B-28.3B GPT models on A100s under Megatron-LM) against this model's F and B
-of the same stages (least squares, per sub-layer: seconds + bytes x elements) and T_comm
-against the message's NVLink time: what Megatron-style eager PyTorch spends beyond its
-kernels' roofline. The GPUs share it (the bytes scale with each one's bandwidth, the seconds
-are the host's); docs/models-and-costs.md, "Overheads"."""
+and T_comm of 1.5B-28.3B GPT models on A100s under Megatron-LM, without FlashAttention as the
+paper's code ran them) against this model's F and B of the same stages (least squares, per
+sub-layer: seconds + bytes x elements) and T_comm against the message's NVLink time: what
+Megatron-style eager PyTorch spends beyond its kernels' roofline. benchmarks/fit_overheads.py
+makes it (and benchmarks/fit_overheads.md shows the fit). The GPUs share it (the bytes scale
+with each one's bandwidth, the seconds are the host's); docs/models-and-costs.md, "Overheads"."""
 
 
 @dataclass(frozen=True, slots=True)
