@@ -38,21 +38,21 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from machine import commit  # noqa: E402
-from published import load, spec_of  # noqa: E402
+
+from octodsl.fileio import write_atomic  # noqa: E402
+from published import load, rows, spec_of  # noqa: E402
 
 PROFILE = {
-    # model: (p, [(m, T_F, T_B, T_W, T_comm), ...]) in ms, Table 6 of arXiv 2401.10241.
-    "zb-gpt-1.5b": (8, [(24, 18.522, 18.086, 9.337, 0.601), (32, 18.513, 18.086, 9.331, 0.626),
-                        (64, 18.546, 18.097, 9.321, 0.762)]),
-    "zb-gpt-6.2b": (8, [(24, 29.718, 29.444, 19.927, 0.527), (32, 29.802, 29.428, 19.530, 0.577),
-                        (64, 29.935, 29.621, 19.388, 0.535)]),
-    "zb-gpt-14.6b": (16, [(48, 11.347, 11.248, 8.132, 0.377), (64, 11.307, 11.254, 8.101, 0.379),
-                          (128, 11.325, 11.308, 8.109, 0.378)]),
-    "zb-gpt-28.3b": (32, [(96, 10.419, 10.207, 7.715, 0.408), (128, 10.408, 10.204, 7.703, 0.408),
-                          (256, 10.402, 10.248, 7.698, 0.460)]),
+    # model: [(m, T_F, T_B, T_W, T_comm), ...] in ms, Table 6 of arXiv 2401.10241.
+    "zb-gpt-1.5b": [(24, 18.522, 18.086, 9.337, 0.601), (32, 18.513, 18.086, 9.331, 0.626),
+                    (64, 18.546, 18.097, 9.321, 0.762)],
+    "zb-gpt-6.2b": [(24, 29.718, 29.444, 19.927, 0.527), (32, 29.802, 29.428, 19.530, 0.577),
+                    (64, 29.935, 29.621, 19.388, 0.535)],
+    "zb-gpt-14.6b": [(48, 11.347, 11.248, 8.132, 0.377), (64, 11.307, 11.254, 8.101, 0.379),
+                     (128, 11.325, 11.308, 8.109, 0.378)],
+    "zb-gpt-28.3b": [(96, 10.419, 10.207, 7.715, 0.408), (128, 10.408, 10.204, 7.703, 0.408),
+                     (256, 10.402, 10.248, 7.698, 0.460)],
 }
-MICROBATCH = {"zb-gpt-1.5b": 6, "zb-gpt-6.2b": 3, "zb-gpt-14.6b": 1, "zb-gpt-28.3b": 1}
-"""Table 4's micro-batch sizes (benchmarks/published_runs.yaml's rows)."""
 
 
 @dataclasses.dataclass
@@ -70,37 +70,45 @@ class Point:
     """Seconds of one byte per activation element at the memory bandwidth (the bytes' unit)."""
 
 
-def _spec(name: str, flash: bool):
-    from octodsl.models.parse import parse_model
-
-    data = load()
-    model = dict(data["models"][name])
-    model["flash"] = flash
-    defaults = data["sources"]["zerobubble2024"]["defaults"]["runtime"]["model"]
-    for key in ("dropout", "dtype", "tied"):
-        model.setdefault(key, defaults[key])
-    return parse_model(spec_of(model), name).with_shape(microbatch_size=MICROBATCH[name])
+def table4_rows() -> dict[str, dict]:
+    """Per model, its first Table 4 row with the source's defaults filled in (`published.rows`):
+    the model, its micro-batch size and pp, as benchmarks/published.py simulates them."""
+    out: dict[str, dict] = {}
+    for row in rows(load()):
+        if row["source"] == "zerobubble2024":
+            out.setdefault(row["model"]["name"], row)
+    return out
 
 
-def point(name: str, flash: bool) -> Point:
+def point(row: dict, flash: bool) -> Point:
     from octodsl.costs.analytical import analytical_costs
     from octodsl.costs.devices import Overheads, get_device, get_link
+    from octodsl.models.parse import parse_model
 
-    p, rows = PROFILE[name]
-    spec = _spec(name, flash)
+    model = row["model"]
+    spec = parse_model(spec_of({**model, "flash": flash}), model["name"]).with_shape(
+        microbatch_size=row["microbatch_size"])
     a100 = get_device("A100")
-    bare = dataclasses.replace(a100, overheads=Overheads())
-    table = analytical_costs(spec, bare)
-    per_stage = 2 * (load()["models"][name]["layers"] + 2) // p  # sub-layers of a middle stage
-    middle = [l for l in table.layers if l.kind in ("attention", "mlp")][:per_stage]
-    unit = analytical_costs(spec, dataclasses.replace(a100, overheads=Overheads(f_bytes=1.0)))
-    unit_mid = [l for l in unit.layers if l.kind in ("attention", "mlp")][:per_stage]
-    elements = sum(u.f - l.f for u, l in zip(unit_mid, middle, strict=True))
-    message = get_link(a100.node_link).time(middle[-1].out_bytes)
-    measured = np.array([[r[i] for r in rows] for i in range(1, 5)]).mean(axis=1) / 1e3
-    kernels = np.array([sum(l.f for l in middle), sum(l.b for l in middle),
-                        sum(l.w for l in middle), message])
-    return Point(name, measured, kernels, len(middle), elements)
+    per_stage = 2 * (model["layers"] + 2) // row["pp"]  # sub-layers of a middle stage
+
+    def middle(overheads: Overheads) -> list:
+        table = analytical_costs(spec, dataclasses.replace(a100, overheads=overheads))
+        return [l for l in table.layers if l.kind in ("attention", "mlp")][:per_stage]
+
+    bare = middle(Overheads())
+    # The element part is linear in f_bytes: its coefficient is the F of one byte per element.
+    elements = sum(u.f - l.f for u, l in zip(middle(Overheads(f_bytes=1.0)), bare, strict=True))
+    message = get_link(a100.node_link).time(bare[-1].out_bytes)
+    measured = np.array(PROFILE[model["name"]])[:, 1:].mean(axis=0) / 1e3
+    kernels = np.array([sum(l.f for l in bare), sum(l.b for l in bare), sum(l.w for l in bare),
+                        message])
+    return Point(model["name"], measured, kernels, len(bare), elements)
+
+
+def points(flash: bool) -> list[Point]:
+    """The four models' points, in PROFILE's order."""
+    table4 = table4_rows()
+    return [point(table4[name], flash) for name in PROFILE]
 
 
 def fit(points: list[Point]) -> tuple[float, float, float, float, float]:
@@ -122,17 +130,17 @@ def predict(pt: Point, c: tuple[float, float, float, float, float]) -> np.ndarra
 
 
 def report(flash: bool) -> list[str]:
-    points = [point(name, flash) for name in PROFILE]
-    c = fit(points)
+    pts = points(flash)
+    c = fit(pts)
     lines = [f"Fitted (flash attention {'on' if flash else 'off'}): f_seconds {c[0] * 1e3:.3f} ms, "
              f"b_seconds {c[1] * 1e3:.3f} ms, f_bytes {c[2]:.1f}, b_bytes {c[3]:.1f}, "
              f"message_seconds {c[4] * 1e3:.3f} ms.", "",
              "| model | sub-layers | F ms: measured / kernels / fitted | B ms | W ms (not fitted) "
              "| comm ms | F, B leave-one-out error |",
              "|---|---|---|---|---|---|---|"]
-    for i, pt in enumerate(points):
+    for i, pt in enumerate(pts):
         fitted = predict(pt, c)
-        loo = predict(pt, fit(points[:i] + points[i + 1:]))
+        loo = predict(pt, fit(pts[:i] + pts[i + 1:]))
         m, k = pt.measured * 1e3, pt.kernels * 1e3
         err = [f"{(loo[j] / pt.measured[j] - 1) * 100:+.1f}%" for j in (0, 1)]
         lines.append(f"| {pt.name} | {pt.ops} | {m[0]:.2f} / {k[0]:.2f} / {fitted[0] * 1e3:.2f} | "
@@ -152,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             "holds is the flash-off fit, how the profiled runs ran.", ""]
     for flash in (False, True):
         text += report(flash) + [""]
-    args.output.write_text("\n".join(text))
+    try:
+        write_atomic(args.output, "\n".join(text))
+    except OSError as e:
+        print(f"fit_overheads.py: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print("\n".join(text))
     return 0
 

@@ -54,7 +54,6 @@ def test_the_a100_overheads_are_the_fit_benchmarks_fit_overheads_makes():
 
     from octodsl.costs.devices import MEGATRON_A100_OVERHEADS as o
 
-    fs, bs, fb, bb, msg = fit_overheads.fit([fit_overheads.point(name, flash=False)
-                                             for name in fit_overheads.PROFILE])
+    fs, bs, fb, bb, msg = fit_overheads.fit(fit_overheads.points(flash=False))
     assert (fs, bs, msg) == pytest.approx((o.f_seconds, o.b_seconds, o.message_seconds), rel=5e-3)
     assert (fb, bb) == pytest.approx((o.f_bytes, o.b_bytes), abs=0.06)
