@@ -123,6 +123,17 @@ def setup(row: dict) -> Setup:
     return Setup(schedule, vp, mbs, per_copy // mbs, row.get("recompute", "?"), assumed)
 
 
+SWITCHES = ("grad_accumulation_fusion", "scatter_gather_messages", "reduce_scatter")
+"""The header's true/false runtime fields a row's `runtime` may set beside its overlaps."""
+
+
+def switches(runtime: dict) -> dict[str, bool]:
+    """The row's SWITCHES, the header's default where the row states none."""
+    from octodsl.plan import Header
+
+    return {f: bool(runtime.get(f, Header.model_fields[f].default)) for f in SWITCHES}
+
+
 def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
     """(schedule name, the `octodsl gen` arguments)."""
     runtime = row["runtime"]
@@ -137,9 +148,11 @@ def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
         args += ["--tp", str(row["tp"]), "--sequence-parallel",
                  "true" if runtime.get("sequence_parallel", False) else "false"]
     args += ["--overlap", ",".join(runtime.get("overlap", [])) or "none"]
-    for field in ("grad_accumulation_fusion", "scatter_gather_messages"):
-        if runtime.get(field):
-            args += ["--" + field.replace("_", "-"), "true"]
+    from octodsl.plan import Header
+
+    for field, value in switches(runtime).items():
+        if value != Header.model_fields[field].default:
+            args += ["--" + field.replace("_", "-"), "true" if value else "false"]
     return name, args
 
 
@@ -156,8 +169,7 @@ def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
         mesh["sequence_parallel"] = bool(runtime.get("sequence_parallel", False))
     for field in OVERLAPS:
         mesh[field] = field.removeprefix("overlap_").replace("_", "-") in runtime.get("overlap", [])
-    for field in ("grad_accumulation_fusion", "scatter_gather_messages"):
-        mesh[field] = bool(runtime.get(field, False))
+    mesh.update(switches(runtime))
     plan = generate(name, pp, s.microbatches, s.vp if name == "interleaved" else None,
                     str(spec_path), row.get("partition", "megatron"), mesh=mesh,
                     microbatch_size=s.mbs)

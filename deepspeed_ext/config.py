@@ -54,11 +54,13 @@ class _Batch(BaseModel):
 
 
 class _ZeroSection(BaseModel):
-    """DeepSpeed's `zero_optimization` object, of which the executor reads the stage only."""
+    """DeepSpeed's `zero_optimization` object, of which the executor reads the stage and
+    `reduce_scatter` only."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     stage: int | None = Field(default=None, ge=0, le=3)
+    reduce_scatter: bool | None = None
 
 
 class _Zero(BaseModel):
@@ -140,8 +142,9 @@ def batch_config(config: dict, plan: Plan, default_microbatch_size: int | None =
 def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
                 config_name: str | None = None) -> dict:
     """`config` with DeepSpeed's ZeRO stage set from the plan's header `zero` (one plan, one
-    meaning, as for the batch sizes). A stage the config gives must agree: PlanLaunchError
-    naming both values and both files otherwise. `zero 2` is refused: DeepSpeed's pipeline
+    meaning, as for the batch sizes), and under ZeRO its `reduce_scatter`. A stage or a
+    `reduce_scatter` the config gives must agree: PlanLaunchError naming both values and both
+    files otherwise. `zero 2` is refused: DeepSpeed's pipeline
     engine runs stages 0 and 1 only."""
     plan_name = plan_name or f'the plan "{plan.header.name}"'
     config_name = config_name or "the DeepSpeed config"
@@ -165,7 +168,18 @@ def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
             "from hooks inside the backward pass, a reduction the pipeline engine turns off to "
             "reduce the gradients itself once per step); run `zero 1`, which shards the optimizer "
             "state")
-    return {**config, "zero_optimization": {**config.get("zero_optimization", {}), "stage": zero}}
+    given_rs = None if section is None else section.reduce_scatter
+    if zero > 0 and given_rs is not None and given_rs != plan.header.reduce_scatter:
+        raise PlanLaunchError(
+            f"{plan_name} reduces its gradients with "
+            f"{'a reduce-scatter' if plan.header.reduce_scatter else 'an all-reduce'} (its header's "
+            f"`reduce_scatter`, true when not stated), but {config_name} gives "
+            f"zero_optimization.reduce_scatter {str(given_rs).lower()}: leave it out of the config "
+            f"or state `reduce_scatter {str(given_rs).lower()}` in the plan's header")
+    section_out = {**config.get("zero_optimization", {}), "stage": zero}
+    if zero > 0 and not plan.header.reduce_scatter:  # DeepSpeed's default is true
+        section_out["reduce_scatter"] = False
+    return {**config, "zero_optimization": section_out}
 
 
 def plan_config(config: dict, plan: Plan, default_microbatch_size: int | None = None, *,

@@ -120,7 +120,7 @@ class Slot:
 
 OVERLAPS = ("overlap_tp_comm", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm")
 """The header's overlap fields: communication a runtime may hide under compute."""
-RUNTIME_FIELDS = (*OVERLAPS, "grad_accumulation_fusion", "scatter_gather_messages")
+RUNTIME_FIELDS = (*OVERLAPS, "grad_accumulation_fusion", "scatter_gather_messages", "reduce_scatter")
 """Header fields that say how the runtime runs the plan's ops (docs/models-and-costs.md,
 "Overlaps")."""
 
@@ -194,6 +194,11 @@ class Header(BaseModel):
     """The weight-gradient GEMMs add into the gradient buffer themselves (Megatron's
     `--gradient-accumulation-fusion`, Transformer Engine); false: each micro-batch's weight
     gradient is added by a pass of its own, as autograd does in octodsl's executor."""
+    reduce_scatter: bool = True
+    """Under ZeRO, the gradients are reduce-scattered to their shards (DeepSpeed's
+    `zero_optimization.reduce_scatter`, its default, and Megatron's distributed optimizer);
+    false: all-reduced, each copy then updating its shard (DeepSpeed with `reduce_scatter:
+    false`, and its BF16 optimizer in the pipeline engine, which BLOOM trained with)."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
 

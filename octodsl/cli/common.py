@@ -164,8 +164,8 @@ def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
 
 
 def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
-    """--overlap and --grad-accumulation-fusion: what the runtime does beside the plan's ops
-    (the header's overlap fields and grad_accumulation_fusion)."""
+    """--overlap, --scatter-gather-messages, --grad-accumulation-fusion and --reduce-scatter:
+    what the runtime does beside the plan's ops (the header's runtime fields)."""
     p.add_argument("--overlap", type=overlap_list, metavar="LIST",
                    help=f"what the runtime overlaps with compute, comma-separated: "
                    f"{', '.join(OVERLAP_OPTIONS)} (Megatron's --tp-comm-overlap, "
@@ -180,6 +180,11 @@ def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
                    help="the weight-gradient GEMMs add into the gradient buffer themselves "
                    "(Megatron's --gradient-accumulation-fusion); false: a pass of its own per "
                    f"micro-batch, as octodsl's executor runs it (default: {default_from})")
+    p.add_argument("--reduce-scatter", type=switch, metavar="true|false",
+                   help="under ZeRO, the gradients are reduce-scattered to their shards "
+                   "(DeepSpeed's zero_optimization.reduce_scatter, Megatron's distributed "
+                   "optimizer); false: all-reduced, as DeepSpeed's BF16 optimizer does in its "
+                   f"pipeline engine (default: {default_from})")
 
 
 OVERLAP_OPTIONS = {name.removeprefix("overlap_").replace("_", "-"): name for name in OVERLAPS}
@@ -203,10 +208,10 @@ overlap_list.choices = (*OVERLAP_OPTIONS, "none")  # type: ignore[attr-defined]
 
 
 def runtime_update(args) -> dict[str, bool]:
-    """The header's runtime fields that --overlap, --grad-accumulation-fusion and
-    --scatter-gather-messages set (those given; `add_overlap_option`)."""
+    """The header's runtime fields that --overlap, --grad-accumulation-fusion,
+    --scatter-gather-messages and --reduce-scatter set (those given; `add_overlap_option`)."""
     update = dict(getattr(args, "overlap", None) or {})
-    for name in ("grad_accumulation_fusion", "scatter_gather_messages"):
+    for name in ("grad_accumulation_fusion", "scatter_gather_messages", "reduce_scatter"):
         if getattr(args, name, None) is not None:
             update[name] = getattr(args, name)
     return update

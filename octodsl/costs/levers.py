@@ -42,16 +42,18 @@ class Zero(IntEnum):
         """After the optimizer step, each copy all-gathers the parameters the others updated."""
         return self.shards_optimizer
 
-    @property
-    def reduction(self) -> str:
-        """The collective that reduces the gradients: 'allreduce' or 'reduce-scatter'."""
-        return "reduce-scatter" if self.shards_optimizer else "allreduce"
+    def reduction(self, reduce_scatter: bool = True) -> str:
+        """The collective that reduces the gradients: 'reduce-scatter' (to their shards) when
+        the optimizer state is sharded and the runtime reduce-scatters (the header's
+        `reduce_scatter`: DeepSpeed's `zero_optimization.reduce_scatter`, Megatron's distributed
+        optimizer), else 'allreduce' (every copy gets all of them; under ZeRO it then updates
+        its shard, as DeepSpeed's BF16 optimizer does in the pipeline engine)."""
+        return "reduce-scatter" if self.shards_optimizer and reduce_scatter else "allreduce"
 
-    @property
-    def reduction_passes(self) -> int:
+    def reduction_passes(self, reduce_scatter: bool = True) -> int:
         """Passes round the ring of that collective: an all-reduce is a reduce-scatter and an
         all-gather (2), a reduce-scatter 1 (octodsl.costs.table.Link.ring)."""
-        return 1 if self.shards_optimizer else 2
+        return 1 if self.reduction(reduce_scatter) == "reduce-scatter" else 2
 
 
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = 0, 1, 2

@@ -68,7 +68,8 @@ def deepspeed_snippet(plan: Plan, source: str = "") -> Export:
         "train_micro_batch_size_per_gpu": mbs,
         "gradient_accumulation_steps": h.microbatches,
         "train_batch_size": mbs * h.microbatches * h.dp,
-        "zero_optimization": {"stage": h.zero},
+        "zero_optimization": {"stage": h.zero, **({} if h.reduce_scatter or h.zero == 0
+                                                  else {"reduce_scatter": False})},
     }
     return Export(_render(plan, source, cuts.parts, interval, config, warnings), warnings)
 

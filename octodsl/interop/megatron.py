@@ -221,6 +221,9 @@ class _Args:
         if not h.grad_accumulation_fusion:
             self.flag("--no-gradient-accumulation-fusion", comment="grad_accumulation_fusion "
                       "false: weight gradients are added to the buffer by a pass of their own")
+        if h.zero > 0 and not h.reduce_scatter:
+            self.comment("reduce_scatter false: Megatron-LM's distributed optimizer "
+                         "reduce-scatters the gradients to their shards anyway")
         if h.tp > 1 and not h.sp and not h.scatter_gather_messages:
             self.comment("scatter_gather_messages false: Megatron-LM scatters and gathers the "
                          "pipeline messages of a tp group anyway (1/tp from each GPU)")

@@ -134,6 +134,8 @@ _TABLE = (
          "optimizer for `--overlap-param-gather`)"),
     Code("W405", "`overlap_grad_reduce true` with `dp 1`",
          "there is no data-parallel reduction to overlap"),
+    Code("W406", "`reduce_scatter false` with `zero 0`",
+         "without ZeRO the gradients are all-reduced whatever it says"),
     # -- memory --------------------------------------------------------------------------------
     Code("E501", "a device's simulated peak memory exceeds the plan's `memory` limit",
          "needs `model`; names the op at the peak"),

@@ -32,6 +32,7 @@ _FIELD_KINDS = {
     "gpus_per_node": ("int",), "overlap_tp_comm": ("bool",), "overlap_grad_reduce": ("bool",),
     "overlap_param_gather": ("bool",), "overlap_p2p_comm": ("bool",),
     "grad_accumulation_fusion": ("bool",), "scatter_gather_messages": ("bool",),
+    "reduce_scatter": ("bool",),
 }
 BOOLEANS = {"true": True, "false": False}
 """How a `bool` field is written: a bare name, `true` or `false` (not 1, yes or "true")."""

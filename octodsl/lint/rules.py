@@ -365,6 +365,22 @@ class ZeroWithoutCopies(Rule):
 
 
 @rule
+class ReduceScatterWithoutZero(Rule):
+    """`reduce_scatter` chooses how ZeRO reduces the gradients to their shards: without ZeRO
+    they are all-reduced whatever it says."""
+
+    codes = ("W406",)
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        if not h.reduce_scatter and h.zero == 0:
+            yield Diagnostic("W406", "reduce_scatter false with zero 0: without ZeRO the "
+                             "gradients are all-reduced anyway", h.spans.get("reduce_scatter"),
+                             hint="give 'zero 1' (each copy then updates its shard of the "
+                             "optimizer state), or drop 'reduce_scatter'")
+
+
+@rule
 class OverlapsNeedTheirCommunication(Rule):
     """An overlap field with nothing to overlap, or without what Megatron needs to overlap it."""
 

@@ -57,13 +57,6 @@ def ring_allreduce_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Li
     return ring_time(nbytes, ranks, link, 2)
 
 
-def ring_reduce_scatter_time(nbytes: np.ndarray, ranks: int,
-                             link: Link | Sequence[Link]) -> np.ndarray:
-    """A ring reduce-scatter: each copy ends with the sum of one 1 / ranks shard (half an
-    all-reduce's time)."""
-    return ring_time(nbytes, ranks, link, 1)
-
-
 def ring_all_gather_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link]) -> np.ndarray:
     """A ring all-gather: each copy sends its 1 / ranks shard round the ring (the other half of
     an all-reduce, the same time as a reduce-scatter)."""
@@ -71,7 +64,8 @@ def ring_all_gather_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[L
 
 
 def ring_reduction_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link],
-                        zero: int) -> np.ndarray:
+                        zero: int, reduce_scatter: bool = True) -> np.ndarray:
     """The gradient reduction ZeRO stage `zero` runs (`Zero.reduction`): a ring all-reduce, or
-    under a sharded optimizer a ring reduce-scatter."""
-    return ring_time(nbytes, ranks, link, Zero(zero).reduction_passes)
+    under a sharded optimizer whose runtime reduce-scatters (`reduce_scatter`) a ring
+    reduce-scatter."""
+    return ring_time(nbytes, ranks, link, Zero(zero).reduction_passes(reduce_scatter))

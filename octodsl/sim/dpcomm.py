@@ -17,6 +17,10 @@ collectives' times are bounds.py's ring formulas.
   volume), queued one after another on the device's data-parallel stream, from the end of the
   W's slot (results leave an overlap group when it ends). They overlap the device's later
   compute, the cool-down included; then the step and the all-gather as zero 1.
+- `reduce_scatter false` (zero >= 1): each reduce-scatter above is an all-reduce instead (twice
+  its ring passes), every copy then updating only its shard: DeepSpeed with
+  `zero_optimization.reduce_scatter: false`, and DeepSpeed's BF16 optimizer in the pipeline
+  engine (`_bf16_reduce_grads` all-reduces the fp32 gradients; BLOOM trained so).
 The optimizer step starts on every device at once, when the last compute op has ended and every
 device's gradients are reduced (DeepSpeed synchronises the pipeline there); each device's
 all-gather starts when its own step ends.
@@ -42,7 +46,7 @@ import numpy as np
 from ..costs.levers import Zero
 from ..costs.table import Link
 from ..plan import Op, OpKind
-from .bounds import ring_all_gather_time, ring_reduce_scatter_time, ring_reduction_time
+from .bounds import ring_all_gather_time, ring_reduction_time
 from .core import Timeline
 from .jit import njit
 from .program import KIND_CODE, SimProgram
@@ -109,6 +113,8 @@ class DpComm:
     gather_exposed: np.ndarray
     """Per device: the seconds of its all-gather the iteration waits for (all of it, but the
     part under the next forwards with `overlap_param_gather`)."""
+    reduction_kind: str
+    """The gradients' collective, 'allreduce' or 'reduce-scatter' (`Zero.reduction`)."""
 
     @property
     def hidden(self) -> np.ndarray:
@@ -136,10 +142,6 @@ class DpComm:
         """Per device: of its gradient reduction, the seconds not under its own compute."""
         return self.reduction - self.reduction_hidden
 
-    @property
-    def reduction_kind(self) -> str:
-        return Zero(self.zero).reduction
-
     def spans(self, program: SimProgram) -> Iterator[CollectiveSpan]:
         """Every collective, device by device in stream order."""
         for d in range(len(self.span_ptr) - 1):
@@ -156,44 +158,48 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
             links: Sequence[Link], pipeline_time: float, update: np.ndarray,
             stage_buckets: np.ndarray | None = None, overlap_grad: bool = False,
             overlap_param: bool = False, forward: np.ndarray | None = None,
-            param_bytes: np.ndarray | None = None) -> DpComm:
+            param_bytes: np.ndarray | None = None, reduce_scatter: bool = True) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
     device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
     module's model). With the overlaps, `stage_buckets` (per stage, `buckets`) and `forward`
     (per device, its F seconds) say how much of them hides. The all-gather moves `param_bytes`
-    per stage (default: as many as the gradients)."""
+    per stage (default: as many as the gradients). Under ZeRO the gradients are
+    reduce-scattered, or with `reduce_scatter` false all-reduced (the header's field)."""
     P = p.devices
     stage = Zero(zero)
+    kind = stage.reduction(reduce_scatter)
+    stage_links = [links[d] for d in p.stage_device.tolist()]
     device_bytes = np.bincount(p.stage_device, weights=grad_bytes, minlength=P)
     none = np.zeros(P)
-    allreduce: np.ndarray
-    reduce_scatter: np.ndarray
+
+    def split(whole: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (none, whole) if kind == "reduce-scatter" else (whole, none)
+
     stage_buckets = np.ones(p.num_stages, np.int64) if stage_buckets is None else stage_buckets
     if overlap_grad and not stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _during_last_backwards(
-            p, t.start, t.end, ring_reduction_time(
-                grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()], zero),
+            p, t.start, t.end, ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter),
             stage_buckets.astype(float))
         dev = np.repeat(np.arange(P), np.diff(ptr))
         whole = np.bincount(dev, weights=end - start, minlength=P)
-        allreduce, reduce_scatter = (none, whole) if stage.shards_optimizer else (whole, none)
+        allreduce, scattered = split(whole)
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
     elif stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _after_each_w(
             p.order_ptr, p.order_nodes, p.op_ptr, p.op_kind, p.op_stage, t.end,
-            ring_reduce_scatter_time(grad_bytes, ranks, [links[d] for d in p.stage_device.tolist()]))
+            ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter))
         dev = np.repeat(np.arange(P), np.diff(ptr))
-        allreduce, reduce_scatter = none, np.bincount(dev, weights=end - start, minlength=P)
+        allreduce, scattered = split(np.bincount(dev, weights=end - start, minlength=P))
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
     else:
         # One collective per device, once its compute and its messages are done: nothing of
         # it is under the device's compute.
         ptr, dev = np.arange(P + 1), np.arange(P)
         start = np.maximum(t.dev_free, t.comm_free)
-        whole = ring_reduction_time(device_bytes, ranks, links, zero)
+        whole = ring_reduction_time(device_bytes, ranks, links, zero, reduce_scatter)
         end = start + whole
         op, held = np.full(P, -1), np.zeros(P, bool)
-        allreduce, reduce_scatter = (none, whole) if stage.shards_optimizer else (whole, none)
+        allreduce, scattered = split(whole)
         hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
     gathered = device_bytes if param_bytes is None else np.bincount(
@@ -204,8 +210,8 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
         per_device = np.maximum(1, np.bincount(p.stage_device, weights=stage_buckets, minlength=P))
         fwd = none if forward is None else forward
         exposed = np.maximum(gather / per_device, gather - fwd)
-    return DpComm(zero, ranks, allreduce, reduce_scatter, gather, hidden, ptr, dev, start, end,
-                  op, held, update_start, update_start + update, exposed)
+    return DpComm(zero, ranks, allreduce, scattered, gather, hidden, ptr, dev, start, end,
+                  op, held, update_start, update_start + update, exposed, kind)
 
 
 @njit

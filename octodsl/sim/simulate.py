@@ -106,7 +106,7 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     weights = costs.param_bytes.weights if costs.param_bytes else costs.grad_reduce_bytes
     dpc = dp_comm(p, t, grads, h.zero, ranks, links.dp, pipeline_time, update,
                   buckets(params, ranks), h.overlap_grad_reduce, h.overlap_param_gather, forward,
-                  params * weights)
+                  params * weights, h.reduce_scatter)
     iteration_time = dpc.update_start + (float((update + dpc.gather_exposed).max(initial=0.0))
                                          + costs.step_overhead)
     comm = comm + dpc.total

@@ -13,7 +13,7 @@ import numpy as np
 from ..costs.levers import Zero, recomputed
 from ..costs.table import Link
 from ..plan import Recompute
-from ..sim.bounds import ring_all_gather_time, ring_reduce_scatter_time, ring_reduction_time
+from ..sim.bounds import ring_all_gather_time, ring_reduction_time
 from ..sim.links import dp_links, dp_rails, dp_spans_nodes
 
 if TYPE_CHECKING:
@@ -92,7 +92,8 @@ def tight_lower_bound(problem: Problem) -> float:
 def dp_seconds(problem: Problem) -> tuple[float, float]:
     """What the data-parallel collectives add to any plan's iteration, on average over the
     devices (octodsl.sim.dpcomm's model), as (before, after) the optimizer step: before it,
-    each device's gradient all-reduce (zero 0) or reduce-scatter (zero 1) runs after its
+    each device's gradient all-reduce (zero 0) or reduce-scatter (zero 1; an all-reduce with
+    `reduce_scatter false`) runs after its
     own compute (zero 2's reduce-scatters overlap later compute: none counted); after it
     (the step waits for all of them and for the last compute), each device's all-gather of
     the parameters (zero 1 and 2). Ring times are linear in the bytes plus a latency per
@@ -110,12 +111,12 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
              if zero.gathers_parameters else 0.0)
     if zero.shards_gradients:  # reduce-scattered under later compute: none counted
         return 0.0, after
-    return float(ring_reduction_time(even, h.dp, links, zero).sum()) / P, after
+    return float(ring_reduction_time(even, h.dp, links, zero, h.reduce_scatter).sum()) / P, after
 
 
 def dp_stream_bound(problem: Problem) -> float:
     """Under zero 2, no plan runs faster than its data-parallel streams: each W (or BW) is
-    followed by a reduce-scatter of its stage's gradient bytes on its device's stream, one
+    followed by a reduction of its stage's gradient bytes on its device's stream, one
     after another, and the step waits for the last; so T >= (all devices' M reduce-scatters
     of all their bytes) / P + the all-gather after the step (dp_seconds()), the sum the same
     however the layers are split and more stages only adding latencies. 0 otherwise. It
@@ -124,7 +125,8 @@ def dp_stream_bound(problem: Problem) -> float:
     if not Zero(h.zero).shards_gradients or h.dp <= 1:
         return 0.0
     even = np.full(P, problem.table.grad_bytes() / P)
-    stream = problem.microbatches * float(ring_reduce_scatter_time(even, h.dp, fastest_dp_links(problem)).sum())
+    stream = problem.microbatches * float(ring_reduction_time(
+        even, h.dp, fastest_dp_links(problem), h.zero, h.reduce_scatter).sum())
     return stream / P + dp_seconds(problem)[1]
 
 

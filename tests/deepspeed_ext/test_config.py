@@ -136,6 +136,20 @@ def test_a_zero_stage_that_differs_from_the_plan_names_both():
         zero_config({"zero_optimization": {"stage": 0}}, _with_zero(1))
 
 
+def test_reduce_scatter_comes_from_the_plan_under_zero():
+    allreduce = PLAN.__class__(PLAN.header.model_copy(update={"zero": 1, "dp": 2, "reduce_scatter": False}),
+                               PLAN.stages, PLAN.placement, PLAN.schedule)
+    assert zero_config({}, allreduce)["zero_optimization"] == {"stage": 1, "reduce_scatter": False}
+    assert zero_config({}, _with_zero(1, dp=2))["zero_optimization"] == {"stage": 1}
+    with pytest.raises(PlanLaunchError, match="with a reduce-scatter .* gives "
+                       "zero_optimization.reduce_scatter false: .* state `reduce_scatter false`"):
+        zero_config({"zero_optimization": {"reduce_scatter": False}}, _with_zero(1, dp=2))
+    with pytest.raises(PlanLaunchError, match="with an all-reduce"):
+        zero_config({"zero_optimization": {"reduce_scatter": True}}, allreduce)
+    with pytest.raises(PlanLaunchError, match="reduce_scatter"):  # strict: not the string "no"
+        zero_config({"zero_optimization": {"reduce_scatter": "no"}}, allreduce)
+
+
 def test_zero_2_is_refused_with_the_reason():
     with pytest.raises(PlanLaunchError) as e:
         plan_config({}, _with_zero(2, dp=2), 1, plan_name="plan.octo", config_name="ds.json")

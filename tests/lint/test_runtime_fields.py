@@ -1,5 +1,5 @@
 """The header's runtime fields: written by gen, read by the parser, kept by fmt, checked by
-lint (E405, W405, W703, E704), turned into Megatron's flags by convert."""
+lint (E405, W405, W406, W703, E704), turned into Megatron's flags by convert."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from octodsl.lang import parse_plan
 from octodsl.cli.fmt import format_source
 from octodsl.lint import lint_source
 from octodsl.partition import megatron_layers
-from octodsl.plan import RUNTIME_FIELDS
+from octodsl.plan import RUNTIME_FIELDS, Header
 
 
 def _plan(**mesh) -> str:
@@ -25,12 +25,13 @@ def _codes(text: str) -> list[str]:
 
 
 def test_every_runtime_field_round_trips_through_gen_parse_and_fmt():
-    mesh = {name: name != "overlap_p2p_comm" for name in RUNTIME_FIELDS}
+    mesh = {name: not Header.model_fields[name].default for name in RUNTIME_FIELDS}
     text = generate_text("1f1b", 2, 4, model="llama3-8b", mesh={"tp": 2, **mesh})
     h = parse_plan(text, path="p").header
     assert {name: getattr(h, name) for name in RUNTIME_FIELDS} == mesh
     assert format_source(text) == text  # gen writes the canonical form
-    assert "overlap_p2p_comm false" in text  # the one default that is true
+    # the defaults that are true, written as set
+    assert "overlap_p2p_comm false" in text and "reduce_scatter false" in text
 
 
 @pytest.mark.parametrize("field,code", [("overlap_param_gather true", "E405"),
@@ -39,6 +40,12 @@ def test_every_runtime_field_round_trips_through_gen_parse_and_fmt():
 def test_an_overlap_with_nothing_to_overlap_is_reported(field, code):
     text = _plan().replace("  microbatches 4\n", f"  microbatches 4\n  {field}\n")
     assert code in _codes(text)
+
+
+def test_reduce_scatter_false_needs_zero():
+    text = _plan().replace("  microbatches 4\n", "  microbatches 4\n  reduce_scatter false\n")
+    assert "W406" in _codes(text)
+    assert "W406" not in _codes(text.replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"))
 
 
 def test_tp_overlap_needs_sequence_parallelism():
@@ -78,10 +85,10 @@ def test_gen_takes_the_runtime_options(tmp_path, capsys):
     out = tmp_path / "p.octo"
     assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "grad-reduce,p2p-comm",
                  "--grad-accumulation-fusion", "true", "--scatter-gather-messages", "true",
-                 "-o", str(out)]) == 0
+                 "--reduce-scatter", "false", "-o", str(out)]) == 0
     h = parse_plan(out.read_text(), path="p").header
     assert h.overlap_grad_reduce and h.overlap_p2p_comm and not h.overlap_tp_comm
-    assert h.grad_accumulation_fusion and h.scatter_gather_messages
+    assert h.grad_accumulation_fusion and h.scatter_gather_messages and not h.reduce_scatter
     assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "sideways"]) == 2
     assert "give tp-comm" in capsys.readouterr().err
     assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "x" * 100_000]) == 2
@@ -97,3 +104,17 @@ def test_gen_takes_the_runtime_options(tmp_path, capsys):
 ])
 def test_megatron_partitions(pattern, stages, ends, expect):
     assert megatron_layers(pattern, stages, ends) == expect
+
+
+def test_convert_says_how_an_all_reducing_zero_runs():
+    from octodsl.interop.deepspeed_out import deepspeed_snippet
+
+    text = _plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"
+                           "  reduce_scatter false\n")
+    plan = parse_plan(text, path="p")
+    assert "distributed optimizer reduce-scatters" in megatron_args(plan).text
+    assert '"reduce_scatter": false' in deepspeed_snippet(plan).text
+    stock = parse_plan(_plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"),
+                       path="p")
+    assert "reduce_scatter" not in deepspeed_snippet(stock).text  # DeepSpeed's default
+    assert "reduce-scatters" not in megatron_args(stock).text

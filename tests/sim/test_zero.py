@@ -57,6 +57,29 @@ def test_zero_1_is_the_all_reduce_in_two_halves_around_the_step():
     assert r.iteration_time > zero0.iteration_time  # the all-gather waits for the slowest reduce
 
 
+def _all_reducing(zero: int) -> Plan:
+    plan = _plan(zero)
+    return dataclasses.replace(plan, header=plan.header.model_copy(update={"reduce_scatter": False}))
+
+
+def test_reduce_scatter_false_all_reduces_then_gathers():
+    zero0 = simulate(_plan(0), COSTS, FREE, dp_link=DP_LINK)
+    r = simulate(_all_reducing(1), COSTS, FREE, dp_link=DP_LINK)
+    # The all-reduce is zero 0's (the same function of the same bytes: equal to the bit),
+    # then the all-gather of zero 1 after the step.
+    assert r.allreduce.tolist() == zero0.allreduce.tolist()
+    assert r.reduce_scatter.sum() == 0
+    assert r.all_gather.tolist() == pytest.approx([_half(g) for g in GRADS])
+    assert r.dp_comm.reduction_kind == "allreduce"
+    assert {c.kind for c in r.collectives()} == {"allreduce", "all-gather"}
+    assert r.iteration_time > simulate(_plan(1), COSTS, FREE, dp_link=DP_LINK).iteration_time
+    # zero 2's per-backward reductions become all-reduces too: twice the ring passes
+    z2 = simulate(_all_reducing(2), COSTS, FREE, dp_link=DP_LINK)
+    assert z2.allreduce.tolist() == pytest.approx([4 * 2 * _half(g) for g in GRADS])
+    # without ZeRO the field changes nothing (lint's W406 says so)
+    assert simulate(_all_reducing(0), COSTS, FREE, dp_link=DP_LINK).iteration_time == zero0.iteration_time
+
+
 def test_zero_without_copies_to_shard_over_changes_nothing():
     base = simulate(_plan(0, dp=1), COSTS, FREE, dp_link=DP_LINK)
     for zero in (1, 2):

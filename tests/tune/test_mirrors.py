@@ -58,7 +58,7 @@ def test_zero_stages_shard_and_reduce_as_the_simulator_does():
         skeleton = run.skeleton(StageLayout((0, 2, 4), (0, 1)))
         plan = construct.build_schedule(skeleton, run.stage_costs(skeleton), run.link)
         dpc = Evaluator(run)(plan).result.dp_comm
-        assert dpc.reduction_kind == stage.reduction
+        assert dpc.reduction_kind == stage.reduction()
         assert (dpc.all_gather.sum() > 0) == stage.gathers_parameters
         assert (dpc.allreduce.sum() > 0) == (stage is Zero.NONE)
         sharded = run.table.param_bytes.sharded(int(stage), 2)

@@ -90,12 +90,12 @@ def _partition(st: State) -> Iterator[Proposal]:
 def _finish_load(result: SimResult) -> np.ndarray:
     """Per device, the seconds it needs before the optimizer step: its compute and its
     gradient reduction after it (zero 0 and 1), or the longer of its compute and its
-    data-parallel stream of reduce-scatters (zero 2, which overlap the compute). Where the
+    data-parallel stream of reductions (zero 2, which overlap the compute). Where the
     gradients are large for the compute, the device with the most parameters is the one to
     relieve."""
     dpc = result.dp_comm
     if Zero(dpc.zero).shards_gradients:
-        return np.maximum(result.busy, dpc.reduce_scatter)
+        return np.maximum(result.busy, dpc.reduction)
     return result.busy + dpc.allreduce + dpc.reduce_scatter
 
 
