@@ -73,6 +73,11 @@ class LayerCost:
         """Bytes one GPU sends across a cut after this layer."""
         return self.out_bytes if self.msg_bytes is None else self.msg_bytes
 
+    def w_run(self, fused_accumulation: bool) -> float:
+        """W seconds as a stage runs it: with the gradient-accumulation pass, unless the plan's
+        `grad_accumulation_fusion` has the GEMM do it."""
+        return self.w if fused_accumulation else self.w + self.grad_acc
+
 
 @dataclass(frozen=True, slots=True)
 class StageCost:
@@ -283,9 +288,8 @@ class CostTable:
         out = []
         for i, (first, last) in enumerate(ranges):
             ls = self.layers[first: last + 1]
-            f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
-            if not fused_accumulation:
-                w += sum(l.grad_acc for l in ls)
+            f, b = sum(l.f for l in ls), sum(l.b for l in ls)
+            w = sum(l.w_run(fused_accumulation) for l in ls)
             act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
             mode = recompute[i] if i < len(recompute) else Recompute.NONE
             tp_f, tp_b, tp_w = (sum(l.tp_f for l in ls), sum(l.tp_b for l in ls),

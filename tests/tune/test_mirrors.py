@@ -85,16 +85,15 @@ def layouts(draw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(layouts())
-def test_the_estimates_stage_sums_are_the_cost_tables(case):
-    # Prefix-sum differences against sums layer by layer: equal up to rounding. The estimate's
-    # W is without the gradient-accumulation pass, as a plan with `grad_accumulation_fusion`
-    # counts it.
+@given(layouts(), st.booleans())
+def test_the_estimates_stage_sums_are_the_cost_tables(case, fused):
+    # Prefix-sum differences against sums layer by layer: equal up to rounding. W with the
+    # gradient-accumulation pass or without it, as the header's grad_accumulation_fusion says.
     pr, layout = case
+    pr.header = pr.header.model_copy(update={"grad_accumulation_fusion": fused})
     sums = FillModel(pr, layout.devices, layout.recompute).stage_sums(layout.cuts)
-    plan = pr.skeleton(layout)
-    fused = replace(plan, header=plan.header.model_copy(update={"grad_accumulation_fusion": True}))
-    costs = pr.stage_costs(fused)
+    costs = pr.stage_costs(pr.skeleton(layout))
+    assert fused or any(l.grad_acc > 0 for l in pr.table.layers)  # the pass is there to count
     close = functools.partial(pytest.approx, rel=1e-9, abs=1e-12)
     assert list(sums.f) == close([c.f for c in costs])
     assert list(sums.b) == close([c.b for c in costs])

@@ -54,7 +54,8 @@ class _LayerSums(NamedTuple):
     f: np.ndarray
     b: np.ndarray
     w: np.ndarray
-    """W seconds without the gradient-accumulation pass (`LayerCost.w`)."""
+    """W seconds as the plan runs them (`LayerCost.w_run`: with the gradient-accumulation pass
+    unless the header's `grad_accumulation_fusion`)."""
     act: np.ndarray
     static: np.ndarray
     """ZeRO-sharded (`Problem.layer_static`)."""
@@ -116,7 +117,8 @@ class FillModel:
                  recompute: tuple[Recompute, ...] = ()) -> None:
         table = problem.table
         layers = table.layers
-        rows = [[l.f for l in layers], [l.b for l in layers], [l.w for l in layers],
+        fused = problem.header.grad_accumulation_fusion
+        rows = [[l.f for l in layers], [l.b for l in layers], [l.w_run(fused) for l in layers],
                 [l.act for l in layers], list(problem.layer_static()),
                 [l.sel_act for l in layers], [l.sel_f for l in layers]]
         sums = _LayerSums(*(np.concatenate([[0.0], np.cumsum(np.array(r, float))]) for r in rows))
