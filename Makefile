@@ -32,7 +32,7 @@ test: venv
 # .ci/typecheck.py, which checks deepspeed_ext/ and grammar/ as octodsl.deepspeed_ext and
 # octodsl.grammar, the names setup.cfg's package_dir installs them under.
 check: venv
-	$(VENV)/bin/ruff check octodsl deepspeed_ext grammar .ci/typecheck.py
+	$(VENV)/bin/ruff check octodsl deepspeed_ext grammar tests benchmarks .ci/typecheck.py
 	$(PY) .ci/typecheck.py
 
 clean:

@@ -94,7 +94,8 @@ def main() -> None:
     engines = {"stock": deepspeed.initialize(model=stock_module, config=config, model_parameters=[
         p for p in stock_module.parameters() if p.requires_grad])[0]}
     layouts = {
-        "1f1b-same": ("1f1b", [range(a, b) for a, b in zip(parts, parts[1:])]),
+        # strict=False: consecutive pairs, parts[1:] is one shorter
+        "1f1b-same": ("1f1b", [range(a, b) for a, b in zip(parts, parts[1:], strict=False)]),
         "1f1b-balanced": ("1f1b", balanced(costs, devices)),
         "zb-h1-balanced": ("zb-h1", balanced(costs, devices)),
         "zb-v-balanced": ("zb-v", balanced(costs, 2 * devices)),

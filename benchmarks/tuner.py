@@ -193,7 +193,7 @@ def main() -> int:
         futures = [pool.submit(run_case, *c, args.budget, args.seed, others, args.dp, args.zero,
                                args.recompute) for c in todo]
         results = []
-        for c, f in zip(todo, futures):
+        for c, f in zip(todo, futures, strict=True):
             results.append(f.result() | {"memory": c[3]})
             r = results[-1]
             print(r["model"], r["devices"], r["microbatches"], r["memory"], r.get("error") or

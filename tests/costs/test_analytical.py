@@ -15,7 +15,7 @@ H800 = get_device("H800")
 def per_kind(table, spec):
     """The first layer's cost of each kind."""
     out = {}
-    for layer, cost in zip(spec.layers, table.layers):
+    for layer, cost in zip(spec.layers, table.layers, strict=True):
         out.setdefault(layer.kind, cost)
     return out
 
@@ -63,7 +63,7 @@ def test_memory_fields():
     spec = load_model("jamba-v0.1")
     table = analytical_costs(spec, H800)
     T, h = spec.tokens, spec.hidden
-    for i, (layer, cost) in enumerate(zip(spec.layers, table.layers)):
+    for i, (layer, cost) in enumerate(zip(spec.layers, table.layers, strict=True)):
         assert cost.params == spec.layer_params(i)
         assert cost.static == cost.params * BYTES_PER_PARAM
         assert 0 < cost.act_w <= cost.act

@@ -67,7 +67,8 @@ def config(**extra) -> dict:
 
 
 def with_partition(plan: Plan, bounds: list[int], dp: int = 1) -> Plan:
-    stages = [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:])]
+    # strict=False: consecutive pairs, bounds[1:] is one shorter
+    stages = [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:], strict=False)]
     return Plan(plan.header.model_copy(update={"dp": dp}), stages, plan.placement, plan.schedule)
 
 
@@ -84,7 +85,9 @@ def even(parts: int) -> list[int]:
 def octo(name: str, devices: int, bounds: list[int], placement: dict[int, list[int]],
          orders: dict[int, list[str]]) -> Plan:
     """A hand-written plan, through the parser."""
-    part = "\n".join(f"  stage {i}: layers {a}..{b - 1}" for i, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    # strict=False: consecutive pairs, bounds[1:] is one shorter
+    part = "\n".join(f"  stage {i}: layers {a}..{b - 1}"
+                     for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)))
     place = "\n".join(f"  device {d}: stages {', '.join(map(str, ss))}" for d, ss in placement.items())
     sched = "\n".join(f"  device {d} {{ {' '.join(ops)} }}" for d, ops in orders.items())
     text = (f'plan "{name}" {{\n  devices {devices}\n  microbatches {M}\n}}\n'
@@ -195,7 +198,7 @@ def compare(name: str, engine, ref_losses, ref_weights, ref_eval, steps=STEPS) -
     start = time.time()
     losses = train(engine, steps)
     out = {"plan": name, "losses": losses, "ref_losses": ref_losses,
-           "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+           "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
            "weight_diff": max_diff(weights(engine), ref_weights),
            "exact": losses == ref_losses, "seconds": time.time() - start,
            "zero": engine.zero_optimization_stage()}

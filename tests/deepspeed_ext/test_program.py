@@ -109,7 +109,8 @@ def test_forward_only_keeps_forwards_in_order():
 
 def _with_layers(plan, bounds):
     from octodsl.plan import Plan, Stage
-    return Plan(plan.header, [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:])],
+    # strict=False: consecutive pairs, bounds[1:] is one shorter
+    return Plan(plan.header, [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:], strict=False)],
                 plan.placement, plan.schedule)
 
 

@@ -21,7 +21,7 @@ def optimum(plan: Plan, times: tuple[int, int, int], cap: int, work: float = 200
     start, end, box = {}, {}, {}
     for s in range(S):
         for mb in range(M):
-            for kind, took in zip("FBW", times):
+            for kind, took in zip("FBW", times, strict=True):
                 key = (kind, s, mb)
                 start[key] = m.new_int_var(0, horizon, "")
                 end[key] = start[key] + took

@@ -4,8 +4,6 @@ module built without distributed init), and the plans stock DeepSpeed cannot run
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 

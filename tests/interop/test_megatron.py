@@ -98,7 +98,8 @@ def test_any_whole_layer_cuts_are_read_back_by_megatron_core(mcore, data):
     n = data.draw(st.integers(max(1, P * V - 1), 40))
     cuts = sorted(data.draw(st.sets(st.integers(0, n), min_size=P * V - 1, max_size=P * V - 1)))
     bounds = [0, *cuts, n]
-    counts = [b - a for a, b in zip(bounds, bounds[1:])]
+    # strict=False: consecutive pairs, bounds[1:] is one shorter
+    counts = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
     symbols = [("[" if s == 0 else "") + "*-" * c + ("]" if s == len(counts) - 1 else "")
                for s, c in enumerate(counts)]
     layout = mcore.Layout(layout_string(symbols), P)
@@ -134,7 +135,7 @@ def test_hybrid_older_form_cut_by_megatron_core_0_16(mcore):
     comment = next(line for line in megatron_args(plan).text.splitlines()
                    if "--hybrid-override-pattern" in line)
     words = shlex.split(comment.split("there, ", 1)[1].rsplit(" cuts", 1)[0])
-    old = dict(zip(words[::2], words[1::2]))
+    old = dict(zip(words[::2], words[1::2], strict=True))
     pattern = old["--hybrid-override-pattern"]
     layers = mcore.allocation.allocate_layers(len(pattern), 0.0, 0.0, pattern)
     first = old.get("--decoder-first-pipeline-num-layers")

@@ -37,7 +37,7 @@ def gradcheck_module(module, x):
     params = [p.detach().clone().requires_grad_() for _, p in module.named_parameters()]
 
     def f(x, *ps):
-        return functional_call(module, dict(zip(names, ps)), (x,))
+        return functional_call(module, dict(zip(names, ps, strict=True)), (x,))
 
     return torch.autograd.gradcheck(f, (x, *params), atol=1e-6, fast_mode=True)
 
@@ -126,8 +126,8 @@ def test_seeded_build_is_per_layer():
     spec = load_model("nemotron-h-tiny")
     whole = build_layers(spec, seed=7)
     part = build_layers(spec, seed=7, layers=range(5, 8))
-    for a, b in zip(whole[5:8], part):
-        for pa, pb in zip(a.parameters(), b.parameters()):
+    for a, b in zip(whole[5:8], part, strict=True):
+        for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
             assert torch.equal(pa, pb)
 
 

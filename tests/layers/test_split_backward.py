@@ -57,8 +57,8 @@ def _check(model, make_inputs, out_grads):
     inputs = make_inputs()
     outs = model(*inputs)
     outs = list(outs) if isinstance(outs, tuple) else [outs]
-    torch.autograd.backward([o for o, g in zip(outs, out_grads) if g is not None or o.numel() == 1],
-                            [g for o, g in zip(outs, out_grads) if g is not None or o.numel() == 1])
+    torch.autograd.backward([o for o, g in zip(outs, out_grads, strict=True) if g is not None or o.numel() == 1],
+                            [g for o, g in zip(outs, out_grads, strict=True) if g is not None or o.numel() == 1])
     ref_in = [None if t.grad is None else t.grad.clone() for t in inputs]
     ref = _grads(params)
 
@@ -75,11 +75,11 @@ def _check(model, make_inputs, out_grads):
     for h in hooks:
         h.remove()
     got = _grads(params)
-    for r, g in zip(ref_in, in_grads):
+    for r, g in zip(ref_in, in_grads, strict=True):
         assert (r is None and g is None) or torch.equal(r, g)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         assert (r is None and g is None) or torch.equal(r, g)
-    assert {id(p) for p in fired} == {id(p) for p, g in zip(params, ref) if g is not None}
+    assert {id(p) for p in fired} == {id(p) for p, g in zip(params, ref, strict=True) if g is not None}
 
 
 def test_chain_of_blocks():
@@ -135,7 +135,7 @@ def _layer_by_layer(blocks, x0, g0) -> list:
         x = b(x)
         outs.append(x)
     g, states = g0, []
-    for xi, y in zip(reversed(ins), reversed(outs)):
+    for xi, y in zip(reversed(ins), reversed(outs), strict=True):
         (g,), st = backward_input([y], [g], [xi])
         states.append(st)
     return states
@@ -154,7 +154,7 @@ def test_merged_layers_match_fused():
     states = _layer_by_layer(blocks, x0, g0)
     assert all(p.grad is None for p in params)
     backward_weight(WeightGradState.merge(states), params)
-    for r, p in zip(ref, params):
+    for r, p in zip(ref, params, strict=True):
         assert torch.equal(r, p.grad)
 
 
@@ -173,7 +173,7 @@ def test_merged_layers_sharing_a_module_match_fused():
 
     states = _layer_by_layer(blocks, x0, g0)
     backward_weight(WeightGradState.merge(states), params)
-    for r, p in zip(ref, params):
+    for r, p in zip(ref, params, strict=True):
         torch.testing.assert_close(p.grad, r, rtol=1e-6, atol=1e-7)
 
 

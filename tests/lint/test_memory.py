@@ -24,7 +24,7 @@ def test_reports_each_device_over_the_limit_at_the_memory_line():
     over = [d for d in range(4) if peaks[d] > 40 * GIB]
     assert over and len(over) < 4
     assert [d.code for d in diags] == [CODE] * len(over)
-    for d, diag in zip(over, diags):
+    for d, diag in zip(over, diags, strict=True):
         assert diag.is_error
         assert diag.span == plan.header.spans["memory"]
         assert diag.message.startswith(f"device {d} peaks at {peaks[d] / GIB:.2f} GiB at F{d}:")

@@ -117,7 +117,7 @@ def test_a_yaml_alias_bomb_is_refused_without_expanding_it(here, capsys):
     expansion. YAML shares an alias's object; the spec's check refuses the unknown field
     without walking into it (this test would run out of time or memory otherwise)."""
     levels = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]']
-    for prev, name in zip("abcdefgh", "bcdefghi"):
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
         levels.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]")
     spec = yaml.safe_dump(_spec()) + "\n".join(levels) + "\n"
     (here / "bomb.yaml").write_text(spec)
