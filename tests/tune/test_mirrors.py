@@ -6,7 +6,6 @@ its rule here, on random inputs, plans and models."""
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import numpy as np
 import pytest
