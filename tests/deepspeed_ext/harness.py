@@ -201,7 +201,9 @@ def compare(name: str, engine, ref_losses, ref_weights, ref_eval, steps=STEPS) -
            "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
            "weight_diff": max_diff(weights(engine), ref_weights),
            "exact": losses == ref_losses, "seconds": time.time() - start,
-           "zero": engine.zero_optimization_stage()}
+           "zero": engine.zero_optimization_stage(),
+           # ZeRO's optimizer: whether it reduce-scattered the gradients (None without ZeRO)
+           "reduce_scatter": getattr(engine.optimizer, "reduce_scatter", None)}
     if ref_eval is not None:
         out["eval_diff"] = abs(evaluate(engine) - ref_eval)
     return out
@@ -368,6 +370,14 @@ def case_dp(out_dir: Path) -> dict:
     ref, ref_w = train(stock), weights(stock)
     plan = with_partition(generate("zb-h1", devices=2, microbatches=M), even(2), dp=2)
     results.append(compare("zb-h1/dp2/zero1", build_ours(with_zero(plan, 1), config()), ref, ref_w,
+                           None))
+    # ... with the gradients all-reduced instead (the header's `reduce_scatter false`)
+    stock = build_stock(even(2), 2, config(zero_optimization={"stage": 1, "reduce_scatter": False}))
+    ref, ref_w = train(stock), weights(stock)
+    allreduce = with_zero(plan, 1)
+    allreduce = Plan(allreduce.header.model_copy(update={"reduce_scatter": False}), allreduce.stages,
+                     allreduce.placement, allreduce.schedule)
+    results.append(compare("zb-h1/dp2/zero1/allreduce", build_ours(allreduce, config()), ref, ref_w,
                            None))
 
     stock = build_stock(even(4), 1, config())

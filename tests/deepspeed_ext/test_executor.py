@@ -33,7 +33,7 @@ TIMEOUT = 900
 EXACT = ("1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "zb-v", "dualpipev", "irregular",
          "1f1b/bf16", "zb-h1/bf16", "1f1b/zero1", "zb-h1/zero1", "1f1b/bf16-zero1",
          "zb-h1/bf16-zero1", "1f1b/clip", "zb-h1/clip", "1f1b/dp2", "zb-h1/dp2", "zb-v/dp2",
-         "zb-h1/dp2/zero1", "irregular-p4", "zb-h1/unsplittable")
+         "zb-h1/dp2/zero1", "zb-h1/dp2/zero1/allreduce", "irregular-p4", "zb-h1/unsplittable")
 """Plans whose losses and weights equal stock DeepSpeed's bit for bit on every CPU, because each
 number is the same operations on the same operands: each parameter's gradient sums its
 micro-batches in micro-batch order as stock's does (a tied embedding and LM head on one rank
@@ -186,9 +186,13 @@ def test_checkpoint_resume_gives_the_same_losses(plans):
 @pytest.mark.slow
 def test_data_parallel_and_non_adjacent_ranks(tmp_path_factory):
     results = run_case(tmp_path_factory, 4, "dp")["results"]
-    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "zb-h1/dp2/zero1", "irregular-p4"} <= \
-        {r["plan"] for r in results}
+    by_plan = {r["plan"]: r for r in results}
+    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "zb-h1/dp2/zero1", "zb-h1/dp2/zero1/allreduce",
+            "irregular-p4"} <= set(by_plan)
     _check(results)
+    # the header's reduce_scatter is what DeepSpeed's ZeRO optimizer ran
+    assert by_plan["zb-h1/dp2/zero1"]["reduce_scatter"] is True
+    assert by_plan["zb-h1/dp2/zero1/allreduce"]["reduce_scatter"] is False
 
 
 @pytest.mark.slow
