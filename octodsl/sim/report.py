@@ -197,8 +197,9 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
     if result.allreduce.any():
         head.append(f"   DP all-reduce {_time(float(result.allreduce.max()))}")
     if result.reduce_scatter.any() or result.all_gather.any():
-        head.append(f"\nZeRO {result.zero}          reduce-scatter "
-                    f"{_time(float(result.reduce_scatter.max()))}, all-gather "
+        dpc = result.dp_comm  # the reduction: a reduce-scatter, or with reduce_scatter false an all-reduce
+        head.append(f"\nZeRO {result.zero}          {dpc.reduction_kind.replace('allreduce', 'all-reduce')} "
+                    f"{_time(float(dpc.reduction.max()))}, all-gather "
                     f"{_time(float(result.all_gather.max()))}, exposed "
                     f"{_time(float(result.dp_exposed.max()))} (the busiest device)")
     exposed = _exposed_line(result)

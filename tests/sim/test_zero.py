@@ -13,7 +13,7 @@ from octodsl.costs import Link, StageCost, uniform_stage_costs
 from octodsl.gen import generate
 from octodsl.plan import Plan
 from octodsl.sim import SimCosts, simulate
-from octodsl.sim.report import path_segments, to_json
+from octodsl.sim.report import path_segments, summary, to_json
 from octodsl.sim.trace import DP_COMM, chrome_trace
 
 FREE = Link("none", 0.0, 0.0)
@@ -72,6 +72,7 @@ def test_reduce_scatter_false_all_reduces_then_gathers():
     assert r.all_gather.tolist() == pytest.approx([_half(g) for g in GRADS])
     assert r.dp_comm.reduction_kind == "allreduce"
     assert {c.kind for c in r.collectives()} == {"allreduce", "all-gather"}
+    assert "ZeRO 1          all-reduce " in summary(r, link="free").renderables[0].plain
     assert r.iteration_time > simulate(_plan(1), COSTS, FREE, dp_link=DP_LINK).iteration_time
     # zero 2's per-backward reductions become all-reduces too: twice the ring passes
     z2 = simulate(_all_reducing(2), COSTS, FREE, dp_link=DP_LINK)
