@@ -81,8 +81,8 @@ def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
              sims: int) -> dict:
     from octodsl.costs.devices import get_device
     from octodsl.sim import warm_up
-    from octodsl.tune.cluster.search import NoConfigurationFits, search
     from octodsl.tune.cluster.report import to_json
+    from octodsl.tune.cluster.search import NoConfigurationFits, search
     from octodsl.tune.cluster.space import Cluster
 
     out: dict = {"model": model, "gpus": gpus, "global_batch": global_batch, "budget": budget}

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import deepspeed  # noqa: E402
 from deepspeed import comm as dist  # noqa: E402
+from train import step_data  # noqa: E402
 
 from octodsl.costs.profiler import profile_model  # noqa: E402
 from octodsl.deepspeed_ext import init_distributed, initialize  # noqa: E402
@@ -42,7 +43,6 @@ from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
 from octodsl.models import load_model  # noqa: E402
 from octodsl.partition import balance_time  # noqa: E402
 from octodsl.plan import Plan, Stage  # noqa: E402
-from train import step_data  # noqa: E402
 
 SEED = 1234
 

@@ -18,8 +18,12 @@ import time
 import torch
 from torch import nn
 
-from octodsl.layers.split_backward import WeightGradState, backward_input, backward_weight
 from octodsl.layers import build_layers, lm_loss
+from octodsl.layers.split_backward import (
+    WeightGradState,
+    backward_input,
+    backward_weight,
+)
 from octodsl.models import load_model
 
 

@@ -21,7 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from machine import ROOT, commit, cpu_model  # benchmarks/machine.py: scripts run from their folder
+from machine import (  # benchmarks/machine.py: scripts run from their folder
+    ROOT,
+    commit,
+    cpu_model,
+)
 
 
 def spin() -> None:

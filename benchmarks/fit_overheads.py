@@ -38,9 +38,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from machine import commit  # noqa: E402
+from published import load, rows, spec_of  # noqa: E402
 
 from octodsl.fileio import write_atomic  # noqa: E402
-from published import load, rows, spec_of  # noqa: E402
 
 PROFILE = {
     # model: [(m, T_F, T_B, T_W, T_comm), ...] in ms, Table 6 of arXiv 2401.10241.

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from octodsl.costs.profile import read_profile  # noqa: E402
 from octodsl.costs.analytical import analytical_costs  # noqa: E402
 from octodsl.costs.devices import get_device  # noqa: E402
+from octodsl.costs.profile import read_profile  # noqa: E402
 
 TP_LOSS_REL = 1e-5
 """tp 2 against tp 1: the issue's bound on the losses (tests/deepspeed_ext/test_tensor_parallel.py)."""

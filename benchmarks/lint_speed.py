@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from lint import best  # benchmarks/lint.py: the same best-of-n timing
+
 from octodsl.limits import MAX_OPS
 
 STAGES = 10

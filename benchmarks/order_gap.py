@@ -29,9 +29,9 @@ CASES = ("nemotron-h-8b:4:8", "nemotron-h-8b:8:16", "llama3-8b:8:16", "jamba-v0.
 
 def run_case(model: str, devices: int, microbatches: int, memory: float | None, budget: float,
              solver_budget: float, workers: int) -> dict:
+    from octodsl.tune.problem import Problem
     from octodsl.tune.reference.compare import tune_and_compare
     from octodsl.tune.reference.cpsat import solve_cpsat as solve_milp
-    from octodsl.tune.problem import Problem
 
     problem = Problem.create(model, devices, microbatches,
                              memory=None if memory is None else int(memory * GIB))

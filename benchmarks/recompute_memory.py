@@ -36,7 +36,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from machine import ROOT, commit, cpu_model  # benchmarks/machine.py: scripts run from their folder
+from machine import (  # benchmarks/machine.py: scripts run from their folder
+    ROOT,
+    commit,
+    cpu_model,
+)
+
 MODEL = "nemotron-h-tiny"
 MICROBATCHES = 4
 SEED = 11
@@ -109,7 +114,12 @@ def worker(out: str) -> None:
     from deepspeed import comm as dist
     from train import step_data
 
-    from octodsl.deepspeed_ext import init_distributed, initialize, released_groups, shutdown
+    from octodsl.deepspeed_ext import (
+        init_distributed,
+        initialize,
+        released_groups,
+        shutdown,
+    )
     from octodsl.layers import lm_loss, pipeline_specs
     from octodsl.models import load_model
 

@@ -22,11 +22,11 @@ from pathlib import Path
 from rich.console import Console
 
 from octodsl.costs.devices import get_device, get_link
-from octodsl.partition import balance_time
 from octodsl.costs.resolve import cost_table
 from octodsl.costs.table import uniform_stage_costs
 from octodsl.dag import build_graph
 from octodsl.gen import generate
+from octodsl.partition import balance_time
 from octodsl.plan import OpKind, Plan, Stage
 from octodsl.sim import SimCosts, SimDeadlock, compile, simulate, warm_up
 from octodsl.sim.jit import JIT

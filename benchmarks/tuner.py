@@ -35,9 +35,9 @@ def run_case(model: str, devices: int, microbatches: int, memory: float | None, 
              seed: int, others: tuple[str, ...], dp: int = 1, zero: int = 0,
              recompute: str = "auto") -> dict:
     from octodsl.plan import Recompute
+    from octodsl.tune.problem import AUTO, Problem
     from octodsl.tune.reference.baselines import best_baseline
     from octodsl.tune.reference.compare import NoPlanFits, tune_and_compare
-    from octodsl.tune.problem import AUTO, Problem
     from octodsl.units import size
 
     problem = Problem.create(model, devices, microbatches,

@@ -43,9 +43,9 @@ GIB = 2**30
 def run_case(model: str, world: int, tp: int, devices: int, dp: int, budget: float,
              seed: int) -> dict:
     from octodsl.plan import Recompute
+    from octodsl.tune.problem import Problem
     from octodsl.tune.reference.baselines import best_baseline
     from octodsl.tune.reference.compare import NoPlanFits, tune_and_compare
-    from octodsl.tune.problem import Problem
 
     assert tp * devices * dp == world
     M = 4 * devices

@@ -30,20 +30,29 @@ from typing import Any
 
 import torch
 from deepspeed import comm as dist
+from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
+from ..layers.recompute import dropping
+from ..layers.split_backward import (
+    CannotSplit,
+    WeightGradState,
+    backward_input,
+    backward_weight,
+)
 from ..plan import Op, OpKind, Plan, Recompute
-from . import program
-from .mesh import global_rank, grad_norm, reduce_sequence_parallel_grads, sequence_parallel_params
+from ..trace import COMPUTE, TimedSpan, op_span, write_trace
+from . import memory, program
+from .checkpoint import Checkpoints
+from .mesh import (
+    global_rank,
+    grad_norm,
+    reduce_sequence_parallel_grads,
+    sequence_parallel_params,
+)
 from .module import OctoPipeModule, as_leaf
 from .p2p import P2P, flat
-from ..layers.recompute import dropping
-from ..layers.split_backward import CannotSplit, WeightGradState, backward_input, backward_weight
-from ..trace import COMPUTE, TimedSpan, op_span, write_trace
-from . import memory
-from .checkpoint import Checkpoints
 from .watchdog import DEFAULT_TIMEOUT, Watchdog
 
 

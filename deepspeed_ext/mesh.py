@@ -25,8 +25,11 @@ replicated parameter but the first stage's; the engine then clips with `grad_nor
 from __future__ import annotations
 
 import torch
-from deepspeed.runtime.pipe.topology import (PipeDataParallelTopology, PipeModelDataParallelTopology,
-                                             ProcessTopology)
+from deepspeed.runtime.pipe.topology import (
+    PipeDataParallelTopology,
+    PipeModelDataParallelTopology,
+    ProcessTopology,
+)
 from torch import nn
 
 from ..layers import tensor_parallel

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .program import Message
 from ..trace import TimedSpan, comm_span
+from .program import Message
 from .watchdog import Watchdog
 
 META_SIZE = 256

@@ -7,8 +7,8 @@ over them while they are built cost as much as building them, and none of them i
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @contextmanager

@@ -23,7 +23,6 @@ import torch
 
 from .errors import OctoError
 
-
 MAX_ALPHABET = 2**31
 """Token ids a task draws from: the product of two stays in int64."""
 

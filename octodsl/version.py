@@ -17,7 +17,8 @@ def version() -> str:
     """The installed distribution's version (its metadata, what pip reports), else the source's
     `octodsl.__version__` when run from a tree that is not installed. setup.cfg reads its
     version from `octodsl.__version__`, so both are the same string in an up-to-date install."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     try:
         return dist_version("octodsl")

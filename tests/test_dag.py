@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from octodsl.dag import _done_before, _stuck, _walk_ids, build_graph, deadlock, execution_order
+from octodsl.dag import (
+    _done_before,
+    _stuck,
+    _walk_ids,
+    build_graph,
+    deadlock,
+    execution_order,
+)
 from octodsl.gen import generate
 from octodsl.plan import Header, Op, OpKind, Plan, Slot, Stage, placement_loop
 

@@ -10,10 +10,10 @@ import stat
 import pytest
 
 from octodsl.cli import main
+from octodsl.costs.table import Link, uniform_stage_costs
 from octodsl.fileio import open_atomic, write_atomic
 from octodsl.gen import generate, generate_text
 from octodsl.sim import SimCosts, compile, simulate
-from octodsl.costs.table import Link, uniform_stage_costs
 
 OLD = "the user's file, whole\n"
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..costs.table import Link
 from ..fileio import open_atomic, write_atomic
-from ..trace import COMM, COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
 from ..plan import OpKind, Plan
 from ..sim import SimCosts, SimResult, compile, simulate
+from ..trace import COMM, COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
 from .measured import MeasuredTrace, as_ran, check_against
 
 

@@ -52,16 +52,16 @@ from itertools import pairwise
 
 import numpy as np
 
-from ..errors import OctoError
 from ..costs.devices import get_link
 from ..costs.profile import FittedLink, ProfileCalibration
 from ..costs.table import CostTable
 from ..dag import Message, build_graph
+from ..errors import OctoError
 from ..plan import Op, OpKind, Plan
 from ..sim import SimCosts, compile, simulate
 from ..sim.sharing import Sharing
-from .measured import MeasuredStep, MeasuredTrace, check_against
 from ..version import version
+from .measured import MeasuredStep, MeasuredTrace, check_against
 
 
 @dataclass

@@ -19,8 +19,19 @@ from .. import limits
 from ..errors import OctoError
 from ..extras import require
 from ..units import size
-from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_outputs, integer,
-                     output, print_json, write_output, writing)
+from .common import (
+    MICROBATCH_SIZE,
+    SEQ_LEN,
+    STEPS,
+    WARMUP,
+    UserError,
+    check_outputs,
+    integer,
+    output,
+    print_json,
+    write_output,
+    writing,
+)
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
     from ..calibrate.fit import Run
@@ -183,7 +194,13 @@ def _ranks(text: str) -> list[int]:
 
 
 def _profile(spec, console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from ..costs.profiler import profile_model
 
@@ -228,7 +245,13 @@ def _from_traces(args, base, base_path):
 
 
 def _from_launches(args, base, base_path, model, ranks, work, console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from ..calibrate.plans import calibration_plans
     from ..calibrate.runner import RunError, run_plans

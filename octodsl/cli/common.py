@@ -15,7 +15,9 @@ from pathlib import Path
 
 from .. import inputs, limits
 from ..costs import devices as _devices
-from ..costs.devices import INTER_NODE_LINK  # --inter-node-link's default, for the commands
+from ..costs.devices import (
+    INTER_NODE_LINK,  # --inter-node-link's default, for the commands
+)
 from ..errors import OctoError
 from ..fileio import write_atomic
 from ..plan import OVERLAPS

@@ -11,8 +11,21 @@ from pathlib import Path
 from ..errors import OctoError
 from ..extras import installed, require
 from ..units import size
-from .common import (DEVICE, DEVICE_HELP, LINK, LINK_HELP, WARMUP, UserError, check_output, check_outputs,
-                     output, pipeline_link, print_json, stdout_console, writing)
+from .common import (
+    DEVICE,
+    DEVICE_HELP,
+    LINK,
+    LINK_HELP,
+    WARMUP,
+    UserError,
+    check_output,
+    check_outputs,
+    output,
+    pipeline_link,
+    print_json,
+    stdout_console,
+    writing,
+)
 from .simulate import load_plan_or_report
 
 

@@ -8,10 +8,27 @@ from __future__ import annotations
 
 import sys
 
-from ..gen import PARTITIONS, SCHEDULES, generate_text
 from .. import limits
-from .common import (DEVICE, DEVICE_HELP, DEVICES, GPUS_PER_NODE, MICROBATCH_SIZE, MICROBATCHES, SEQ_LEN, TP, UserError,
-                     add_overlap_option, switch, check_outputs, integer, op_costs, output, runtime_update, write_output)
+from ..gen import PARTITIONS, SCHEDULES, generate_text
+from .common import (
+    DEVICE,
+    DEVICE_HELP,
+    DEVICES,
+    GPUS_PER_NODE,
+    MICROBATCH_SIZE,
+    MICROBATCHES,
+    SEQ_LEN,
+    TP,
+    UserError,
+    add_overlap_option,
+    check_outputs,
+    integer,
+    op_costs,
+    output,
+    runtime_update,
+    switch,
+    write_output,
+)
 
 
 def register(sub) -> None:

@@ -6,15 +6,27 @@ over --dp copies; with --tp, one GPU's share of each layer and its tp collective
 from __future__ import annotations
 
 from ..costs.resolve import cost_table
+from ..costs.table import CostTable, ParamBytes
 from ..errors import OctoError
 from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_model
 from ..models.builtin import PUBLISHED_PARAMS
 from ..models.load import HF_PREFIX
 from ..models.spec import ModelSpec
 from ..units import size
-from ..costs.table import CostTable, ParamBytes
-from .common import (DEVICE, DEVICE_HELP, DP, MICROBATCH_SIZE, SEQ_LEN, TP, ZERO, UserError,
-                     mesh_update, print_json, switch, warn_zero_without_copies)
+from .common import (
+    DEVICE,
+    DEVICE_HELP,
+    DP,
+    MICROBATCH_SIZE,
+    SEQ_LEN,
+    TP,
+    ZERO,
+    UserError,
+    mesh_update,
+    print_json,
+    switch,
+    warn_zero_without_copies,
+)
 
 _SHORT = {"embedding": "emb", "mamba2": "mamba2", "mamba1": "mamba1", "attention": "attn",
           "gated_deltanet": "deltanet", "mlp": "mlp", "moe": "moe", "lm_head_loss": "head"}

@@ -9,8 +9,18 @@ from .. import limits
 from ..errors import OctoError
 from ..extras import require
 from ..models import SpecError, load_model
-from .common import (MICROBATCH_SIZE, SEQ_LEN, STEPS, WARMUP, UserError, check_output, check_outputs, integer,
-                     output, writing)
+from .common import (
+    MICROBATCH_SIZE,
+    SEQ_LEN,
+    STEPS,
+    WARMUP,
+    UserError,
+    check_output,
+    check_outputs,
+    integer,
+    output,
+    writing,
+)
 
 
 def register(sub) -> None:
@@ -41,7 +51,13 @@ def run(args) -> int:
     except SpecError as e:
         raise UserError(str(e)) from None
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from ..costs.profile import write_profile
     from ..costs.profiler import profile_model

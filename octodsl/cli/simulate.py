@@ -17,22 +17,40 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
-from ..errors import OctoError
-from ..extras import require
 from ..costs.devices import LINKS, get_device
 from ..costs.resolve import cost_table, header_costing
 from ..costs.table import Link, uniform_stage_costs
+from ..errors import OctoError
+from ..extras import require
 from ..interop import read_csv
 from ..lang import PlanSyntaxError
+from ..lint.memory import CODE as MEMORY_CODE
 from ..plan import Plan, PlanError, Recompute
 from ..sim import SimCosts, SimResult, compile, simulate, warm_up
 from ..sim.costs import TpMismatch
-from ..lint.memory import CODE as MEMORY_CODE
+from .common import (
+    DEVICE,
+    DEVICE_HELP,
+    DP,
+    INTER_NODE_LINK,
+    LINK,
+    LINK_HELP,
+    ZERO,
+    UserError,
+    add_mesh_options,
+    check_outputs,
+    link_named,
+    mesh_update,
+    op_costs,
+    output,
+    pipeline_link,
+    print_json,
+    read_text,
+    stdout_console,
+    warn_zero_without_copies,
+    writing,
+)
 from .plans import checked_plan
-from .common import (DEVICE, DEVICE_HELP, DP, INTER_NODE_LINK, LINK, LINK_HELP, ZERO, UserError,
-                     add_mesh_options, check_outputs, link_named, mesh_update, op_costs, output,
-                     pipeline_link, print_json, read_text, stdout_console, warn_zero_without_copies,
-                     writing)
 
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 

@@ -23,12 +23,32 @@ from dataclasses import replace
 
 from ..errors import OctoError
 from ..extras import require
-from .common import (DEVICE, DEVICE_HELP, DEVICES, DP, LINK, LINK_HELP, MICROBATCH_SIZE,
-                     MICROBATCHES, SEED, SEQ_LEN, ZERO, UserError, add_mesh_options, duration,
-                     check_top_outputs, link_named,
-                     mesh_update, output, print_json, stdout_console, write_output)
+from .common import (
+    DEVICE,
+    DEVICE_HELP,
+    DEVICES,
+    DP,
+    LINK,
+    LINK_HELP,
+    MICROBATCH_SIZE,
+    MICROBATCHES,
+    SEED,
+    SEQ_LEN,
+    ZERO,
+    UserError,
+    add_mesh_options,
+    check_top_outputs,
+    duration,
+    link_named,
+    mesh_update,
+    output,
+    print_json,
+    stdout_console,
+    write_output,
+)
 from .tune_cluster import add_cluster_options, run_cluster
 from .tune_options import EVALUATIONS, ProgressLine, memory_limit, memory_option
+
 
 def register(sub) -> None:
     p = sub.add_parser("tune", help="tune partition, placement and schedule together; compare "
@@ -102,10 +122,10 @@ def run(args) -> int:
         raise UserError("--top writes the best configurations of a whole-cluster search: give "
                         "--gpus and --global-batch")
     from ..lint import lint_source
-    from ..tune.reference.compare import OTHERS, NoPlanFits, tune_and_compare
     from ..tune.clock import check_reserve, left
-    from ..tune.reference.report import comparison_table, explain, to_json
     from ..tune.cluster.space import plan_ops
+    from ..tune.reference.compare import OTHERS, NoPlanFits, tune_and_compare
+    from ..tune.reference.report import comparison_table, explain, to_json
 
     start, model, devices, microbatches = _start(args)
     if args.keep is not None and start is None:

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from .. import limits
 from ..errors import OctoError
-from .common import (UserError, integer, link_named, numbered_outputs, print_json, stdout_console,
-                     write_output)
+from .common import (
+    UserError,
+    integer,
+    link_named,
+    numbered_outputs,
+    print_json,
+    stdout_console,
+    write_output,
+)
 from .tune_options import ProgressLine, memory_limit
 
 TOP = integer(1, 100)
@@ -39,9 +46,14 @@ def add_cluster_options(p) -> None:
 
 def run_cluster(args, began: float) -> int:
     """`began`: when the command began (octodsl.tune.clock.command_start)."""
-    from ..tune.cluster.search import NoConfigurationFits, search
-    from ..tune.cluster.report import baselines_table, cluster_table, skipped_counts, to_json
     from ..tune.clock import left
+    from ..tune.cluster.report import (
+        baselines_table,
+        cluster_table,
+        skipped_counts,
+        to_json,
+    )
+    from ..tune.cluster.search import NoConfigurationFits, search
     from ..tune.cluster.space import Cluster
     from ..tune.cluster.target import DEEPSPEED, refusal
 

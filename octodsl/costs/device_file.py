@@ -41,8 +41,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidator, Tag,
-                      ValidationError, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainValidator,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .. import limits
 from ..errors import OctoError
@@ -50,8 +59,17 @@ from ..inputs import is_json, parse_data, read_text
 from ..inputs import kind_of as _kind
 from ..units import exact_size, parse_size
 from .attention import AttentionCurve, AttentionModel
-from .devices import (CUBLAS_TILES, DEVICES, GEMM_CALIBRATION, LINKS, MEGATRON_A100_OVERHEADS,
-                      Device, Efficiency, Overheads, _tensor_core_gemm)
+from .devices import (
+    CUBLAS_TILES,
+    DEVICES,
+    GEMM_CALIBRATION,
+    LINKS,
+    MEGATRON_A100_OVERHEADS,
+    Device,
+    Efficiency,
+    Overheads,
+    _tensor_core_gemm,
+)
 from .gemm import GemmModel, Tile
 from .table import Link
 

@@ -33,9 +33,9 @@ from typing import Literal
 import torch
 
 from ..errors import OctoError
+from ..layers import TORCH_DTYPES, TiedHead, build_layers, lm_loss
 from ..layers.recompute import dropping
 from ..layers.split_backward import backward_input, backward_weight
-from ..layers import TORCH_DTYPES, TiedHead, build_layers, lm_loss
 from ..models.spec import ModelSpec
 from ..version import version
 from .analytical import BYTES_PER_PARAM

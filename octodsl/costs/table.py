@@ -3,9 +3,8 @@ calibration). The simulator and tuner only ever see `StageCost`s built from it."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-
-from typing import Sequence
 
 from ..models.spec import DTYPE_BYTES
 from ..partition import plan_partition

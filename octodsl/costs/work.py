@@ -28,8 +28,16 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from ..models.spec import (
-    AttentionConfig, EmbeddingConfig, GatedDeltaNetConfig, LayerConfig, LMHeadLossConfig,
-    Mamba1Config, Mamba2Config, MLPConfig, ModelSpec, MoEConfig,
+    AttentionConfig,
+    EmbeddingConfig,
+    GatedDeltaNetConfig,
+    LayerConfig,
+    LMHeadLossConfig,
+    Mamba1Config,
+    Mamba2Config,
+    MLPConfig,
+    ModelSpec,
+    MoEConfig,
 )
 from ..models.tp import kv_split, local_layer, local_vocab
 

@@ -17,9 +17,9 @@ from ..plan import RUNTIME_FIELDS, Header, Plan, Stage
 from ..version import made_by
 from .classic import gpipe, interleaved, one_f_one_b
 from .dualpipe import dualpipe_v
-from .phases import PhasedSchedule, ScheduleError
 from .model_partition import METHODS as PARTITIONS
 from .model_partition import model_stages
+from .phases import PhasedSchedule, ScheduleError
 from .render import render_plan
 from .zero_bubble import EQUAL_TIMES, Times, zb_h1, zb_h2, zb_v, zb_v_handcrafted
 

@@ -3,8 +3,8 @@ schedule's stages."""
 
 from __future__ import annotations
 
-from ..errors import OctoError
 from ..costs.resolve import cost_table
+from ..errors import OctoError
 from ..models import load_model
 from ..partition import balance_parameters, balance_time, equal_layers, megatron_layers
 from ..plan import Stage

@@ -9,7 +9,7 @@ from collections import deque
 
 from ..plan import Op, placement_loop, placement_v
 from ..plan import OpKind as K
-from .phases import B, F, PhasedSchedule, Order, Phase, W
+from .phases import B, F, Order, Phase, PhasedSchedule, W
 
 
 def zb_h1(devices: int, microbatches: int) -> PhasedSchedule:

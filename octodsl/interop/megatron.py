@@ -42,7 +42,15 @@ import re
 from ..mesh import Mesh
 from ..models.pattern import MIXERS, transformer_layers
 from ..plan import Plan, Recompute
-from .export import Cuts, Export, ExportError, is_generated, looped_chunks, placement_problem, plan_cuts
+from .export import (
+    Cuts,
+    Export,
+    ExportError,
+    is_generated,
+    looped_chunks,
+    placement_problem,
+    plan_cuts,
+)
 
 HYBRID = "M*G-E"
 """Symbols of Megatron-LM's hybrid layer pattern (Mamba2, attention, gated DeltaNet, MLP, MoE)."""

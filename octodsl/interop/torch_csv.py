@@ -39,10 +39,20 @@ from pathlib import PurePath
 
 from ..lang.bounds import ops_beyond_limit, whole_number
 from ..lang.errors import Diagnostic, PlanSyntaxError, ranges_text, source_lines
-from ..lint import lint_plan
 from ..limits import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, at_most
-from ..plan import (DevicePlacement, Header, Op, OpKind, Plan, PlanError, Recompute, Slot, Span,
-                    Stage)
+from ..lint import lint_plan
+from ..plan import (
+    DevicePlacement,
+    Header,
+    Op,
+    OpKind,
+    Plan,
+    PlanError,
+    Recompute,
+    Slot,
+    Span,
+    Stage,
+)
 
 TO_TORCH = {OpKind.F: "F", OpKind.B: "I", OpKind.W: "W", OpKind.BW: "B"}
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}

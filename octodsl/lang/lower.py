@@ -14,9 +14,27 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from ..limits import MAX_INT, MAX_LAYERS, MAX_LOOP_ITERATIONS, MAX_OPS, MAX_STAGES, at_most
-from ..plan import (DevicePlacement, Header, Op, OpKind, Plan, Recompute, Slot, Span, Stage,
-                    placement_loop, placement_v)
+from ..limits import (
+    MAX_INT,
+    MAX_LAYERS,
+    MAX_LOOP_ITERATIONS,
+    MAX_OPS,
+    MAX_STAGES,
+    at_most,
+)
+from ..plan import (
+    DevicePlacement,
+    Header,
+    Op,
+    OpKind,
+    Plan,
+    Recompute,
+    Slot,
+    Span,
+    Stage,
+    placement_loop,
+    placement_v,
+)
 from . import bounds
 from . import syntax as ast
 from .errors import Diagnostic

@@ -6,12 +6,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from importlib import resources
 from collections.abc import Iterator
+from importlib import resources
 from typing import cast
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+)
 
 from ..plan import Header, Span
 from ..units import parse_size

@@ -7,7 +7,6 @@ ends at its closing brace, so comments before the brace stay inside the block).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from ..plan import Span
 
@@ -36,12 +35,12 @@ class Var:
 class BinOp:
     op: str
     """One of + - *."""
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
     span: Span
 
 
-Expr = Union[Num, Var, BinOp]
+Expr = Num | Var | BinOp
 
 
 # -- header ------------------------------------------------------------------------------------
@@ -157,11 +156,11 @@ class Loop:
     var: str
     first: Expr
     last: Expr
-    body: list["Item"]
+    body: list[Item]
     span: Span
 
 
-Item = Union[OpItem, Overlap, Loop]
+Item = OpItem | Overlap | Loop
 
 
 @dataclass(slots=True)
@@ -177,8 +176,8 @@ class ScheduleBlock:
     span: Span
 
 
-Section = Union[PartitionLayers, PartitionPattern, PartitionAbstract, PlacementExplicit,
-                PlacementNamed, RecomputeBlock, ScheduleBlock]
+Section = (PartitionLayers | PartitionPattern | PartitionAbstract | PlacementExplicit
+           | PlacementNamed | RecomputeBlock | ScheduleBlock)
 
 
 @dataclass(slots=True)

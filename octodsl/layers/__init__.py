@@ -16,8 +16,8 @@ from .build import (
     layer_factories,
     pipeline_specs,
 )
-from .gated_deltanet import GatedDeltaNet
 from .embedding import Embedding, LMHead, TiedEmbeddingHead, lm_loss, tied_head_forward
+from .gated_deltanet import GatedDeltaNet
 from .mamba1 import Mamba1, selective_scan
 from .mamba2 import Mamba2, ssd_scan
 from .mlp import MLP

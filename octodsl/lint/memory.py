@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import OctoError
 from ..costs.resolve import cost_table, header_costing
+from ..errors import OctoError
 from ..lang.errors import Diagnostic
 from ..plan import Plan
 from ..sim import SimCosts, compile, memory

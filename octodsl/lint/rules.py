@@ -11,20 +11,20 @@ only restates that error (docs/diagnostics.md, "One cause, one diagnostic").
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Iterable, Iterator
 
 from ..costs.devices import get_device, get_link
-from .memory import DEFAULT_DEVICE
 from ..dag import deadlock, describe_cycle
+from ..lang.codes import CODES
+from ..lang.errors import Diagnostic, ranges_text
 from ..limits import MAX_SEQ_LEN
 from ..mesh import Mesh
 from ..models import ModelSpec
 from ..models.tp import tp_problems
 from ..plan import Op, OpKind, Plan, Span, zero_without_copies
-from ..lang.codes import CODES
-from ..lang.errors import Diagnostic, ranges_text
+from .memory import DEFAULT_DEVICE
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from ..inputs import kind_of, read_data
@@ -17,7 +17,7 @@ def builtin_models() -> list[str]:
     return list(BUILTINS)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _builtin(name: str) -> ModelSpec:
     return parse_model(BUILTINS[name], f"built-in {name}")
 

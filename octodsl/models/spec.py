@@ -9,7 +9,7 @@ LM head layer holds the final norm. All layers but the embedding take and return
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -248,8 +248,7 @@ class LMHeadLossConfig(LayerConfig):
 
 
 Layer = Annotated[
-    Union[EmbeddingConfig, AttentionConfig, MLPConfig, MoEConfig, Mamba2Config, Mamba1Config,
-          GatedDeltaNetConfig, LMHeadLossConfig],
+    EmbeddingConfig | AttentionConfig | MLPConfig | MoEConfig | Mamba2Config | Mamba1Config | GatedDeltaNetConfig | LMHeadLossConfig,
     Field(discriminator="kind"),
 ]
 """One layer's configuration, told apart by `kind`."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..costs.table import CostTable, ParamBytes, StageCost
 from ..plan import Header, Plan, PlanError

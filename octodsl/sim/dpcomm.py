@@ -38,8 +38,8 @@ Megatron's overlaps (the plan's header, docs/models-and-costs.md "Overlaps"):
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 

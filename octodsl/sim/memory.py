@@ -10,8 +10,8 @@ releases for all. Since a device runs its ops one after another, the levels depe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text

@@ -7,8 +7,8 @@ caller asks for (the tuner's loop does not).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from .memory import memory
 from .program import KIND_CODE, SimProgram, compile
 from .result import SimResult
 from .sharing import ROUNDS, TOLERANCE, Sharing, shared_phase, stretch
-
 
 _F = KIND_CODE[OpKind.F]
 

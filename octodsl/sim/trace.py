@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 from ..fileio import write_atomic
-from ..trace import COMM, TimedSpan, chrome_trace as spans_trace, comm_span, op_span
+from ..trace import COMM, TimedSpan, comm_span, op_span
+from ..trace import chrome_trace as spans_trace
 from .result import SimResult
 
 DP_COMM = 2

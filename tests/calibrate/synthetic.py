@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from octodsl.costs.profile import FittedLink, MeasuredLayer, Profile, ProfileCalibration
-from octodsl.trace import COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
 from octodsl.gen import generate
 from octodsl.models import load_model
 from octodsl.plan import Plan
 from octodsl.sim import SimCosts, compile, simulate
+from octodsl.trace import COMPUTE, TimedSpan, chrome_trace, comm_span, op_span
 
 MODEL = "nemotron-h-tiny"
 # Per kind: F, B, W seconds, act, act_w bytes (CPU-like magnitudes).

@@ -8,7 +8,12 @@ import re
 import pytest
 
 from octodsl.calibrate.compare import compare, side_by_side, write_png
-from octodsl.calibrate.measured import TraceError, check_against, parse_trace, read_trace
+from octodsl.calibrate.measured import (
+    TraceError,
+    check_against,
+    parse_trace,
+    read_trace,
+)
 from octodsl.cli import main
 from octodsl.sim import SimCosts
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from octodsl.errors import OctoError
 from octodsl.calibrate.fit import Run, fit, fit_link, fit_memory
 from octodsl.calibrate.measured import parse_trace
+from octodsl.errors import OctoError
 
 from . import synthetic as syn
 

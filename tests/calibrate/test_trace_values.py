@@ -8,7 +8,8 @@ import json
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from octodsl.calibrate.measured import TraceError, parse_trace, read_trace
 from octodsl.cli import main

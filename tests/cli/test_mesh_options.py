@@ -131,8 +131,9 @@ def test_tune_at_tp_end_to_end(tmp_path, capsys):
 
 
 def test_tune_from_a_plan_keeps_its_mesh_unless_told(tmp_path, capsys):
-    from octodsl.cli.tune import _problem, register  # the problem the command builds
     import argparse
+
+    from octodsl.cli.tune import _problem, register  # the problem the command builds
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

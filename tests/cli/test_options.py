@@ -8,13 +8,21 @@ import argparse
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from octodsl import limits
 from octodsl.cli import main
-from octodsl.cli.common import (DEVICES, check_output, duration, integer, memory_size, output,
-                                seconds_value)
-from octodsl.cli.common import op_costs
+from octodsl.cli.common import (
+    DEVICES,
+    check_output,
+    duration,
+    integer,
+    memory_size,
+    op_costs,
+    output,
+    seconds_value,
+)
 from octodsl.gen import generate_text
 
 TUNE = ["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "1s"]

@@ -16,9 +16,16 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from octodsl.costs import device_file as df
-from octodsl.costs.devices import (CUBLAS_TILES, DEVICES, LINKS, Overheads, _tensor_core_gemm,
-                                   get_device, get_link)
 from octodsl.costs.device_file import DeviceFileError, LinkFile, load_device, load_link
+from octodsl.costs.devices import (
+    CUBLAS_TILES,
+    DEVICES,
+    LINKS,
+    Overheads,
+    _tensor_core_gemm,
+    get_device,
+    get_link,
+)
 from octodsl.costs.gemm import GemmModel, Tile
 from octodsl.costs.resolve import cost_table
 from octodsl.costs.table import Link

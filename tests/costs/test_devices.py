@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from octodsl.errors import OctoError
 from octodsl.costs.devices import DEVICES, get_device, get_link
+from octodsl.errors import OctoError
 
 
 def test_devices():

@@ -9,10 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from octodsl.errors import OctoError
 from octodsl.cli import main
-from octodsl.costs.profile import ProfileError, load_profile, read_profile, write_profile
+from octodsl.costs.profile import (
+    ProfileError,
+    load_profile,
+    read_profile,
+    write_profile,
+)
 from octodsl.costs.resolve import cost_table
+from octodsl.errors import OctoError
 from octodsl.models import SpecError, load_model
 
 SHAPE = {"microbatch_size": 1, "seq_len": 32}

@@ -7,7 +7,8 @@ import json
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from octodsl.cli import main
 from octodsl.costs.profile import ProfileError, read_profile

@@ -8,7 +8,11 @@ import dataclasses
 
 import pytest
 
-from octodsl.costs.analytical import ACCUMULATE_ELEMENTS, OPTIMIZER_BYTES, analytical_costs
+from octodsl.costs.analytical import (
+    ACCUMULATE_ELEMENTS,
+    OPTIMIZER_BYTES,
+    analytical_costs,
+)
 from octodsl.costs.attention import AttentionCurve
 from octodsl.costs.devices import A100_ATTENTION, MEGATRON_A100_OVERHEADS, get_device
 from octodsl.costs.resolve import cost_table, header_costing

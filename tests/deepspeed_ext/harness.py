@@ -29,9 +29,14 @@ sys.path.insert(0, str(ROOT / "examples"))
 import deepspeed  # noqa: E402
 from deepspeed import comm as dist  # noqa: E402
 from deepspeed.pipe import LayerSpec  # noqa: E402
+from train import step_data  # noqa: E402
 
-from octodsl.deepspeed_ext import (init_distributed, initialize, released_groups,  # noqa: E402
-                                   shutdown)
+from octodsl.deepspeed_ext import (  # noqa: E402
+    init_distributed,
+    initialize,
+    released_groups,
+    shutdown,
+)
 from octodsl.deepspeed_ext.module import FixedPartitionModule  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
@@ -39,7 +44,6 @@ from octodsl.layers import lm_loss, pipeline_specs, recompute  # noqa: E402
 from octodsl.models import parse_model  # noqa: E402
 from octodsl.models.builtin import BUILTINS  # noqa: E402
 from octodsl.plan import Op, OpKind, Plan, Recompute, Stage  # noqa: E402
-from train import step_data  # noqa: E402
 
 SEED, SEQ, M, STEPS = 7, 32, 4, 3
 

@@ -20,14 +20,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import (M, SEED, SEQ, SPEC, build_ours, config, even, main, train,  # noqa: E402
-                     with_partition)
-
 import torch.distributed as dist  # noqa: E402
+from harness import (  # noqa: E402
+    SEED,
+    SEQ,
+    SPEC,
+    M,
+    build_ours,
+    config,
+    even,
+    main,
+    train,
+    with_partition,
+)
+from train import step_data  # noqa: E402
 
 from octodsl.errors import OctoError  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
-from train import step_data  # noqa: E402
 
 
 @contextmanager

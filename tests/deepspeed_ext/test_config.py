@@ -7,7 +7,12 @@ import json
 
 import pytest
 
-from octodsl.deepspeed_ext.config import batch_config, plan_config, read_config, zero_config
+from octodsl.deepspeed_ext.config import (
+    batch_config,
+    plan_config,
+    read_config,
+    zero_config,
+)
 from octodsl.deepspeed_ext.errors import PlanLaunchError
 from octodsl.gen import generate
 from octodsl.limits import MAX_TIMEOUT

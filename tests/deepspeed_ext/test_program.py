@@ -12,7 +12,14 @@ from octodsl.deepspeed_ext.errors import PlanLaunchError  # noqa: E402
 from octodsl.deepspeed_ext.launch import check_launch  # noqa: E402
 from octodsl.deepspeed_ext.partition import stage_layers  # noqa: E402
 from octodsl.deepspeed_ext.program import (  # noqa: E402
-    LoadMicroBatch, PlanSchedule, PostRecvs, Recv, RunOp, Send, forward_only)
+    LoadMicroBatch,
+    PlanSchedule,
+    PostRecvs,
+    Recv,
+    RunOp,
+    Send,
+    forward_only,
+)
 from octodsl.gen import SCHEDULES, generate  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
 from octodsl.plan import OpKind  # noqa: E402

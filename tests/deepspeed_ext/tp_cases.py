@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import M, SEED, SEQ, config, main, micro_spec  # noqa: E402
-
 import torch  # noqa: E402
+from harness import SEED, SEQ, M, config, main, micro_spec  # noqa: E402
+from train import step_data  # noqa: E402
 
 from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
 from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
@@ -28,8 +28,6 @@ from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
 from octodsl.models import parse_model  # noqa: E402
 from octodsl.models.builtin import BUILTINS  # noqa: E402
 from octodsl.plan import Plan, Stage  # noqa: E402
-from train import step_data  # noqa: E402
-
 
 
 def tp_spec():

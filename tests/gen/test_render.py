@@ -12,8 +12,17 @@ from octodsl.gen.compact import compact
 from octodsl.lang import parse_plan, parse_syntax
 from octodsl.lang.fmt import format_file
 from octodsl.lint import lint_source
-from octodsl.plan import (DevicePlacement, Header, Op, OpKind, Plan, Recompute, Slot, Stage,
-                          placement_loop)
+from octodsl.plan import (
+    DevicePlacement,
+    Header,
+    Op,
+    OpKind,
+    Plan,
+    Recompute,
+    Slot,
+    Stage,
+    placement_loop,
+)
 
 from ..conftest import REPO, check_golden, versionless
 

@@ -122,7 +122,9 @@ def to_transformers(ours: GatedDeltaNet, cfg: GatedDeltaNetConfig, hidden: int, 
     for each key head in turn, [q, k, v, z] and [b, a] of that head and its value heads; ours
     holds [q | k | v | z | b | a], each in head order."""
     from transformers import Qwen3NextConfig
-    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+    from transformers.models.qwen3_next.modeling_qwen3_next import (
+        Qwen3NextGatedDeltaNet,
+    )
 
     hf_cfg = Qwen3NextConfig(
         hidden_size=hidden, num_hidden_layers=1, layer_types=["linear_attention"],

@@ -6,13 +6,29 @@ import torch
 from torch.func import functional_call
 
 from octodsl.layers import (
-    MLP, Attention, Embedding, LMHead, Mamba1, Mamba2, MoE, TiedHead, build_layers,
-    lm_loss, pipeline_specs, set_aux_loss_scale,
+    MLP,
+    Attention,
+    Embedding,
+    LMHead,
+    Mamba1,
+    Mamba2,
+    MoE,
+    TiedHead,
+    build_layers,
+    lm_loss,
+    pipeline_specs,
+    set_aux_loss_scale,
 )
 from octodsl.layers.gated_deltanet import GatedDeltaNet
 from octodsl.models import (
-    AttentionConfig, GatedDeltaNetConfig, Mamba1Config, Mamba2Config, MLPConfig, ModelSpec,
-    MoEConfig, load_model,
+    AttentionConfig,
+    GatedDeltaNetConfig,
+    Mamba1Config,
+    Mamba2Config,
+    MLPConfig,
+    ModelSpec,
+    MoEConfig,
+    load_model,
 )
 
 H = 8

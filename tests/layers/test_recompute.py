@@ -8,12 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from octodsl.layers import LMHead, TiedEmbeddingHead, lm_loss
-from octodsl.layers import recompute
+from octodsl.layers import LMHead, TiedEmbeddingHead, lm_loss, recompute
 from octodsl.layers.recompute import dropping, recomputable
 from octodsl.layers.split_backward import backward_input, backward_weight
 
-from .test_layers import H, TINY
+from .test_layers import TINY, H
 
 KINDS = {**{name: lambda c=c, cfg=cfg: c(cfg, H) for name, (c, cfg) in TINY.items()},
          "lm head": lambda: LMHead(11, H), "tied head": lambda: _Head(TiedEmbeddingHead(11, H))}

@@ -4,7 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from octodsl.layers.split_backward import WeightGradState, backward_input, backward_weight
+from octodsl.layers.split_backward import (
+    WeightGradState,
+    backward_input,
+    backward_weight,
+)
 
 
 class Block(nn.Module):

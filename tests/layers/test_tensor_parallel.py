@@ -31,8 +31,14 @@ from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.gated_deltanet import GatedDeltaNet
 from octodsl.layers.split_backward import backward_input, backward_weight
 from octodsl.models.load import SpecError
-from octodsl.models.spec import (AttentionConfig, GatedDeltaNetConfig, Mamba1Config, Mamba2Config, MLPConfig,
-                                 MoEConfig)
+from octodsl.models.spec import (
+    AttentionConfig,
+    GatedDeltaNetConfig,
+    Mamba1Config,
+    Mamba2Config,
+    MLPConfig,
+    MoEConfig,
+)
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8

@@ -21,8 +21,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from octodsl.layers import LMHead, TiedEmbeddingHead, lm_loss
-from octodsl.layers.embedding import Embedding
 from octodsl.layers import tensor_parallel as tpl
+from octodsl.layers.embedding import Embedding
 from octodsl.layers.split_backward import backward_input, backward_weight
 from octodsl.models.tp import padded_vocab
 

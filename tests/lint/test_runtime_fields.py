@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from octodsl.cli import main
+from octodsl.cli.fmt import format_source
 from octodsl.gen import generate_text
 from octodsl.interop.export import ExportError
 from octodsl.interop.megatron import megatron_args
 from octodsl.lang import parse_plan
-from octodsl.cli.fmt import format_source
 from octodsl.lint import lint_source
 from octodsl.partition import megatron_layers
 from octodsl.plan import RUNTIME_FIELDS, Header

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from octodsl.cli import main
-from octodsl.lang.errors import MAX_PER_LINE, Diagnostic
 from octodsl.cli.fmt import format_source
+from octodsl.lang.errors import MAX_PER_LINE, Diagnostic
 from octodsl.lint import lint_source
 from octodsl.lint.suppress import apply_suppressions
 

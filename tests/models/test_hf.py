@@ -5,13 +5,12 @@ the meta device from the same config (no memory, no download)."""
 import builtins
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from octodsl.models import SpecError, load_model
 from octodsl.models.hf import SUPPORTED, load_hf
-
-from pathlib import Path
 
 CONFIGS = Path(__file__).parent / "hf"
 FAMILIES = ["nemotron-h-8b", "jamba-v0.1", "qwen3-next-80b", "llama3-70b"]

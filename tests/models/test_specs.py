@@ -8,7 +8,12 @@ import pytest
 import yaml
 
 from octodsl.models import (
-    ModelSpec, SpecError, builtin_models, load_model, normalize_pattern, parse_model,
+    ModelSpec,
+    SpecError,
+    builtin_models,
+    load_model,
+    normalize_pattern,
+    parse_model,
 )
 from octodsl.models.builtin import PUBLISHED_PARAMS
 

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from octodsl.tune.pipeline import loop
-from octodsl.tune.reference.baselines import NOT_RUN, classic_baselines
-from octodsl.tune.reference.compare import tune_and_compare
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.problem import Problem
+from octodsl.tune.reference.baselines import NOT_RUN, classic_baselines
+from octodsl.tune.reference.compare import tune_and_compare
 from octodsl.tune.reference.report import comparison_table, to_json
 
 

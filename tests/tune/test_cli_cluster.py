@@ -11,7 +11,13 @@ import pytest
 
 from octodsl.cli import main
 from octodsl.lint import lint_source
-from octodsl.tune.cluster.space import Cluster, Tables, configurations, fewest_gpus, tp_degrees
+from octodsl.tune.cluster.space import (
+    Cluster,
+    Tables,
+    configurations,
+    fewest_gpus,
+    tp_degrees,
+)
 
 MODEL = "nemotron-h-tiny"
 ARGS = ["tune", "--model", MODEL, "--gpus", "8", "--global-batch", "8"]

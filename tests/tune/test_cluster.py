@@ -10,14 +10,22 @@ import pytest
 
 from octodsl.models import load_model
 from octodsl.plan import Recompute
-from octodsl.tune.reference.baselines import classic_baselines, classic_plans
-from octodsl.tune.cluster.search import NoConfigurationFits, search
 from octodsl.tune.cluster.baselines import RECIPE, megatron_baselines
+from octodsl.tune.cluster.search import NoConfigurationFits, search
+from octodsl.tune.cluster.space import (
+    DOMINATED,
+    INFEASIBLE,
+    Cluster,
+    Config,
+    Tables,
+    fewest_gpus,
+    infeasible,
+    problem_of,
+)
+from octodsl.tune.cluster.target import MEGATRON
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.problem import recompute_everywhere
-from octodsl.tune.cluster.space import (DOMINATED, INFEASIBLE, Cluster, Config, Tables, fewest_gpus,
-                                infeasible, problem_of)
-from octodsl.tune.cluster.target import MEGATRON
+from octodsl.tune.reference.baselines import classic_baselines, classic_plans
 
 from .test_space import model_bytes, splits
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from octodsl.costs.table import Link
-
 from octodsl.lint import lint_plan
 from octodsl.plan import Recompute
 from octodsl.tune.pipeline.construct import build_schedule

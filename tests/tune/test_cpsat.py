@@ -7,8 +7,8 @@ import pytest
 from octodsl.lint import lint_plan
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout, looped
-from octodsl.tune.reference.cpsat import solve_cpsat
 from octodsl.tune.pipeline.moves.schedule import rebuild
+from octodsl.tune.reference.cpsat import solve_cpsat
 
 from .helpers import problem
 

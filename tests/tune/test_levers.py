@@ -11,7 +11,6 @@ import pytest
 
 from octodsl.plan import Recompute
 from octodsl.tune.bounds import dp_seconds, recompute_lower_bound
-from octodsl.tune.reference.baselines import classic_baselines
 from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout, v_shape
@@ -19,6 +18,7 @@ from octodsl.tune.pipeline.loop import tune
 from octodsl.tune.pipeline.moves import placement, recompute
 from octodsl.tune.pipeline.moves.schedule import rebuild
 from octodsl.tune.problem import AUTO, Keep, Problem
+from octodsl.tune.reference.baselines import classic_baselines
 
 from .helpers import problem
 

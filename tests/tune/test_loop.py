@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 
 from octodsl.lint import lint_plan
-from octodsl.tune.reference.baselines import SCHEDULES, PARTITIONS, best_baseline, classic_baselines
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.loop import tune
 from octodsl.tune.problem import Problem
+from octodsl.tune.reference.baselines import (
+    PARTITIONS,
+    SCHEDULES,
+    best_baseline,
+    classic_baselines,
+)
 from octodsl.tune.reference.random_search import random_search
 
 GIB = 2**30

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octodsl.costs.table import Link
 from octodsl.costs.levers import Zero, held_change, op_bytes, recomputed
+from octodsl.costs.table import Link
 from octodsl.dag import producers
 from octodsl.plan import Op, OpKind, Recompute
 from octodsl.sim.program import KIND_OF_CODE
@@ -65,7 +65,7 @@ def test_zero_stages_shard_and_reduce_as_the_simulator_does():
         assert (sharded.grads < run.table.param_bytes.grads) == stage.shards_gradients
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(name: str, zero: int) -> Problem:
     return Problem.create(name, 4, 8, memory=None, dp=2 if zero else 1, zero=zero)
 

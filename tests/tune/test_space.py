@@ -14,9 +14,18 @@ from hypothesis import strategies as st
 from octodsl.models import load_model
 from octodsl.models.tp import tp_problems
 from octodsl.tune.cluster.search import NoConfigurationFits, _enumerate
+from octodsl.tune.cluster.space import (
+    INFEASIBLE,
+    Cluster,
+    Config,
+    Tables,
+    configurations,
+    fewest_gpus,
+    infeasible,
+    problem_of,
+    tp_degrees,
+)
 from octodsl.tune.cluster.target import admits
-from octodsl.tune.cluster.space import (INFEASIBLE, Cluster, Config, Tables, configurations, fewest_gpus,
-                                infeasible, problem_of, tp_degrees)
 
 MODELS = ("nemotron-h-tiny", "jamba-tiny", "qwen3-next-tiny")
 MONOTONE = "a smaller micro-batch"

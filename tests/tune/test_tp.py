@@ -10,11 +10,11 @@ import pytest
 from octodsl.costs.table import Link
 from octodsl.tune.advice import tp_that_fits
 from octodsl.tune.bounds import dp_seconds, fastest_dp_links
-from octodsl.tune.reference.baselines import classic_baselines
 from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.loop import tune
 from octodsl.tune.problem import Problem
+from octodsl.tune.reference.baselines import classic_baselines
 
 GIB = 2**30
 SLOW = Link("slow", 1e-3, 1e7)

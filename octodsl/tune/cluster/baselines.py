@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, replace
 
 from ...plan import Recompute
-from ..reference.baselines import baseline_name, classic_plans
 from ..pipeline.evaluate import Evaluator, Score
 from ..problem import AUTO, Problem, recompute_everywhere
+from ..reference.baselines import baseline_name, classic_plans
 from .space import Cluster, Config, Tables, meshes, over_limits, problem_of, tp_degrees
 
 RECIPE = ("interleaved", 2)

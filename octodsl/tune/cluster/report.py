@@ -10,8 +10,8 @@ from rich.table import Table
 
 from ...plan import Recompute
 from ...units import milliseconds, size
-from .search import Candidate, ClusterResult
 from ..pipeline.evaluate import Score
+from .search import Candidate, ClusterResult
 from .space import DOMINATED, INFEASIBLE, NOT_SCREENED, Config
 from .target import runtimes
 

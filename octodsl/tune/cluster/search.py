@@ -24,22 +24,36 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from ...errors import OctoError
 from ...plan import Plan
 from ...sim import warm_up
 from ...units import size
-from ..reference.baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
-from .baselines import MegatronBaseline, megatron_baselines
+from ..clock import check_reserve
 from ..pipeline.evaluate import Score, best_of
 from ..pipeline.loop import BudgetTooShort, TuneResult, tune
 from ..problem import Problem
-from .space import (DOMINATED, INFEASIBLE, NOT_SCREENED, Cluster, Config, Skipped, Tables,
-                    configurations, fewest_gpus, fixed_cause, meshes, over_limits, plan_ops,
-                    problem_of, tp_degrees)
-from ..clock import check_reserve
+from ..reference.baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
+from .baselines import MegatronBaseline, megatron_baselines
+from .space import (
+    DOMINATED,
+    INFEASIBLE,
+    NOT_SCREENED,
+    Cluster,
+    Config,
+    Skipped,
+    Tables,
+    configurations,
+    fewest_gpus,
+    fixed_cause,
+    meshes,
+    over_limits,
+    plan_ops,
+    problem_of,
+    tp_degrees,
+)
 
 RECIPE_SHARE = 0.2
 """Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 from pydantic import ValidationError
 

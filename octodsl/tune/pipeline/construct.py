@@ -25,14 +25,15 @@ is the order of an actual execution, so it never deadlocks.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from ...costs.table import Link, StageCost
-from ...plan import Op, Plan, Slot
 from ...mesh import Mesh
+from ...plan import Op, Plan, Slot
 from ...sim.jit import njit
 from ...sim.links import cut_crosses_nodes, cut_times, link_times
 from ...sim.program import KIND_OF_CODE

@@ -26,20 +26,20 @@ import functools
 import math
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
 
 from ...errors import OctoError
 from ...plan import Plan, Recompute
+from ..problem import AUTO, Problem
 from .diagnose import diagnose
+from .estimate import FillModel
 from .evaluate import Evaluator, Score
 from .layout import StageLayout, even_cuts
-from .estimate import FillModel
 from .moves.partition import fitting, rebalance
 from .moves.placement import families
 from .moves.recompute import fit_modes
 from .moves.schedule import rebuild
-from ..problem import AUTO, Problem
 from .propose import State, kick, proposals
 
 PATIENCE = 8

@@ -12,19 +12,19 @@ drops every proposal whose layout the problem does not allow.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 
 from ...costs.levers import Zero
 from ...plan import OpKind, Plan
-from .diagnose import Bottleneck
 from ...sim import SimResult
+from ..problem import AUTO, Problem
+from .diagnose import Bottleneck
 from .evaluate import Score
 from .layout import StageLayout, even_cuts
 from .moves import memory, partition, placement, recompute, schedule
-from ..problem import AUTO, Problem
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,18 @@ search and the CP-SAT model with the same budget."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ...errors import OctoError
 from ...plan import Plan
 from ...sim import warm_up
 from ...units import size
 from ..advice import larger_tps, sharding
-from .baselines import Baseline, best_baseline, classic_baselines
 from ..pipeline.evaluate import Evaluator, Score, best_of
 from ..pipeline.loop import BudgetTooShort, Progress, TuneResult, tune
 from ..problem import AUTO, Problem
+from .baselines import Baseline, best_baseline, classic_baselines
 
 OTHERS = ("random", "milp", "milp-warm")
 """Baselines with the tuner's budget: random search, CP-SAT cold, CP-SAT warm-started from the

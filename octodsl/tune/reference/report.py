@@ -10,12 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ...plan import Recompute
-from ...units import milliseconds as _ms, size
+from ...units import milliseconds as _ms
+from ...units import size
 from ..bounds import memory_lower_bound
-from .baselines import NOT_RUN, Baseline, best_baseline
 from ..pipeline.evaluate import Score
 from ..pipeline.loop import Round, TuneResult
 from ..problem import Problem
+from .baselines import NOT_RUN, Baseline, best_baseline
 
 
 @dataclass(frozen=True)

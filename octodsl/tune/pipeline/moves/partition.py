@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from ...problem import Problem
 from ..estimate import FillModel
 from ..layout import StageLayout
-from ...problem import Problem
 
 
 def shift(layout: StageLayout, cut: int, delta: int) -> StageLayout | None:

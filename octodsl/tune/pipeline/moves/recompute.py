@@ -15,15 +15,15 @@ the first move.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
 from ....plan import Recompute
 from ....sim import SimResult
+from ...problem import Problem
 from ..estimate import FillModel
 from ..layout import SAVING, StageLayout
-from ...problem import Problem
 
 HOT = 0.9
 """A device whose peak reaches this share of the limit may be throttled by memory."""

@@ -21,8 +21,8 @@ import numpy as np
 
 from ....plan import OpKind, Plan
 from ....sim import SimResult
-from ..construct import build_schedule
 from ...problem import Problem
+from ..construct import build_schedule
 
 
 def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
