@@ -123,15 +123,13 @@ def setup(row: dict) -> Setup:
     return Setup(schedule, vp, mbs, per_copy // mbs, row.get("recompute", "?"), assumed)
 
 
-SWITCHES = ("grad_accumulation_fusion", "scatter_gather_messages", "reduce_scatter")
-"""The header's true/false runtime fields a row's `runtime` may set beside its overlaps."""
-
-
 def switches(runtime: dict) -> dict[str, bool]:
-    """The row's SWITCHES, the header's default where the row states none."""
-    from octodsl.plan import Header
+    """The header's true/false runtime fields beside the overlaps (RUNTIME_SWITCHES) that the
+    row's `runtime` sets to other than the header's default."""
+    from octodsl.plan import RUNTIME_SWITCHES, Header
 
-    return {f: bool(runtime.get(f, Header.model_fields[f].default)) for f in SWITCHES}
+    return {f: bool(runtime[f]) for f in RUNTIME_SWITCHES
+            if f in runtime and bool(runtime[f]) != Header.model_fields[f].default}
 
 
 def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
@@ -148,11 +146,8 @@ def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
         args += ["--tp", str(row["tp"]), "--sequence-parallel",
                  "true" if runtime.get("sequence_parallel", False) else "false"]
     args += ["--overlap", ",".join(runtime.get("overlap", [])) or "none"]
-    from octodsl.plan import Header
-
     for field, value in switches(runtime).items():
-        if value != Header.model_fields[field].default:
-            args += ["--" + field.replace("_", "-"), "true" if value else "false"]
+        args += ["--" + field.replace("_", "-"), "true" if value else "false"]
     return name, args
 
 

@@ -13,7 +13,7 @@ from pydantic_core import ErrorDetails
 
 from .. import limits
 from ..inputs import read_data
-from ..plan import PIPELINE_ZERO, Plan
+from ..plan import PIPELINE_ZERO, Plan, deepspeed_zero
 from .errors import PlanLaunchError
 from .watchdog import DEFAULT_TIMEOUT
 
@@ -176,10 +176,8 @@ def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
             f"`reduce_scatter`, true when not stated), but {config_name} gives "
             f"zero_optimization.reduce_scatter {str(given_rs).lower()}: leave it out of the config "
             f"or state `reduce_scatter {str(given_rs).lower()}` in the plan's header")
-    section_out = {**config.get("zero_optimization", {}), "stage": zero}
-    if zero > 0 and not plan.header.reduce_scatter:  # DeepSpeed's default is true
-        section_out["reduce_scatter"] = False
-    return {**config, "zero_optimization": section_out}
+    return {**config, "zero_optimization": {**config.get("zero_optimization", {}),
+                                            **deepspeed_zero(plan.header)}}
 
 
 def plan_config(config: dict, plan: Plan, default_microbatch_size: int | None = None, *,

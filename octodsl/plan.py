@@ -120,7 +120,9 @@ class Slot:
 
 OVERLAPS = ("overlap_tp_comm", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm")
 """The header's overlap fields: communication a runtime may hide under compute."""
-RUNTIME_FIELDS = (*OVERLAPS, "grad_accumulation_fusion", "scatter_gather_messages", "reduce_scatter")
+RUNTIME_SWITCHES = ("grad_accumulation_fusion", "scatter_gather_messages", "reduce_scatter")
+"""The runtime fields beside the overlaps (each its own true/false option on the commands)."""
+RUNTIME_FIELDS = (*OVERLAPS, *RUNTIME_SWITCHES)
 """Header fields that say how the runtime runs the plan's ops (docs/models-and-costs.md,
 "Overlaps")."""
 
@@ -128,6 +130,16 @@ RUNTIME_FIELDS = (*OVERLAPS, "grad_accumulation_fusion", "scatter_gather_message
 PIPELINE_ZERO = 1
 """The highest ZeRO stage DeepSpeed's pipeline engine, and so octodsl's executor, runs at any
 pipeline depth (the executor refuses more; `tune --gpus --target deepspeed` proposes no more)."""
+
+
+def deepspeed_zero(h: Header) -> dict:
+    """The DeepSpeed config's `zero_optimization` fields a plan's header decides: the stage,
+    and under ZeRO `reduce_scatter: false` where the header says so (DeepSpeed's default is
+    true), for `convert --to deepspeed` and the executor alike."""
+    out: dict = {"stage": h.zero}
+    if h.zero > 0 and not h.reduce_scatter:
+        out["reduce_scatter"] = False
+    return out
 
 
 def zero_without_copies(zero: int, dp: int) -> str | None:

@@ -20,7 +20,7 @@ from ..costs.devices import (
 )
 from ..errors import OctoError
 from ..fileio import write_atomic
-from ..plan import OVERLAPS
+from ..plan import OVERLAPS, RUNTIME_SWITCHES
 from ..units import exact_size, parse_size
 
 
@@ -213,7 +213,7 @@ def runtime_update(args) -> dict[str, bool]:
     """The header's runtime fields that --overlap, --grad-accumulation-fusion,
     --scatter-gather-messages and --reduce-scatter set (those given; `add_overlap_option`)."""
     update = dict(getattr(args, "overlap", None) or {})
-    for name in ("grad_accumulation_fusion", "scatter_gather_messages", "reduce_scatter"):
+    for name in RUNTIME_SWITCHES:
         if getattr(args, name, None) is not None:
             update[name] = getattr(args, name)
     return update

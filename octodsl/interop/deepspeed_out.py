@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 
-from ..plan import Plan, Recompute
+from ..plan import Plan, Recompute, deepspeed_zero
 from .export import Export, ExportError, is_generated, plan_cuts
 
 
@@ -68,8 +68,7 @@ def deepspeed_snippet(plan: Plan, source: str = "") -> Export:
         "train_micro_batch_size_per_gpu": mbs,
         "gradient_accumulation_steps": h.microbatches,
         "train_batch_size": mbs * h.microbatches * h.dp,
-        "zero_optimization": {"stage": h.zero, **({} if h.reduce_scatter or h.zero == 0
-                                                  else {"reduce_scatter": False})},
+        "zero_optimization": deepspeed_zero(h),
     }
     return Export(_render(plan, source, cuts.parts, interval, config, warnings), warnings)
 

@@ -197,7 +197,7 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
         head.append(f"   DP all-reduce {_time(float(result.allreduce.max()))}")
     if result.reduce_scatter.any() or result.all_gather.any():
         dpc = result.dp_comm  # the reduction: a reduce-scatter, or with reduce_scatter false an all-reduce
-        head.append(f"\nZeRO {result.zero}          {dpc.reduction_kind.replace('allreduce', 'all-reduce')} "
+        head.append(f"\nZeRO {result.zero}          {_PATH_KINDS[dpc.reduction_kind]} "
                     f"{_time(float(dpc.reduction.max()))}, all-gather "
                     f"{_time(float(result.all_gather.max()))}, exposed "
                     f"{_time(float(result.dp_exposed.max()))} (the busiest device)")
