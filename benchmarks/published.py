@@ -438,9 +438,15 @@ def main() -> int:
         return 0
     out = Path(args.output)
     command = ".venv/bin/python benchmarks/published.py"
-    out.write_text(report(results, ranks, data, command, time.perf_counter() - t0))
-    out.with_suffix(".json").write_text(json.dumps({"rows": results, "ablations": ranks},
-                                                   indent=1, default=float) + "\n")
+    from octodsl.fileio import write_atomic
+
+    try:
+        write_atomic(out, report(results, ranks, data, command, time.perf_counter() - t0))
+        write_atomic(out.with_suffix(".json"), json.dumps({"rows": results, "ablations": ranks},
+                                                          indent=1, default=float) + "\n")
+    except OSError as e:
+        print(f"published.py: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return 0
 
