@@ -21,8 +21,9 @@ from octodsl.lang.codes import CODES, Topic
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "diagnostics.md"
 COMMAND = "python .ci/diagnostics_doc.py"
-_TABLE = re.compile(r"^(<!-- codes: (?P<topic>\w+) .*?-->\n)(?P<table>.*?)^(<!-- end of codes -->)$",
-                    re.S | re.M)
+_TABLE = re.compile(
+    r"^(<!-- codes: (?P<topic>\w+) .*?-->\n)(?P<table>.*?)^(<!-- end of codes -->)$", re.S | re.M
+)
 
 
 def table(topic: Topic) -> str:

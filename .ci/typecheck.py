@@ -9,6 +9,7 @@ source under a mapped folder to its installed module name, and runs the same bui
 command runs, so messages keep the real paths (deepspeed_ext/engine.py) and the exit code is
 mypy's: 0 clean, 1 errors, 2 a blocking error.
 """
+
 from __future__ import annotations
 
 import configparser
@@ -62,8 +63,11 @@ def main(args: list[str]) -> int:
     _, messages, blockers = run_build(sources, options, fscache, t0, sys.stdout, sys.stderr)
     n_errors, n_notes, n_files = util.count_stats(messages)
     if n_errors:
-        print(formatter.format_error(n_errors, n_files, len(sources), blockers=blockers,
-                                     use_color=options.color_output))
+        print(
+            formatter.format_error(
+                n_errors, n_files, len(sources), blockers=blockers, use_color=options.color_output
+            )
+        )
         return 2 if blockers else 1
     print(formatter.format_success(len(sources), options.color_output))
     return 0

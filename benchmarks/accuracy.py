@@ -105,16 +105,20 @@ def log(msg: str) -> None:
 
 def machine_load() -> dict:
     load = os.getloadavg()
-    ps = subprocess.run(["ps", "-eo", "pcpu,pid,args", "--sort=-pcpu"], capture_output=True,
-                        text=True).stdout.splitlines()[1:]
+    ps = subprocess.run(
+        ["ps", "-eo", "pcpu,pid,args", "--sort=-pcpu"], capture_output=True, text=True
+    ).stdout.splitlines()[1:]
     me = {os.getpid(), os.getppid()}
     busy = []
     for line in ps:
         parts = line.split(None, 2)
         if len(parts) == 3 and float(parts[0]) >= 5 and int(parts[1]) not in me:
             busy.append(f"{parts[0]}% {parts[2][:90]}")
-    return {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": [round(x, 2) for x in load],
-            "busy": busy[:8]}
+    return {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "loadavg": [round(x, 2) for x in load],
+        "busy": busy[:8],
+    }
 
 
 def irregular_plan(name: str, placement: tuple[int, ...], microbatches: int, header: str) -> str:
@@ -123,12 +127,22 @@ def irregular_plan(name: str, placement: tuple[int, ...], microbatches: int, hea
     stage from the last (so no device waits on one that waits on it)."""
     stages = len(placement)
     order = [f"F{s}:{m}" for s in range(stages) for m in range(microbatches)]
-    order += [f"{k}{s}:{m}" for s in reversed(range(stages)) for m in range(microbatches)
-              for k in "BW"]
+    order += [
+        f"{k}{s}:{m}" for s in reversed(range(stages)) for m in range(microbatches) for k in "BW"
+    ]
     devices = max(placement) + 1
     held = {d: [s for s in range(stages) if placement[s] == d] for d in range(devices)}
-    lines = [f'plan "{name}" {{', f"  devices {devices}", f"  microbatches {microbatches}",
-             header, "}", "", f"stages {stages}", "", "placement {"]
+    lines = [
+        f'plan "{name}" {{',
+        f"  devices {devices}",
+        f"  microbatches {microbatches}",
+        header,
+        "}",
+        "",
+        f"stages {stages}",
+        "",
+        "placement {",
+    ]
     lines += [f"  device {d}: stages {', '.join(map(str, held[d]))}" for d in range(devices)]
     lines += ["}", "", "schedule {"]
     for d in range(devices):
@@ -143,16 +157,27 @@ def via_csv(text: str, name: str) -> str:
 
     plan = parse_plan(text, name)
     imported = read_csv(write_csv(plan), f"{name}.csv", name=name)[0]
-    imported = replace(imported, header=imported.header.model_copy(update={
-        k: getattr(plan.header, k) for k in ("model", "microbatch_size", "seq_len")}))
-    return render_plan(imported, title=f"{name}: imported from the PyTorch CSV of the plan "
-                                       "(the executor splits the layers).")
+    imported = replace(
+        imported,
+        header=imported.header.model_copy(
+            update={k: getattr(plan.header, k) for k in ("model", "microbatch_size", "seq_len")}
+        ),
+    )
+    return render_plan(
+        imported,
+        title=f"{name}: imported from the PyTorch CSV of the plan "
+        "(the executor splits the layers).",
+    )
 
 
-def held_out_plans(model: str, base_path: Path, shape: dict) -> dict[int, list[tuple[str, str, list[str]]]]:
+def held_out_plans(
+    model: str, base_path: Path, shape: dict
+) -> dict[int, list[tuple[str, str, list[str]]]]:
     """Per process count: (name, .octo text, tags) of each held-out plan."""
-    header = (f'  model "{model}"\n  microbatch_size {shape["microbatch_size"]}\n'
-              f'  seq_len {shape["seq_len"]}')
+    header = (
+        f'  model "{model}"\n  microbatch_size {shape["microbatch_size"]}\n'
+        f"  seq_len {shape['seq_len']}"
+    )
     out: dict[int, list[tuple[str, str, list[str]]]] = {p: [] for p in RANKS}
     for p, what, m, option in HELD_OUT:
         sched, _, csv = what.partition(" ")
@@ -168,8 +193,12 @@ def held_out_plans(model: str, base_path: Path, shape: dict) -> dict[int, list[t
         else:
             chunks = option if sched == "interleaved" else None
             part = option if isinstance(option, str) else "time"
-            name = f"{sched}-p{p}" + (f"-v{chunks}" if chunks else "") + f"-m{m}" \
+            name = (
+                f"{sched}-p{p}"
+                + (f"-v{chunks}" if chunks else "")
+                + f"-m{m}"
                 + ("-params" if part == "parameters" else "")
+            )
             text = generate_text(sched, p, m, chunks, model, part, profile=str(base_path), **shape)
             if sched in ("zb-v", "dualpipev"):
                 tags.append("V")
@@ -192,19 +221,30 @@ def tuned_plan(model: str, profile_path: Path, processes: int, microbatches: int
     table = prof.cost_table(profile_path)
     spec = prof.model
     shape = {"microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len}
-    header = Header(name=f"tuned-p{processes}-m{microbatches}", devices=processes,
-                    microbatches=microbatches, model=model, **shape)
+    header = Header(
+        name=f"tuned-p{processes}-m{microbatches}",
+        devices=processes,
+        microbatches=microbatches,
+        model=model,
+        **shape,
+    )
     problem = Problem(table, header, get_link("loopback"))
-    start = parse_plan(generate_text("1f1b", processes, microbatches, None, model, "time",
-                                     profile=str(profile_path), **shape))
+    start = parse_plan(
+        generate_text(
+            "1f1b", processes, microbatches, None, model, "time", profile=str(profile_path), **shape
+        )
+    )
     best = tune(problem, budget=30.0, seed=0, starts=[replace(start, header=header)]).best
-    return render_plan(replace(best.plan, header=header),
-                       title=f"Tuned by octodsl's tuner against {profile_path.name} "
-                             f"(simulated {best.time:.3f} s).")
+    return render_plan(
+        replace(best.plan, header=header),
+        title=f"Tuned by octodsl's tuner against {profile_path.name} "
+        f"(simulated {best.time:.3f} s).",
+    )
 
 
-def evaluate(model: str, work: Path, steps: int, warmup: int, shape: tuple[int, int] | None,
-             env: dict) -> dict:
+def evaluate(
+    model: str, work: Path, steps: int, warmup: int, shape: tuple[int, int] | None, env: dict
+) -> dict:
     spec = load_model(model).with_shape(*(shape or (None, None)))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the launched processes inherit it
@@ -225,10 +265,23 @@ def _profile(spec, work: Path, path: Path):
     one sample to the next (jamba-tiny's MoE W: 8 or 29 ms)."""
     spec_path = work / "model.json"
     spec_path.write_text(json.dumps(spec.model_dump()))
-    cmd = [str(Path(sys.executable).parent / "octodsl"), "profile", "--model", str(spec_path),
-           "--threads", "1", "--warmup", "2", "--repeats", "5", "-o", str(path)]
-    done = subprocess.run(cmd, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        str(Path(sys.executable).parent / "octodsl"),
+        "profile",
+        "--model",
+        str(spec_path),
+        "--threads",
+        "1",
+        "--warmup",
+        "2",
+        "--repeats",
+        "5",
+        "-o",
+        str(path),
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     if done.returncode != 0:
         sys.exit(f"profiling failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return read_profile(path)
@@ -242,9 +295,14 @@ def measure(model: str, spec, work: Path, steps: int) -> Path:
     base_path = work / "base.profile.json"
     base = _profile(spec, work, base_path)
     shape = {"microbatch_size": base.model.microbatch_size, "seq_len": base.model.seq_len}
-    calibration = {p: [(name, text) for q, name, text in
-                       calibration_plans(model, str(base_path), list(RANKS), shape=shape) if q == p]
-                   for p in RANKS}
+    calibration = {
+        p: [
+            (name, text)
+            for q, name, text in calibration_plans(model, str(base_path), list(RANKS), shape=shape)
+            if q == p
+        ]
+        for p in RANKS
+    }
     log(f"{model}: building the held-out plans (tuning two)")
     held = held_out_plans(model, base_path, shape)
     say = lambda e, f: log(f"  {e} {f}") if e in ("run", "launch") else None  # noqa: E731
@@ -258,13 +316,30 @@ def measure(model: str, spec, work: Path, steps: int) -> Path:
         for r in launch.runs:
             text = dict(mine)[r.name]
             (work / f"{r.name}.octo").write_text(text)
-            plans.append({"name": r.name, "processes": p, "trace": str(r.trace),
-                          "plan": f"{r.name}.octo", "other_load": r.other_load,
-                          "calibration": r.name in dict(calibration[p]),
-                          "tags": tags.get(r.name, [])})
+            plans.append(
+                {
+                    "name": r.name,
+                    "processes": p,
+                    "trace": str(r.trace),
+                    "plan": f"{r.name}.octo",
+                    "other_load": r.other_load,
+                    "calibration": r.name in dict(calibration[p]),
+                    "tags": tags.get(r.name, []),
+                }
+            )
     manifest = work / "manifest.json"
-    manifest.write_text(json.dumps({"model": model, "steps": steps, "profile": base_path.name,
-                                    "probe": probe, "plans": plans}, indent=1))
+    manifest.write_text(
+        json.dumps(
+            {
+                "model": model,
+                "steps": steps,
+                "profile": base_path.name,
+                "probe": probe,
+                "plans": plans,
+            },
+            indent=1,
+        )
+    )
     return manifest
 
 
@@ -273,8 +348,8 @@ def interleave(calibration: list, held: list) -> list:
     to one: this machine's speed drifts by 10-35% over minutes (docs/calibration.md)."""
     out, per = [], len(held) / max(len(calibration), 1)
     for i, cal in enumerate(calibration):
-        out += held[round(i * per):round((i + 0.5) * per)] + [cal]
-        out += held[round((i + 0.5) * per):round((i + 1) * per)]
+        out += held[round(i * per) : round((i + 0.5) * per)] + [cal]
+        out += held[round((i + 0.5) * per) : round((i + 1) * per)]
     return out
 
 
@@ -289,15 +364,24 @@ def analyse(manifest_path: Path, warmup: int) -> dict:
     table = base.cost_table(base_path)
     plans = manifest["plans"]
     traces = {r["name"]: read_trace(r["trace"], warmup) for r in plans}
-    runs = [Run(parse_plan((work / r["plan"]).read_text(), r["name"]), traces[r["name"]], r["name"])
-            for r in plans if r["calibration"]]
+    runs = [
+        Run(parse_plan((work / r["plan"]).read_text(), r["name"]), traces[r["name"]], r["name"])
+        for r in plans
+        if r["calibration"]
+    ]
     log(f"{model}: fitting")
     models, fits = {"plain": (table, get_link("loopback"))}, {}
-    for key, sel in (("3-schedule", [r for r in runs if "-interleaved-" not in r.name]),
-                     ("calibrated", runs)):
-        c = fit(table, sel, probe=manifest["probe"],
-                source=f"{len(sel)} calibration plans on {RANKS} processes, {manifest['steps']} "
-                       f"steps each, {warmup} not timed")
+    for key, sel in (
+        ("3-schedule", [r for r in runs if "-interleaved-" not in r.name]),
+        ("calibrated", runs),
+    ):
+        c = fit(
+            table,
+            sel,
+            probe=manifest["probe"],
+            source=f"{len(sel)} calibration plans on {RANKS} processes, {manifest['steps']} "
+            f"steps each, {warmup} not timed",
+        )
         path = work / f"{key}.profile.json"
         write_profile(base.model_copy(update={"calibration": c}), path)
         tab = read_profile(path).cost_table(path)
@@ -308,34 +392,57 @@ def analyse(manifest_path: Path, warmup: int) -> dict:
         trace = traces[r["name"]]
         if r["calibration"]:
             plan = parse_plan((work / r["plan"]).read_text(), r["name"])
-            c = compare(plan, SimCosts.from_table(cal_table, plan), cal_table.calibration.link, trace)
+            c = compare(
+                plan, SimCosts.from_table(cal_table, plan), cal_table.calibration.link, trace
+            )
             residual += op_residuals(c, r, table)
             continue
         plan = as_ran(parse_plan((work / r["plan"]).read_text(), r["name"]), trace)
-        row = {"model": model, "plan": r["name"], "tags": r["tags"], "processes": r["processes"],
-               "microbatches": plan.microbatches, "spread": trace.spread,
-               "other_load": r["other_load"], "timed_steps": len(trace.timed),
-               "periods": [s.period for s in trace.timed if s.period is not None]}
+        row = {
+            "model": model,
+            "plan": r["name"],
+            "tags": r["tags"],
+            "processes": r["processes"],
+            "microbatches": plan.microbatches,
+            "spread": trace.spread,
+            "other_load": r["other_load"],
+            "timed_steps": len(trace.timed),
+            "periods": [s.period for s in trace.timed if s.period is not None],
+        }
         for key, (tab, link) in models.items():
             c = compare(plan, SimCosts.from_table(tab, plan), link, trace)
             row["measured"] = c.iteration.measured
-            row[key] = {"iteration": c.iteration.simulated, "error": c.iteration.error,
-                        "busy": [m.error for m in c.busy],
-                        "kinds": {m.name.split()[0]: m.error for m in c.kinds},
-                        "memory": [m.error for m in c.peak or []]}
+            row[key] = {
+                "iteration": c.iteration.simulated,
+                "error": c.iteration.error,
+                "busy": [m.error for m in c.busy],
+                "kinds": {m.name.split()[0]: m.error for m in c.kinds},
+                "memory": [m.error for m in c.peak or []],
+            }
         residual += op_residuals(c, r, table)
-        row["peak_measured"] = [float(x) for x in (trace.peak_memory if trace.peak_memory is not None else [])]
+        row["peak_measured"] = [
+            float(x) for x in (trace.peak_memory if trace.peak_memory is not None else [])
+        ]
         rows.append(row)
-        log(f"  {r['name']}: measured {row['measured']:.3f} s, plain {row['plain']['error']:+.1%}, "
-            f"calibrated {row['calibrated']['error']:+.1%}")
+        log(
+            f"  {r['name']}: measured {row['measured']:.3f} s, plain {row['plain']['error']:+.1%}, "
+            f"calibrated {row['calibrated']['error']:+.1%}"
+        )
     loads = {r["name"]: r["other_load"] for r in plans if r["calibration"]}
-    return {"model": model, "models": list(models),
-            "calibration": json.loads(fits["calibrated"].model_dump_json()),
-            "fitted_on": [r.name for r in runs], "calibration_load": loads, "rows": rows,
-            "residuals": residual, "warmup": warmup,
-            # every step's period, the warm-up included
-            "periods": {name: [s.period for s in t.steps if s.period is not None]
-                        for name, t in traces.items()}}
+    return {
+        "model": model,
+        "models": list(models),
+        "calibration": json.loads(fits["calibrated"].model_dump_json()),
+        "fitted_on": [r.name for r in runs],
+        "calibration_load": loads,
+        "rows": rows,
+        "residuals": residual,
+        "warmup": warmup,
+        # every step's period, the warm-up included
+        "periods": {
+            name: [s.period for s in t.steps if s.period is not None] for name, t in traces.items()
+        },
+    }
 
 
 def op_residuals(c, run: dict, table) -> list[dict]:
@@ -355,11 +462,21 @@ def op_residuals(c, run: dict, table) -> list[dict]:
     for (kind, s), durations in sorted(sim.items()):
         st = plan.stages[s]
         first, last = st.bounds
-        out.append({"run": run["name"], "calibration": run["calibration"], "processes": run["processes"],
-                    "kind": kind, "stage": s, "layers": last - first + 1,
-                    "position": "first" if s == 0 else "last" if s == plan.num_stages - 1 else "middle",
-                    "per_device": home.count(home[s]), "profiled": bases[(kind, s)],
-                    "simulated": statistics.median(durations), "measured": statistics.median(meas[(kind, s)])})
+        out.append(
+            {
+                "run": run["name"],
+                "calibration": run["calibration"],
+                "processes": run["processes"],
+                "kind": kind,
+                "stage": s,
+                "layers": last - first + 1,
+                "position": "first" if s == 0 else "last" if s == plan.num_stages - 1 else "middle",
+                "per_device": home.count(home[s]),
+                "profiled": bases[(kind, s)],
+                "simulated": statistics.median(durations),
+                "measured": statistics.median(meas[(kind, s)]),
+            }
+        )
     return out
 
 
@@ -367,7 +484,13 @@ def kendall(a: list[float], b: list[float]) -> float:
     n, s = len(a), 0
     for i in range(n):
         for j in range(i + 1, n):
-            s += (1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0 else 0)
+            s += (
+                1
+                if (a[i] - a[j]) * (b[i] - b[j]) > 0
+                else -1
+                if (a[i] - a[j]) * (b[i] - b[j]) < 0
+                else 0
+            )
     return s / (n * (n - 1) / 2) if n > 1 else 1.0
 
 
@@ -385,14 +508,25 @@ def ranking(rows: list[dict], key: str) -> dict:
     pred = [r[key]["iteration"] for r in rows]
     order_m = sorted(range(len(rows)), key=lambda i: meas[i])
     order_p = sorted(range(len(rows)), key=lambda i: pred[i])
-    apart = [(i, j) for i in range(len(rows)) for j in range(i + 1, len(rows))
-             if separated(rows[i], rows[j])]
-    swapped = [(rows[i]["plan"], rows[j]["plan"]) for i, j in apart
-               if (meas[i] - meas[j]) * (pred[i] - pred[j]) < 0]
-    return {"same": order_m == order_p, "tau": kendall(meas, pred),
-            "measured_order": [rows[i]["plan"] for i in order_m],
-            "predicted_order": [rows[i]["plan"] for i in order_p],
-            "apart": len(apart), "swapped": swapped}
+    apart = [
+        (i, j)
+        for i in range(len(rows))
+        for j in range(i + 1, len(rows))
+        if separated(rows[i], rows[j])
+    ]
+    swapped = [
+        (rows[i]["plan"], rows[j]["plan"])
+        for i, j in apart
+        if (meas[i] - meas[j]) * (pred[i] - pred[j]) < 0
+    ]
+    return {
+        "same": order_m == order_p,
+        "tau": kendall(meas, pred),
+        "measured_order": [rows[i]["plan"] for i in order_m],
+        "predicted_order": [rows[i]["plan"] for i in order_p],
+        "apart": len(apart),
+        "swapped": swapped,
+    }
 
 
 def _mae(values: list[float]) -> str:
@@ -412,9 +546,11 @@ def _summary(sel: list[dict], label: str, keys: list[str]) -> str:
         worst = max(sel, key=lambda r: abs(r[k]["error"]))
         cells += [_mae(errs), f"{_worst(errs)} ({worst['plan']})"]
     last = keys[-1]
-    cells += [_mae([e for r in sel for e in r[last]["busy"]]),
-              _mae([e for r in sel for e in r[last]["memory"]]),
-              _worst([e for r in sel for e in r[last]["memory"]])]
+    cells += [
+        _mae([e for r in sel for e in r[last]["busy"]]),
+        _mae([e for r in sel for e in r[last]["memory"]]),
+        _worst([e for r in sel for e in r[last]["memory"]]),
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -422,10 +558,18 @@ def _section(name: str, results: list[dict]) -> list[str]:
     keys = results[0]["models"]
     last = keys[-1]
     rows = [r for res in results for r in res["rows"]]
-    head = ["plans", "n"] + [f"{h} {k}" for k in keys for h in ("time MAE", "worst")] + [
-        f"busy MAE {last}", f"memory MAE {last}", f"memory worst {last}"]
-    out = [f"## Allocator `{name}`", "", "| " + " | ".join(head) + " |",
-           "|" + "---|" * len(head), _summary(rows, "**all held-out**", keys)]
+    head = (
+        ["plans", "n"]
+        + [f"{h} {k}" for k in keys for h in ("time MAE", "worst")]
+        + [f"busy MAE {last}", f"memory MAE {last}", f"memory worst {last}"]
+    )
+    out = [
+        f"## Allocator `{name}`",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        _summary(rows, "**all held-out**", keys),
+    ]
     for res in results:
         out.append(_summary(res["rows"], res["model"], keys))
     for p in RANKS:
@@ -435,51 +579,74 @@ def _section(name: str, results: list[dict]) -> list[str]:
     for tag in sorted({t for r in rows for t in r["tags"]}):
         out.append(_summary([r for r in rows if tag in r["tags"]], tag, keys))
     kinds = ("F", "B", "W", "BW")
-    out += ["", f"Per plan (errors = (simulated - measured) / measured; busy and memory: mean / worst "
-            f"device; op kinds: the time all devices spend in ops of the kind per step, {last}):", "",
-            "| model | plan | tags | proc. | m | other load | timed steps | measured s | step spread | "
-            + " | ".join(f"{k} s | {k} err" for k in keys)
-            + f" | busy err | {' | '.join(kinds)} | memory err |",
-            "|" + "---|" * (9 + 2 * len(keys) + 2 + len(kinds))]
+    out += [
+        "",
+        f"Per plan (errors = (simulated - measured) / measured; busy and memory: mean / worst "
+        f"device; op kinds: the time all devices spend in ops of the kind per step, {last}):",
+        "",
+        "| model | plan | tags | proc. | m | other load | timed steps | measured s | step spread | "
+        + " | ".join(f"{k} s | {k} err" for k in keys)
+        + f" | busy err | {' | '.join(kinds)} | memory err |",
+        "|" + "---|" * (9 + 2 * len(keys) + 2 + len(kinds)),
+    ]
     for r in rows:
         model_cells = " | ".join(f"{r[k]['iteration']:.3f} | {r[k]['error']:+.1%}" for k in keys)
-        kind_cells = " | ".join(f"{r[last]['kinds'][k]:+.1%}" if k in r[last]["kinds"] else "-"
-                                for k in kinds)
-        out.append(f"| {r['model']} | {r['plan']} | {', '.join(r['tags']) or '-'} | {r['processes']} "
-                   f"| {r['microbatches']} | {_cores(r['other_load'])} | {r['timed_steps']} "
-                   f"| {r['measured']:.3f} | {_pct(r['spread'])} | {model_cells} "
-                   f"| {_mem(r[last]['busy'])} | {kind_cells} | {_mem(r[last]['memory'])} |")
-    out += ["", f"Ranking (held-out plans ordered by iteration time, measured vs predicted, {last}; "
-            "Kendall tau 1 = the same order):", ""]
+        kind_cells = " | ".join(
+            f"{r[last]['kinds'][k]:+.1%}" if k in r[last]["kinds"] else "-" for k in kinds
+        )
+        out.append(
+            f"| {r['model']} | {r['plan']} | {', '.join(r['tags']) or '-'} | {r['processes']} "
+            f"| {r['microbatches']} | {_cores(r['other_load'])} | {r['timed_steps']} "
+            f"| {r['measured']:.3f} | {_pct(r['spread'])} | {model_cells} "
+            f"| {_mem(r[last]['busy'])} | {kind_cells} | {_mem(r[last]['memory'])} |"
+        )
+    out += [
+        "",
+        f"Ranking (held-out plans ordered by iteration time, measured vs predicted, {last}; "
+        "Kendall tau 1 = the same order):",
+        "",
+    ]
     for res in results:
         rk = ranking(res["rows"], last)
-        out.append(f"- {res['model']}: **{'same order' if rk['same'] else 'order differs'}** "
-                   f"(tau {rk['tau']:.2f}; " + "; ".join(
-                       f"{k} {ranking(res['rows'], k)['tau']:.2f}" for k in keys[:-1])
-                   + f"); of the {rk['apart']} pairs the measurements separate (the interquartile "
-                   f"ranges of their timed steps do not overlap), **{rk['apart'] - len(rk['swapped'])} "
-                   "ordered right**"
-                   + (f" (swapped: {', '.join(f'{a} / {b}' for a, b in rk['swapped'])})"
-                      if rk["swapped"] else "")
-                   + f". Measured: {' < '.join(rk['measured_order'])}. Predicted: "
-                   f"{' < '.join(rk['predicted_order'])}.")
+        out.append(
+            f"- {res['model']}: **{'same order' if rk['same'] else 'order differs'}** "
+            f"(tau {rk['tau']:.2f}; "
+            + "; ".join(f"{k} {ranking(res['rows'], k)['tau']:.2f}" for k in keys[:-1])
+            + f"); of the {rk['apart']} pairs the measurements separate (the interquartile "
+            f"ranges of their timed steps do not overlap), **{rk['apart'] - len(rk['swapped'])} "
+            "ordered right**"
+            + (
+                f" (swapped: {', '.join(f'{a} / {b}' for a, b in rk['swapped'])})"
+                if rk["swapped"]
+                else ""
+            )
+            + f". Measured: {' < '.join(rk['measured_order'])}. Predicted: "
+            f"{' < '.join(rk['predicted_order'])}."
+        )
     out += _causes(results)
     out += ["", "Calibration (fitted on the calibration plans only):", ""]
     for res in results:
         c = res["calibration"]
-        out.append(f"- {res['model']}: link {c['link']['latency'] * 1e6:.0f} us + bytes / "
-                   f"{c['link']['bandwidth'] / 1e9:.2f} GB/s; "
-                   + ", ".join(f"{k} x{c['op_scale'][k]:.3f} + {c['op_overhead'][k] * 1e3:.2f} ms"
-                               for k in ("F", "B", "W", "BW"))
-                   + f"; cores {c['cores']}, contention {c['contention']:.2f}, oversubscription "
-                   f"{c.get('oversubscription', 0.0):.2f}, overlap slowdown "
-                   f"{c['overlap_slowdown']:.2f}; optimizer {c['update_per_param'] * 1e9:.2f} ns/parameter; "
-                   f"step overhead {c['step_overhead'] * 1e3:.1f} ms; held for W "
-                   + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in c.get("act_w_extra", {}).items())
-                   + ". Its own runs, simulated after the fit: "
-                   + ", ".join(f"{r['plan']} {r['error']:+.1%} (other load "
-                               f"{_cores(res['calibration_load'].get(r['plan']))})" for r in c["fit"]["runs"])
-                   + ".")
+        out.append(
+            f"- {res['model']}: link {c['link']['latency'] * 1e6:.0f} us + bytes / "
+            f"{c['link']['bandwidth'] / 1e9:.2f} GB/s; "
+            + ", ".join(
+                f"{k} x{c['op_scale'][k]:.3f} + {c['op_overhead'][k] * 1e3:.2f} ms"
+                for k in ("F", "B", "W", "BW")
+            )
+            + f"; cores {c['cores']}, contention {c['contention']:.2f}, oversubscription "
+            f"{c.get('oversubscription', 0.0):.2f}, overlap slowdown "
+            f"{c['overlap_slowdown']:.2f}; optimizer {c['update_per_param'] * 1e9:.2f} ns/parameter; "
+            f"step overhead {c['step_overhead'] * 1e3:.1f} ms; held for W "
+            + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in c.get("act_w_extra", {}).items())
+            + ". Its own runs, simulated after the fit: "
+            + ", ".join(
+                f"{r['plan']} {r['error']:+.1%} (other load "
+                f"{_cores(res['calibration_load'].get(r['plan']))})"
+                for r in c["fit"]["runs"]
+            )
+            + "."
+        )
         for n in c["fit"].get("notes", []):
             out.append(f"  - note: {n}")
     return out + [""]
@@ -488,7 +655,9 @@ def _section(name: str, results: list[dict]) -> list[str]:
 def _ratio_row(label: str, sel: list[dict]) -> str:
     cells = [label]
     for kind in ("F", "B", "W", "BW"):
-        ratios = [r["measured"] / r["simulated"] for r in sel if r["kind"] == kind and r["simulated"] > 0]
+        ratios = [
+            r["measured"] / r["simulated"] for r in sel if r["kind"] == kind and r["simulated"] > 0
+        ]
         cells.append(f"{statistics.median(ratios):.3f} ({len(ratios)})" if ratios else "-")
     return "| " + " | ".join(cells) + " |"
 
@@ -496,52 +665,86 @@ def _ratio_row(label: str, sel: list[dict]) -> str:
 def _causes(results: list[dict]) -> list[str]:
     """Measured over simulated op durations (calibrated costs), per what a stage is: where the
     costs miss beyond the per-kind scale the fit takes (docs/calibration.md, issue 19)."""
-    out = ["", "Per-op durations, measured / simulated with the calibrated costs (median over "
-           "(plan, stage) pairs of the median op over the timed steps and micro-batches; in "
-           "brackets the number of pairs), calibration and held-out runs alike:", "",
-           "| stage | F | B | W | BW |", "|---|---|---|---|---|"]
+    out = [
+        "",
+        "Per-op durations, measured / simulated with the calibrated costs (median over "
+        "(plan, stage) pairs of the median op over the timed steps and micro-batches; in "
+        "brackets the number of pairs), calibration and held-out runs alike:",
+        "",
+        "| stage | F | B | W | BW |",
+        "|---|---|---|---|---|",
+    ]
     res = [r for x in results for r in x["residuals"]]
-    for label, key in (("layers", "layers"), ("position", "position"),
-                       ("stages on its device", "per_device"), ("processes", "processes")):
+    for label, key in (
+        ("layers", "layers"),
+        ("position", "position"),
+        ("stages on its device", "per_device"),
+        ("processes", "processes"),
+    ):
         for value in sorted({r[key] for r in res}, key=lambda v: (str(type(v)), v)):
             out.append(_ratio_row(f"{label} {value}", [r for r in res if r[key] == value]))
     out.append(_ratio_row("calibration runs", [r for r in res if r["calibration"]]))
     out.append(_ratio_row("held-out runs", [r for r in res if not r["calibration"]]))
-    out += ["", "Step periods over the run, each step's / the median of the timed steps "
-            "(median over the plans; step 0 is the first):", ""]
+    out += [
+        "",
+        "Step periods over the run, each step's / the median of the timed steps "
+        "(median over the plans; step 0 is the first):",
+        "",
+    ]
     for x in results:
         runs = [p for p in x["periods"].values() if p]
         n = min(len(p) for p in runs)
         warm = x.get("warmup", 0)
-        cols = [statistics.median(p[k] / statistics.median(p[warm:]) for p in runs) for k in range(n)]
+        cols = [
+            statistics.median(p[k] / statistics.median(p[warm:]) for p in runs) for k in range(n)
+        ]
         out.append(f"- {x['model']}: " + " ".join(f"{c:.2f}" for c in cols))
     return out
 
 
-def report(configs: dict[str, list[dict]], loads: list[dict], steps: int, warmup: int,
-           seconds: float, command: str) -> str:
+def report(
+    configs: dict[str, list[dict]],
+    loads: list[dict],
+    steps: int,
+    warmup: int,
+    seconds: float,
+    command: str,
+) -> str:
     keys = next(iter(configs.values()))[0]["models"]
-    out = ["# Simulator accuracy on plans the calibration never ran (issues 7 and 19)", "",
-           f"Command: `{command}` ({seconds / 60:.1f} min).", "",
-           "Machine: " + _machine() + f". Each plan ran {steps} training steps through the executor "
-           f"(deepspeed launcher, gloo, one thread per process); the first {warmup} are not timed. "
-           "Measured iteration = median over the timed steps of step start to next step start "
-           "(optimizer step included). Error = (simulated - measured) / measured. Costs: "
-           + "; ".join(f"**{k}**: {MODEL_NOTES[k]}" for k in keys) + ". Calibration runs 1F1B, "
-           "ZB-H1, ZB-V and interleaved on 2 and 4 processes (2 x processes micro-batches) in the "
-           "same launches as the held-out plans, spread between them; no held-out plan is run by "
-           "calibration. Each held-out plan is simulated as it ran: a plan imported from a CSV "
-           "with the layers the executor gave its stages (the trace records them). Peak memory "
-           "per rank: the executor's memory counters (parameters, gradients, optimizer state as "
-           "allocated; activations: saved-tensor hooks plus the W state, after every op of the "
-           "first step).", "",
-           "Load (load average 1/5/15 min; other processes above 5% CPU):", ""]
+    out = [
+        "# Simulator accuracy on plans the calibration never ran (issues 7 and 19)",
+        "",
+        f"Command: `{command}` ({seconds / 60:.1f} min).",
+        "",
+        "Machine: " + _machine() + f". Each plan ran {steps} training steps through the executor "
+        f"(deepspeed launcher, gloo, one thread per process); the first {warmup} are not timed. "
+        "Measured iteration = median over the timed steps of step start to next step start "
+        "(optimizer step included). Error = (simulated - measured) / measured. Costs: "
+        + "; ".join(f"**{k}**: {MODEL_NOTES[k]}" for k in keys)
+        + ". Calibration runs 1F1B, "
+        "ZB-H1, ZB-V and interleaved on 2 and 4 processes (2 x processes micro-batches) in the "
+        "same launches as the held-out plans, spread between them; no held-out plan is run by "
+        "calibration. Each held-out plan is simulated as it ran: a plan imported from a CSV "
+        "with the layers the executor gave its stages (the trace records them). Peak memory "
+        "per rank: the executor's memory counters (parameters, gradients, optimizer state as "
+        "allocated; activations: saved-tensor hooks plus the W state, after every op of the "
+        "first step).",
+        "",
+        "Load (load average 1/5/15 min; other processes above 5% CPU):",
+        "",
+    ]
     for ld in loads:
-        out.append(f"- {ld['label']} {ld['time']}: load {ld['loadavg']}; "
-                   + ("; ".join(ld["busy"]) if ld["busy"] else "no other busy process"))
-    out += ["", "Other load (per plan) = CPU cores used by processes outside the benchmark while "
-            "the plan ran, from /proc; the machine has 2. Step spread = (slowest - fastest) / median "
-            "of the timed steps' iteration times.", ""]
+        out.append(
+            f"- {ld['label']} {ld['time']}: load {ld['loadavg']}; "
+            + ("; ".join(ld["busy"]) if ld["busy"] else "no other busy process")
+        )
+    out += [
+        "",
+        "Other load (per plan) = CPU cores used by processes outside the benchmark while "
+        "the plan ran, from /proc; the machine has 2. Step spread = (slowest - fastest) / median "
+        "of the timed steps' iteration times.",
+        "",
+    ]
     for name, results in configs.items():
         out += _section(name, results)
     return "\n".join(out)
@@ -550,9 +753,9 @@ def report(configs: dict[str, list[dict]], loads: list[dict], steps: int, warmup
 MODEL_NOTES = {
     "plain": "the profile as measured and the built-in `loopback` link",
     "3-schedule": "the profile calibrated on the 1F1B, ZB-H1 and ZB-V calibration runs alone (the "
-                  "calibration set before issue 19)",
+    "calibration set before issue 19)",
     "calibrated": "the profile calibrated on every calibration run (`octodsl calibrate`'s fit: "
-                  "1F1B, ZB-H1, ZB-V and interleaved)",
+    "1F1B, ZB-H1, ZB-V and interleaved)",
 }
 
 
@@ -584,28 +787,50 @@ def _machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="nemotron-h-tiny",
-                   help="models, each optionally NAME:BxS (micro-batch size x sequence length); "
-                   "default nemotron-h-tiny at its 2 x 256 (jamba-tiny:1x128 adds jamba-tiny: "
-                   "its Mamba1 scan is slow on a CPU)")
-    p.add_argument("--allocator", default="steady",
-                   help="allocator configurations to run, of: " + ", ".join(ALLOCATORS))
+    p.add_argument(
+        "--models",
+        default="nemotron-h-tiny",
+        help="models, each optionally NAME:BxS (micro-batch size x sequence length); "
+        "default nemotron-h-tiny at its 2 x 256 (jamba-tiny:1x128 adds jamba-tiny: "
+        "its Mamba1 scan is slow on a CPU)",
+    )
+    p.add_argument(
+        "--allocator",
+        default="steady",
+        help="allocator configurations to run, of: " + ", ".join(ALLOCATORS),
+    )
     p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--warmup", type=int, default=WARMUP, help="steps not timed at the start of each run")
+    p.add_argument(
+        "--warmup", type=int, default=WARMUP, help="steps not timed at the start of each run"
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "accuracy.md"))
-    p.add_argument("--workdir", help="keep plans, traces and profiles here (default: a temporary directory)")
-    p.add_argument("--report-only", action="store_true",
-                   help="write the report again from the raw numbers beside --out (.json), "
-                   "without running anything")
-    p.add_argument("--analyse-only", action="store_true",
-                   help="fit and simulate again from the traces in --workdir (a run's), without "
-                   "running anything")
+    p.add_argument(
+        "--workdir", help="keep plans, traces and profiles here (default: a temporary directory)"
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report again from the raw numbers beside --out (.json), "
+        "without running anything",
+    )
+    p.add_argument(
+        "--analyse-only",
+        action="store_true",
+        help="fit and simulate again from the traces in --workdir (a run's), without "
+        "running anything",
+    )
     args = p.parse_args()
     raw = Path(args.out).with_suffix(".json")
     if args.report_only:
         data = json.loads(raw.read_text())
-        text = report(data["configs"], data["loads"], data["steps"], data["warmup"],
-                      data["seconds"], data["command"])
+        text = report(
+            data["configs"],
+            data["loads"],
+            data["steps"],
+            data["warmup"],
+            data["seconds"],
+            data["command"],
+        )
         Path(args.out).write_text(text)
         print(text)
         return 0
@@ -627,8 +852,9 @@ def main() -> int:
                 args.steps = manifest["steps"]
                 configs[name].append(analyse(where / "manifest.json", args.warmup))
                 continue
-            configs[name].append(evaluate(model, where, args.steps, args.warmup, dims,
-                                          ALLOCATORS[name]))
+            configs[name].append(
+                evaluate(model, where, args.steps, args.warmup, dims, ALLOCATORS[name])
+            )
             loads.append({"label": f"after {model} ({name})", **machine_load()})
     seconds = time.perf_counter() - start
     if args.analyse_only and raw.exists():  # the run's figures, not this analysis's
@@ -637,9 +863,19 @@ def main() -> int:
         command = f"{old['command']}, analysed again with `{command}`"
     text = report(configs, loads, args.steps, args.warmup, seconds, command)
     Path(args.out).write_text(text)
-    raw.write_text(json.dumps({"command": command, "seconds": seconds, "steps": args.steps,
-                               "warmup": args.warmup, "configs": configs, "loads": loads},
-                              indent=1))
+    raw.write_text(
+        json.dumps(
+            {
+                "command": command,
+                "seconds": seconds,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "configs": configs,
+                "loads": loads,
+            },
+            indent=1,
+        )
+    )
     print(text)
     log(f"wrote {args.out}; traces in {work}")
     return 0

@@ -47,8 +47,12 @@ MEGATRON = ("Megatron-style, equal layers", "Megatron-style, time-balanced")
 CLASSIC_SAME = "best classic schedule, same configuration"
 CLASSIC_SEARCH = "configuration search, classic only"
 BASELINES = (*MEGATRON, CLASSIC_SAME, CLASSIC_SEARCH)
-SHORT = {MEGATRON[0]: "Megatron equal", MEGATRON[1]: "Megatron time",
-         CLASSIC_SAME: "classic, same config", CLASSIC_SEARCH: "classic-only search"}
+SHORT = {
+    MEGATRON[0]: "Megatron equal",
+    MEGATRON[1]: "Megatron time",
+    CLASSIC_SAME: "classic, same config",
+    CLASSIC_SEARCH: "classic-only search",
+}
 STATUSES = ("tuned", "screened", "infeasible", "dominated", "not screened")
 
 
@@ -64,11 +68,13 @@ def cases(quick: bool) -> dict[tuple[str, int, int, str], list[str]]:
         paper = [(m, PAPER_GPUS, b) for m in PAPER_MODELS for b in PAPER_BATCHES]
         gpus, batches = CURVE_GPUS, CURVE_BATCHES
     out: dict[tuple[str, int, int, str], list[str]] = {}
-    parts = ([("paper", k) for k in paper]
-             + [("scale", (SCALE_MODEL, g, SCALE_BATCH)) for g in SCALE_GPUS]
-             + [("strong", (SCALE_MODEL, g, SCALE_BATCH)) for g in gpus]
-             + [("weak", (SCALE_MODEL, g, g)) for g in gpus]
-             + [("batch", (SCALE_MODEL, CURVE_BATCH_GPUS, b)) for b in batches])
+    parts = (
+        [("paper", k) for k in paper]
+        + [("scale", (SCALE_MODEL, g, SCALE_BATCH)) for g in SCALE_GPUS]
+        + [("strong", (SCALE_MODEL, g, SCALE_BATCH)) for g in gpus]
+        + [("weak", (SCALE_MODEL, g, g)) for g in gpus]
+        + [("batch", (SCALE_MODEL, CURVE_BATCH_GPUS, b)) for b in batches]
+    )
     for part, key in parts:
         out.setdefault((*key, PAPER if part == "paper" else CURVE), []).append(part)
     return out
@@ -77,8 +83,7 @@ def cases(quick: bool) -> dict[tuple[str, int, int, str], list[str]]:
 PAPER, CURVE = "paper", "curve"
 
 
-def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
-             sims: int) -> dict:
+def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int, sims: int) -> dict:
     from octodsl.costs.devices import get_device
     from octodsl.sim import warm_up
     from octodsl.tune.cluster.report import to_json
@@ -89,8 +94,14 @@ def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
     t = time.perf_counter()
     warm_up()
     out["warm_up_seconds"] = time.perf_counter() - t
-    cluster = Cluster(model, gpus, global_batch, device=DEVICE, gpus_per_node=GPUS_PER_NODE,
-                      memory=get_device(DEVICE).memory)
+    cluster = Cluster(
+        model,
+        gpus,
+        global_batch,
+        device=DEVICE,
+        gpus_per_node=GPUS_PER_NODE,
+        memory=get_device(DEVICE).memory,
+    )
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
 
@@ -133,12 +144,17 @@ def _sim_time(problem, plan, sims: int) -> dict:
     evaluate = Evaluator(problem)
     evaluate(plan)
     warm = [timed(evaluate) for _ in range(sims)]
-    return {"ops": sum(1 for _ in plan.ops()), "devices": plan.devices,
-            "cold_median": statistics.median(cold), "warm_median": statistics.median(warm),
-            "sims": sims}
+    return {
+        "ops": sum(1 for _ in plan.ops()),
+        "devices": plan.devices,
+        "cold_median": statistics.median(cold),
+        "warm_median": statistics.median(warm),
+        "sims": sims,
+    }
 
 
 # ----- the report, from the results alone -----
+
 
 def _tok(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
@@ -146,8 +162,10 @@ def _tok(x: float | None) -> str:
 
 def _config(b: dict) -> str:
     """'tp8 pp4 dp4, 64 x 1, z1' of a row of to_json."""
-    return (f"tp{b['tp']} pp{b['pp']} dp{b['dp']}, {b['microbatches']} x {b['microbatch_size']}, "
-            f"z{b['zero']}")
+    return (
+        f"tp{b['tp']} pp{b['pp']} dp{b['dp']}, {b['microbatches']} x {b['microbatch_size']}, "
+        f"z{b['zero']}"
+    )
 
 
 def megatron_best(r: dict) -> dict | None:
@@ -161,8 +179,16 @@ def _fail(r: dict) -> str:
 
 
 def paper_tables(results: list[dict]) -> list[str]:
-    head = ["model", "batch", "best: tp pp dp, M x mbs, zero", "recompute", "plan", "iteration ms",
-            "tok/GPU/s", "eff."] + [c for b in BASELINES for c in (SHORT[b], "x")]
+    head = [
+        "model",
+        "batch",
+        "best: tp pp dp, M x mbs, zero",
+        "recompute",
+        "plan",
+        "iteration ms",
+        "tok/GPU/s",
+        "eff.",
+    ] + [c for b in BASELINES for c in (SHORT[b], "x")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r["model"], str(r["global_batch"])]
@@ -170,31 +196,61 @@ def paper_tables(results: list[dict]) -> list[str]:
             lines.append("| " + " | ".join(cells + [_fail(r)] + [""] * (len(head) - 3)) + " |")
             continue
         b = r["best"]
-        cells += [_config(b), b["recompute"], b["plan"], f"{b['iteration_time'] * 1e3:,.0f}",
-                  _tok(b["tokens_per_gpu_per_s"]), f"{b['efficiency']:.3f}"]
+        cells += [
+            _config(b),
+            b["recompute"],
+            b["plan"],
+            f"{b['iteration_time'] * 1e3:,.0f}",
+            _tok(b["tokens_per_gpu_per_s"]),
+            f"{b['efficiency']:.3f}",
+        ]
         for name in BASELINES:
             x = r["baselines"].get(name)
-            cells += ["none fits", ""] if x is None else [_tok(x["tokens_per_gpu_per_s"]),
-                                                          f"{x['speedup']:.3f}x"]
+            cells += (
+                ["none fits", ""]
+                if x is None
+                else [_tok(x["tokens_per_gpu_per_s"]), f"{x['speedup']:.3f}x"]
+            )
         lines.append("| " + " | ".join(cells) + " |")
     head2 = ["model", "batch"] + [SHORT[b] for b in BASELINES]
-    lines += ["", "The baselines' configurations and plans:", "",
-              "| " + " | ".join(head2) + " |", "|" + "---|" * len(head2)]
+    lines += [
+        "",
+        "The baselines' configurations and plans:",
+        "",
+        "| " + " | ".join(head2) + " |",
+        "|" + "---|" * len(head2),
+    ]
     for r in results:
         if "error" in r:
             continue
         cells = [r["model"], str(r["global_batch"])]
         for name in BASELINES:
             x = r["baselines"].get(name)
-            cells.append("none fits" if x is None else f"{_config(x)}; {x['plan']}"
-                         + ("" if x["recompute"] == "none" else f", recompute {x['recompute']}"))
+            cells.append(
+                "none fits"
+                if x is None
+                else f"{_config(x)}; {x['plan']}"
+                + ("" if x["recompute"] == "none" else f", recompute {x['recompute']}")
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def search_table(results: list[dict]) -> list[str]:
-    head = ["model", "GPUs", "batch", "enumerated", *STATUSES, "tuner plans", "enumerate s",
-            "screen from s", "tune from s", "search s", "budget s", "within"]
+    head = [
+        "model",
+        "GPUs",
+        "batch",
+        "enumerated",
+        *STATUSES,
+        "tuner plans",
+        "enumerate s",
+        "screen from s",
+        "tune from s",
+        "search s",
+        "budget s",
+        "within",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r["model"], str(r["gpus"]), str(r["global_batch"])]
@@ -204,9 +260,15 @@ def search_table(results: list[dict]) -> list[str]:
         p = r["phases"]
         seconds = r["search"]["seconds"]
         cells += [str(r["enumerated"])] + [str(r["counts"].get(s, 0)) for s in STATUSES]
-        cells += [str(r["evaluations"]), _s(p.get("Megatron-style")), _s(p.get("screen")),
-                  _s(p.get("tune")), f"{seconds:.1f}", f"{r['budget']:.0f}",
-                  "yes" if seconds <= r["budget"] else f"no, +{seconds - r['budget']:.1f} s"]
+        cells += [
+            str(r["evaluations"]),
+            _s(p.get("Megatron-style")),
+            _s(p.get("screen")),
+            _s(p.get("tune")),
+            f"{seconds:.1f}",
+            f"{r['budget']:.0f}",
+            "yes" if seconds <= r["budget"] else f"no, +{seconds - r['budget']:.1f} s",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -216,8 +278,16 @@ def _s(x: float | None) -> str:
 
 
 def simulator_table(results: list[dict]) -> list[str]:
-    head = ["GPUs", "batch", "plan", "configuration", "pipeline devices", "ops",
-            "ms per simulation, compiled afresh", "ms, program reused"]
+    head = [
+        "GPUs",
+        "batch",
+        "plan",
+        "configuration",
+        "pipeline devices",
+        "ops",
+        "ms per simulation, compiled afresh",
+        "ms, program reused",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "error" in r:
@@ -227,16 +297,29 @@ def simulator_table(results: list[dict]) -> list[str]:
             s = r["simulator"].get("best" if which == "best" else "megatron")
             if s is None or row is None:
                 continue
-            lines.append(f"| {r['gpus']} | {r['global_batch']} | {which} ({row['plan']}) | "
-                         f"{_config(row)} | {s['devices']} | {s['ops']:,} | "
-                         f"{s['cold_median'] * 1e3:,.1f} | {s['warm_median'] * 1e3:,.1f} |")
+            lines.append(
+                f"| {r['gpus']} | {r['global_batch']} | {which} ({row['plan']}) | "
+                f"{_config(row)} | {s['devices']} | {s['ops']:,} | "
+                f"{s['cold_median'] * 1e3:,.1f} | {s['warm_median'] * 1e3:,.1f} |"
+            )
     return lines
 
 
 def curve_table(results: list[dict]) -> list[str]:
-    head = ["GPUs", "batch", "best: tp pp dp, M x mbs, zero", "recompute", "tok/GPU/s",
-            "Megatron-style best", "tok/GPU/s", "x", "tuned", "not screened", "search s",
-            "budget s"]
+    head = [
+        "GPUs",
+        "batch",
+        "best: tp pp dp, M x mbs, zero",
+        "recompute",
+        "tok/GPU/s",
+        "Megatron-style best",
+        "tok/GPU/s",
+        "x",
+        "tuned",
+        "not screened",
+        "search s",
+        "budget s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [str(r["gpus"]), str(r["global_batch"])]
@@ -245,11 +328,21 @@ def curve_table(results: list[dict]) -> list[str]:
             continue
         b, m = r["best"], megatron_best(r)
         cells += [_config(b), b["recompute"], _tok(b["tokens_per_gpu_per_s"])]
-        cells += (["none fits", "-", "-"] if m is None else
-                  [f"{_config(m)}; {m['plan']}", _tok(m["tokens_per_gpu_per_s"]),
-                   f"{m['speedup']:.3f}x"])
-        cells += [str(r["counts"].get("tuned", 0)), str(r["counts"].get("not screened", 0)),
-                  f"{r['search']['seconds']:.1f}", f"{r['budget']:.0f}"]
+        cells += (
+            ["none fits", "-", "-"]
+            if m is None
+            else [
+                f"{_config(m)}; {m['plan']}",
+                _tok(m["tokens_per_gpu_per_s"]),
+                f"{m['speedup']:.3f}x",
+            ]
+        )
+        cells += [
+            str(r["counts"].get("tuned", 0)),
+            str(r["counts"].get("not screened", 0)),
+            f"{r['search']['seconds']:.1f}",
+            f"{r['budget']:.0f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -264,10 +357,18 @@ def targets(paper: list[dict], everything: list[dict], scale: list[dict]) -> lis
             continue
         m = megatron_best(r)
         x = None if m is None else m["speedup"]
-        need = (TARGET_56B if r["model"] == "nemotron-h-56b" else
-                TARGET_HYBRID if r["model"] in HYBRIDS else None)
-        verdict = ("no Megatron-style plan fits" if x is None else
-                   f"{x:.3f}x over the better Megatron-style baseline ({m['plan']})")
+        need = (
+            TARGET_56B
+            if r["model"] == "nemotron-h-56b"
+            else TARGET_HYBRID
+            if r["model"] in HYBRIDS
+            else None
+        )
+        verdict = (
+            "no Megatron-style plan fits"
+            if x is None
+            else f"{x:.3f}x over the better Megatron-style baseline ({m['plan']})"
+        )
         if need is not None and x is not None:
             verdict += f", target >= {need}x: " + ("met" if x >= need else "not met")
         elif need is None:
@@ -277,43 +378,62 @@ def targets(paper: list[dict], everything: list[dict], scale: list[dict]) -> lis
     met = [r for r in hybrids if megatron_best(r)["speedup"] >= TARGET_HYBRID]  # type: ignore[index]
     big = [r for r in ok if r["model"] == "nemotron-h-56b" and megatron_best(r)]
     big_met = [r for r in big if megatron_best(r)["speedup"] >= TARGET_56B]  # type: ignore[index]
-    lines += [f"- >= {TARGET_HYBRID}x over the Megatron-style baseline on every hybrid: "
-              + ("met" if len(met) == len(hybrids) and hybrids else "not met")
-              + f" ({len(met)} of {len(hybrids)} hybrid cases)",
-              f"- >= {TARGET_56B}x on nemotron-h-56b: "
-              + ("met" if len(big_met) == len(big) and big else "not met")
-              + f" ({len(big_met)} of {len(big)})"]
-    for label, rs in (("paper cases", ok),
-                      ("all cases of this benchmark", [r for r in everything if "error" not in r])):
-        slower = [(r, name, x["speedup"]) for r in rs for name, x in r["baselines"].items()
-                  if x is not None and x["speedup"] < 1 - 1e-9]
+    lines += [
+        f"- >= {TARGET_HYBRID}x over the Megatron-style baseline on every hybrid: "
+        + ("met" if len(met) == len(hybrids) and hybrids else "not met")
+        + f" ({len(met)} of {len(hybrids)} hybrid cases)",
+        f"- >= {TARGET_56B}x on nemotron-h-56b: "
+        + ("met" if len(big_met) == len(big) and big else "not met")
+        + f" ({len(big_met)} of {len(big)})",
+    ]
+    for label, rs in (
+        ("paper cases", ok),
+        ("all cases of this benchmark", [r for r in everything if "error" not in r]),
+    ):
+        slower = [
+            (r, name, x["speedup"])
+            for r in rs
+            for name, x in r["baselines"].items()
+            if x is not None and x["speedup"] < 1 - 1e-9
+        ]
         worst = min((x["speedup"] for r in rs for x in r["baselines"].values() if x), default=None)
-        lines.append(f"- never slower than any baseline ({label}, {len(rs)}): "
-                     + ("met" if not slower else "not met: " + "; ".join(
-                         f"{r['model']} {r['gpus']} GPUs batch {r['global_batch']} vs {n} "
-                         f"{x:.3f}x" for r, n, x in slower))
-                     + ("" if worst is None else f"; the smallest speed-up over a baseline "
-                        f"{worst:.3f}x"))
+        lines.append(
+            f"- never slower than any baseline ({label}, {len(rs)}): "
+            + (
+                "met"
+                if not slower
+                else "not met: "
+                + "; ".join(
+                    f"{r['model']} {r['gpus']} GPUs batch {r['global_batch']} vs {n} {x:.3f}x"
+                    for r, n, x in slower
+                )
+            )
+            + ("" if worst is None else f"; the smallest speed-up over a baseline {worst:.3f}x")
+        )
     for r in scale:
         if "error" in r:
             lines.append(f"- {r['gpus']} GPUs: {_fail(r)}")
             continue
         s, enum = r["search"]["seconds"], r["phases"].get("Megatron-style", 0.0)
-        lines.append(f"- search at {r['gpus']} GPUs within its budget of {r['budget']:.0f} s: "
-                     + ("met" if s <= r["budget"] else "not met")
-                     + f" ({s:.1f} s; of it the enumeration {enum:.1f} s, the Megatron-style "
-                     f"recipe {r['phases'].get('screen', enum) - enum:.1f} s (the enumeration is "
-                     f"not cut short by the budget, the recipe after its first depth is); "
-                     f"{r['enumerated']:,} configurations enumerated, "
-                     f"{r['candidates']:,} feasible)")
+        lines.append(
+            f"- search at {r['gpus']} GPUs within its budget of {r['budget']:.0f} s: "
+            + ("met" if s <= r["budget"] else "not met")
+            + f" ({s:.1f} s; of it the enumeration {enum:.1f} s, the Megatron-style "
+            f"recipe {r['phases'].get('screen', enum) - enum:.1f} s (the enumeration is "
+            f"not cut short by the budget, the recipe after its first depth is); "
+            f"{r['enumerated']:,} configurations enumerated, "
+            f"{r['candidates']:,} feasible)"
+        )
     return lines
 
 
 def _geo(xs: list[float]) -> str:
     if not xs:
         return "n/a"
-    return (f"geometric mean {statistics.geometric_mean(xs):.3f}x, min {min(xs):.3f}x, "
-            f"max {max(xs):.3f}x")
+    return (
+        f"geometric mean {statistics.geometric_mean(xs):.3f}x, min {min(xs):.3f}x, "
+        f"max {max(xs):.3f}x"
+    )
 
 
 def findings(paper: list[dict], curves: dict[str, list[dict]]) -> list[str]:
@@ -325,25 +445,32 @@ def findings(paper: list[dict], curves: dict[str, list[dict]]) -> list[str]:
         lines.append(f"- paper cases, speed-up over the {name}: {_geo(xs)} ({len(xs)} cases)")
     tps = sorted({r["best"]["tp"] for r in ok})
     meg = sorted({m["tp"] for r in ok if (m := megatron_best(r))})
-    split = [megatron_best(r)["speedup"] / r["baselines"][CLASSIC_SEARCH]["speedup"]  # type: ignore[index]
-             for r in ok if megatron_best(r) and r["baselines"].get(CLASSIC_SEARCH)]
-    lines += ["- the best configurations' tp in the paper cases: " + ", ".join(
-        f"tp {t} in {sum(r['best']['tp'] == t for r in ok)}" for t in tps)
+    split = [
+        megatron_best(r)["speedup"] / r["baselines"][CLASSIC_SEARCH]["speedup"]  # type: ignore[index]
+        for r in ok
+        if megatron_best(r) and r["baselines"].get(CLASSIC_SEARCH)
+    ]
+    lines += [
+        "- the best configurations' tp in the paper cases: "
+        + ", ".join(f"tp {t} in {sum(r['best']['tp'] == t for r in ok)}" for t in tps)
         + f"; the Megatron-style recipe's: tp {', '.join(map(str, meg))}",
         "- of the speed-up over the better Megatron-style baseline, the configuration search with "
         f"classic schedules only makes {_geo(split)}, the pipeline tuner the "
-        "rest (the first line; paper cases)"]
+        "rest (the first line; paper cases)",
+    ]
     for part, rs in curves.items():
         done = [r for r in rs if "error" not in r]
         for a, b in zip(done, done[1:], strict=False):
             ta, tb = a["best"]["tokens_per_gpu_per_s"], b["best"]["tokens_per_gpu_per_s"]
             if part == "batch" and tb < ta:
-                lines.append(f"- batch curve: {tb:,.0f} tok/GPU/s at batch {b['global_batch']} "
-                             f"is below {ta:,.0f} at {a['global_batch']}; that search tuned "
-                             f"{b['counts'].get('tuned', 0)} and left "
-                             f"{b['counts'].get('not screened', 0)} of its {b['candidates']} "
-                             f"feasible configurations not screened in {b['budget']:.0f} s "
-                             f"(the screen began at {b['phases'].get('screen', 0):.1f} s)")
+                lines.append(
+                    f"- batch curve: {tb:,.0f} tok/GPU/s at batch {b['global_batch']} "
+                    f"is below {ta:,.0f} at {a['global_batch']}; that search tuned "
+                    f"{b['counts'].get('tuned', 0)} and left "
+                    f"{b['counts'].get('not screened', 0)} of its {b['candidates']} "
+                    f"feasible configurations not screened in {b['budget']:.0f} s "
+                    f"(the screen began at {b['phases'].get('screen', 0):.1f} s)"
+                )
     return lines
 
 
@@ -353,25 +480,40 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    titles = {"strong": f"strong scaling (global batch {SCALE_BATCH})",
-              "weak": "weak scaling (global batch = GPUs)",
-              "batch": f"global batch at {CURVE_BATCH_GPUS} GPUs"}
+    titles = {
+        "strong": f"strong scaling (global batch {SCALE_BATCH})",
+        "weak": "weak scaling (global batch = GPUs)",
+        "batch": f"global batch at {CURVE_BATCH_GPUS} GPUs",
+    }
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (part, rs) in zip(axes, curves.items(), strict=True):
         xs = [r["global_batch"] if part == "batch" else r["gpus"] for r in rs]
         best = [r["best"]["tokens_per_gpu_per_s"] if "error" not in r else None for r in rs]
-        meg = [None if "error" in r or megatron_best(r) is None else
-               megatron_best(r)["tokens_per_gpu_per_s"] for r in rs]  # type: ignore[index]
-        for ys, label, style in ((best, "best plan (tune --gpus)", "o-"),
-                                 (meg, "Megatron-style baseline (better of equal / time)", "s--")):
+        meg = [
+            None
+            if "error" in r or megatron_best(r) is None
+            else megatron_best(r)["tokens_per_gpu_per_s"]
+            for r in rs
+        ]  # type: ignore[index]
+        for ys, label, style in (
+            (best, "best plan (tune --gpus)", "o-"),
+            (meg, "Megatron-style baseline (better of equal / time)", "s--"),
+        ):
             pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
             if pts:
                 ax.plot(*zip(*pts, strict=True), style, label=label)
         for x, r in zip(xs, rs, strict=True):
             if "error" in r:
                 ax.axvline(x, color="grey", lw=0.8, ls=":")
-                ax.annotate("no configuration fits", (x, 0.02), xycoords=("data", "axes fraction"),
-                            rotation=90, fontsize=7, color="grey", ha="right")
+                ax.annotate(
+                    "no configuration fits",
+                    (x, 0.02),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    fontsize=7,
+                    color="grey",
+                    ha="right",
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_ylim(bottom=0)
@@ -380,8 +522,11 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
         ax.set_title(titles[part], fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower left")
-    fig.suptitle(f"{SCALE_MODEL} on {DEVICE}s (analytical costs, 80 GB, {GPUS_PER_NODE} per node), "
-                 "simulated", fontsize=11)
+    fig.suptitle(
+        f"{SCALE_MODEL} on {DEVICE}s (analytical costs, 80 GB, {GPUS_PER_NODE} per node), "
+        "simulated",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -394,8 +539,10 @@ def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
     def part(name: str) -> list[dict]:
         return [r for r in results if name in r["parts"]]
 
-    curves = {p: sorted(part(p), key=lambda r: (r["gpus"], r["global_batch"]))
-              for p in ("strong", "weak", "batch")}
+    curves = {
+        p: sorted(part(p), key=lambda r: (r["gpus"], r["global_batch"]))
+        for p in ("strong", "weak", "batch")
+    }
     plot(curves, png)
     paper = part("paper")
     scale = sorted(part("scale"), key=lambda r: r["gpus"])
@@ -492,8 +639,11 @@ def main() -> int:
     md, png = args.output, args.output.with_name(args.output.stem + "_scaling.png")
     if args.from_json:
         again = " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:])
-        print(report(json.loads(args.from_json.read_text()), md, png, f"{again}` at commit "
-                     f"`{commit()}"))
+        print(
+            report(
+                json.loads(args.from_json.read_text()), md, png, f"{again}` at commit `{commit()}"
+            )
+        )
         return 0
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
@@ -501,22 +651,44 @@ def main() -> int:
     t0, load = time.perf_counter(), os.getloadavg()[0]
     results = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {key: pool.submit(run_case, *key[:3], args.paper_budget if key[3] == PAPER
-                                    else args.budget, args.seed, args.sims)
-                   for key in todo}
+        futures = {
+            key: pool.submit(
+                run_case,
+                *key[:3],
+                args.paper_budget if key[3] == PAPER else args.budget,
+                args.seed,
+                args.sims,
+            )
+            for key in todo
+        }
         for key, f in futures.items():
             r = f.result() | {"parts": todo[key]}
             results.append(r)
-            print(*key[:3], r.get("error") or f"{r['best']['tokens_per_gpu_per_s']:,.0f} tok/GPU/s, "
-                  f"search {r['search']['seconds']:.1f} s", flush=True)
+            print(
+                *key[:3],
+                r.get("error")
+                or f"{r['best']['tokens_per_gpu_per_s']:,.0f} tok/GPU/s, "
+                f"search {r['search']['seconds']:.1f} s",
+                flush=True,
+            )
     from octodsl.costs.devices import get_device
 
-    meta = {"command": " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:]),
-            "cpu": cpu_model(), "cores": os.cpu_count(), "jobs": args.jobs, "commit": commit(),
-            "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0,
-            "load_start": load, "load_end": os.getloadavg()[0], "seed": args.seed,
-            "sims": args.sims, "paper_budget": args.paper_budget, "budget": args.budget,
-            "memory": get_device(DEVICE).memory}
+    meta = {
+        "command": " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:]),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "jobs": args.jobs,
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": time.perf_counter() - t0,
+        "load_start": load,
+        "load_end": os.getloadavg()[0],
+        "seed": args.seed,
+        "sims": args.sims,
+        "paper_budget": args.paper_budget,
+        "budget": args.budget,
+        "memory": get_device(DEVICE).memory,
+    }
     data = {"meta": meta, "results": results}
     md.with_suffix(".json").write_text(json.dumps(data, indent=1))
     print(report(data, md, png))

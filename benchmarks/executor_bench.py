@@ -60,7 +60,9 @@ def parse_args():
 
 
 def with_partition(plan: Plan, ranges: list[range]) -> Plan:
-    return Plan(plan.header, [Stage(r.start, r.stop - 1) for r in ranges], plan.placement, plan.schedule)
+    return Plan(
+        plan.header, [Stage(r.start, r.stop - 1) for r in ranges], plan.placement, plan.schedule
+    )
 
 
 def balanced(costs: list[float], stages: int) -> list[range]:
@@ -83,16 +85,25 @@ def main() -> None:
     init_distributed("gloo")
     devices = dist.get_world_size()
     spec = load_model(args.model).with_shape(1, args.seq_len)
-    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": args.microbatches,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "gradient_clipping": 1.0,
-              "steps_per_print": 10**9}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": args.microbatches,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+    }
     common = dict(loss_fn=lm_loss, seed_layers=True, base_seed=SEED)
 
     costs = layer_seconds(spec)
     parts = parameters_parts(pipeline_specs(spec), devices)
     stock_module = FixedPartitionModule(pipeline_specs(spec), parts, num_stages=devices, **common)
-    engines = {"stock": deepspeed.initialize(model=stock_module, config=config, model_parameters=[
-        p for p in stock_module.parameters() if p.requires_grad])[0]}
+    engines = {
+        "stock": deepspeed.initialize(
+            model=stock_module,
+            config=config,
+            model_parameters=[p for p in stock_module.parameters() if p.requires_grad],
+        )[0]
+    }
     layouts = {
         # strict=False: consecutive pairs, parts[1:] is one shorter
         "1f1b-same": ("1f1b", [range(a, b) for a, b in zip(parts, parts[1:], strict=False)]),
@@ -101,7 +112,9 @@ def main() -> None:
         "zb-v-balanced": ("zb-v", balanced(costs, 2 * devices)),
     }
     for name, (schedule, ranges) in layouts.items():
-        plan = with_partition(generate(schedule, devices=devices, microbatches=args.microbatches), ranges)
+        plan = with_partition(
+            generate(schedule, devices=devices, microbatches=args.microbatches), ranges
+        )
         engines[name] = initialize(pipeline_specs(spec), plan, config=config, **common)[0]
 
     tokens = spec.seq_len * args.microbatches
@@ -123,20 +136,40 @@ def main() -> None:
     rows = []
     for name, ts in times.items():
         med, best = statistics.median(ts[1:]), min(ts[1:])
-        rows.append({"engine": name, "median_step_s": med, "best_step_s": best,
-                     "tokens_per_s": tokens / med, "best_tokens_per_s": tokens / best,
-                     "vs_stock": stock_med / med, "best_vs_stock": stock_best / best, "steps": ts})
-    result = {"model": args.model, "seq_len": args.seq_len, "microbatches": args.microbatches,
-              "processes": devices, "threads_per_process": torch.get_num_threads(),
-              "stock_parts": list(parts), "balanced": {k: [[r.start, r.stop - 1] for r in v[1]]
-                                                       for k, v in layouts.items()},
-              "layer_seconds": costs, "load_average": [load_before, os.getloadavg()], "rows": rows}
+        rows.append(
+            {
+                "engine": name,
+                "median_step_s": med,
+                "best_step_s": best,
+                "tokens_per_s": tokens / med,
+                "best_tokens_per_s": tokens / best,
+                "vs_stock": stock_med / med,
+                "best_vs_stock": stock_best / best,
+                "steps": ts,
+            }
+        )
+    result = {
+        "model": args.model,
+        "seq_len": args.seq_len,
+        "microbatches": args.microbatches,
+        "processes": devices,
+        "threads_per_process": torch.get_num_threads(),
+        "stock_parts": list(parts),
+        "balanced": {k: [[r.start, r.stop - 1] for r in v[1]] for k, v in layouts.items()},
+        "layer_seconds": costs,
+        "load_average": [load_before, os.getloadavg()],
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print("| engine | median step (s) | tokens/s | vs stock | best step (s) | best tokens/s | vs stock |\n"
-          "|---|---|---|---|---|---|---|")
+    print(
+        "| engine | median step (s) | tokens/s | vs stock | best step (s) | best tokens/s | vs stock |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for r in rows:
-        print(f"| {r['engine']} | {r['median_step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['vs_stock']:.3f}x "
-              f"| {r['best_step_s']:.3f} | {r['best_tokens_per_s']:.0f} | {r['best_vs_stock']:.3f}x |")
+        print(
+            f"| {r['engine']} | {r['median_step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['vs_stock']:.3f}x "
+            f"| {r['best_step_s']:.3f} | {r['best_tokens_per_s']:.0f} | {r['best_vs_stock']:.3f}x |"
+        )
 
 
 if __name__ == "__main__":

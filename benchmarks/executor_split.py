@@ -97,19 +97,32 @@ def main() -> None:
     ids = torch.randint(0, spec.vocab, (1, args.seq_len))
     labels = torch.randint(0, spec.vocab, (1, args.seq_len))
     hidden = torch.randn(1, args.seq_len, spec.hidden)
-    chunks = {f"layers 0..{n // 2 - 1} (first stage)": (layers[: n // 2], lambda: ids,
-                                                        lambda y: y.float().square().mean()),
-              f"layers {n // 2}..{n - 1} (last stage)": (layers[n // 2:], lambda: hidden.clone().requires_grad_(),
-                                                        lambda y: lm_loss(y, labels))}
+    chunks = {
+        f"layers 0..{n // 2 - 1} (first stage)": (
+            layers[: n // 2],
+            lambda: ids,
+            lambda y: y.float().square().mean(),
+        ),
+        f"layers {n // 2}..{n - 1} (last stage)": (
+            layers[n // 2 :],
+            lambda: hidden.clone().requires_grad_(),
+            lambda y: lm_loss(y, labels),
+        ),
+    }
     blocks = [TinyBlock(32) for _ in range(128)]
-    chunks["128 tiny blocks (h=32, 16 tokens)"] = (blocks, lambda: torch.randn(16, 32).requires_grad_(),
-                                                   lambda y: y.square().mean())
+    chunks["128 tiny blocks (h=32, 16 tokens)"] = (
+        blocks,
+        lambda: torch.randn(16, 32).requires_grad_(),
+        lambda y: y.square().mean(),
+    )
     print(f"{args.model}, seq {args.seq_len}, 1 thread; medians of {args.repeats} runs")
     print("| chunk | fused (ms) | B (ms) | W (ms) | (B + W) / fused |\n|---|---|---|---|---|")
     for name, (chunk, make_input, finish) in chunks.items():
         params = [q for layer in chunk for q in layer.parameters()]
         r = time_chunk(chunk, make_input, finish, params, args.repeats)
-        print(f"| {name} | {r['fused'] * 1e3:.1f} | {r['b'] * 1e3:.1f} | {r['w'] * 1e3:.1f} | {r['ratio']:.3f} |")
+        print(
+            f"| {name} | {r['fused'] * 1e3:.1f} | {r['b'] * 1e3:.1f} | {r['w'] * 1e3:.1f} | {r['ratio']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,22 @@ def spin() -> None:
 
 def run_tests() -> tuple[str, float, str]:
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "slow", "-p", "no:cacheprovider",
-                           "tests/deepspeed_ext"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-m",
+            "slow",
+            "-p",
+            "no:cacheprovider",
+            "tests/deepspeed_ext",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.time() - start
     lines = proc.stdout.strip().splitlines()
     summary = lines[-1] if lines else proc.stderr.strip()[-200:]
@@ -63,22 +77,24 @@ def main() -> None:
     finally:
         for p in busy:
             p.terminate()
-    text = "\n".join([
-        "# Executor tests under load",
-        "",
-        f"Made by `.venv/bin/python benchmarks/executor_under_load.py --runs {args.runs}` at "
-        f"commit {commit()} on "
-        f"{cpu_model()} ({cores} cores), Python {platform.python_version()}, with {cores} busy "
-        "processes (one per core) spinning for the whole run, started and stopped by the script.",
-        "Each run is `pytest -q -m slow tests/deepspeed_ext`: every plan against stock DeepSpeed "
-        "(losses and weights bit for bit where the operations are the same), checkpoint resume, "
-        "data parallelism, the watchdog and the launch checks.",
-        "",
-        "| run | pytest summary | wall time | load average (1 min) at the end | failed |",
-        "|---:|---|---:|---:|---|",
-        *rows,
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Executor tests under load",
+            "",
+            f"Made by `.venv/bin/python benchmarks/executor_under_load.py --runs {args.runs}` at "
+            f"commit {commit()} on "
+            f"{cpu_model()} ({cores} cores), Python {platform.python_version()}, with {cores} busy "
+            "processes (one per core) spinning for the whole run, started and stopped by the script.",
+            "Each run is `pytest -q -m slow tests/deepspeed_ext`: every plan against stock DeepSpeed "
+            "(losses and weights bit for bit where the operations are the same), checkpoint resume, "
+            "data parallelism, the watchdog and the launch checks.",
+            "",
+            "| run | pytest summary | wall time | load average (1 min) at the end | failed |",
+            "|---:|---|---:|---:|---|",
+            *rows,
+            "",
+        ]
+    )
     Path(args.output).write_text(text)
 
 

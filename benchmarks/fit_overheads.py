@@ -44,14 +44,26 @@ from octodsl.fileio import write_atomic  # noqa: E402
 
 PROFILE = {
     # model: [(m, T_F, T_B, T_W, T_comm), ...] in ms, Table 6 of arXiv 2401.10241.
-    "zb-gpt-1.5b": [(24, 18.522, 18.086, 9.337, 0.601), (32, 18.513, 18.086, 9.331, 0.626),
-                    (64, 18.546, 18.097, 9.321, 0.762)],
-    "zb-gpt-6.2b": [(24, 29.718, 29.444, 19.927, 0.527), (32, 29.802, 29.428, 19.530, 0.577),
-                    (64, 29.935, 29.621, 19.388, 0.535)],
-    "zb-gpt-14.6b": [(48, 11.347, 11.248, 8.132, 0.377), (64, 11.307, 11.254, 8.101, 0.379),
-                     (128, 11.325, 11.308, 8.109, 0.378)],
-    "zb-gpt-28.3b": [(96, 10.419, 10.207, 7.715, 0.408), (128, 10.408, 10.204, 7.703, 0.408),
-                     (256, 10.402, 10.248, 7.698, 0.460)],
+    "zb-gpt-1.5b": [
+        (24, 18.522, 18.086, 9.337, 0.601),
+        (32, 18.513, 18.086, 9.331, 0.626),
+        (64, 18.546, 18.097, 9.321, 0.762),
+    ],
+    "zb-gpt-6.2b": [
+        (24, 29.718, 29.444, 19.927, 0.527),
+        (32, 29.802, 29.428, 19.530, 0.577),
+        (64, 29.935, 29.621, 19.388, 0.535),
+    ],
+    "zb-gpt-14.6b": [
+        (48, 11.347, 11.248, 8.132, 0.377),
+        (64, 11.307, 11.254, 8.101, 0.379),
+        (128, 11.325, 11.308, 8.109, 0.378),
+    ],
+    "zb-gpt-28.3b": [
+        (96, 10.419, 10.207, 7.715, 0.408),
+        (128, 10.408, 10.204, 7.703, 0.408),
+        (256, 10.402, 10.248, 7.698, 0.460),
+    ],
 }
 
 
@@ -87,7 +99,8 @@ def point(row: dict, flash: bool) -> Point:
 
     model = row["model"]
     spec = parse_model(spec_of({**model, "flash": flash}), model["name"]).with_shape(
-        microbatch_size=row["microbatch_size"])
+        microbatch_size=row["microbatch_size"]
+    )
     a100 = get_device("A100")
     per_stage = 2 * (model["layers"] + 2) // row["pp"]  # sub-layers of a middle stage
 
@@ -100,8 +113,9 @@ def point(row: dict, flash: bool) -> Point:
     elements = sum(u.f - l.f for u, l in zip(middle(Overheads(f_bytes=1.0)), bare, strict=True))
     message = get_link(a100.node_link).time(bare[-1].out_bytes)
     measured = np.array(PROFILE[model["name"]])[:, 1:].mean(axis=0) / 1e3
-    kernels = np.array([sum(l.f for l in bare), sum(l.b for l in bare), sum(l.w for l in bare),
-                        message])
+    kernels = np.array(
+        [sum(l.f for l in bare), sum(l.b for l in bare), sum(l.w for l in bare), message]
+    )
     return Point(model["name"], measured, kernels, len(bare), elements)
 
 
@@ -124,29 +138,39 @@ def fit(points: list[Point]) -> tuple[float, float, float, float, float]:
 
 def predict(pt: Point, c: tuple[float, float, float, float, float]) -> np.ndarray:
     fs, bs, fb, bb, msg = c
-    return np.array([pt.kernels[0] + pt.ops * fs + pt.elements_f * fb,
-                     pt.kernels[1] + pt.ops * bs + pt.elements_f * bb,
-                     pt.kernels[2], pt.kernels[3] + msg])
+    return np.array(
+        [
+            pt.kernels[0] + pt.ops * fs + pt.elements_f * fb,
+            pt.kernels[1] + pt.ops * bs + pt.elements_f * bb,
+            pt.kernels[2],
+            pt.kernels[3] + msg,
+        ]
+    )
 
 
 def report(flash: bool) -> list[str]:
     pts = points(flash)
     c = fit(pts)
-    lines = [f"Fitted (flash attention {'on' if flash else 'off'}): f_seconds {c[0] * 1e3:.3f} ms, "
-             f"b_seconds {c[1] * 1e3:.3f} ms, f_bytes {c[2]:.1f}, b_bytes {c[3]:.1f}, "
-             f"message_seconds {c[4] * 1e3:.3f} ms.", "",
-             "| model | sub-layers | F ms: measured / kernels / fitted | B ms | W ms (not fitted) "
-             "| comm ms | F, B leave-one-out error |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Fitted (flash attention {'on' if flash else 'off'}): f_seconds {c[0] * 1e3:.3f} ms, "
+        f"b_seconds {c[1] * 1e3:.3f} ms, f_bytes {c[2]:.1f}, b_bytes {c[3]:.1f}, "
+        f"message_seconds {c[4] * 1e3:.3f} ms.",
+        "",
+        "| model | sub-layers | F ms: measured / kernels / fitted | B ms | W ms (not fitted) "
+        "| comm ms | F, B leave-one-out error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for i, pt in enumerate(pts):
         fitted = predict(pt, c)
-        loo = predict(pt, fit(pts[:i] + pts[i + 1:]))
+        loo = predict(pt, fit(pts[:i] + pts[i + 1 :]))
         m, k = pt.measured * 1e3, pt.kernels * 1e3
         err = [f"{(loo[j] / pt.measured[j] - 1) * 100:+.1f}%" for j in (0, 1)]
-        lines.append(f"| {pt.name} | {pt.ops} | {m[0]:.2f} / {k[0]:.2f} / {fitted[0] * 1e3:.2f} | "
-                     f"{m[1]:.2f} / {k[1]:.2f} / {fitted[1] * 1e3:.2f} | {m[2]:.2f} / {k[2]:.2f} "
-                     f"({(pt.kernels[2] / pt.measured[2] - 1) * 100:+.1f}%) | {m[3]:.3f} / "
-                     f"{fitted[3] * 1e3:.3f} | {', '.join(err)} |")
+        lines.append(
+            f"| {pt.name} | {pt.ops} | {m[0]:.2f} / {k[0]:.2f} / {fitted[0] * 1e3:.2f} | "
+            f"{m[1]:.2f} / {k[1]:.2f} / {fitted[1] * 1e3:.2f} | {m[2]:.2f} / {k[2]:.2f} "
+            f"({(pt.kernels[2] / pt.measured[2] - 1) * 100:+.1f}%) | {m[3]:.3f} / "
+            f"{fitted[3] * 1e3:.3f} | {', '.join(err)} |"
+        )
     return lines
 
 
@@ -154,10 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "fit_overheads.md")
     args = ap.parse_args(argv)
-    text = ["# Per-op overheads fitted to ZeroBubble's per-op profile", "",
-            f"Made by `.venv/bin/python benchmarks/fit_overheads.py` at commit {commit()} "
-            "(the method and the source: the script's docstring). What `MEGATRON_A100_OVERHEADS` "
-            "holds is the flash-off fit, how the profiled runs ran.", ""]
+    text = [
+        "# Per-op overheads fitted to ZeroBubble's per-op profile",
+        "",
+        f"Made by `.venv/bin/python benchmarks/fit_overheads.py` at commit {commit()} "
+        "(the method and the source: the script's docstring). What `MEGATRON_A100_OVERHEADS` "
+        "holds is the flash-off fit, how the profiled runs ran.",
+        "",
+    ]
     for flash in (False, True):
         text += report(flash) + [""]
     try:

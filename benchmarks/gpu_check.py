@@ -45,15 +45,19 @@ def executor_rows(results: list[dict]) -> tuple[list[str], bool]:
             within = rel <= bound
             ok &= within
             exact = "yes" if r.get("exact") else "no" if "exact" in r else "-"
-            rows.append(f"| {result['case']} | {r['plan']} | {result['world']} | {result['backend']} "
-                        f"| {rel:.2e} | {bound:.0e} | {exact} | {'ok' if within else 'FAIL'} |")
+            rows.append(
+                f"| {result['case']} | {r['plan']} | {result['world']} | {result['backend']} "
+                f"| {rel:.2e} | {bound:.0e} | {exact} | {'ok' if within else 'FAIL'} |"
+            )
     return rows, ok
 
 
 def executor_table(paths: list[str]) -> tuple[str, bool]:
     rows, ok = executor_rows([json.loads(Path(p).read_text()) for p in paths])
-    head = ["| case | plan | processes | backend | loss diff (rel.) | bound | bit-exact | |",
-            "|---|---|---:|---|---:|---:|---|---|"]
+    head = [
+        "| case | plan | processes | backend | loss diff (rel.) | bound | bit-exact | |",
+        "|---|---|---:|---|---:|---:|---|---|",
+    ]
     return "\n".join(head + rows), ok
 
 
@@ -64,16 +68,21 @@ def costs_table(profile_path: str, device: str) -> str:
     measured = prof.cost_table(profile_path)
     spec = prof.model
     analytical = analytical_costs(spec, get_device(device))
-    head = [f"Analytical ({device}) against measured ({prof.device_name}), {spec.name}, "
-            f"micro-batch {spec.microbatch_size} x {spec.seq_len}, {spec.dtype}:", "",
-            "| layers | kind | F ms (an. / meas.) | B ms | W ms | measured / analytical (F+B+W) |",
-            "|---|---|---|---|---|---:|"]
+    head = [
+        f"Analytical ({device}) against measured ({prof.device_name}), {spec.name}, "
+        f"micro-batch {spec.microbatch_size} x {spec.seq_len}, {spec.dtype}:",
+        "",
+        "| layers | kind | F ms (an. / meas.) | B ms | W ms | measured / analytical (F+B+W) |",
+        "|---|---|---|---|---|---:|",
+    ]
     rows = []
     for m in prof.layers:
         i = m.layers[0]
         a, t = analytical.layers[i], measured.layers[i]
         total_a, total_t = a.f + a.b + a.w, t.f + t.b + t.w
-        cells = " | ".join(f"{1e3 * x:.3f} / {1e3 * y:.3f}" for x, y in ((a.f, t.f), (a.b, t.b), (a.w, t.w)))
+        cells = " | ".join(
+            f"{1e3 * x:.3f} / {1e3 * y:.3f}" for x, y in ((a.f, t.f), (a.b, t.b), (a.w, t.w))
+        )
         ratio = f"{total_t / total_a:.2f}" if total_a > 0 else "-"
         rows.append(f"| {_span(m.layers)} | {m.kind} | {cells} | {ratio} |")
     return "\n".join(head + rows)
@@ -86,15 +95,19 @@ def _span(indices: list[int]) -> str:
 
 def compare_table(paths: list[str]) -> str:
     """Per `octodsl compare --json` output: its costs, simulated and measured iteration time."""
-    head = ["| plan | devices | costs | simulated ms | measured ms | error |",
-            "|---|---:|---|---:|---:|---:|"]
+    head = [
+        "| plan | devices | costs | simulated ms | measured ms | error |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
     rows = []
     for p in paths:
         c = json.loads(Path(p).read_text())
         it = next(m for m in c["metrics"] if m["metric"] == "iteration")
         err = "-" if it["error"] is None else f"{100 * it['error']:+.1f}%"
-        rows.append(f"| {c['plan']} | {c['devices']} | {c['costs']} | {_ms(it['simulated'])} | "
-                    f"{_ms(it['measured'])} | {err} |")
+        rows.append(
+            f"| {c['plan']} | {c['devices']} | {c['costs']} | {_ms(it['simulated'])} | "
+            f"{_ms(it['measured'])} | {err} |"
+        )
     return "\n".join(head + rows)
 
 
@@ -115,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         table, ok = executor_table(args.results)
         print(table)
         return 0 if ok else 1
-    print(costs_table(args.profile, args.device) if args.what == "costs" else compare_table(args.results))
+    print(
+        costs_table(args.profile, args.device)
+        if args.what == "costs"
+        else compare_table(args.results)
+    )
     return 0
 
 

@@ -21,8 +21,12 @@ from pathlib import Path
 from octodsl.gen import generate_text
 from octodsl.lint import lint_source
 
-CASES = [("zb-v", 16, 128, None), ("interleaved", 16, 128, 2), ("1f1b", 16, 128, None),
-         ("zb-v", 64, 512, None)]
+CASES = [
+    ("zb-v", 16, 128, None),
+    ("interleaved", 16, 128, 2),
+    ("1f1b", 16, 128, None),
+    ("zb-v", 64, 512, None),
+]
 
 
 def best(fn, runs: int) -> float:
@@ -51,16 +55,27 @@ def main() -> None:
             f.write(text)
         wall = best(lambda: subprocess.run([octodsl, "lint", "-q", f.name], check=True), 3)
         os.unlink(f.name)
-        label = f"{name} {p} x {m}" + (f", {v} chunks" if v else "") + f" ({plan.num_stages // p} stage{'s' * (plan.num_stages > p)} per device)"
+        label = (
+            f"{name} {p} x {m}"
+            + (f", {v} chunks" if v else "")
+            + f" ({plan.num_stages // p} stage{'s' * (plan.num_stages > p)} per device)"
+        )
         rows.append(f"| {label} | {ops:,} | {inproc * 1e3:,.0f} ms | {wall * 1e3:,.0f} ms |")
         print(rows[-1], flush=True)
     load = os.getloadavg()[0]
-    out = ["# Lint benchmark", "",
-           f"Made by `.venv/bin/python benchmarks/lint.py` on {platform.machine()}, Python "
-           f"{platform.python_version()}, a 2-core machine (load average {load:.1f} when it ran).",
-           "In-process: `lint_source(text)` (parse, lower, every rule incl. the deadlock search), best of 5. "
-           "Command: `octodsl lint -q FILE` wall time with start-up and imports, best of 3.", "",
-           "| plan | ops | in-process | command |", "|---|---:|---:|---:|", *rows, ""]
+    out = [
+        "# Lint benchmark",
+        "",
+        f"Made by `.venv/bin/python benchmarks/lint.py` on {platform.machine()}, Python "
+        f"{platform.python_version()}, a 2-core machine (load average {load:.1f} when it ran).",
+        "In-process: `lint_source(text)` (parse, lower, every rule incl. the deadlock search), best of 5. "
+        "Command: `octodsl lint -q FILE` wall time with start-up and imports, best of 3.",
+        "",
+        "| plan | ops | in-process | command |",
+        "|---|---:|---:|---:|",
+        *rows,
+        "",
+    ]
     Path(args.output).write_text("\n".join(out))
 
 

@@ -11,6 +11,7 @@ included, best of three; the lines it printed show that the output stays short.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import subprocess
@@ -27,14 +28,20 @@ STAGES = 10
 
 def complete_plan() -> str:
     m = MAX_OPS // (2 * STAGES)
-    blocks = "".join(f"  device {d} {{ F{d}:0..{m - 1} BW{d}:0..{m - 1} }}\n" for d in range(STAGES))
-    return (f'plan "limit" {{\n  devices {STAGES}\n  microbatches {m}\n}}\nstages {STAGES}\n'
-            f"placement loop\nschedule {{\n{blocks}}}\n")
+    blocks = "".join(
+        f"  device {d} {{ F{d}:0..{m - 1} BW{d}:0..{m - 1} }}\n" for d in range(STAGES)
+    )
+    return (
+        f'plan "limit" {{\n  devices {STAGES}\n  microbatches {m}\n}}\nstages {STAGES}\n'
+        f"placement loop\nschedule {{\n{blocks}}}\n"
+    )
 
 
 def duplicates_plan() -> str:
-    return ('plan "dups" {\n  devices 1\n  microbatches 1\n}\nstages 1\nplacement loop\n'
-            f"schedule {{\n  device 0 {{ for i in 0..{MAX_OPS - 2} {{ F0:0 }} BW0:0 }}\n}}\n")
+    return (
+        'plan "dups" {\n  devices 1\n  microbatches 1\n}\nstages 1\nplacement loop\n'
+        f"schedule {{\n  device 0 {{ for i in 0..{MAX_OPS - 2} {{ F0:0 }} BW0:0 }}\n}}\n"
+    )
 
 
 def main() -> None:
@@ -43,24 +50,34 @@ def main() -> None:
     args = ap.parse_args()
     octodsl = Path(sys.executable).with_name("octodsl")
     rows = []
-    for label, text in (("complete, 10 stages x 50,000 micro-batches", complete_plan()),
-                        ("999,999 duplicates of F0:0 in a loop body", duplicates_plan())):
+    for label, text in (
+        ("complete, 10 stages x 50,000 micro-batches", complete_plan()),
+        ("999,999 duplicates of F0:0 in a loop body", duplicates_plan()),
+    ):
         with tempfile.NamedTemporaryFile("w", suffix=".octo", delete=False) as f:
             f.write(text)
         done: list = []
-        # the lambda runs within this iteration, so binding `done` late is harmless
-        seconds = best(lambda: done.append(subprocess.run([octodsl, "lint", f.name],  # noqa: B023
-                                                          capture_output=True, text=True)), 3)
+        run = functools.partial(
+            subprocess.run, [octodsl, "lint", f.name], capture_output=True, text=True
+        )
+        seconds = best(lambda run=run, done=done: done.append(run()), 3)
         lines = len((done[-1].stdout + done[-1].stderr).splitlines())
         os.unlink(f.name)
         rows.append(f"| {label} | {MAX_OPS:,} | {seconds:.1f} s | {lines} |")
         print(rows[-1], flush=True)
-    out = ["# Lint speed at the op limit", "",
-           f"Made by `.venv/bin/python benchmarks/lint_speed.py` on {platform.machine()}, Python "
-           f"{platform.python_version()}, {os.cpu_count()} cores (load average "
-           f"{os.getloadavg()[0]:.1f} when it ran). `octodsl lint FILE` wall time, start-up "
-           "included, best of 3; lines: what it printed.", "",
-           "| plan | ops | wall time | lines |", "|---|---:|---:|---:|", *rows, ""]
+    out = [
+        "# Lint speed at the op limit",
+        "",
+        f"Made by `.venv/bin/python benchmarks/lint_speed.py` on {platform.machine()}, Python "
+        f"{platform.python_version()}, {os.cpu_count()} cores (load average "
+        f"{os.getloadavg()[0]:.1f} when it ran). `octodsl lint FILE` wall time, start-up "
+        "included, best of 3; lines: what it printed.",
+        "",
+        "| plan | ops | wall time | lines |",
+        "|---|---:|---:|---:|",
+        *rows,
+        "",
+    ]
     Path(args.output).write_text("\n".join(out))
 
 

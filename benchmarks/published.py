@@ -40,17 +40,18 @@ RANK_GAP = 0.03
 
 ASSUMPTIONS = {
     "microbatch_size": "1 (Megatron-LM's recommendation for large models, and what Narayanan et "
-                       "al. state for their PTD-P runs in Table 2)",
+    "al. state for their PTD-P runs in Table 2)",
     "vp": "the fewest chunks above 1 that divide each device's layers (Megatron needs them to "
-          "divide), for a source that says 'interleaved' without the number",
+    "divide), for a source that says 'interleaved' without the number",
     "schedule": "1F1B (Megatron-LM's default without --num-layers-per-virtual-pipeline-stage)",
     "recompute": "none (Megatron-LM's default), or selective, then full, where the plan would not "
-                 "fit the GPU's memory otherwise",
+    "fit the GPU's memory otherwise",
 }
 """How each unstated field is filled, whatever the row."""
 
 
 # -- the data --------------------------------------------------------------------------------
+
 
 def load() -> dict:
     return yaml.safe_load(DATA.read_text())
@@ -60,22 +61,36 @@ def spec_of(model: dict) -> dict:
     """An octodsl model spec (the YAML form, docs/models-and-costs.md) of a row's model."""
     h, heads = model["hidden"], model["heads"]
     kv = model.get("kv_heads", heads)
-    attention = {"heads": heads, "kv_heads": kv, "head_dim": model.get("head_dim", h // heads),
-                 "flash": model["flash"]}
+    attention = {
+        "heads": heads,
+        "kv_heads": kv,
+        "head_dim": model.get("head_dim", h // heads),
+        "flash": model["flash"],
+    }
     if model.get("rope"):
         attention["rope_theta"] = float(model["rope"])
-    return {"name": model["name"], "description": model.get("description", ""),
-            "hidden": h, "vocab": model["vocab"], "seq_len": model["seq_len"],
-            "microbatch_size": 1, "dtype": model.get("dtype", "bf16"),
-            "tie_embeddings": model.get("tied", False), "dropout": model.get("dropout", 0.0),
-            "pattern": "*-" * model["layers"], "attention": attention,
-            "mlp": {"ffn": model.get("ffn", 4 * h), "activation": model.get("activation", "gelu")}}
+    return {
+        "name": model["name"],
+        "description": model.get("description", ""),
+        "hidden": h,
+        "vocab": model["vocab"],
+        "seq_len": model["seq_len"],
+        "microbatch_size": 1,
+        "dtype": model.get("dtype", "bf16"),
+        "tie_embeddings": model.get("tied", False),
+        "dropout": model.get("dropout", 0.0),
+        "pattern": "*-" * model["layers"],
+        "attention": attention,
+        "mlp": {"ffn": model.get("ffn", 4 * h), "activation": model.get("activation", "gelu")},
+    }
 
 
 def write_spec(model: dict) -> Path:
     path = SPECS / f"{model['name']}.yaml"
-    text = "# Written by benchmarks/published.py from benchmarks/published_runs.yaml.\n" + \
-        yaml.safe_dump(spec_of(model), sort_keys=False)
+    text = (
+        "# Written by benchmarks/published.py from benchmarks/published_runs.yaml.\n"
+        + yaml.safe_dump(spec_of(model), sort_keys=False)
+    )
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -83,6 +98,7 @@ def write_spec(model: dict) -> Path:
 
 
 # -- a row as an octodsl plan ------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Setup:
@@ -128,8 +144,11 @@ def switches(runtime: dict) -> dict[str, bool]:
     row's `runtime` sets to other than the header's default."""
     from octodsl.plan import RUNTIME_SWITCHES, Header
 
-    return {f: bool(runtime[f]) for f in RUNTIME_SWITCHES
-            if f in runtime and bool(runtime[f]) != Header.model_fields[f].default}
+    return {
+        f: bool(runtime[f])
+        for f in RUNTIME_SWITCHES
+        if f in runtime and bool(runtime[f]) != Header.model_fields[f].default
+    }
 
 
 def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
@@ -140,11 +159,21 @@ def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
     args = [name, "-p", str(pp), "-m", str(s.microbatches)]
     if name == "interleaved":
         args += ["-v", str(s.vp)]
-    args += ["--model", str(spec.relative_to(REPO)), "--partition", row.get("partition", "megatron"),
-             "--microbatch-size", str(s.mbs)]
+    args += [
+        "--model",
+        str(spec.relative_to(REPO)),
+        "--partition",
+        row.get("partition", "megatron"),
+        "--microbatch-size",
+        str(s.mbs),
+    ]
     if row["tp"] > 1:
-        args += ["--tp", str(row["tp"]), "--sequence-parallel",
-                 "true" if runtime.get("sequence_parallel", False) else "false"]
+        args += [
+            "--tp",
+            str(row["tp"]),
+            "--sequence-parallel",
+            "true" if runtime.get("sequence_parallel", False) else "false",
+        ]
     args += ["--overlap", ",".join(runtime.get("overlap", [])) or "none"]
     for field, value in switches(runtime).items():
         args += ["--" + field.replace("_", "-"), "true" if value else "false"]
@@ -165,9 +194,16 @@ def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
     for field in OVERLAPS:
         mesh[field] = field.removeprefix("overlap_").replace("_", "-") in runtime.get("overlap", [])
     mesh.update(switches(runtime))
-    plan = generate(name, pp, s.microbatches, s.vp if name == "interleaved" else None,
-                    str(spec_path), row.get("partition", "megatron"), mesh=mesh,
-                    microbatch_size=s.mbs)
+    plan = generate(
+        name,
+        pp,
+        s.microbatches,
+        s.vp if name == "interleaved" else None,
+        str(spec_path),
+        row.get("partition", "megatron"),
+        mesh=mesh,
+        microbatch_size=s.mbs,
+    )
     header = plan.header.model_copy(update={"dp": row["dp"], "zero": runtime.get("zero", 0)})
     stages = [dataclasses.replace(st, recompute=Recompute(recompute)) for st in plan.stages]
     plan = dataclasses.replace(plan, header=header, stages=stages)
@@ -186,8 +222,16 @@ def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
     h = plan.header
     table = cost_table(model=str(spec_path), device=row["device"], **header_costing(h))
     costs = SimCosts.from_table(table, plan)
-    return simulate(compile(plan), costs, get_link(device.node_link),
-                    inter_link=get_link(str(REPO / row["inter_node_link"]) if row["inter_node_link"].endswith(".yaml") else row["inter_node_link"])), device
+    return simulate(
+        compile(plan),
+        costs,
+        get_link(device.node_link),
+        inter_link=get_link(
+            str(REPO / row["inter_node_link"])
+            if row["inter_node_link"].endswith(".yaml")
+            else row["inter_node_link"]
+        ),
+    ), device
 
 
 def export_plan(row: dict, recompute: str, folder: Path) -> None:
@@ -210,37 +254,70 @@ def run_row(row: dict, before: dict[str, float]) -> dict:
     t0 = time.perf_counter()
     for i, mode in enumerate(modes):
         result, device = simulate_row(row, spec_path, s, mode)
-        if len(modes) == 1 or float(result.peak_memory.max()) <= device.memory or i == len(modes) - 1:
+        if (
+            len(modes) == 1
+            or float(result.peak_memory.max()) <= device.memory
+            or i == len(modes) - 1
+        ):
             break
     if s.recompute == "?":
         s.assumed.append(f"recompute {mode} ({ASSUMPTIONS['recompute']})")
     s.recompute = mode
     name, args = gen_args(row, s, spec_path)
-    sim_args = ["--device", row["device"], "--inter-node-link", row["inter_node_link"],
-                "--dp", str(row["dp"]), "--zero", str(row["runtime"].get("zero", 0)),
-                "--recompute", mode]
+    sim_args = [
+        "--device",
+        row["device"],
+        "--inter-node-link",
+        row["inter_node_link"],
+        "--dp",
+        str(row["dp"]),
+        "--zero",
+        str(row["runtime"].get("zero", 0)),
+        "--recompute",
+        mode,
+    ]
     figure = counted(row, result.iteration_time, s)
     published = row["reported"]["value"]
     old = before.get(row["id"])
     return {
-        "id": row["id"], "source": row["source"], "where": row["where"], "device": row["device"],
-        "gpus": row["gpus"], "model": row["model"]["name"], "params": row["model"].get("params"),
-        "tp": row["tp"], "pp": row["pp"], "dp": row["dp"], "vp": s.vp, "mbs": s.mbs,
-        "microbatches": s.microbatches, "global_batch": row["global_batch"],
-        "seq_len": row["model"]["seq_len"], "schedule": name, "recompute": mode,
-        "metric": row["reported"]["metric"], "counting": row["reported"]["counting"],
-        "published": published, "simulated": figure, "error": figure / published - 1,
+        "id": row["id"],
+        "source": row["source"],
+        "where": row["where"],
+        "device": row["device"],
+        "gpus": row["gpus"],
+        "model": row["model"]["name"],
+        "params": row["model"].get("params"),
+        "tp": row["tp"],
+        "pp": row["pp"],
+        "dp": row["dp"],
+        "vp": s.vp,
+        "mbs": s.mbs,
+        "microbatches": s.microbatches,
+        "global_batch": row["global_batch"],
+        "seq_len": row["model"]["seq_len"],
+        "schedule": name,
+        "recompute": mode,
+        "metric": row["reported"]["metric"],
+        "counting": row["reported"]["counting"],
+        "published": published,
+        "simulated": figure,
+        "error": figure / published - 1,
         "error_before": None if old is None else counted(row, old, s) / published - 1,
-        "iteration_time": result.iteration_time, "bubble": result.bubble_ratio,
+        "iteration_time": result.iteration_time,
+        "bubble": result.bubble_ratio,
         "peak_memory_gib": float(result.peak_memory.max()) / 2**30,
-        "assumed": s.assumed, "ablation": row.get("ablation"),
-        "commands": ["octodsl gen " + " ".join(args) + " -o plan.octo",
-                     "octodsl simulate plan.octo " + " ".join(sim_args)],
+        "assumed": s.assumed,
+        "ablation": row.get("ablation"),
+        "commands": [
+            "octodsl gen " + " ".join(args) + " -o plan.octo",
+            "octodsl simulate plan.octo " + " ".join(sim_args),
+        ],
         "seconds": time.perf_counter() - t0,
     }
 
 
 # -- counting the figure as the source does ------------------------------------------------------
+
 
 def megatron_flops(row: dict, recompute: bool) -> float:
     """Narayanan et al. 2021, Eq. 3, per iteration: 96 B s l h^2 (1 + s/6h + V/16lh) with the
@@ -276,9 +353,11 @@ def counted(row: dict, iteration: float, s: Setup) -> float:
         return row["global_batch"] / iteration / gpus
     if metric == "tokens_per_gpu_s":
         return row["global_batch"] * row["model"]["seq_len"] / iteration / gpus
-    flops = {"megatron-eq3": lambda: megatron_flops(row, recompute=True),
-             "megatron-model": lambda: megatron_flops(row, recompute=False),
-             "palm": lambda: palm_flops(row)}[how]()
+    flops = {
+        "megatron-eq3": lambda: megatron_flops(row, recompute=True),
+        "megatron-model": lambda: megatron_flops(row, recompute=False),
+        "palm": lambda: palm_flops(row),
+    }[how]()
     per_gpu = flops / iteration / gpus
     if metric == "tflops_per_gpu":
         return per_gpu / 1e12
@@ -290,6 +369,7 @@ def counted(row: dict, iteration: float, s: Setup) -> float:
 
 
 # -- rows, defaults and groups ------------------------------------------------------------------
+
 
 def rows(data: dict) -> list[dict]:
     """The rows with their source's defaults (`sources.*.defaults`) filled in."""
@@ -317,19 +397,27 @@ def rankings(results: list[dict]) -> list[dict]:
         pairs = wrong = 0
         flipped = []
         for i, a in enumerate(members):
-            for b in members[i + 1:]:
+            for b in members[i + 1 :]:
                 if abs(a["published"] / b["published"] - 1) < RANK_GAP:
                     continue
                 pairs += 1
                 if (a["published"] > b["published"]) != (a["simulated"] > b["simulated"]):
                     wrong += 1
                     flipped.append(f"{a['id']} vs {b['id']}")
-        out.append({"group": name, "rows": len(members), "pairs": pairs, "wrong": wrong,
-                    "flipped": flipped})
+        out.append(
+            {
+                "group": name,
+                "rows": len(members),
+                "pairs": pairs,
+                "wrong": wrong,
+                "flipped": flipped,
+            }
+        )
     return out
 
 
 # -- the report -------------------------------------------------------------------------------
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
@@ -356,54 +444,93 @@ def report(results: list[dict], ranks: list[dict], data: dict, command: str, sec
         f"{100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%; "
         f"{pairs - wrong} of {pairs} separated pairs of {len(ranks)} published ablations ranked as "
         "published.** Targets (issue 26): mean <= 5%, worst <= 10%, every ablation ranked as "
-        "published: not met." + (f" Before issue 26's model (commit 3f92284, the same plans: "
-        f"benchmarks/published_before.py): mean {100 * sum(olds) / len(olds):.1f}%, worst "
-        f"{100 * max(olds):.1f}%." if olds else ""),
+        "published: not met."
+        + (
+            f" Before issue 26's model (commit 3f92284, the same plans: "
+            f"benchmarks/published_before.py): mean {100 * sum(olds) / len(olds):.1f}%, worst "
+            f"{100 * max(olds):.1f}%."
+            if olds
+            else ""
+        ),
         "",
         "| source | rows | mean abs error | worst | before: mean | worst |",
         "|---|---|---|---|---|---|",
     ]
     for src, e in by_source.items():
         o = old_by.get(src, [])
-        lines.append(f"| {src} | {len(e)} | {100 * sum(e) / len(e):.1f}% | {100 * max(e):.1f}% | "
-                     + (f"{100 * sum(o) / len(o):.1f}% | {100 * max(o):.1f}% |" if o else "- | - |"))
-    lines += ["", "What is fitted, and to what: the per-op overheads and the message overhead "
-              "(docs/models-and-costs.md, \"Overheads\") to ZeroBubble's per-op profile (Table 6 "
-              "of the zerobubble2024 source, F, B and communication times of single stages); every "
-              "other constant is a published kernel or network measurement, but the fractions of "
-              "peak of the work without a model of its own (`Efficiency`: memory-bound kernels, "
-              "scans), round estimates fitted to nothing. So the zerobubble2024 "
-              "rows check the pipeline (schedules, bubbles, messages) on op costs fitted to the "
-              "same paper; the other five sources are out of sample.", "", "## Sources", ""]
+        lines.append(
+            f"| {src} | {len(e)} | {100 * sum(e) / len(e):.1f}% | {100 * max(e):.1f}% | "
+            + (f"{100 * sum(o) / len(o):.1f}% | {100 * max(o):.1f}% |" if o else "- | - |")
+        )
+    lines += [
+        "",
+        "What is fitted, and to what: the per-op overheads and the message overhead "
+        '(docs/models-and-costs.md, "Overheads") to ZeroBubble\'s per-op profile (Table 6 '
+        "of the zerobubble2024 source, F, B and communication times of single stages); every "
+        "other constant is a published kernel or network measurement, but the fractions of "
+        "peak of the work without a model of its own (`Efficiency`: memory-bound kernels, "
+        "scans), round estimates fitted to nothing. So the zerobubble2024 "
+        "rows check the pipeline (schedules, bubbles, messages) on op costs fitted to the "
+        "same paper; the other five sources are out of sample.",
+        "",
+        "## Sources",
+        "",
+    ]
     for key in by_source:
         s = data["sources"][key]
-        lines.append(f"- **{key}**: {s['cite']} <{s['url']}>. {s.get('hardware', '')} "
-                     f"Counting: {s.get('counting_note', '')}")
-    lines += ["", "## Rows", "",
-              "| row | device | GPUs | model | tp x pp x dp | vp | mbs x m | recompute | schedule | "
-              "metric | published | simulated | error | before |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"- **{key}**: {s['cite']} <{s['url']}>. {s.get('hardware', '')} "
+            f"Counting: {s.get('counting_note', '')}"
+        )
+    lines += [
+        "",
+        "## Rows",
+        "",
+        "| row | device | GPUs | model | tp x pp x dp | vp | mbs x m | recompute | schedule | "
+        "metric | published | simulated | error | before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         lines.append(
             f"| {r['id']} | {r['device']} | {r['gpus']:,} | {r['model']} | {r['tp']} x {r['pp']} x "
             f"{r['dp']} | {r['vp']} | {r['mbs']} x {r['microbatches']} | {r['recompute']} | "
             f"{r['schedule']} | {r['metric']} ({r['counting']}) | {r['published']:g} | "
             f"{r['simulated']:.4g} | {_pct(r['error'])} | "
-            + ("-" if r["error_before"] is None else _pct(r["error_before"])) + " |")
-    lines += ["", "## Ablations (ranking at a fixed GPU count)", "",
-              f"Pairs whose published figures differ by at least {100 * RANK_GAP:g}% must come out "
-              "in the published order.", "",
-              "| group | rows | separated pairs | out of order |", "|---|---|---|---|"]
+            + ("-" if r["error_before"] is None else _pct(r["error_before"]))
+            + " |"
+        )
+    lines += [
+        "",
+        "## Ablations (ranking at a fixed GPU count)",
+        "",
+        f"Pairs whose published figures differ by at least {100 * RANK_GAP:g}% must come out "
+        "in the published order.",
+        "",
+        "| group | rows | separated pairs | out of order |",
+        "|---|---|---|---|",
+    ]
     for g in ranks:
-        lines.append(f"| {g['group']} | {g['rows']} | {g['pairs']} | {g['wrong']}"
-                     + (f": {'; '.join(g['flipped'])}" if g["flipped"] else "") + " |")
-    lines += ["", "## How each row is expressed", "",
-              "Assumptions for what a source does not state (the same rules for every row): "
-              + "; ".join(f"{k}: {v}" for k, v in ASSUMPTIONS.items()) + ".", ""]
+        lines.append(
+            f"| {g['group']} | {g['rows']} | {g['pairs']} | {g['wrong']}"
+            + (f": {'; '.join(g['flipped'])}" if g["flipped"] else "")
+            + " |"
+        )
+    lines += [
+        "",
+        "## How each row is expressed",
+        "",
+        "Assumptions for what a source does not state (the same rules for every row): "
+        + "; ".join(f"{k}: {v}" for k, v in ASSUMPTIONS.items())
+        + ".",
+        "",
+    ]
     for r in results:
-        lines.append(f"- **{r['id']}** ({r['where']}): `{r['commands'][0]}` then "
-                     f"`{r['commands'][1]}`"
-                     + (f". Assumed: {'; '.join(r['assumed'])}" if r["assumed"] else "") + ".")
+        lines.append(
+            f"- **{r['id']}** ({r['where']}): `{r['commands'][0]}` then "
+            f"`{r['commands'][1]}`"
+            + (f". Assumed: {'; '.join(r['assumed'])}" if r["assumed"] else "")
+            + "."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -427,13 +554,18 @@ def main() -> int:
         results.append(r)
         if args.export:
             export_plan(row, r["recompute"], Path(args.export))
-        print(f"{r['id']:50} {r['published']:>9g} {r['simulated']:>9.4g} {_pct(r['error']):>7} "
-              f"({r['seconds']:.1f} s)", flush=True)
+        print(
+            f"{r['id']:50} {r['published']:>9g} {r['simulated']:>9.4g} {_pct(r['error']):>7} "
+            f"({r['seconds']:.1f} s)",
+            flush=True,
+        )
     ranks = rankings(results)
     errs = [abs(r["error"]) for r in results]
-    print(f"{len(results)} rows: mean |error| {100 * sum(errs) / len(errs):.1f}%, worst "
-          f"{100 * max(errs):.1f}%; ablation pairs out of order: "
-          f"{sum(g['wrong'] for g in ranks)} of {sum(g['pairs'] for g in ranks)}")
+    print(
+        f"{len(results)} rows: mean |error| {100 * sum(errs) / len(errs):.1f}%, worst "
+        f"{100 * max(errs):.1f}%; ablation pairs out of order: "
+        f"{sum(g['wrong'] for g in ranks)} of {sum(g['pairs'] for g in ranks)}"
+    )
     if args.rows:
         return 0
     out = Path(args.output)
@@ -442,8 +574,10 @@ def main() -> int:
 
     try:
         write_atomic(out, report(results, ranks, data, command, time.perf_counter() - t0))
-        write_atomic(out.with_suffix(".json"), json.dumps({"rows": results, "ablations": ranks},
-                                                          indent=1, default=float) + "\n")
+        write_atomic(
+            out.with_suffix(".json"),
+            json.dumps({"rows": results, "ablations": ranks}, indent=1, default=float) + "\n",
+        )
     except OSError as e:
         print(f"published.py: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -50,10 +50,15 @@ def main() -> int:
         old.write_text(yaml.safe_dump(spec))
         plan = parse_plan(text.replace(str(path), str(old)), path=r["id"])
         h = plan.header
-        table = cost_table(model=str(old), device=r["device"], microbatch_size=h.microbatch_size,
-                           tp=h.tp, sp=h.sp)
-        result = simulate(compile(plan), SimCosts.from_table(table, plan),
-                          get_link(get_device(r["device"]).node_link), inter_link=get_link("ib-ndr"))
+        table = cost_table(
+            model=str(old), device=r["device"], microbatch_size=h.microbatch_size, tp=h.tp, sp=h.sp
+        )
+        result = simulate(
+            compile(plan),
+            SimCosts.from_table(table, plan),
+            get_link(get_device(r["device"]).node_link),
+            inter_link=get_link("ib-ndr"),
+        )
         out["iteration_time"][r["id"]] = result.iteration_time
         print(r["id"], f"{result.iteration_time:.4f} s", flush=True)
     OUT.write_text(json.dumps(out, indent=1) + "\n")

@@ -61,7 +61,10 @@ def plan(modes: tuple[str, ...]):
     from octodsl.plan import Plan, Recompute, Stage
 
     base = generate("zb-h1", devices=2, microbatches=MICROBATCHES, model=MODEL)
-    stages = [Stage(0, 11, recompute=Recompute(modes[0])), Stage(12, 23, recompute=Recompute(modes[1]))]
+    stages = [
+        Stage(0, 11, recompute=Recompute(modes[0])),
+        Stage(12, 23, recompute=Recompute(modes[1])),
+    ]
     return Plan(base.header, stages, base.placement, base.schedule)
 
 
@@ -95,11 +98,15 @@ def step_peak(engine, data) -> tuple[float, int]:
     handed out during it beyond what it held when the step began."""
     import torch
 
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         loss = engine.train_batch(data).item()
-    events = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
-                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    events = sorted(
+        (e.start_ns(), i, e.nbytes())
+        for i, e in enumerate(prof.profiler.kineto_results.events())
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    )
     level = peak = 0
     for _, _, nbytes in events:
         level += nbytes
@@ -130,12 +137,21 @@ def worker(out: str) -> None:
     rows = []
     for name, modes in PLANS.items():
         with released_groups():
-            engine, *_ = initialize(pipeline_specs(spec), plan(modes), config=config, loss_fn=lm_loss,
-                                    seed_layers=True, base_seed=SEED, microbatch_size=spec.microbatch_size)
+            engine, *_ = initialize(
+                pipeline_specs(spec),
+                plan(modes),
+                config=config,
+                loss_fn=lm_loss,
+                seed_layers=True,
+                base_seed=SEED,
+                microbatch_size=spec.microbatch_size,
+            )
             dp = engine.grid.data_parallel_id
 
             def data(step: int, dp: int = dp):
-                return step_data(SEED, step, dp, MICROBATCHES, spec.microbatch_size, spec.seq_len, spec.vocab)
+                return step_data(
+                    SEED, step, dp, MICROBATCHES, spec.microbatch_size, spec.seq_len, spec.vocab
+                )
 
             engine.train_batch(data(0))  # warm-up: optimizer state, message shapes
             gc.collect()
@@ -153,19 +169,48 @@ def worker(out: str) -> None:
 
 # The driver: profile, launch the worker, simulate, write the table.
 def run_profile(path: Path) -> None:
-    subprocess.run([str(Path(sys.executable).parent / "octodsl"), "profile", "--model", MODEL,
-                    "-o", str(path)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "octodsl"),
+            "profile",
+            "--model",
+            MODEL,
+            "-o",
+            str(path),
+        ],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def launch(out: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
-           "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2",
-                           "--master_port", str(port), __file__, "--worker", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONWARNINGS": "ignore",
+    }
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "deepspeed"),
+            "--num_gpus",
+            "2",
+            "--master_port",
+            str(port),
+            __file__,
+            "--worker",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         sys.exit(proc.stdout[-3000:] + proc.stderr[-3000:])
 
@@ -176,15 +221,24 @@ def predicted(table, modes: tuple[str, ...]) -> list[float]:
     from octodsl.sim import SimCosts, simulate
 
     p = plan(modes)
-    return [float(x) for x in simulate(p, SimCosts.from_table(table, p), get_link("loopback")).peak_memory]
+    return [
+        float(x)
+        for x in simulate(p, SimCosts.from_table(table, p), get_link("loopback")).peak_memory
+    ]
 
 
 def report(rows: list[dict], profile_path: str, command: str) -> str:
     from octodsl.costs.profile import load_profile
     from octodsl.costs.resolve import cost_table
 
-    tables = {"profile": load_profile(profile_path), "analytical": cost_table(model=MODEL, device="cpu")}
-    pred = {name: {row["plan"]: predicted(t, tuple(row["modes"])) for row in rows} for name, t in tables.items()}
+    tables = {
+        "profile": load_profile(profile_path),
+        "analytical": cost_table(model=MODEL, device="cpu"),
+    }
+    pred = {
+        name: {row["plan"]: predicted(t, tuple(row["modes"])) for row in rows}
+        for name, t in tables.items()
+    }
     measured = {row["plan"]: [r["held"] + r["step_peak"] for r in row["ranks"]] for row in rows}
     none_loss = rows[0]["loss"]
     lines = [
@@ -210,13 +264,18 @@ def report(rows: list[dict], profile_path: str, command: str) -> str:
         name = row["plan"]
         for d, r in enumerate(row["ranks"]):
             m = measured[name][d]
-            cells = [f"{name} ({', '.join(row['modes'])})" if d == 0 else "", str(d), f"{m / MiB:.1f}",
-                     f"{r['step_peak'] / MiB:.1f}", f"{pred['profile'][name][d] / MiB:.1f}",
-                     f"{pred['analytical'][name][d] / MiB:.1f}",
-                     f"{(measured['none'][d] - m) / MiB:.1f}",
-                     f"{(pred['profile']['none'][d] - pred['profile'][name][d]) / MiB:.1f}",
-                     f"{(pred['analytical']['none'][d] - pred['analytical'][name][d]) / MiB:.1f}",
-                     ("yes" if row["loss"] == none_loss else f"no ({row['loss']!r})") if d == 0 else ""]
+            cells = [
+                f"{name} ({', '.join(row['modes'])})" if d == 0 else "",
+                str(d),
+                f"{m / MiB:.1f}",
+                f"{r['step_peak'] / MiB:.1f}",
+                f"{pred['profile'][name][d] / MiB:.1f}",
+                f"{pred['analytical'][name][d] / MiB:.1f}",
+                f"{(measured['none'][d] - m) / MiB:.1f}",
+                f"{(pred['profile']['none'][d] - pred['profile'][name][d]) / MiB:.1f}",
+                f"{(pred['analytical']['none'][d] - pred['analytical'][name][d]) / MiB:.1f}",
+                ("yes" if row["loss"] == none_loss else f"no ({row['loss']!r})") if d == 0 else "",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", NOTES]
     return "\n".join(lines) + "\n"
@@ -244,8 +303,11 @@ NOTES = """Reading the table:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", help="a profile of nemotron-h-tiny at its default shape (default: "
-                                      "run `octodsl profile` first)")
+    ap.add_argument(
+        "--profile",
+        help="a profile of nemotron-h-tiny at its default shape (default: "
+        "run `octodsl profile` first)",
+    )
     ap.add_argument("-o", "--output", default=str(ROOT / "benchmarks" / "recompute_memory.md"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)
@@ -253,7 +315,9 @@ def main() -> None:
     if args.worker:
         worker(args.worker)
         return
-    command = "python benchmarks/recompute_memory.py" + (f" --profile {args.profile}" if args.profile else "")
+    command = "python benchmarks/recompute_memory.py" + (
+        f" --profile {args.profile}" if args.profile else ""
+    )
     with tempfile.TemporaryDirectory() as tmp:
         profile = args.profile or str(Path(tmp) / "profile.json")
         if not args.profile:

@@ -83,7 +83,9 @@ def reordered(plan: Plan, program, costs, link) -> Plan:
     for i in range(len(plan.schedule[d]) // 2, len(plan.schedule[d]) - 1):
         order = list(plan.schedule[d])
         order[i], order[i + 1] = order[i + 1], order[i]
-        moved = dataclasses.replace(plan, schedule=[*plan.schedule[:d], order, *plan.schedule[d + 1:]])
+        moved = dataclasses.replace(
+            plan, schedule=[*plan.schedule[:d], order, *plan.schedule[d + 1 :]]
+        )
         try:
             simulate(compile(moved, like=program), costs, link)
         except SimDeadlock:
@@ -97,8 +99,9 @@ def with_model(plan: Plan, model: str, dp: int = 1, tp: int = 1) -> tuple[Plan, 
     balanced by F + B + W."""
     table = cost_table(model=model, device="H800", tp=tp)
     cuts = balance_time([x.f + x.b + x.w for x in table.layers], plan.num_stages)
-    header = plan.header.model_copy(update={"name": f"{plan.header.name}-{model}", "model": model,
-                                            "dp": dp, "tp": tp})
+    header = plan.header.model_copy(
+        update={"name": f"{plan.header.name}-{model}", "model": model, "dp": dp, "tp": tp}
+    )
     plan = dataclasses.replace(plan, header=header, stages=[Stage(a, b) for a, b in cuts])
     return plan, SimCosts.from_table(table, plan)
 
@@ -110,23 +113,41 @@ def speed_row(name: str, plan: Plan, costs, link, runs: int, inter_link=None) ->
     gc.enable()
     t_sim, result = timed(lambda: simulate(program, costs, link, inter_link=inter_link), runs)
     moved = reordered(plan, program, costs, link)
-    t_re, _ = timed(lambda: simulate(compile(moved, like=program), costs, link,
-                                     inter_link=inter_link), runs)
+    t_re, _ = timed(
+        lambda: simulate(compile(moved, like=program), costs, link, inter_link=inter_link), runs
+    )
     t_dict, _ = timed(lambda: dict_walk(plan), max(3, runs // 2))
-    return {"case": name, "ops": program.num_nodes, "messages": program.num_messages,
-            "simulate": t_sim, "compile": t_compile, "graph": t_graph, "end_to_end": t_compile + t_sim,
-            "reorder": t_re, "dict_walk": t_dict, "result": result}
+    return {
+        "case": name,
+        "ops": program.num_nodes,
+        "messages": program.num_messages,
+        "simulate": t_sim,
+        "compile": t_compile,
+        "graph": t_graph,
+        "end_to_end": t_compile + t_sim,
+        "reorder": t_re,
+        "dict_walk": t_dict,
+        "result": result,
+    }
 
 
 def first_call() -> dict:
     """Fresh processes: import + first simulation with the on-disk cache, and with none."""
-    code = ("import time; t = time.perf_counter(); from octodsl.sim import warm_up; warm_up(); "
-            "print(time.perf_counter() - t)")
+    code = (
+        "import time; t = time.perf_counter(); from octodsl.sim import warm_up; warm_up(); "
+        "print(time.perf_counter() - t)"
+    )
     out = {}
     with tempfile.TemporaryDirectory() as empty:
         for label, env in (("cold", {"NUMBA_CACHE_DIR": empty}), ("cached", {})):
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                  env={**os.environ, **env}, cwd=REPO, check=True)
+            proc = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **env},
+                cwd=REPO,
+                check=True,
+            )
             out[label] = float(proc.stdout.split()[-1])
     return out
 
@@ -151,11 +172,18 @@ def main() -> None:
         costs = uniform_stage_costs(2 * p, 1e-3, 1e-3, 1e-3, send_bytes=32e6)
         rows.append(speed_row(f"ZB-V {p} x {m}, 2 chunks", plan, costs, nvlink, runs))
     scale = []
-    for name, chunks, tp, p, dp, m in (("1f1b", None, 1, 16, 512, 64), ("zb-v", None, 1, 32, 256, 64),
-                                       ("1f1b", None, 8, 16, 64, 64), ("interleaved", 2, 8, 16, 64, 64)):
+    for name, chunks, tp, p, dp, m in (
+        ("1f1b", None, 1, 16, 512, 64),
+        ("zb-v", None, 1, 32, 256, 64),
+        ("1f1b", None, 8, 16, 64, 64),
+        ("interleaved", 2, 8, 16, 64, 64),
+    ):
         plan, costs = with_model(generate(name, p, m, chunks), "nemotron-h-56b", dp, tp)
-        shown = f"{name}{f' v{chunks}' if chunks else ''} nemotron-h-56b, " + (
-            f"TP {tp} x " if tp > 1 else "") + f"PP {p} x DP {dp} = {tp * p * dp} GPUs, {m} mb"
+        shown = (
+            f"{name}{f' v{chunks}' if chunks else ''} nemotron-h-56b, "
+            + (f"TP {tp} x " if tp > 1 else "")
+            + f"PP {p} x DP {dp} = {tp * p * dp} GPUs, {m} mb"
+        )
         scale.append(speed_row(shown, plan, costs, nvlink, 10, inter_link=ib))
     rows += scale
     start = first_call()
@@ -184,9 +212,11 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['ops']:,} | {r['messages']:,} | {ms(r['simulate'])} | "
-                     f"{ms(r['compile'])} | {ms(r['graph'])} | {ms(r['end_to_end'])} | {ms(r['reorder'])} | "
-                     f"{ms(r['dict_walk'])} |")
+        lines.append(
+            f"| {r['case']} | {r['ops']:,} | {r['messages']:,} | {ms(r['simulate'])} | "
+            f"{ms(r['compile'])} | {ms(r['graph'])} | {ms(r['end_to_end'])} | {ms(r['reorder'])} | "
+            f"{ms(r['dict_walk'])} |"
+        )
     lines += [
         "",
         "The 8192-GPU plans (8 GPUs per node, Megatron's rank order: `octodsl.mesh`) walk one "
@@ -204,11 +234,13 @@ def main() -> None:
     for r in scale:
         res = r["result"]
         busy = res.link_busy()
-        lines.append(f"| {r['case']} | {res.iteration_time:.3f} s | {res.pipeline_time:.3f} s | "
-                     f"{ms(float(busy['tp'].busy.max()))} | "
-                     f"{ms(float(busy['pipeline_inter_node'].busy.max()))} | "
-                     f"{res.allreduce.max() * 1e3:,.1f} ms | {res.throughput:,.0f} | "
-                     f"{res.bubble_ratio:.1%} |")
+        lines.append(
+            f"| {r['case']} | {res.iteration_time:.3f} s | {res.pipeline_time:.3f} s | "
+            f"{ms(float(busy['tp'].busy.max()))} | "
+            f"{ms(float(busy['pipeline_inter_node'].busy.max()))} | "
+            f"{res.allreduce.max() * 1e3:,.1f} ms | {res.throughput:,.0f} | "
+            f"{res.bubble_ratio:.1%} |"
+        )
     lines += [
         "",
         f"First call in a fresh process (import, then a tiny simulation): {start['cached']:.2f} s "
@@ -225,9 +257,12 @@ def main() -> None:
         result = simulate(plan, costs, nvlink)
         console.print(summary(result, link=nvlink.name, memory_limit=get_device("H800").memory))
         lines += ["```", console.export_text().rstrip(), "```", ""]
-    lines += ["(Stages cut by `octodsl.partition.balance_time` over F + B + W per layer; "
-              "ZB-V's V placement then pairs stage d with stage 15 - d on device d, unbalanced "
-              "as generated, which is the tuner's to fix.)", ""]
+    lines += [
+        "(Stages cut by `octodsl.partition.balance_time` over F + B + W per layer; "
+        "ZB-V's V placement then pairs stage d with stage 15 - d on device d, unbalanced "
+        "as generated, which is the tuner's to fix.)",
+        "",
+    ]
     text = "\n".join(lines)
     Path(args.output).write_text(text)
     print(text)

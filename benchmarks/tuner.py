@@ -31,21 +31,40 @@ HYBRIDS = MODELS[:4]
 GIB = 2**30
 
 
-def run_case(model: str, devices: int, microbatches: int, memory: float | None, budget: float,
-             seed: int, others: tuple[str, ...], dp: int = 1, zero: int = 0,
-             recompute: str = "auto") -> dict:
+def run_case(
+    model: str,
+    devices: int,
+    microbatches: int,
+    memory: float | None,
+    budget: float,
+    seed: int,
+    others: tuple[str, ...],
+    dp: int = 1,
+    zero: int = 0,
+    recompute: str = "auto",
+) -> dict:
     from octodsl.plan import Recompute
     from octodsl.tune.problem import AUTO, Problem
     from octodsl.tune.reference.baselines import best_baseline
     from octodsl.tune.reference.compare import NoPlanFits, tune_and_compare
     from octodsl.units import size
 
-    problem = Problem.create(model, devices, microbatches,
-                             memory=None if memory is None else int(memory * GIB), dp=dp,
-                             zero=zero, recompute=recompute if recompute == AUTO
-                             else Recompute(recompute))
-    out = {"model": model, "devices": devices, "microbatches": microbatches,
-           "lower_bound": problem.lower_bound(), "tight_bound": _finite(problem.tight_lower_bound())}
+    problem = Problem.create(
+        model,
+        devices,
+        microbatches,
+        memory=None if memory is None else int(memory * GIB),
+        dp=dp,
+        zero=zero,
+        recompute=recompute if recompute == AUTO else Recompute(recompute),
+    )
+    out = {
+        "model": model,
+        "devices": devices,
+        "microbatches": microbatches,
+        "lower_bound": problem.lower_bound(),
+        "tight_bound": _finite(problem.tight_lower_bound()),
+    }
     t0 = time.perf_counter()
     try:
         o = tune_and_compare(problem, budget=budget, seed=seed, others=others)
@@ -57,14 +76,20 @@ def run_case(model: str, devices: int, microbatches: int, memory: float | None, 
     modes = o.tuned.best.plan.recompute()
     base = {b.name: (b.score.time if b.usable else None) for b in o.baselines}
     out.update(
-        tuned=o.tuned.best.time, tuner_seconds=o.tuned.seconds, evaluations=o.tuned.evaluations,
-        finished=o.tuned.finished, rounds=len(o.tuned.rounds),
-        best_baseline=best.name if best else None, best_time=best.score.time if best else None,
+        tuned=o.tuned.best.time,
+        tuner_seconds=o.tuned.seconds,
+        evaluations=o.tuned.evaluations,
+        finished=o.tuned.finished,
+        rounds=len(o.tuned.rounds),
+        best_baseline=best.name if best else None,
+        best_time=best.score.time if best else None,
         best_recompute=best.recompute.value if best else None,
         tuned_recompute={m.value: modes.count(m) for m in Recompute if modes.count(m)},
         one_f_one_b=base.get("1f1b-equal"),
         others={k: (s.time if s is not None and s.fits else None) for k, s in o.others.items()},
-        notes=o.notes, wall=time.perf_counter() - t0)
+        notes=o.notes,
+        wall=time.perf_counter() - t0,
+    )
     return out
 
 
@@ -87,9 +112,24 @@ def _x(a, b):
 
 
 def table(results: list[dict], others: tuple[str, ...]) -> list[str]:
-    head = ["model", "P", "M", "tuned ms", "eff.", "tight eff.", "tuned recompute", "best baseline",
-            "ms", "vs best",
-            "1f1b-equal ms", "vs 1f1b-eq."] + [f"{k} ms" for k in others] + ["tuner s", "plans"]
+    head = (
+        [
+            "model",
+            "P",
+            "M",
+            "tuned ms",
+            "eff.",
+            "tight eff.",
+            "tuned recompute",
+            "best baseline",
+            "ms",
+            "vs best",
+            "1f1b-equal ms",
+            "vs 1f1b-eq.",
+        ]
+        + [f"{k} ms" for k in others]
+        + ["tuner s", "plans"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r["model"], str(r["devices"]), str(r["microbatches"])]
@@ -97,17 +137,30 @@ def table(results: list[dict], others: tuple[str, ...]) -> list[str]:
             cells += [r["error"]] + [""] * (len(head) - 4)
         else:
             eff = r["lower_bound"] / r["tuned"]
-            cells += [_ms(r["tuned"]), f"{eff:.3f}", f"{r['tight_bound'] / r['tuned']:.3f}",
-                      _recompute(r.get("tuned_recompute")),
-                      (r["best_baseline"] or "none fits")
-                      + (f" ({r['best_recompute']})" if r.get("best_recompute") not in (None, "none")
-                         else ""),
-                      _ms(r["best_time"]), _x(r["best_time"], r["tuned"]), _ms(r["one_f_one_b"]),
-                      _x(r["one_f_one_b"], r["tuned"])]
-            cells += [_ms(r["others"].get(k)) + (f" ({r['notes'][k]})" if k in r["notes"] else "")
-                      for k in others]
-            cells += [f"{r['tuner_seconds']:.1f}" + ("" if r["finished"] else "*"),
-                      str(r["evaluations"])]
+            cells += [
+                _ms(r["tuned"]),
+                f"{eff:.3f}",
+                f"{r['tight_bound'] / r['tuned']:.3f}",
+                _recompute(r.get("tuned_recompute")),
+                (r["best_baseline"] or "none fits")
+                + (
+                    f" ({r['best_recompute']})"
+                    if r.get("best_recompute") not in (None, "none")
+                    else ""
+                ),
+                _ms(r["best_time"]),
+                _x(r["best_time"], r["tuned"]),
+                _ms(r["one_f_one_b"]),
+                _x(r["one_f_one_b"], r["tuned"]),
+            ]
+            cells += [
+                _ms(r["others"].get(k)) + (f" ({r['notes'][k]})" if k in r["notes"] else "")
+                for k in others
+            ]
+            cells += [
+                f"{r['tuner_seconds']:.1f}" + ("" if r["finished"] else "*"),
+                str(r["evaluations"]),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -129,27 +182,46 @@ def summary(results: list[dict], others: tuple[str, ...]) -> list[str]:
     tight = [r["tight_bound"] / r["tuned"] for r in ok]
     cap = [r["lower_bound"] / r["tight_bound"] for r in ok]
     hyb = [r["best_time"] / r["tuned"] for r in with_base if r["model"] in HYBRIDS]
-    nem = [r["one_f_one_b"] / r["tuned"] for r in ok
-           if r["model"].startswith("nemotron-h") and r["one_f_one_b"] is not None]
+    nem = [
+        r["one_f_one_b"] / r["tuned"]
+        for r in ok
+        if r["model"].startswith("nemotron-h") and r["one_f_one_b"] is not None
+    ]
     slower = [r for r in with_base if r["tuned"] > r["best_time"] * (1 + 1e-9)]
     big = [r["tuner_seconds"] for r in ok if r["devices"] == 16 and r["microbatches"] == 64]
     lines = [
         f"- cases: {len(results)}; a plan fits in memory: {len(ok)}; some classic baseline "
         f"fits: {len(with_base)}",
         f"- efficiency >= 0.95: {sum(e >= 0.95 for e in eff)} of {len(eff)} (min {min(eff):.3f}, "
-        f"median {sorted(eff)[len(eff) // 2]:.3f})" if eff else "- efficiency: no case",
+        f"median {sorted(eff)[len(eff) // 2]:.3f})"
+        if eff
+        else "- efficiency: no case",
         f"- cases where no plan can reach efficiency 0.95 (lower bound / tight bound < 0.95): "
-        f"{sum(c < 0.95 for c in cap)} of {len(cap)}" if cap else "",
+        f"{sum(c < 0.95 for c in cap)} of {len(cap)}"
+        if cap
+        else "",
         f"- efficiency against the tight bound >= 0.95: {sum(e >= 0.95 for e in tight)} of "
         f"{len(tight)} (min {min(tight):.3f}, median {sorted(tight)[len(tight) // 2]:.3f})"
-        if tight else "",
+        if tight
+        else "",
         f"- efficiency against the tight bound >= 0.90: {sum(e >= 0.90 for e in tight)} of "
-        f"{len(tight)}; below: " + (", ".join(
-            f"{r['model']} {r['devices']}x{r['microbatches']} {r['tight_bound'] / r['tuned']:.3f}"
-            for r in ok if r["tight_bound"] / r["tuned"] < 0.90) or "none") if tight else "",
-        "- nemotron-h-56b on 16 devices, efficiency against the tight bound: " + ", ".join(
-            f"M {r['microbatches']}: {r['tight_bound'] / r['tuned']:.3f}" for r in ok
-            if r["model"] == "nemotron-h-56b" and r["devices"] == 16),
+        f"{len(tight)}; below: "
+        + (
+            ", ".join(
+                f"{r['model']} {r['devices']}x{r['microbatches']} {r['tight_bound'] / r['tuned']:.3f}"
+                for r in ok
+                if r["tight_bound"] / r["tuned"] < 0.90
+            )
+            or "none"
+        )
+        if tight
+        else "",
+        "- nemotron-h-56b on 16 devices, efficiency against the tight bound: "
+        + ", ".join(
+            f"M {r['microbatches']}: {r['tight_bound'] / r['tuned']:.3f}"
+            for r in ok
+            if r["model"] == "nemotron-h-56b" and r["devices"] == 16
+        ),
         f"- speed-up over the best baseline (same levers): geometric mean "
         f"{geomean([r['best_time'] / r['tuned'] for r in with_base])}, min "
         + (f"{min(r['best_time'] / r['tuned'] for r in with_base):.3f}x" if with_base else "n/a"),
@@ -162,8 +234,10 @@ def summary(results: list[dict], others: tuple[str, ...]) -> list[str]:
     for k in others:
         beat = [r for r in ok if r["others"].get(k) is not None]
         worse = sum(r["others"][k] >= r["tuned"] * (1 - 1e-9) for r in beat)
-        lines.append(f"- {k}: found a plan that fits in {len(beat)} of {len(ok)} cases; no better "
-                     f"than the tuner in {worse} of them")
+        lines.append(
+            f"- {k}: found a plan that fits in {len(beat)} of {len(ok)} cases; no better "
+            f"than the tuner in {worse} of them"
+        )
     return [x for x in lines if x]
 
 
@@ -175,13 +249,26 @@ def main() -> int:
     ap.add_argument("--others", default="random,milp,milp-warm")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--devices", nargs="+", type=int, default=[4, 8, 16])
-    ap.add_argument("--memory", nargs="+", default=["80", "none"],
-                    help="memory limits per device in GiB, or none; one table each")
+    ap.add_argument(
+        "--memory",
+        nargs="+",
+        default=["80", "none"],
+        help="memory limits per device in GiB, or none; one table each",
+    )
     ap.add_argument("--dp", type=int, default=1, help="data-parallel copies (every plan's header)")
-    ap.add_argument("--zero", type=int, default=0, choices=(0, 1, 2),
-                    help="ZeRO stage over the dp copies, for the tuner and the baselines")
-    ap.add_argument("--recompute", default="auto", choices=("auto", "none", "full", "selective"),
-                    help="recompute choice of the tuner and the baselines")
+    ap.add_argument(
+        "--zero",
+        type=int,
+        default=0,
+        choices=(0, 1, 2),
+        help="ZeRO stage over the dp copies, for the tuner and the baselines",
+    )
+    ap.add_argument(
+        "--recompute",
+        default="auto",
+        choices=("auto", "none", "full", "selective"),
+        help="recompute choice of the tuner and the baselines",
+    )
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner.md"))
     args = ap.parse_args()
     others = tuple(x for x in args.others.split(",") if x)
@@ -190,14 +277,24 @@ def main() -> int:
     limits = [None if m == "none" else float(m) for m in args.memory]
     todo = [c for limit in limits for c in cases(args.models, args.devices, limit)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_case, *c, args.budget, args.seed, others, args.dp, args.zero,
-                               args.recompute) for c in todo]
+        futures = [
+            pool.submit(
+                run_case, *c, args.budget, args.seed, others, args.dp, args.zero, args.recompute
+            )
+            for c in todo
+        ]
         results = []
         for c, f in zip(todo, futures, strict=True):
             results.append(f.result() | {"memory": c[3]})
             r = results[-1]
-            print(r["model"], r["devices"], r["microbatches"], r["memory"], r.get("error") or
-                  f"eff {r['lower_bound'] / r['tuned']:.3f}", flush=True)
+            print(
+                r["model"],
+                r["devices"],
+                r["microbatches"],
+                r["memory"],
+                r.get("error") or f"eff {r['lower_bound'] / r['tuned']:.3f}",
+                flush=True,
+            )
     command = " ".join(["python benchmarks/tuner.py"] + sys.argv[1:])
     text = [
         "# Tuner benchmark",
@@ -210,9 +307,13 @@ def main() -> int:
         f"gradients, 12 optimizer state), NVLink messages (8 us + 160 GB/s), seed {args.seed}. "
         f"Memory levers, for the tuner and every baseline alike: dp {args.dp}, ZeRO stage "
         f"{args.zero}, recompute {args.recompute}"
-        + (" (each baseline counts with the best of none, selective on every stage and full on "
-           "every stage; `tuned recompute` counts the tuned plan's stages that recompute "
-           "selectively (s) and fully (f))" if args.recompute == "auto" else "")
+        + (
+            " (each baseline counts with the best of none, selective on every stage and full on "
+            "every stage; `tuned recompute` counts the tuned plan's stages that recompute "
+            "selectively (s) and fully (f))"
+            if args.recompute == "auto"
+            else ""
+        )
         + ". "
         + (f"The tuner and {', '.join(others)} each get " if others else "The tuner gets ")
         + f"{args.budget:.0f} s; the tuner also refines the best classic baseline. Times are "
@@ -228,8 +329,16 @@ def main() -> int:
     for limit in limits:
         part = [r for r in results if r["memory"] == limit]
         title = "no memory limit" if limit is None else f"{limit:g} GiB per device"
-        text += ["", f"## {title}", "", *table(part, others), "", f"### Against the targets ({title})",
-                 "", *summary(part, others)]
+        text += [
+            "",
+            f"## {title}",
+            "",
+            *table(part, others),
+            "",
+            f"### Against the targets ({title})",
+            "",
+            *summary(part, others),
+        ]
     Path(args.output).write_text("\n".join(text) + "\n")
     Path(args.output).with_suffix(".json").write_text(json.dumps(results, indent=1))
     return 0

@@ -40,8 +40,9 @@ ZERO = 1
 GIB = 2**30
 
 
-def run_case(model: str, world: int, tp: int, devices: int, dp: int, budget: float,
-             seed: int) -> dict:
+def run_case(
+    model: str, world: int, tp: int, devices: int, dp: int, budget: float, seed: int
+) -> dict:
     from octodsl.plan import Recompute
     from octodsl.tune.problem import Problem
     from octodsl.tune.reference.baselines import best_baseline
@@ -54,10 +55,17 @@ def run_case(model: str, world: int, tp: int, devices: int, dp: int, budget: flo
 
     mesh = problem.mesh
     inter = problem.inter_link.name if problem.inter_link else problem.link.name
-    out = {"model": model, "world": world, "tp": tp, "devices": devices, "dp": dp,
-           "microbatches": M, "lower_bound": problem.lower_bound(),
-           "dp_link": inter if dp_spans_nodes(mesh).any() else problem.link.name,
-           "cuts_inter_node": bool(cut_crosses_nodes(mesh, range(devices))[:-1].all())}
+    out = {
+        "model": model,
+        "world": world,
+        "tp": tp,
+        "devices": devices,
+        "dp": dp,
+        "microbatches": M,
+        "lower_bound": problem.lower_bound(),
+        "dp_link": inter if dp_spans_nodes(mesh).any() else problem.link.name,
+        "cuts_inter_node": bool(cut_crosses_nodes(mesh, range(devices))[:-1].all()),
+    }
     t0 = time.perf_counter()
     try:
         o = tune_and_compare(problem, budget=budget, seed=seed)
@@ -68,23 +76,29 @@ def run_case(model: str, world: int, tp: int, devices: int, dp: int, budget: flo
     def figures(score) -> dict:
         r = score.result
         busy = r.link_busy()
-        return {"time": score.time, "tokens": r.throughput,
-                "tp_share": float(busy["tp"].busy.max()) / score.time,
-                "inter_node": float(busy["pipeline_inter_node"].busy.max())}
+        return {
+            "time": score.time,
+            "tokens": r.throughput,
+            "tp_share": float(busy["tp"].busy.max()) / score.time,
+            "inter_node": float(busy["pipeline_inter_node"].busy.max()),
+        }
 
     best = best_baseline(o.baselines)
     base = {b.name: b for b in o.baselines}
     one = base.get("1f1b-equal")
     modes = o.tuned.best.plan.recompute()
     out.update(
-        tuned=figures(o.tuned.best), tuner_seconds=o.tuned.seconds, evaluations=o.tuned.evaluations,
+        tuned=figures(o.tuned.best),
+        tuner_seconds=o.tuned.seconds,
+        evaluations=o.tuned.evaluations,
         finished=o.tuned.finished,
         tuned_recompute={m.value: modes.count(m) for m in Recompute if modes.count(m)},
         best_baseline=best.name if best else None,
         best_recompute=best.recompute.value if best else None,
         best=figures(best.score) if best and best.score else None,
         one_f_one_b=figures(one.score) if one and one.usable and one.score else None,
-        wall=time.perf_counter() - t0)
+        wall=time.perf_counter() - t0,
+    )
     return out
 
 
@@ -97,26 +111,61 @@ def _tok(f: dict | None) -> str:
 
 
 def table(results: list[dict]) -> list[str]:
-    head = ["model", "world", "tp x P x dp", "M", "dp on", "tuned ms", "tok/GPU/s", "tp comm", "eff.",
-            "tuned recompute", "best baseline", "ms", "tok/GPU/s", "vs best", "1f1b-equal ms",
-            "tok/GPU/s", "vs 1f1b-eq.", "tuner s", "plans"]
+    head = [
+        "model",
+        "world",
+        "tp x P x dp",
+        "M",
+        "dp on",
+        "tuned ms",
+        "tok/GPU/s",
+        "tp comm",
+        "eff.",
+        "tuned recompute",
+        "best baseline",
+        "ms",
+        "tok/GPU/s",
+        "vs best",
+        "1f1b-equal ms",
+        "tok/GPU/s",
+        "vs 1f1b-eq.",
+        "tuner s",
+        "plans",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r["model"], str(r["world"]), f"{r['tp']} x {r['devices']} x {r['dp']}",
-                 str(r["microbatches"]), r["dp_link"]]
+        cells = [
+            r["model"],
+            str(r["world"]),
+            f"{r['tp']} x {r['devices']} x {r['dp']}",
+            str(r["microbatches"]),
+            r["dp_link"],
+        ]
         if "error" in r:
             cells += [f"{r['error']}: {r['note']}"] + [""] * (len(head) - 6)
         else:
             t, b, o = r["tuned"], r["best"], r["one_f_one_b"]
-            cells += [_t(t), _tok(t), f"{t['tp_share']:.0%}", f"{r['lower_bound'] / t['time']:.3f}",
-                      _recompute(r["tuned_recompute"]),
-                      (r["best_baseline"] or "none fits")
-                      + (f" ({r['best_recompute']})" if r.get("best_recompute") not in (None, "none")
-                         else ""),
-                      _t(b), _tok(b), _x(b and b["time"], t["time"]), _t(o), _tok(o),
-                      _x(o and o["time"], t["time"]),
-                      f"{r['tuner_seconds']:.1f}" + ("" if r["finished"] else "*"),
-                      str(r["evaluations"])]
+            cells += [
+                _t(t),
+                _tok(t),
+                f"{t['tp_share']:.0%}",
+                f"{r['lower_bound'] / t['time']:.3f}",
+                _recompute(r["tuned_recompute"]),
+                (r["best_baseline"] or "none fits")
+                + (
+                    f" ({r['best_recompute']})"
+                    if r.get("best_recompute") not in (None, "none")
+                    else ""
+                ),
+                _t(b),
+                _tok(b),
+                _x(b and b["time"], t["time"]),
+                _t(o),
+                _tok(o),
+                _x(o and o["time"], t["time"]),
+                f"{r['tuner_seconds']:.1f}" + ("" if r["finished"] else "*"),
+                str(r["evaluations"]),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -127,26 +176,40 @@ def summary(results: list[dict]) -> list[str]:
     one = [r["one_f_one_b"]["time"] / r["tuned"]["time"] for r in ok if r["one_f_one_b"]]
     slower = [r for r in ok if r["best"] and r["tuned"]["time"] > r["best"]["time"] * (1 + 1e-9)]
     crossing = sum(r["cuts_inter_node"] for r in results)
-    lines = [f"- cases: {len(results)}; a plan fits in {MEMORY_GIB} GiB: {len(ok)}; every cut "
-             f"between pipeline devices leaves a node in {crossing} of them"
-             + ("" if len(ok) == len(results) else " (not: " + ", ".join(
-                 f"{r['model']} tp {r['tp']} x {r['devices']}" for r in results if "error" in r) + ")"),
-             f"- speed-up over the best classic baseline (same tp, ZeRO, recompute choice): "
-             f"geometric mean {geomean(best)}, min "
-             + (f"{min(best):.3f}x" if best else "n/a") + f" ({len(best)} cases)",
-             f"- slower than the best baseline: {len(slower)} of {len(best)}",
-             f"- speed-up over 1F1B with equal layer counts: geometric mean {geomean(one)} "
-             f"({len(one)} cases where it fits)"]
+    lines = [
+        f"- cases: {len(results)}; a plan fits in {MEMORY_GIB} GiB: {len(ok)}; every cut "
+        f"between pipeline devices leaves a node in {crossing} of them"
+        + (
+            ""
+            if len(ok) == len(results)
+            else " (not: "
+            + ", ".join(
+                f"{r['model']} tp {r['tp']} x {r['devices']}" for r in results if "error" in r
+            )
+            + ")"
+        ),
+        f"- speed-up over the best classic baseline (same tp, ZeRO, recompute choice): "
+        f"geometric mean {geomean(best)}, min "
+        + (f"{min(best):.3f}x" if best else "n/a")
+        + f" ({len(best)} cases)",
+        f"- slower than the best baseline: {len(slower)} of {len(best)}",
+        f"- speed-up over 1F1B with equal layer counts: geometric mean {geomean(one)} "
+        f"({len(one)} cases where it fits)",
+    ]
     for tp in sorted({r["tp"] for r in ok}):
         tok = {(r["model"], r["world"]): r["tuned"]["tokens"] for r in ok if r["tp"] == tp}
-        lines.append(f"- tp {tp}: tuned tokens per GPU per second " + ", ".join(
-            f"{m} {w}: {t:,.0f}" for (m, w), t in tok.items()))
+        lines.append(
+            f"- tp {tp}: tuned tokens per GPU per second "
+            + ", ".join(f"{m} {w}: {t:,.0f}" for (m, w), t in tok.items())
+        )
     return lines
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=float, default=60.0, help="seconds per case (baselines and tuner)")
+    ap.add_argument(
+        "--budget", type=float, default=60.0, help="seconds per case (baselines and tuner)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once, one core each")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
@@ -162,8 +225,15 @@ def main() -> int:
         for f in futures:
             results.append(f.result())
             r = results[-1]
-            print(r["model"], r["world"], r["tp"], r["devices"], r["dp"],
-                  r.get("error") or f"{r['tuned']['time'] * 1e3:,.0f} ms", flush=True)
+            print(
+                r["model"],
+                r["world"],
+                r["tp"],
+                r["devices"],
+                r["dp"],
+                r.get("error") or f"{r['tuned']['time'] * 1e3:,.0f} ms",
+                flush=True,
+            )
     command = " ".join([".venv/bin/python benchmarks/tuner_tp.py"] + sys.argv[1:])
     text = [
         "# Tuner benchmark at tensor-parallel degree 4 and 8",

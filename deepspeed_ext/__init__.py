@@ -15,8 +15,15 @@ Chrome traces are written in octodsl.trace's format.
 
 from .errors import CheckpointError, PlanLaunchError
 
-__all__ = ["CheckpointError", "PlanLaunchError", "check_launch", "init_distributed", "initialize",
-           "released_groups", "shutdown"]
+__all__ = [
+    "CheckpointError",
+    "PlanLaunchError",
+    "check_launch",
+    "init_distributed",
+    "initialize",
+    "released_groups",
+    "shutdown",
+]
 
 
 def __getattr__(name: str):

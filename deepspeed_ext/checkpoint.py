@@ -53,8 +53,11 @@ class Checkpoints(_Engine):
         """What a checkpoint's files depend on: the layers of each stage and their devices, and
         the tp degree (each tp rank saves its shards; absent at tp 1, as before tp existed)."""
         tp = self.plan.header.tp
-        return {"stages": [[r.start, r.stop - 1] for r in self.module.stage_ranges],
-                "devices": list(self.module.stage_device), **({"tp": tp} if tp > 1 else {})}
+        return {
+            "stages": [[r.start, r.stop - 1] for r in self.module.stage_ranges],
+            "devices": list(self.module.stage_device),
+            **({"tp": tp} if tp > 1 else {}),
+        }
 
     def check_save_dir(self, path: str | os.PathLike) -> None:
         """Collective: CheckpointError on every rank unless every rank can create the folder and
@@ -118,26 +121,36 @@ class Checkpoints(_Engine):
         if not files:
             return f"checkpoint {tag} has no model-state files (mp_rank_*_model_states.pt)", tag
         try:
-            saved = torch.load(files[0], map_location="cpu", mmap=True, weights_only=False).get(LAYOUT_KEY)
+            saved = torch.load(files[0], map_location="cpu", mmap=True, weights_only=False).get(
+                LAYOUT_KEY
+            )
         except (OSError, RuntimeError, EOFError, AttributeError) as e:
             return f"cannot read {files[0]}: {e}", tag
         mine = self.layout()
         if saved is None:
-            return (f"checkpoint {tag} records no layout (it was not saved by the octodsl executor), "
-                    f"so it cannot be checked against this plan's {describe_layout(mine)}"), tag
+            return (
+                f"checkpoint {tag} records no layout (it was not saved by the octodsl executor), "
+                f"so it cannot be checked against this plan's {describe_layout(mine)}"
+            ), tag
         if saved != mine:
-            return (f"checkpoint {tag} was saved with {describe_layout(saved)}, but this plan runs "
-                    f"{describe_layout(mine)}; resume with a plan of the checkpoint's partition and "
-                    "placement"), tag
+            return (
+                f"checkpoint {tag} was saved with {describe_layout(saved)}, but this plan runs "
+                f"{describe_layout(mine)}; resume with a plan of the checkpoint's partition and "
+                "placement"
+            ), tag
         return None, tag
+
 
 def describe_layout(layout: dict) -> str:
     """'2 stages (layers 0..11, 12..23) on devices 0, 1' (', each a tp group of 2')."""
     stages = layout["stages"]
     tp = layout.get("tp", 1)
-    return (f"{len(stages)} stage{'s' if len(stages) != 1 else ''} (layers "
-            f"{', '.join(f'{a}..{b}' for a, b in stages)}) on devices "
-            f"{', '.join(map(str, layout['devices']))}" + (f", each a tp group of {tp}" if tp > 1 else ""))
+    return (
+        f"{len(stages)} stage{'s' if len(stages) != 1 else ''} (layers "
+        f"{', '.join(f'{a}..{b}' for a, b in stages)}) on devices "
+        f"{', '.join(map(str, layout['devices']))}"
+        + (f", each a tp group of {tp}" if tp > 1 else "")
+    )
 
 
 def agree(problem: str | None, what: str, error: type[OctoError] = CheckpointError) -> None:
@@ -150,9 +163,13 @@ def agree(problem: str | None, what: str, error: type[OctoError] = CheckpointErr
         if text is not None:
             by_text.setdefault(text, []).append(rank)
     if by_text:
-        raise error(f"{what}: " + "; ".join(
-            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text}"
-            for text, ranks in by_text.items()))
+        raise error(
+            f"{what}: "
+            + "; ".join(
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text}"
+                for text, ranks in by_text.items()
+            )
+        )
 
 
 def probe_dir(path: Path) -> str | None:
@@ -169,8 +186,11 @@ def probe_dir(path: Path) -> str | None:
 
 def _write_problem(error: Exception, save_dir: Path) -> str:
     """One line on a failed write, with the space left (torch.save only says that it failed)."""
-    text = _os_problem(error) if isinstance(error, OSError) else \
-        re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", str(error)).splitlines()[0]
+    text = (
+        _os_problem(error)
+        if isinstance(error, OSError)
+        else re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", str(error)).splitlines()[0]
+    )
     try:
         free = f"; {size(shutil.disk_usage(save_dir).free)} free there"
     except OSError:

@@ -43,8 +43,9 @@ class _Batch(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    train_micro_batch_size_per_gpu: int | None = Field(default=None, ge=1,
-                                                       le=limits.MAX_MICROBATCH_SIZE)
+    train_micro_batch_size_per_gpu: int | None = Field(
+        default=None, ge=1, le=limits.MAX_MICROBATCH_SIZE
+    )
     """Sequences per micro-batch."""
     gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=limits.MAX_MICROBATCHES)
     """Micro-batches per step (the plan's `microbatches`)."""
@@ -69,22 +70,26 @@ class _Zero(BaseModel):
     zero_optimization: _ZeroSection | None = None
 
 
-
-
 def read_config(config: dict | str | Path) -> tuple[dict, OctoSection]:
     """The DeepSpeed config (a dict, or the path of a JSON file) without its "octo" section, and
     that section. PlanLaunchError when the file cannot be read or is no JSON object, or when the
     section or a batch size is not what the executor can use."""
     name = str(config) if isinstance(config, (str, Path)) else None
-    data = config if name is None else read_data(name, "DeepSpeed config", error=PlanLaunchError,
-                                                 json_file=True)
+    data = (
+        config
+        if name is None
+        else read_data(name, "DeepSpeed config", error=PlanLaunchError, json_file=True)
+    )
     if not isinstance(data, dict):
-        raise PlanLaunchError(f"a DeepSpeed config is a JSON object, not {_json_type(data)}", path=name)
+        raise PlanLaunchError(
+            f"a DeepSpeed config is a JSON object, not {_json_type(data)}", path=name
+        )
     config = dict(data)
     octo = config.pop("octo", {})
     if not isinstance(octo, dict):
-        raise PlanLaunchError(f'"octo" is an object such as {{"timeout": 300}}, not {_json_type(octo)}',
-                              path=name)
+        raise PlanLaunchError(
+            f'"octo" is an object such as {{"timeout": 300}}, not {_json_type(octo)}', path=name
+        )
     section = octo_section(octo, name)
     _validate(_Batch, config, "", name)
     return config, section
@@ -95,8 +100,14 @@ def octo_section(fields: dict, config_name: str | None = None) -> OctoSection:
     return _validate(OctoSection, fields, '"octo": ', config_name)
 
 
-def batch_config(config: dict, plan: Plan, default_microbatch_size: int | None = None, *,
-                 plan_name: str | None = None, config_name: str | None = None) -> dict:
+def batch_config(
+    config: dict,
+    plan: Plan,
+    default_microbatch_size: int | None = None,
+    *,
+    plan_name: str | None = None,
+    config_name: str | None = None,
+) -> dict:
     """`config` with DeepSpeed's batch sizes set from the plan: gradient-accumulation steps =
     its micro-batches, micro-batch size = its header's `microbatch_size`, else
     `default_microbatch_size` (the model's default, which `octodsl simulate` assumes too). Sizes
@@ -108,15 +119,23 @@ def batch_config(config: dict, plan: Plan, default_microbatch_size: int | None =
     dp, m = plan.header.dp, plan.microbatches
     stated = plan.header.microbatch_size
     size = stated if stated is not None else default_microbatch_size
-    total, micro, gas = (given.train_batch_size, given.train_micro_batch_size_per_gpu,
-                         given.gradient_accumulation_steps)
+    total, micro, gas = (
+        given.train_batch_size,
+        given.train_micro_batch_size_per_gpu,
+        given.gradient_accumulation_steps,
+    )
     if gas is None and total is not None and micro is not None:
-        gas, how = total // (micro * dp), f" (train_batch_size {total} / micro-batch size {micro} / dp {dp})"
+        gas, how = (
+            total // (micro * dp),
+            f" (train_batch_size {total} / micro-batch size {micro} / dp {dp})",
+        )
     else:
         how = ""
     if gas is not None and gas != m:
-        raise PlanLaunchError(f"{plan_name} runs {m} micro-batches per step, but {config_name} gives "
-                              f"{gas} gradient-accumulation steps{how}")
+        raise PlanLaunchError(
+            f"{plan_name} runs {m} micro-batches per step, but {config_name} gives "
+            f"{gas} gradient-accumulation steps{how}"
+        )
     if micro is None and total is not None:
         micro, how = total // (m * dp), f" (train_batch_size {total} / {m} micro-batches / dp {dp})"
     else:
@@ -127,20 +146,26 @@ def batch_config(config: dict, plan: Plan, default_microbatch_size: int | None =
             f"{plan_name} trains micro-batches of {size} sequence{'s' if size > 1 else ''}{why}, but "
             f"{config_name} gives "
             f"{micro}{how}: leave the batch sizes out of the config (the plan's are used) or "
-            f"state `microbatch_size {micro}` in the plan's header")
+            f"state `microbatch_size {micro}` in the plan's header"
+        )
     micro = micro if micro is not None else size
     if micro is None:
-        raise PlanLaunchError(f"the micro-batch size is unknown: state `microbatch_size` in "
-                              f"{plan_name} or train_micro_batch_size_per_gpu in {config_name}")
+        raise PlanLaunchError(
+            f"the micro-batch size is unknown: state `microbatch_size` in "
+            f"{plan_name} or train_micro_batch_size_per_gpu in {config_name}"
+        )
     if total is not None and total != micro * m * dp:
-        raise PlanLaunchError(f"{config_name} gives train_batch_size {total}, but {plan_name} trains "
-                              f"{micro} x {m} micro-batches x dp {dp} = {micro * m * dp} sequences "
-                              "per step")
+        raise PlanLaunchError(
+            f"{config_name} gives train_batch_size {total}, but {plan_name} trains "
+            f"{micro} x {m} micro-batches x dp {dp} = {micro * m * dp} sequences "
+            "per step"
+        )
     return {**config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": m}
 
 
-def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
-                config_name: str | None = None) -> dict:
+def zero_config(
+    config: dict, plan: Plan, *, plan_name: str | None = None, config_name: str | None = None
+) -> dict:
     """`config` with DeepSpeed's ZeRO stage set from the plan's header `zero` (one plan, one
     meaning, as for the batch sizes), and under ZeRO its `reduce_scatter`. A stage or a
     `reduce_scatter` the config gives must agree: PlanLaunchError naming both values and both
@@ -150,24 +175,28 @@ def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
     config_name = config_name or "the DeepSpeed config"
     zero = plan.header.zero
     if isinstance(config.get("zero_optimization"), bool):
-        raise PlanLaunchError(f'{config_name} gives "zero_optimization" as a boolean (DeepSpeed\'s '
-                              'deprecated form): give an object such as {"stage": 1}, or leave it '
-                              "out (the plan's `zero` is used)")
+        raise PlanLaunchError(
+            f'{config_name} gives "zero_optimization" as a boolean (DeepSpeed\'s '
+            'deprecated form): give an object such as {"stage": 1}, or leave it '
+            "out (the plan's `zero` is used)"
+        )
     section = _validate(_Zero, config, "", config_name).zero_optimization
     given = None if section is None else section.stage
     if given is not None and given != zero:
         raise PlanLaunchError(
             f"{plan_name} runs ZeRO stage {zero} (its header's `zero`, 0 when not stated), but {config_name} gives "
             f"zero_optimization.stage {given}: leave the stage out of the config (the plan's is "
-            f"used) or state `zero {given}` in the plan's header")
+            f"used) or state `zero {given}` in the plan's header"
+        )
     if zero > PIPELINE_ZERO:
         raise PlanLaunchError(
             f"{plan_name} runs `zero {zero}` (gradients sharded over the data-parallel copies), which "
             "DeepSpeed's pipeline engine refuses (PipelineEngine asserts \"ZeRO-2 and ZeRO-3 are "
-            "incompatible with pipeline parallelism\": ZeRO-2 reduces and partitions each gradient "
+            'incompatible with pipeline parallelism": ZeRO-2 reduces and partitions each gradient '
             "from hooks inside the backward pass, a reduction the pipeline engine turns off to "
             "reduce the gradients itself once per step); run `zero 1`, which shards the optimizer "
-            "state")
+            "state"
+        )
     given_rs = None if section is None else section.reduce_scatter
     if zero > 0 and given_rs is not None and given_rs != plan.header.reduce_scatter:
         raise PlanLaunchError(
@@ -175,29 +204,48 @@ def zero_config(config: dict, plan: Plan, *, plan_name: str | None = None,
             f"{'a reduce-scatter' if plan.header.reduce_scatter else 'an all-reduce'} (its header's "
             f"`reduce_scatter`, true when not stated), but {config_name} gives "
             f"zero_optimization.reduce_scatter {str(given_rs).lower()}: leave it out of the config "
-            f"or state `reduce_scatter {str(given_rs).lower()}` in the plan's header")
-    return {**config, "zero_optimization": {**config.get("zero_optimization", {}),
-                                            **deepspeed_zero(plan.header)}}
+            f"or state `reduce_scatter {str(given_rs).lower()}` in the plan's header"
+        )
+    return {
+        **config,
+        "zero_optimization": {**config.get("zero_optimization", {}), **deepspeed_zero(plan.header)},
+    }
 
 
-def plan_config(config: dict, plan: Plan, default_microbatch_size: int | None = None, *,
-                plan_name: str | None = None, config_name: str | None = None) -> dict:
+def plan_config(
+    config: dict,
+    plan: Plan,
+    default_microbatch_size: int | None = None,
+    *,
+    plan_name: str | None = None,
+    config_name: str | None = None,
+) -> dict:
     """`config` with the plan's batch sizes (`batch_config`) and ZeRO stage (`zero_config`);
     with tp, DeepSpeed's partitioning of pipeline messages over the tp group turned off (the
     executor's messages are whole activations, or under sp each rank's sequence slice)."""
     names = {"plan_name": plan_name, "config_name": config_name}
-    config = zero_config(batch_config(config, plan, default_microbatch_size, **names), plan, **names)
+    config = zero_config(
+        batch_config(config, plan, default_microbatch_size, **names), plan, **names
+    )
     if plan.header.tp == 1:
         return config
-    return {**config, "pipeline": {**config.get("pipeline", {}), "pipe_partitioned": False,
-                                   "grad_partitioned": False}}
+    return {
+        **config,
+        "pipeline": {
+            **config.get("pipeline", {}),
+            "pipe_partitioned": False,
+            "grad_partitioned": False,
+        },
+    }
 
 
 def _validate(model: type[BaseModel], data: dict, prefix: str, name: str | None):
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise PlanLaunchError(prefix + "; ".join(_problem(err) for err in e.errors()), path=name) from None
+        raise PlanLaunchError(
+            prefix + "; ".join(_problem(err) for err in e.errors()), path=name
+        ) from None
 
 
 def _problem(err: ErrorDetails) -> str:
@@ -209,5 +257,11 @@ def _problem(err: ErrorDetails) -> str:
 
 
 def _json_type(value) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)

@@ -28,7 +28,9 @@ def init_distributed(backend: str | None = None) -> None:
     it. A no-op when already initialised."""
     if dist.is_initialized():
         return
-    deepspeed.init_distributed(dist_backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    deepspeed.init_distributed(
+        dist_backend=backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    )
     port, rank = os.environ.get("MASTER_PORT"), dist.get_rank()
     if port is None:
         return

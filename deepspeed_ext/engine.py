@@ -74,15 +74,18 @@ class _Saved:
 
 class OctoPipeEngine(Checkpoints, PipelineEngine):
     total_loss: torch.Tensor | None  # PipelineEngine's: the losses of the step, summed
-    def __init__(self, *args, plan: Plan, timeout: float = DEFAULT_TIMEOUT, trace: bool = False,
-                 **kwargs):
+
+    def __init__(
+        self, *args, plan: Plan, timeout: float = DEFAULT_TIMEOUT, trace: bool = False, **kwargs
+    ):
         self._in_parent_init = True  # the parent's warm-up uses topological first/last stages
         super().__init__(*args, **kwargs)
         self._in_parent_init = False
         module = self.module
         assert isinstance(module, OctoPipeModule), "model must be an OctoPipeModule"
-        assert not (self.is_pipe_partitioned or self.is_grad_partitioned), \
+        assert not (self.is_pipe_partitioned or self.is_grad_partitioned), (
             "OctoPipeEngine does not support pipe_partitioned or grad_partitioned"
+        )
         self.plan = plan
         self.loss_stage = plan.num_stages - 1
         self.loss_device = module.stage_device[self.loss_stage]
@@ -101,11 +104,19 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         dp_id, tp_id = self.grid.data_parallel_id, self.tp.rank
         one_per_device = self.grid.data_parallel_size == 1 and self.tp.size == 1
         self._trace_pid = (self.stage_id if one_per_device else self.global_rank) if trace else None
-        self.watchdog = Watchdog(timeout, f"rank {self.global_rank} (device {self.stage_id}, "
-                                          f"data-parallel copy {dp_id}"
-                                          + (f", tp rank {tp_id})" if self.tp.size > 1 else ")"))
-        self.p2p = P2P(self.stage_id, lambda d: global_rank(self.grid, d, dp_id, tp_id),
-                       self._stream_groups(), self.device, self.watchdog, self._trace_pid)
+        self.watchdog = Watchdog(
+            timeout,
+            f"rank {self.global_rank} (device {self.stage_id}, "
+            f"data-parallel copy {dp_id}" + (f", tp rank {tp_id})" if self.tp.size > 1 else ")"),
+        )
+        self.p2p = P2P(
+            self.stage_id,
+            lambda d: global_rank(self.grid, d, dp_id, tp_id),
+            self._stream_groups(),
+            self.device,
+            self.watchdog,
+            self._trace_pid,
+        )
         self._op_spans: list[TimedSpan] = []
         # a traced run also meters memory in its first step and times each optimizer update
         self._meter = memory.MemoryMeter(self) if trace else None
@@ -124,7 +135,9 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         for dp in range(self.grid.data_parallel_size):
             for tp in range(self.tp.size):
                 for a, b in pairs:
-                    group = dist.new_group(ranks=[global_rank(self.grid, d, dp, tp) for d in (a, b)])
+                    group = dist.new_group(
+                        ranks=[global_rank(self.grid, d, dp, tp) for d in (a, b)]
+                    )
                     if (dp, tp) == (self.grid.data_parallel_id, self.tp.rank):
                         mine[(a, b)] = group
         return mine
@@ -166,7 +179,9 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
 
     def _inference_schedule(self, micro_batches):
         if micro_batches != self.plan.microbatches:
-            raise ValueError(f"the plan runs {self.plan.microbatches} micro-batches, not {micro_batches}")
+            raise ValueError(
+                f"the plan runs {self.plan.microbatches} micro-batches, not {micro_batches}"
+            )
         if self._eval_sched is None:
             self._eval_sched = program.PlanSchedule(self.plan, self.stage_id, train=False)
         return self._eval_sched
@@ -188,11 +203,16 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         batch = self._next_batch()
         if 0 in self.local_stages:
             x = batch[0]
-            self._inputs[mb] = x.clone().detach().to(self.device) if torch.is_tensor(x) else \
-                tuple(t.clone().detach().to(self.device) for t in x)
+            self._inputs[mb] = (
+                x.clone().detach().to(self.device)
+                if torch.is_tensor(x)
+                else tuple(t.clone().detach().to(self.device) for t in x)
+            )
         if self.loss_stage in self.local_stages:
             y = batch[1]
-            self._labels[mb] = y.to(self.device) if torch.is_tensor(y) else tuple(t.to(self.device) for t in y)
+            self._labels[mb] = (
+                y.to(self.device) if torch.is_tensor(y) else tuple(t.to(self.device) for t in y)
+            )
 
     def _exec_post(self, ids):
         self.p2p.post(ids)
@@ -217,13 +237,19 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _exec_run(self, op: Op):
         meter = self._active_meter()
         start = time.time()
-        with (torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing()):
-            {OpKind.F: self._forward, OpKind.B: self._backward_input, OpKind.W: self._backward_weight,
-             OpKind.BW: self._backward}[op.kind](op)
+        with torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing():
+            {
+                OpKind.F: self._forward,
+                OpKind.B: self._backward_input,
+                OpKind.W: self._backward_weight,
+                OpKind.BW: self._backward,
+            }[op.kind](op)
         if meter is not None:
             meter.sample()
         if self._trace_pid is not None:
-            self._op_spans.append(op_span(self._trace_pid, op.kind.value, op.stage, op.mb, start, time.time()))
+            self._op_spans.append(
+                op_span(self._trace_pid, op.kind.value, op.stage, op.mb, start, time.time())
+            )
             self.p2p.poll()
         self.watchdog.last_done = str(op)
 
@@ -236,7 +262,9 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         mode = self._recompute[s] if training else Recompute.NONE
         full = mode is Recompute.FULL
         with torch.no_grad() if full else dropping() if mode is Recompute.SELECTIVE else _nothing():
-            out, loss, segments = self._run_stage(s, x, labels, training and self._split[s] and not full)
+            out, loss, segments = self._run_stage(
+                s, x, labels, training and self._split[s] and not full
+            )
         if s == self.loss_stage:
             if self.eval_return_logits:
                 self.outputs = out
@@ -257,7 +285,9 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         out, segments = self.module.run_stage(s, x, segmented=segmented)
         if s != self.loss_stage:
             return out, out, segments
-        loss = self.module.loss_fn(out, labels) if self._compute_loss and self.module.loss_fn else out
+        loss = (
+            self.module.loss_fn(out, labels) if self._compute_loss and self.module.loss_fn else out
+        )
         return out, loss, segments
 
     def _root(self, s: int, value, segments: list | None) -> tuple[object, list | None]:
@@ -283,7 +313,11 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         """The loss as DeepSpeedEngine.backward differentiates it: averaged over the
         micro-batches (whichever rank computes it) and loss-scaled where the optimizer says."""
         loss = loss / self.gradient_accumulation_steps()
-        return self.optimizer.scale_if_loss(loss) if isinstance(self.optimizer, ZeROOptimizer) else loss
+        return (
+            self.optimizer.scale_if_loss(loss)
+            if isinstance(self.optimizer, ZeROOptimizer)
+            else loss
+        )
 
     def _backward(self, op: Op):
         """BW: the fused backward of one stage and micro-batch."""
@@ -304,8 +338,11 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self._recomputed(op, saved)
         probe = s not in self._probed  # the first B of a stage checks that weights wait for W
         fired: list[torch.nn.Parameter] = []
-        hooks = [p.register_post_accumulate_grad_hook(fired.append)
-                 for p in self._stage_params[s]] if probe else []
+        hooks = (
+            [p.register_post_accumulate_grad_hook(fired.append) for p in self._stage_params[s]]
+            if probe
+            else []
+        )
         states = []
         segments = saved.segments
         assert segments is not None, "a split stage's forward keeps its layers' inputs and outputs"
@@ -314,7 +351,11 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
             for k in reversed(range(len(segments))):
                 ins, layer_out = segments[k]
                 if k < len(segments) - 1:  # below the top layer: what the layer above sent
-                    keep = [(t, g) for t, g in zip(flat(layer_out), grads, strict=True) if g is not None and t.requires_grad]
+                    keep = [
+                        (t, g)
+                        for t, g in zip(flat(layer_out), grads, strict=True)
+                        if g is not None and t.requires_grad
+                    ]
                     outs, grads = [t for t, _ in keep], [g for _, g in keep]
                 try:
                     grads, state = backward_input(outs, grads, flat(ins))
@@ -439,18 +480,26 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _tied_copies(self) -> set[int]:
         """Ids of the tied weights held here that another rank holds first (counted there)."""
         module = self.module
-        return {id(module._recursive_getattr(module.tied_modules[key], attr))
-                for key, comm in module.tied_comms.items() if comm["ranks"][0] != self.global_rank
-                for attr in comm["weight_attr"]}
+        return {
+            id(module._recursive_getattr(module.tied_modules[key], attr))
+            for key, comm in module.tied_comms.items()
+            if comm["ranks"][0] != self.global_rank
+            for attr in comm["weight_attr"]
+        }
 
     def _warn_unsplit(self, s: int, fired) -> None:
         fired_ids = {id(p) for p in fired}
-        layers = [i for i, ps in self.module.stage_layer_params(s) if any(id(p) in fired_ids for p in ps)]
+        layers = [
+            i for i, ps in self.module.stage_layer_params(s) if any(id(p) in fired_ids for p in ps)
+        ]
         if self.grid.data_parallel_id == 0 and self.tp.rank == 0:
-            print(f"octodsl: stage {s}: layer(s) {', '.join(map(str, layers))} cannot split their "
-                  "backward (e.g. reentrant activation checkpointing): they run a fused backward "
-                  "in B; the stage's other layers still leave their weight gradients to W",
-                  file=sys.stderr, flush=True)
+            print(
+                f"octodsl: stage {s}: layer(s) {', '.join(map(str, layers))} cannot split their "
+                "backward (e.g. reentrant activation checkpointing): they run a fused backward "
+                "in B; the stage's other layers still leave their weight gradients to W",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _exec_optimizer_step(self, lr_kwargs=None):
         meter = self._active_meter()
@@ -470,8 +519,9 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         def timed_update(*args, **kwargs):
             start = time.time()
             out = update(*args, **kwargs)
-            self._op_spans.append(TimedSpan(pid, COMPUTE, "optimizer", start, time.time(),
-                                            {"kind": "optimizer"}))
+            self._op_spans.append(
+                TimedSpan(pid, COMPUTE, "optimizer", start, time.time(), {"kind": "optimizer"})
+            )
             return out
 
         self.optimizer.step = timed_update
@@ -494,17 +544,28 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
             coord = self.grid._topo.get_coord(rank)
             pid = coord.pipe if dp == 1 and tp == 1 else rank
             pids.append(pid)
-            where = ([f"dp {coord.data}"] if dp > 1 else []) + ([f"tp {coord.model}"] if tp > 1 else [])
+            where = ([f"dp {coord.data}"] if dp > 1 else []) + (
+                [f"tp {coord.model}"] if tp > 1 else []
+            )
             names[pid] = f"device {coord.pipe}" + (f" ({', '.join(where)})" if where else "")
-        reports = {pid: report for pid, (_, report) in zip(pids, gathered, strict=True)
-                   if report is not None}
+        reports = {
+            pid: report
+            for pid, (_, report) in zip(pids, gathered, strict=True)
+            if report is not None
+        }
         summaries = {pid: memory.summary(r) for pid, r in reports.items()}
-        write_trace(path, [s for rank_spans, _ in gathered for s in rank_spans], names,
-                    lambda t0: [e for pid, r in reports.items()
-                                for e in memory.counter_events(pid, r, t0)],
-                    {"partition": [[r.start, r.stop - 1] for r in self.module.stage_ranges],
-                     "memory_method": memory.METHOD,
-                     "memory": {str(k): v for k, v in summaries.items()}, **(info or {})})
+        write_trace(
+            path,
+            [s for rank_spans, _ in gathered for s in rank_spans],
+            names,
+            lambda t0: [e for pid, r in reports.items() for e in memory.counter_events(pid, r, t0)],
+            {
+                "partition": [[r.start, r.stop - 1] for r in self.module.stage_ranges],
+                "memory_method": memory.METHOD,
+                "memory": {str(k): v for k, v in summaries.items()},
+                **(info or {}),
+            },
+        )
         return summaries
 
     _INSTRUCTION_MAP = {
@@ -524,8 +585,11 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
 def _input_grads(inputs, grads) -> list:
     """The gradients of a stage's float inputs, zeros where none flowed (the receiver expects
     one tensor per float activation)."""
-    return [torch.zeros_like(t) if g is None else g
-            for t, g in zip(inputs, grads, strict=True) if t.is_floating_point()]
+    return [
+        torch.zeros_like(t) if g is None else g
+        for t, g in zip(inputs, grads, strict=True)
+        if t.is_floating_point()
+    ]
 
 
 @contextmanager

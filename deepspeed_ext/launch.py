@@ -32,11 +32,23 @@ from .module import OctoPipeModule, layer_name
 from .partition import describe_split, stage_layers
 
 
-def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, config: dict | str | Path,
-               loss_fn: Callable | None = None, args=None, optimizer=None, model_parameters=None,
-               training_data=None, lr_scheduler=None, collate_fn=None,
-               layer_costs: Sequence[float] | None = None, microbatch_size: int | None = None,
-               octo: dict | None = None, **module_kwargs):
+def initialize(
+    layers: Sequence,
+    plan: Plan | str | Path | None = None,
+    *,
+    config: dict | str | Path,
+    loss_fn: Callable | None = None,
+    args=None,
+    optimizer=None,
+    model_parameters=None,
+    training_data=None,
+    lr_scheduler=None,
+    collate_fn=None,
+    layer_costs: Sequence[float] | None = None,
+    microbatch_size: int | None = None,
+    octo: dict | None = None,
+    **module_kwargs,
+):
     """Build the pipeline module and engine for `plan`; returns DeepSpeed's
     (engine, optimizer, training_dataloader, lr_scheduler).
 
@@ -63,8 +75,10 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
         section = octo_section({**section.model_dump(exclude_none=True), **octo}, config_name)
     if plan is None:
         if section.schedule is None:
-            raise PlanLaunchError('no plan: pass plan=... or set "octo": {"schedule": "plan.octo"} '
-                                  "in the DeepSpeed config")
+            raise PlanLaunchError(
+                'no plan: pass plan=... or set "octo": {"schedule": "plan.octo"} '
+                "in the DeepSpeed config"
+            )
         plan = section.schedule
     names = {"plan_name": None if isinstance(plan, Plan) else str(plan), "config_name": config_name}
     if not isinstance(plan, Plan):
@@ -74,23 +88,38 @@ def initialize(layers: Sequence, plan: Plan | str | Path | None = None, *, confi
     config = plan_config(config, plan, microbatch_size, **names)
     if all(st.abstract for st in plan.stages) and os.environ.get("RANK", "0") == "0":
         assert layer_costs is not None, "check_launch refuses a plan without layers or costs"
-        print("octodsl: the plan names no layers; the model's layers split over its stages by cost "
-              "(octodsl.partition.plan_partition, as `octodsl simulate` splits them):\n"
-              + describe_split(ranges, [layer_name(spec) for spec in layers], layer_costs), flush=True)
+        print(
+            "octodsl: the plan names no layers; the model's layers split over its stages by cost "
+            "(octodsl.partition.plan_partition, as `octodsl simulate` splits them):\n"
+            + describe_split(ranges, [layer_name(spec) for spec in layers], layer_costs),
+            flush=True,
+        )
 
     init_distributed()
-    module = OctoPipeModule(layers, plan, ranges, loss_fn=loss_fn, topology=topology(plan),
-                            **module_kwargs)
+    module = OctoPipeModule(
+        layers, plan, ranges, loss_fn=loss_fn, topology=topology(plan), **module_kwargs
+    )
     mpu = module.mpu()
     config_class = DeepSpeedConfig(config, mpu)
     deepspeed.set_optimizer_flags(config_class, module)
     if model_parameters is None:
         model_parameters = [p for p in module.parameters() if p.requires_grad]
-    engine = OctoPipeEngine(plan=plan, timeout=section.wait_seconds, trace=section.trace, args=args,
-                            model=module, optimizer=optimizer, model_parameters=model_parameters,
-                            training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
-                            dist_init_required=False, collate_fn=collate_fn, config=config,
-                            config_class=config_class)
+    engine = OctoPipeEngine(
+        plan=plan,
+        timeout=section.wait_seconds,
+        trace=section.trace,
+        args=args,
+        model=module,
+        optimizer=optimizer,
+        model_parameters=model_parameters,
+        training_data=training_data,
+        lr_scheduler=lr_scheduler,
+        mpu=mpu,
+        dist_init_required=False,
+        collate_fn=collate_fn,
+        config=config,
+        config_class=config_class,
+    )
     assert dist.get_world_size() == world
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
@@ -104,21 +133,33 @@ def _read_plan(path: str | Path) -> Plan:
         raise PlanLaunchError(e.render()) from None
 
 
-def check_launch(plan: Plan, world: int, config: dict, layers: Sequence | int,
-                 layer_costs: Sequence[float] | None = None, microbatch_size: int | None = None, *,
-                 plan_name: str | None = None, config_name: str | None = None) -> list[range]:
+def check_launch(
+    plan: Plan,
+    world: int,
+    config: dict,
+    layers: Sequence | int,
+    layer_costs: Sequence[float] | None = None,
+    microbatch_size: int | None = None,
+    *,
+    plan_name: str | None = None,
+    config_name: str | None = None,
+) -> list[range]:
     """The layers of each stage, once the plan is known to lint clean and to fit a launch of
     `world` processes (tp x devices x dp) with this DeepSpeed config (its batch sizes and ZeRO
     stage: `config.plan_config`) and the model's `layers` (its LayerSpecs, or their number),
     whose layers the plan's tp can split (`octodsl.models.tp`)."""
     errors = [d for d in lint_plan(plan) if d.is_error]
     if errors:
-        raise PlanLaunchError("the plan does not lint clean:\n" +
-                              "\n".join(f"  {d.code}: {d.message}" for d in errors))
+        raise PlanLaunchError(
+            "the plan does not lint clean:\n"
+            + "\n".join(f"  {d.code}: {d.message}" for d in errors)
+        )
     idle = [d for d, stages in enumerate(plan.device_stages()) if not stages]
     if idle:
-        raise PlanLaunchError(f"device(s) {', '.join(map(str, idle))} hold no stage; every process of "
-                              "the pipeline must run one")
+        raise PlanLaunchError(
+            f"device(s) {', '.join(map(str, idle))} hold no stage; every process of "
+            "the pipeline must run one"
+        )
     _check_world(plan, world)
     _check_tp(plan, layers)
     plan_config(config, plan, microbatch_size, plan_name=plan_name, config_name=config_name)
@@ -131,8 +172,9 @@ def _check_world(plan: Plan, world: int) -> None:
     needed = Mesh.of(plan.header).world
     if world == needed:
         return
-    mesh = (f"{dp} data-parallel cop{'y' if dp == 1 else 'ies'} of a {devices}-device pipeline"
-            + (f" of tp groups of {tp}" if tp > 1 else ""))
+    mesh = f"{dp} data-parallel cop{'y' if dp == 1 else 'ies'} of a {devices}-device pipeline" + (
+        f" of tp groups of {tp}" if tp > 1 else ""
+    )
     fixes = []
     if world % (tp * devices) == 0:
         fixes.append(f"`dp {world // (tp * devices)}`")
@@ -140,9 +182,11 @@ def _check_world(plan: Plan, world: int) -> None:
         fixes.append(f"`tp {world // (devices * dp)}`")
     raise PlanLaunchError(
         f"the plan runs {mesh} ({needed} processes"
-        + (f": tp {tp} x {devices} devices x dp {dp}" if tp > 1 else "") + f"), but the job has "
-        f"{world} processes" + (f"; to fit it set {' or '.join(fixes)} in the plan header"
-                                if fixes else ""))
+        + (f": tp {tp} x {devices} devices x dp {dp}" if tp > 1 else "")
+        + f"), but the job has "
+        f"{world} processes"
+        + (f"; to fit it set {' or '.join(fixes)} in the plan header" if fixes else "")
+    )
 
 
 def _check_tp(plan: Plan, layers: Sequence | int) -> None:
@@ -158,5 +202,8 @@ def _check_tp(plan: Plan, layers: Sequence | int) -> None:
             if isinstance(arg, LayerConfig):
                 problems.update((p.message, None) for p in layer_problems(arg, tp) if p.fatal)
     if problems:
-        raise PlanLaunchError(f"the model's layers cannot be split over tp {tp}: "
-                              + "; ".join(problems) + " (choose a tp that divides them)")
+        raise PlanLaunchError(
+            f"the model's layers cannot be split over tp {tp}: "
+            + "; ".join(problems)
+            + " (choose a tp that divides them)"
+        )

@@ -22,8 +22,10 @@ import torch
 
 from ..costs.profiler import _storage, _tensors
 
-METHOD = ("profiler accounting (saved-tensor hooks + W state; parameters, gradients, optimizer "
-          "state), first step")
+METHOD = (
+    "profiler accounting (saved-tensor hooks + W state; parameters, gradients, optimizer "
+    "state), first step"
+)
 """What a trace's memory counters measure (its otherData's memory_method)."""
 
 
@@ -53,8 +55,11 @@ class MemoryMeter:
         return t
 
     def activations(self) -> float:
-        alive = {ptr: self.nbytes[ptr] for ptr, refs in self.refs.items()
-                 if any(r() is not None for r in refs)}
+        alive = {
+            ptr: self.nbytes[ptr]
+            for ptr, refs in self.refs.items()
+            if any(r() is not None for r in refs)
+        }
         for saved in self.engine._saved.values():
             if saved.weight is not None:
                 for t in _tensors(saved.weight):
@@ -67,8 +72,9 @@ class MemoryMeter:
         self.samples.append((time.time(), self.activations()))
 
     def before_optimizer(self) -> None:
-        self.grad_bytes = float(sum(p.grad.untyped_storage().nbytes() if p.grad is not None
-                                    else 0 for p in self.params))
+        self.grad_bytes = float(
+            sum(p.grad.untyped_storage().nbytes() if p.grad is not None else 0 for p in self.params)
+        )
 
     def after_optimizer(self) -> None:
         state_bytes = 0
@@ -100,11 +106,20 @@ def counter_events(pid: int, report: dict, t0: float) -> list[dict]:
     bytes at 0, then static + activations after each metered op."""
     static = report["static"]
     return [{"ph": "C", "pid": pid, "name": "memory", "ts": 0.0, "args": {"bytes": static}}] + [
-        {"ph": "C", "pid": pid, "name": "memory", "ts": max(t - t0, 0.0) * 1e6,
-         "args": {"bytes": static + act}} for t, act in report["samples"]]
+        {
+            "ph": "C",
+            "pid": pid,
+            "name": "memory",
+            "ts": max(t - t0, 0.0) * 1e6,
+            "args": {"bytes": static + act},
+        }
+        for t, act in report["samples"]
+    ]
 
 
 def summary(report: dict) -> dict:
     """{"static", "activations"}: the static bytes and the activations' peak."""
-    return {"static": report["static"],
-            "activations": max((a for _, a in report["samples"]), default=0.0)}
+    return {
+        "static": report["static"],
+        "activations": max((a for _, a in report["samples"]), default=0.0),
+    }

@@ -80,8 +80,9 @@ def reduce_sequence_parallel_grads(params: list[nn.Parameter], tp: TpGroup, bf16
             torch.distributed.all_reduce(grad, group=tp.group)
 
 
-def grad_norm(params: list[nn.Parameter], grid, tp: TpGroup, tied_copies: set[int],
-              device: torch.device) -> torch.Tensor:
+def grad_norm(
+    params: list[nn.Parameter], grid, tp: TpGroup, tied_copies: set[int], device: torch.device
+) -> torch.Tensor:
     """The 2-norm of the whole model's gradient, on every rank of the data-parallel copy: each
     parameter counted once, a shard (`tensor_model_parallel`) on every tp rank, a replicated
     parameter on tp rank 0, a tied weight on the first rank that holds it (`tied_copies`: the

@@ -46,7 +46,9 @@ class OctoPipeModule(PipelineModule):
         if self.global_rank == 0:
             for s, r in enumerate(self.stage_ranges):
                 names = " ".join(layer_name(self._layer_specs[i]) for i in r)
-                print(f"stage={s} device={self.stage_device[s]} layers={r.start}..{r.stop - 1}: {names}")
+                print(
+                    f"stage={s} device={self.stage_device[s]} layers={r.start}..{r.stop - 1}: {names}"
+                )
 
     def stage_owner(self, layer_idx: int) -> int:
         """The device (pipe rank) that holds `layer_idx`."""
@@ -70,7 +72,10 @@ class OctoPipeModule(PipelineModule):
     def activate(self, stage: int) -> None:
         """Expose `stage` as the module's layers (forward, checkpoint files)."""
         self.forward_funcs = self.stage_funcs[stage]
-        self._local_start, self._local_stop = self.stage_ranges[stage].start, self.stage_ranges[stage].stop
+        self._local_start, self._local_stop = (
+            self.stage_ranges[stage].start,
+            self.stage_ranges[stage].stop,
+        )
         if self.activation_checkpoint_interval > 0:  # the parent caches this per layer list
             self.is_checkpointable_results_interval = None
             self._precompute_checkpointable_values()
@@ -167,4 +172,3 @@ def layer_name(spec) -> str:
     """A layer spec's or module's class name."""
     typename = getattr(spec, "typename", None)
     return getattr(typename, "__name__", type(spec).__name__)
-

@@ -36,8 +36,18 @@ from .program import Message
 from .watchdog import Watchdog
 
 META_SIZE = 256
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
-           torch.int16, torch.int32, torch.int64, torch.bool]
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +74,7 @@ class Spec:
         entries, i = [], 2
         for _ in range(flat[1]):
             dtype, ndim = _DTYPES[flat[i]], flat[i + 1]
-            entries.append((tuple(flat[i + 2:i + 2 + ndim]), dtype))
+            entries.append((tuple(flat[i + 2 : i + 2 + ndim]), dtype))
             i += 2 + ndim
         return Spec(bool(flat[0]), tuple(entries))
 
@@ -134,9 +144,15 @@ class P2P:
     """One rank's message endpoint. `begin(messages)` starts a step; `post`, `recv` and `send`
     follow the program; `finish` waits for the step's sends."""
 
-    def __init__(self, device: int, rank_of: Callable[[int], int],
-                 groups: dict[tuple[int, int], dist.ProcessGroup], torch_device: torch.device,
-                 watchdog: Watchdog, trace_pid: int | None):
+    def __init__(
+        self,
+        device: int,
+        rank_of: Callable[[int], int],
+        groups: dict[tuple[int, int], dist.ProcessGroup],
+        torch_device: torch.device,
+        watchdog: Watchdog,
+        trace_pid: int | None,
+    ):
         self.device = device
         self.rank_of = rank_of
         self.groups = groups
@@ -199,10 +215,14 @@ class P2P:
             spec = self._spec(m, group, peer, block)
             if spec is None:
                 return
-            with self.streams.receiving(), \
-                    self.watchdog.watching(self._peer(src), f"the {_what(m)} from device {src}"):
-                tensors = [torch.empty(shape, dtype=dtype, device=self.torch_device)
-                           for shape, dtype in spec.entries]
+            with (
+                self.streams.receiving(),
+                self.watchdog.watching(self._peer(src), f"the {_what(m)} from device {src}"),
+            ):
+                tensors = [
+                    torch.empty(shape, dtype=dtype, device=self.torch_device)
+                    for shape, dtype in spec.entries
+                ]
                 works = [_irecv(t, peer, group) for t in tensors]
             self._posted[m.id] = _Posted(works, tensors, time.time())
             self._next[src] += 1
@@ -235,8 +255,12 @@ class P2P:
             self.specs[msg.boundary] = Spec.of(value)
             tensors.insert(0, self.specs[msg.boundary].encode(self.torch_device))  # meta goes first
             self._sent_meta.add(msg.boundary)
-        with self.streams.sending(tensors), \
-                self.watchdog.watching(self._peer(msg.dst), f"device {msg.dst} to receive the {_what(msg)}"):
+        with (
+            self.streams.sending(tensors),
+            self.watchdog.watching(
+                self._peer(msg.dst), f"device {msg.dst} to receive the {_what(msg)}"
+            ),
+        ):
             works = [_isend(t, peer, group) for t in tensors]
         self._sends.append((msg, works, tensors, time.time()))
         self.poll()
@@ -244,7 +268,9 @@ class P2P:
     def finish(self) -> None:
         for msg, works, _, start in self._sends:
             for w in works:
-                self.watchdog.wait(w, f"device {msg.dst} to receive the {_what(msg)}", self._peer(msg.dst))
+                self.watchdog.wait(
+                    w, f"device {msg.dst} to receive the {_what(msg)}", self._peer(msg.dst)
+                )
             self._record(msg, "send", msg.dst, start)
         self._sends = []
 
@@ -264,10 +290,16 @@ class P2P:
     def _record(self, msg: Message, direction: str, peer: int, start: float) -> None:
         if self.trace_pid is not None:
             p = msg.producer
-            self.spans.append(comm_span(self.trace_pid, direction, p.kind.value, p.stage, p.mb,
-                                        peer, start, time.time()))
+            self.spans.append(
+                comm_span(
+                    self.trace_pid, direction, p.kind.value, p.stage, p.mb, peer, start, time.time()
+                )
+            )
 
 
 def _what(m: Message) -> str:
-    return f"activation of {m.producer} (for {m.consumer})" if m.act else \
-        f"gradient of {m.producer} (for {m.consumer})"
+    return (
+        f"activation of {m.producer} (for {m.consumer})"
+        if m.act
+        else f"gradient of {m.producer} (for {m.consumer})"
+    )

@@ -11,8 +11,9 @@ from ..plan import Plan, PlanError
 from .errors import PlanLaunchError
 
 
-def stage_layers(plan: Plan, num_layers: int,
-                 layer_costs: Sequence[float] | None = None) -> list[range]:
+def stage_layers(
+    plan: Plan, num_layers: int, layer_costs: Sequence[float] | None = None
+) -> list[range]:
     """Layer indices of each stage. Raises PlanLaunchError when the partition does not fit the
     model, or when the plan names no layers and no costs are given to balance them."""
     try:
@@ -41,6 +42,8 @@ def describe_split(ranges: Sequence[range], names: Sequence[str], costs: Sequenc
     lines = []
     for s, r in enumerate(ranges):
         share = sum(costs[i] for i in r) / total
-        lines.append(f"  stage {s}: layers {r.start}..{r.stop - 1} "
-                     f"({' '.join(names[i] for i in r)}) {100 * share:.1f}% of the cost")
+        lines.append(
+            f"  stage {s}: layers {r.start}..{r.stop - 1} "
+            f"({' '.join(names[i] for i in r)}) {100 * share:.1f}% of the cost"
+        )
     return "\n".join(lines)

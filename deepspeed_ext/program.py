@@ -52,10 +52,14 @@ class Message:
 def plan_messages(g: Graph) -> list[Message]:
     """Every message of the plan, numbered stream by stream in each sender's order."""
     pos = {n: i for order in g.order for i, n in enumerate(order)}
-    sent = sorted(g.messages, key=lambda m: (m.src, m.dst, pos[m.src_node],
-                                             g.node_ops[m.src_node].index(m.producer)))
-    return [Message(i, m.src, m.dst, m.producer, m.consumer, m.activation, m.boundary)
-            for i, m in enumerate(sent)]
+    sent = sorted(
+        g.messages,
+        key=lambda m: (m.src, m.dst, pos[m.src_node], g.node_ops[m.src_node].index(m.producer)),
+    )
+    return [
+        Message(i, m.src, m.dst, m.producer, m.consumer, m.activation, m.boundary)
+        for i, m in enumerate(sent)
+    ]
 
 
 # Instructions (run by OctoPipeEngine through DeepSpeed's instruction map).
@@ -86,9 +90,14 @@ class FinishSends(ds.PipeInstruction):
 def forward_only(plan: Plan) -> Plan:
     """The plan's forwards in the same orders (eval): removing backward ops keeps the orders
     executable, since forwards depend on forwards only."""
-    schedule = [[Slot(tuple(op for op in slot.ops if op.kind is OpKind.F), slot.span)
-                 for slot in slots if any(op.kind is OpKind.F for op in slot.ops)]
-                for slots in plan.schedule]
+    schedule = [
+        [
+            Slot(tuple(op for op in slot.ops if op.kind is OpKind.F), slot.span)
+            for slot in slots
+            if any(op.kind is OpKind.F for op in slot.ops)
+        ]
+        for slots in plan.schedule
+    ]
     return Plan(plan.header, plan.stages, plan.placement, schedule)
 
 
@@ -129,7 +138,7 @@ class PlanSchedule(ds.PipeSchedule):
         drawn = 0
         for i, node in enumerate(order):
             cmds: list[ds.PipeInstruction] = []
-            ahead = [m.id for n in order[i:i + 1 + LOOKAHEAD] for m in recv_at.get(n, ())]
+            ahead = [m.id for n in order[i : i + 1 + LOOKAHEAD] for m in recv_at.get(n, ())]
             if ahead:
                 cmds.append(PostRecvs(ids=tuple(ahead)))
             cmds += [Recv(msg=m) for m in recv_at.get(node, ())]

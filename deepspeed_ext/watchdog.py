@@ -73,12 +73,17 @@ class Watchdog:
         self._exit(f"waited more than {self.timeout:g} s for {what}")
 
     def lost(self, peer: str, what: str) -> None:
-        self._exit(f"lost {peer}: its connection closed (the process ended) while this rank "
-                   f"waited for {what}")
+        self._exit(
+            f"lost {peer}: its connection closed (the process ended) while this rank "
+            f"waited for {what}"
+        )
 
     def _exit(self, report: str) -> None:
-        print(f"octodsl watchdog: {self.whoami} {report}; last op done: {self.last_done}. Exiting.",
-              file=sys.stderr, flush=True)
+        print(
+            f"octodsl watchdog: {self.whoami} {report}; last op done: {self.last_done}. Exiting.",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stdout.flush()
         os._exit(EXIT_CODE)  # the peers are stuck or gone: no clean shutdown is possible
 

@@ -121,8 +121,9 @@ def build_graph(plan: Plan) -> Graph:
     return Graph(plan, node_ops, node_device, order, deps, op_node, messages)
 
 
-def _nodes(plan: Plan) -> tuple[list[tuple[Op, ...]], list[int], list[list[int]], dict[_Key, int],
-                                dict[_Key, Op]]:
+def _nodes(
+    plan: Plan,
+) -> tuple[list[tuple[Op, ...]], list[int], list[list[int]], dict[_Key, int], dict[_Key, Op]]:
     """The nodes' ops and devices, each device's node ids, and the node and op of each op's
     first occurrence."""
     node_ops: list[tuple[Op, ...]] = []
@@ -158,8 +159,13 @@ def _producer_keys(op: Op, S: int, op_node: dict[_Key, int]) -> tuple[_Key, ...]
     return ((OpKind.F, s, m),)
 
 
-def _edges(S: int, node_ops: list[tuple[Op, ...]], node_device: list[int], op_node: dict[_Key, int],
-           first: dict[_Key, Op]) -> tuple[list[list[Edge]], list[Message]]:
+def _edges(
+    S: int,
+    node_ops: list[tuple[Op, ...]],
+    node_device: list[int],
+    op_node: dict[_Key, int],
+    first: dict[_Key, Op],
+) -> tuple[list[list[Edge]], list[Message]]:
     deps: list[list[Edge]] = []
     messages: list[Message] = []
     get = op_node.get
@@ -179,8 +185,12 @@ def _edges(S: int, node_ops: list[tuple[Op, ...]], node_device: list[int], op_no
                     edges.append(new(Edge, (src, n, producer, op, -1)))
                 else:
                     edges.append(new(Edge, (src, n, producer, op, len(messages))))
-                    messages.append(new(Message, (src, n, node_device[src], d, producer, op,
-                                                  min(key[1], op.stage))))
+                    messages.append(
+                        new(
+                            Message,
+                            (src, n, node_device[src], d, producer, op, min(key[1], op.stage)),
+                        )
+                    )
         deps.append(edges)
     return deps, messages
 
@@ -210,8 +220,15 @@ def _walk_ids(plan: Plan) -> list[int] | tuple[bytearray, list[int]]:
     """`_walk` over each node's producer ids (the reference the array walk keeps to)."""
     node_ops, _, order, op_node, _ = _nodes(plan)
     S, get = plan.num_stages, op_node.get
-    sources = [[src for op in ops for key in _producer_keys(op, S, op_node)
-                if (src := get(key)) is not None] for ops in node_ops]
+    sources = [
+        [
+            src
+            for op in ops
+            for key in _producer_keys(op, S, op_node)
+            if (src := get(key)) is not None
+        ]
+        for ops in node_ops
+    ]
     return _walk(order, sources, len(node_ops), _first_pending_id)
 
 
@@ -236,7 +253,9 @@ def _stuck(plan: Plan) -> list[int] | None:
     return _walk_arrays(table, producers)
 
 
-def _producer_nodes(table: OpTable, keys: np.ndarray, S: int, M: int) -> tuple[list[int], list[int], dict[int, list[int]]]:
+def _producer_nodes(
+    table: OpTable, keys: np.ndarray, S: int, M: int
+) -> tuple[list[int], list[int], dict[int, list[int]]]:
     """The nodes each node needs done first, as `_producer_keys` resolves them: two per node
     (-1 for none), and for an overlap group the list of all its ops' (its two are then -2)."""
     found, first = np.unique(keys, return_index=True)
@@ -272,7 +291,9 @@ def _producer_nodes(table: OpTable, keys: np.ndarray, S: int, M: int) -> tuple[l
     return n1.tolist(), n2.tolist(), {n: groups[n] for n in np.flatnonzero(~alone).tolist()}
 
 
-def _walk_arrays(table: OpTable, producers: tuple[list[int], list[int], dict[int, list[int]]]) -> list[int]:
+def _walk_arrays(
+    table: OpTable, producers: tuple[list[int], list[int], dict[int, list[int]]]
+) -> list[int]:
     """`_walk` over the nodes' producers (nodes are numbered device by device, so a device's
     position is a node id); each device's position where it stopped."""
     p1, p2, groups = producers
@@ -319,8 +340,9 @@ def execution_order(g: Graph) -> list[int] | list[Wait]:
 _Pending = Callable[[Any, bytearray], int]
 
 
-def _walk(order: list[list[int]], deps: Sequence[Any], num_nodes: int,
-          first_pending: _Pending) -> list[int] | tuple[bytearray, list[int]]:
+def _walk(
+    order: list[list[int]], deps: Sequence[Any], num_nodes: int, first_pending: _Pending
+) -> list[int] | tuple[bytearray, list[int]]:
     """Run each device's nodes in order while their inputs are done: the order it found, or
     where it got stuck (done, each device's position). `first_pending(deps[n], done)` is the
     first node that node n waits for, or -1."""
@@ -367,6 +389,7 @@ def _first_pending_id(sources: list[int], done: bytearray) -> int:
 
 def _cycle(g: Graph, done: bytearray, pos: list[int]) -> list[Wait]:
     """Follow 'device d waits for device d2' from a stuck device until a device repeats."""
+
     def step(d: int) -> tuple[Wait, int]:
         n = g.order[d][pos[d]]
         edge = next(e for e in g.deps[n] if not done[e.src])
@@ -383,7 +406,7 @@ def _cycle(g: Graph, done: bytearray, pos: list[int]) -> list[Wait]:
         seen[d] = len(chain)
         wait, d = step(d)
         chain.append(wait)
-    return chain[seen[d]:]
+    return chain[seen[d] :]
 
 
 def describe_cycle(cycle: list[Wait]) -> str:
@@ -392,8 +415,14 @@ def describe_cycle(cycle: list[Wait]) -> str:
     for w in cycle:
         behind = f", queued behind {w.blocker}" if w.blocker is not None else ""
         if w.needs_device == w.device:
-            where = f"which comes later on device {w.device}" if w.blocker is not None else "in the same overlap group"
+            where = (
+                f"which comes later on device {w.device}"
+                if w.blocker is not None
+                else "in the same overlap group"
+            )
             lines.append(f"{w.op} on device {w.device} waits for {w.needs}, {where}")
         else:
-            lines.append(f"{w.op} on device {w.device} waits for {w.needs} on device {w.needs_device}{behind}")
+            lines.append(
+                f"{w.op} on device {w.device} waits for {w.needs} on device {w.needs_device}{behind}"
+            )
     return "\n".join(lines)

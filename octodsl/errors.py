@@ -26,8 +26,14 @@ class OctoError(Exception):
     """The command line's exit status for this error (2: bad input; 1: the input is valid but
     asks for what cannot be done, as `tune` when no plan fits)."""
 
-    def __init__(self, message: str, *, path: str | None = None, span: Span | None = None,
-                 exit_code: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        span: Span | None = None,
+        exit_code: int | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.path = path

@@ -28,8 +28,13 @@ class InputError(OctoError):
     """A file that cannot be read as the input it was given as."""
 
 
-def read_text(path: str | os.PathLike, what: str, *, max_bytes: int = limits.MAX_FILE_BYTES,
-              error: type[OctoError] = InputError) -> str:
+def read_text(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    max_bytes: int = limits.MAX_FILE_BYTES,
+    error: type[OctoError] = InputError,
+) -> str:
     """The UTF-8 text of the regular file `path` (`-`: standard input) of at most `max_bytes`;
     otherwise `error`, naming the path, saying why (`what`: the kind of file, e.g. "profile")."""
     shown = str(path)
@@ -47,9 +52,13 @@ def read_text(path: str | os.PathLike, what: str, *, max_bytes: int = limits.MAX
             if stat.S_ISDIR(st.st_mode):
                 raise refuse(f"is a folder, not a {what}")
             if not stat.S_ISREG(st.st_mode):
-                raise refuse(f"is not a regular file (a FIFO or a device cannot be read as a {what})")
+                raise refuse(
+                    f"is not a regular file (a FIFO or a device cannot be read as a {what})"
+                )
             if st.st_size > max_bytes:
-                raise refuse(f"is {st.st_size:,} bytes; a {what} is at most {exact_size(max_bytes)}")
+                raise refuse(
+                    f"is {st.st_size:,} bytes; a {what} is at most {exact_size(max_bytes)}"
+                )
             with open(path, "rb") as f:
                 raw = f.read(max_bytes + 1)  # it may have grown since
     except FileNotFoundError:
@@ -69,8 +78,9 @@ def is_json(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() == ".json"
 
 
-def parse_data(text: str, path: str, *, json_file: bool,
-               error: type[OctoError] = InputError) -> object:
+def parse_data(
+    text: str, path: str, *, json_file: bool, error: type[OctoError] = InputError
+) -> object:
     """`text` parsed as JSON or YAML; `error` naming `path` and, for a syntax error, the line
     and column."""
     language = "JSON" if json_file else "YAML"
@@ -89,13 +99,20 @@ def parse_data(text: str, path: str, *, json_file: bool,
     raise error(f"not valid {language}: {why}", path=path)
 
 
-def read_data(path: str | os.PathLike, what: str, *, max_bytes: int = limits.MAX_FILE_BYTES,
-              error: type[OctoError] = InputError, json_file: bool | None = None) -> object:
+def read_data(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    max_bytes: int = limits.MAX_FILE_BYTES,
+    error: type[OctoError] = InputError,
+    json_file: bool | None = None,
+) -> object:
     """The parsed JSON or YAML of a file (`json_file` None: JSON for a `.json` path):
     read_text, then parse_data."""
     text = read_text(path, what, max_bytes=max_bytes, error=error)
-    return parse_data(text, str(path), json_file=is_json(path) if json_file is None else json_file,
-                      error=error)
+    return parse_data(
+        text, str(path), json_file=is_json(path) if json_file is None else json_file, error=error
+    )
 
 
 def kind_of(value: object) -> str:

@@ -57,8 +57,10 @@ class Mesh:
         if span >= g:
             return span > 0
         # The pattern of nodes repeats after g ranks, so g starting points cover every case.
-        return any(self.node(first + k * step) != self.node(first + k * step + span)
-                   for k in range(min(count, g)))
+        return any(
+            self.node(first + k * step) != self.node(first + k * step + span)
+            for k in range(min(count, g))
+        )
 
     @property
     def tp_spans_nodes(self) -> bool:

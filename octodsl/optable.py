@@ -64,5 +64,11 @@ def op_table(plan: Plan) -> OpTable:
     lengths = [len(device) for device in plan.schedule]
     node_device = np.repeat(np.arange(len(lengths)), lengths)
     starts = np.concatenate(([0], np.cumsum(lengths))).tolist()
-    return OpTable(kind, stage, mb, node, node_device[node],
-                   [range(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True)])
+    return OpTable(
+        kind,
+        stage,
+        mb,
+        node,
+        node_device[node],
+        [range(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True)],
+    )

@@ -16,8 +16,9 @@ from .models.pattern import transformer_layers
 from .plan import Plan, PlanError
 
 
-def plan_partition(plan: Plan, num_layers: int,
-                   work: Sequence[float] | None = None) -> list[tuple[int, int]]:
+def plan_partition(
+    plan: Plan, num_layers: int, work: Sequence[float] | None = None
+) -> list[tuple[int, int]]:
     """The (first, last) layers of each stage of `plan` on a model of `num_layers` layers.
 
     A plan that names its layers must cover exactly the model's, in order. A plan whose stages
@@ -28,13 +29,17 @@ def plan_partition(plan: Plan, num_layers: int,
     stages = plan.stages
     if all(st.abstract for st in stages):
         if work is None:
-            raise PlanError(f"the plan names no layers for its {len(stages)} stages; give a model "
-                            "so that its layers can be split over the stages by cost")
+            raise PlanError(
+                f"the plan names no layers for its {len(stages)} stages; give a model "
+                "so that its layers can be split over the stages by cost"
+            )
         if len(work) != num_layers:
             raise PlanError(f"{len(work)} layer costs for a model of {num_layers} layers")
         if num_layers < len(stages):
-            raise PlanError(f"the plan's {len(stages)} stages need at least {len(stages)} layers, "
-                            f"but the model has {num_layers}")
+            raise PlanError(
+                f"the plan's {len(stages)} stages need at least {len(stages)} layers, "
+                f"but the model has {num_layers}"
+            )
         return balance_time(work, len(stages))
     if any(st.abstract for st in stages):
         raise PlanError("the plan's partition names layers for some stages but not all")
@@ -42,13 +47,17 @@ def plan_partition(plan: Plan, num_layers: int,
     for i, st in enumerate(stages):
         first, last = st.bounds
         if first != expect or last < first:
-            raise PlanError(f"stage {i} runs layers {first}..{last}, but the stages before "
-                            f"it end at layer {expect - 1}: a partition must cover the model's "
-                            "layers in order")
+            raise PlanError(
+                f"stage {i} runs layers {first}..{last}, but the stages before "
+                f"it end at layer {expect - 1}: a partition must cover the model's "
+                "layers in order"
+            )
         expect = last + 1
     if expect != num_layers:
-        raise PlanError(f"the plan's partition covers {expect} layers (0..{expect - 1}), but the "
-                        f"model has {num_layers} (0..{num_layers - 1})")
+        raise PlanError(
+            f"the plan's partition covers {expect} layers (0..{expect - 1}), but the "
+            f"model has {num_layers} (0..{num_layers - 1})"
+        )
     return [st.bounds for st in stages]
 
 
@@ -74,14 +83,16 @@ def megatron_layers(pattern: str, n_stages: int, ends: bool = False) -> list[tup
     unit = 2 if transformer_layers(body) else 1
     units = len(body) // unit + (2 if ends else 0)
     if units < n_stages:
-        raise OctoError(f"{units} Megatron layers cannot fill {n_stages} stages "
-                        "(a stage needs a layer)")
+        raise OctoError(
+            f"{units} Megatron layers cannot fill {n_stages} stages (a stage needs a layer)"
+        )
     # bounds in units; with `ends` unit 0 is the embedding and the last unit the LM head
     cuts = [a for a, _ in equal_layers(units, n_stages)] + [units]
     shift = 1 if ends else 0
 
     def layer(u: int) -> int:  # the first pattern index of unit u
         return min(max(1 + (u - shift) * unit, 0 if u == 0 else 1), len(pattern) - 1)
+
     ranges = [(layer(a), layer(b) - 1) for a, b in pairwise(cuts)]
     ranges[0] = (0, ranges[0][1])
     ranges[-1] = (ranges[-1][0], len(pattern) - 1)
@@ -153,8 +164,14 @@ def _min_bottleneck(prefix: list[float], n_stages: int) -> float:
     layers (one of them is the optimum), each candidate checked by greedy packing."""
     n = len(prefix) - 1
     widest = max(prefix[i + 1] - prefix[i] for i in range(n))
-    candidates = sorted({prefix[i] - prefix[k] for i in range(n + 1) for k in range(i)
-                         if prefix[i] - prefix[k] >= widest})
+    candidates = sorted(
+        {
+            prefix[i] - prefix[k]
+            for i in range(n + 1)
+            for k in range(i)
+            if prefix[i] - prefix[k] >= widest
+        }
+    )
     lo, hi = 0, len(candidates) - 1
     while lo < hi:
         mid = (lo + hi) // 2

@@ -93,8 +93,10 @@ class Op:
         leading zeros or non-ASCII digits)."""
         m = _LABEL.fullmatch(text)
         if m is None:
-            raise PlanError(f"{text!r} is not an op: write the kind (F, B, W or BW), the stage, a "
-                            "colon and the micro-batch, as in F3:5 or BW0:2")
+            raise PlanError(
+                f"{text!r} is not an op: write the kind (F, B, W or BW), the stage, a "
+                "colon and the micro-batch, as in F3:5 or BW0:2"
+            )
         return cls(OpKind(m[1]), int(m[2]), int(m[3]))
 
     def __str__(self) -> str:
@@ -148,8 +150,10 @@ def zero_without_copies(zero: int, dp: int) -> str | None:
     if zero == 0 or dp > 1:
         return None
     what = "optimizer state" if zero == 1 else "optimizer state and gradients"
-    return (f"zero {zero} with dp 1: there is only one copy of the pipeline, no other to shard "
-            f"the {what} over")
+    return (
+        f"zero {zero} with dp 1: there is only one copy of the pipeline, no other to shard "
+        f"the {what} over"
+    )
 
 
 class Header(BaseModel):
@@ -216,8 +220,11 @@ class Header(BaseModel):
 
     def runtime_changes(self) -> list[tuple[str, bool]]:
         """The runtime fields (RUNTIME_FIELDS) that differ from their defaults, as set."""
-        return [(name, getattr(self, name)) for name in RUNTIME_FIELDS
-                if getattr(self, name) != Header.model_fields[name].default]
+        return [
+            (name, getattr(self, name))
+            for name in RUNTIME_FIELDS
+            if getattr(self, name) != Header.model_fields[name].default
+        ]
 
     @property
     def sp(self) -> bool:
@@ -349,9 +356,7 @@ class Plan:
 
 def placement_loop(num_stages: int, devices: int) -> list[DevicePlacement]:
     """Looped (interleaved) placement: stage s on device s mod devices."""
-    return [
-        DevicePlacement(d, tuple(range(d, num_stages, devices))) for d in range(devices)
-    ]
+    return [DevicePlacement(d, tuple(range(d, num_stages, devices))) for d in range(devices)]
 
 
 def placement_v(num_stages: int, devices: int) -> list[DevicePlacement]:

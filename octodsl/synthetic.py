@@ -50,10 +50,13 @@ class Task:
         return math.log(self.alphabet(vocab))
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("affine", 5, 3, None, "x' = (5x + 3) mod vocab over the whole vocabulary"),
-    Task("modadd", 1, 3, 16, "x' = (x + 3) mod 16: counting in steps of 3 over 16 ids"),
-)}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task("affine", 5, 3, None, "x' = (5x + 3) mod vocab over the whole vocabulary"),
+        Task("modadd", 1, 3, 16, "x' = (x + 3) mod 16: counting in steps of 3 over 16 ids"),
+    )
+}
 """The tasks by name; `affine` first (the default)."""
 
 
@@ -67,21 +70,32 @@ def get_task(name: str) -> Task:
 def check(task: Task, batch: int, seq: int, vocab: int) -> None:
     """TaskError unless `task` can fill micro-batches of `batch` x `seq` tokens for a model of
     `vocab` token ids."""
-    for what, value in (("micro-batch size", batch), ("sequence length", seq), ("vocabulary", vocab)):
+    for what, value in (
+        ("micro-batch size", batch),
+        ("sequence length", seq),
+        ("vocabulary", vocab),
+    ):
         if value < 1:
             raise TaskError(f"task {task.name}: {what} must be at least 1, not {value}")
     if vocab < 2:
-        raise TaskError(f"task {task.name} needs at least 2 token ids; the model's vocabulary has {vocab}")
+        raise TaskError(
+            f"task {task.name} needs at least 2 token ids; the model's vocabulary has {vocab}"
+        )
     if task.alphabet(vocab) > MAX_ALPHABET:
-        raise TaskError(f"task {task.name}: at most {MAX_ALPHABET:,} token ids (products of two "
-                        f"ids stay in int64); the model's vocabulary has {vocab:,}")
+        raise TaskError(
+            f"task {task.name}: at most {MAX_ALPHABET:,} token ids (products of two "
+            f"ids stay in int64); the model's vocabulary has {vocab:,}"
+        )
     if task.symbols is not None and vocab < task.symbols:
-        raise TaskError(f"task {task.name} uses token ids 0..{task.symbols - 1}; the model's "
-                        f"vocabulary has only {vocab}")
+        raise TaskError(
+            f"task {task.name} uses token ids 0..{task.symbols - 1}; the model's "
+            f"vocabulary has only {vocab}"
+        )
 
 
-def sequences(task: Task, generator: torch.Generator, batch: int, seq: int,
-              vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequences(
+    task: Task, generator: torch.Generator, batch: int, seq: int, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, labels), each [batch, seq] int64: `batch` sequences of seq + 1 tokens following the
     rule from starts drawn with `generator`; the labels are the ids shifted by one."""
     check(task, batch, seq, vocab)

@@ -37,15 +37,28 @@ class TimedSpan:
 
 
 def op_span(pid: int, kind: str, stage: int, mb: int, start: float, end: float) -> TimedSpan:
-    return TimedSpan(pid, COMPUTE, Op(OpKind(kind), stage, mb).label, start, end,
-                     {"kind": kind, "stage": stage, "mb": mb})
+    return TimedSpan(
+        pid,
+        COMPUTE,
+        Op(OpKind(kind), stage, mb).label,
+        start,
+        end,
+        {"kind": kind, "stage": stage, "mb": mb},
+    )
 
 
-def comm_span(pid: int, direction: str, kind: str, stage: int, mb: int, peer: int,
-              start: float, end: float) -> TimedSpan:
+def comm_span(
+    pid: int, direction: str, kind: str, stage: int, mb: int, peer: int, start: float, end: float
+) -> TimedSpan:
     """A message carrying the result of op `kind stage:mb`, sent to or received from `peer`."""
-    return TimedSpan(pid, COMM, Op(OpKind(kind), stage, mb).label, start, end,
-                     {"kind": direction, "stage": stage, "mb": mb, "peer": peer})
+    return TimedSpan(
+        pid,
+        COMM,
+        Op(OpKind(kind), stage, mb).label,
+        start,
+        end,
+        {"kind": direction, "stage": stage, "mb": mb, "peer": peer},
+    )
 
 
 def chrome_trace(spans: Iterable[TimedSpan], process_names: dict[int, str] | None = None) -> dict:
@@ -58,22 +71,36 @@ def chrome_trace(spans: Iterable[TimedSpan], process_names: dict[int, str] | Non
     for pid in pids:
         name = (process_names or {}).get(pid, f"device {pid}")
         events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}})
-        events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+        events.append(
+            {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}}
+        )
         for tid, tname in ((COMPUTE, "compute"), (COMM, "communication")):
-            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
-                           "args": {"name": tname}})
+            events.append(
+                {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": tname}}
+            )
     for s in sorted(spans, key=lambda s: (s.pid, s.tid, s.start)):
-        events.append({"ph": "X", "pid": s.pid, "tid": s.tid, "name": s.name,
-                       "ts": (s.start - t0) * 1e6, "dur": max(s.end - s.start, 0.0) * 1e6,
-                       "args": s.args})
+        events.append(
+            {
+                "ph": "X",
+                "pid": s.pid,
+                "tid": s.tid,
+                "name": s.name,
+                "ts": (s.start - t0) * 1e6,
+                "dur": max(s.end - s.start, 0.0) * 1e6,
+                "args": s.args,
+            }
+        )
     # otherData: the format's free-form metadata (chrome://tracing shows it); callers add theirs
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {FIELD: version()}}
 
 
-def write_trace(path: str | Path, spans: Iterable[TimedSpan],
-                process_names: dict[int, str] | None = None,
-                counters: Callable[[float], list[dict]] | None = None,
-                info: dict | None = None) -> None:
+def write_trace(
+    path: str | Path,
+    spans: Iterable[TimedSpan],
+    process_names: dict[int, str] | None = None,
+    counters: Callable[[float], list[dict]] | None = None,
+    info: dict | None = None,
+) -> None:
     """chrome_trace's trace, written atomically; `counters(t0)` gives counter events on its
     clock (t0: the earliest span's start, in seconds) and `info` joins its otherData."""
     spans = list(spans)

@@ -8,8 +8,17 @@ import math
 import re
 from fractions import Fraction
 
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
 
 _EXACT_ORDER = ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB")
 """Of two spellings as short, the first here wins."""
@@ -33,8 +42,9 @@ def parse_size(text: str) -> int:
 def exact_size(nbytes: int) -> str:
     """The shortest exact spelling, as a plan file writes it: 80 GiB as `80GiB`, a device's
     80 GB as `80GB`, else the plain number."""
-    exact = [f"{nbytes // _UNITS[unit]}{unit}" for unit in _EXACT_ORDER
-             if nbytes % _UNITS[unit] == 0]
+    exact = [
+        f"{nbytes // _UNITS[unit]}{unit}" for unit in _EXACT_ORDER if nbytes % _UNITS[unit] == 0
+    ]
     return min(exact, key=len, default=str(nbytes))
 
 

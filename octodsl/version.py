@@ -27,6 +27,6 @@ def version() -> str:
 
 
 def made_by(command: str) -> str:
-    """"`octodsl COMMAND` (octodsl X.Y.Z)": how the comment on top of a plan octodsl writes
+    """ "`octodsl COMMAND` (octodsl X.Y.Z)": how the comment on top of a plan octodsl writes
     names what wrote it."""
     return f"`octodsl {command}` (octodsl {version()})"

@@ -59,7 +59,9 @@ def check_golden(path: Path, actual: str) -> None:
         path.write_text(actual)
         if not UPDATE_GOLDEN:
             raise AssertionError(f"golden file {path} did not exist; written now, check it in")
-    assert actual == path.read_text(), f"output differs from {path} (OCTODSL_UPDATE_GOLDEN=1 to accept)"
+    assert actual == path.read_text(), (
+        f"output differs from {path} (OCTODSL_UPDATE_GOLDEN=1 to accept)"
+    )
 
 
 @pytest.fixture

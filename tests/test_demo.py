@@ -41,29 +41,53 @@ def _step(i: int, loss: float) -> str:
 
 
 def test_losses_skip_launcher_lines():
-    lines = ["[2026-12-01 15:00:00] [INFO] launching", "train.py: nemotron-h-tiny, ...",
-             _step(0, 9.1), "{not json", '{"other": 1}', _step(1, 8.5)]
+    lines = [
+        "[2026-12-01 15:00:00] [INFO] launching",
+        "train.py: nemotron-h-tiny, ...",
+        _step(0, 9.1),
+        "{not json",
+        '{"other": 1}',
+        _step(1, 8.5),
+    ]
     assert summary.losses(lines) == [9.1, 8.5]
 
 
 def test_loss_line_shows_steps_1_5_10_15_20_and_the_last():
     run = [9.0 - 0.4 * i for i in range(22)]
     line = summary.loss_line(run, math.log(16), 16)
-    assert "step 1: 9.00  step 5: 7.40  step 10: 5.40  step 15: 3.40  step 20: 1.40  step 22: 0.60" in line
+    assert (
+        "step 1: 9.00  step 5: 7.40  step 10: 5.40  step 15: 3.40  step 20: 1.40  step 22: 0.60"
+        in line
+    )
     assert "ln 16 = 2.77" in line
     assert "step 5" not in summary.loss_line(run[:3], math.log(16), 16)
 
 
 def _compare(simulated: float, measured: float, costs: str) -> dict:
-    return {"steps": 20, "timed_steps": 19, "costs": costs,
-            "metrics": [{"metric": "busy", "device": 0, "simulated": 0.1, "measured": 0.2, "error": -0.5},
-                        {"metric": "iteration", "device": None, "simulated": simulated,
-                         "measured": measured, "error": simulated / measured - 1}]}
+    return {
+        "steps": 20,
+        "timed_steps": 19,
+        "costs": costs,
+        "metrics": [
+            {"metric": "busy", "device": 0, "simulated": 0.1, "measured": 0.2, "error": -0.5},
+            {
+                "metric": "iteration",
+                "device": None,
+                "simulated": simulated,
+                "measured": measured,
+                "error": simulated / measured - 1,
+            },
+        ],
+    }
 
 
 def test_time_lines_put_measured_and_each_simulation_side_by_side():
-    lines = summary.time_lines([("a profile", _compare(1.1, 1.0, "profile p.json")),
-                                ("analytical", _compare(0.5, 1.0, "analytical tiny on cpu"))])
+    lines = summary.time_lines(
+        [
+            ("a profile", _compare(1.1, 1.0, "profile p.json")),
+            ("analytical", _compare(0.5, 1.0, "analytical tiny on cpu")),
+        ]
+    )
     assert lines[0].endswith("measured 1.000 s") and "19 of 20 steps" in lines[0]
     assert "simulated 1.100 s (+10%) from a profile [profile p.json]" in lines[1]
     assert "simulated 0.500 s (-50%) from analytical" in lines[2]
@@ -74,10 +98,24 @@ def test_main_prints_the_screen(tmp_path, capsys):
     log.write_text("\n".join(_step(i, 9.0 - 0.4 * i) for i in range(20)) + "\n")
     cmp = tmp_path / "c.json"
     cmp.write_text(json.dumps(_compare(2.0, 1.0, "analytical")))
-    assert summary.main([str(log), "--task", "modadd", "--model", "nemotron-h-tiny",
-                         "--compare", f"analytical costs={cmp}"]) == 0
+    assert (
+        summary.main(
+            [
+                str(log),
+                "--task",
+                "modadd",
+                "--model",
+                "nemotron-h-tiny",
+                "--compare",
+                f"analytical costs={cmp}",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "step 20: 1.40" in out and "measured 1.000 s" in out and "simulated 2.000 s (+100%)" in out
+    assert (
+        "step 20: 1.40" in out and "measured 1.000 s" in out and "simulated 2.000 s (+100%)" in out
+    )
 
 
 @pytest.mark.parametrize("text", ["", "[INFO] nothing\n"])

@@ -38,8 +38,9 @@ def documented_options(text: str) -> list[tuple[str, str, str]]:
 
     found = []
     for seg in _segments(text):
-        for m in re.finditer(r"\boctodsl\s+(?:--debug\s+)?([a-z]+)\b(.*?)(?=$|\boctodsl\b| \| |&&|;| #)",
-                             seg):
+        for m in re.finditer(
+            r"\boctodsl\s+(?:--debug\s+)?([a-z]+)\b(.*?)(?=$|\boctodsl\b| \| |&&|;| #)", seg
+        ):
             if m.group(1) in COMMANDS:
                 for opt in re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", m.group(2)):
                     found.append((m.group(1), opt, m.group(0)))
@@ -47,10 +48,16 @@ def documented_options(text: str) -> list[tuple[str, str, str]]:
 
 
 def test_finds_the_options_of_every_form():
-    text = ("`octodsl tune --model M -p 4` and\n```sh\n$ octodsl simulate a.octo \\\n  --trace t.json "
-            "| tee x --no  # --not\nocto lint --x\n```\n| `octodsl convert IN [--to torch\\|megatron]` |")
+    text = (
+        "`octodsl tune --model M -p 4` and\n```sh\n$ octodsl simulate a.octo \\\n  --trace t.json "
+        "| tee x --no  # --not\nocto lint --x\n```\n| `octodsl convert IN [--to torch\\|megatron]` |"
+    )
     assert [(c, o) for c, o, _ in documented_options(text)] == [
-        ("tune", "--model"), ("tune", "-p"), ("simulate", "--trace"), ("convert", "--to")]
+        ("tune", "--model"),
+        ("tune", "-p"),
+        ("simulate", "--trace"),
+        ("convert", "--to"),
+    ]
 
 
 def test_every_option_the_docs_give_a_command_is_accepted_by_it():

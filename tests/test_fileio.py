@@ -29,7 +29,7 @@ class _Full:
         self.f = f
 
     def write(self, data):
-        self.f.write(data[:len(data) // 2])
+        self.f.write(data[: len(data) // 2])
         self.f.flush()
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -115,6 +115,7 @@ def test_a_read_only_file_is_refused(tmp_path):
 
 # --- Every writer ----------------------------------------------------------------------------
 
+
 def _result():
     plan = generate("zb-h1", 2, 4)
     return simulate(compile(plan), uniform_stage_costs(2, 1.0, 1.0, 1.0), Link("l", 0.1, 1e9))
@@ -175,10 +176,17 @@ def _compare_png(tmp_path, path):
     write_png(_comparison(tmp_path), path)
 
 
-@pytest.mark.parametrize("name, write", [
-    ("p.profile.json", _write_profile), ("sim.json", _sim_trace), ("gantt.png", _gantt),
-    ("measured.json", _executor_trace), ("side.json", _side_by_side), ("side.png", _compare_png),
-])
+@pytest.mark.parametrize(
+    "name, write",
+    [
+        ("p.profile.json", _write_profile),
+        ("sim.json", _sim_trace),
+        ("gantt.png", _gantt),
+        ("measured.json", _executor_trace),
+        ("side.json", _side_by_side),
+        ("side.png", _compare_png),
+    ],
+)
 def test_library_writers_leave_the_old_file_on_a_full_disk(tmp_path, monkeypatch, name, write):
     path = tmp_path / name
     path.write_text(OLD)
@@ -199,15 +207,32 @@ def _plans(tmp_path):
     return plan
 
 
-@pytest.mark.parametrize("argv, out", [
-    (["fmt", "{plan}"], "{plan}"),
-    (["gen", "1f1b", "-p", "2", "-m", "2", "-o", "{out}.octo"], "{out}.octo"),
-    (["convert", "{plan}", "-o", "{out}.csv"], "{out}.csv"),
-    (["simulate", "{plan}", "--trace", "{out}.json"], "{out}.json"),
-    (["simulate", "{plan}", "--png", "{out}.png"], "{out}.png"),
-    (["tune", "--model", "nemotron-h-tiny", "-p", "2", "-m", "2", "--budget", "1s", "-o",
-      "{out}.octo"], "{out}.octo"),
-])
+@pytest.mark.parametrize(
+    "argv, out",
+    [
+        (["fmt", "{plan}"], "{plan}"),
+        (["gen", "1f1b", "-p", "2", "-m", "2", "-o", "{out}.octo"], "{out}.octo"),
+        (["convert", "{plan}", "-o", "{out}.csv"], "{out}.csv"),
+        (["simulate", "{plan}", "--trace", "{out}.json"], "{out}.json"),
+        (["simulate", "{plan}", "--png", "{out}.png"], "{out}.png"),
+        (
+            [
+                "tune",
+                "--model",
+                "nemotron-h-tiny",
+                "-p",
+                "2",
+                "-m",
+                "2",
+                "--budget",
+                "1s",
+                "-o",
+                "{out}.octo",
+            ],
+            "{out}.octo",
+        ),
+    ],
+)
 def test_commands_leave_the_old_file_on_a_full_disk(tmp_path, capsys, full_disk, argv, out):
     if "--png" in argv:
         pytest.importorskip("matplotlib")

@@ -34,7 +34,8 @@ def _modules() -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -58,7 +59,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             continue
         base = node.module or ""
         if node.level:
-            up = package.split(".")[:len(package.split(".")) - node.level + 1]
+            up = package.split(".")[: len(package.split(".")) - node.level + 1]
             base = ".".join(up + ([node.module] if node.module else []))
         for alias in node.names:
             out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
@@ -114,8 +115,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             allowed = {m for m in members if m >= start}
             path = [start]
 
-            def extend(v: str, path: list[str] = path, start: str = start,
-                       allowed: set[str] = allowed) -> None:
+            def extend(
+                v: str, path: list[str] = path, start: str = start, allowed: set[str] = allowed
+            ) -> None:
                 for w in sorted(graph[v] & allowed):
                     if w == start:
                         out.append([*path, start])
@@ -144,8 +146,10 @@ def test_the_graph_sees_a_cycle_closed_inside_a_function(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from .b import f\n")
     (pkg / "b.py").write_text("def f():\n    from . import a\n")
-    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\n"
-                              "if TYPE_CHECKING:\n    from . import a\nfrom . import b\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from . import a\nfrom . import b\n"
+    )
     monkeypatch.setitem(globals(), "PACKAGE", pkg)
     assert cycles(import_graph()) == [["octodsl.a", "octodsl.b", "octodsl.a"]]
 

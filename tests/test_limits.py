@@ -18,13 +18,21 @@ def documented() -> dict[str, int]:
 
 
 def test_the_doc_lists_every_limit_with_its_value():
-    constants = {name: value for name, value in vars(limits).items()
-                 if name.isupper() and isinstance(value, int)}
+    constants = {
+        name: value
+        for name, value in vars(limits).items()
+        if name.isupper() and isinstance(value, int)
+    }
     assert documented() == constants
 
 
 def test_refusals_point_to_the_section():
     path, anchor = limits.LIMITS_DOC.split("#")
     assert (REPO / path).read_text().count(f"\n## {anchor.capitalize()}\n") == 1
-    assert limits.at_most(limits.MAX_DEVICES, "devices") == "at most 4096 devices (docs/language.md#limits)"
-    assert limits.at_most(limits.MAX_OPS, "ops") == "at most 1,000,000 ops (docs/language.md#limits)"
+    assert (
+        limits.at_most(limits.MAX_DEVICES, "devices")
+        == "at most 4096 devices (docs/language.md#limits)"
+    )
+    assert (
+        limits.at_most(limits.MAX_OPS, "ops") == "at most 1,000,000 ops (docs/language.md#limits)"
+    )

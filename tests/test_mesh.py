@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 from octodsl.mesh import Mesh
 from octodsl.plan import Header
 
-meshes = st.builds(Mesh, st.integers(1, 16), st.integers(1, 6), st.integers(1, 6),
-                   st.integers(1, 12))
+meshes = st.builds(
+    Mesh, st.integers(1, 16), st.integers(1, 6), st.integers(1, 6), st.integers(1, 12)
+)
 
 
 def _nodes(m: Mesh, ranks) -> set[int]:
@@ -17,24 +18,40 @@ def _nodes(m: Mesh, ranks) -> set[int]:
 
 @given(meshes)
 def test_checks_equal_a_walk_over_every_rank(m):
-    assert sorted(m.rank(p, d, t) for p in range(m.pp) for d in range(m.dp)
-                  for t in range(m.tp)) == list(range(m.world))
+    assert sorted(
+        m.rank(p, d, t) for p in range(m.pp) for d in range(m.dp) for t in range(m.tp)
+    ) == list(range(m.world))
     for r in range(m.world):
         assert m.rank(*m.coords(r)) == r
-    assert m.tp_spans_nodes == any(len(_nodes(m, [m.rank(p, d, t) for t in range(m.tp)])) > 1
-                                   for p in range(m.pp) for d in range(m.dp))
+    assert m.tp_spans_nodes == any(
+        len(_nodes(m, [m.rank(p, d, t) for t in range(m.tp)])) > 1
+        for p in range(m.pp)
+        for d in range(m.dp)
+    )
     for p in range(m.pp):
         assert m.dp_spans_nodes(p) == any(
-            len(_nodes(m, [m.rank(p, d, t) for d in range(m.dp)])) > 1 for t in range(m.tp))
+            len(_nodes(m, [m.rank(p, d, t) for d in range(m.dp)])) > 1 for t in range(m.tp)
+        )
         for q in range(m.pp):
-            assert m.crosses_nodes(p, q) == any(m.node(m.rank(p, d, t)) != m.node(m.rank(q, d, t))
-                                                for d in range(m.dp) for t in range(m.tp))
+            assert m.crosses_nodes(p, q) == any(
+                m.node(m.rank(p, d, t)) != m.node(m.rank(q, d, t))
+                for d in range(m.dp)
+                for t in range(m.tp)
+            )
 
 
 def test_megatron_order_tp_fastest_then_dp_then_pp():
     m = Mesh(tp=2, pp=2, dp=2, gpus_per_node=8)
     assert [m.coords(r) for r in range(8)] == [
-        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 0, 1),
+        (1, 1, 0),
+        (1, 1, 1),
+    ]
 
 
 def test_a_cluster_of_8192_gpus():

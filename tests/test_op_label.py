@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from octodsl.errors import OctoError
 from octodsl.plan import Op, OpKind, PlanError
 
-ops = st.builds(Op, st.sampled_from(list(OpKind)), st.integers(0, 10**12 - 1),
-                st.integers(0, 10**12 - 1))
+ops = st.builds(
+    Op, st.sampled_from(list(OpKind)), st.integers(0, 10**12 - 1), st.integers(0, 10**12 - 1)
+)
 
 
 def test_label_is_the_plans_spelling():
@@ -34,11 +35,34 @@ def test_what_parse_accepts_is_a_label(text):
     assert op.label == text
 
 
-@pytest.mark.parametrize("junk", [
-    "", "F", "F3", "F3:", ":5", "X3:5", "f3:5", "BWW3:5", "F 3:5", "F3: 5", " F3:5", "F3:5\n",
-    "F+3:5", "F-1:5", "F03:5", "F3:05", "F3_0:5", "F1e3:5", "F٣:5", "F3:٥", "F3:5:1", "F3.0:5",
-    "F1234567890123:0",
-])
+@pytest.mark.parametrize(
+    "junk",
+    [
+        "",
+        "F",
+        "F3",
+        "F3:",
+        ":5",
+        "X3:5",
+        "f3:5",
+        "BWW3:5",
+        "F 3:5",
+        "F3: 5",
+        " F3:5",
+        "F3:5\n",
+        "F+3:5",
+        "F-1:5",
+        "F03:5",
+        "F3:05",
+        "F3_0:5",
+        "F1e3:5",
+        "F٣:5",
+        "F3:٥",
+        "F3:5:1",
+        "F3.0:5",
+        "F1234567890123:0",
+    ],
+)
 def test_parse_refuses_anything_else_with_a_clear_error(junk):
     with pytest.raises(PlanError, match="is not an op: write the kind") as info:
         Op.parse(junk)

@@ -32,8 +32,9 @@ def test_every_row_cites_its_source(rows):
         assert r["runtime"].get("why"), r["id"]  # how that source's software ran, and why
 
 
-@pytest.mark.parametrize("row_id", ["zb2024-t4-1.5b-m24-zb-2p", "bloom-176b-production-384",
-                                    "narayanan2021-t1-39.1b"])
+@pytest.mark.parametrize(
+    "row_id", ["zb2024-t4-1.5b-m24-zb-2p", "bloom-176b-production-384", "narayanan2021-t1-39.1b"]
+)
 def test_the_printed_commands_give_the_reported_figure(row_id, rows, tmp_path, capsys, monkeypatch):
     result = published.run_row(rows[row_id], {})
     monkeypatch.chdir(REPO)
@@ -41,7 +42,10 @@ def test_the_printed_commands_give_the_reported_figure(row_id, rows, tmp_path, c
     plan = tmp_path / "plan.octo"
     assert main(shlex.split(gen.removeprefix("octodsl ").replace("plan.octo", str(plan)))) == 0
     capsys.readouterr()
-    assert main(shlex.split(sim.removeprefix("octodsl ").replace("plan.octo", str(plan))) + ["--json"]) == 0
+    assert (
+        main(shlex.split(sim.removeprefix("octodsl ").replace("plan.octo", str(plan))) + ["--json"])
+        == 0
+    )
     simulated = json.loads(capsys.readouterr().out)["iteration_time"]
     # the same plan and costs by the same arithmetic: equal to the last digit
     assert simulated == result["iteration_time"]

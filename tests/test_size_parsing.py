@@ -23,14 +23,17 @@ def test_any_text_is_a_size_or_a_value_error(text):
         assert isinstance(value, int) and value >= 0
 
 
-@given(st.decimals(min_value=0, max_value=10**6, places=3, allow_nan=False),
-       st.sampled_from(sorted(_UNITS)))
+@given(
+    st.decimals(min_value=0, max_value=10**6, places=3, allow_nan=False),
+    st.sampled_from(sorted(_UNITS)),
+)
 def test_decimal_sizes_are_exact(number, unit):
     assert parse_size(f"{number}{unit}") == round(Fraction(str(number)) * _UNITS[unit])
 
 
-@pytest.mark.parametrize("text", ["-1GiB", "nanGiB", "infGiB", "1e3", "1e400GiB", "0x10",
-                                  "1,5GB", "GiB", "", "9" * 70])
+@pytest.mark.parametrize(
+    "text", ["-1GiB", "nanGiB", "infGiB", "1e3", "1e400GiB", "0x10", "1,5GB", "GiB", "", "9" * 70]
+)
 def test_not_sizes(text):
     with pytest.raises(ValueError, match="cannot read"):
         parse_size(text)

@@ -50,13 +50,16 @@ def test_sequence_length_one_is_one_predictable_pair():
     assert torch.equal(labels, (ids + 3) % 16)
 
 
-@pytest.mark.parametrize("batch, seq, vocab, words", [
-    (1, 0, 8192, "sequence length must be at least 1"),
-    (0, 8, 8192, "micro-batch size must be at least 1"),
-    (1, 8, 0, "vocabulary must be at least 1"),
-    (1, 8, 1, "at least 2 token ids"),
-    (1, 8, 15, "uses token ids 0..15; the model's vocabulary has only 15"),
-])
+@pytest.mark.parametrize(
+    "batch, seq, vocab, words",
+    [
+        (1, 0, 8192, "sequence length must be at least 1"),
+        (0, 8, 8192, "micro-batch size must be at least 1"),
+        (1, 8, 0, "vocabulary must be at least 1"),
+        (1, 8, 1, "at least 2 token ids"),
+        (1, 8, 15, "uses token ids 0..15; the model's vocabulary has only 15"),
+    ],
+)
 def test_refuses_what_it_cannot_fill(batch, seq, vocab, words):
     with pytest.raises(TaskError, match=words):
         sequences(get_task("modadd"), torch.Generator(), batch, seq, vocab)

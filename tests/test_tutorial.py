@@ -59,10 +59,15 @@ def matches(shown: tuple[str, ...], printed: list[str]) -> bool:
 
 
 def test_finds_files_commands_and_outputs():
-    text = ("Save it as `a.octo`:\n\n```octo\nplan\n```\n\n```console\n$ octodsl lint a.octo\n"
-            "a.octo: ok\n$ true\n...\n```\n```sh\necho not run\n```\n")
-    assert steps(text) == [File("a.octo", "plan\n"), Command("octodsl lint a.octo", ("a.octo: ok",)),
-                           Command("true", ("...",))]
+    text = (
+        "Save it as `a.octo`:\n\n```octo\nplan\n```\n\n```console\n$ octodsl lint a.octo\n"
+        "a.octo: ok\n$ true\n...\n```\n```sh\necho not run\n```\n"
+    )
+    assert steps(text) == [
+        File("a.octo", "plan\n"),
+        Command("octodsl lint a.octo", ("a.octo: ok",)),
+        Command("true", ("...",)),
+    ]
     assert matches(("a", "...", "z"), ["a", "b", "c", "z"]) and matches(("a", "..."), ["a"])
     assert not matches(("a", "z"), ["a", "b", "z"]) and not matches(("a",), ["b"])
 
@@ -79,8 +84,15 @@ def _run(tmp_path: Path, upto_launch: bool) -> None:
             break
         # the launch as shown, on a port of its own (parallel workers, other test runs)
         command = step.line.replace(LAUNCH, f"deepspeed --master_port {free_port()} --num_gpus")
-        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=540)
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=540,
+        )
         printed = [line.rstrip() for line in done.stdout.splitlines()]
         failing = any("error" in line for line in step.shown)  # a step that shows an error
         assert (done.returncode != 0) == failing, f"$ {step.line}\n{done.stdout}"

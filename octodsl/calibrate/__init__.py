@@ -14,5 +14,15 @@ from .compare import Comparison, Metric, compare
 from .fit import Run, fit
 from .measured import MeasuredTrace, TraceError, check_against, parse_trace, read_trace
 
-__all__ = ["Comparison", "MeasuredTrace", "Metric", "Run", "TraceError", "check_against",
-           "compare", "fit", "parse_trace", "read_trace"]
+__all__ = [
+    "Comparison",
+    "MeasuredTrace",
+    "Metric",
+    "Run",
+    "TraceError",
+    "check_against",
+    "compare",
+    "fit",
+    "parse_trace",
+    "read_trace",
+]

@@ -42,8 +42,13 @@ class Metric:
         return (self.simulated - self.measured) / self.measured
 
     def to_json(self) -> dict:
-        return {"metric": self.name, "device": self.device, "simulated": _finite(self.simulated),
-                "measured": _finite(self.measured), "error": _finite(self.error)}
+        return {
+            "metric": self.name,
+            "device": self.device,
+            "simulated": _finite(self.simulated),
+            "measured": _finite(self.measured),
+            "error": _finite(self.error),
+        }
 
 
 def _finite(x: float) -> float | None:
@@ -77,15 +82,25 @@ class Comparison:
     def to_json(self) -> dict:
         """The `octodsl compare --json` object; an error is null where nothing was measured
         (see Metric.error)."""
-        return {"plan": self.plan.header.name, "devices": self.plan.devices,
-                "microbatches": self.plan.microbatches, "costs": self.result.costs.source,
-                "link": {"name": self.link.name, "latency": self.link.latency,
-                         "bandwidth": self.link.bandwidth},
-                "trace": self.measured.path, "steps": len(self.measured.steps),
-                "timed_steps": len(self.measured.timed), "step_spread": self.measured.spread,
-                "iteration_error": _finite(self.iteration.error),
-                "memory_error": None if self.memory_error is None else _finite(self.memory_error),
-                "metrics": [m.to_json() for m in self.metrics()], "notes": self.notes}
+        return {
+            "plan": self.plan.header.name,
+            "devices": self.plan.devices,
+            "microbatches": self.plan.microbatches,
+            "costs": self.result.costs.source,
+            "link": {
+                "name": self.link.name,
+                "latency": self.link.latency,
+                "bandwidth": self.link.bandwidth,
+            },
+            "trace": self.measured.path,
+            "steps": len(self.measured.steps),
+            "timed_steps": len(self.measured.timed),
+            "step_spread": self.measured.spread,
+            "iteration_error": _finite(self.iteration.error),
+            "memory_error": None if self.memory_error is None else _finite(self.memory_error),
+            "metrics": [m.to_json() for m in self.metrics()],
+            "notes": self.notes,
+        }
 
 
 def compare(plan: Plan, costs: SimCosts, link: Link, trace: MeasuredTrace) -> Comparison:
@@ -100,41 +115,74 @@ def compare(plan: Plan, costs: SimCosts, link: Link, trace: MeasuredTrace) -> Co
         sim_iteration = result.iteration_time
     else:
         sim_iteration = result.pipeline_time
-        notes.append("compared without the optimizer step: simulated pipeline time vs the span "
-                     "of the measured ops")
+        notes.append(
+            "compared without the optimizer step: simulated pipeline time vs the span "
+            "of the measured ops"
+        )
     meas_iteration = trace.iteration_time
     P = plan.devices
     busy_m = trace.busy
     busy = [Metric("busy", d, float(result.busy[d]), float(busy_m[d])) for d in range(P)]
-    idle = [Metric("idle", d, sim_iteration - float(result.busy[d]),
-                   meas_iteration - float(busy_m[d])) for d in range(P)]
+    idle = [
+        Metric("idle", d, sim_iteration - float(result.busy[d]), meas_iteration - float(busy_m[d]))
+        for d in range(P)
+    ]
     per_kind: dict[str, float] = {}
     for op in result.ops():
         per_kind[op.kind] = per_kind.get(op.kind, 0.0) + (op.end - op.start)
-    kinds = [Metric(f"{k.value} ops", None, per_kind[k.value], trace.kind_time(k.value))
-             for k in OpKind if k.value in per_kind]
+    kinds = [
+        Metric(f"{k.value} ops", None, per_kind[k.value], trace.kind_time(k.value))
+        for k in OpKind
+        if k.value in per_kind
+    ]
     peak = None
     measured_peak = trace.peak_memory
     if measured_peak is not None:
-        peak = [Metric("peak memory", d, float(result.peak_memory[d]), float(measured_peak[d]))
-                for d in range(P)]
-    return Comparison(plan, result, trace, link, Metric("iteration", None, sim_iteration, meas_iteration),
-                      busy, idle, kinds, peak, notes)
+        peak = [
+            Metric("peak memory", d, float(result.peak_memory[d]), float(measured_peak[d]))
+            for d in range(P)
+        ]
+    return Comparison(
+        plan,
+        result,
+        trace,
+        link,
+        Metric("iteration", None, sim_iteration, meas_iteration),
+        busy,
+        idle,
+        kinds,
+        peak,
+        notes,
+    )
 
 
 # Side by side.
 def _sim_spans(result: SimResult, pid_of) -> list[TimedSpan]:
-    spans = [op_span(pid_of(op.device), op.kind, op.stage, op.mb, op.start, op.end)
-             for op in result.ops()]
+    spans = [
+        op_span(pid_of(op.device), op.kind, op.stage, op.mb, op.start, op.end)
+        for op in result.ops()
+    ]
     for m in result.messages():
         if m.end > m.start:
-            spans.append(comm_span(pid_of(m.src), "send", m.kind, m.stage, m.mb, m.dst, m.start, m.end))
-            spans.append(comm_span(pid_of(m.dst), "recv", m.kind, m.stage, m.mb, m.src, m.start, m.end))
+            spans.append(
+                comm_span(pid_of(m.src), "send", m.kind, m.stage, m.mb, m.dst, m.start, m.end)
+            )
+            spans.append(
+                comm_span(pid_of(m.dst), "recv", m.kind, m.stage, m.mb, m.src, m.start, m.end)
+            )
     if result.update is not None:
         for d, u in enumerate(result.update):
             if u > 0:
-                spans.append(TimedSpan(pid_of(d), COMPUTE, "optimizer", result.update_start,
-                                       result.update_start + float(u), {"kind": "optimizer"}))
+                spans.append(
+                    TimedSpan(
+                        pid_of(d),
+                        COMPUTE,
+                        "optimizer",
+                        result.update_start,
+                        result.update_start + float(u),
+                        {"kind": "optimizer"},
+                    )
+                )
     return spans
 
 
@@ -142,13 +190,27 @@ def _measured_spans(trace: MeasuredTrace, pid_of) -> tuple[list[TimedSpan], floa
     """The representative step's spans, on a clock that starts at the step's first op."""
     step = trace.representative()
     t0 = step.start
-    spans = [op_span(pid_of(op.device), op.kind, op.stage, op.mb, op.start - t0, op.end - t0)
-             for op in step.ops]
+    spans = [
+        op_span(pid_of(op.device), op.kind, op.stage, op.mb, op.start - t0, op.end - t0)
+        for op in step.ops
+    ]
     for m in step.messages:  # a receive posted before the step's first op: clipped to it
-        spans.append(comm_span(pid_of(m.device), m.direction, m.kind, m.stage, m.mb, m.peer,
-                               max(m.start - t0, 0.0), max(m.end - t0, 0.0)))
+        spans.append(
+            comm_span(
+                pid_of(m.device),
+                m.direction,
+                m.kind,
+                m.stage,
+                m.mb,
+                m.peer,
+                max(m.start - t0, 0.0),
+                max(m.end - t0, 0.0),
+            )
+        )
     for d, (a, b) in step.updates.items():
-        spans.append(TimedSpan(pid_of(d), COMPUTE, "optimizer", a - t0, b - t0, {"kind": "optimizer"}))
+        spans.append(
+            TimedSpan(pid_of(d), COMPUTE, "optimizer", a - t0, b - t0, {"kind": "optimizer"})
+        )
     return spans, t0
 
 
@@ -171,13 +233,27 @@ def side_by_side(c: Comparison) -> dict:
     events = trace["traceEvents"]
     for d in range(P):
         for t, nbytes in c.result.memory_events(d):
-            events.append({"ph": "C", "pid": sim_pid(d), "name": "memory", "ts": t * 1e6,
-                           "args": {"bytes": nbytes}})
+            events.append(
+                {
+                    "ph": "C",
+                    "pid": sim_pid(d),
+                    "name": "memory",
+                    "ts": t * 1e6,
+                    "args": {"bytes": nbytes},
+                }
+            )
         for t, nbytes in c.measured.memory.get(d, []):
             # memory was sampled in the first step: shown on that step's clock
             first = c.measured.steps[0].start
-            events.append({"ph": "C", "pid": meas_pid(d), "name": "memory (first step)",
-                           "ts": max(t - first, 0.0) * 1e6, "args": {"bytes": nbytes}})
+            events.append(
+                {
+                    "ph": "C",
+                    "pid": meas_pid(d),
+                    "name": "memory (first step)",
+                    "ts": max(t - first, 0.0) * 1e6,
+                    "args": {"bytes": nbytes},
+                }
+            )
     trace["otherData"].update({"octodsl": "compare", **c.to_json()})
     return trace
 
@@ -201,13 +277,18 @@ def write_png(c: Comparison, path: str | Path) -> None:
     P = c.plan.devices
     sim_spans = _sim_spans(c.result, lambda d: d)
     meas_spans, _ = _measured_spans(c.measured, lambda d: d)
-    horizon = max(c.iteration.simulated, c.iteration.measured,
-                  max((s.end for s in sim_spans + meas_spans), default=0.0))
+    horizon = max(
+        c.iteration.simulated,
+        c.iteration.measured,
+        max((s.end for s in sim_spans + meas_spans), default=0.0),
+    )
     scale, unit = (1e3, "ms") if horizon < 10 else (1.0, "s")
     width = min(60.0, max(12.0, 0.25 * max(len(s) for s in c.plan.schedule)))
     height = 1.2 + 1.0 * P
     fig, ax = plt.subplots(figsize=(width, height))
-    fig.subplots_adjust(left=1.6 / width, right=1 - 1.3 / width, bottom=0.7 / height, top=1 - 0.6 / height)
+    fig.subplots_adjust(
+        left=1.6 / width, right=1 - 1.3 / width, bottom=0.7 / height, top=1 - 0.6 / height
+    )
     update_colour = "#C44E52"
     rows: list[str] = []
     for d in range(P):
@@ -221,30 +302,55 @@ def write_png(c: Comparison, path: str | Path) -> None:
                     colour: tuple[float, ...] = to_rgb(COLOURS[kind])
                     if which == "measured":
                         colour = tuple(0.15 + 0.85 * x for x in colour)
-                    ax.broken_barh([(s.start * scale, (s.end - s.start) * scale)], (y - 0.38, 0.6),
-                                   facecolors=colour, edgecolor="white", linewidth=0.3)
+                    ax.broken_barh(
+                        [(s.start * scale, (s.end - s.start) * scale)],
+                        (y - 0.38, 0.6),
+                        facecolors=colour,
+                        edgecolor="white",
+                        linewidth=0.3,
+                    )
                 elif s.tid == COMPUTE and kind == "optimizer":
-                    ax.broken_barh([(s.start * scale, (s.end - s.start) * scale)], (y - 0.38, 0.6),
-                                   facecolors=update_colour, linewidth=0)
+                    ax.broken_barh(
+                        [(s.start * scale, (s.end - s.start) * scale)],
+                        (y - 0.38, 0.6),
+                        facecolors=update_colour,
+                        linewidth=0,
+                    )
                 elif s.tid == COMM and which == "simulated":
                     # (a measured span runs from posting to noticing completion, not a transfer)
-                    ax.broken_barh([(s.start * scale, (s.end - s.start) * scale)], (y + 0.25, 0.1),
-                                   facecolors=COMM_COLOUR, linewidth=0)
+                    ax.broken_barh(
+                        [(s.start * scale, (s.end - s.start) * scale)],
+                        (y + 0.25, 0.1),
+                        facecolors=COMM_COLOUR,
+                        linewidth=0,
+                    )
     for x, style in ((c.iteration.simulated, "-"), (c.iteration.measured, "--")):
         ax.axvline(x * scale, color="black", linestyle=style, linewidth=0.8)
     ax.set_ylim(len(rows) - 0.4, -0.6)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_xlim(0, horizon * scale * 1.01)
     ax.set_xlabel(f"time ({unit}); solid line: simulated iteration, dashed: measured")
-    kinds = sorted(set(COLOURS).intersection(s.args.get("kind") for s in sim_spans + meas_spans),
-                   key=list(COLOURS).index)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in kinds]
-              + [Patch(color=update_colour, label="optimizer"), Patch(color=COMM_COLOUR, label="message (simulated)")],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    kinds = sorted(
+        set(COLOURS).intersection(s.args.get("kind") for s in sim_spans + meas_spans),
+        key=list(COLOURS).index,
+    )
+    ax.legend(
+        handles=[Patch(color=COLOURS[k], label=k) for k in kinds]
+        + [
+            Patch(color=update_colour, label="optimizer"),
+            Patch(color=COMM_COLOUR, label="message (simulated)"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+    )
     mem = "" if c.memory_error is None else f"; peak memory mean |error| {c.memory_error:.1%}"
-    ax.set_title(f"{c.plan.header.name}: simulated {c.iteration.simulated * scale:.1f} {unit} vs measured "
-                 f"{c.iteration.measured * scale:.1f} {unit} ({c.iteration.error:+.1%}{mem})",
-                 loc="left", fontsize=10)
+    ax.set_title(
+        f"{c.plan.header.name}: simulated {c.iteration.simulated * scale:.1f} {unit} vs measured "
+        f"{c.iteration.measured * scale:.1f} {unit} ({c.iteration.error:+.1%}{mem})",
+        loc="left",
+        fontsize=10,
+    )
     try:
         with open_atomic(path, "wb") as f:
             fig.savefig(f, format="png", dpi=100)

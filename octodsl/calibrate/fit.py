@@ -106,14 +106,15 @@ def stage_bases(table: CostTable, plan: Plan) -> dict[tuple[str, int], float]:
     out = {}
     for s, st in enumerate(plan.stages):
         first, last = st.bounds
-        ls = table.layers[first:last + 1]
+        ls = table.layers[first : last + 1]
         f, b, w = sum(l.f for l in ls), sum(l.b for l in ls), sum(l.w for l in ls)
         out.update({("F", s): f, ("B", s): b, ("W", s): w, ("BW", s): b + w})
     return out
 
 
-def _occupancy(intervals: dict[int, list[tuple[float, float]]], device: int, a: float, b: float,
-               P: int) -> np.ndarray:
+def _occupancy(
+    intervals: dict[int, list[tuple[float, float]]], device: int, a: float, b: float, P: int
+) -> np.ndarray:
     """Seconds of [a, b] spent with k = 1..P devices busy, `device` counted busy throughout."""
     hist = np.zeros(P + 1)
     if b <= a:
@@ -191,17 +192,29 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
             by_dev: dict[int, list] = defaultdict(list)
             for op in step.ops:
                 by_dev[op.device].append(op)
-                ops.append(_OpObs(op.kind, bases[(op.kind, op.stage)], op.end - op.start,
-                                  _pad(_occupancy(intervals, op.device, op.start, op.end, Pmax), Pmax),
-                                  start=op.start, end=op.end, sends=transfers[op.device]))
+                ops.append(
+                    _OpObs(
+                        op.kind,
+                        bases[(op.kind, op.stage)],
+                        op.end - op.start,
+                        _pad(_occupancy(intervals, op.device, op.start, op.end, Pmax), Pmax),
+                        start=op.start,
+                        end=op.end,
+                        sends=transfers[op.device],
+                    )
+                )
             for d, seq in by_dev.items():
                 seq.sort(key=lambda o: o.start)
                 for prev, nxt in pairwise(seq):
                     waits = inputs.get(nxt.op, ())
                     ready = max((end_of[m.producer] for m in waits), default=-math.inf)
                     if ready <= prev.end:
-                        gaps.append((nxt.start - prev.end,
-                                     _pad(_occupancy(intervals, d, prev.end, nxt.start, Pmax), Pmax)))
+                        gaps.append(
+                            (
+                                nxt.start - prev.end,
+                                _pad(_occupancy(intervals, d, prev.end, nxt.start, Pmax), Pmax),
+                            )
+                        )
                     else:
                         # waited for a message: the latest producer's
                         last = max(waits, key=lambda m: end_of[m.producer])
@@ -211,7 +224,7 @@ def _collect(table: CostTable, runs: Sequence[Run], Pmax: int):
 
 def _pad(h: np.ndarray, P: int) -> np.ndarray:
     out = np.zeros(P + 1)
-    out[:len(h)] = h[:P + 1]
+    out[: len(h)] = h[: P + 1]
     return out
 
 
@@ -272,8 +285,9 @@ def _grid(cpus: int, Pmax: int):
     return cores, contention
 
 
-def _best_sharing(ops: list[_OpObs], cpus: int, Pmax: int, slowdown: float = 0.0,
-                  oversubscription: float = 0.0):
+def _best_sharing(
+    ops: list[_OpObs], cpus: int, Pmax: int, slowdown: float = 0.0, oversubscription: float = 0.0
+):
     """(residual, Sharing, per-kind params) of the grid point that fits the ops best."""
     best = None
     cores_grid, cont_grid = _grid(cpus, Pmax)
@@ -296,10 +310,12 @@ def _oversubscribed_sharing(ops: list[_OpObs], cpus: int, Pmax: int, found):
     computed than there are cores."""
     res, sharing, params = found
     for _ in range(2):
-        if sharing.cores is None or not any(o.hist[int(sharing.cores) + 1:].any() for o in ops):
+        if sharing.cores is None or not any(o.hist[int(sharing.cores) + 1 :].any() for o in ops):
             break
-        x = min(OVERSUBSCRIPTION, key=lambda x: _fit_kinds(
-            ops, _rates(Pmax, replace(sharing, oversubscription=x)))[1])
+        x = min(
+            OVERSUBSCRIPTION,
+            key=lambda x: _fit_kinds(ops, _rates(Pmax, replace(sharing, oversubscription=x)))[1],
+        )
         res, sharing, params = _best_sharing(ops, cpus, Pmax, 0.0, x)
     return res, sharing, params
 
@@ -320,14 +336,22 @@ def fit_link(probe: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
     return max(float(icpt), 0.0), float(1.0 / slope)
 
 
-def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, float]] = (),
-        cpus: int | None = None, source: str = "", progress: Progress | None = None
-        ) -> ProfileCalibration:
+def fit(
+    table: CostTable,
+    runs: Sequence[Run],
+    *,
+    probe: Sequence[tuple[int, float]] = (),
+    cpus: int | None = None,
+    source: str = "",
+    progress: Progress | None = None,
+) -> ProfileCalibration:
     """The calibration of `table` (a profile's, uncalibrated) from measured runs: the module's
     steps, in order, each fitted on what the steps before it found."""
     if table.calibration is not None:
-        raise OctoError("fit the calibration on the profile's own costs (the profile without "
-                         "its calibration section)")
+        raise OctoError(
+            "fit the calibration on the profile's own costs (the profile without "
+            "its calibration section)"
+        )
     if not runs:
         raise OctoError("calibration needs at least one measured run")
     report = FitReport()
@@ -347,13 +371,21 @@ def fit(table: CostTable, runs: Sequence[Run], *, probe: Sequence[tuple[int, flo
     say("fitting the optimizer step")
     per_param = _fit_update(table, runs, compute.rates(Pmax), Pmax, report)
     cal = ProfileCalibration(
-        created=datetime.now(timezone.utc).isoformat(), source=source, octodsl_version=version(),
-        processes=sorted({r.plan.devices for r in runs}), link=link,
+        created=datetime.now(timezone.utc).isoformat(),
+        source=source,
+        octodsl_version=version(),
+        processes=sorted({r.plan.devices for r in runs}),
+        link=link,
         # str keys, each an OpKind's value: pydantic checks them against the fields' Literal
-        op_scale=scale, op_overhead=overhead,  # type: ignore[arg-type]
-        update_per_param=per_param, step_overhead=0.0,
-        cores=compute.sharing.cores, contention=compute.sharing.contention,
-        overlap_slowdown=compute.overlap, oversubscription=compute.sharing.oversubscription)
+        op_scale=scale,  # type: ignore[arg-type]
+        op_overhead=overhead,  # type: ignore[arg-type]
+        update_per_param=per_param,
+        step_overhead=0.0,
+        cores=compute.sharing.cores,
+        contention=compute.sharing.contention,
+        overlap_slowdown=compute.overlap,
+        oversubscription=compute.sharing.oversubscription,
+    )
     say("fitting the step overhead")
     cal = _fit_step_overhead(runs, cal, report)
     cal = _fit_memory_after_b(table, runs, cal, report)
@@ -391,15 +423,20 @@ def _fit_compute(ops: list[_OpObs], cpus: int, Pmax: int, report: FitReport) -> 
     return _Compute(res, sharing, params)
 
 
-def _fit_dispatch(gaps: list[tuple[float, np.ndarray]], rates: np.ndarray,
-                  report: FitReport) -> float:
+def _fit_dispatch(
+    gaps: list[tuple[float, np.ndarray]], rates: np.ndarray, report: FitReport
+) -> float:
     """Step 2: the dispatch between ops, as work at the rate the device had meanwhile."""
     report.dispatch = statistics.median(float(h @ rates) for _, h in gaps) if gaps else 0.0
     return report.dispatch
 
 
-def _fit_link_latency(probe: Sequence[tuple[int, float]], gaps: list[tuple[float, np.ndarray]],
-                      handoffs: list[tuple[float, float]], report: FitReport) -> FittedLink:
+def _fit_link_latency(
+    probe: Sequence[tuple[int, float]],
+    gaps: list[tuple[float, np.ndarray]],
+    handoffs: list[tuple[float, float]],
+    report: FitReport,
+) -> FittedLink:
     """Step 3: the link's bandwidth from the probe (else loopback's), its latency from the
     hand-offs less the dispatch (else the probe's, else loopback's)."""
     lb = fit_link(probe)
@@ -409,7 +446,9 @@ def _fit_link_latency(probe: Sequence[tuple[int, float]], gaps: list[tuple[float
         report.probe_latency = lb[0]
     dispatch_wall = statistics.median(g for g, _ in gaps) if gaps else 0.0
     if handoffs:
-        latency = max(0.0, statistics.median(t - b / bandwidth for t, b in handoffs) - dispatch_wall)
+        latency = max(
+            0.0, statistics.median(t - b / bandwidth for t, b in handoffs) - dispatch_wall
+        )
     elif lb:
         latency = lb[0]
     else:
@@ -419,8 +458,9 @@ def _fit_link_latency(probe: Sequence[tuple[int, float]], gaps: list[tuple[float
     return FittedLink(latency=latency, bandwidth=bandwidth)
 
 
-def _fit_overlap(ops: list[_OpObs], link: FittedLink, compute: _Compute, cpus: int, Pmax: int,
-                 report: FitReport) -> _Compute:
+def _fit_overlap(
+    ops: list[_OpObs], link: FittedLink, compute: _Compute, cpus: int, Pmax: int, report: FitReport
+) -> _Compute:
     """Step 4: each op's fraction under the transfers of its device's messages; when they
     overlap enough compute to tell, the overlap slowdown, alternating with the sharing."""
     for o in ops:
@@ -433,21 +473,27 @@ def _fit_overlap(ops: list[_OpObs], link: FittedLink, compute: _Compute, cpus: i
     frac = sum(o.comm * o.span for o in ops) / op_time if op_time > 0 else 0.0
     report.overlap_fraction = frac
     if frac < 0.02:
-        report.notes.append(f"overlap slowdown not identifiable: transfers overlap about "
-                            f"{frac:.2%} of compute time; left at 0")
+        report.notes.append(
+            f"overlap slowdown not identifiable: transfers overlap about "
+            f"{frac:.2%} of compute time; left at 0"
+        )
         return compute
     for _ in range(2):  # the slowdown for the sharing, the sharing for the slowdown
         rates = compute.rates(Pmax)
-        overlap = float(min((_fit_kinds(ops, rates, b)[1], b) for b in np.arange(0, 1.001, 0.02))[1])
-        res, sharing, params = _best_sharing(ops, cpus, Pmax, overlap,
-                                             compute.sharing.oversubscription)
+        overlap = float(
+            min((_fit_kinds(ops, rates, b)[1], b) for b in np.arange(0, 1.001, 0.02))[1]
+        )
+        res, sharing, params = _best_sharing(
+            ops, cpus, Pmax, overlap, compute.sharing.oversubscription
+        )
         report.residual = res
         compute = _Compute(res, sharing, params, overlap)
     return compute
 
 
-def _op_costs(params: dict[str, tuple[float, float]], dispatch: float
-              ) -> tuple[dict[str, float], dict[str, float]]:
+def _op_costs(
+    params: dict[str, tuple[float, float]], dispatch: float
+) -> tuple[dict[str, float], dict[str, float]]:
     """Per kind: scale, and overhead with the dispatch; a kind no run used gets the average
     scale and the dispatch."""
     scale = {k: params[k][0] for k in params}
@@ -460,8 +506,9 @@ def _op_costs(params: dict[str, tuple[float, float]], dispatch: float
     return scale, overhead
 
 
-def _fit_update(table: CostTable, runs: Sequence[Run], rates: np.ndarray, Pmax: int,
-                report: FitReport) -> float:
+def _fit_update(
+    table: CostTable, runs: Sequence[Run], rates: np.ndarray, Pmax: int, report: FitReport
+) -> float:
     """Step 5: the optimizer step's seconds per parameter, from the optimizer spans as work
     shared between the devices updating at once (least squares through the origin)."""
     xs, ys = [], []
@@ -476,15 +523,17 @@ def _fit_update(table: CostTable, runs: Sequence[Run], rates: np.ndarray, Pmax: 
                 xs.append(params_dev[d])
                 ys.append(float(h @ rates))
     if not xs:
-        report.notes.append("no optimizer spans in the traces: the optimizer step is part of "
-                            "the step overhead")
+        report.notes.append(
+            "no optimizer spans in the traces: the optimizer step is part of the step overhead"
+        )
         return 0.0
     x, y = np.array(xs, float), np.array(ys)
     return float((x * y).sum() / (x * x).sum())
 
 
-def _fit_step_overhead(runs: Sequence[Run], cal: ProfileCalibration,
-                       report: FitReport) -> ProfileCalibration:
+def _fit_step_overhead(
+    runs: Sequence[Run], cal: ProfileCalibration, report: FitReport
+) -> ProfileCalibration:
     """Step 6: the median time from a step's last op to the next step's first, less the
     optimizer's update in it."""
     tails = []
@@ -497,14 +546,16 @@ def _fit_step_overhead(runs: Sequence[Run], cal: ProfileCalibration,
                 tail -= max(b - a for a, b in step.updates.values())
             tails.append(tail)
     if not tails:
-        report.notes.append("no trace has a timed step followed by another: no step overhead "
-                            "fitted")
+        report.notes.append(
+            "no trace has a timed step followed by another: no step overhead fitted"
+        )
         return cal
     return cal.model_copy(update={"step_overhead": max(0.0, statistics.median(tails))})
 
 
-def _fit_memory_after_b(table: CostTable, runs: Sequence[Run], cal: ProfileCalibration,
-                        report: FitReport) -> ProfileCalibration:
+def _fit_memory_after_b(
+    table: CostTable, runs: Sequence[Run], cal: ProfileCalibration, report: FitReport
+) -> ProfileCalibration:
     """Step 7: the bytes a split backward holds after B beyond the profile's act_w (fit_memory),
     when the traces have memory."""
     extra = fit_memory(table, runs)
@@ -514,29 +565,44 @@ def _fit_memory_after_b(table: CostTable, runs: Sequence[Run], cal: ProfileCalib
     return cal.model_copy(update={"act_w_extra": extra})
 
 
-def _fit_oversubscription(table: CostTable, runs: Sequence[Run], programs: Sequence,
-                          cal: ProfileCalibration) -> ProfileCalibration:
+def _fit_oversubscription(
+    table: CostTable, runs: Sequence[Run], programs: Sequence, cal: ProfileCalibration
+) -> ProfileCalibration:
     """Step 8: the oversubscription slowdown whose simulated iteration times match the runs
     best; `programs`: the runs' plans, compiled."""
     x = min(OVERSUBSCRIPTION, key=lambda x: (_iteration_loss(table, runs, programs, cal, x), x))
     return cal.model_copy(update={"oversubscription": float(x)})
 
 
-def _fit_timeline(table: CostTable, runs: Sequence[Run], programs: Sequence,
-                  cal: ProfileCalibration, report: FitReport) -> ProfileCalibration:
+def _fit_timeline(
+    table: CostTable,
+    runs: Sequence[Run],
+    programs: Sequence,
+    cal: ProfileCalibration,
+    report: FitReport,
+) -> ProfileCalibration:
     """Step 9: one factor on every op's cost (scale and overhead, all kinds) whose simulated
     iteration times match the runs best. The op fit turns each measured duration into work at
     the concurrency the trace shows; the simulator turns work back into durations at the
     concurrency of its own timeline, which runs tighter than a real one (ops that vary, a
     process waiting for a core), so op-fitted costs alone simulated the calibration's own runs
     2-3% short on average (docs/calibration.md, "Why held-out plans were off")."""
-    def scaled(c: float) -> ProfileCalibration:
-        return cal.model_copy(update={
-            "op_scale": {k: v * c for k, v in cal.op_scale.items()},
-            "op_overhead": {k: v * c for k, v in cal.op_overhead.items()}})
 
-    c = min(TIMELINE, key=lambda c: (_iteration_loss(table, runs, programs, scaled(c),
-                                                     cal.oversubscription), abs(c - 1)))
+    def scaled(c: float) -> ProfileCalibration:
+        return cal.model_copy(
+            update={
+                "op_scale": {k: v * c for k, v in cal.op_scale.items()},
+                "op_overhead": {k: v * c for k, v in cal.op_overhead.items()},
+            }
+        )
+
+    c = min(
+        TIMELINE,
+        key=lambda c: (
+            _iteration_loss(table, runs, programs, scaled(c), cal.oversubscription),
+            abs(c - 1),
+        ),
+    )
     report.timeline = float(c)
     return scaled(c)
 
@@ -545,22 +611,31 @@ TIMELINE = [round(x, 3) for x in np.arange(0.85, 1.1501, 0.005)]
 """Factors on the op costs the iteration match tries: within 15% of the op fit."""
 
 
-def _reproduction(table: CostTable, runs: Sequence[Run], programs: Sequence,
-                  cal: ProfileCalibration) -> list[dict]:
+def _reproduction(
+    table: CostTable, runs: Sequence[Run], programs: Sequence, cal: ProfileCalibration
+) -> list[dict]:
     """How well the calibration reproduces its own runs: measured and simulated iteration
     time of each."""
-    return [{"plan": r.name, "devices": r.plan.devices, "microbatches": r.plan.microbatches,
-             "measured": r.trace.iteration_time, "simulated": sim_t,
-             "error": (sim_t - r.trace.iteration_time) / r.trace.iteration_time}
-            for r, sim_t in zip(runs, _simulated(table, runs, programs, cal), strict=True)]
+    return [
+        {
+            "plan": r.name,
+            "devices": r.plan.devices,
+            "microbatches": r.plan.microbatches,
+            "measured": r.trace.iteration_time,
+            "simulated": sim_t,
+            "error": (sim_t - r.trace.iteration_time) / r.trace.iteration_time,
+        }
+        for r, sim_t in zip(runs, _simulated(table, runs, programs, cal), strict=True)
+    ]
 
 
 OVERSUBSCRIPTION = [round(x, 2) for x in np.arange(0.0, 1.001, 0.02)]
 """Values of the oversubscription slowdown the fit tries."""
 
 
-def _simulated(table: CostTable, runs: Sequence[Run], programs: Sequence, cal: ProfileCalibration
-               ) -> list[float]:
+def _simulated(
+    table: CostTable, runs: Sequence[Run], programs: Sequence, cal: ProfileCalibration
+) -> list[float]:
     """Each run's simulated iteration time (the span of its ops, when its trace has no period);
     `programs`: the runs' plans, compiled."""
     tc = cal.table_calibration()
@@ -573,19 +648,30 @@ def _simulated(table: CostTable, runs: Sequence[Run], programs: Sequence, cal: P
     return out
 
 
-def _iteration_loss(table: CostTable, runs: Sequence[Run], programs: Sequence,
-                    cal: ProfileCalibration, oversubscription: float) -> float:
+def _iteration_loss(
+    table: CostTable,
+    runs: Sequence[Run],
+    programs: Sequence,
+    cal: ProfileCalibration,
+    oversubscription: float,
+) -> float:
     """Mean squared relative error of the runs' simulated iteration times."""
     cal = cal.model_copy(update={"oversubscription": oversubscription})
-    return float(np.mean([((t - r.trace.iteration_time) / r.trace.iteration_time) ** 2
-                          for r, t in zip(runs, _simulated(table, runs, programs, cal), strict=True)]))
+    return float(
+        np.mean(
+            [
+                ((t - r.trace.iteration_time) / r.trace.iteration_time) ** 2
+                for r, t in zip(runs, _simulated(table, runs, programs, cal), strict=True)
+            ]
+        )
+    )
 
 
 def _device_params(table: CostTable, plan: Plan) -> np.ndarray:
     out = np.zeros(plan.devices)
     for s, d in enumerate(plan.stage_device()):
         first, last = plan.stages[s].bounds
-        out[d] += sum(l.params for l in table.layers[first:last + 1])
+        out[d] += sum(l.params for l in table.layers[first : last + 1])
     return out
 
 
@@ -610,7 +696,7 @@ def fit_memory(table: CostTable, runs: Sequence[Run]) -> dict[str, float] | None
                 if op.kind != "B" or i == 0:
                     continue
                 first, last = plan.stages[op.stage].bounds
-                ls = table.layers[first:last + 1]
+                ls = table.layers[first : last + 1]
                 act = sum(l.act for l in ls)
                 act_w = sum(l.act_w for l in ls)
                 rise = levels[i] - levels[i - 1]  # the model: -(act - act_w)
@@ -648,7 +734,16 @@ def _nnls(A: np.ndarray, y: np.ndarray, iters: int = 200) -> np.ndarray:
 
 
 def _report_json(r: FitReport) -> dict:
-    return {"ops": r.ops, "op_residual": r.residual, "dispatch": r.dispatch,
-            "handoffs": r.handoffs, "probe": [list(p) for p in r.probe],
-            "probe_latency": r.probe_latency, "overlap_fraction": r.overlap_fraction,
-            "notes": r.notes, "runs": r.runs, "memory": r.memory, "timeline": r.timeline}
+    return {
+        "ops": r.ops,
+        "op_residual": r.residual,
+        "dispatch": r.dispatch,
+        "handoffs": r.handoffs,
+        "probe": [list(p) for p in r.probe],
+        "probe_latency": r.probe_latency,
+        "overlap_fraction": r.overlap_fraction,
+        "notes": r.notes,
+        "runs": r.runs,
+        "memory": r.memory,
+        "timeline": r.timeline,
+    }

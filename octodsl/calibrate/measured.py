@@ -93,7 +93,7 @@ class MeasuredTrace:
     def timed(self) -> list[MeasuredStep]:
         """The steps that count: those after the warm-up, or the last one when there are no
         more."""
-        return self.steps[self.warmup:] if len(self.steps) > self.warmup else self.steps[-1:]
+        return self.steps[self.warmup :] if len(self.steps) > self.warmup else self.steps[-1:]
 
     @property
     def has_period(self) -> bool:
@@ -118,8 +118,10 @@ class MeasuredTrace:
     def representative(self) -> MeasuredStep:
         """The timed step whose period (or span) is closest to the median."""
         t = self.iteration_time
-        return min(self.timed, key=lambda s: abs((s.period if s.period is not None
-                                                  else s.end - s.start) - t))
+        return min(
+            self.timed,
+            key=lambda s: abs((s.period if s.period is not None else s.end - s.start) - t),
+        )
 
     @property
     def busy(self) -> np.ndarray:
@@ -133,13 +135,18 @@ class MeasuredTrace:
     def peak_memory(self) -> np.ndarray | None:
         if not self.memory:
             return None
-        return np.array([max((b for _, b in self.memory.get(d, [])), default=np.nan)
-                         for d in range(self.devices)])
+        return np.array(
+            [
+                max((b for _, b in self.memory.get(d, [])), default=np.nan)
+                for d in range(self.devices)
+            ]
+        )
 
     def kind_time(self, kind: str) -> float:
         """Median over the timed steps of the seconds all devices spent in ops of `kind`."""
-        return statistics.median(sum(op.end - op.start for op in s.ops if op.kind == kind)
-                                 for s in self.timed)
+        return statistics.median(
+            sum(op.end - op.start for op in s.ops if op.kind == kind) for s in self.timed
+        )
 
     @property
     def update_times(self) -> np.ndarray | None:
@@ -147,8 +154,14 @@ class MeasuredTrace:
         spans = [s.updates for s in self.timed if s.updates]
         if not spans:
             return None
-        return np.array([statistics.median(u[d][1] - u[d][0] for u in spans if d in u)
-                         if any(d in u for u in spans) else 0.0 for d in range(self.devices)])
+        return np.array(
+            [
+                statistics.median(u[d][1] - u[d][0] for u in spans if d in u)
+                if any(d in u for u in spans)
+                else 0.0
+                for d in range(self.devices)
+            ]
+        )
 
 
 _NAME = re.compile(r"device (\d+)(?: \(dp (\d+)\))?")
@@ -177,8 +190,7 @@ def _check_events(events: list, path: str) -> None:
         if not isinstance(e.get("pid", 0), (int, str)):
             raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its pid is not a number")
         if not isinstance(e.get("name", ""), str) or not isinstance(e.get("tid", 0), (int, str)):
-            raise TraceError(f"{path}: event {i}: its name is not a string or its tid not a "
-                             "number")
+            raise TraceError(f"{path}: event {i}: its name is not a string or its tid not a number")
         if not isinstance(e.get("args", {}), dict):
             raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its args are not an object")
         if not isinstance(e.get("args", {}).get("kind", ""), str):
@@ -189,18 +201,26 @@ def _check_events(events: list, path: str) -> None:
             fields += ("bytes",)
         for key in fields:
             value = e.get("args", {}).get(key) if key == "bytes" else e.get(key, 0.0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise TraceError(f"{path}: event {i} ({e.get('name')!r}): {key} is {value!r}, "
-                                 "not a finite number of at least 0")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise TraceError(
+                    f"{path}: event {i} ({e.get('name')!r}): {key} is {value!r}, "
+                    "not a finite number of at least 0"
+                )
 
 
 def _whole(e: dict, key: str, path: str) -> int:
     """The span's args[key], a whole number of at least 0 (a stage, micro-batch or peer)."""
     value = e["args"].get(key) if isinstance(e.get("args"), dict) else None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TraceError(f"{path}: span {e.get('name')!r} lacks its {key} (a whole number of "
-                         f"at least 0, not {value!r})")
+        raise TraceError(
+            f"{path}: span {e.get('name')!r} lacks its {key} (a whole number of "
+            f"at least 0, not {value!r})"
+        )
     return value
 
 
@@ -211,18 +231,23 @@ def _check_overlaps(steps: list[MeasuredStep], path: str) -> None:
     ops = sorted((op for s in steps for op in s.ops), key=lambda op: (op.device, op.start))
     for a, b in pairwise(ops):
         if a.device == b.device and a.end - b.start > min(a.end - a.start, b.end - b.start) / 2:
-            raise TraceError(f"{path}: device {a.device} runs {a.kind}{a.stage}:{a.mb} and "
-                             f"{b.kind}{b.stage}:{b.mb} at the same time ({a.start:.6f}-"
-                             f"{a.end:.6f} s and {b.start:.6f}-{b.end:.6f} s), which one device "
-                             "cannot: is this one run's trace?")
+            raise TraceError(
+                f"{path}: device {a.device} runs {a.kind}{a.stage}:{a.mb} and "
+                f"{b.kind}{b.stage}:{b.mb} at the same time ({a.start:.6f}-"
+                f"{a.end:.6f} s and {b.start:.6f}-{b.end:.6f} s), which one device "
+                "cannot: is this one run's trace?"
+            )
 
 
 def _pipeline_devices(events: list[dict]) -> tuple[dict[object, int], list[str]]:
     """Which pids are which pipeline device (data-parallel copy 0 only), and the note a
     data-parallel trace gets."""
     device_of: dict[object, int] = {}  # keyed by the trace's pids, numbers or strings
-    names = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {
+        e.get("pid"): e.get("args", {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     for pid, name in names.items():
         m = _NAME.fullmatch(str(name))
         if m and int(m.group(2) or 0) == 0:
@@ -238,12 +263,16 @@ def _device(pid, device_of: dict[object, int], path: str) -> int | None:
     process that is not one."""
     d = device_of.get(pid) if device_of else (pid if isinstance(pid, int) else None)
     if d is not None and not 0 <= d < limits.MAX_DEVICES:
-        raise TraceError(f"{path}: device {d} (pid {pid!r}) is past octodsl's limit of "
-                         f"{limits.MAX_DEVICES} devices")
+        raise TraceError(
+            f"{path}: device {d} (pid {pid!r}) is past octodsl's limit of "
+            f"{limits.MAX_DEVICES} devices"
+        )
     return d
 
 
-def _span_steps(spans: list[dict], device_of: dict[object, int], path: str) -> dict[int, MeasuredStep]:
+def _span_steps(
+    spans: list[dict], device_of: dict[object, int], path: str
+) -> dict[int, MeasuredStep]:
     """The spans grouped into steps: the k-th span of a name on a device is in step k."""
     counts: dict[tuple, int] = defaultdict(int)
     per_step: dict[int, MeasuredStep] = {}
@@ -255,7 +284,7 @@ def _span_steps(spans: list[dict], device_of: dict[object, int], path: str) -> d
             per_step[k] = MeasuredStep(k, [], [], {})
         return per_step[k]
 
-    for e in sorted(spans, key=lambda e: (e.get("ts", 0.0))):
+    for e in sorted(spans, key=lambda e: e.get("ts", 0.0)):
         d = _device(e.get("pid"), device_of, path)
         if d is None:
             continue
@@ -265,7 +294,8 @@ def _span_steps(spans: list[dict], device_of: dict[object, int], path: str) -> d
         end = start + float(e.get("dur", 0.0)) / 1e6
         if e.get("tid") == 0 and kind in OP_KINDS:
             step((d, "op", e.get("name"))).ops.append(
-                OpSpan(d, kind, _whole(e, "stage", path), _whole(e, "mb", path), start, end))
+                OpSpan(d, kind, _whole(e, "stage", path), _whole(e, "mb", path), start, end)
+            )
         elif e.get("tid") == 0 and kind == "optimizer":
             step((d, "optimizer")).updates[d] = (start, end)
         elif e.get("tid") == 1 and kind in ("send", "recv"):
@@ -275,25 +305,30 @@ def _span_steps(spans: list[dict], device_of: dict[object, int], path: str) -> d
             except PlanError as err:  # a message not named after its producing op
                 raise TraceError(f"{path}: {err.message}") from None
             peer = _whole(e, "peer", path) if "peer" in args else -1
-            at.messages.append(MeasuredMessage(d, kind, op.kind.value, op.stage, op.mb, peer,
-                                               start, end))
+            at.messages.append(
+                MeasuredMessage(d, kind, op.kind.value, op.stage, op.mb, peer, start, end)
+            )
     return per_step
 
 
-def _memory_samples(events: list[dict], device_of: dict[object, int],
-                    path: str) -> dict[int, list[tuple[float, float]]]:
+def _memory_samples(
+    events: list[dict], device_of: dict[object, int], path: str
+) -> dict[int, list[tuple[float, float]]]:
     """(time, bytes) of each device's memory counter."""
     memory: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for e in events:
         if e.get("ph") == "C" and e.get("name") == "memory":
             d = _device(e.get("pid"), device_of, path)
             if d is not None:
-                memory[d].append((float(e.get("ts", 0.0)) / 1e6, float(e.get("args", {}).get("bytes", 0.0))))
+                memory[d].append(
+                    (float(e.get("ts", 0.0)) / 1e6, float(e.get("args", {}).get("bytes", 0.0)))
+                )
     return dict(memory)
 
 
-def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = None,
-                warmup: int = 1) -> MeasuredTrace:
+def parse_trace(
+    events: list[dict], path: str = "<trace>", info: dict | None = None, warmup: int = 1
+) -> MeasuredTrace:
     """The steps of a trace's events; TraceError when they are not a measured run's."""
     _check_events(events, path)
     device_of, notes = _pipeline_devices(events)
@@ -312,9 +347,11 @@ def parse_trace(events: list[dict], path: str = "<trace>", info: dict | None = N
     for a, b in pairwise(steps):
         a.period = b.start - a.start
     if len(steps) < warmup + 2:
-        notes.append(f"{len(steps)} step(s) in the trace, {warmup} not timed: the iteration time is "
-                     "the span of the ops (the optimizer step and the time between steps are not "
-                     f"seen); record {warmup + 2} or more")
+        notes.append(
+            f"{len(steps)} step(s) in the trace, {warmup} not timed: the iteration time is "
+            "the span of the ops (the optimizer step and the time between steps are not "
+            f"seen); record {warmup + 2} or more"
+        )
     memory = _memory_samples(events, device_of, path)
     return MeasuredTrace(path, devices, steps, memory, dict(info or {}), notes, warmup)
 
@@ -336,10 +373,15 @@ def check_against(trace: MeasuredTrace, plan: Plan) -> None:
             continue
         missing = sorted(set(want) - set(got))
         extra = sorted(set(got) - set(want))
-        what = (f"missing {_ops(missing)}" if missing else "") + \
-               ("; " if missing and extra else "") + (f"not in the plan: {_ops(extra)}" if extra else "")
-        raise TraceError(f"{trace.path}: step {s.index} did not run the plan's ops ({what or 'duplicates'}); "
-                         "was it recorded with this plan?")
+        what = (
+            (f"missing {_ops(missing)}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"not in the plan: {_ops(extra)}" if extra else "")
+        )
+        raise TraceError(
+            f"{trace.path}: step {s.index} did not run the plan's ops ({what or 'duplicates'}); "
+            "was it recorded with this plan?"
+        )
     trace.steps = good
 
 
@@ -350,20 +392,38 @@ def as_ran(plan: Plan, trace: MeasuredTrace) -> Plan:
     ran = trace.info.get("partition")
     if ran is None:
         return plan
-    if not isinstance(ran, list) or len(ran) != plan.num_stages or not all(
-            isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                        and 0 <= x < limits.MAX_LAYERS for x in r)
-            and r[0] <= r[1] for r in ran):
-        raise TraceError(f"{trace.path}: its partition is not [first, last] layers for each of the "
-                         f"plan's {plan.num_stages} stages: {str(ran)[:80]}")
+    if (
+        not isinstance(ran, list)
+        or len(ran) != plan.num_stages
+        or not all(
+            isinstance(r, list)
+            and len(r) == 2
+            and all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x < limits.MAX_LAYERS
+                for x in r
+            )
+            and r[0] <= r[1]
+            for r in ran
+        )
+    ):
+        raise TraceError(
+            f"{trace.path}: its partition is not [first, last] layers for each of the "
+            f"plan's {plan.num_stages} stages: {str(ran)[:80]}"
+        )
     if all(st.abstract for st in plan.stages):
-        return replace(plan, stages=[replace(st, first=a, last=b) for st, (a, b)
-                                     in zip(plan.stages, ran, strict=True)])
+        return replace(
+            plan,
+            stages=[
+                replace(st, first=a, last=b) for st, (a, b) in zip(plan.stages, ran, strict=True)
+            ],
+        )
     for s, (st, (a, b)) in enumerate(zip(plan.stages, ran, strict=True)):
         if st.abstract or st.bounds != (a, b):
             got = "no layers" if st.abstract else f"layers {st.first}..{st.last}"
-            raise TraceError(f"{trace.path}: stage {s} ran layers {a}..{b}, but the plan gives it "
-                             f"{got}: was it recorded with this plan?")
+            raise TraceError(
+                f"{trace.path}: stage {s} ran layers {a}..{b}, but the plan gives it "
+                f"{got}: was it recorded with this plan?"
+            )
     return plan
 
 

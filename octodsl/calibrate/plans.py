@@ -14,9 +14,13 @@ and 29.6 ms in two fits of the same machine), over-predicting the fused backward
 stages (docs/calibration.md, "Why held-out plans were off")."""
 
 
-def calibration_plans(model: str, profile: str, ranks: list[int],
-                      schedules: tuple[str, ...] = CALIBRATION_SCHEDULES,
-                      shape: dict | None = None) -> list[tuple[int, str, str]]:
+def calibration_plans(
+    model: str,
+    profile: str,
+    ranks: list[int],
+    schedules: tuple[str, ...] = CALIBRATION_SCHEDULES,
+    shape: dict | None = None,
+) -> list[tuple[int, str, str]]:
     """(processes, name, .octo text) of each calibration plan: every schedule on every process
     count, with 2 x processes micro-batches, layers balanced by the profile's F + B + W time.
     `shape`: microbatch_size and seq_len for the plans' headers (the profile's)."""

@@ -27,9 +27,14 @@ from ..models.spec import ModelSpec
 WORKER = Path(__file__).resolve().parent / "worker.py"
 DEFAULT_CONFIG = {
     # examples/ds_config.json without the batch sizes (the worker sets them per plan)
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.01}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
-                                                 "warmup_num_steps": 5}},
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.01},
+    },
+    "scheduler": {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3, "warmup_num_steps": 5},
+    },
     "gradient_clipping": 1.0,
     "steps_per_print": 1000000,
     "wall_clock_breakdown": False,
@@ -70,8 +75,11 @@ class Launch:
         from .fit import Run
         from .measured import read_trace
 
-        return [Run(parse_plan(plans[r.name], r.name), read_trace(r.trace, warmup), r.name)
-                for r in self.runs if r.name in plans]
+        return [
+            Run(parse_plan(plans[r.name], r.name), read_trace(r.trace, warmup), r.name)
+            for r in self.runs
+            if r.name in plans
+        ]
 
 
 class LoadMonitor:
@@ -110,7 +118,7 @@ class LoadMonitor:
                     text = f.read().decode(errors="replace")
             except OSError:
                 continue
-            fields = text[text.rfind(")") + 2:].split()
+            fields = text[text.rfind(")") + 2 :].split()
             out[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
         return out
 
@@ -130,8 +138,14 @@ class LoadMonitor:
                 pid = todo.pop()
                 mine.add(pid)
                 todo.extend(children.get(pid, ()))
-            used += sum(ticks - prev[pid][1] for pid, (_, ticks) in now.items()
-                        if pid in prev and pid not in mine) / self._ticks
+            used += (
+                sum(
+                    ticks - prev[pid][1]
+                    for pid, (_, ticks) in now.items()
+                    if pid in prev and pid not in mine
+                )
+                / self._ticks
+            )
             prev, t_prev = now, t
             self.used = used
             self.cores = used / (t_prev - t0) if t_prev > t0 else None
@@ -163,10 +177,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_plans(spec: ModelSpec, plans: list[tuple[str, str]], processes: int, workdir: str | Path,
-              *, steps: int = 4, config: dict | None = None, seed: int = 1234,
-              link_probe: bool = True, timeout: float = 1800.0,
-              progress: Progress | None = None) -> Launch:
+def run_plans(
+    spec: ModelSpec,
+    plans: list[tuple[str, str]],
+    processes: int,
+    workdir: str | Path,
+    *,
+    steps: int = 4,
+    config: dict | None = None,
+    seed: int = 1234,
+    link_probe: bool = True,
+    timeout: float = 1800.0,
+    progress: Progress | None = None,
+) -> Launch:
     """Run each (name, .octo text) plan for `steps` training steps on `processes` ranks; the
     traces go to workdir/NAME.trace.json. Raises RunError when the launch fails."""
     workdir = Path(workdir)
@@ -175,18 +198,36 @@ def run_plans(spec: ModelSpec, plans: list[tuple[str, str]], processes: int, wor
     job_path = workdir / f"job-{tag}.json"
     out_path = workdir / f"launch-{tag}.json"
     job = {
-        "model": spec.model_dump(), "config": dict(config or DEFAULT_CONFIG), "seed": seed,
-        "steps": steps, "link_probe": link_probe, "out": str(out_path),
-        "runs": [{"name": name, "plan": text, "trace": str(workdir / f"{name}.trace.json")}
-                 for name, text in plans],
+        "model": spec.model_dump(),
+        "config": dict(config or DEFAULT_CONFIG),
+        "seed": seed,
+        "steps": steps,
+        "link_probe": link_probe,
+        "out": str(out_path),
+        "runs": [
+            {"name": name, "plan": text, "trace": str(workdir / f"{name}.trace.json")}
+            for name, text in plans
+        ],
     }
     write_atomic(job_path, json.dumps(job, allow_nan=False))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONUNBUFFERED": "1",
+    }
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
-    cmd = [deepspeed_launcher(), "--num_gpus", str(processes), "--master_port", str(_free_port()),
-           str(WORKER), str(job_path)]
+    cmd = [
+        deepspeed_launcher(),
+        "--num_gpus",
+        str(processes),
+        "--master_port",
+        str(_free_port()),
+        str(WORKER),
+        str(job_path),
+    ]
     if progress:
         progress("launch", {"processes": processes, "plans": len(plans)})
     start = time.perf_counter()
@@ -194,8 +235,14 @@ def run_plans(spec: ModelSpec, plans: list[tuple[str, str]], processes: int, wor
     marks: dict[str, tuple[float, float]] = {}
     loads: dict[str, float | None] = {}
     with LoadMonitor() as monitor:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, cwd=str(workdir))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=str(workdir),
+        )
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -214,17 +261,34 @@ def run_plans(spec: ModelSpec, plans: list[tuple[str, str]], processes: int, wor
                         progress(event.pop("event"), event)
                 if time.perf_counter() - start > timeout:
                     proc.kill()
-                    raise RunError(f"the launch of {processes} processes took more than {timeout:.0f} s")
+                    raise RunError(
+                        f"the launch of {processes} processes took more than {timeout:.0f} s"
+                    )
             code = proc.wait()
         except BaseException:
             proc.kill()
             proc.wait()
             raise
     if code != 0 or not out_path.exists():
-        raise RunError(f"the executor failed on {processes} processes (exit code {code}):\n"
-                       + "\n".join(tail[-25:]))
+        raise RunError(
+            f"the executor failed on {processes} processes (exit code {code}):\n"
+            + "\n".join(tail[-25:])
+        )
     out = json.loads(out_path.read_text())
-    runs = [PlanRun(r["name"], Path(r["trace"]), r["step_seconds"], r.get("memory", {}),
-                    loads.get(r["name"])) for r in out["runs"]]
-    return Launch(processes, runs, [tuple(x) for x in out.get("link", [])],
-                  time.perf_counter() - start, monitor.cores)
+    runs = [
+        PlanRun(
+            r["name"],
+            Path(r["trace"]),
+            r["step_seconds"],
+            r.get("memory", {}),
+            loads.get(r["name"]),
+        )
+        for r in out["runs"]
+    ]
+    return Launch(
+        processes,
+        runs,
+        [tuple(x) for x in out.get("link", [])],
+        time.perf_counter() - start,
+        monitor.cores,
+    )

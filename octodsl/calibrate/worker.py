@@ -93,20 +93,40 @@ def run_plan(job: dict, run: dict, spec) -> dict:
     config.pop("train_batch_size", None)
     config["octo"] = {"trace": True, "timeout": job.get("timeout", 300)}
     costs = default_layer_costs(spec) if all(st.abstract for st in plan.stages) else None
-    engine = initialize(pipeline_specs(spec), plan, config=config, loss_fn=lm_loss, layer_costs=costs,
-                        seed_layers=True, base_seed=job["seed"])[0]
+    engine = initialize(
+        pipeline_specs(spec),
+        plan,
+        config=config,
+        loss_fn=lm_loss,
+        layer_costs=costs,
+        seed_layers=True,
+        base_seed=job["seed"],
+    )[0]
     seconds = []
     for step in range(job["steps"]):
-        data = iter([synthetic_batch(job["seed"], step, m, spec.microbatch_size, spec.seq_len,
-                                     spec.vocab) for m in range(plan.microbatches)])
+        data = iter(
+            [
+                synthetic_batch(
+                    job["seed"], step, m, spec.microbatch_size, spec.seq_len, spec.vocab
+                )
+                for m in range(plan.microbatches)
+            ]
+        )
         start = time.perf_counter()
         engine.train_batch(data)
         seconds.append(time.perf_counter() - start)
         _say(event="step", run=run["name"], step=step, seconds=seconds[-1])
-    memory = engine.write_trace(run["trace"], info={
-        "octodsl": "calibration run", "plan": plan.header.name, "model": spec.name,
-        "steps": job["steps"], "processes": dist.get_world_size(),
-        "threads": torch.get_num_threads()})
+    memory = engine.write_trace(
+        run["trace"],
+        info={
+            "octodsl": "calibration run",
+            "plan": plan.header.name,
+            "model": spec.name,
+            "steps": job["steps"],
+            "processes": dist.get_world_size(),
+            "threads": torch.get_num_threads(),
+        },
+    )
     result = {"name": run["name"], "trace": run["trace"], "step_seconds": seconds}
     if memory is not None:
         result["memory"] = memory

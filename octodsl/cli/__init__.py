@@ -19,8 +19,20 @@ from ..errors import OctoError
 from .common import Parser
 
 # Module names under octodsl.cli, one per command, in the order `--help` lists them.
-COMMANDS = ("lint", "fmt", "gen", "convert", "simulate", "models", "devices", "profile", "tune",
-            "compare", "calibrate", "completion")
+COMMANDS = (
+    "lint",
+    "fmt",
+    "gen",
+    "convert",
+    "simulate",
+    "models",
+    "devices",
+    "profile",
+    "tune",
+    "compare",
+    "calibrate",
+    "completion",
+)
 
 
 class _Version(argparse.Action):
@@ -111,8 +123,10 @@ _CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 def _internal_error(e: Exception, debug: bool) -> int:
     if debug:
         raise e
-    print(f"octodsl: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
-          file=sys.stderr)
+    print(
+        f"octodsl: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+        file=sys.stderr,
+    )
     return 3
 
 

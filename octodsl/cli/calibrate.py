@@ -42,33 +42,80 @@ fit is noisy."""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit the simulator's costs to real runs on this machine "
-                       "and write a calibrated profile")
-    p.add_argument("--model", metavar="SPEC", help="model (built-in name or spec file); default: "
-                   "the --profile's")
-    p.add_argument("--profile", metavar="BASE.json", help="start from this profile (default: "
-                   "profile the model now)")
-    p.add_argument("-o", "--output", type=output(".json"), required=True, metavar="PROFILE.json",
-                   help="where to write the calibrated profile (a .json file)")
-    p.add_argument("--ranks", type=_ranks, default="2,4", metavar="N[,N...]",
-                   help="process counts of the calibration plans (default 2,4: pipelines of 2 "
-                   "and 4 processes)")
-    p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="B", help="profile at this "
-                   "micro-batch size (default: the spec's)")
-    p.add_argument("--seq-len", type=SEQ_LEN, metavar="S", help="profile at this sequence length "
-                   "(default: the spec's)")
-    p.add_argument("--steps", type=STEPS, default=12, metavar="N",
-                   help="training steps per calibration plan (default 12: docs/calibration.md, "
-                   "\"Steady state\")")
-    p.add_argument("--warmup", type=WARMUP, default=2, metavar="N",
-                   help="steps at the start of each run (or --trace) that are not timed (default 2)")
-    p.add_argument("--trace", action="append", default=[], metavar="TRACE.json",
-                   help="fit from this measured trace instead of running plans (repeat; one "
-                   "--plan per --trace, in the same order)")
-    p.add_argument("--plan", action="append", default=[], metavar="PLAN.octo",
-                   help="the plan each --trace ran")
-    p.add_argument("--workdir", metavar="DIR", help="keep the calibration plans and traces here "
-                   "(default: a temporary directory, removed)")
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the simulator's costs to real runs on this machine "
+        "and write a calibrated profile",
+    )
+    p.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="model (built-in name or spec file); default: the --profile's",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="BASE.json",
+        help="start from this profile (default: profile the model now)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output(".json"),
+        required=True,
+        metavar="PROFILE.json",
+        help="where to write the calibrated profile (a .json file)",
+    )
+    p.add_argument(
+        "--ranks",
+        type=_ranks,
+        default="2,4",
+        metavar="N[,N...]",
+        help="process counts of the calibration plans (default 2,4: pipelines of 2 "
+        "and 4 processes)",
+    )
+    p.add_argument(
+        "--microbatch-size",
+        type=MICROBATCH_SIZE,
+        metavar="B",
+        help="profile at this micro-batch size (default: the spec's)",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=SEQ_LEN,
+        metavar="S",
+        help="profile at this sequence length (default: the spec's)",
+    )
+    p.add_argument(
+        "--steps",
+        type=STEPS,
+        default=12,
+        metavar="N",
+        help="training steps per calibration plan (default 12: docs/calibration.md, "
+        '"Steady state")',
+    )
+    p.add_argument(
+        "--warmup",
+        type=WARMUP,
+        default=2,
+        metavar="N",
+        help="steps at the start of each run (or --trace) that are not timed (default 2)",
+    )
+    p.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        metavar="TRACE.json",
+        help="fit from this measured trace instead of running plans (repeat; one "
+        "--plan per --trace, in the same order)",
+    )
+    p.add_argument(
+        "--plan", action="append", default=[], metavar="PLAN.octo", help="the plan each --trace ran"
+    )
+    p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="keep the calibration plans and traces here (default: a temporary directory, removed)",
+    )
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     p.set_defaults(func=run)
 
@@ -97,7 +144,9 @@ def run(args) -> int:
     except SpecError as e:
         raise UserError(str(e)) from None
     if base is not None and (args.microbatch_size or args.seq_len):
-        raise UserError("--microbatch-size and --seq-len are for profiling; the --profile fixes them")
+        raise UserError(
+            "--microbatch-size and --seq-len are for profiling; the --profile fixes them"
+        )
     # The options are bounded where they are read: the spec accepts any shape they allow.
     spec = spec.with_shape(args.microbatch_size, args.seq_len)
     if base is not None and args.model and _layers(spec) != _layers(base.model):
@@ -106,7 +155,9 @@ def run(args) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="octodsl-calibrate-"))
+    work = (
+        Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="octodsl-calibrate-"))
+    )
     with writing(work):
         work.mkdir(parents=True, exist_ok=True)
     try:
@@ -118,8 +169,9 @@ def run(args) -> int:
         if args.trace:
             runs, probe, source = _from_traces(args, base, base_path)
         else:
-            runs, probe, source = _from_launches(args, base, base_path, _model_ref(base.model, work),
-                                                  ranks, work, console)
+            runs, probe, source = _from_launches(
+                args, base, base_path, _model_ref(base.model, work), ranks, work, console
+            )
         from ..calibrate.fit import fit
 
         with console.status("fitting"):
@@ -134,8 +186,14 @@ def run(args) -> int:
             shutil.rmtree(work, ignore_errors=True)
     if args.json:
         spec = profile.model
-        print_json({"model": spec.name, "microbatch_size": spec.microbatch_size,
-                    "seq_len": spec.seq_len, **json.loads(calibration.model_dump_json())})
+        print_json(
+            {
+                "model": spec.name,
+                "microbatch_size": spec.microbatch_size,
+                "seq_len": spec.seq_len,
+                **json.loads(calibration.model_dump_json()),
+            }
+        )
     else:
         Console(highlight=False).print(render(calibration, args.output, profile.model))
     return 0
@@ -144,11 +202,14 @@ def run(args) -> int:
 def _check_options(args) -> None:
     """What the options alone say is wrong, before anything runs."""
     if args.steps < args.warmup + 2:
-        raise UserError(f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
-                        "after the warm-up are timed, from one step's start to the next's)")
+        raise UserError(
+            f"--steps must be at least --warmup + 2 = {args.warmup + 2} (the steps "
+            "after the warm-up are timed, from one step's start to the next's)"
+        )
     if len(args.trace) != len(args.plan):
-        raise UserError(f"give one --plan per --trace ({len(args.trace)} traces, "
-                        f"{len(args.plan)} plans)")
+        raise UserError(
+            f"give one --plan per --trace ({len(args.trace)} traces, {len(args.plan)} plans)"
+        )
     if args.profile is None and args.model is None:
         raise UserError("give --model (or a --profile to start from)")
     if not (args.trace and args.profile):  # else it only fits, from the traces and the profile
@@ -189,8 +250,9 @@ def _ranks(text: str) -> list[int]:
     try:
         return sorted({_PROCESSES(x) for x in parts})
     except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{e} (pipelines need at least 2 processes; e.g. "
-                                         "2,4)") from None
+        raise argparse.ArgumentTypeError(
+            f"{e} (pipelines need at least 2 processes; e.g. 2,4)"
+        ) from None
 
 
 def _profile(spec, console):
@@ -204,8 +266,14 @@ def _profile(spec, console):
 
     from ..costs.profiler import profile_model
 
-    with Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("profiling {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task(spec.name, total=None)
 
         def progress(done, total, label):
@@ -235,9 +303,11 @@ def _from_traces(args, base, base_path):
         plan = as_ran(plan, trace)  # the executor's split of a plan that names no layers
         try:
             # The profile's shape must be the one the plan states, as for `simulate --profile`.
-            cost_table(profile=args.profile or str(base_path),
-                       microbatch_size=plan.header.microbatch_size,
-                       seq_len=plan.header.seq_len).stage_costs(plan)
+            cost_table(
+                profile=args.profile or str(base_path),
+                microbatch_size=plan.header.microbatch_size,
+                seq_len=plan.header.seq_len,
+            ).stage_costs(plan)
         except OctoError as e:
             raise UserError(f"{plan_path}: {e}") from None
         runs.append(Run(plan, trace, Path(plan_path).stem))
@@ -265,8 +335,14 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
     runs: list[Run] = []
     probe: list[tuple[int, float]] = []
     total = len(plans) * args.steps
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=not sys.stderr.isatty()) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=not sys.stderr.isatty(),
+    ) as bar:
         task = bar.add_task("calibration runs", total=total)
 
         def progress(event, fields):
@@ -289,12 +365,17 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
                 probe = launch.link
             busy = [r.other_load for r in launch.runs if r.other_load is not None]
             if busy and max(busy) > BUSY:
-                console.print(f"warning: other processes used up to {max(busy):.1f} CPU cores while "
-                              f"the {p}-process calibration plans ran: their timings, and so the "
-                              "fit, are noisy; calibrate on a quiet machine", style="yellow")
+                console.print(
+                    f"warning: other processes used up to {max(busy):.1f} CPU cores while "
+                    f"the {p}-process calibration plans ran: their timings, and so the "
+                    "fit, are noisy; calibrate on a quiet machine",
+                    style="yellow",
+                )
             runs += launch.fit_runs(dict(mine), args.warmup)
-    source = (f"{len(runs)} calibration plans on {', '.join(map(str, ranks))} processes, "
-              f"{args.steps} steps each")
+    source = (
+        f"{len(runs)} calibration plans on {', '.join(map(str, ranks))} processes, "
+        f"{args.steps} steps each"
+    )
     return runs, probe, source
 
 
@@ -310,25 +391,44 @@ def render(cal, output: str, spec):
     t = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("parameter", "value"):
         t.add_column(col)
-    t.add_row("link", f"{cal.link.latency * 1e6:.0f} us + bytes / {cal.link.bandwidth / 1e9:.2f} GB/s")
+    t.add_row(
+        "link", f"{cal.link.latency * 1e6:.0f} us + bytes / {cal.link.bandwidth / 1e9:.2f} GB/s"
+    )
     for k in ("F", "B", "W", "BW"):
         if k in cal.op_scale:
-            t.add_row(f"{k} ops", f"x{cal.op_scale[k]:.3f} profiled + {cal.op_overhead.get(k, 0) * 1e3:.2f} ms")
-    t.add_row("processor sharing", "none" if cal.cores is None and not cal.contention else
-              f"{'unlimited' if cal.cores is None else f'{cal.cores:g}'} cores, contention "
-              f"{cal.contention:.2f} per other busy process"
-              + (f", {cal.oversubscription:.2f} per busy process beyond the cores"
-                 if cal.oversubscription else ""))
+            t.add_row(
+                f"{k} ops",
+                f"x{cal.op_scale[k]:.3f} profiled + {cal.op_overhead.get(k, 0) * 1e3:.2f} ms",
+            )
+    t.add_row(
+        "processor sharing",
+        "none"
+        if cal.cores is None and not cal.contention
+        else f"{'unlimited' if cal.cores is None else f'{cal.cores:g}'} cores, contention "
+        f"{cal.contention:.2f} per other busy process"
+        + (
+            f", {cal.oversubscription:.2f} per busy process beyond the cores"
+            if cal.oversubscription
+            else ""
+        ),
+    )
     t.add_row("overlap slowdown", f"{cal.overlap_slowdown:.2f}")
     t.add_row("optimizer step", f"{cal.update_per_param * 1e9:.2f} ns per parameter")
     t.add_row("step overhead", f"{cal.step_overhead * 1e3:.1f} ms per iteration")
     if cal.act_w_extra:
         t.add_row("held for W", ", ".join(f"{k} {size(v, 2)}" for k, v in cal.act_w_extra.items()))
-    runs = Table(box=None, pad_edge=False, header_style="bold", title="calibration runs (fitted on)",
-                 title_justify="left")
+    runs = Table(
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        title="calibration runs (fitted on)",
+        title_justify="left",
+    )
     for col in ("plan", "measured", "simulated", "error"):
         runs.add_column(col, justify="left" if col == "plan" else "right")
     for r in cal.fit.get("runs", []):
-        runs.add_row(r["plan"], f"{r['measured']:.3f} s", f"{r['simulated']:.3f} s", f"{r['error']:+.1%}")
+        runs.add_row(
+            r["plan"], f"{r['measured']:.3f} s", f"{r['simulated']:.3f} s", f"{r['error']:+.1%}"
+        )
     notes = Text("".join(f"note: {n}\n" for n in cal.fit.get("notes", [])), style="yellow")
     return Group(head, t, Text(""), runs, notes, Text(f"wrote {output}", style="dim"))

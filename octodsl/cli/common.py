@@ -55,6 +55,7 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 
 def integer(low: int, high: int) -> Callable[[str], int]:
     """An argparse `type`: a whole number from `low` to `high`."""
+
     def parse(text: str) -> int:
         digits = text.strip()
         # int() also reads 1_0 and other scripts' digits (Arabic-Indic ١٢): a plan does not.
@@ -66,6 +67,7 @@ def integer(low: int, high: int) -> Callable[[str], int]:
         if value > high:
             raise argparse.ArgumentTypeError(f"must be at most {high:,} (octodsl's limit)")
         return value
+
     # A short range is a fixed set of values (--zero: 0, 1, 2), which the completion offers.
     parse.choices = tuple(map(str, range(low, high + 1))) if high - low < 10 else None  # type: ignore[attr-defined]
     return parse
@@ -106,7 +108,9 @@ class _Switch:
         try:
             return BOOLEANS[text.strip().lower()]
         except KeyError:
-            raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not true or false") from None
+            raise argparse.ArgumentTypeError(
+                f"{text.strip()[:40]!r} is not true or false"
+            ) from None
 
 
 switch = _Switch()
@@ -151,42 +155,74 @@ def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
     """--tp, --sequence-parallel, --gpus-per-node and --inter-node-link: the plan header's tensor
     parallelism and cluster shape, and the link between nodes (`default_from`: where the header
     values come from when not given)."""
-    p.add_argument("--tp", type=TP, metavar="N", help="tensor-parallel degree: GPUs of each "
-                   f"pipeline device (default: {default_from})")
-    p.add_argument("--sequence-parallel", type=switch, metavar="true|false",
-                   help=f"Megatron's sequence parallelism in the tp group (default: {default_from}; "
-                   "a header without it: on when tp > 1)")
-    p.add_argument("--gpus-per-node", type=GPUS_PER_NODE, metavar="N",
-                   help=f"GPUs per node, which sets which ranks share a node (default: {default_from})")
-    p.add_argument("--inter-node-link", type=link_option, metavar="NAME",
-                   help="link of the pipeline messages and data-parallel collectives that leave "
-                   f"a node: {LINK_HELP} (default: the device's inter-node link; H800: "
-                   f"{INTER_NODE_LINK}, InfiniBand NDR, 400 Gb/s per GPU)")
+    p.add_argument(
+        "--tp",
+        type=TP,
+        metavar="N",
+        help=f"tensor-parallel degree: GPUs of each pipeline device (default: {default_from})",
+    )
+    p.add_argument(
+        "--sequence-parallel",
+        type=switch,
+        metavar="true|false",
+        help=f"Megatron's sequence parallelism in the tp group (default: {default_from}; "
+        "a header without it: on when tp > 1)",
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=GPUS_PER_NODE,
+        metavar="N",
+        help=f"GPUs per node, which sets which ranks share a node (default: {default_from})",
+    )
+    p.add_argument(
+        "--inter-node-link",
+        type=link_option,
+        metavar="NAME",
+        help="link of the pipeline messages and data-parallel collectives that leave "
+        f"a node: {LINK_HELP} (default: the device's inter-node link; H800: "
+        f"{INTER_NODE_LINK}, InfiniBand NDR, 400 Gb/s per GPU)",
+    )
     add_overlap_option(p, default_from)
 
 
 def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
     """--overlap, --scatter-gather-messages, --grad-accumulation-fusion and --reduce-scatter:
     what the runtime does beside the plan's ops (the header's runtime fields)."""
-    p.add_argument("--overlap", type=overlap_list, metavar="LIST",
-                   help=f"what the runtime overlaps with compute, comma-separated: "
-                   f"{', '.join(OVERLAP_OPTIONS)} (Megatron's --tp-comm-overlap, "
-                   "--overlap-grad-reduce, --overlap-param-gather, --overlap-p2p-comm), or none; "
-                   "those not named are off (octodsl's executor runs p2p-comm alone; default: "
-                   f"{default_from})")
-    p.add_argument("--scatter-gather-messages", type=switch, metavar="true|false",
-                   help="without sequence parallelism, each tp GPU sends 1/tp of a pipeline "
-                   "message (Megatron's default); false: the whole activation, as octodsl's "
-                   f"executor and DeepSpeed do (default: {default_from})")
-    p.add_argument("--grad-accumulation-fusion", type=switch, metavar="true|false",
-                   help="the weight-gradient GEMMs add into the gradient buffer themselves "
-                   "(Megatron's --gradient-accumulation-fusion); false: a pass of its own per "
-                   f"micro-batch, as octodsl's executor runs it (default: {default_from})")
-    p.add_argument("--reduce-scatter", type=switch, metavar="true|false",
-                   help="under ZeRO, the gradients are reduce-scattered to their shards "
-                   "(DeepSpeed's zero_optimization.reduce_scatter, Megatron's distributed "
-                   "optimizer); false: all-reduced, as DeepSpeed's BF16 optimizer does in its "
-                   f"pipeline engine (default: {default_from})")
+    p.add_argument(
+        "--overlap",
+        type=overlap_list,
+        metavar="LIST",
+        help=f"what the runtime overlaps with compute, comma-separated: "
+        f"{', '.join(OVERLAP_OPTIONS)} (Megatron's --tp-comm-overlap, "
+        "--overlap-grad-reduce, --overlap-param-gather, --overlap-p2p-comm), or none; "
+        "those not named are off (octodsl's executor runs p2p-comm alone; default: "
+        f"{default_from})",
+    )
+    p.add_argument(
+        "--scatter-gather-messages",
+        type=switch,
+        metavar="true|false",
+        help="without sequence parallelism, each tp GPU sends 1/tp of a pipeline "
+        "message (Megatron's default); false: the whole activation, as octodsl's "
+        f"executor and DeepSpeed do (default: {default_from})",
+    )
+    p.add_argument(
+        "--grad-accumulation-fusion",
+        type=switch,
+        metavar="true|false",
+        help="the weight-gradient GEMMs add into the gradient buffer themselves "
+        "(Megatron's --gradient-accumulation-fusion); false: a pass of its own per "
+        f"micro-batch, as octodsl's executor runs it (default: {default_from})",
+    )
+    p.add_argument(
+        "--reduce-scatter",
+        type=switch,
+        metavar="true|false",
+        help="under ZeRO, the gradients are reduce-scattered to their shards "
+        "(DeepSpeed's zero_optimization.reduce_scatter, Megatron's distributed "
+        "optimizer); false: all-reduced, as DeepSpeed's BF16 optimizer does in its "
+        f"pipeline engine (default: {default_from})",
+    )
 
 
 OVERLAP_OPTIONS = {name.removeprefix("overlap_").replace("_", "-"): name for name in OVERLAPS}
@@ -201,7 +237,8 @@ def overlap_list(text: str) -> dict[str, bool]:
     unknown = [n for n in names if n not in OVERLAP_OPTIONS]
     if unknown or not all(names):
         raise argparse.ArgumentTypeError(
-            f"{text.strip()[:40]!r}: give {', '.join(OVERLAP_OPTIONS)} (comma-separated) or none")
+            f"{text.strip()[:40]!r}: give {', '.join(OVERLAP_OPTIONS)} (comma-separated) or none"
+        )
     return {field: name in names for name, field in OVERLAP_OPTIONS.items()}
 
 
@@ -227,8 +264,10 @@ def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
     update = {k: v for k in names if (v := getattr(args, k, None)) is not None}
     update.update(runtime_update(args))
     if update.get("tp", tp) == 1 and update.get("sequence_parallel", sequence_parallel):
-        raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
-                        "or more, or --sequence-parallel false")
+        raise UserError(
+            "sequence parallelism splits the sequence over the tp group: give --tp 2 "
+            "or more, or --sequence-parallel false"
+        )
     return update
 
 
@@ -239,12 +278,15 @@ def warn_zero_without_copies(where: str, zero: int, dp: int) -> None:
 
     message = zero_without_copies(zero, dp)
     if message:
-        print(Diagnostic("W404", f"{message} (give --dp 2 or more, or --zero 0)").render(where, None),
-              file=sys.stderr)
+        print(
+            Diagnostic("W404", f"{message} (give --dp 2 or more, or --zero 0)").render(where, None),
+            file=sys.stderr,
+        )
 
 
-def seconds_value(text: str, *, zero: bool = False, unit: float = 1.0,
-                  shown: str | None = None) -> float:
+def seconds_value(
+    text: str, *, zero: bool = False, unit: float = 1.0, shown: str | None = None
+) -> float:
     """`text` x `unit` seconds, finite and at most MAX_SECONDS; 0 only if `zero`.
     ArgumentTypeError otherwise (also for nan and inf, which float() reads), quoting `shown`
     (default: `text`)."""
@@ -254,16 +296,17 @@ def seconds_value(text: str, *, zero: bool = False, unit: float = 1.0,
     except ValueError:
         raise argparse.ArgumentTypeError(f"{shown[:40]!r} is not a number of seconds") from None
     if math.isfinite(value) and not _DECIMAL.fullmatch(text.strip()):  # float() reads 1_0, ١٢
-        raise argparse.ArgumentTypeError(f"{shown[:40]!r} is not a number of seconds (digits "
-                                         "0-9)")
+        raise argparse.ArgumentTypeError(f"{shown[:40]!r} is not a number of seconds (digits 0-9)")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{shown!r} is not a finite number of seconds")
     if value < 0 or (value == 0 and not zero):
-        raise argparse.ArgumentTypeError(f"must be {'at least 0' if zero else 'more than 0'} "
-                                         "seconds")
+        raise argparse.ArgumentTypeError(
+            f"must be {'at least 0' if zero else 'more than 0'} seconds"
+        )
     if value > limits.MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be at most {limits.MAX_SECONDS:g} seconds "
-                                         "(octodsl's limit)")
+        raise argparse.ArgumentTypeError(
+            f"must be at most {limits.MAX_SECONDS:g} seconds (octodsl's limit)"
+        )
     return value
 
 
@@ -276,8 +319,9 @@ def op_costs(text: str) -> dict[str, float]:
         key = key.strip()
         key = key if key == "comm" else key.upper()
         if not sep or key not in ("F", "B", "W", "comm"):
-            raise argparse.ArgumentTypeError(f"cannot read {part.strip()!r}; write F=1,B=1,W=1 "
-                                             "and optionally comm=0 (seconds)")
+            raise argparse.ArgumentTypeError(
+                f"cannot read {part.strip()!r}; write F=1,B=1,W=1 and optionally comm=0 (seconds)"
+            )
         try:
             values[key] = seconds_value(value, zero=True)
         except argparse.ArgumentTypeError as e:
@@ -306,17 +350,20 @@ def memory_size(text: str) -> int:
     try:
         value = parse_size(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot read {text.strip()!r} as a size "
-                                         "(e.g. 80GiB, 512MB)") from None
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text.strip()!r} as a size (e.g. 80GiB, 512MB)"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1 byte (e.g. 80GiB)")
     if value > limits.MAX_MEMORY:
-        raise argparse.ArgumentTypeError(f"must be at most {exact_size(limits.MAX_MEMORY)} "
-                                         "(octodsl's limit)")
+        raise argparse.ArgumentTypeError(
+            f"must be at most {exact_size(limits.MAX_MEMORY)} (octodsl's limit)"
+        )
     return value
 
 
 # --- Files --------------------------------------------------------------------------------
+
 
 def read_text(path: str) -> str:
     """A file's text ('-' for standard input), or a UserError saying why it cannot be read."""
@@ -334,11 +381,13 @@ def check_output(path: str, suffixes: tuple[str, ...], option: str) -> str:
 
 def output(*suffixes: str) -> Callable[[str], str]:
     """An argparse `type`: an output file that check_output accepts."""
+
     def parse(path: str) -> str:
         why = _unwritable(path, suffixes)
         if why:
             raise argparse.ArgumentTypeError(why)
         return path
+
     return parse
 
 
@@ -368,16 +417,26 @@ def check_outputs(args, *dests: str, more: Iterable[tuple[str, str]] = ()) -> No
     `dests`, and `more`: (option, path) pairs, e.g. default names) is, or links to (a symbolic
     or a hard link), a file one of its other arguments names: writing it would destroy that
     input, and the command would have nothing left to read from."""
-    inputs = [v for k, value in vars(args).items() if k not in dests
-              for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    inputs = [
+        v
+        for k, value in vars(args).items()
+        if k not in dests
+        for v in (value if isinstance(value, list) else [value])
+        if isinstance(v, str)
+    ]
     outputs = [(_option_name(d), getattr(args, d)) for d in dests if getattr(args, d, None)]
     for option, path in [*outputs, *more]:
         for name in inputs:
             if _same_file(path, _input_file(name)):
-                same = "is" if os.path.abspath(path) == os.path.abspath(_input_file(name)) \
+                same = (
+                    "is"
+                    if os.path.abspath(path) == os.path.abspath(_input_file(name))
                     else "links to"
-                raise UserError(f"{option}: {path} {same} the input {name}: writing it would "
-                                "destroy it (give another file name)")
+                )
+                raise UserError(
+                    f"{option}: {path} {same} the input {name}: writing it would "
+                    "destroy it (give another file name)"
+                )
 
 
 def _option_name(dest: str) -> str:
@@ -408,8 +467,10 @@ def numbered_outputs(path: str, count: int) -> list[str]:
 def check_top_outputs(args) -> None:
     """`tune`'s outputs, before the search: each of the --top plans' files writable (their
     names are numbered after -o's) and none an input (check_outputs)."""
-    more = [("--top", check_output(p, (".octo",), "--top"))
-            for p in numbered_outputs(args.output, args.top or 1)[1:]]
+    more = [
+        ("--top", check_output(p, (".octo",), "--top"))
+        for p in numbered_outputs(args.output, args.top or 1)[1:]
+    ]
     check_outputs(args, "output", more=more)
 
 

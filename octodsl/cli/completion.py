@@ -20,10 +20,13 @@ SHELLS = ("bash", "zsh")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
-                       description="Print a completion script for octodsl's commands and options. "
-                       "Enable it with `eval \"$(octodsl completion bash)\"` in ~/.bashrc, or "
-                       "`eval \"$(octodsl completion zsh)\"` in ~/.zshrc.")
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash or zsh)",
+        description="Print a completion script for octodsl's commands and options. "
+        'Enable it with `eval "$(octodsl completion bash)"` in ~/.bashrc, or '
+        '`eval "$(octodsl completion zsh)"` in ~/.zshrc.',
+    )
     p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash or zsh")
     p.set_defaults(func=run)
 
@@ -74,9 +77,11 @@ def _command_case(name: str, p: argparse.ArgumentParser) -> str:
         if names is not None:
             # a fixed set, or a built-in's name or a file (NameOrFile): the names that match,
             # else (none matching) the shell's file completion
-            cases.append(f"                {'|'.join(a.option_strings)}) "
-                         f"COMPREPLY=($(compgen -W {shlex.quote(_words(names))} -- \"$cur\")); "
-                         "return ;;")
+            cases.append(
+                f"                {'|'.join(a.option_strings)}) "
+                f'COMPREPLY=($(compgen -W {shlex.quote(_words(names))} -- "$cur")); '
+                "return ;;"
+            )
         else:
             takes_value += a.option_strings
     if takes_value:

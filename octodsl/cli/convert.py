@@ -27,16 +27,30 @@ TARGETS = {"torch": (".csv",), "megatron": (".txt", ".sh"), "deepspeed": (".py",
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="convert a plan to PyTorch's pipeline schedule CSV, "
-                       "Megatron-LM's arguments or a DeepSpeed PipelineModule (and a CSV back)")
-    p.add_argument("input", metavar="IN", help="a .octo plan (or, without --to, a .csv to read back)")
-    p.add_argument("--to", choices=list(TARGETS), metavar="TARGET",
-                   help="torch (the action CSV of torch.distributed.pipelining), megatron "
-                   "(Megatron-LM arguments) or deepspeed (PipelineModule snippet and ds_config); "
-                   "default: by the extensions of IN and OUT")
-    p.add_argument("-o", "--output", metavar="OUT", help="where to write: .csv or .octo without "
-                   "--to; with it .csv (torch), .txt or .sh (megatron), .py (deepspeed); "
-                   "printed when not given")
+    p = sub.add_parser(
+        "convert",
+        help="convert a plan to PyTorch's pipeline schedule CSV, "
+        "Megatron-LM's arguments or a DeepSpeed PipelineModule (and a CSV back)",
+    )
+    p.add_argument(
+        "input", metavar="IN", help="a .octo plan (or, without --to, a .csv to read back)"
+    )
+    p.add_argument(
+        "--to",
+        choices=list(TARGETS),
+        metavar="TARGET",
+        help="torch (the action CSV of torch.distributed.pipelining), megatron "
+        "(Megatron-LM arguments) or deepspeed (PipelineModule snippet and ds_config); "
+        "default: by the extensions of IN and OUT",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="where to write: .csv or .octo without "
+        "--to; with it .csv (torch), .txt or .sh (megatron), .py (deepspeed); "
+        "printed when not given",
+    )
     p.set_defaults(func=run)
 
 
@@ -72,9 +86,11 @@ def _by_extension(args) -> int:
     out = args.output or ""
     kinds = (Path(args.input).suffix.lower(), Path(out).suffix.lower())
     if kinds not in ((".octo", ".csv"), (".csv", ".octo")):
-        raise UserError(f"convert turns .octo into .csv or .csv into .octo, not "
-                        f"{kinds[0] or 'no extension'} into {kinds[1] or 'no extension'} "
-                        f"(or give --to {', '.join(TARGETS)} for a .octo plan)")
+        raise UserError(
+            f"convert turns .octo into .csv or .csv into .octo, not "
+            f"{kinds[0] or 'no extension'} into {kinds[1] or 'no extension'} "
+            f"(or give --to {', '.join(TARGETS)} for a .octo plan)"
+        )
     check_output(out, (kinds[1],), "-o/--output")
     if kinds[0] == ".octo":
         plan = _linted(args.input)
@@ -88,8 +104,10 @@ def _by_extension(args) -> int:
         _report([e.render()])
         return 1
     _report([w.render(args.input, source) for w in warnings])
-    title = (f"Imported from {Path(args.input).name} (torch.distributed.pipelining action CSV) "
-             f"by {made_by('convert')}.")
+    title = (
+        f"Imported from {Path(args.input).name} (torch.distributed.pipelining action CSV) "
+        f"by {made_by('convert')}."
+    )
     write_output(out, render_plan(plan, title=title))
     return 0
 

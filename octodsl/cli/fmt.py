@@ -11,11 +11,17 @@ from .common import read_text, write_output
 
 def register(sub) -> None:
     p = sub.add_parser("fmt", help="lay out .octo plans canonically (in place)")
-    p.add_argument("files", nargs="+", metavar="FILE", help=".octo files ('-': standard input to output)")
-    p.add_argument("--check", action="store_true",
-                   help="change nothing; exit 1 and name the files that would change")
-    p.add_argument("--expand", action="store_true",
-                   help="write every op explicitly (unroll ranges and loops)")
+    p.add_argument(
+        "files", nargs="+", metavar="FILE", help=".octo files ('-': standard input to output)"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 and name the files that would change",
+    )
+    p.add_argument(
+        "--expand", action="store_true", help="write every op explicitly (unroll ranges and loops)"
+    )
     p.set_defaults(func=run)
 
 

@@ -10,7 +10,9 @@ from .common import read_text
 
 def register(sub) -> None:
     p = sub.add_parser("lint", help="check .octo plans and report every problem with its position")
-    p.add_argument("files", nargs="+", metavar="FILE", help=".octo files ('-' reads standard input)")
+    p.add_argument(
+        "files", nargs="+", metavar="FILE", help=".octo files ('-' reads standard input)"
+    )
     p.add_argument("--strict", action="store_true", help="treat warnings as errors (exit 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing for clean files")
     p.set_defaults(func=run)
@@ -30,6 +32,9 @@ def run(args) -> int:
         if not diags and not args.quiet:
             print(f"{path}: ok")
     if errors or warnings:
-        print(f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
-              + (f" ({hidden} not shown)" if hidden else ""), file=sys.stderr)
+        print(
+            f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
+            + (f" ({hidden} not shown)" if hidden else ""),
+            file=sys.stderr,
+        )
     return 1 if errors or (args.strict and warnings) else 0

@@ -18,7 +18,9 @@ def checked_plan(path: str, *, allow: tuple[str, ...] = ()) -> tuple[Plan, str, 
     errors = sum(d.count for d in diags if d.is_error and d.code not in allow)
     if plan is None or errors:
         n = max(errors, 1)
-        raise UserError(f"{path}: {n} error{'s' * (n != 1)}; run `octodsl lint {path}` to see "
-                        + ("it" if n == 1 else "them"),
-                        exit_code=1)
+        raise UserError(
+            f"{path}: {n} error{'s' * (n != 1)}; run `octodsl lint {path}` to see "
+            + ("it" if n == 1 else "them"),
+            exit_code=1,
+        )
     return plan, source, [d for d in diags if not d.is_error]

@@ -55,7 +55,6 @@ from .plans import checked_plan
 _UNIT_COSTS = "F=1,B=1,W=1,comm=0"
 
 
-
 class _Shown(TypedDict):
     """What the report says beside a result (to_json's and summary's keywords)."""
 
@@ -65,40 +64,87 @@ class _Shown(TypedDict):
 
 
 def register(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate a plan: iteration time, bubbles, communication "
-                       "overlap, peak memory, critical path")
-    p.add_argument("plans", nargs="+", metavar="PLAN",
-                   help="a .octo plan (or a PyTorch schedule .csv); several are compared side by side")
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a plan: iteration time, bubbles, communication "
+        "overlap, peak memory, critical path",
+    )
+    p.add_argument(
+        "plans",
+        nargs="+",
+        metavar="PLAN",
+        help="a .octo plan (or a PyTorch schedule .csv); several are compared side by side",
+    )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", metavar="SPEC",
-                     help="model (built-in name or spec file); default: the plan's `model`")
+    src.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="model (built-in name or spec file); default: the plan's `model`",
+    )
     src.add_argument("--profile", metavar="FILE", help="measured per-layer costs (octodsl profile)")
-    src.add_argument("--costs", type=op_costs, metavar="F=..,B=..,W=..[,comm=..]",
-                     help="the same costs for every stage, per micro-batch, in seconds (a fused "
-                     f"backward costs B + W); comm is each message's time. Default for a plan "
-                     f"without a model: {_UNIT_COSTS}")
-    p.add_argument("--device", type=DEVICE, default="H800", metavar="DEVICE",
-                   help=f"device for a model's analytical costs: {DEVICE_HELP} (default H800)")
-    p.add_argument("--link", type=LINK, metavar="NAME",
-                   help="link between pipeline devices in one node (and of the tp collectives, "
-                   f"with a model): {', '.join(LINKS)} (none: communication is free), or a "
-                   "link file. Default: a calibrated profile's link, "
-                   "else the device's node link (H800: nvlink) with a model, --costs' comm without")
-    p.add_argument("--dp-link", type=LINK, metavar="NAME", help="link of every data-parallel "
-                   f"collective, {LINK_HELP} (default: --inter-node-link for a dp group that "
-                   "spans nodes, else --link)")
-    p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)")
-    p.add_argument("--zero", type=ZERO, metavar="N",
-                   help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
-                   "the gradients); default: the plan's `zero`")
+    src.add_argument(
+        "--costs",
+        type=op_costs,
+        metavar="F=..,B=..,W=..[,comm=..]",
+        help="the same costs for every stage, per micro-batch, in seconds (a fused "
+        f"backward costs B + W); comm is each message's time. Default for a plan "
+        f"without a model: {_UNIT_COSTS}",
+    )
+    p.add_argument(
+        "--device",
+        type=DEVICE,
+        default="H800",
+        metavar="DEVICE",
+        help=f"device for a model's analytical costs: {DEVICE_HELP} (default H800)",
+    )
+    p.add_argument(
+        "--link",
+        type=LINK,
+        metavar="NAME",
+        help="link between pipeline devices in one node (and of the tp collectives, "
+        f"with a model): {', '.join(LINKS)} (none: communication is free), or a "
+        "link file. Default: a calibrated profile's link, "
+        "else the device's node link (H800: nvlink) with a model, --costs' comm without",
+    )
+    p.add_argument(
+        "--dp-link",
+        type=LINK,
+        metavar="NAME",
+        help="link of every data-parallel "
+        f"collective, {LINK_HELP} (default: --inter-node-link for a dp group that "
+        "spans nodes, else --link)",
+    )
+    p.add_argument(
+        "--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)"
+    )
+    p.add_argument(
+        "--zero",
+        type=ZERO,
+        metavar="N",
+        help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
+        "the gradients); default: the plan's `zero`",
+    )
     add_mesh_options(p, default_from="the plan's")
-    p.add_argument("--recompute", choices=[m.value for m in Recompute],
-                   help="what every stage recomputes (default: the plan's `recompute` section)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
-    p.add_argument("--trace", type=output(".json"), metavar="FILE",
-                   help="write a Chrome / Perfetto trace (a .json file)")
-    p.add_argument("--png", type=output(".png"), metavar="FILE",
-                   help="write a Gantt chart (a .png file; needs matplotlib)")
+    p.add_argument(
+        "--recompute",
+        choices=[m.value for m in Recompute],
+        help="what every stage recomputes (default: the plan's `recompute` section)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the summary"
+    )
+    p.add_argument(
+        "--trace",
+        type=output(".json"),
+        metavar="FILE",
+        help="write a Chrome / Perfetto trace (a .json file)",
+    )
+    p.add_argument(
+        "--png",
+        type=output(".png"),
+        metavar="FILE",
+        help="write a Gantt chart (a .png file; needs matplotlib)",
+    )
     p.set_defaults(func=run)
 
 
@@ -126,8 +172,15 @@ def run(args) -> int:
         except PlanError as e:
             raise UserError(f"{path}: {e}") from None
         limit = plan.header.memory if plan.header.memory is not None else device_memory
-        rows.append((path, result, _Shown(link=link.name, memory_limit=limit,
-                                          simulate_seconds=time.perf_counter() - t0)))
+        rows.append(
+            (
+                path,
+                result,
+                _Shown(
+                    link=link.name, memory_limit=limit, simulate_seconds=time.perf_counter() - t0
+                ),
+            )
+        )
     from ..sim.report import comparison, summary, to_json
 
     if args.json:
@@ -175,8 +228,11 @@ def with_overrides(plan: Plan, update: dict, recompute: str | None) -> Plan:
     """The plan with the header fields in `update` (dp, zero, tp, ...: those given) and every
     stage's recompute (None: the plan's) replaced."""
     header = plan.header.model_copy(update=update)
-    stages = plan.stages if recompute is None else [
-        dataclasses.replace(s, recompute=Recompute(recompute)) for s in plan.stages]
+    stages = (
+        plan.stages
+        if recompute is None
+        else [dataclasses.replace(s, recompute=Recompute(recompute)) for s in plan.stages]
+    )
     return dataclasses.replace(plan, header=header, stages=stages)
 
 
@@ -191,14 +247,21 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
         given = link_named(args.link) if args.link else None
         try:
             # The tp collectives run inside a node: on --link when given, else the device's own.
-            table = cost_table(model=model, profile=args.profile, device=args.device,
-                               tp_link=given, **header_costing(h))
+            table = cost_table(
+                model=model,
+                profile=args.profile,
+                device=args.device,
+                tp_link=given,
+                **header_costing(h),
+            )
             costs = SimCosts.from_table(table, plan)
         except TpMismatch as e:
             raise UserError(f"{path}: {e}") from None
         except PlanError as e:
-            raise UserError(f"{path}: {e}; partition the plan over the model's layers, or "
-                            "simulate it with --costs") from None
+            raise UserError(
+                f"{path}: {e}; partition the plan over the model's layers, or "
+                "simulate it with --costs"
+            ) from None
         except OctoError as e:
             raise UserError(str(e)) from None
         try:
@@ -207,12 +270,15 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
             device = None
         link = pipeline_link(args.link, table, device.node_link if device else "nvlink")
         fitted = table.calibration is not None and link is table.calibration.link
-        inter = args.inter_node_link or (link if fitted else link_named(
-            device.inter_node_link if device else INTER_NODE_LINK))
+        inter = args.inter_node_link or (
+            link if fitted else link_named(device.inter_node_link if device else INTER_NODE_LINK)
+        )
         return costs, link, inter, device.memory if device else None
     values = args.costs or op_costs(_UNIT_COSTS)
-    costs = SimCosts(tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
-                     source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()))
+    costs = SimCosts(
+        tuple(uniform_stage_costs(plan.num_stages, values["F"], values["B"], values["W"])),
+        source="uniform costs " + ", ".join(f"{k}={v:g}" for k, v in values.items()),
+    )
     fixed = Link(f"{values['comm']:g} s per message", values["comm"], 0.0)
     link = link_named(args.link) if args.link else fixed
     return costs, link, args.inter_node_link or link, None

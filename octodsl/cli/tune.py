@@ -51,57 +51,128 @@ from .tune_options import EVALUATIONS, ProgressLine, memory_limit, memory_option
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tune", help="tune partition, placement and schedule together; compare "
-                       "with the classic schedules")
-    p.add_argument("--model", metavar="SPEC", help="model (built-in name or spec file); default: "
-                   "the --from plan's")
-    p.add_argument("--devices", "-p", type=DEVICES, metavar="P",
-                   help="pipeline devices (2 up to the model's layer count)")
-    p.add_argument("--microbatches", "-m", type=MICROBATCHES, metavar="M",
-                   help="micro-batches per iteration")
-    p.add_argument("--device", type=DEVICE, default="H800", metavar="DEVICE",
-                   help=f"device of the analytical costs: {DEVICE_HELP} (default H800)")
-    p.add_argument("--link", type=LINK, metavar="NAME", help="link between devices in one node, "
-                   f"and of the tp collectives: {LINK_HELP} (default: the device's node link, "
-                   "H800: nvlink)")
-    p.add_argument("--memory", type=memory_option, metavar="SIZE", help="memory limit per "
-                   "device, e.g. 80GiB, or 'none' (default: the device's memory)")
-    p.add_argument("--microbatch-size", type=MICROBATCH_SIZE, metavar="N",
-                   help="sequences per micro-batch")
+    p = sub.add_parser(
+        "tune",
+        help="tune partition, placement and schedule together; compare with the classic schedules",
+    )
+    p.add_argument(
+        "--model",
+        metavar="SPEC",
+        help="model (built-in name or spec file); default: the --from plan's",
+    )
+    p.add_argument(
+        "--devices",
+        "-p",
+        type=DEVICES,
+        metavar="P",
+        help="pipeline devices (2 up to the model's layer count)",
+    )
+    p.add_argument(
+        "--microbatches", "-m", type=MICROBATCHES, metavar="M", help="micro-batches per iteration"
+    )
+    p.add_argument(
+        "--device",
+        type=DEVICE,
+        default="H800",
+        metavar="DEVICE",
+        help=f"device of the analytical costs: {DEVICE_HELP} (default H800)",
+    )
+    p.add_argument(
+        "--link",
+        type=LINK,
+        metavar="NAME",
+        help="link between devices in one node, "
+        f"and of the tp collectives: {LINK_HELP} (default: the device's node link, "
+        "H800: nvlink)",
+    )
+    p.add_argument(
+        "--memory",
+        type=memory_option,
+        metavar="SIZE",
+        help="memory limit per device, e.g. 80GiB, or 'none' (default: the device's memory)",
+    )
+    p.add_argument(
+        "--microbatch-size", type=MICROBATCH_SIZE, metavar="N", help="sequences per micro-batch"
+    )
     p.add_argument("--seq-len", type=SEQ_LEN, metavar="N", help="tokens per sequence")
-    p.add_argument("--dp", type=DP, metavar="N", help="data-parallel copies of the pipeline, "
-                   "written in every plan's header (default: the --from plan's, else 1)")
-    p.add_argument("--zero", type=ZERO, metavar="0|1|2", help="ZeRO stage over the dp copies: "
-                   "1 shards the optimizer state, 2 the gradients too; in every plan's header "
-                   "(default: the --from plan's, else 0)")
+    p.add_argument(
+        "--dp",
+        type=DP,
+        metavar="N",
+        help="data-parallel copies of the pipeline, "
+        "written in every plan's header (default: the --from plan's, else 1)",
+    )
+    p.add_argument(
+        "--zero",
+        type=ZERO,
+        metavar="0|1|2",
+        help="ZeRO stage over the dp copies: "
+        "1 shards the optimizer state, 2 the gradients too; in every plan's header "
+        "(default: the --from plan's, else 0)",
+    )
     add_mesh_options(p, default_from="the --from plan's, else tp 1 and 8 GPUs per node")
-    p.add_argument("--recompute", type=RECOMPUTE, default=AUTO_MODE,
-                   metavar="auto|none|full|selective",
-                   help="activation recomputation: auto (default) lets the tuner pick none, "
-                   "selective or full per stage; none never recomputes; full or selective "
-                   "makes every stage (and every baseline) recompute that way")
-    p.add_argument("--budget", type=duration, default="60s", metavar="TIME",
-                   help="wall time of the whole command, start-up and the check of the written "
-                   "plan included, e.g. 60s, 2m (default 60s; each --compare search gets as "
-                   "much again)")
-    p.add_argument("--evaluations", type=EVALUATIONS, metavar="N", help="stop the tuner after "
-                   "it has simulated N plans (with --gpus: N of each configuration it tunes), "
-                   "or when --budget runs out, whichever comes first: with a --budget that N "
-                   "plans fit in, the result depends on the seed alone, not on the machine's "
-                   "speed (default: the budget alone)")
+    p.add_argument(
+        "--recompute",
+        type=RECOMPUTE,
+        default=AUTO_MODE,
+        metavar="auto|none|full|selective",
+        help="activation recomputation: auto (default) lets the tuner pick none, "
+        "selective or full per stage; none never recomputes; full or selective "
+        "makes every stage (and every baseline) recompute that way",
+    )
+    p.add_argument(
+        "--budget",
+        type=duration,
+        default="60s",
+        metavar="TIME",
+        help="wall time of the whole command, start-up and the check of the written "
+        "plan included, e.g. 60s, 2m (default 60s; each --compare search gets as "
+        "much again)",
+    )
+    p.add_argument(
+        "--evaluations",
+        type=EVALUATIONS,
+        metavar="N",
+        help="stop the tuner after "
+        "it has simulated N plans (with --gpus: N of each configuration it tunes), "
+        "or when --budget runs out, whichever comes first: with a --budget that N "
+        "plans fit in, the result depends on the seed alone, not on the machine's "
+        "speed (default: the budget alone)",
+    )
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
-    p.add_argument("--from", dest="start", metavar="PLAN", help="refine this plan (its partition "
-                   "must name the model's layers)")
-    p.add_argument("--keep", type=_keep, metavar="partition|partition,placement",
-                   help="with --from: keep the plan's cuts exactly and search placement, order "
-                   "and recompute (partition), or keep its placement too and search only the "
-                   "order and recompute (partition,placement)")
-    p.add_argument("--compare", default="", metavar="LIST",
-                   help="also run, with the same budget: random, milp, milp-warm (comma-separated)")
-    p.add_argument("-o", "--output", type=output(".octo"), required=True, metavar="FILE",
-                   help="write the tuned plan here (a .octo file)")
-    p.add_argument("--explain", action="store_true", help="print each round: phase, move, "
-                   "iteration time before and after")
+    p.add_argument(
+        "--from",
+        dest="start",
+        metavar="PLAN",
+        help="refine this plan (its partition must name the model's layers)",
+    )
+    p.add_argument(
+        "--keep",
+        type=_keep,
+        metavar="partition|partition,placement",
+        help="with --from: keep the plan's cuts exactly and search placement, order "
+        "and recompute (partition), or keep its placement too and search only the "
+        "order and recompute (partition,placement)",
+    )
+    p.add_argument(
+        "--compare",
+        default="",
+        metavar="LIST",
+        help="also run, with the same budget: random, milp, milp-warm (comma-separated)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output(".octo"),
+        required=True,
+        metavar="FILE",
+        help="write the tuned plan here (a .octo file)",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each round: phase, move, iteration time before and after",
+    )
     add_cluster_options(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=run)
@@ -116,11 +187,14 @@ def run(args) -> int:
     if args.gpus is not None or args.global_batch is not None:
         return run_cluster(args, began)
     if args.target is not None:
-        raise UserError("--target chooses the runtime of a whole-cluster search: give --gpus "
-                        "and --global-batch")
+        raise UserError(
+            "--target chooses the runtime of a whole-cluster search: give --gpus and --global-batch"
+        )
     if args.top is not None:
-        raise UserError("--top writes the best configurations of a whole-cluster search: give "
-                        "--gpus and --global-batch")
+        raise UserError(
+            "--top writes the best configurations of a whole-cluster search: give "
+            "--gpus and --global-batch"
+        )
     from ..lint import lint_source
     from ..tune.clock import check_reserve, left
     from ..tune.cluster.space import plan_ops
@@ -133,7 +207,9 @@ def run(args) -> int:
     others = [x for x in args.compare.split(",") if x]
     unknown = [x for x in others if x not in OTHERS]
     if unknown:
-        raise UserError(f"--compare: unknown {', '.join(unknown)} (choose from {', '.join(OTHERS)})")
+        raise UserError(
+            f"--compare: unknown {', '.join(unknown)} (choose from {', '.join(OTHERS)})"
+        )
     problem = _problem(args, model, devices, microbatches, start)
     if start is not None:
         from ..plan import PlanError
@@ -145,18 +221,24 @@ def run(args) -> int:
             raise UserError(f"{args.start}: {e}") from None
         # The plan runs with the levers asked for: its header's ZeRO and dp become the
         # problem's, a fixed recompute mode its stages'.
-        start = problem.adopt(replace(start, header=problem.header.model_copy(
-            update={"name": start.header.name})))
+        start = problem.adopt(
+            replace(start, header=problem.header.model_copy(update={"name": start.header.name}))
+        )
         if args.keep is not None:
             from ..tune.problem import Keep
 
             problem.keep = Keep.of(start, placement=args.keep == KEEP_PLACEMENT)
     with ProgressLine(args.budget, enabled=not args.json) as progress:
         try:
-            outcome = tune_and_compare(problem, budget=left(args.budget, began, check_reserve(
-                plan_ops(devices, microbatches))), seed=args.seed, start=start,
-                                       others=others, progress=progress,
-                                       max_evaluations=args.evaluations)
+            outcome = tune_and_compare(
+                problem,
+                budget=left(args.budget, began, check_reserve(plan_ops(devices, microbatches))),
+                seed=args.seed,
+                start=start,
+                others=others,
+                progress=progress,
+                max_evaluations=args.evaluations,
+            )
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None
     best = outcome.tuned.best
@@ -182,14 +264,21 @@ def run(args) -> int:
     console.print(comparison_table(problem, outcome.tuned, outcome.baselines, outcome.others))
     t = outcome.tuned
     notes = "; ".join(f"{k}: {v}" for k, v in outcome.notes.items())
-    stopped = ("" if t.finished else
-               " (interrupted: the best plan found so far)" if t.interrupted else
-               f" (stopped after {args.evaluations} plans)" if args.evaluations is not None
-               and t.evaluations >= args.evaluations else " (stopped by the budget)")
+    stopped = (
+        ""
+        if t.finished
+        else " (interrupted: the best plan found so far)"
+        if t.interrupted
+        else f" (stopped after {args.evaluations} plans)"
+        if args.evaluations is not None and t.evaluations >= args.evaluations
+        else " (stopped by the budget)"
+    )
     built = sum(b.score is not None for b in outcome.baselines)
-    console.print(f"wrote {args.output}; {built} baselines and {t.evaluations} plans simulated in "
-                  f"{outcome.seconds:.1f} s"
-                  + stopped + (f"; {notes}" if notes else ""), style="dim")
+    console.print(
+        f"wrote {args.output}; {built} baselines and {t.evaluations} plans simulated in "
+        f"{outcome.seconds:.1f} s" + stopped + (f"; {notes}" if notes else ""),
+        style="dim",
+    )
     return status
 
 
@@ -204,8 +293,10 @@ def _start(args):
         # Over the memory limit is what the tuner can fix; anything else must be fixed first.
         start = checked_plan(args.start, allow=(MEMORY_CODE,))[0]
         model = model or start.header.model
-        for what, given, own in (("--devices", devices, start.devices),
-                                 ("--microbatches", microbatches, start.microbatches)):
+        for what, given, own in (
+            ("--devices", devices, start.devices),
+            ("--microbatches", microbatches, start.microbatches),
+        ):
             if given is not None and given != own:
                 raise UserError(f"{what} {given} differs from {args.start}'s {own}")
         devices, microbatches = start.devices, start.microbatches
@@ -231,16 +322,31 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
         pointless = zero_without_copies(zero, dp)
         if pointless:  # lint warns of it in a plan; a search that shards nothing is refused
             raise UserError(f"--{pointless}: give --dp 2 or more, or --zero 0")
-        mesh = {"tp": own.tp, "sequence_parallel": own.sequence_parallel,
-                "gpus_per_node": own.gpus_per_node} if own is not None else {}
+        mesh = (
+            {
+                "tp": own.tp,
+                "sequence_parallel": own.sequence_parallel,
+                "gpus_per_node": own.gpus_per_node,
+            }
+            if own is not None
+            else {}
+        )
         mesh.update(mesh_update(args, mesh.get("tp", 1), mesh.get("sequence_parallel")))
         problem = Problem.create(
-            model, devices, microbatches, device=args.device, memory=memory,
+            model,
+            devices,
+            microbatches,
+            device=args.device,
+            memory=memory,
             link=link_named(args.link) if args.link else None,
             microbatch_size=args.microbatch_size or (own and own.microbatch_size),
-            seq_len=args.seq_len or (own and own.seq_len), dp=dp, zero=zero,
-            recompute=args.recompute, inter_link=args.inter_node_link or get_device(
-                args.device).inter_node_link, **mesh)
+            seq_len=args.seq_len or (own and own.seq_len),
+            dp=dp,
+            zero=zero,
+            recompute=args.recompute,
+            inter_link=args.inter_node_link or get_device(args.device).inter_node_link,
+            **mesh,
+        )
     except OctoError as e:
         raise UserError(str(e)) from None
     return problem
@@ -267,8 +373,10 @@ class _Recompute:
 
         name = text.strip().lower()
         if name not in self.choices:
-            raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r} is not a recompute choice "
-                                             f"(choose from {', '.join(self.choices)})")
+            raise argparse.ArgumentTypeError(
+                f"{text.strip()[:40]!r} is not a recompute choice "
+                f"(choose from {', '.join(self.choices)})"
+            )
         return name if name == AUTO_MODE else Recompute(name)
 
 
@@ -283,9 +391,13 @@ def _keep(text: str) -> str:
     if parts == ["partition", "placement"]:
         return KEEP_PLACEMENT
     if parts == ["placement"]:
-        raise argparse.ArgumentTypeError("a placement is of the plan's stages: keep the "
-                                         "partition too (--keep partition,placement)")
-    raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r}: write partition or partition,placement")
+        raise argparse.ArgumentTypeError(
+            "a placement is of the plan's stages: keep the "
+            "partition too (--keep partition,placement)"
+        )
+    raise argparse.ArgumentTypeError(
+        f"{text.strip()[:40]!r}: write partition or partition,placement"
+    )
 
 
 _keep.choices = (KEEP_PARTITION, KEEP_PLACEMENT)  # type: ignore[attr-defined]  # offered by the completion
@@ -295,8 +407,10 @@ def _render(plan, problem, best, args) -> str:
     from ..gen import render_plan
     from ..version import made_by
 
-    title = (f"Tuned by {made_by('tune')} with seed {args.seed}: {problem.header.model}, "
-             f"{problem.devices} devices, {problem.microbatches} micro-batches.\n"
-             f"Simulated iteration {best.time * 1e3:.1f} ms, efficiency "
-             f"{problem.lower_bound() / best.time:.3f} against the lower bound.")
+    title = (
+        f"Tuned by {made_by('tune')} with seed {args.seed}: {problem.header.model}, "
+        f"{problem.devices} devices, {problem.microbatches} micro-batches.\n"
+        f"Simulated iteration {best.time * 1e3:.1f} ms, efficiency "
+        f"{problem.lower_bound() / best.time:.3f} against the lower bound."
+    )
     return render_plan(plan, title=title)

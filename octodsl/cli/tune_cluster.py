@@ -25,23 +25,45 @@ TOP = integer(1, 100)
 GPUS = integer(1, limits.MAX_GPUS)
 GLOBAL_BATCH = integer(1, limits.MAX_GLOBAL_BATCH)
 
-_PER_PLAN_ONLY = (("microbatches", "--microbatches (the global batch and the micro-batch size "
-                   "set it)"), ("dp", "--dp (the GPU count sets it)"), ("start", "--from"),
-                  ("keep", "--keep"), ("compare", "--compare"), ("explain", "--explain"))
+_PER_PLAN_ONLY = (
+    ("microbatches", "--microbatches (the global batch and the micro-batch size set it)"),
+    ("dp", "--dp (the GPU count sets it)"),
+    ("start", "--from"),
+    ("keep", "--keep"),
+    ("compare", "--compare"),
+    ("explain", "--explain"),
+)
 
 
 def add_cluster_options(p) -> None:
-    p.add_argument("--gpus", type=GPUS, metavar="N", help="search the whole configuration for "
-                   "this many GPUs: tp x pp x dp, micro-batching, ZeRO (with --global-batch; "
-                   "--tp, --devices, --microbatch-size and --zero fix those choices; "
-                   "docs/cluster.md)")
-    p.add_argument("--global-batch", type=GLOBAL_BATCH, metavar="B",
-                   help="sequences per iteration over all data-parallel copies (with --gpus)")
-    p.add_argument("--target", choices=("deepspeed", "megatron"), help="with --gpus: the "
-                   "runtime the configurations are for: deepspeed (default; octodsl's executor, "
-                   "ZeRO 0 and 1), megatron (zero 2 in a pipeline too)")
-    p.add_argument("--top", type=TOP, metavar="K", help="with --gpus: also write the next K-1 "
-                   "configurations' plans, to PLAN-2.octo and on")
+    p.add_argument(
+        "--gpus",
+        type=GPUS,
+        metavar="N",
+        help="search the whole configuration for "
+        "this many GPUs: tp x pp x dp, micro-batching, ZeRO (with --global-batch; "
+        "--tp, --devices, --microbatch-size and --zero fix those choices; "
+        "docs/cluster.md)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=GLOBAL_BATCH,
+        metavar="B",
+        help="sequences per iteration over all data-parallel copies (with --gpus)",
+    )
+    p.add_argument(
+        "--target",
+        choices=("deepspeed", "megatron"),
+        help="with --gpus: the "
+        "runtime the configurations are for: deepspeed (default; octodsl's executor, "
+        "ZeRO 0 and 1), megatron (zero 2 in a pipeline too)",
+    )
+    p.add_argument(
+        "--top",
+        type=TOP,
+        metavar="K",
+        help="with --gpus: also write the next K-1 configurations' plans, to PLAN-2.octo and on",
+    )
 
 
 def run_cluster(args, began: float) -> int:
@@ -69,25 +91,43 @@ def run_cluster(args, began: float) -> int:
     if why is not None:
         raise UserError(why)
     if args.tp == 1 and args.sequence_parallel:
-        raise UserError("sequence parallelism splits the sequence over the tp group: give --tp 2 "
-                        "or more, or --sequence-parallel false")
+        raise UserError(
+            "sequence parallelism splits the sequence over the tp group: give --tp 2 "
+            "or more, or --sequence-parallel false"
+        )
     try:
-        cluster = Cluster(args.model, args.gpus, args.global_batch, seq_len=args.seq_len,
-                          device=args.device, gpus_per_node=args.gpus_per_node or 8,
-                          memory=memory_limit(args),
-                          link=link_named(args.link) if args.link else None,
-                          inter_link=args.inter_node_link,
-                          recompute=args.recompute, tp=args.tp, pp=args.devices,
-                          microbatch_size=args.microbatch_size, zero=args.zero,
-                          sequence_parallel=args.sequence_parallel, target=target)
+        cluster = Cluster(
+            args.model,
+            args.gpus,
+            args.global_batch,
+            seq_len=args.seq_len,
+            device=args.device,
+            gpus_per_node=args.gpus_per_node or 8,
+            memory=memory_limit(args),
+            link=link_named(args.link) if args.link else None,
+            inter_link=args.inter_node_link,
+            recompute=args.recompute,
+            tp=args.tp,
+            pp=args.devices,
+            microbatch_size=args.microbatch_size,
+            zero=args.zero,
+            sequence_parallel=args.sequence_parallel,
+            target=target,
+        )
         cluster.tokens()  # the model loads
     except OctoError as e:
         raise UserError(str(e)) from None
     top = args.top or 1
     with ProgressLine(args.budget, enabled=not args.json) as progress:
         try:
-            result = search(cluster, budget=left(args.budget, began), seed=args.seed, top=top,
-                            progress=progress, max_evaluations=args.evaluations)
+            result = search(
+                cluster,
+                budget=left(args.budget, began),
+                seed=args.seed,
+                top=top,
+                progress=progress,
+                max_evaluations=args.evaluations,
+            )
         except NoConfigurationFits as e:
             raise UserError(str(e), exit_code=1) from None
         except OctoError as e:
@@ -102,13 +142,19 @@ def run_cluster(args, began: float) -> int:
     console.print()
     console.print(baselines_table(result))
     counts = skipped_counts(result)
-    console.print(f"wrote {', '.join(written)}; configurations: "
-                  + ", ".join(f"{n} {k}" for k, n in counts.items())
-                  + f"; {result.seconds:.1f} s"
-                  + (" (interrupted: the best so far)" if result.interrupted else "")
-                  + (" (the budget ran out before any configuration was tuned: the best is a "
-                     "classic plan; give a longer --budget)" if result.budget_short else ""),
-                  style="dim")
+    console.print(
+        f"wrote {', '.join(written)}; configurations: "
+        + ", ".join(f"{n} {k}" for k, n in counts.items())
+        + f"; {result.seconds:.1f} s"
+        + (" (interrupted: the best so far)" if result.interrupted else "")
+        + (
+            " (the budget ran out before any configuration was tuned: the best is a "
+            "classic plan; give a longer --budget)"
+            if result.budget_short
+            else ""
+        ),
+        style="dim",
+    )
     return status
 
 
@@ -121,20 +167,25 @@ def _write(result, top: int, args) -> list[str]:
     from ..version import made_by
 
     paths = []
-    for i, (path, cand) in enumerate(zip(numbered_outputs(args.output, top),
-                                         result.ranked()[:top], strict=False)):
+    for i, (path, cand) in enumerate(
+        zip(numbered_outputs(args.output, top), result.ranked()[:top], strict=False)
+    ):
         plan = plan_of(cand)
         best = cand.best
-        title = (f"Tuned by {made_by('tune')} with seed {args.seed}: {result.cluster.model} on "
-                 f"{result.cluster.gpus} GPUs, global batch {result.cluster.global_batch}; "
-                 f"rank {i + 1} of the configurations searched: {cand.config}.\n"
-                 f"Simulated iteration {milliseconds(best.time)}, "
-                 f"{result.tokens_per_gpu(best.time):,.0f} tokens per GPU per second.")
+        title = (
+            f"Tuned by {made_by('tune')} with seed {args.seed}: {result.cluster.model} on "
+            f"{result.cluster.gpus} GPUs, global batch {result.cluster.global_batch}; "
+            f"rank {i + 1} of the configurations searched: {cand.config}.\n"
+            f"Simulated iteration {milliseconds(best.time)}, "
+            f"{result.tokens_per_gpu(best.time):,.0f} tokens per GPU per second."
+        )
         text = render_plan(plan, title=title)
         _, diags = lint_source(text, path)
         errors = [d for d in diags if d.is_error]
         if errors:  # the search only proposes valid plans: a bug, not a user error
-            raise RuntimeError(f"the plan of {cand.config} does not lint clean: {errors[0].message}")
+            raise RuntimeError(
+                f"the plan of {cand.config} does not lint clean: {errors[0].message}"
+            )
         write_output(path, text)
         paths.append(path)
     return paths

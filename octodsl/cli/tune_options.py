@@ -56,8 +56,12 @@ class ProgressLine:
 
         best_text = "-" if best == float("inf") else f"{best * 1e3:,.1f} ms"
         assert self.live is not None, "the search reports progress only when it is shown"
-        self.live.update(Text(f"tuning: {phase:<10} best {best_text:>12}   "
-                              f"{max(left, 0.0):5.1f} s left", style="cyan"))
+        self.live.update(
+            Text(
+                f"tuning: {phase:<10} best {best_text:>12}   {max(left, 0.0):5.1f} s left",
+                style="cyan",
+            )
+        )
 
     def __exit__(self, *exc) -> None:
         if self.live is not None:

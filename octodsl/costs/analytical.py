@@ -55,8 +55,9 @@ def _gemms(gemms: tuple[Gemm, ...], device: Device, dtype: str, e: int) -> float
     return sum(device.gemm.seconds(g, peak, device.bandwidth, e) for g in gemms)
 
 
-def _times(work: Work, device: Device, dtype: str,
-           e: int) -> tuple[tuple[float, float, float], tuple[float, float, float], float]:
+def _times(
+    work: Work, device: Device, dtype: str, e: int
+) -> tuple[tuple[float, float, float], tuple[float, float, float], float]:
     """(F, B, W compute seconds), (the weight GEMMs' seconds of each) and the seconds of what
     selective recompute runs again."""
     eff = device.efficiency
@@ -79,14 +80,27 @@ def _times(work: Work, device: Device, dtype: str,
     o = device.overheads
     over_f = work.elements * o.f_bytes / device.mem_bandwidth
     over_b = work.elements * o.b_bytes / device.mem_bandwidth
-    return ((g_f + core_f + work.ew_f / bandwidth + over_f, g_b + core_b + work.ew_b / bandwidth + over_b,
-             g_w + work.ew_w / bandwidth),
-            (g_f, g_b, g_w), work.sel_core * core_f + work.sel_ew / bandwidth)
+    return (
+        (
+            g_f + core_f + work.ew_f / bandwidth + over_f,
+            g_b + core_b + work.ew_b / bandwidth + over_b,
+            g_w + work.ew_w / bandwidth,
+        ),
+        (g_f, g_b, g_w),
+        work.sel_core * core_f + work.sel_ew / bandwidth,
+    )
 
 
-def analytical_costs(spec: ModelSpec, device: Device, bytes_per_param: int = BYTES_PER_PARAM,
-                     tp: int = 1, sp: bool | None = None, tp_link: Link | None = None,
-                     overlap_tp: bool = False, scatter_gather: bool = False) -> CostTable:
+def analytical_costs(
+    spec: ModelSpec,
+    device: Device,
+    bytes_per_param: int = BYTES_PER_PARAM,
+    tp: int = 1,
+    sp: bool | None = None,
+    tp_link: Link | None = None,
+    overlap_tp: bool = False,
+    scatter_gather: bool = False,
+) -> CostTable:
     """Per-layer costs of `spec` (at its micro-batch size and sequence length) on `device`, on
     one GPU of a tp group: `sp` sequence parallelism (default: on when tp > 1), the tp
     collectives on `tp_link` (default: the device's node link), hidden under the GEMMs with
@@ -102,29 +116,59 @@ def analytical_costs(spec: ModelSpec, device: Device, bytes_per_param: int = BYT
         work = layer_work(spec, layer, tp, sp)
         (f, b, w), gemm, sel_f = _times(work, device, spec.dtype, spec.dtype_bytes)
         tp_f, tp_b, tp_w = (_comm(c, tp, link) for c in (work.tp_f, work.tp_b, work.tp_w))
-        hidden = tuple(min(c, g) for c, g in zip((tp_f, tp_b, tp_w), gemm, strict=True)) if overlap_tp \
+        hidden = (
+            tuple(min(c, g) for c, g in zip((tp_f, tp_b, tp_w), gemm, strict=True))
+            if overlap_tp
             else (0.0, 0.0, 0.0)
+        )
         params = local_params(spec, i, tp)
-        layers.append(LayerCost(
-            kind=layer.kind, f=f + tp_f - hidden[0], b=b + tp_b - hidden[1],
-            w=w + tp_w - hidden[2], act=work.act, act_w=work.act_w,
-            static=float(params * bytes_per_param), params=params, out_bytes=work.out,
-            sel_f=sel_f, sel_act=work.sel_act, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w,
-            tp_hidden_f=hidden[0], tp_hidden_b=hidden[1], tp_hidden_w=hidden[2],
-            update=params * OPTIMIZER_BYTES / device.bandwidth,
-            grad_acc=params * ACCUMULATE_ELEMENTS * spec.dtype_bytes / device.bandwidth,
-            host_f=device.overheads.f_seconds if work.elements else 0.0,
-            host_b=device.overheads.b_seconds if work.elements else 0.0,
-            msg_bytes=work.out / tp if scatter_gather else None))
-    where = (f", tp {tp}{' sp' if sp else ''}{' overlapped' if overlap_tp else ''} on {link.name}"
-             if tp > 1 else "")
+        layers.append(
+            LayerCost(
+                kind=layer.kind,
+                f=f + tp_f - hidden[0],
+                b=b + tp_b - hidden[1],
+                w=w + tp_w - hidden[2],
+                act=work.act,
+                act_w=work.act_w,
+                static=float(params * bytes_per_param),
+                params=params,
+                out_bytes=work.out,
+                sel_f=sel_f,
+                sel_act=work.sel_act,
+                tp_f=tp_f,
+                tp_b=tp_b,
+                tp_w=tp_w,
+                tp_hidden_f=hidden[0],
+                tp_hidden_b=hidden[1],
+                tp_hidden_w=hidden[2],
+                update=params * OPTIMIZER_BYTES / device.bandwidth,
+                grad_acc=params * ACCUMULATE_ELEMENTS * spec.dtype_bytes / device.bandwidth,
+                host_f=device.overheads.f_seconds if work.elements else 0.0,
+                host_b=device.overheads.b_seconds if work.elements else 0.0,
+                msg_bytes=work.out / tp if scatter_gather else None,
+            )
+        )
+    where = (
+        f", tp {tp}{' sp' if sp else ''}{' overlapped' if overlap_tp else ''} on {link.name}"
+        if tp > 1
+        else ""
+    )
     return CostTable(
         layers=layers,
         source=f"analytical {spec.name} on {device.name}{where}",
         tokens_per_microbatch=spec.tokens,
-        meta={"model": spec.name, "device": device.name, "microbatch_size": spec.microbatch_size,
-              "seq_len": spec.seq_len, "dtype": spec.dtype, "bytes_per_param": bytes_per_param,
-              "pattern": spec.pattern, "tp": tp, "sp": sp, "overlap_tp_comm": overlap_tp,
-              "message_overhead": device.overheads.message_seconds,
-              "scatter_gather_messages": scatter_gather},
+        meta={
+            "model": spec.name,
+            "device": device.name,
+            "microbatch_size": spec.microbatch_size,
+            "seq_len": spec.seq_len,
+            "dtype": spec.dtype,
+            "bytes_per_param": bytes_per_param,
+            "pattern": spec.pattern,
+            "tp": tp,
+            "sp": sp,
+            "overlap_tp_comm": overlap_tp,
+            "message_overhead": device.overheads.message_seconds,
+            "scatter_gather_messages": scatter_gather,
+        },
     )

@@ -131,9 +131,11 @@ def _number(value: object) -> float | int:
     return value
 
 
-def _real(low: float, high: float, unit: str = "", *,
-          zero: bool = False) -> Callable[[object], float]:
+def _real(
+    low: float, high: float, unit: str = "", *, zero: bool = False
+) -> Callable[[object], float]:
     """A number from `low` to `high` (`unit` names what it counts), or 0 with `zero`."""
+
     def parse(value: object) -> float:
         x = _number(value)
         if x == 0 and zero:
@@ -143,11 +145,13 @@ def _real(low: float, high: float, unit: str = "", *,
         if x > high:
             raise ValueError(f"must be at most {_shown(high)}{unit}")
         return float(x)
+
     return parse
 
 
 def _whole(low: int, high: int) -> Callable[[object], int]:
     """A whole number from `low` to `high` (`128`, `128.0` and `"128"` alike)."""
+
     def parse(value: object) -> int:
         x = _number(value)
         if x < low:
@@ -157,6 +161,7 @@ def _whole(low: int, high: int) -> Callable[[object], int]:
         if x != int(x):
             raise ValueError(f"must be a whole number, not {x:g}")
         return int(x)
+
     return parse
 
 
@@ -182,6 +187,7 @@ def _size(value: object) -> int:
 def _text(most: int, *, name: bool = False) -> Callable[[object], str]:
     """Text of at most `most` characters, no control characters (a name: one line, not
     empty)."""
+
     def parse(value: object) -> str:
         if not isinstance(value, str):
             quote = "" if isinstance(value, list | dict) or value is None else " (quote it)"
@@ -192,17 +198,21 @@ def _text(most: int, *, name: bool = False) -> Callable[[object], str]:
             raise ValueError(f"must be at most {most} characters, not {len(value):,}")
         allowed = "" if name else "\n\t"
         if any(ord(c) < 32 and c not in allowed or ord(c) == 127 for c in value):
-            raise ValueError("must not hold control characters" + ("" if name else
-                                                                     " (other than newlines)"))
+            raise ValueError(
+                "must not hold control characters" + ("" if name else " (other than newlines)")
+            )
         return value
+
     return parse
 
 
 def _tile(value: object) -> Tile:
     """[rows, cols] or [rows, cols, rate]."""
     if not isinstance(value, list | tuple) or len(value) not in (2, 3):
-        raise ValueError(f"a tile is [rows, cols] or [rows, cols, rate], not {_kind(value)}"
-                         + (f" of {len(value)}" if isinstance(value, list | tuple) else ""))
+        raise ValueError(
+            f"a tile is [rows, cols] or [rows, cols, rate], not {_kind(value)}"
+            + (f" of {len(value)}" if isinstance(value, list | tuple) else "")
+        )
     parts: list[Callable[[object], float]] = [_TILE_DIM, _TILE_DIM, _FRACTION]
     got: list = []
     for what, parse, item in zip(("rows", "cols", "rate"), parts, value, strict=False):
@@ -216,8 +226,10 @@ def _tile(value: object) -> Tile:
 def _shape(value: object) -> tuple[int, int, int]:
     """[m, n, k]."""
     if not isinstance(value, list | tuple) or len(value) != 3:
-        raise ValueError(f"a GEMM shape is [m, n, k], not {_kind(value)}"
-                         + (f" of {len(value)}" if isinstance(value, list | tuple) else ""))
+        raise ValueError(
+            f"a GEMM shape is [m, n, k], not {_kind(value)}"
+            + (f" of {len(value)}" if isinstance(value, list | tuple) else "")
+        )
     dims = []
     for what, item in zip("mnk", value, strict=True):
         try:
@@ -233,8 +245,9 @@ _GEMM_DIM = _whole(1, MAX_GEMM_DIM)
 
 Flops = Annotated[float, PlainValidator(_real(MIN_RATE, MAX_FLOPS, " FLOP/s"))]
 Bandwidth = Annotated[float, PlainValidator(_real(MIN_BANDWIDTH, MAX_BANDWIDTH, " bytes/s"))]
-LinkBandwidth = Annotated[float, PlainValidator(_real(MIN_BANDWIDTH, MAX_BANDWIDTH, " bytes/s",
-                                                      zero=True))]
+LinkBandwidth = Annotated[
+    float, PlainValidator(_real(MIN_BANDWIDTH, MAX_BANDWIDTH, " bytes/s", zero=True))
+]
 Latency = Annotated[float, PlainValidator(_real(0.0, MAX_LATENCY, " s"))]
 Fraction = Annotated[float, PlainValidator(_FRACTION)]
 Bytes = Annotated[int, PlainValidator(_size)]
@@ -273,6 +286,7 @@ def _unknown(key: str, known: list[str]) -> str:
 
 # --- Link files ---------------------------------------------------------------------------
 
+
 class LinkFile(_Strict):
     """A link file, and a device file's own link (`node_link`, `inter_node_link`): a message
     of n bytes takes `latency + n / bandwidth` seconds, per GPU and direction."""
@@ -292,8 +306,10 @@ class LinkFile(_Strict):
     @model_validator(mode="after")
     def _free(self) -> LinkFile:
         if self.bandwidth == 0 and self.latency > 0:
-            raise ValueError("bandwidth 0 means free communication: give latency 0 with it, or "
-                             "a bandwidth in bytes per second")
+            raise ValueError(
+                "bandwidth 0 means free communication: give latency 0 with it, or "
+                "a bandwidth in bytes per second"
+            )
         return self
 
     def link(self) -> Link:
@@ -314,14 +330,19 @@ _TAGS = (_BUILTIN_TAG, _INLINE_TAG)
 
 LinkRef = Annotated[
     Annotated[str, Tag(_BUILTIN_TAG)] | Annotated[LinkFile, Tag(_INLINE_TAG)],
-    Discriminator(_link_tag, custom_error_type="link",
-                  custom_error_message="must be a built-in link's name or a mapping "
-                  "{name, latency, bandwidth}")]
+    Discriminator(
+        _link_tag,
+        custom_error_type="link",
+        custom_error_message="must be a built-in link's name or a mapping "
+        "{name, latency, bandwidth}",
+    ),
+]
 """A built-in link's name (`LINKS`: nvlink, nvlink4, nvlink3, ib-ndr, ib-hdr, loopback, none)
 or a link of the file's own, {name, latency, bandwidth[, source]}."""
 
 
 # --- Device files -------------------------------------------------------------------------
+
 
 class GemmFile(_Strict):
     """How the device's GEMMs' rate depends on their shape (costs/gemm.py). Either the model
@@ -338,7 +359,8 @@ class GemmFile(_Strict):
     peak_fraction: Fraction | None = None
     """Of the dense peak: the rate of a large, well-shaped GEMM's mainloop, 0.001 to 1."""
     tiles: list[Annotated[Tile, PlainValidator(_tile)]] | None = Field(
-        default=None, min_length=1, max_length=MAX_POINTS)
+        default=None, min_length=1, max_length=MAX_POINTS
+    )
     """Output tiles the library picks between, each [rows, cols, rate] (rate: the mainloop's
     rate relative to the largest tile's, 0.001 to 1; default 1). Default: cuBLAS's
     (`CUBLAS_TILES`: 256x128, 128x256, 128x128, 128x64 at 2/3, 64x128 at 2/3, 64x64 at 1/2)."""
@@ -363,13 +385,16 @@ class GemmFile(_Strict):
             if self.sms is None:
                 raise ValueError("mamf calibrates the tile model: give sms too")
             if given & {"tiles", "k_ramp"}:
-                raise ValueError("mamf calibrates cuBLAS's tiles and their ramp: give tiles "
-                                 "and k_ramp with peak_fraction instead")
+                raise ValueError(
+                    "mamf calibrates cuBLAS's tiles and their ramp: give tiles "
+                    "and k_ramp with peak_fraction instead"
+                )
         elif self.shape is not None:
             raise ValueError("shape goes with mamf (the measurement's shape)")
         if self.sms is None and given & {"tiles", "k_ramp"}:
-            raise ValueError("tiles and k_ramp need sms (without it, a CPU, GEMMs run at "
-                             "peak_fraction)")
+            raise ValueError(
+                "tiles and k_ramp need sms (without it, a CPU, GEMMs run at peak_fraction)"
+            )
         return self
 
 
@@ -393,8 +418,10 @@ class CurveFile(_Strict):
     @model_validator(mode="after")
     def _paired(self) -> CurveFile:
         if len(self.seq) != len(self.tflops):
-            raise ValueError(f"seq has {len(self.seq)} lengths and tflops {len(self.tflops)} "
-                             "rates: give one rate per length")
+            raise ValueError(
+                f"seq has {len(self.seq)} lengths and tflops {len(self.tflops)} "
+                "rates: give one rate per length"
+            )
         return self
 
 
@@ -417,8 +444,10 @@ class AttentionFile(_Strict):
 
     def model(self) -> AttentionModel:
         def curves(by_dim: dict[int, CurveFile]) -> tuple[AttentionCurve, ...]:
-            return tuple(AttentionCurve(d, tuple(c.seq), tuple(c.tflops))
-                         for d, c in sorted(by_dim.items()))
+            return tuple(
+                AttentionCurve(d, tuple(c.seq), tuple(c.tflops)) for d, c in sorted(by_dim.items())
+            )
+
         forward = curves(self.forward)
         backward = forward if self.backward is None else curves(self.backward)
         return AttentionModel(forward, backward, source=self.source)
@@ -510,41 +539,60 @@ class DeviceFile(_Strict):
     def _builtin_link(cls, value: str | LinkFile) -> str | LinkFile:
         if isinstance(value, str):
             if value.lower() not in LINKS:
-                raise ValueError(f"unknown link {value[:64]!r} (built-ins: {', '.join(LINKS)}; "
-                                 "or a mapping {name, latency, bandwidth})")
+                raise ValueError(
+                    f"unknown link {value[:64]!r} (built-ins: {', '.join(LINKS)}; "
+                    "or a mapping {name, latency, bandwidth})"
+                )
             return value.lower()
         return value
 
     def device(self) -> Device:
         """The Device; ValueError (prefixed with the field) for a GEMM measurement the model
         cannot match."""
-        eff = Efficiency(self.efficiency.attention, self.efficiency.scan, self.efficiency.vector,
-                         self.efficiency.bandwidth)
+        eff = Efficiency(
+            self.efficiency.attention,
+            self.efficiency.scan,
+            self.efficiency.vector,
+            self.efficiency.bandwidth,
+        )
         g = self.gemm
         if g.mamf is not None:
             assert g.shape is not None and g.sms is not None  # _one_form
-            gemm = _tensor_core_gemm(g.mamf, g.shape, g.sms, self.peak_flops,
-                                     self.mem_bandwidth * eff.bandwidth)
+            gemm = _tensor_core_gemm(
+                g.mamf, g.shape, g.sms, self.peak_flops, self.mem_bandwidth * eff.bandwidth
+            )
             if not gemm.peak_fraction <= 1:
                 m, n, k = g.shape
                 raise ValueError(
                     f"gemm.mamf: {g.mamf:g} at {m}x{n}x{k} would need a mainloop "
                     f"{gemm.peak_fraction:.3g} times as fast as the peak (the tiles and waves "
                     "lose more there, or its bytes bound it): measure a larger, well-shaped "
-                    "GEMM, or give peak_fraction")
+                    "GEMM, or give peak_fraction"
+                )
         else:
             assert g.peak_fraction is not None
             tiles = tuple(g.tiles) if g.tiles is not None else CUBLAS_TILES if g.sms else ()
             gemm = GemmModel(g.peak_fraction, g.sms or 0, tiles, g.k_ramp or 0.0)
-        links = [v if isinstance(v, str) else v.link() for v in (self.node_link,
-                                                                  self.inter_node_link)]
+        links = [
+            v if isinstance(v, str) else v.link() for v in (self.node_link, self.inter_node_link)
+        ]
         o = self.overheads
-        return Device(self.name, self.description, self.peak_flops, self.fp32_flops,
-                      self.vector_flops, self.mem_bandwidth, self.memory, gemm,
-                      None if self.attention is None else self.attention.model(), eff,
-                      Overheads(o.f_seconds, o.b_seconds, o.f_bytes, o.b_bytes,
-                                o.message_seconds),
-                      node_link=links[0], inter_node_link=links[1], source=self.source)
+        return Device(
+            self.name,
+            self.description,
+            self.peak_flops,
+            self.fp32_flops,
+            self.vector_flops,
+            self.mem_bandwidth,
+            self.memory,
+            gemm,
+            None if self.attention is None else self.attention.model(),
+            eff,
+            Overheads(o.f_seconds, o.b_seconds, o.f_bytes, o.b_bytes, o.message_seconds),
+            node_link=links[0],
+            inter_node_link=links[1],
+            source=self.source,
+        )
 
 
 # --- Reading ------------------------------------------------------------------------------
@@ -576,8 +624,9 @@ def _load(path: str | os.PathLike, kind: str) -> Device | Link:
     except FileNotFoundError:
         raise DeviceFileError(f"no such {kind} file", path=shown) from None
     except (OSError, ValueError) as e:  # ValueError: a NUL in the name
-        raise DeviceFileError(f"cannot read it: {getattr(e, 'strerror', None) or e}",
-                              path=shown) from None
+        raise DeviceFileError(
+            f"cannot read it: {getattr(e, 'strerror', None) or e}", path=shown
+        ) from None
     if key not in _cache:
         data = read_mapping(shown, kind)
         _cache[key] = validate(data, kind, shown)
@@ -602,8 +651,11 @@ def read_mapping(path: str, kind: str) -> dict:
     (naming `path`) for a file that is not a small UTF-8 YAML or JSON mapping."""
     text = read_text(path, f"{kind} file", max_bytes=MAX_FILE_BYTES, error=DeviceFileError)
     if not text.strip():
-        raise DeviceFileError(f"is empty; a {kind} file is a mapping of fields (`octodsl devices "
-                              "NAME --yaml` prints one to start from)", path=path)
+        raise DeviceFileError(
+            f"is empty; a {kind} file is a mapping of fields (`octodsl devices "
+            "NAME --yaml` prints one to start from)",
+            path=path,
+        )
     data = parse_data(text, path, json_file=is_json(path), error=DeviceFileError)
     if data is None:  # only comments
         raise DeviceFileError(f"holds no fields; a {kind} file is a mapping of fields", path=path)
@@ -637,10 +689,10 @@ def _problem(e: ValidationError) -> str:
 
 # --- Writing ------------------------------------------------------------------------------
 
+
 def link_data(link: Link) -> dict:
     """A link as a link file's mapping."""
-    out: dict[str, Any] = {"name": link.name, "latency": link.latency,
-                           "bandwidth": link.bandwidth}
+    out: dict[str, Any] = {"name": link.name, "latency": link.latency, "bandwidth": link.bandwidth}
     if link.source:
         out["source"] = link.source
     return out
@@ -658,8 +710,10 @@ def device_data(device: Device) -> dict:
     if g.sms:
         gemm["sms"] = g.sms
     measured = GEMM_CALIBRATION.get(device.name) if DEVICES.get(device.name) is device else None
-    if measured is not None and _tensor_core_gemm(*measured, g.sms, device.peak_flops,
-                                                  device.bandwidth) == g:
+    if (
+        measured is not None
+        and _tensor_core_gemm(*measured, g.sms, device.peak_flops, device.bandwidth) == g
+    ):
         gemm["mamf"], gemm["shape"] = measured[0], list(measured[1])
     else:
         gemm["peak_fraction"] = g.peak_fraction
@@ -667,25 +721,41 @@ def device_data(device: Device) -> dict:
             gemm["tiles"] = [[t.rows, t.cols, t.rate] for t in g.tiles]
         if g.sms and g.k_ramp:
             gemm["k_ramp"] = g.k_ramp
-    out: dict[str, Any] = {"name": device.name, "description": device.description,
-                           "source": device.source, "peak_flops": device.peak_flops,
-                           "fp32_flops": device.fp32_flops, "vector_flops": device.vector_flops,
-                           "mem_bandwidth": device.mem_bandwidth,
-                           "memory": exact_size(device.memory), "gemm": gemm}
+    out: dict[str, Any] = {
+        "name": device.name,
+        "description": device.description,
+        "source": device.source,
+        "peak_flops": device.peak_flops,
+        "fp32_flops": device.fp32_flops,
+        "vector_flops": device.vector_flops,
+        "mem_bandwidth": device.mem_bandwidth,
+        "memory": exact_size(device.memory),
+        "gemm": gemm,
+    }
     if device.attention is not None:
         a = device.attention
 
         def curves(cs: tuple[AttentionCurve, ...]) -> dict:
             return {c.head_dim: {"seq": list(c.seq), "tflops": list(c.tflops)} for c in cs}
+
         out["attention"] = {"source": a.source, "forward": curves(a.forward)}
         if a.backward != a.forward:  # else the same (measured forward + backward together)
             out["attention"]["backward"] = curves(a.backward)
     e = device.efficiency
-    out["efficiency"] = {"attention": e.attention, "scan": e.scan, "vector": e.vector,
-                         "bandwidth": e.bandwidth}
+    out["efficiency"] = {
+        "attention": e.attention,
+        "scan": e.scan,
+        "vector": e.vector,
+        "bandwidth": e.bandwidth,
+    }
     o = device.overheads
-    out["overheads"] = {"f_seconds": o.f_seconds, "b_seconds": o.b_seconds, "f_bytes": o.f_bytes,
-                        "b_bytes": o.b_bytes, "message_seconds": o.message_seconds}
+    out["overheads"] = {
+        "f_seconds": o.f_seconds,
+        "b_seconds": o.b_seconds,
+        "f_bytes": o.f_bytes,
+        "b_bytes": o.b_bytes,
+        "message_seconds": o.message_seconds,
+    }
     out["node_link"] = _link_ref(device.node_link)
     out["inter_node_link"] = _link_ref(device.inter_node_link)
     return out
@@ -696,8 +766,13 @@ def json_ready(data: dict) -> dict:
     if "attention" not in data:
         return data
     a = data["attention"]
-    return {**data, "attention": {**a, **{d: {str(k): v for k, v in a[d].items()}
-                                          for d in ("forward", "backward") if d in a}}}
+    return {
+        **data,
+        "attention": {
+            **a,
+            **{d: {str(k): v for k, v in a[d].items()} for d in ("forward", "backward") if d in a},
+        },
+    }
 
 
 _COMMENTS = {
@@ -757,8 +832,14 @@ _Dumper.add_representer(list, _list)
 def to_yaml(data: dict, title: str) -> str:
     """A device or link file's mapping as YAML, `title` as the first comment, each number's
     unit in a comment beside it."""
-    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True,
-                     default_flow_style=False)
+    text = yaml.dump(
+        data,
+        Dumper=_Dumper,
+        sort_keys=False,
+        width=100,
+        allow_unicode=True,
+        default_flow_style=False,
+    )
     lines, parent = [], ""
     for line in text.splitlines():
         indent = len(line) - len(line.lstrip(" "))
@@ -777,4 +858,3 @@ def _scalar(text: str) -> bool:
     """Whether a dumped value is a number, a size or a flow list of numbers (nothing a
     comment could cut)."""
     return bool(re.fullmatch(r"[0-9.e+\-]+|[0-9]+[KMGT]i?B|\[[0-9, ]+\]", text))
-

@@ -105,8 +105,14 @@ class Device:
 _GB = 10**9
 _GIB = 2**30
 
-CUBLAS_TILES = (Tile(256, 128), Tile(128, 256), Tile(128, 128), Tile(128, 64, 2 / 3),
-                Tile(64, 128, 2 / 3), Tile(64, 64, 0.5))
+CUBLAS_TILES = (
+    Tile(256, 128),
+    Tile(128, 256),
+    Tile(128, 128),
+    Tile(128, 64, 2 / 3),
+    Tile(64, 128, 2 / 3),
+    Tile(64, 64, 0.5),
+)
 """Output tiles of cuBLAS's tensor-core kernels (NVIDIA, "Matrix Multiplication Background
 User's Guide", "Typical tile dimensions in cuBLAS"). A tile of tm x tn loads tm + tn elements
 per k step for tm x tn products: below 128 x 128 its operand traffic, not the tensor cores,
@@ -114,8 +120,9 @@ bounds it, and the rate falls with tm tn / (tm + tn) (128 x 64: 2/3, 64 x 64: 1/
 128's)."""
 
 
-def _tensor_core_gemm(mamf: float, shape: tuple[int, int, int], sms: int, peak: float,
-                      bandwidth: float) -> GemmModel:
+def _tensor_core_gemm(
+    mamf: float, shape: tuple[int, int, int], sms: int, peak: float, bandwidth: float
+) -> GemmModel:
     """The GEMM model of a GPU whose best-shaped bf16 GEMM (`shape`, m x n x k) was measured
     at `mamf` of its peak (Stas Bekman's "Maximum Achievable Matmul FLOPS", ml-engineering,
     compute/accelerator). A tile's epilogue writes its tm x tn outputs (2 bytes each) at the
@@ -126,27 +133,33 @@ def _tensor_core_gemm(mamf: float, shape: tuple[int, int, int], sms: int, peak: 
     ramp = mamf * peak / bandwidth
     unit = GemmModel(1.0, sms, CUBLAS_TILES, ramp)
     m, n, k = shape
-    return GemmModel(mamf / unit.efficiency(Gemm(m, n, k), peak, bandwidth, 2), sms, CUBLAS_TILES,
-                     ramp)
+    return GemmModel(
+        mamf / unit.efficiency(Gemm(m, n, k), peak, bandwidth, 2), sms, CUBLAS_TILES, ramp
+    )
 
 
-def _curves(seq: tuple[int, ...], by_dim: dict[int, tuple[float, ...]]) -> tuple[AttentionCurve, ...]:
+def _curves(
+    seq: tuple[int, ...], by_dim: dict[int, tuple[float, ...]]
+) -> tuple[AttentionCurve, ...]:
     return tuple(AttentionCurve(d, seq, t) for d, t in sorted(by_dim.items()))
 
 
 _FA_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
 """The sequence lengths FlashAttention's benchmarks measure (16k tokens per batch, hidden 2048)."""
 A100_ATTENTION = AttentionModel(
-    *(_curves(_FA_SEQ, {64: (88, 119, 140, 156, 165, 171), 128: (99, 133, 155, 173, 182, 189)}),) * 2,
+    *(_curves(_FA_SEQ, {64: (88, 119, 140, 156, 165, 171), 128: (99, 133, 155, 173, 182, 189)}),)
+    * 2,
     source="FlashAttention-2, causal, forward + backward, A100 80GB SXM4 (Dao-AILab/flash-attention "
-           "README, assets/flash2_a100_fwd_bwd_benchmark.png)")
+    "README, assets/flash2_a100_fwd_bwd_benchmark.png)",
+)
 """Only forward + backward was measured: both directions run at that rate."""
 HOPPER_ATTENTION = AttentionModel(
     _curves(_FA_SEQ, {64: (225, 288, 334, 363, 379, 388), 128: (315, 410, 484, 518, 529, 539)}),
     _curves(_FA_SEQ, {64: (266, 348, 395, 417, 432, 433), 128: (305, 408, 465, 499, 518, 516)}),
     source="cuDNN fused attention (Transformer Engine's on Hopper, as Megatron-LM and NeMo run it), "
-           "H100 SXM5: forward causal, backward as published (FlashAttention-3, Shah et al. 2024, "
-           "arXiv 2407.08608, Figures 5-6)")
+    "H100 SXM5: forward causal, backward as published (FlashAttention-3, Shah et al. 2024, "
+    "arXiv 2407.08608, Figures 5-6)",
+)
 """H100's compute (the H800 and H200 have the same SMs and clocks: the same rates)."""
 
 _A100_BW = 2.039e12
@@ -157,67 +170,151 @@ _HOPPER_MAMF = (0.803, (2048, 2048, 13312))
 """H100 SXM: 794.5 of 989 TFLOP/s at 2048 x 2048 x 13312 (MAMF)."""
 _A100_GEMM = _tensor_core_gemm(*_A100_MAMF, 108, 312e12, 0.8 * _A100_BW)
 _HOPPER_GEMM = _tensor_core_gemm(*_HOPPER_MAMF, 132, 989.4e12, 0.8 * _H100_BW)
-_MAMF_SOURCE = ("GEMM: Stas Bekman's Maximum Achievable Matmul FLOPS (ml-engineering, "
-                "compute/accelerator)")
-_HOPPER_SOURCE = ("NVIDIA H100 Tensor Core GPU datasheet (SXM: 989.4 TFLOP/s dense bf16, 494.7 "
-                  "TF32, 66.9 fp32; 3.35 TB/s HBM3); " + _MAMF_SOURCE + ", H100 SXM 80.3% at "
-                  "2048x2048x13312; attention: " + HOPPER_ATTENTION.source)
+_MAMF_SOURCE = (
+    "GEMM: Stas Bekman's Maximum Achievable Matmul FLOPS (ml-engineering, compute/accelerator)"
+)
+_HOPPER_SOURCE = (
+    "NVIDIA H100 Tensor Core GPU datasheet (SXM: 989.4 TFLOP/s dense bf16, 494.7 "
+    "TF32, 66.9 fp32; 3.35 TB/s HBM3); " + _MAMF_SOURCE + ", H100 SXM 80.3% at "
+    "2048x2048x13312; attention: " + HOPPER_ATTENTION.source
+)
 
 DEVICES: dict[str, Device] = {
-    d.name: d for d in (
-        Device("H800", "NVIDIA H800 SXM (H100 compute, NVLink cut to 400 GB/s)",
-               989.4e12, 494.7e12, 66.9e12, _H100_BW, 80 * _GB, _HOPPER_GEMM, HOPPER_ATTENTION,
-               source="H100 SXM's compute and memory: " + _HOPPER_SOURCE),
-        Device("H100", "NVIDIA H100 SXM", 989.4e12, 494.7e12, 66.9e12, _H100_BW, 80 * _GB,
-               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4", source=_HOPPER_SOURCE),
-        Device("H200", "NVIDIA H200 SXM", 989.4e12, 494.7e12, 66.9e12, 4.8e12, 141 * _GB,
-               _HOPPER_GEMM, HOPPER_ATTENTION, node_link="nvlink4",
-               source="NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s; H100 SXM's compute): "
-                      + _HOPPER_SOURCE),
-        Device("A100", "NVIDIA A100 SXM 80GB", 312e12, 156e12, 19.5e12, _A100_BW, 80 * _GB,
-               _A100_GEMM, A100_ATTENTION, node_link="nvlink3", inter_node_link="ib-hdr",
-               source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB: 312 TFLOP/s dense bf16, "
-                      "156 TF32, 19.5 fp32; 2.039 TB/s HBM2e); " + _MAMF_SOURCE + ", A100 SXM "
-                      "86.9% at 1024x10240x5120; attention: " + A100_ATTENTION.source),
+    d.name: d
+    for d in (
+        Device(
+            "H800",
+            "NVIDIA H800 SXM (H100 compute, NVLink cut to 400 GB/s)",
+            989.4e12,
+            494.7e12,
+            66.9e12,
+            _H100_BW,
+            80 * _GB,
+            _HOPPER_GEMM,
+            HOPPER_ATTENTION,
+            source="H100 SXM's compute and memory: " + _HOPPER_SOURCE,
+        ),
+        Device(
+            "H100",
+            "NVIDIA H100 SXM",
+            989.4e12,
+            494.7e12,
+            66.9e12,
+            _H100_BW,
+            80 * _GB,
+            _HOPPER_GEMM,
+            HOPPER_ATTENTION,
+            node_link="nvlink4",
+            source=_HOPPER_SOURCE,
+        ),
+        Device(
+            "H200",
+            "NVIDIA H200 SXM",
+            989.4e12,
+            494.7e12,
+            66.9e12,
+            4.8e12,
+            141 * _GB,
+            _HOPPER_GEMM,
+            HOPPER_ATTENTION,
+            node_link="nvlink4",
+            source="NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s; H100 SXM's compute): "
+            + _HOPPER_SOURCE,
+        ),
+        Device(
+            "A100",
+            "NVIDIA A100 SXM 80GB",
+            312e12,
+            156e12,
+            19.5e12,
+            _A100_BW,
+            80 * _GB,
+            _A100_GEMM,
+            A100_ATTENTION,
+            node_link="nvlink3",
+            inter_node_link="ib-hdr",
+            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB: 312 TFLOP/s dense bf16, "
+            "156 TF32, 19.5 fp32; 2.039 TB/s HBM2e); " + _MAMF_SOURCE + ", A100 SXM "
+            "86.9% at 1024x10240x5120; attention: " + A100_ATTENTION.source,
+        ),
         # One core of this machine (an AMD EPYC Zen 4 VM; the executor runs one rank per core
         # with one thread) and half its 24 GiB. Rates as measured with torch: ~95 GFLOP/s fp32
         # and ~200 GFLOP/s bf16 matmul on one thread, ~25 GB/s copy bandwidth.
-        Device("cpu", "one core of this 2-core CPU (one executor rank), half its memory",
-               200e9, 95e9, 30e9, 25e9, 12 * _GIB, GemmModel(0.75),
-               efficiency=Efficiency(attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6),
-               overheads=Overheads(), node_link="loopback", inter_node_link="loopback",
-               source="measured with torch on this machine (an AMD EPYC Zen 4 VM): ~95 GFLOP/s "
-                      "fp32 and ~200 GFLOP/s bf16 matmul on one thread, ~25 GB/s copy bandwidth"),
+        Device(
+            "cpu",
+            "one core of this 2-core CPU (one executor rank), half its memory",
+            200e9,
+            95e9,
+            30e9,
+            25e9,
+            12 * _GIB,
+            GemmModel(0.75),
+            efficiency=Efficiency(attention=0.3, scan=0.15, vector=0.3, bandwidth=0.6),
+            overheads=Overheads(),
+            node_link="loopback",
+            inter_node_link="loopback",
+            source="measured with torch on this machine (an AMD EPYC Zen 4 VM): ~95 GFLOP/s "
+            "fp32 and ~200 GFLOP/s bf16 matmul on one thread, ~25 GB/s copy bandwidth",
+        ),
     )
 }
 """Built-in devices by name."""
 
 GEMM_CALIBRATION: dict[str, tuple[float, tuple[int, int, int]]] = {
-    "H800": _HOPPER_MAMF, "H100": _HOPPER_MAMF, "H200": _HOPPER_MAMF, "A100": _A100_MAMF}
+    "H800": _HOPPER_MAMF,
+    "H100": _HOPPER_MAMF,
+    "H200": _HOPPER_MAMF,
+    "A100": _A100_MAMF,
+}
 """The measurement each built-in GPU's GEMM model is calibrated on (`_tensor_core_gemm`): the
 fraction of the peak its best-shaped bf16 GEMM reaches, and that shape (m, n, k). `octodsl
 devices NAME --yaml` writes it as the device file's `gemm: {mamf, shape}`."""
 
 LINKS: dict[str, Link] = {
-    link.name: link for link in (
-        Link("nvlink", 8e-6, 160e9,
-             "H800 NVLink: 400 GB/s both ways together, 200 GB/s each way; ~80% achieved (H100's "
-             "NCCL ring all-reduce reaches 370 of its 450 GB/s each way: 82%)"),
-        Link("nvlink4", 8e-6, 370e9,
-             "H100/H200 NVLink 4: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 370 GB/s "
-             "(NVIDIA, GTC24 S62129 / GTC25 S72583, \"NCCL Tests Allreduce Bus Bandwidth\")"),
-        Link("nvlink3", 8e-6, 232e9,
-             "A100 NVLink 3: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 232 GB/s (of 300 "
-             "GB/s each way; NVIDIA, GTC24 S62129)"),
-        Link("ib-ndr", 15e-6, 46e9,
-             "InfiniBand NDR, one 400 Gb/s port per GPU: DGX H100's 8 x 400 Gb/s all-reduce bus "
-             "bandwidth across nodes is 370 GB/s (NVIDIA, GTC25 S72583), 46 GB/s a port"),
-        Link("ib-hdr", 15e-6, 24e9,
-             "InfiniBand HDR, one 200 Gb/s port per GPU (DGX A100, NVIDIA Selene): 192 GB/s over "
-             "a node's 8 ports (NVIDIA, GTC24 S62129), 24 GB/s a port"),
-        Link("loopback", 200e-6, 2e9,
-             "processes on this machine talking through gloo over TCP loopback: measured ~2 GB/s "
-             "for 16 MiB messages; small ones took 0.2-2 ms with both cores busy"),
+    link.name: link
+    for link in (
+        Link(
+            "nvlink",
+            8e-6,
+            160e9,
+            "H800 NVLink: 400 GB/s both ways together, 200 GB/s each way; ~80% achieved (H100's "
+            "NCCL ring all-reduce reaches 370 of its 450 GB/s each way: 82%)",
+        ),
+        Link(
+            "nvlink4",
+            8e-6,
+            370e9,
+            "H100/H200 NVLink 4: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 370 GB/s "
+            '(NVIDIA, GTC24 S62129 / GTC25 S72583, "NCCL Tests Allreduce Bus Bandwidth")',
+        ),
+        Link(
+            "nvlink3",
+            8e-6,
+            232e9,
+            "A100 NVLink 3: NCCL's ring all-reduce bus bandwidth on 8 GPUs, 232 GB/s (of 300 "
+            "GB/s each way; NVIDIA, GTC24 S62129)",
+        ),
+        Link(
+            "ib-ndr",
+            15e-6,
+            46e9,
+            "InfiniBand NDR, one 400 Gb/s port per GPU: DGX H100's 8 x 400 Gb/s all-reduce bus "
+            "bandwidth across nodes is 370 GB/s (NVIDIA, GTC25 S72583), 46 GB/s a port",
+        ),
+        Link(
+            "ib-hdr",
+            15e-6,
+            24e9,
+            "InfiniBand HDR, one 200 Gb/s port per GPU (DGX A100, NVIDIA Selene): 192 GB/s over "
+            "a node's 8 ports (NVIDIA, GTC24 S62129), 24 GB/s a port",
+        ),
+        Link(
+            "loopback",
+            200e-6,
+            2e9,
+            "processes on this machine talking through gloo over TCP loopback: measured ~2 GB/s "
+            "for 16 MiB messages; small ones took 0.2-2 ms with both cores busy",
+        ),
         Link("none", 0.0, 0.0, "free communication"),
     )
 }
@@ -258,8 +355,10 @@ def get_device(name: str) -> Device:
         from .device_file import load_device
 
         return load_device(name)
-    raise OctoError(f"unknown device {name!r} (built-ins: {', '.join(DEVICES)}; or a device "
-                    "file, .yaml or .json: `octodsl devices` lists the built-ins)")
+    raise OctoError(
+        f"unknown device {name!r} (built-ins: {', '.join(DEVICES)}; or a device "
+        "file, .yaml or .json: `octodsl devices` lists the built-ins)"
+    )
 
 
 def get_link(name: str | Link) -> Link:
@@ -274,5 +373,6 @@ def get_link(name: str | Link) -> Link:
         from .device_file import load_link
 
         return load_link(name)
-    raise OctoError(f"unknown link {name!r} (built-ins: {', '.join(LINKS)}; or a link file, "
-                    ".yaml or .json)")
+    raise OctoError(
+        f"unknown link {name!r} (built-ins: {', '.join(LINKS)}; or a link file, .yaml or .json)"
+    )

@@ -59,12 +59,16 @@ class Zero(IntEnum):
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = 0, 1, 2
 """Recompute modes as the compiled kernels read them (`RECOMPUTE_CODE`)."""
 
-RECOMPUTE_CODE = {Recompute.NONE: RECOMPUTE_NONE, Recompute.SELECTIVE: RECOMPUTE_SELECTIVE,
-                  Recompute.FULL: RECOMPUTE_FULL}
+RECOMPUTE_CODE = {
+    Recompute.NONE: RECOMPUTE_NONE,
+    Recompute.SELECTIVE: RECOMPUTE_SELECTIVE,
+    Recompute.FULL: RECOMPUTE_FULL,
+}
 
 
-def recomputed(mode: Recompute, f: float, act: float, sel_f: float, sel_act: float,
-               input_bytes: float) -> tuple[float, float]:
+def recomputed(
+    mode: Recompute, f: float, act: float, sel_f: float, sel_act: float, input_bytes: float
+) -> tuple[float, float]:
     """(seconds B runs again, bytes F keeps until B) of layers of forward seconds `f` and
     activation bytes `act` recomputing `mode`: full runs the whole forward again and keeps only
     the input (`input_bytes`, at most `act`); selective runs again the parts it drops
@@ -77,8 +81,9 @@ def recomputed(mode: Recompute, f: float, act: float, sel_f: float, sel_act: flo
     return 0.0, act
 
 
-def op_bytes(act: np.ndarray, act_w: np.ndarray, act_b: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
+def op_bytes(
+    act: np.ndarray, act_w: np.ndarray, act_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(allocated when an op starts, released when it ends), per stage (rows) and kind code
     (columns: F, B, W, BW), of stages whose F keeps `act`, whose W needs `act_w` of it and whose
     B brings back `act_b` by recompute: F allocates what it keeps; B allocates what it brings

@@ -115,14 +115,17 @@ class ProfileCalibration(BaseModel):
     def table_calibration(self) -> Calibration:
         # Calibration's dicts are keyed by str: copied item by item, not dict() (which keeps
         # the Literal key type)
-        return Calibration(scale={k: v for k, v in self.op_scale.items()},
-                           overhead={k: v for k, v in self.op_overhead.items()},
-                           update_per_param=self.update_per_param,
-                           step_overhead=self.step_overhead,
-                           link=Link("calibrated", self.link.latency, self.link.bandwidth),
-                           cores=self.cores, contention=self.contention,
-                           overlap_slowdown=self.overlap_slowdown,
-                           oversubscription=self.oversubscription)
+        return Calibration(
+            scale={k: v for k, v in self.op_scale.items()},
+            overhead={k: v for k, v in self.op_overhead.items()},
+            update_per_param=self.update_per_param,
+            step_overhead=self.step_overhead,
+            link=Link("calibrated", self.link.latency, self.link.bandwidth),
+            cores=self.cores,
+            contention=self.contention,
+            overlap_slowdown=self.overlap_slowdown,
+            oversubscription=self.oversubscription,
+        )
 
 
 class Profile(BaseModel):
@@ -157,12 +160,16 @@ class Profile(BaseModel):
     def _covers_every_layer(self):
         indices = sorted(i for m in self.layers for i in m.layers)
         if indices != list(range(self.model.num_layers)):
-            raise ValueError(f"the measured layers must cover each of the model's "
-                             f"{self.model.num_layers} layers exactly once")
+            raise ValueError(
+                f"the measured layers must cover each of the model's "
+                f"{self.model.num_layers} layers exactly once"
+            )
         for m in self.layers:
             for i in m.layers:
                 if self.model.layers[i].kind != m.kind:
-                    raise ValueError(f"layer {i} is {self.model.layers[i].kind}, measured as {m.kind}")
+                    raise ValueError(
+                        f"layer {i} is {self.model.layers[i].kind}, measured as {m.kind}"
+                    )
         return self
 
     def cost_table(self, path: str | Path) -> CostTable:
@@ -170,21 +177,38 @@ class Profile(BaseModel):
         by_index: dict[int, MeasuredLayer] = {i: m for m in self.layers for i in m.layers}
         extra = self.calibration.act_w_extra if self.calibration is not None else {}
         layers = [
-            LayerCost(kind=m.kind, f=m.f, b=m.b, w=m.w, act=m.act,
-                      act_w=m.act_w + extra.get(m.kind, 0.0),
-                      static=float(m.params * self.bytes_per_param), params=m.params,
-                      out_bytes=m.out_bytes, sel_f=m.sel_f, sel_act=m.sel_act)
+            LayerCost(
+                kind=m.kind,
+                f=m.f,
+                b=m.b,
+                w=m.w,
+                act=m.act,
+                act_w=m.act_w + extra.get(m.kind, 0.0),
+                static=float(m.params * self.bytes_per_param),
+                params=m.params,
+                out_bytes=m.out_bytes,
+                sel_f=m.sel_f,
+                sel_act=m.sel_act,
+            )
             for m in (by_index[i] for i in range(self.model.num_layers))
         ]
         spec = self.model
         calibrated = "calibrated " if self.calibration is not None else ""
         return CostTable(
-            layers=layers, source=f"{calibrated}profile {path} ({spec.name} on {self.device_name})",
+            layers=layers,
+            source=f"{calibrated}profile {path} ({spec.name} on {self.device_name})",
             tokens_per_microbatch=spec.tokens,
-            meta={"model": spec.name, "device": self.device_name, "threads": self.threads,
-                  "microbatch_size": spec.microbatch_size, "seq_len": spec.seq_len,
-                  "dtype": spec.dtype, "bytes_per_param": self.bytes_per_param,
-                  "pattern": spec.pattern, "profile": True},
+            meta={
+                "model": spec.name,
+                "device": self.device_name,
+                "threads": self.threads,
+                "microbatch_size": spec.microbatch_size,
+                "seq_len": spec.seq_len,
+                "dtype": spec.dtype,
+                "bytes_per_param": self.bytes_per_param,
+                "pattern": spec.pattern,
+                "profile": True,
+            },
             calibration=None if self.calibration is None else self.calibration.table_calibration(),
         )
 
@@ -198,8 +222,9 @@ def read_profile(path: str | Path) -> Profile:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "profile"
         what = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
-        raise ProfileError(f"{path}: not a valid profile ({where}: {what}; "
-                           f"{e.error_count()} problem(s) in all)") from None
+        raise ProfileError(
+            f"{path}: not a valid profile ({where}: {what}; {e.error_count()} problem(s) in all)"
+        ) from None
 
 
 def write_profile(profile: Profile, path: str | Path) -> None:

@@ -95,14 +95,21 @@ class _LayerRun:
         else:
             self.x0 = torch.randn(*shape, spec.hidden, device=device, dtype=dtype)
         self.labels = torch.randint(0, spec.vocab, shape, device=device)
-        self.dy = (None if self.kind == "lm_head_loss"
-                   else torch.randn(*shape, spec.hidden, device=device, dtype=dtype))
+        self.dy = (
+            None
+            if self.kind == "lm_head_loss"
+            else torch.randn(*shape, spec.hidden, device=device, dtype=dtype)
+        )
 
     def _input(self) -> torch.Tensor:
         return self.x0 if self.kind == "embedding" else self.x0.detach().requires_grad_()
 
-    def _forward(self, x: torch.Tensor, selective: bool = False,
-                 observe: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+    def _forward(
+        self,
+        x: torch.Tensor,
+        selective: bool = False,
+        observe: Callable[[torch.Tensor], object] | None = None,
+    ) -> torch.Tensor:
         """F; with `selective`, dropping what selective recompute drops (`observe`: see
         `dropping`)."""
         with dropping(observe) if selective else nullcontext():
@@ -148,9 +155,12 @@ class _LayerRun:
             # x's storage belongs to x0 and was allocated before F: add it when saved
             self._sync()
             out_ptr, out_bytes = _storage(out)
-            act = (torch.cuda.memory_allocated(self.device) - before
-                   - (0 if out_ptr in saved.nbytes else out_bytes)
-                   + (x_bytes if x_ptr in saved.nbytes else 0))
+            act = (
+                torch.cuda.memory_allocated(self.device)
+                - before
+                - (0 if out_ptr in saved.nbytes else out_bytes)
+                + (x_bytes if x_ptr in saved.nbytes else 0)
+            )
         else:
             act = sum(saved.nbytes.values())
         in_grads, state = self._backward_input(out, x)
@@ -159,8 +169,11 @@ class _LayerRun:
         alive = saved.alive()
         if cuda:
             self._sync()
-            act_w = (torch.cuda.memory_allocated(self.device) - before
-                     + (x_bytes if x_ptr in alive else 0))
+            act_w = (
+                torch.cuda.memory_allocated(self.device)
+                - before
+                + (x_bytes if x_ptr in alive else 0)
+            )
         else:
             for t in _tensors(state):
                 ptr, nbytes = _storage(t)
@@ -192,8 +205,11 @@ class _SavedStorages:
 
     def alive(self) -> dict[int, int]:
         """Storages some saved tensor of which is still referenced, with their bytes."""
-        return {ptr: self.nbytes[ptr] for ptr, refs in self.refs.items()
-                if any(r() is not None for r in refs)}
+        return {
+            ptr: self.nbytes[ptr]
+            for ptr, refs in self.refs.items()
+            if any(r() is not None for r in refs)
+        }
 
 
 def _device_name(device: torch.device) -> str:
@@ -209,8 +225,14 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
-                  warmup: int = 2, repeats: int = 5, progress: Progress | None = None) -> Profile:
+def profile_model(
+    spec: ModelSpec,
+    device: str = "cpu",
+    threads: int | None = 1,
+    warmup: int = 2,
+    repeats: int = 5,
+    progress: Progress | None = None,
+) -> Profile:
     """Measure every distinct layer of `spec` at its shape on `device` (`cpu` or `cuda`).
 
     On CPU torch runs with `threads` threads (the executor's per-rank count; None keeps torch's
@@ -248,12 +270,24 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
             act, act_w = run.memory()
             kept, _ = run.memory(selective=True)
             b = statistics.median(bs)
-            measured.append(MeasuredLayer(
-                layers=indices, kind=spec.layers[indices[0]].kind, f=statistics.median(fs),
-                b=b, w=statistics.median(ws), f_samples=fs, b_samples=bs,
-                w_samples=ws, act=act, act_w=act_w, params=spec.layer_params(indices[0]),
-                out_bytes=layer_work(spec, spec.layers[indices[0]]).out,
-                sel_f=max(0.0, statistics.median(sel) - b), sel_act=max(0.0, act - kept)))
+            measured.append(
+                MeasuredLayer(
+                    layers=indices,
+                    kind=spec.layers[indices[0]].kind,
+                    f=statistics.median(fs),
+                    b=b,
+                    w=statistics.median(ws),
+                    f_samples=fs,
+                    b_samples=bs,
+                    w_samples=ws,
+                    act=act,
+                    act_w=act_w,
+                    params=spec.layer_params(indices[0]),
+                    out_bytes=layer_work(spec, spec.layers[indices[0]]).out,
+                    sel_f=max(0.0, statistics.median(sel) - b),
+                    sel_act=max(0.0, act - kept),
+                )
+            )
         del runs
         if progress:
             progress(repeats, repeats, "done")
@@ -261,13 +295,21 @@ def profile_model(spec: ModelSpec, device: str = "cpu", threads: int | None = 1,
         torch.set_num_threads(old_threads)
     kind: Literal["cpu", "cuda"] = "cuda" if device == "cuda" else "cpu"  # checked above
     return Profile(
-        model=spec, device=kind, device_name=_device_name(dev),
+        model=spec,
+        device=kind,
+        device_name=_device_name(dev),
         threads=cpu_threads,
-        memory_method=("CUDA allocator deltas around F and after B" if dev.type == "cuda" else
-                       "saved-tensor hooks: distinct non-parameter storages saved by F; after B, "
-                       "those still alive plus tensors held by the W state"),
-        warmup=warmup, repeats=repeats, bytes_per_param=BYTES_PER_PARAM,
-        torch_version=torch.__version__, octodsl_version=version(),
+        memory_method=(
+            "CUDA allocator deltas around F and after B"
+            if dev.type == "cuda"
+            else "saved-tensor hooks: distinct non-parameter storages saved by F; after B, "
+            "those still alive plus tensors held by the W state"
+        ),
+        warmup=warmup,
+        repeats=repeats,
+        bytes_per_param=BYTES_PER_PARAM,
+        torch_version=torch.__version__,
+        octodsl_version=version(),
         created=datetime.now(timezone.utc).isoformat(),
         layers=measured,
     )

@@ -17,10 +17,18 @@ from .table import CostTable, Link
 _SHAPE_FIELDS = {"name", "description", "microbatch_size", "seq_len"}
 
 
-def cost_table(model: str | None = None, profile: str | None = None, device: str = "H800",
-               microbatch_size: int | None = None, seq_len: int | None = None, tp: int = 1,
-               sp: bool | None = None, tp_link: Link | None = None,
-               overlap_tp: bool = False, scatter_gather: bool = False) -> CostTable:
+def cost_table(
+    model: str | None = None,
+    profile: str | None = None,
+    device: str = "H800",
+    microbatch_size: int | None = None,
+    seq_len: int | None = None,
+    tp: int = 1,
+    sp: bool | None = None,
+    tp_link: Link | None = None,
+    overlap_tp: bool = False,
+    scatter_gather: bool = False,
+) -> CostTable:
     """Per-layer costs for a plan.
 
     With `profile` (a path), the measured costs; `model`, when also given, must be the profiled
@@ -37,21 +45,29 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     Raises ValueError (SpecError, ProfileError) with a message for the user."""
     if profile is not None:
         if tp > 1:
-            raise ProfileError(f"profile {profile} was measured on single GPUs (tp 1); a plan at "
-                               f"tp {tp} needs the analytical costs (--model) until profiles "
-                               "measure tensor-parallel layers")
+            raise ProfileError(
+                f"profile {profile} was measured on single GPUs (tp 1); a plan at "
+                f"tp {tp} needs the analytical costs (--model) until profiles "
+                "measure tensor-parallel layers"
+            )
         prof = read_profile(profile)
         measured = prof.model
         if model is not None:
             spec = load_model(model)
             if spec.model_dump(exclude=_SHAPE_FIELDS) != measured.model_dump(exclude=_SHAPE_FIELDS):
-                raise ProfileError(f"profile {profile} measured {measured.name} "
-                                   f"({measured.pattern}), not the plan's model {model}")
-        for what, want, got in (("micro-batch size", microbatch_size, measured.microbatch_size),
-                                ("sequence length", seq_len, measured.seq_len)):
+                raise ProfileError(
+                    f"profile {profile} measured {measured.name} "
+                    f"({measured.pattern}), not the plan's model {model}"
+                )
+        for what, want, got in (
+            ("micro-batch size", microbatch_size, measured.microbatch_size),
+            ("sequence length", seq_len, measured.seq_len),
+        ):
             if want is not None and want != got:
-                raise ProfileError(f"profile {profile} was measured at {what} {got}, the plan asks "
-                                   f"for {want}; profile again with that {what}")
+                raise ProfileError(
+                    f"profile {profile} was measured at {what} {got}, the plan asks "
+                    f"for {want}; profile again with that {what}"
+                )
         return prof.cost_table(profile)
     if model is None:
         raise OctoError("costs need a model (built-in name or spec file) or a profile")
@@ -59,8 +75,15 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
     fatal = [p.message for p in tp_problems(spec, tp) if p.fatal]
     if fatal:
         raise OctoError(f"{spec.name} does not split over tp {tp}: {'; '.join(fatal)}")
-    table = analytical_costs(spec, get_device(device), tp=tp, sp=sp, tp_link=tp_link,
-                             overlap_tp=overlap_tp, scatter_gather=scatter_gather)
+    table = analytical_costs(
+        spec,
+        get_device(device),
+        tp=tp,
+        sp=sp,
+        tp_link=tp_link,
+        overlap_tp=overlap_tp,
+        scatter_gather=scatter_gather,
+    )
     if builtin_device(device) is None:  # a device file: its path, which resolves to it again
         table = replace(table, meta={**table.meta, "device": device})
     return table
@@ -69,5 +92,11 @@ def cost_table(model: str | None = None, profile: str | None = None, device: str
 def header_costing(h: Header) -> dict:
     """The `cost_table` arguments a plan's header decides: the micro-batch's shape, tp and
     sequence parallelism, and the runtime fields that change per-layer costs."""
-    return {"microbatch_size": h.microbatch_size, "seq_len": h.seq_len, "tp": h.tp, "sp": h.sp,
-            "overlap_tp": h.overlap_tp_comm, "scatter_gather": h.scatter_gather_messages}
+    return {
+        "microbatch_size": h.microbatch_size,
+        "seq_len": h.seq_len,
+        "tp": h.tp,
+        "sp": h.sp,
+        "overlap_tp": h.overlap_tp_comm,
+        "scatter_gather": h.scatter_gather_messages,
+    }

@@ -136,8 +136,11 @@ class ParamBytes:
         """Bytes per parameter on one of `dp` copies at ZeRO stage `zero`, by part: 1 divides
         the optimizer state by dp, 2 the gradients as well (`Zero`)."""
         stage = Zero(zero)
-        return ParamBytes(self.weights, self.grads / (dp if stage.shards_gradients else 1),
-                          self.optimizer / (dp if stage.shards_optimizer else 1))
+        return ParamBytes(
+            self.weights,
+            self.grads / (dp if stage.shards_gradients else 1),
+            self.optimizer / (dp if stage.shards_optimizer else 1),
+        )
 
     def per_device(self, zero: int, dp: int) -> float:
         """`sharded(zero, dp)`'s total."""
@@ -238,15 +241,19 @@ class CostTable:
         """Gradient bytes of layers `first..last` (default: all) as the data-parallel
         collectives move them (`grad_reduce_bytes` each)."""
         stop = len(self.layers) if last is None else last + 1
-        return float(sum(layer.params for layer in self.layers[first:stop]) * self.grad_reduce_bytes)
+        return float(
+            sum(layer.params for layer in self.layers[first:stop]) * self.grad_reduce_bytes
+        )
 
     def pipelined(self) -> CostTable:
         """This table for a pipeline's ops, which wait for messages: each layer's host launch
         time (`host_f`, `host_b`) in its F and B (the same table when there is none)."""
         if not any(l.host_f or l.host_b for l in self.layers):
             return self
-        layers = [replace(l, f=l.f + l.host_f, b=l.b + l.host_b, host_f=0.0, host_b=0.0)
-                  for l in self.layers]
+        layers = [
+            replace(l, f=l.f + l.host_f, b=l.b + l.host_b, host_f=0.0, host_b=0.0)
+            for l in self.layers
+        ]
         return replace(self, layers=layers)
 
     def layer_work(self) -> list[float]:
@@ -261,8 +268,9 @@ class CostTable:
         PlanError."""
         return plan_partition(plan, len(self.layers), self.layer_work())
 
-    def stage_costs(self, plan: Plan, ranges: list[tuple[int, int]] | None = None
-                    ) -> list[StageCost]:
+    def stage_costs(
+        self, plan: Plan, ranges: list[tuple[int, int]] | None = None
+    ) -> list[StageCost]:
         """Sum layer costs over each stage of the plan's partition (`ranges`, default
         `stage_ranges(plan)`), with the plan's recompute, ZeRO sharding and accumulation fusion
         (and the calibration), F and B with the host's launch time when the plan spans devices
@@ -277,26 +285,43 @@ class CostTable:
         the token ids the embedding keeps."""
         return self.layers[first - 1].out_bytes if first > 0 else self.layers[0].act
 
-    def range_costs(self, ranges: list[tuple[int, int]], recompute: Sequence[Recompute] = (),
-                    zero: int = 0, dp: int = 1, fused_accumulation: bool = False
-                    ) -> list[StageCost]:
+    def range_costs(
+        self,
+        ranges: list[tuple[int, int]],
+        recompute: Sequence[Recompute] = (),
+        zero: int = 0,
+        dp: int = 1,
+        fused_accumulation: bool = False,
+    ) -> list[StageCost]:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
         what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step;
         W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
         share = self.param_bytes.share(zero, dp)
         out = []
         for i, (first, last) in enumerate(ranges):
-            ls = self.layers[first: last + 1]
+            ls = self.layers[first : last + 1]
             f, b = sum(l.f for l in ls), sum(l.b for l in ls)
             w = sum(l.w_run(fused_accumulation) for l in ls)
             act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
             mode = recompute[i] if i < len(recompute) else Recompute.NONE
-            tp_f, tp_b, tp_w = (sum(l.tp_f for l in ls), sum(l.tp_b for l in ls),
-                                sum(l.tp_w for l in ls))
-            hid_f, hid_b, hid_w = (sum(l.tp_hidden_f for l in ls), sum(l.tp_hidden_b for l in ls),
-                                   sum(l.tp_hidden_w for l in ls))
-            again, kept = recomputed(mode, f, act, sum(l.sel_f for l in ls),
-                                     sum(l.sel_act for l in ls), self.input_bytes(first))
+            tp_f, tp_b, tp_w = (
+                sum(l.tp_f for l in ls),
+                sum(l.tp_b for l in ls),
+                sum(l.tp_w for l in ls),
+            )
+            hid_f, hid_b, hid_w = (
+                sum(l.tp_hidden_f for l in ls),
+                sum(l.tp_hidden_b for l in ls),
+                sum(l.tp_hidden_w for l in ls),
+            )
+            again, kept = recomputed(
+                mode,
+                f,
+                act,
+                sum(l.sel_f for l in ls),
+                sum(l.sel_act for l in ls),
+                self.input_bytes(first),
+            )
             if mode is Recompute.FULL:  # the whole forward again, its tp collectives too
                 tp_b, hid_b = tp_b + tp_f, hid_b + hid_f
             cal = self.calibration
@@ -304,22 +329,40 @@ class CostTable:
             update = sum(l.update for l in ls)
             if cal is not None:
                 again = cal.scale.get("F", 1.0) * again
-                f, b, w, extra["bw"] = (cal.op_seconds("F", f), cal.op_seconds("B", b),
-                                        cal.op_seconds("W", w), cal.op_seconds("BW", b + w))
+                f, b, w, extra["bw"] = (
+                    cal.op_seconds("F", f),
+                    cal.op_seconds("B", b),
+                    cal.op_seconds("W", w),
+                    cal.op_seconds("BW", b + w),
+                )
                 extra["bw"] += again
                 update = cal.update_per_param * sum(l.params for l in ls)
-            out.append(StageCost(
-                f=f, b=b + again, w=w, act=kept, act_w=act_w,
-                static=share * sum(l.static for l in ls), send_bytes=ls[-1].message_bytes,
-                act_b=act - kept, tp_f=tp_f, tp_b=tp_b, tp_w=tp_w,
-                update=update / (dp if Zero(zero).shards_optimizer else 1),  # its shard
-                tp_hidden_f=hid_f, tp_hidden_b=hid_b, tp_hidden_w=hid_w, **extra,
-            ))
+            out.append(
+                StageCost(
+                    f=f,
+                    b=b + again,
+                    w=w,
+                    act=kept,
+                    act_w=act_w,
+                    static=share * sum(l.static for l in ls),
+                    send_bytes=ls[-1].message_bytes,
+                    act_b=act - kept,
+                    tp_f=tp_f,
+                    tp_b=tp_b,
+                    tp_w=tp_w,
+                    update=update / (dp if Zero(zero).shards_optimizer else 1),  # its shard
+                    tp_hidden_f=hid_f,
+                    tp_hidden_b=hid_b,
+                    tp_hidden_w=hid_w,
+                    **extra,
+                )
+            )
         return out
 
 
-def uniform_stage_costs(num_stages: int, f: float, b: float, w: float,
-                        send_bytes: float = 0.0) -> list[StageCost]:
+def uniform_stage_costs(
+    num_stages: int, f: float, b: float, w: float, send_bytes: float = 0.0
+) -> list[StageCost]:
     """Every stage costs the same (abstract plans, `--costs F=1,B=1,W=1`); one unit of
     activation per micro-batch, half of it kept until W."""
     return [StageCost(f, b, w, 1.0, 0.5, 0.0, send_bytes) for _ in range(num_stages)]

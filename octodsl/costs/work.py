@@ -153,8 +153,13 @@ class _Shape:
         1 / tp sequence slice under sequence parallelism."""
         return self.tokens * self.hidden * self.e / (self.tp if self.sp else 1)
 
-    def collectives(self, enter: bool = True, leave: bool = True, extra: float = 0.0,
-                    leave_grad_in_w: bool = False) -> dict[str, Any]:
+    def collectives(
+        self,
+        enter: bool = True,
+        leave: bool = True,
+        extra: float = 0.0,
+        leave_grad_in_w: bool = False,
+    ) -> dict[str, Any]:
         """The tp collectives of a layer (Megatron's f and g operators; Korthikanti et al.
         2022 for their sequence-parallel forms), as Work fields. Entering the tp region: F
         all-gathers the sequence (sp) or passes x through; B reduce-scatters or all-reduces the
@@ -182,8 +187,16 @@ class _Shape:
         return {"tp_f": tuple(f), "tp_b": tuple(b), "tp_w": tuple(w)}
 
 
-def _block(s: _Shape, gemms: tuple[Gemm, ...], act: float, gemm_io: float, ew: float,
-           sel_act: float = 0.0, sel_ew: float = 0.0, **core) -> Work:
+def _block(
+    s: _Shape,
+    gemms: tuple[Gemm, ...],
+    act: float,
+    gemm_io: float,
+    ew: float,
+    sel_act: float = 0.0,
+    sel_ew: float = 0.0,
+    **core,
+) -> Work:
     """A pre-norm residual layer: adds the norm and residual traffic and the norm's saved
     input; `act` is the layer's own saved bytes beyond x and norm(x), `gemm_io` the bytes of its
     GEMM inputs and output gradients beyond norm(x) and the output gradient. Selective
@@ -198,9 +211,19 @@ def _block(s: _Shape, gemms: tuple[Gemm, ...], act: float, gemm_io: float, ew: f
     if s.dropout:  # a one-byte mask on the output, written in F (fused with the residual), kept
         mask = the / s.e
         ew_f, act = ew_f + mask, act + mask
-    return Work(gemms=gemms, ew_f=ew_f, ew_b=EW_BWD * ew_f, ew_w=2 * the, act=act,
-                act_w=min(act, 2 * the + gemm_io), out=the, sel_act=the + sel_act,
-                sel_ew=2 * the + sel_ew, elements=s.tokens * s.hidden / s.tp, **core)
+    return Work(
+        gemms=gemms,
+        ew_f=ew_f,
+        ew_b=EW_BWD * ew_f,
+        ew_w=2 * the,
+        act=act,
+        act_w=min(act, 2 * the + gemm_io),
+        out=the,
+        sel_act=the + sel_act,
+        sel_ew=2 * the + sel_ew,
+        elements=s.tokens * s.hidden / s.tp,
+        **core,
+    )
 
 
 def _attention(c: AttentionConfig, s: _Shape) -> Work:
@@ -210,14 +233,26 @@ def _attention(c: AttentionConfig, s: _Shape) -> Work:
     width = c.heads * c.head_dim
     gemms = (Gemm(T, c.q_out + c.kv_out, h), Gemm(T, h, width))  # fused QKV, output projection
     core = 2 * T * s.seq * width  # QK^T and PV, causal half
-    ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) \
-        + (3 * T * e * width if c.output_gate else 0)
+    ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) + (
+        3 * T * e * width if c.output_gate else 0
+    )
     act = T * e * (c.q_out + c.kv_out + width) + 4 * T * c.heads  # q, k, v, out, fp32 LSE
     # selective: the core's own saves (out, LSE), by running the flash-attention forward again
-    return _block(s, gemms, act, T * e * (width + c.q_out + c.kv_out), ew,
-                  sel_act=T * e * width + 4 * T * c.heads, core=core, sel_core=1.0,
-                  core_b=ATTENTION_BWD * core, core_unit="attention", core_seq=s.seq,
-                  core_head_dim=c.head_dim, core_bytes=T * e * (2 * width + c.kv_out))
+    return _block(
+        s,
+        gemms,
+        act,
+        T * e * (width + c.q_out + c.kv_out),
+        ew,
+        sel_act=T * e * width + 4 * T * c.heads,
+        core=core,
+        sel_core=1.0,
+        core_b=ATTENTION_BWD * core,
+        core_unit="attention",
+        core_seq=s.seq,
+        core_head_dim=c.head_dim,
+        core_bytes=T * e * (2 * width + c.kv_out),
+    )
 
 
 def _unfused_attention(c: AttentionConfig, s: _Shape) -> Work:
@@ -233,23 +268,42 @@ def _unfused_attention(c: AttentionConfig, s: _Shape) -> Work:
     scores = float(batch * n * n)
     core_gemms = (Gemm(n, n, d, batch), Gemm(n, d, n, batch))  # QK^T, P V
     # dP = dO V^T, dV = P^T dO; dQ = dS K, dK = dS^T Q
-    core_gemms_b = (Gemm(n, n, d, batch), Gemm(n, d, n, batch), Gemm(n, d, n, batch),
-                    Gemm(n, d, n, batch))
+    core_gemms_b = (
+        Gemm(n, n, d, batch),
+        Gemm(n, d, n, batch),
+        Gemm(n, d, n, batch),
+        Gemm(n, d, n, batch),
+    )
     soft_f, soft_b = 2 * e * scores, 3 * e * scores  # read, write; read P and dP, write dS
     kept = e * scores
     if s.dropout:  # read, write, a one-byte mask; backward reads the mask and dP, writes
-        soft_f, soft_b, kept = (soft_f + (2 * e + 1) * scores, soft_b + (2 * e + 1) * scores,
-                                kept + (e + 1) * scores)
-    ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) \
-        + (3 * T * e * width if c.output_gate else 0)
+        soft_f, soft_b, kept = (
+            soft_f + (2 * e + 1) * scores,
+            soft_b + (2 * e + 1) * scores,
+            kept + (e + 1) * scores,
+        )
+    ew = (2 * T * e * (width + c.kv_out // 2) if c.rope_theta is not None else 0) + (
+        3 * T * e * width if c.output_gate else 0
+    )
     act = T * e * (c.q_out + c.kv_out + width) + kept
-    work = _block(s, gemms, act, T * e * (width + c.q_out + c.kv_out), ew + soft_f,
-                  sel_act=kept, sel_ew=soft_f, sel_core=1.0, core_gemms=core_gemms,
-                  core_gemms_b=core_gemms_b)
+    work = _block(
+        s,
+        gemms,
+        act,
+        T * e * (width + c.q_out + c.kv_out),
+        ew + soft_f,
+        sel_act=kept,
+        sel_ew=soft_f,
+        sel_core=1.0,
+        core_gemms=core_gemms,
+        core_gemms_b=core_gemms_b,
+    )
     return replace(work, ew_b=work.ew_b - EW_BWD * soft_f + soft_b)
 
 
-def _ffn(tokens: int, h: int, ffn: int, activation: str, batch: int = 1) -> tuple[tuple[Gemm, ...], int]:
+def _ffn(
+    tokens: int, h: int, ffn: int, activation: str, batch: int = 1
+) -> tuple[tuple[Gemm, ...], int]:
     """(the GEMMs, width of the first projection) of an h x F feed-forward over `tokens`
     tokens (`batch` experts of that many tokens each)."""
     first = 2 * ffn if activation == "swiglu" else ffn  # SwiGLU's gate and up are one GEMM
@@ -261,8 +315,15 @@ def _mlp(c: MLPConfig, s: _Shape) -> Work:
     gemms, first = _ffn(T, s.hidden, c.ffn, c.activation)
     act = T * e * (first + c.ffn)
     # selective: the activation function's output, by reading the up projection's again
-    return _block(s, gemms, act, act, T * e * (first + c.ffn), sel_act=T * e * c.ffn,
-                  sel_ew=T * e * (first + c.ffn))
+    return _block(
+        s,
+        gemms,
+        act,
+        act,
+        T * e * (first + c.ffn),
+        sel_act=T * e * c.ffn,
+        sel_ew=T * e * (first + c.ffn),
+    )
 
 
 def _moe(c: MoEConfig, s: _Shape) -> Work:
@@ -277,8 +338,15 @@ def _moe(c: MoEConfig, s: _Shape) -> Work:
     act = expert_act + routed * e * 2 * h + 4 * T * c.experts
     ew = 8 * T * c.experts + 4 * routed * h * e + expert_act
     # selective: the experts' activation-function outputs, from their up projections
-    return _block(s, gemms, act, act, ew, sel_act=routed * e * c.expert_ffn + T * e * c.shared_ffn,
-                  sel_ew=expert_act)
+    return _block(
+        s,
+        gemms,
+        act,
+        act,
+        ew,
+        sel_act=routed * e * c.expert_ffn + T * e * c.shared_ffn,
+        sel_ew=expert_act,
+    )
 
 
 def _chunk_states(s: _Shape, chunk: int, state_bytes_per_chunk: int) -> float:
@@ -298,11 +366,20 @@ def _mamba2(c: Mamba2Config, s: _Shape) -> Work:
     ew = T * e * (4 * c.conv_channels + 4 * d)  # conv + SiLU, D skip, gate, grouped norm
     # selective: the chunk states (the scan's state-passing step again) and the conv output
     # (the conv + SiLU again)
-    return _block(s, gemms, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
-                  sel_ew=2 * T * e * c.conv_channels,
-                  sel_core=4 * c.state * d / (2 * c.chunk * (gn + d) + 4 * c.state * d),
-                  core=core, core_b=SCAN_BWD * core,
-                  core_unit="scan", core_bytes=T * e * (2 * d + 2 * gn + c.heads))
+    return _block(
+        s,
+        gemms,
+        act,
+        gemm_io,
+        ew,
+        sel_act=states + T * e * c.conv_channels,
+        sel_ew=2 * T * e * c.conv_channels,
+        sel_core=4 * c.state * d / (2 * c.chunk * (gn + d) + 4 * c.state * d),
+        core=core,
+        core_b=SCAN_BWD * core,
+        core_unit="scan",
+        core_bytes=T * e * (2 * d + 2 * gn + c.heads),
+    )
 
 
 def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
@@ -318,11 +395,21 @@ def _mamba1(c: Mamba1Config, s: _Shape) -> Work:
     ew = T * e * 10 * d  # conv + SiLU, softplus, D skip, gate
     # selective: the conv output and the gated output (conv + SiLU and the gate again); the
     # scan's states are never kept (the kernel recomputes them in its backward)
-    return _block(s, gemms, act, gemm_io, ew, sel_act=2 * T * e * d, sel_ew=5 * T * e * d,
-                  core=core, core_b=SCAN_BWD * core,
-                  core_unit="vector", core_bytes=T * e * (3 * d + 2 * n),
-                  # the x-projection is row-parallel: its dt|B|C partial sums are all-reduced
-                  **s.collectives(extra=T * e * (r + 2 * n)))
+    return _block(
+        s,
+        gemms,
+        act,
+        gemm_io,
+        ew,
+        sel_act=2 * T * e * d,
+        sel_ew=5 * T * e * d,
+        core=core,
+        core_b=SCAN_BWD * core,
+        core_unit="vector",
+        core_bytes=T * e * (3 * d + 2 * n),
+        # the x-projection is row-parallel: its dt|B|C partial sums are all-reduced
+        **s.collectives(extra=T * e * (r + 2 * n)),
+    )
 
 
 def _gated_deltanet(c: GatedDeltaNetConfig, s: _Shape) -> Work:
@@ -336,11 +423,20 @@ def _gated_deltanet(c: GatedDeltaNetConfig, s: _Shape) -> Work:
     gemm_io = T * e * (c.value_dim + c.in_proj_out + 2 * c.conv_channels)
     ew = T * e * (4 * c.conv_channels + 4 * c.value_dim)
     # selective: as Mamba2, the chunk states (the state update again) and the conv output
-    return _block(s, gemms, act, gemm_io, ew, sel_act=states + T * e * c.conv_channels,
-                  sel_ew=2 * T * e * c.conv_channels,
-                  sel_core=6 * dk * dv / (2 * q * (3 * dk + 2 * dv) + 6 * dk * dv),
-                  core=core, core_b=SCAN_BWD * core,
-                  core_unit="scan", core_bytes=T * e * (2 * c.key_dim + 2 * c.value_dim))
+    return _block(
+        s,
+        gemms,
+        act,
+        gemm_io,
+        ew,
+        sel_act=states + T * e * c.conv_channels,
+        sel_ew=2 * T * e * c.conv_channels,
+        sel_core=6 * dk * dv / (2 * q * (3 * dk + 2 * dv) + 6 * dk * dv),
+        core=core,
+        core_b=SCAN_BWD * core,
+        core_unit="scan",
+        core_bytes=T * e * (2 * c.key_dim + 2 * c.value_dim),
+    )
 
 
 def _embedding(c: EmbeddingConfig, s: _Shape) -> Work:
@@ -350,8 +446,14 @@ def _embedding(c: EmbeddingConfig, s: _Shape) -> Work:
     # F gathers rows (of this GPU's vocabulary shard, the others' rows summed in by the exit
     # collective); no input gradient. W scatter-adds the output gradient into a dense
     # vocab x hidden gradient, which is zeroed first and then accumulated into .grad.
-    return Work(ew_f=2 * the, ew_w=3 * the + 3 * table, act=ids, act_w=ids, out=s.held,
-                **s.collectives(enter=False, leave_grad_in_w=True))
+    return Work(
+        ew_f=2 * the,
+        ew_w=3 * the + 3 * table,
+        act=ids,
+        act_w=ids,
+        out=s.held,
+        **s.collectives(enter=False, leave_grad_in_w=True),
+    )
 
 
 def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
@@ -366,13 +468,29 @@ def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
     tp = s.collectives(leave=False)
     if tp:  # the vocab-parallel cross-entropy all-reduces its per-token max, sum and target
         tp["tp_f"] += (("all-reduce", 3.0 * LOSS_BYTES * T),)
-    return Work(gemms=(Gemm(T, V, h),), ew_f=ew_f, ew_b=ew_b, ew_w=2 * the, act=act,
-                act_w=min(act, the + T * V * e), out=0.0, sel_act=the, sel_ew=2 * the, **tp)
+    return Work(
+        gemms=(Gemm(T, V, h),),
+        ew_f=ew_f,
+        ew_b=ew_b,
+        ew_w=2 * the,
+        act=act,
+        act_w=min(act, the + T * V * e),
+        out=0.0,
+        sel_act=the,
+        sel_ew=2 * the,
+        **tp,
+    )
 
 
 _WORK_OF_KIND: dict[str, Callable[[Any, _Shape], Work]] = {  # each takes its kind's config
-    "attention": _attention, "mlp": _mlp, "moe": _moe, "mamba2": _mamba2, "mamba1": _mamba1,
-    "gated_deltanet": _gated_deltanet, "embedding": _embedding, "lm_head_loss": _lm_head,
+    "attention": _attention,
+    "mlp": _mlp,
+    "moe": _moe,
+    "mamba2": _mamba2,
+    "mamba1": _mamba1,
+    "gated_deltanet": _gated_deltanet,
+    "embedding": _embedding,
+    "lm_head_loss": _lm_head,
 }
 
 
@@ -380,9 +498,17 @@ def layer_work(spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = Fals
     """The work of one of `spec`'s layers for one micro-batch of the spec's shape, on one GPU
     of a tp group (sequence parallel or not). The layer must split at this tp
     (`octodsl.models.tp.tp_problems`)."""
-    shape = _Shape(spec.tokens, spec.seq_len, spec.microbatch_size, spec.hidden,
-                   local_vocab(spec.vocab, tp), spec.dtype_bytes, tp, sp and tp > 1,
-                   spec.dropout > 0)
+    shape = _Shape(
+        spec.tokens,
+        spec.seq_len,
+        spec.microbatch_size,
+        spec.hidden,
+        local_vocab(spec.vocab, tp),
+        spec.dtype_bytes,
+        tp,
+        sp and tp > 1,
+        spec.dropout > 0,
+    )
     work = _WORK_OF_KIND[layer.kind](local_layer(layer, tp), shape)
     if isinstance(layer, AttentionConfig) and kv_split(layer.kv_heads, tp).replicated:
         # replicated KV heads: B sums the gradient of each one's K and V over the GPUs sharing

@@ -23,11 +23,23 @@ from .phases import PhasedSchedule, ScheduleError
 from .render import render_plan
 from .zero_bubble import EQUAL_TIMES, Times, zb_h1, zb_h2, zb_v, zb_v_handcrafted
 
-__all__ = ["PARTITIONS", "SCHEDULES", "PhasedSchedule", "ScheduleError", "Times", "generate",
-           "generate_text", "phased_schedule", "render_plan"]
+__all__ = [
+    "PARTITIONS",
+    "SCHEDULES",
+    "PhasedSchedule",
+    "ScheduleError",
+    "Times",
+    "generate",
+    "generate_text",
+    "phased_schedule",
+    "render_plan",
+]
 
 _SINGLE: dict[str, Callable[[int, int], PhasedSchedule]] = {
-    "gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-h2": zb_h2,
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "zb-h1": zb_h1,
+    "zb-h2": zb_h2,
 }
 """Schedules with one stage per device."""
 MESH_FIELDS = ("tp", "sequence_parallel", "gpus_per_node", *RUNTIME_FIELDS)
@@ -48,8 +60,13 @@ _TITLES = {
 }
 
 
-def phased_schedule(name: str, devices: int, microbatches: int, chunks: int | None = None,
-                    times: Times | None = None) -> PhasedSchedule:
+def phased_schedule(
+    name: str,
+    devices: int,
+    microbatches: int,
+    chunks: int | None = None,
+    times: Times | None = None,
+) -> PhasedSchedule:
     """The schedule's stages, placement and phased orders; ScheduleError if the request does
     not suit it. `times` (F, B, W of one stage, default equal) is what zb-v below 2P-1
     micro-batches places its weight gradients for; the other orders do not depend on times."""
@@ -72,9 +89,18 @@ def phased_schedule(name: str, devices: int, microbatches: int, chunks: int | No
     return _SINGLE[name](devices, microbatches)
 
 
-def generate_text(name: str, devices: int, microbatches: int, chunks: int | None = None,
-                  model: str | None = None, partition: str = "time", times: Times | None = None,
-                  *, mesh: Mapping[str, int | bool] | None = None, **costs) -> str:
+def generate_text(
+    name: str,
+    devices: int,
+    microbatches: int,
+    chunks: int | None = None,
+    model: str | None = None,
+    partition: str = "time",
+    times: Times | None = None,
+    *,
+    mesh: Mapping[str, int | bool] | None = None,
+    **costs,
+) -> str:
     """The schedule as .octo text, each phase introduced by a comment (`times`: see phased_schedule).
 
     Without `model` the plan is abstract (`stages N`). With one (built-in name or spec path)
@@ -90,17 +116,22 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
     stages = [Stage() for _ in range(phased.num_stages)]
     unknown = set(mesh or {}) - set(MESH_FIELDS)
     if unknown:
-        raise ScheduleError(f"mesh fields are {', '.join(MESH_FIELDS)}, not {', '.join(sorted(unknown))}")
+        raise ScheduleError(
+            f"mesh fields are {', '.join(MESH_FIELDS)}, not {', '.join(sorted(unknown))}"
+        )
     try:
-        header = Header.model_validate({"name": plan_name, "devices": devices,
-                                        "microbatches": microbatches, **(mesh or {})})
+        header = Header.model_validate(
+            {"name": plan_name, "devices": devices, "microbatches": microbatches, **(mesh or {})}
+        )
     except ValidationError as e:
-        raise ScheduleError(f"cannot write the header: {e.errors()[0]['loc'][0]} "
-                            f"{e.errors()[0]['msg'].lower()}") from None
+        raise ScheduleError(
+            f"cannot write the header: {e.errors()[0]['loc'][0]} {e.errors()[0]['msg'].lower()}"
+        ) from None
     if model is not None:
         try:
-            stages, note = model_stages(model, phased.num_stages, partition, **costs,
-                                        tp=header.tp, sp=header.sp)
+            stages, note = model_stages(
+                model, phased.num_stages, partition, **costs, tp=header.tp, sp=header.sp
+            )
         except OctoError as e:
             raise ScheduleError(str(e)) from None
         shape = {k: costs[k] for k in ("microbatch_size", "seq_len") if costs.get(k) is not None}
@@ -114,10 +145,20 @@ def generate_text(name: str, devices: int, microbatches: int, chunks: int | None
     return render_plan(Plan(header, stages, phased.placement, schedule), comments, "\n".join(title))
 
 
-def generate(name: str, devices: int, microbatches: int, chunks: int | None = None,
-             model: str | None = None, partition: str = "time", times: Times | None = None,
-             *, mesh: Mapping[str, int | bool] | None = None, **costs) -> Plan:
+def generate(
+    name: str,
+    devices: int,
+    microbatches: int,
+    chunks: int | None = None,
+    model: str | None = None,
+    partition: str = "time",
+    times: Times | None = None,
+    *,
+    mesh: Mapping[str, int | bool] | None = None,
+    **costs,
+) -> Plan:
     """The schedule as a Plan, parsed from `generate_text` (same arguments)."""
-    text = generate_text(name, devices, microbatches, chunks, model, partition, times, mesh=mesh,
-                         **costs)
+    text = generate_text(
+        name, devices, microbatches, chunks, model, partition, times, mesh=mesh, **costs
+    )
     return parse_plan(text, path="<gen>")

@@ -59,8 +59,9 @@ def interleaved(devices: int, microbatches: int, chunks: int) -> PhasedSchedule:
     if V < 2:
         raise ScheduleError("interleaved needs --chunks 2 or more (with one chunk it is 1f1b)")
     if M < P:
-        raise ScheduleError(f"interleaved needs at least as many micro-batches as devices "
-                            f"({P}), got {M}")
+        raise ScheduleError(
+            f"interleaved needs at least as many micro-batches as devices ({P}), got {M}"
+        )
     g = next(k for k in range(P, M + 1) if M % k == 0)
     # (micro-batch, chunk) in forward order.
     table = [(m, c) for first in range(0, M, g) for c in range(V) for m in range(first, first + g)]

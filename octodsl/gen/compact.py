@@ -24,7 +24,7 @@ def compact(slots: list[Slot]) -> list[str]:
             op = slots[i].ops[0]
             items.append(f"{op.label}..{op.mb + r - 1}")
         elif r >= MIN_LOOP:
-            items.append(_loop(slots[i:i + k], r))
+            items.append(_loop(slots[i : i + k], r))
         else:
             k, r = 1, 1
             items.append(str(slots[i]))
@@ -45,14 +45,17 @@ def _best_repeat(slots: list[Slot], i: int) -> tuple[int, int]:
 def _repeats(slots: list[Slot], i: int, k: int) -> int:
     r = 1
     while i + (r + 1) * k <= len(slots) and all(
-            _shifted(slots[i + j], slots[i + r * k + j], r) for j in range(k)):
+        _shifted(slots[i + j], slots[i + r * k + j], r) for j in range(k)
+    ):
         r += 1
     return r
 
 
 def _shifted(a: Slot, b: Slot, by: int) -> bool:
     return len(a.ops) == len(b.ops) and all(
-        x.kind is y.kind and x.stage == y.stage and y.mb == x.mb + by for x, y in zip(a.ops, b.ops, strict=True))
+        x.kind is y.kind and x.stage == y.stage and y.mb == x.mb + by
+        for x, y in zip(a.ops, b.ops, strict=True)
+    )
 
 
 def _loop(group: list[Slot], r: int) -> str:
@@ -64,6 +67,8 @@ def _loop(group: list[Slot], r: int) -> str:
         off = op.mb - start
         return f"{op.kind.value}{op.stage}:i" + (f"+{off}" if off else "")
 
-    body = " ".join(op_text(s.ops[0]) if not s.overlapped
-                    else "(" + " & ".join(op_text(o) for o in s.ops) + ")" for s in group)
+    body = " ".join(
+        op_text(s.ops[0]) if not s.overlapped else "(" + " & ".join(op_text(o) for o in s.ops) + ")"
+        for s in group
+    )
     return f"for i in {start}..{start + r - 1} {{ {body} }}"

@@ -23,7 +23,8 @@ def dualpipe_v(devices: int, microbatches: int) -> PhasedSchedule:
     P, M = devices, microbatches
     if M < 2 * P:
         raise ScheduleError(
-            f"dualpipev needs at least 2 x devices = {2 * P} micro-batches, got {M}")
+            f"dualpipev needs at least 2 x devices = {2 * P} micro-batches, got {M}"
+        )
     orders = []
     for d in range(P):
         c0, c1 = d, 2 * P - 1 - d

@@ -21,13 +21,17 @@ _INDENT = 4
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("octodsl.templates", "."),
-    trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined, autoescape=False,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
 )
 
 
-def render_plan(plan: Plan, comments: Mapping[int, Mapping[int, str]] | None = None,
-                title: str | None = None) -> str:
+def render_plan(
+    plan: Plan, comments: Mapping[int, Mapping[int, str]] | None = None, title: str | None = None
+) -> str:
     """The plan as .octo text. `comments[d][i]` is written as a `# ...` line before slot i of
     device d (and nothing is compacted across it); `title` becomes comment lines on top."""
     comments = comments or {}
@@ -37,10 +41,14 @@ def render_plan(plan: Plan, comments: Mapping[int, Mapping[int, str]] | None = N
         header=_header(plan.header),
         partition=_partition(plan),
         placement=_placement(plan),
-        recompute=[(i, s.recompute.value) for i, s in enumerate(plan.stages)
-                   if s.recompute is not Recompute.NONE],
-        devices=[_device_lines(slots, comments.get(d, {}))
-                 for d, slots in enumerate(plan.schedule)],
+        recompute=[
+            (i, s.recompute.value)
+            for i, s in enumerate(plan.stages)
+            if s.recompute is not Recompute.NONE
+        ],
+        devices=[
+            _device_lines(slots, comments.get(d, {})) for d, slots in enumerate(plan.schedule)
+        ],
     )
 
 

@@ -36,9 +36,12 @@ def zb_h1(devices: int, microbatches: int) -> PhasedSchedule:
         o.phase("warm-up: forwards fill the pipeline")
         for m in range(warm):
             o.add(F(d, m))
-        o.phase("steady: forward, backward, weight gradient" if d == 0 else
-                f"steady: forward, backward; weight gradients start after {d} "
-                f"backward{'s' * (d > 1)}")
+        o.phase(
+            "steady: forward, backward, weight gradient"
+            if d == 0
+            else f"steady: forward, backward; weight gradients start after {d} "
+            f"backward{'s' * (d > 1)}"
+        )
         for m in range(microbatches - warm):
             o.add(F(d, m + warm))
             backward(m)
@@ -67,8 +70,11 @@ def zb_h2(devices: int, microbatches: int) -> PhasedSchedule:
         o.phase("warm-up: extra forwards fill the bubble before the first backward")
         for m in range(warm):
             o.add(F(d, m))
-        o.phase("steady: backward, weight gradient, forward" if d == 0 else
-                f"steady: backward, forward; weight gradients start after {2 * d} backwards")
+        o.phase(
+            "steady: backward, weight gradient, forward"
+            if d == 0
+            else f"steady: backward, forward; weight gradients start after {2 * d} backwards"
+        )
         for m in range(M - warm):
             o.add(B(d, m))
             pending.append(m)
@@ -114,8 +120,10 @@ def zb_v(devices: int, microbatches: int, times: Times = EQUAL_TIMES) -> PhasedS
     P, M = devices, microbatches
     orders = [_zb_v_pattern(P, M, d) for d in range(P)]
     if not zb_v_handcrafted(P, M):
-        forward_backward = [[op for ph in phases for slot in ph.slots for op in slot.ops
-                             if op.kind is not K.W] for phases in orders]
+        forward_backward = [
+            [op for ph in phases for slot in ph.slots for op in slot.ops if op.kind is not K.W]
+            for phases in orders
+        ]
         orders = _weight_gradients_in_waits(forward_backward, 2 * P, times, cap=2 * P)
     return PhasedSchedule(2 * P, placement_v(2 * P, P), orders)
 
@@ -169,8 +177,9 @@ def _zb_v_pattern(P: int, M: int, d: int) -> list[Phase]:
     return o.phases
 
 
-def _weight_gradients_in_waits(orders: list[list[Op]], num_stages: int, times: Times,
-                               cap: int) -> list[list[Phase]]:
+def _weight_gradients_in_waits(
+    orders: list[list[Op]], num_stages: int, times: Times, cap: int
+) -> list[list[Phase]]:
     """Each device runs its F and B ops in the given order, each once its inputs are done, and
     a pending weight gradient (oldest first) whenever it would end by the time the next op's
     inputs are, or before a forward that would hold more than `cap` micro-batch-stages; the

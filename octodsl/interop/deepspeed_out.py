@@ -40,29 +40,39 @@ def deepspeed_snippet(plan: Plan, source: str = "") -> Export:
             f"stock DeepSpeed runs one stage per pipeline rank, stage s on rank s, in its 1F1B "
             f"TrainSchedule; this plan has {plan.num_stages} stages on {P} devices"
             + ("" if plan.num_stages != P else " placed otherwise")
-            + ": run it with octodsl's engine (deepspeed_ext), which runs any plan")
+            + ": run it with octodsl's engine (deepspeed_ext), which runs any plan"
+        )
     if h.zero == 2:
-        raise ExportError("stock DeepSpeed's PipelineEngine refuses ZeRO-2 with pipeline "
-                          "parallelism; use zero 1 (or octodsl's engine)")
+        raise ExportError(
+            "stock DeepSpeed's PipelineEngine refuses ZeRO-2 with pipeline "
+            "parallelism; use zero 1 (or octodsl's engine)"
+        )
     warnings = []
     if not is_generated(plan, "1f1b"):
         split = " (it splits backwards into B and W)" if any(plan.split_stages()) else ""
-        warnings.append(f"the plan's order{split} is not 1F1B: stock DeepSpeed runs its 1F1B "
-                        "TrainSchedule over these stages instead (octodsl's engine runs the order)")
+        warnings.append(
+            f"the plan's order{split} is not 1F1B: stock DeepSpeed runs its 1F1B "
+            "TrainSchedule over these stages instead (octodsl's engine runs the order)"
+        )
     modes = set(plan.recompute())
     interval = 0
     if modes == {Recompute.FULL}:
         interval = max(len(s) for s in cuts.symbols)
     elif modes != {Recompute.NONE}:
-        shown = ", ".join(f"stage {i}: {m}" for i, m in enumerate(plan.recompute())
-                          if m is not Recompute.NONE)
-        warnings.append(f"the recompute section ({shown}) is left out: stock DeepSpeed "
-                        "checkpoints every stage alike (activation_checkpoint_interval) and has "
-                        "no selective form")
+        shown = ", ".join(
+            f"stage {i}: {m}" for i, m in enumerate(plan.recompute()) if m is not Recompute.NONE
+        )
+        warnings.append(
+            f"the recompute section ({shown}) is left out: stock DeepSpeed "
+            "checkpoints every stage alike (activation_checkpoint_interval) and has "
+            "no selective form"
+        )
     if h.tp > 1:
-        warnings.append(f"tp {h.tp}: the topology has a model-parallel axis of {h.tp}, but a stock "
-                        "PipelineModule does not split layers over it: the layers must be "
-                        "tensor-parallel themselves (as Megatron-DeepSpeed's are)")
+        warnings.append(
+            f"tp {h.tp}: the topology has a model-parallel axis of {h.tp}, but a stock "
+            "PipelineModule does not split layers over it: the layers must be "
+            "tensor-parallel themselves (as Megatron-DeepSpeed's are)"
+        )
     mbs = h.microbatch_size or cuts.spec.microbatch_size
     config = {
         "train_micro_batch_size_per_gpu": mbs,
@@ -73,17 +83,24 @@ def deepspeed_snippet(plan: Plan, source: str = "") -> Export:
     return Export(_render(plan, source, cuts.parts, interval, config, warnings), warnings)
 
 
-def _render(plan: Plan, source: str, parts: list[int], interval: int, config: dict,
-            warnings: list[str]) -> str:
+def _render(
+    plan: Plan, source: str, parts: list[int], interval: int, config: dict, warnings: list[str]
+) -> str:
     h = plan.header
     P, layers = plan.devices, parts[-1]
     if h.tp > 1:
-        topology = (f"PipeModelDataParallelTopology(num_pp={P}, num_mp={h.tp}, num_dp={h.dp})")
+        topology = f"PipeModelDataParallelTopology(num_pp={P}, num_mp={h.tp}, num_dp={h.dp})"
         topo_import = "PipeModelDataParallelTopology"
     else:
-        topology, topo_import = f"PipeDataParallelTopology(num_pp={P}, num_dp={h.dp})", "PipeDataParallelTopology"
-    title = f'Stock DeepSpeed for plan "{h.name}"' + (f" ({source})" if source else "") + (
-        ", by `octodsl convert --to deepspeed`.")
+        topology, topo_import = (
+            f"PipeDataParallelTopology(num_pp={P}, num_dp={h.dp})",
+            "PipeDataParallelTopology",
+        )
+    title = (
+        f'Stock DeepSpeed for plan "{h.name}"'
+        + (f" ({source})" if source else "")
+        + (", by `octodsl convert --to deepspeed`.")
+    )
     lines = [
         f"# {title}",
         f"# `layers`: {h.model}'s {layers} layers in octodsl's order, one module or LayerSpec per",
@@ -99,12 +116,12 @@ def _render(plan: Plan, source: str, parts: list[int], interval: int, config: di
         "",
         "class PlanPipelineModule(PipelineModule):",
         '    """A PipelineModule cut at PARTS: DeepSpeed\'s partition methods balance a weight and',
-        "    take no explicit cuts, so this sets them where its __init__ asks for them.\"\"\"",
+        '    take no explicit cuts, so this sets them where its __init__ asks for them."""',
         "",
         '    def _partition_layers(self, method="parameters"):',
         "        if len(self._layer_specs) != PARTS[-1] or self.num_stages != len(PARTS) - 1:",
-        "            raise ValueError(f\"the plan cuts {PARTS[-1]} layers into {len(PARTS) - 1} stages, \"",
-        "                             f\"not {len(self._layer_specs)} into {self.num_stages}\")",
+        '            raise ValueError(f"the plan cuts {PARTS[-1]} layers into {len(PARTS) - 1} stages, "',
+        '                             f"not {len(self._layer_specs)} into {self.num_stages}")',
         "        self.parts = list(PARTS)",
         "        self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])",
         "",

@@ -54,16 +54,20 @@ def plan_cuts(plan: Plan, target: str) -> Cuts:
     """The plan's model and its stages' layers; an ExportError for a plan with no model or with
     abstract stages (`stages N`), since `target` needs the cuts."""
     if plan.header.model is None:
-        raise ExportError(f"the plan names no model: {target} needs the model's layers and where "
-                          "the plan cuts them (add `model \"NAME\"` and a partition of its layers, "
-                          "e.g. with `octodsl gen ... --model NAME`)")
+        raise ExportError(
+            f"the plan names no model: {target} needs the model's layers and where "
+            'the plan cuts them (add `model "NAME"` and a partition of its layers, '
+            "e.g. with `octodsl gen ... --model NAME`)"
+        )
     if any(s.abstract for s in plan.stages):
-        raise ExportError(f"the plan's stages name no layers (`stages {plan.num_stages}`): "
-                          f"{target} needs the cuts; write the partition as layers or a pattern "
-                          f"(`octodsl gen ... --model {plan.header.model}` cuts it by cost)")
+        raise ExportError(
+            f"the plan's stages name no layers (`stages {plan.num_stages}`): "
+            f"{target} needs the cuts; write the partition as layers or a pattern "
+            f"(`octodsl gen ... --model {plan.header.model}` cuts it by cost)"
+        )
     spec = load_model(plan.header.model)
     pattern = spec.pattern
-    return Cuts(spec, [pattern[s.bounds[0]:s.bounds[1] + 1] for s in plan.stages])
+    return Cuts(spec, [pattern[s.bounds[0] : s.bounds[1] + 1] for s in plan.stages])
 
 
 def is_generated(plan: Plan, schedule: str, chunks: int | None = None) -> bool:
@@ -88,12 +92,12 @@ def looped_chunks(plan: Plan) -> int | None:
 def placement_problem(plan: Plan) -> str:
     """Why the plan's placement is not looped (stage s on device s mod P), in its own terms."""
     P, home = plan.devices, plan.stage_device()
-    if plan.num_stages == 2 * P and home == [s if s < P else 2 * P - 1 - s
-                                               for s in range(2 * P)]:
-        return (f"its placement is a V (device d holds stages d and {2 * P - 1} - d), which "
-                "runs back up the devices")
+    if plan.num_stages == 2 * P and home == [s if s < P else 2 * P - 1 - s for s in range(2 * P)]:
+        return (
+            f"its placement is a V (device d holds stages d and {2 * P - 1} - d), which "
+            "runs back up the devices"
+        )
     if plan.num_stages % P:
         return f"its {plan.num_stages} stages do not divide evenly over its {P} devices"
     s = next(s for s in range(plan.num_stages) if home[s] != s % P)
     return f"it puts stage {s} on device {home[s]}, not on device {s % P} (stage mod devices)"
-

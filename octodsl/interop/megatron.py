@@ -65,16 +65,24 @@ def megatron_args(plan: Plan, source: str = "") -> Export:
     cuts = plan_cuts(plan, "Megatron's layout")
     V = looped_chunks(plan)
     if V is None:
-        raise ExportError(f"Megatron places virtual stage s on pipeline rank s mod {plan.devices} "
-                          f"and no other way, and this plan cannot be so: {placement_problem(plan)}; "
-                          "`octodsl gen interleaved` writes a looped plan")
+        raise ExportError(
+            f"Megatron places virtual stage s on pipeline rank s mod {plan.devices} "
+            f"and no other way, and this plan cannot be so: {placement_problem(plan)}; "
+            "`octodsl gen interleaved` writes a looped plan"
+        )
     body = cuts.spec.pattern[1:-1]
     if "m" in body:
-        raise ExportError(f"{cuts.spec.name} has Mamba1 layers ('m'), which Megatron-LM has not "
-                          "(its Mamba layers are Mamba2, 'M')")
+        raise ExportError(
+            f"{cuts.spec.name} has Mamba1 layers ('m'), which Megatron-LM has not "
+            "(its Mamba layers are Mamba2, 'M')"
+        )
     hybrid = "M" in body or not transformer_layers(body)
-    out = _Args(plan, source, V, "pretrain_hybrid.py (pretrain_mamba.py before PR #3377)"
-                if hybrid else "pretrain_gpt.py")
+    out = _Args(
+        plan,
+        source,
+        V,
+        "pretrain_hybrid.py (pretrain_mamba.py before PR #3377)" if hybrid else "pretrain_gpt.py",
+    )
     counts = out.partition_hybrid(cuts) if hybrid else out.partition_gpt(cuts)
     out.mesh()
     out.runtime()
@@ -139,16 +147,24 @@ class _Args:
                 raise ExportError(
                     f"stage {s} ends at layer {at - 1}, the mixer of a transformer layer whose "
                     f"MLP is layer {at} on stage {s + 1}: Megatron's layout cuts between whole "
-                    f"transformer layers only (move the cut to layer {at - 1} or {at + 1})")
+                    f"transformer layers only (move the cut to layer {at - 1} or {at + 1})"
+                )
         layout = layout_string(cuts.symbols)
         P = self.plan.devices
         self.flag("--pipeline-model-parallel-size", P)
         self.flag("--num-layers", sum(sym in MIXERS for sym in cuts.spec.pattern))
-        self.flag("--pipeline-model-parallel-layout", _quoted(layout),
-                  f"{self.plan.num_stages} stages in stage order: E embedding, t a transformer "
-                  "layer (mixer + MLP), L the loss"
-                  + (f"; {self.V} virtual stages per rank, which Megatron derives from the "
-                     f"{self.plan.num_stages} segments" if self.V > 1 else ""))
+        self.flag(
+            "--pipeline-model-parallel-layout",
+            _quoted(layout),
+            f"{self.plan.num_stages} stages in stage order: E embedding, t a transformer "
+            "layer (mixer + MLP), L the loss"
+            + (
+                f"; {self.V} virtual stages per rank, which Megatron derives from the "
+                f"{self.plan.num_stages} segments"
+                if self.V > 1
+                else ""
+            ),
+        )
         if "G" in cuts.spec.pattern:
             self.gated_deltanet(cuts.spec.pattern)
         return [sum(sym in MIXERS for sym in s) for s in cuts.symbols]
@@ -157,26 +173,44 @@ class _Args:
         """Qwen3-Next: which transformer layers mix with gated DeltaNet (1) or attention (0)."""
         linear = [int(sym == "G") for sym in pattern if sym in MIXERS]
         self.flag("--experimental-attention-variant", "gated_delta_net")
-        n = next((n for n in range(2, len(linear) + 1)
-                  if linear == [int((i + 1) % n != 0) for i in range(len(linear))]), None)
-        self.flag("--linear-attention-freq", n if n else _quoted(str(linear).replace(" ", "")),
-                  "transformer layers mixing with gated DeltaNet (the rest with attention)")
+        n = next(
+            (
+                n
+                for n in range(2, len(linear) + 1)
+                if linear == [int((i + 1) % n != 0) for i in range(len(linear))]
+            ),
+            None,
+        )
+        self.flag(
+            "--linear-attention-freq",
+            n if n else _quoted(str(linear).replace(" ", "")),
+            "transformer layers mixing with gated DeltaNet (the rest with attention)",
+        )
 
     def partition_hybrid(self, cuts: Cuts) -> list[int]:
         """The hybrid pattern of a Mamba hybrid; its layers per stage."""
         bad = sorted(set(cuts.spec.pattern[1:-1]) - set(HYBRID))
         if bad:
-            raise ExportError(f"{cuts.spec.name}'s layers {', '.join(repr(b) for b in bad)} have no "
-                              f"symbol in Megatron's hybrid layer pattern ({HYBRID})")
+            raise ExportError(
+                f"{cuts.spec.name}'s layers {', '.join(repr(b) for b in bad)} have no "
+                f"symbol in Megatron's hybrid layer pattern ({HYBRID})"
+            )
         counts = [len(s.strip("[]")) for s in cuts.symbols]
         P = self.plan.devices
         self.flag("--pipeline-model-parallel-size", P)
-        self.flag("--hybrid-layer-pattern", _quoted(hybrid_pattern(cuts.symbols)),
-                  f"{cuts.spec.name}'s {sum(counts)} layers, '|' at each of the plan's cuts "
-                  "(Megatron-LM since PR #3377; the embedding and the loss go on the first and "
-                  "last stage by themselves)"
-                  + (f"; {self.V} virtual stages per rank, which Megatron derives from the "
-                     f"{self.plan.num_stages} segments" if self.V > 1 else ""))
+        self.flag(
+            "--hybrid-layer-pattern",
+            _quoted(hybrid_pattern(cuts.symbols)),
+            f"{cuts.spec.name}'s {sum(counts)} layers, '|' at each of the plan's cuts "
+            "(Megatron-LM since PR #3377; the embedding and the loss go on the first and "
+            "last stage by themselves)"
+            + (
+                f"; {self.V} virtual stages per rank, which Megatron derives from the "
+                f"{self.plan.num_stages} segments"
+                if self.V > 1
+                else ""
+            ),
+        )
         self.comment(self.older_hybrid(cuts, counts))
         return counts
 
@@ -197,8 +231,10 @@ class _Args:
             return f"{old}: there, --hybrid-override-pattern {plain} cuts these equal stages"
         middle = set(counts[1:-1])
         if len(middle) > 1:
-            return (f"{old}, and its split (first and last stage given, those between equal) "
-                    f"cannot give these stages of {', '.join(map(str, counts))} layers")
+            return (
+                f"{old}, and its split (first and last stage given, those between equal) "
+                f"cannot give these stages of {', '.join(map(str, counts))} layers"
+            )
         m = middle.pop() if middle else None
         if m is None or counts[0] != m:
             flags += f" --decoder-first-pipeline-num-layers {counts[0]}"
@@ -213,28 +249,42 @@ class _Args:
         gradient-accumulation fusion on, the other overlaps off)."""
         h = self.plan.header
         if h.overlap_param_gather and not h.overlap_grad_reduce:
-            raise ExportError("the plan has overlap_param_gather without overlap_grad_reduce; "
-                              "Megatron-LM takes --overlap-param-gather only with "
-                              "--overlap-grad-reduce")
+            raise ExportError(
+                "the plan has overlap_param_gather without overlap_grad_reduce; "
+                "Megatron-LM takes --overlap-param-gather only with "
+                "--overlap-grad-reduce"
+            )
         if h.overlap_tp_comm:
-            self.flag("--tp-comm-overlap", comment="overlap_tp_comm: Transformer Engine's "
-                      "userbuffers overlap of the tp collectives with the GEMMs")
+            self.flag(
+                "--tp-comm-overlap",
+                comment="overlap_tp_comm: Transformer Engine's "
+                "userbuffers overlap of the tp collectives with the GEMMs",
+            )
         if h.overlap_grad_reduce:
             self.flag("--overlap-grad-reduce")
         if h.overlap_param_gather:
             self.flag("--overlap-param-gather")
         if not h.overlap_p2p_comm:
-            self.flag("--no-overlap-p2p-communication", comment="overlap_p2p_comm false: "
-                      "each op waits for its pipeline sends and receives")
+            self.flag(
+                "--no-overlap-p2p-communication",
+                comment="overlap_p2p_comm false: each op waits for its pipeline sends and receives",
+            )
         if not h.grad_accumulation_fusion:
-            self.flag("--no-gradient-accumulation-fusion", comment="grad_accumulation_fusion "
-                      "false: weight gradients are added to the buffer by a pass of their own")
+            self.flag(
+                "--no-gradient-accumulation-fusion",
+                comment="grad_accumulation_fusion "
+                "false: weight gradients are added to the buffer by a pass of their own",
+            )
         if h.zero > 0 and not h.reduce_scatter:
-            self.comment("reduce_scatter false: Megatron-LM's distributed optimizer "
-                         "reduce-scatters the gradients to their shards anyway")
+            self.comment(
+                "reduce_scatter false: Megatron-LM's distributed optimizer "
+                "reduce-scatters the gradients to their shards anyway"
+            )
         if h.tp > 1 and not h.sp and not h.scatter_gather_messages:
-            self.comment("scatter_gather_messages false: Megatron-LM scatters and gathers the "
-                         "pipeline messages of a tp group anyway (1/tp from each GPU)")
+            self.comment(
+                "scatter_gather_messages false: Megatron-LM scatters and gathers the "
+                "pipeline messages of a tp group anyway (1/tp from each GPU)"
+            )
 
     def mesh(self) -> None:
         h = self.plan.header
@@ -242,23 +292,34 @@ class _Args:
         if h.sp:
             self.flag("--sequence-parallel")
         gpus = Mesh.of(h).world
-        self.comment(f"data-parallel size {h.dp}: Megatron takes it from the world size, "
-                     f"tp {h.tp} x pp {h.devices} x dp {h.dp} = {gpus} GPUs")
+        self.comment(
+            f"data-parallel size {h.dp}: Megatron takes it from the world size, "
+            f"tp {h.tp} x pp {h.devices} x dp {h.dp} = {gpus} GPUs"
+        )
         if h.zero:
-            self.flag("--use-distributed-optimizer", comment=None if h.zero == 1 else
-                      "zero 2: Megatron's distributed optimizer shards the optimizer state "
-                      "(zero 1); each rank still holds all of its gradients")
+            self.flag(
+                "--use-distributed-optimizer",
+                comment=None
+                if h.zero == 1
+                else "zero 2: Megatron's distributed optimizer shards the optimizer state "
+                "(zero 1); each rank still holds all of its gradients",
+            )
             if h.zero == 2:
-                self.warnings.append("zero 2 becomes Megatron's distributed optimizer, which "
-                                     "shards the optimizer state only (zero 1)")
+                self.warnings.append(
+                    "zero 2 becomes Megatron's distributed optimizer, which "
+                    "shards the optimizer state only (zero 1)"
+                )
 
     def batch(self, cuts: Cuts) -> None:
         h = self.plan.header
         mbs = h.microbatch_size or cuts.spec.microbatch_size
         self.flag("--micro-batch-size", mbs)
         copies = f", on each of {h.dp} data-parallel copies" if h.dp > 1 else ""
-        self.flag("--global-batch-size", mbs * h.microbatches * h.dp,
-                  f"{h.microbatches} micro-batches of {mbs} per iteration{copies}")
+        self.flag(
+            "--global-batch-size",
+            mbs * h.microbatches * h.dp,
+            f"{h.microbatches} micro-batches of {mbs} per iteration{copies}",
+        )
         self.flag("--seq-length", h.seq_len or cuts.spec.seq_len)
 
     def recompute(self, counts: list[int]) -> None:
@@ -266,53 +327,76 @@ class _Args:
         if modes == {Recompute.NONE}:
             return
         if modes == {Recompute.FULL}:
-            self.flag("--recompute-granularity", "full",
-                      "every stage recomputes in full: one uniform group per stage keeps "
-                      "only the stage's input")
+            self.flag(
+                "--recompute-granularity",
+                "full",
+                "every stage recomputes in full: one uniform group per stage keeps "
+                "only the stage's input",
+            )
             self.flag("--recompute-method", "uniform")
             self.flag("--recompute-num-layers", max(1, max(counts)))
         elif modes == {Recompute.SELECTIVE}:
-            self.flag("--recompute-granularity", "selective",
-                      "Megatron's selective recompute redoes the attention core (core_attn); "
-                      "the plan's also drops norm and activation outputs and Mamba chunk states, "
-                      "which Megatron keeps")
+            self.flag(
+                "--recompute-granularity",
+                "selective",
+                "Megatron's selective recompute redoes the attention core (core_attn); "
+                "the plan's also drops norm and activation outputs and Mamba chunk states, "
+                "which Megatron keeps",
+            )
         else:
-            shown = ", ".join(f"stage {i}: {m}" for i, m in enumerate(self.plan.recompute())
-                              if m is not Recompute.NONE)
-            self.warn(f"the recompute section ({shown}) is not given: Megatron applies one "
-                      "recompute setting to every stage")
+            shown = ", ".join(
+                f"stage {i}: {m}"
+                for i, m in enumerate(self.plan.recompute())
+                if m is not Recompute.NONE
+            )
+            self.warn(
+                f"the recompute section ({shown}) is not given: Megatron applies one "
+                "recompute setting to every stage"
+            )
 
     def schedule(self) -> None:
         P, M, V = self.plan.devices, self.plan.microbatches, self.V
         name = "1F1B" if V == 1 else "interleaved 1F1B"
         if V > 1 and M < P:
-            raise ExportError(f"Megatron's interleaved schedule needs at least as many "
-                              f"micro-batches as pipeline ranks ({P}); the plan has {M}")
-        exact = is_generated(self.plan, "1f1b") if V == 1 else is_generated(
-            self.plan, "interleaved", V)
+            raise ExportError(
+                f"Megatron's interleaved schedule needs at least as many "
+                f"micro-batches as pipeline ranks ({P}); the plan has {M}"
+            )
+        exact = (
+            is_generated(self.plan, "1f1b") if V == 1 else is_generated(self.plan, "interleaved", V)
+        )
         group = next(k for k in range(P, M + 1) if M % k == 0) if V > 1 else P
         if exact and group == P:
             self.comment(f"schedule: Megatron's {name}, the plan's order exactly")
         elif exact:
-            self.warn(f"the plan's order is interleaved 1F1B in groups of {group} micro-batches; "
-                      f"Megatron's default groups are {P} (set microbatch_group_size_per_vp_stage"
-                      f" = {group} in its ModelParallelConfig for this order)")
+            self.warn(
+                f"the plan's order is interleaved 1F1B in groups of {group} micro-batches; "
+                f"Megatron's default groups are {P} (set microbatch_group_size_per_vp_stage"
+                f" = {group} in its ModelParallelConfig for this order)"
+            )
         else:
             split = any(self.plan.split_stages())
             why = " (it splits backwards into B and W)" if split else ""
-            self.warn(f"the plan's order{why} has no Megatron equivalent: Megatron runs its "
-                      f"{name} over these stages instead")
+            self.warn(
+                f"the plan's order{why} has no Megatron equivalent: Megatron runs its "
+                f"{name} over these stages instead"
+            )
 
     def render(self) -> str:
         h = self.plan.header
-        title = f'Megatron-LM arguments for plan "{h.name}"' + (
-            f" ({self.source})" if self.source else "") + ", by `octodsl convert --to megatron`."
-        return "\n".join([
-            f"# {title}",
-            f"# Model {h.model}: give its sizes (hidden, heads, ...) as for any Megatron run.",
-            f'# Use: torchrun ... {self.script} "${{{ARRAY}[@]}}" ...',
-            f"{ARRAY}=(",
-            *self.lines,
-            ")",
-            "",
-        ])
+        title = (
+            f'Megatron-LM arguments for plan "{h.name}"'
+            + (f" ({self.source})" if self.source else "")
+            + ", by `octodsl convert --to megatron`."
+        )
+        return "\n".join(
+            [
+                f"# {title}",
+                f"# Model {h.model}: give its sizes (hidden, heads, ...) as for any Megatron run.",
+                f'# Use: torchrun ... {self.script} "${{{ARRAY}[@]}}" ...',
+                f"{ARRAY}=(",
+                *self.lines,
+                ")",
+                "",
+            ]
+        )

@@ -59,12 +59,15 @@ FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
 GROUP = "OVERLAP_F_B"
 
 # [0-9], not \d: \d takes any script's digits (Arabic-Indic, Devanagari, ...), which int() reads.
-_ACTION = re.compile(r"([0-9]+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)")
+_ACTION = re.compile(
+    r"([0-9]+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)"
+)
 _IN_CSV_TERMS = "(device 0 is row 1; F1:4 is the action 1F4, BW1:4 is 1B4, B1:4 is 1I4)"
 """How lint's words for a plan read in a CSV's terms."""
 _DROPPED_SILENTLY = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}
-_HINT = ("actions look like 0F1 (stage 0, forward, micro-batch 1), 3I0, 3W0, 2B5 "
-         "or (0F7;7B3)OVERLAP_F_B")
+_HINT = (
+    "actions look like 0F1 (stage 0, forward, micro-batch 1), 3I0, 3W0, 2B5 or (0F7;7B3)OVERLAP_F_B"
+)
 
 
 def write_csv(plan: Plan) -> str:
@@ -77,8 +80,10 @@ def write_csv(plan: Plan) -> str:
         for slot in slots:
             for op in slot.ops:
                 if not 0 <= op.stage < len(home) or home[op.stage] != d:
-                    raise PlanError(f"{op} is scheduled on device {d}, which does not hold stage "
-                                    f"{op.stage}; the CSV cannot say so")
+                    raise PlanError(
+                        f"{op} is scheduled on device {d}, which does not hold stage "
+                        f"{op.stage}; the CSV cannot say so"
+                    )
         rows.append(",".join(_cell(slot) for slot in slots))
     return "\n".join(rows) + "\n"
 
@@ -89,24 +94,40 @@ def export_warnings(plan: Plan) -> list[Diagnostic]:
     recompute (W603, at where the plan states them)."""
     out = []
     if plan.header.zero:
-        out.append(Diagnostic("W603", f"'zero {plan.header.zero}' is dropped: the CSV has no place "
-                              "for ZeRO sharding", plan.header.spans.get("zero"),
-                              "set the sharding up in the training script instead"))
+        out.append(
+            Diagnostic(
+                "W603",
+                f"'zero {plan.header.zero}' is dropped: the CSV has no place for ZeRO sharding",
+                plan.header.spans.get("zero"),
+                "set the sharding up in the training script instead",
+            )
+        )
     out.extend(_mesh_warnings(plan.header))
     recompute = [(i, s) for i, s in enumerate(plan.stages) if s.recompute is not Recompute.NONE]
     if recompute:
         shown = ", ".join(f"stage {i}: {s.recompute}" for i, s in recompute)
-        out.append(Diagnostic("W603", f"the recompute section ({shown}) is dropped: the CSV has "
-                              "no place for it", recompute[0][1].recompute_span,
-                              "torch's pipeline keeps every activation unless the stage's module "
-                              "checkpoints itself"))
+        out.append(
+            Diagnostic(
+                "W603",
+                f"the recompute section ({shown}) is dropped: the CSV has no place for it",
+                recompute[0][1].recompute_span,
+                "torch's pipeline keeps every activation unless the stage's module "
+                "checkpoints itself",
+            )
+        )
     return out
 
 
 _MESH_DROPPED = {
-    "tp": ("tensor parallelism", "split each stage over its tp group in the training script "
-           "(torch.distributed.tensor.parallel)"),
-    "sequence_parallel": ("sequence parallelism", "set it up with the tp plan in the training script"),
+    "tp": (
+        "tensor parallelism",
+        "split each stage over its tp group in the training script "
+        "(torch.distributed.tensor.parallel)",
+    ),
+    "sequence_parallel": (
+        "sequence parallelism",
+        "set it up with the tp plan in the training script",
+    ),
     "gpus_per_node": ("the cluster's shape", "the launcher places the ranks on the nodes"),
 }
 """Header fields of the mesh the CSV cannot state: what each means, and where it goes instead."""
@@ -120,8 +141,14 @@ def _mesh_warnings(h: Header) -> list[Diagnostic]:
         if value == Header.model_fields[key].default:
             continue
         shown = str(value).lower()  # a bool as the plan writes it
-        out.append(Diagnostic("W603", f"'{key} {shown}' is dropped: the CSV has no place for {what}",
-                              h.spans.get(key), hint))
+        out.append(
+            Diagnostic(
+                "W603",
+                f"'{key} {shown}' is dropped: the CSV has no place for {what}",
+                h.spans.get(key),
+                hint,
+            )
+        )
     return out
 
 
@@ -135,8 +162,9 @@ def _torch(op: Op) -> str:
     return f"{op.stage}{TO_TORCH[op.kind]}{op.mb}"
 
 
-def read_csv(text: str, path: str = "<csv>",
-             name: str | None = None) -> tuple[Plan, list[Diagnostic]]:
+def read_csv(
+    text: str, path: str = "<csv>", name: str | None = None
+) -> tuple[Plan, list[Diagnostic]]:
     """The abstract plan a CSV states, and the warnings about it; raises PlanSyntaxError with
     every error found. The plan is named `name`, else after the file."""
     reader = _Reader()
@@ -146,13 +174,20 @@ def read_csv(text: str, path: str = "<csv>",
     if lines[-1] == "":
         lines.pop()
     if len(lines) > MAX_DEVICES:
-        reader.report("E607", f"{len(lines):,} rows, one device each: a plan has "
-                      f"{at_most(MAX_DEVICES, 'devices')}", Span(MAX_DEVICES + 1, 1, MAX_DEVICES + 1, 2))
+        reader.report(
+            "E607",
+            f"{len(lines):,} rows, one device each: a plan has {at_most(MAX_DEVICES, 'devices')}",
+            Span(MAX_DEVICES + 1, 1, MAX_DEVICES + 1, 2),
+        )
         raise PlanSyntaxError(reader.diags, path, text)
     rows = [reader.row(n + 1, line) for n, line in enumerate(lines)]
     if not any(rows):
-        reader.report("E606", "the file has no actions", None,
-                      "one row per rank, its actions separated by commas")
+        reader.report(
+            "E606",
+            "the file has no actions",
+            None,
+            "one row per rank, its actions separated by commas",
+        )
     plan = reader.plan(rows, name or PurePath(path).stem)
     if not reader.has_errors():
         reader.lint(plan)
@@ -197,9 +232,13 @@ class _Reader:
         span = Span(line, col, line, col + len(text))
         if text.startswith("("):
             close = text.find(")")
-            if close < 0 or text[close + 1:] != GROUP:
-                self.report("E601", f"{_shown(text)} is not an action", span,
-                            f"an overlap group is written (ACTION;ACTION){GROUP}")
+            if close < 0 or text[close + 1 :] != GROUP:
+                self.report(
+                    "E601",
+                    f"{_shown(text)} is not an action",
+                    span,
+                    f"an overlap group is written (ACTION;ACTION){GROUP}",
+                )
                 return None
             ops, start = [], col + 1
             for part in text[1:close].split(";"):
@@ -229,8 +268,12 @@ class _Reader:
         if kind not in FROM_TORCH:
             if not self.comms_dropped:
                 self.comms_dropped = True
-                self.report("W601", f"communication actions such as '{text}' are dropped", span,
-                            "octodsl derives the messages from the plan's dependencies")
+                self.report(
+                    "W601",
+                    f"communication actions such as '{text}' are dropped",
+                    span,
+                    "octodsl derives the messages from the plan's dependencies",
+                )
             return None
         if not mb:
             self.report("E602", f"'{text}' names no micro-batch", span, f"e.g. {text}0")
@@ -245,8 +288,9 @@ class _Reader:
         `span`), of which a plan has at most `count` (0..count - 1)."""
         col = span.col + m.start(group)
         at = Span(span.line, col, span.line, col + len(m.group(group)))
-        return whole_number(m.group(group), at, self.diags, code="E607", limit=count - 1,
-                            what=f"{what} number")
+        return whole_number(
+            m.group(group), at, self.diags, code="E607", limit=count - 1, what=f"{what} number"
+        )
 
     # -- the whole file ----------------------------------------------------------------------
 
@@ -258,35 +302,54 @@ class _Reader:
         microbatches = 1 + max((op.mb for _, op in ops), default=0)
         too_many = ops_beyond_limit(num_stages, microbatches)
         if too_many is not None:
-            self.report("E607", too_many, None, "the file names stages up to "
-                        f"{num_stages - 1} and micro-batches up to {microbatches - 1}")
+            self.report(
+                "E607",
+                too_many,
+                None,
+                "the file names stages up to "
+                f"{num_stages - 1} and micro-batches up to {microbatches - 1}",
+            )
         home = self.placement(ops, num_stages, check_missing=not self.has_errors())
         rows = self.split_mixed(rows)
         self.completeness(rows, num_stages, microbatches, check_missing=not self.has_errors())
-        placement = [DevicePlacement(d, tuple(s for s in range(num_stages) if home.get(s) == d))
-                     for d in range(len(rows))]
+        placement = [
+            DevicePlacement(d, tuple(s for s in range(num_stages) if home.get(s) == d))
+            for d in range(len(rows))
+        ]
         header = Header(name=name, devices=max(1, len(rows)), microbatches=microbatches)
         schedule = [[Slot(c.ops, c.span) for c in cells] for cells in rows]
-        return Plan(header, [Stage() for _ in range(num_stages)],
-                    [p for p in placement if p.stages], schedule)
+        return Plan(
+            header,
+            [Stage() for _ in range(num_stages)],
+            [p for p in placement if p.stages],
+            schedule,
+        )
 
-    def placement(self, ops: list[tuple[int, Op]], num_stages: int,
-                  check_missing: bool) -> dict[int, int]:
+    def placement(
+        self, ops: list[tuple[int, Op]], num_stages: int, check_missing: bool
+    ) -> dict[int, int]:
         home: dict[int, int] = {}
         first: dict[int, Op] = {}
         for d, op in ops:
             if op.stage not in home:
                 home[op.stage], first[op.stage] = d, op
             elif home[op.stage] != d:
-                self.report("E603", f"stage {op.stage} is on row {d + 1} and on row "
-                            f"{home[op.stage] + 1}", op.span,
-                            f"{_torch(first[op.stage])} runs it on row {home[op.stage] + 1}; "
-                            "a stage lives on one rank")
+                self.report(
+                    "E603",
+                    f"stage {op.stage} is on row {d + 1} and on row {home[op.stage] + 1}",
+                    op.span,
+                    f"{_torch(first[op.stage])} runs it on row {home[op.stage] + 1}; "
+                    "a stage lives on one rank",
+                )
         absent = [s for s in range(num_stages if check_missing else 0) if s not in home]
         if absent:
-            self.report("E605", f"stage{'s' * (len(absent) > 1)} {ranges_text(absent)} "
-                        f"appear{'s' * (len(absent) == 1)} in no row", None,
-                        f"the file has stages up to {num_stages - 1}")
+            self.report(
+                "E605",
+                f"stage{'s' * (len(absent) > 1)} {ranges_text(absent)} "
+                f"appear{'s' * (len(absent) == 1)} in no row",
+                None,
+                f"the file has stages up to {num_stages - 1}",
+            )
         return home
 
     def split_mixed(self, rows: list[list[_Cell]]) -> list[list[_Cell]]:
@@ -304,18 +367,31 @@ class _Reader:
             new: list[_Cell] = []
             for c in cells:
                 fused = [op for op in c.ops if op.kind is OpKind.BW and op.stage in mixed]
-                new.append(_Cell(tuple(Op(OpKind.B, op.stage, op.mb, op.span)
-                                       if op in fused else op for op in c.ops), c.span))
+                new.append(
+                    _Cell(
+                        tuple(
+                            Op(OpKind.B, op.stage, op.mb, op.span) if op in fused else op
+                            for op in c.ops
+                        ),
+                        c.span,
+                    )
+                )
                 new.extend(_Cell((Op(OpKind.W, op.stage, op.mb, op.span),), c.span) for op in fused)
             out.append(new)
-        self.report("W602", "stage" + ("s " if len(mixed) > 1 else " ")
-                    + ", ".join(map(str, sorted(mixed)))
-                    + " mix fused (B) and split (I, W) backwards; each fused one became B then W",
-                    None, "a .octo stage either splits every backward or fuses every one")
+        self.report(
+            "W602",
+            "stage"
+            + ("s " if len(mixed) > 1 else " ")
+            + ", ".join(map(str, sorted(mixed)))
+            + " mix fused (B) and split (I, W) backwards; each fused one became B then W",
+            None,
+            "a .octo stage either splits every backward or fuses every one",
+        )
         return out
 
-    def completeness(self, rows: list[list[_Cell]], num_stages: int, microbatches: int,
-                     check_missing: bool) -> None:
+    def completeness(
+        self, rows: list[list[_Cell]], num_stages: int, microbatches: int, check_missing: bool
+    ) -> None:
         seen: dict[tuple[OpKind, int, int], Op] = {}
         row_of: dict[int, int] = {}
         split: set[int] = set()
@@ -329,8 +405,12 @@ class _Reader:
                     if first is not None:
                         at = first.span
                         assert at is not None, "an op read from a CSV has its cell's span"
-                        self.report("E604", f"{_torch(op)} is given twice", op.span,
-                                    f"first at row {at.line}, column {at.col}")
+                        self.report(
+                            "E604",
+                            f"{_torch(op)} is given twice",
+                            op.span,
+                            f"first at row {at.line}, column {at.col}",
+                        )
                     else:
                         seen[op.key()] = op
         if not check_missing:
@@ -338,17 +418,29 @@ class _Reader:
         partial = self.absent_microbatches(seen, sorted(row_of), microbatches, row_of)
         for s in range(num_stages):
             need = (OpKind.F, OpKind.B, OpKind.W) if s in split else (OpKind.F, OpKind.BW)
-            missing = [_torch(Op(k, s, m)) for m in range(microbatches) for k in need
-                       if (k, s, m) not in seen and m not in partial.get(s, ())]
+            missing = [
+                _torch(Op(k, s, m))
+                for m in range(microbatches)
+                for k in need
+                if (k, s, m) not in seen and m not in partial.get(s, ())
+            ]
             if missing and s in row_of:
                 shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
-                self.report("E605", f"stage {s} lacks {len(missing)} action(s): {shown}",
-                            Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
-                            f"every stage needs a forward and a backward for each micro-batch "
-                            f"0..{microbatches - 1}")
+                self.report(
+                    "E605",
+                    f"stage {s} lacks {len(missing)} action(s): {shown}",
+                    Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
+                    f"every stage needs a forward and a backward for each micro-batch "
+                    f"0..{microbatches - 1}",
+                )
 
-    def absent_microbatches(self, seen: dict[tuple[OpKind, int, int], Op], stages: list[int],
-                            microbatches: int, row_of: dict[int, int]) -> dict[int, set[int]]:
+    def absent_microbatches(
+        self,
+        seen: dict[tuple[OpKind, int, int], Op],
+        stages: list[int],
+        microbatches: int,
+        row_of: dict[int, int],
+    ) -> dict[int, set[int]]:
         """Report the micro-batches that some stages have no action of at all, by micro-batch:
         a stray `1F4` in a file of micro-batches 0..3 appears only on stage 1, rather than
         making every other stage lack micro-batch 4. Returns, per stage, the micro-batches so
@@ -370,23 +462,34 @@ class _Reader:
                 reported[s].update(ms)
             mbs = f"micro-batch{'es' * (len(ms) > 1)} {ranges_text(ms)}"
             if not on:
-                self.report("E605", f"no action names {mbs}", None,
-                            f"micro-batches are numbered from 0 without gaps; the file names "
-                            f"micro-batches up to {microbatches - 1}")
+                self.report(
+                    "E605",
+                    f"no action names {mbs}",
+                    None,
+                    f"micro-batches are numbered from 0 without gaps; the file names "
+                    f"micro-batches up to {microbatches - 1}",
+                )
             elif not stray:
                 s = lacking[0]
-                self.report("E605", f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
-                            f"{'have' if len(lacking) > 1 else 'has'} no action of {mbs}",
-                            Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
-                            f"stage{'s' * (len(on) > 1)} {ranges_text(on)} "
-                            f"{'have' if len(on) > 1 else 'has'} {'them' if len(ms) > 1 else 'it'}")
+                self.report(
+                    "E605",
+                    f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
+                    f"{'have' if len(lacking) > 1 else 'has'} no action of {mbs}",
+                    Span(row_of[s] + 1, 1, row_of[s] + 1, 2),
+                    f"stage{'s' * (len(on) > 1)} {ranges_text(on)} "
+                    f"{'have' if len(on) > 1 else 'has'} {'them' if len(ms) > 1 else 'it'}",
+                )
             else:
-                self.report("E605", f"{mbs} appear{'s' * (len(ms) == 1)} only on "
-                            f"stage{'s' * (len(on) > 1)} {ranges_text(on)}", first[ms[0]].span,
-                            f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
-                            f"{'have' if len(lacking) > 1 else 'has'} none of "
-                            f"{'their' if len(ms) > 1 else 'its'} actions; every stage needs a "
-                            "forward and a backward for each micro-batch")
+                self.report(
+                    "E605",
+                    f"{mbs} appear{'s' * (len(ms) == 1)} only on "
+                    f"stage{'s' * (len(on) > 1)} {ranges_text(on)}",
+                    first[ms[0]].span,
+                    f"stage{'s' * (len(lacking) > 1)} {ranges_text(lacking)} "
+                    f"{'have' if len(lacking) > 1 else 'has'} none of "
+                    f"{'their' if len(ms) > 1 else 'its'} actions; every stage needs a "
+                    "forward and a backward for each micro-batch",
+                )
         return reported
 
     def lint(self, plan: Plan) -> None:

@@ -9,8 +9,15 @@ from .errors import Diagnostic, PlanSyntaxError, Severity
 from .lower import lower
 from .parser import parse_syntax
 
-__all__ = ["Diagnostic", "PlanSyntaxError", "Severity", "analyze", "load_plan", "parse_plan",
-           "parse_syntax"]
+__all__ = [
+    "Diagnostic",
+    "PlanSyntaxError",
+    "Severity",
+    "analyze",
+    "load_plan",
+    "parse_plan",
+    "parse_syntax",
+]
 
 
 def analyze(source: str, path: str = "<string>") -> tuple[Plan | None, list[Diagnostic]]:

@@ -18,8 +18,15 @@ _PAREN_OR_SKIPPED = re.compile(r'"[^"\n]*"|#[^\n]*|[()]')
 """A parenthesis, or a string or comment (whose parentheses do not count)."""
 
 
-def whole_number(digits: str, span: Span | None, diags: list[Diagnostic], *, code: str = "E104",
-                 limit: int = MAX_INT, what: str = "a number") -> int | None:
+def whole_number(
+    digits: str,
+    span: Span | None,
+    diags: list[Diagnostic],
+    *,
+    code: str = "E104",
+    limit: int = MAX_INT,
+    what: str = "a number",
+) -> int | None:
     """The value of a run of ASCII digits, or None after a diagnostic when it is above `limit`
     (never above MAX_INT: Python refuses int() of a 5000-digit string, and is slow well below)."""
     if len(digits.lstrip("0")) <= len(str(limit)) and int(digits) <= limit:
@@ -35,8 +42,10 @@ def ops_beyond_limit(stages: int, microbatches: int) -> str | None:
     needed = 2 * stages * microbatches
     if needed <= MAX_OPS:
         return None
-    return (f"{stages:,} stages and {microbatches:,} micro-batches need {needed:,} ops or more: "
-            f"a plan has {at_most(MAX_OPS, 'ops')}")
+    return (
+        f"{stages:,} stages and {microbatches:,} micro-batches need {needed:,} ops or more: "
+        f"a plan has {at_most(MAX_OPS, 'ops')}"
+    )
 
 
 def nesting(tree: Tree) -> list[Diagnostic]:
@@ -49,14 +58,25 @@ def nesting(tree: Tree) -> list[Diagnostic]:
         if t.data == "loop":
             loops += 1
             if loops > MAX_NESTING:
-                diags.append(Diagnostic("E105", f"loops nested {loops} deep: loops nest "
-                                        + at_most(MAX_NESTING, "deep"), _head_span(t)))
+                diags.append(
+                    Diagnostic(
+                        "E105",
+                        f"loops nested {loops} deep: loops nest " + at_most(MAX_NESTING, "deep"),
+                        _head_span(t),
+                    )
+                )
                 continue  # one report for the whole nest
         if t.data in _BINOPS:
             count = _operators(t)
             if count > MAX_NESTING:
-                diags.append(Diagnostic("E105", f"an expression of {count} operators: an expression "
-                                        "has " + at_most(MAX_NESTING, "operators"), meta_span(t.meta)))
+                diags.append(
+                    Diagnostic(
+                        "E105",
+                        f"an expression of {count} operators: an expression "
+                        "has " + at_most(MAX_NESTING, "operators"),
+                        meta_span(t.meta),
+                    )
+                )
             continue  # an expression holds no loops
         stack.extend((c, loops) for c in t.children if isinstance(c, Tree))
     return diags
@@ -69,8 +89,14 @@ def parentheses(source: str) -> list[Diagnostic]:
         if m.group(0) == "(":
             depth += 1
             if depth > MAX_NESTING:
-                return [Diagnostic("E105", f"parentheses nested {depth} deep: parentheses nest "
-                                   + at_most(MAX_NESTING, "deep"), offset_span(source, m.start()))]
+                return [
+                    Diagnostic(
+                        "E105",
+                        f"parentheses nested {depth} deep: parentheses nest "
+                        + at_most(MAX_NESTING, "deep"),
+                        offset_span(source, m.start()),
+                    )
+                ]
         elif m.group(0) == ")":
             depth = max(0, depth - 1)
     return []

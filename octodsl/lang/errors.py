@@ -1,9 +1,9 @@
 """Diagnostics: one type for every problem found in a plan or an input file, printed as
 
-    FILE:LINE:COL: error[CODE]: message
-      LINE | source text
-           |     ^^^^
-      hint: ...
+FILE:LINE:COL: error[CODE]: message
+  LINE | source text
+       |     ^^^^
+  hint: ...
 """
 
 from __future__ import annotations
@@ -60,8 +60,13 @@ class Diagnostic:
             out.append(f"  hint: {self.hint}")
         if self.more:
             lo, hi = self.more_lines
-            where = (" on this line" if s and lo == hi == s.line else f" at line {lo}" if lo == hi
-                     else f" at lines {lo}..{hi}")
+            where = (
+                " on this line"
+                if s and lo == hi == s.line
+                else f" at line {lo}"
+                if lo == hi
+                else f" at lines {lo}..{hi}"
+            )
             out.append(f"  and {self.more:,} more like this{where}")
         return "\n".join(out)
 
@@ -90,8 +95,9 @@ def capped(diags: list[Diagnostic]) -> list[Diagnostic]:
         i = last[d.code, line] if (d.code, line) in last else last[d.code]
         kept = shown[i]
         lo, hi = kept.more_lines if kept.more else (line, line)
-        shown[i] = dataclasses.replace(kept, more=kept.more + d.count,
-                                       more_lines=(min(lo, line), max(hi, line)))
+        shown[i] = dataclasses.replace(
+            kept, more=kept.more + d.count, more_lines=(min(lo, line), max(hi, line))
+        )
     return shown
 
 

@@ -20,7 +20,8 @@ from ..plan import Span
 from ..units import parse_size
 from . import syntax as ast
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<op>(BW|F|B|W)([0-9]+):([0-9]+)(?:\.\.([0-9]+))?(?![0-9A-Za-z_+*-]|\.[0-9]))
   | (?P<ws>[ \t\f\r\n]+)
   | (?P<comment>\#[^\n]*)
@@ -30,7 +31,9 @@ _TOKEN = re.compile(r"""
   | (?P<name>[a-z_][a-z0-9_]*)
   | (?P<opkind>BW|F|B|W)
   | (?P<punct>\.\.|[{}():,&+*-])
-""", re.X)
+""",
+    re.X,
+)
 """The grammar's terminals (grammar/octo.lark), keywords read as names, and an op of numbers
 written without spaces, `F3:5` or `F3:0..7` (most ops of a large plan), as one token. Where lark's contextual
 lexer would read a text otherwise (a keyword where a name may stand, a size where only a
@@ -69,11 +72,30 @@ def _tokens(source: str) -> list[_Tok]:
             continue
         if kind == "op":
             col = m.start() - line_start + 1
-            append(("OP", text, line, col, m.group(2), m.group(3), m.start(4) - m.start() + col,
-                    m.group(4), m.group(5), m.start(5) - m.start() + col))
+            append(
+                (
+                    "OP",
+                    text,
+                    line,
+                    col,
+                    m.group(2),
+                    m.group(3),
+                    m.start(4) - m.start() + col,
+                    m.group(4),
+                    m.group(5),
+                    m.start(5) - m.start() + col,
+                )
+            )
             continue
         assert kind is not None
-        append((text if kind in ("punct", "name") else kind.upper(), text, line, m.start() - line_start + 1))
+        append(
+            (
+                text if kind in ("punct", "name") else kind.upper(),
+                text,
+                line,
+                m.start() - line_start + 1,
+            )
+        )
     if pos != len(source):
         raise _GiveUp
     return out
@@ -145,7 +167,7 @@ class _Parser:
         if kind == "INT":
             value = _number(text)
         elif kind == "SIZE":
-            _number(text[:len(text) - len(text.lstrip("0123456789"))])
+            _number(text[: len(text) - len(text.lstrip("0123456789"))])
             value = parse_size(text)
         elif kind == "STRING":
             value = text[1:-1]
@@ -304,9 +326,18 @@ class _Parser:
         self.i += 1
         stage_col = col + len(kind)
         mb_item = ast.Num(_number(mb), Span(line, mb_col, line, mb_col + len(mb)))
-        last_item = None if last is None else ast.Num(_number(last), Span(line, last_col, line, last_col + len(last)))
-        return ast.OpItem(kind, ast.Num(_number(stage), Span(line, stage_col, line, stage_col + len(stage))),
-                          mb_item, last_item, Span(line, col, line, col + len(text)))
+        last_item = (
+            None
+            if last is None
+            else ast.Num(_number(last), Span(line, last_col, line, last_col + len(last)))
+        )
+        return ast.OpItem(
+            kind,
+            ast.Num(_number(stage), Span(line, stage_col, line, stage_col + len(stage))),
+            mb_item,
+            last_item,
+            Span(line, col, line, col + len(text)),
+        )
 
     # -- expressions: (the expression, its last token: a `)` that closes it counts) ------------
 

@@ -54,7 +54,9 @@ class _Writer:
     def flush(self, before: tuple[int, int] | None, depth: int) -> None:
         """Write the comments that come before source position `before` (all when None): on the
         last output line when they sat on its source line, else on lines of their own."""
-        while self.pending and (before is None or (self.pending[0].span.line, self.pending[0].span.col) < before):
+        while self.pending and (
+            before is None or (self.pending[0].span.line, self.pending[0].span.col) < before
+        ):
             c = self.pending.pop(0)
             if self.trailable and c.span.line == self.last_line:
                 self.lines[-1] += "  " + c.text
@@ -148,7 +150,11 @@ def _items(out: _Writer, items: list[ast.Item], depth: int) -> None:
     for item in items:
         if isinstance(item, ast.Loop) and item.span.end_line > item.span.line:
             emit()
-            out.open(f"for {item.var} in {expr_text(item.first)}..{expr_text(item.last)}", depth, item.span)
+            out.open(
+                f"for {item.var} in {expr_text(item.first)}..{expr_text(item.last)}",
+                depth,
+                item.span,
+            )
             _items(out, item.body, depth + 1)
             out.close(depth, item.span)
         else:
@@ -162,7 +168,9 @@ def _items(out: _Writer, items: list[ast.Item], depth: int) -> None:
 
 def _inline(item: ast.Item) -> str:
     if isinstance(item, ast.OpItem):
-        mb = expr_text(item.mb) + (f"..{expr_text(item.mb_last)}" if item.mb_last is not None else "")
+        mb = expr_text(item.mb) + (
+            f"..{expr_text(item.mb_last)}" if item.mb_last is not None else ""
+        )
         stage = expr_text(item.stage)
         if not isinstance(item.stage, (ast.Num, ast.Var)):
             stage = f"({stage})"
@@ -186,7 +194,9 @@ def expr_text(e: ast.Expr) -> str:
     left, right = expr_text(e.left), expr_text(e.right)
     if isinstance(e.left, ast.BinOp) and _PREC[e.left.op] < p:
         left = f"({left})"
-    if isinstance(e.right, ast.BinOp) and (_PREC[e.right.op] < p or (_PREC[e.right.op] == p and e.op == "-")):
+    if isinstance(e.right, ast.BinOp) and (
+        _PREC[e.right.op] < p or (_PREC[e.right.op] == p and e.op == "-")
+    ):
         right = f"({right})"
     return f"{left}{e.op}{right}"
 
@@ -197,7 +207,9 @@ def _expand(file: ast.File, plan: Plan) -> ast.File:
     sections = []
     for sec in file.sections:
         if isinstance(sec, ast.ScheduleBlock):
-            sec = replace(sec, devices=[replace(b, items=_explicit_items(plan, b)) for b in sec.devices])
+            sec = replace(
+                sec, devices=[replace(b, items=_explicit_items(plan, b)) for b in sec.devices]
+            )
         sections.append(sec)
     return replace(file, sections=sections)
 

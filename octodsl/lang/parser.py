@@ -30,8 +30,10 @@ blanked)."""
 _STRING_OR_COMMENT = re.compile(r'"[^"\n]*"|#[^\n]*')
 _NUMBER_LIKE = re.compile(r"[0-9A-Za-z_]+(?:\.[0-9A-Za-z_]+)*")
 """What a malformed number such as `1e8`, `1.5` or `80Gib` runs to (the lexer stops at it)."""
-_NUMBER_HINT = ("a number is written in decimal digits only, such as 100000000; a size is a "
-                "number and a unit, such as 80GiB or 1.5TB")
+_NUMBER_HINT = (
+    "a number is written in decimal digits only, such as 100000000; a size is a "
+    "number and a unit, such as 80GiB or 1.5TB"
+)
 _SIGN_HINT = "devices, stages and micro-batches are numbered from 0"
 
 # How each terminal is named in "expected ..." messages; string terminals print as 'literal'.
@@ -40,7 +42,7 @@ _WORDS = {
     "NAME": "a name",
     "INT": "a number",
     "SIZE": "a size such as 80GiB",
-    "STRING": 'a quoted string',
+    "STRING": "a quoted string",
     "$END": "end of file",
 }
 # The order expected alternatives are listed in.
@@ -77,7 +79,9 @@ def _token_span(tok: Token) -> Span:
     # A token the lexer made has its position; only the parser's repairs make tokens without
     # one, and those reach neither a tree that is transformed nor an error's token.
     assert tok.line is not None and tok.column is not None, f"token {tok!r} has no position"
-    return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + len(tok))
+    return Span(
+        tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + len(tok)
+    )
 
 
 def _lex_pos(e: UnexpectedCharacters) -> int:
@@ -107,7 +111,9 @@ def _header_range(e: UnexpectedToken) -> str | None:
     """What the header field whose value `e` stopped at may be ("'dp' is at least 1"), if that
     is where it stopped: after a field's name, where a string may stand too."""
     prev = e.token_history[-1] if e.token_history else None
-    field = Header.model_fields.get(prev.value) if prev is not None and prev.type == "NAME" else None
+    field = (
+        Header.model_fields.get(prev.value) if prev is not None and prev.type == "NAME" else None
+    )
     if prev is None or field is None or "STRING" not in e.expected:
         return None
     bound = {k: getattr(m, k) for m in field.metadata for k in ("ge", "le") if hasattr(m, k)}
@@ -137,8 +143,12 @@ def _plain_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
         start = _token_span(e.token)
         span = Span(start.line, start.col, start.line, start.col + len(negative))
         what = _header_range(e)
-        return Diagnostic("E103", f"'{negative}' is not a number: a plan's numbers have no sign",
-                          span, hint=what or _SIGN_HINT)
+        return Diagnostic(
+            "E103",
+            f"'{negative}' is not a number: a plan's numbers have no sign",
+            span,
+            hint=what or _SIGN_HINT,
+        )
     if isinstance(e, UnexpectedCharacters):
         pos = _lex_pos(e)
         ch = source[pos] if pos < len(source) else ""
@@ -152,22 +162,33 @@ def _plain_diagnostic(e: UnexpectedInput, source: str) -> Diagnostic:
         if tok.type == "$END":
             return Diagnostic("E102", f"unexpected end of file; expected {exp}", _end_span(source))
         shown = _terminal_words().get(tok.type, tok.type)
-        what = f"'{tok.value}'" if shown.startswith("'") or tok.type in ("NAME", "INT", "OPKIND") else shown
+        what = (
+            f"'{tok.value}'"
+            if shown.startswith("'") or tok.type in ("NAME", "INT", "OPKIND")
+            else shown
+        )
         return Diagnostic("E101", f"unexpected {what}; expected {exp}", _token_span(tok))
     if isinstance(e, UnexpectedEOF):
         return Diagnostic("E102", "unexpected end of file", _end_span(source))
     return Diagnostic("E101", str(e).splitlines()[0], None)
 
 
-_PLACEMENT_HINT = ("a placement entry names the device first, then its stages: "
-                   "'device 0: stages 0, 7' (or 'placement loop')")
+_PLACEMENT_HINT = (
+    "a placement entry names the device first, then its stages: "
+    "'device 0: stages 0, 7' (or 'placement loop')"
+)
 _PARTITION_COUNT_HINT = "a partition of N stages without layers is written 'stages {n}'"
-_STAGES_BLOCK_HINT = ("'stages N' counts stages; stages of named layers are written "
-                      "partition { stage 0: layers 0..13 ... }")
-_BACKWARD_HINT = ("a fused backward is one op, BW2:5; a split one is two, B2:5 (input gradient) "
-                  "then W2:5 (weight gradient)")
-_CSV_HINT = ("PyTorch's I (input backward) is B here and its B (full backward) is BW; "
-             "ops are F, B, W or BW")
+_STAGES_BLOCK_HINT = (
+    "'stages N' counts stages; stages of named layers are written "
+    "partition { stage 0: layers 0..13 ... }"
+)
+_BACKWARD_HINT = (
+    "a fused backward is one op, BW2:5; a split one is two, B2:5 (input gradient) "
+    "then W2:5 (weight gradient)"
+)
+_CSV_HINT = (
+    "PyTorch's I (input backward) is B here and its B (full backward) is BW; ops are F, B, W or BW"
+)
 
 
 def _did_you_mean(e: UnexpectedInput, source: str) -> str | None:
@@ -189,14 +210,20 @@ def _did_you_mean(e: UnexpectedInput, source: str) -> str | None:
         return _STAGES_BLOCK_HINT
     if before == "OPKIND" and tok.type == "OPKIND":
         return _BACKWARD_HINT
-    if tok.type == "NAME" and "OPKIND" in e.expected and re.fullmatch(r"(bw|wb|[fbw])[0-9]+", tok.value):
+    if (
+        tok.type == "NAME"
+        and "OPKIND" in e.expected
+        and re.fullmatch(r"(bw|wb|[fbw])[0-9]+", tok.value)
+    ):
         return "ops are written in capitals: " + _BACKWARD_HINT
     return None
 
 
 def _end_span(source: str) -> Span:
     """Just after the last character that is not whitespace or a comment."""
-    code = _STRING_OR_COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", source)
+    code = _STRING_OR_COMMENT.sub(
+        lambda m: m.group(0) if m.group(0).startswith('"') else "", source
+    )
     end = len(code.rstrip())
     line = source.count("\n", 0, end) + 1
     col = end - (source.rfind("\n", 0, end) + 1) + 1
@@ -246,9 +273,13 @@ def parse_syntax(source: str, path: str = "<string>") -> ast.File:
 
 def _with_layout(file: ast.File, source: str) -> ast.File:
     """`file` with the comments (which the grammar ignores) and blank lines of its source, for fmt."""
-    file.comments = [ast.Comment(m.group(0).rstrip(), Span(line, col, line, col + len(m.group(0))))
-                     for m, line, col in comment_positions(source)]
-    file.blank_lines = frozenset(i for i, text in enumerate(source_lines(source), 1) if not text.strip())
+    file.comments = [
+        ast.Comment(m.group(0).rstrip(), Span(line, col, line, col + len(m.group(0))))
+        for m, line, col in comment_positions(source)
+    ]
+    file.blank_lines = frozenset(
+        i for i, text in enumerate(source_lines(source), 1) if not text.strip()
+    )
     return file
 
 
@@ -261,7 +292,9 @@ def _error_offset(e: UnexpectedInput, text: str) -> int | None:
     return None
 
 
-_SECTION_START = re.compile(r"^[ \t]*(?:partition|placement|recompute|schedule|stages|plan)\b", re.M)
+_SECTION_START = re.compile(
+    r"^[ \t]*(?:partition|placement|recompute|schedule|stages|plan)\b", re.M
+)
 
 
 def _skip_block(text: str, at: int) -> str:
@@ -285,7 +318,9 @@ def _skip_block(text: str, at: int) -> str:
             lo, hi = inner[-1] + 1, len(text)
         else:
             lo = text.rfind("\n", 0, at) + 1
-            nxt = _SECTION_START.search(text, text.find("\n", at) + 1 if "\n" in text[at:] else len(text))
+            nxt = _SECTION_START.search(
+                text, text.find("\n", at) + 1 if "\n" in text[at:] else len(text)
+            )
             hi = nxt.start() if nxt else len(text)
     assert hi is not None
     return text[:lo] + re.sub(r"[^\n]", " ", text[lo:hi]) + text[hi:]
@@ -309,9 +344,11 @@ def comment_positions(source: str) -> Iterator[tuple[re.Match, int, int]]:
 
 def _binop(op: str):
     """The _ToAst method for the binary operator `op`."""
+
     def method(self, meta, children):
         left, right = children
         return ast.BinOp(op, left, right, bounds.meta_span(meta))
+
     return method
 
 
@@ -398,7 +435,9 @@ class _ToAst(Transformer_NonRecursive):
 
     def recompute_entry(self, meta, children):
         stage, mode = children
-        return ast.RecomputeEntry(self._int(stage), mode.value, bounds.meta_span(meta), _token_span(mode))
+        return ast.RecomputeEntry(
+            self._int(stage), mode.value, bounds.meta_span(meta), _token_span(mode)
+        )
 
     # schedule
     def schedule(self, meta, children):

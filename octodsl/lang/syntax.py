@@ -19,6 +19,7 @@ class Comment:
 
 # -- expressions (stage and micro-batch indices) ---------------------------------------------
 
+
 @dataclass(slots=True)
 class Num:
     value: int
@@ -45,6 +46,7 @@ Expr = Num | Var | BinOp
 
 # -- header ------------------------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class HeaderEntry:
     key: str
@@ -65,6 +67,7 @@ class PlanBlock:
 
 
 # -- partition ---------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class StageDecl:
@@ -96,6 +99,7 @@ class PartitionAbstract:
 
 # -- placement ---------------------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class DevicePlace:
     device: int
@@ -117,6 +121,7 @@ class PlacementNamed:
 
 # -- recompute ---------------------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class RecomputeEntry:
     """`stage N: MODE` as written; the mode is checked when lowered."""
@@ -134,6 +139,7 @@ class RecomputeBlock:
 
 
 # -- schedule ----------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class OpItem:
@@ -176,8 +182,15 @@ class ScheduleBlock:
     span: Span
 
 
-Section = (PartitionLayers | PartitionPattern | PartitionAbstract | PlacementExplicit
-           | PlacementNamed | RecomputeBlock | ScheduleBlock)
+Section = (
+    PartitionLayers
+    | PartitionPattern
+    | PartitionAbstract
+    | PlacementExplicit
+    | PlacementNamed
+    | RecomputeBlock
+    | ScheduleBlock
+)
 
 
 @dataclass(slots=True)

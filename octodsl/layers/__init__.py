@@ -24,8 +24,25 @@ from .mlp import MLP
 from .moe import MoE, aux_loss_scale, set_aux_loss_scale
 
 __all__ = [
-    "TORCH_DTYPES", "Attention", "Embedding", "GatedDeltaNet", "LayerFactory", "LMHead", "Mamba1", "Mamba2", "MLP",
-    "MoE", "TiedEmbeddingHead", "TiedHead", "aux_loss_scale", "build_layers", "layer_factories",
-    "lm_loss", "pipeline_specs", "selective_scan", "set_aux_loss_scale", "ssd_scan",
+    "TORCH_DTYPES",
+    "Attention",
+    "Embedding",
+    "GatedDeltaNet",
+    "LayerFactory",
+    "LMHead",
+    "Mamba1",
+    "Mamba2",
+    "MLP",
+    "MoE",
+    "TiedEmbeddingHead",
+    "TiedHead",
+    "aux_loss_scale",
+    "build_layers",
+    "layer_factories",
+    "lm_loss",
+    "pipeline_specs",
+    "selective_scan",
+    "set_aux_loss_scale",
+    "ssd_scan",
     "tied_head_forward",
 ]

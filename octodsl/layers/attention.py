@@ -73,14 +73,22 @@ class Attention(nn.Module):
         kv = slice(self.kv_head * d, (self.kv_head + self.cfg.kv_heads) * d)
         if self.sharers > 1:  # the replicated KV head's projection apart
             self.kv = nn.utils.skip_init(nn.Linear, self.qkv.in_features, 2 * d, bias=False)
-            self.kv.weight = nn.Parameter(tpl.keep_parts(
-                self.qkv.weight.detach(), 0, [(full.q_out, slice(0, 0)), (kvw, kv), (kvw, kv)]
-            ).clone())
+            self.kv.weight = nn.Parameter(
+                tpl.keep_parts(
+                    self.qkv.weight.detach(), 0, [(full.q_out, slice(0, 0)), (kvw, kv), (kvw, kv)]
+                ).clone()
+            )
             if tp.rank % self.sharers == 0:
                 tpl.mark_shard(self.kv.weight, 0)
             kv = slice(0, 0)
-        tpl.shard_param(self.qkv, "weight", 0, tp, [*q_parts, kvw, kvw],
-                        [tp.shard(n) for n in q_parts] + [kv, kv])
+        tpl.shard_param(
+            self.qkv,
+            "weight",
+            0,
+            tp,
+            [*q_parts, kvw, kvw],
+            [tp.shard(n) for n in q_parts] + [kv, kv],
+        )
         self.qkv.out_features = self.qkv.weight.shape[0]
         tpl.row_parallel(self.out, tp)
 
@@ -95,8 +103,9 @@ class Attention(nn.Module):
             q = self.qkv(h)
             # the input gradient from the first sharer only; the weight gradient summed
             first = float(tp.rank % self.sharers == 0)
-            k, v = tpl.copy_shared(self.kv(tpl.scale_grad(h, first)), tp, self.kv_head,
-                                   self.kv_heads).split([kv, kv], dim=-1)
+            k, v = tpl.copy_shared(
+                self.kv(tpl.scale_grad(h, first)), tp, self.kv_head, self.kv_heads
+            ).split([kv, kv], dim=-1)
         if c.output_gate:
             q, gate = q.chunk(2, dim=-1)
         q = q.view(b, s, c.heads, c.head_dim).transpose(1, 2)

@@ -22,7 +22,11 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 """Spec dtype name -> torch dtype."""
 
 _BLOCKS: dict[str, type[nn.Module]] = {
-    "attention": Attention, "mlp": MLP, "moe": MoE, "mamba2": Mamba2, "mamba1": Mamba1,
+    "attention": Attention,
+    "mlp": MLP,
+    "moe": MoE,
+    "mamba2": Mamba2,
+    "mamba1": Mamba1,
     "gated_deltanet": GatedDeltaNet,
 }
 
@@ -45,23 +49,36 @@ def layer_factories(spec: ModelSpec) -> list[LayerFactory]:
     """One factory per layer of the spec, in order. Raises NotImplementedError for layer kinds
     that have no torch implementation, and for dropout (a cost-model setting only)."""
     if spec.dropout:
-        raise NotImplementedError(f"{spec.name} has dropout {spec.dropout:g}: octodsl's torch "
-                                  "layers train without dropout (the analytical model costs it)")
+        raise NotImplementedError(
+            f"{spec.name} has dropout {spec.dropout:g}: octodsl's torch "
+            "layers train without dropout (the analytical model costs it)"
+        )
     out = []
     for layer in spec.layers:
         if layer.kind == "embedding":
-            out.append(LayerFactory(TiedEmbeddingHead, (spec.vocab, spec.hidden, spec.norm_eps), "embed")
-                       if spec.tie_embeddings else LayerFactory(Embedding, (spec.vocab, spec.hidden)))
+            out.append(
+                LayerFactory(TiedEmbeddingHead, (spec.vocab, spec.hidden, spec.norm_eps), "embed")
+                if spec.tie_embeddings
+                else LayerFactory(Embedding, (spec.vocab, spec.hidden))
+            )
         elif layer.kind == "lm_head_loss":
-            out.append(LayerFactory(TiedEmbeddingHead, (spec.vocab, spec.hidden, spec.norm_eps),
-                                    "embed", tied_head_forward)
-                       if spec.tie_embeddings else
-                       LayerFactory(LMHead, (spec.vocab, spec.hidden, spec.norm_eps)))
+            out.append(
+                LayerFactory(
+                    TiedEmbeddingHead,
+                    (spec.vocab, spec.hidden, spec.norm_eps),
+                    "embed",
+                    tied_head_forward,
+                )
+                if spec.tie_embeddings
+                else LayerFactory(LMHead, (spec.vocab, spec.hidden, spec.norm_eps))
+            )
         elif layer.kind in _BLOCKS:
             out.append(LayerFactory(_BLOCKS[layer.kind], (layer, spec.hidden, spec.norm_eps)))
         else:
-            raise NotImplementedError(f"{spec.name}: {layer.kind} layers have no torch "
-                                      "implementation; they are costed analytically only")
+            raise NotImplementedError(
+                f"{spec.name}: {layer.kind} layers have no torch "
+                "implementation; they are costed analytically only"
+            )
     return out
 
 
@@ -83,8 +100,12 @@ class TiedHead(nn.Module):
         return tied_head_forward(self.shared, x)
 
 
-def build_layers(spec: ModelSpec, device: torch.device | str | None = None,
-                 seed: int | None = None, layers: range | None = None) -> list[nn.Module]:
+def build_layers(
+    spec: ModelSpec,
+    device: torch.device | str | None = None,
+    seed: int | None = None,
+    layers: range | None = None,
+) -> list[nn.Module]:
     """Build the spec's layers (all, or the indices in `layers`) in the spec's dtype.
 
     With a seed, layer i is initialised from `seed + i` alone, so a pipeline stage builds the
@@ -118,8 +139,10 @@ def pipeline_specs(spec: ModelSpec) -> list:
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
     return [
-        TiedLayerSpec(f.tie_key, f.module, *f.args, forward_fn=f.forward_fn,
-                      tied_weight_attr=["weight"])
-        if f.tie_key is not None else LayerSpec(f.module, *f.args)
+        TiedLayerSpec(
+            f.tie_key, f.module, *f.args, forward_fn=f.forward_fn, tied_weight_attr=["weight"]
+        )
+        if f.tie_key is not None
+        else LayerSpec(f.module, *f.args)
         for f in layer_factories(spec)
     ]

@@ -48,8 +48,8 @@ class VocabShard:
         if self.tp.size == 1:
             return nn.Parameter(full)
         rows = torch.zeros(self.rows, hidden)
-        real = full[self.first:min(self.first + self.rows, self.vocab)]
-        rows[:len(real)] = real
+        real = full[self.first : min(self.first + self.rows, self.vocab)]
+        rows[: len(real)] = real
         p = nn.Parameter(rows)
         tpl.mark_shard(p, 0)
         return p
@@ -80,7 +80,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, shard: VocabShard):
         group = shard.tp.group
-        padding = torch.arange(shard.first, shard.first + shard.rows, device=logits.device) >= shard.vocab
+        padding = (
+            torch.arange(shard.first, shard.first + shard.rows, device=logits.device) >= shard.vocab
+        )
         logits = logits.masked_fill(padding, float("-inf"))
         top = logits.max(dim=-1).values
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
@@ -110,7 +112,9 @@ def _embed(shard: VocabShard, weight: torch.Tensor, ids: torch.Tensor) -> torch.
     return tpl.leave(partial, shard.tp)
 
 
-def _logits(shard: VocabShard, norm: nn.RMSNorm, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _logits(
+    shard: VocabShard, norm: nn.RMSNorm, weight: torch.Tensor, x: torch.Tensor
+) -> torch.Tensor:
     logits = F.linear(tpl.enter(recomputable(norm, x), shard.tp), weight)
     if shard.tp.size > 1:
         logits.vocab_shard = shard  # type: ignore[attr-defined]  # for lm_loss

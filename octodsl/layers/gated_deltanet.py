@@ -36,8 +36,9 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2_EPS)
 
 
-def chunk_recurrence(U: torch.Tensor, W: torch.Tensor, k_dec: torch.Tensor,
-                     chunk_decay: torch.Tensor) -> torch.Tensor:
+def chunk_recurrence(
+    U: torch.Tensor, W: torch.Tensor, k_dec: torch.Tensor, chunk_decay: torch.Tensor
+) -> torch.Tensor:
     """The state entering each chunk [b, heads, chunks, key_dim, value_dim]: with S the state
     entering chunk i, the chunk's corrected values are U_i - W_i S, and the state leaving it is
     exp(g summed over the chunk) S + k_dec_i^T (U_i - W_i S)."""
@@ -51,8 +52,14 @@ def chunk_recurrence(U: torch.Tensor, W: torch.Tensor, k_dec: torch.Tensor,
     return torch.stack(states, dim=2)
 
 
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                     beta: torch.Tensor, chunk: int) -> torch.Tensor:
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
     """o of the gated delta rule (module docstring) from a zero state.
 
     q, k [b, s, key_heads, key_head_dim] (as used: normalised and scaled by the caller),
@@ -80,8 +87,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     # as token i reads them. So d = U - W S with U, W one unit-triangular solve each.
     A = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1)
     U = torch.linalg.solve_triangular(A, v * beta, upper=False, unitriangular=True)
-    W = torch.linalg.solve_triangular(A, k_beta * torch.exp(g_cum)[..., None], upper=False,
-                                      unitriangular=True)
+    W = torch.linalg.solve_triangular(
+        A, k_beta * torch.exp(g_cum)[..., None], upper=False, unitriangular=True
+    )
     g_last = g_cum[..., -1:]
     k_dec = k * torch.exp(g_last - g_cum)[..., None]
     # selective recompute drops the chunk states and runs the state passing again
@@ -133,11 +141,12 @@ class GatedDeltaNet(nn.Module):
         qkv = recomputable(conv_silu, self.conv, qkv)  # selective recompute drops the conv output
         st = wide_dtype(x.dtype)
         q, k, v = (t.to(st) for t in qkv.split([kd, kd, vd], -1))
-        q = l2norm(q.view(b, s, c.key_heads, c.key_head_dim)) * c.key_head_dim ** -0.5
+        q = l2norm(q.view(b, s, c.key_heads, c.key_head_dim)) * c.key_head_dim**-0.5
         k = l2norm(k.view(b, s, c.key_heads, c.key_head_dim))
         g = -torch.exp(self.A_log.to(st)) * F.softplus(a.to(st) + self.dt_bias.to(st))
-        y = gated_delta_rule(q, k, v.view(b, s, vh, c.value_head_dim), g,
-                             torch.sigmoid(beta_logit.to(st)), c.chunk)
+        y = gated_delta_rule(
+            q, k, v.view(b, s, vh, c.value_head_dim), g, torch.sigmoid(beta_logit.to(st)), c.chunk
+        )
         # RMSNorm per value head (before the gate, as transformers' Qwen3NextRMSNormGated)
         y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + self.eps) * self.out_norm.to(st)
         y = y * F.silu(z.to(st).view(b, s, vh, c.value_head_dim))

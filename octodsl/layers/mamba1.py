@@ -35,8 +35,9 @@ past e^88). A step that decays by e^-10 already erases the state to 5e-5, so the
 in practice."""
 
 
-def selective_scan(u: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                   C: torch.Tensor) -> torch.Tensor:
+def selective_scan(
+    u: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor
+) -> torch.Tensor:
     """y [b, s, d] of the selective SSM for u and dt [b, s, d], A [d, state] (negative), B and C
     [b, s, state]. The sequence is zero-padded to a multiple of SCAN_CHUNK (dt = 0 there)."""
     b, s, d = u.shape

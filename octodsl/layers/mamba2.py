@@ -46,8 +46,9 @@ def chunk_states(B: torch.Tensor, X: torch.Tensor, a_cum: torch.Tensor) -> torch
     return torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)[:, :-1]
 
 
-def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-             C: torch.Tensor, chunk: int) -> torch.Tensor:
+def ssd_scan(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk: int
+) -> torch.Tensor:
     """y of the scalar-decay SSM h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t.
 
     x [b, s, heads, head_dim], dt [b, s, heads] (positive), A [heads] (negative),
@@ -118,8 +119,14 @@ class Mamba2(nn.Module):
         st = wide_dtype(x.dtype)
         dt = F.softplus(dt.to(st) + self.dt_bias.to(st))
         A = -torch.exp(self.A_log.to(st))
-        y = ssd_scan(xs.to(st), dt, A, B.view(b, s, c.groups, c.state).to(st),
-                     C.view(b, s, c.groups, c.state).to(st), c.chunk).to(x.dtype)
+        y = ssd_scan(
+            xs.to(st),
+            dt,
+            A,
+            B.view(b, s, c.groups, c.state).to(st),
+            C.view(b, s, c.groups, c.state).to(st),
+            c.chunk,
+        ).to(x.dtype)
         y = (y + xs * self.D[:, None]).reshape(b, s, c.inner) * F.silu(z)
         # Gated RMSNorm over each group's channels (norm after the gate, as in Mamba2).
         g = y.view(b, s, c.groups, -1)

@@ -85,8 +85,9 @@ class MoE(nn.Module):
         width = ffn_width(cfg.expert_ffn, cfg.activation)
         self.w_in = nn.Parameter(torch.randn(cfg.experts, hidden, width) * INIT_STD)
         self.w_out = nn.Parameter(torch.randn(cfg.experts, cfg.expert_ffn, hidden) * INIT_STD)
-        self.shared = (FeedForward(hidden, cfg.shared_ffn, cfg.activation)
-                       if cfg.shared_ffn else None)
+        self.shared = (
+            FeedForward(hidden, cfg.shared_ffn, cfg.activation) if cfg.shared_ffn else None
+        )
         self.last_aux_loss: torch.Tensor | None = None
         if tp.size > 1:
             tpl.shard_param(self, "w_in", 2, tp, [cfg.expert_ffn] * (width // cfg.expert_ffn))
@@ -117,7 +118,8 @@ class MoE(nn.Module):
         w_in, w_out = self.w_in.unbind(0), self.w_out.unbind(0)
         outs = [
             recomputable(activate, part @ w_in[e], c.activation) @ w_out[e]
-            for e, part in enumerate(rows.split(counts.tolist())) if part.shape[0]
+            for e, part in enumerate(rows.split(counts.tolist()))
+            if part.shape[0]
         ]
         routed = torch.cat(outs) * weight.reshape(-1)[order, None]
         out = torch.zeros_like(y).index_add(0, token, routed)

@@ -55,8 +55,10 @@ class _Region:
             return
         assert self.args is not None
         args = [_unpack(a) if isinstance(a, (Tensor, _Handle)) else a for a in self.args]
-        args = [a.detach().requires_grad_(g) if isinstance(a, Tensor) else a
-                for a, g in zip(args, self.grads, strict=True)]
+        args = [
+            a.detach().requires_grad_(g) if isinstance(a, Tensor) else a
+            for a, g in zip(args, self.grads, strict=True)
+        ]
         wanted = set(self.dropped)
         count = 0
 
@@ -140,8 +142,12 @@ class _Scope:
             ref, dtype, version, region, j = entry
             # the same storage (alive, so its address not reused) in the same dtype, not
             # modified in place since the region made it
-            if not ref.expired() and ref == StorageWeakRef(t.untyped_storage()) \
-                    and t.dtype == dtype and t._version == version:
+            if (
+                not ref.expired()
+                and ref == StorageWeakRef(t.untyped_storage())
+                and t.dtype == dtype
+                and t._version == version
+            ):
                 return _Output(region, j, t)
         return self.keep(t)
 
@@ -154,8 +160,9 @@ class _Scope:
 
     def run(self, fn: Callable, args: tuple) -> Any:
         grads = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-        region = _Region(fn, tuple(self.pack(a) if isinstance(a, Tensor) else a for a in args),
-                         grads)
+        region = _Region(
+            fn, tuple(self.pack(a) if isinstance(a, Tensor) else a for a in args), grads
+        )
         arg_ptrs = {_ptr(a) for a in args if isinstance(a, Tensor)}
         count = 0
 
@@ -177,8 +184,13 @@ class _Scope:
         finally:
             self.recording = None
         for j, o in enumerate(_as_tuple(out)):
-            self.outputs[_ptr(o)] = (StorageWeakRef(o.untyped_storage()), o.dtype, o._version,
-                                     region, j)
+            self.outputs[_ptr(o)] = (
+                StorageWeakRef(o.untyped_storage()),
+                o.dtype,
+                o._version,
+                region,
+                j,
+            )
         return out
 
 

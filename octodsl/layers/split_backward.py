@@ -77,7 +77,9 @@ class WeightGradState:
         for _, members in batches:
             merged = [_Call() for _ in range(max(len(s.calls) for s in members))]
             for s in members:
-                for call, c in zip(merged, s.calls, strict=False):  # as many as the member with most
+                for call, c in zip(
+                    merged, s.calls, strict=False
+                ):  # as many as the member with most
                     call.roots += c.roots
                     call.grads += c.grads
                     call.leaves += c.leaves
@@ -109,7 +111,9 @@ def _node(t: Tensor) -> Node:
     return get_gradient_edge(t).node
 
 
-def _walk(out_nodes: list[Node], stop: set[Node]) -> tuple[list[Node], list[tuple[tuple[int, int], ...]]]:
+def _walk(
+    out_nodes: list[Node], stop: set[Node]
+) -> tuple[list[Node], list[tuple[tuple[int, int], ...]]]:
     """Every node below `out_nodes` (not below `stop`) in post-order (children first), and
     each one's next_functions as (position of the child, or -1 for none; input_nr)."""
     nexts: dict[Node, tuple] = {}
@@ -134,8 +138,9 @@ def _walk(out_nodes: list[Node], stop: set[Node]) -> tuple[list[Node], list[tupl
     return order, [tuple([(index[c], nr) for c, nr in nexts[n]]) for n in order]
 
 
-def _analyse(children: list[tuple[tuple[int, int], ...]], ins: set[int], outs: list[int],
-             leaf: list[bool]) -> _Plan:
+def _analyse(
+    children: list[tuple[tuple[int, int], ...]], ins: set[int], outs: list[int], leaf: list[bool]
+) -> _Plan:
     """Where B hooks and what W runs, for a graph of this shape (`leaf`: AccumulateGrad)."""
     n = len(children)
     kids = [[c for c, _ in ks if c >= 0] for ks in children]
@@ -143,7 +148,9 @@ def _analyse(children: list[tuple[tuple[int, int], ...]], ins: set[int], outs: l
     for i in range(n):  # children come first
         if not on_path[i] and any(on_path[c] for c in kids[i]):
             on_path[i] = True
-    restart = [i for i in range(n) if on_path[i] and i not in ins and not all(on_path[c] for c in kids[i])]
+    restart = [
+        i for i in range(n) if on_path[i] and i not in ins and not all(on_path[c] for c in kids[i])
+    ]
     is_restart = set(restart)
     off_outputs = [i for i in dict.fromkeys(outs) if not on_path[i]]
 
@@ -175,20 +182,30 @@ def _analyse(children: list[tuple[tuple[int, int], ...]], ins: set[int], outs: l
                     level[c] = below
     hooked = tuple((i, level[i]) for i in restart if i not in shared)
     # one per (child, input_nr): two restart nodes may feed the same weight-side edge
-    edges = tuple({children[i][k]: (i, k) for i in sorted(shared) for k, (c, _) in enumerate(children[i])
-                   if c >= 0 and not on_path[c]}.values())
+    edges = tuple(
+        {
+            children[i][k]: (i, k)
+            for i in sorted(shared)
+            for k, (c, _) in enumerate(children[i])
+            if c >= 0 and not on_path[c]
+        }.values()
+    )
     # The edges and the off-path outputs get a call of their own: a restart node above a shared
     # one would reach the shared parameters through the input path if they were in its call.
     last = 1 + max((lvl for _, lvl in hooked), default=-1)
     group_level = {find(i): lvl for i, lvl in hooked}
     group_level.update({find(i): last for i in shared | set(off_outputs)})
-    leaves = tuple((group_level[find(i)], i) for i in range(n)
-                   if leaf[i] and not on_path[i] and find(i) in group_level)
+    leaves = tuple(
+        (group_level[find(i)], i)
+        for i in range(n)
+        if leaf[i] and not on_path[i] and find(i) in group_level
+    )
     return _Plan(tuple(on_path[i] for i in outs), hooked, edges, last, leaves)
 
 
-def _differentiated(outputs: Sequence[Tensor], output_grads: Sequence[Tensor | None]
-                    ) -> tuple[list[Tensor], list[Tensor]]:
+def _differentiated(
+    outputs: Sequence[Tensor], output_grads: Sequence[Tensor | None]
+) -> tuple[list[Tensor], list[Tensor]]:
     """The outputs backward starts from and their gradients: those that require grad and have
     a gradient, a scalar's None meaning 1."""
     outs: list[Tensor] = []
@@ -205,8 +222,12 @@ def _differentiated(outputs: Sequence[Tensor], output_grads: Sequence[Tensor | N
     return outs, grads
 
 
-def _plan_for(order: list[Node], children: list[tuple[tuple[int, int], ...]], ins: list[int],
-              out_pos: list[int]) -> _Plan:
+def _plan_for(
+    order: list[Node],
+    children: list[tuple[tuple[int, int], ...]],
+    ins: list[int],
+    out_pos: list[int],
+) -> _Plan:
     """The _Plan of a graph of this shape, analysed once per shape."""
     key = (tuple(map(type, order)), tuple(children), tuple(ins), tuple(out_pos))
     plan = _plans.get(key)
@@ -218,9 +239,15 @@ def _plan_for(order: list[Node], children: list[tuple[tuple[int, int], ...]], in
     return plan
 
 
-def _weight_calls(plan: _Plan, order: list[Node], captured: dict[int, tuple], edges: list,
-                  edge_grads: Sequence[Tensor | None], outs: list[Tensor],
-                  grads: list[Tensor]) -> WeightGradState:
+def _weight_calls(
+    plan: _Plan,
+    order: list[Node],
+    captured: dict[int, tuple],
+    edges: list,
+    edge_grads: Sequence[Tensor | None],
+    outs: list[Tensor],
+    grads: list[Tensor],
+) -> WeightGradState:
     """What W runs: per level, the gradients B captured at the hooked nodes, then (last) the
     shared weight-side edges and the outputs off the input path."""
     calls: dict[int, _Call] = {}
@@ -262,7 +289,9 @@ def backward_input(
     plan = _plan_for(order, children, ins, out_pos)
 
     captured: dict[int, tuple] = {}
-    handles = [order[i].register_prehook(lambda g, i=i: captured.__setitem__(i, g)) for i, _ in plan.hooked]
+    handles = [
+        order[i].register_prehook(lambda g, i=i: captured.__setitem__(i, g)) for i, _ in plan.hooked
+    ]
     edges: list[tuple[Node, int]] = []
     for i, k in plan.edges:
         c, nr = order[i].next_functions[k]
@@ -275,11 +304,16 @@ def backward_input(
         if path and wanted:
             targets = [inputs[i] for i in wanted] + [GradientEdge(c, nr) for c, nr in edges]
             # torch types `inputs` as tensors or edges, though autograd takes a mix of the two
-            got = torch.autograd.grad([t for t, _ in path], targets,  # type: ignore[arg-type]
-                                      [g for _, g in path], retain_graph=True, allow_unused=True)
-            for i, g in zip(wanted, got[:len(wanted)], strict=True):  # then the edges'
+            got = torch.autograd.grad(
+                [t for t, _ in path],
+                targets,  # type: ignore[arg-type]
+                [g for _, g in path],
+                retain_graph=True,
+                allow_unused=True,
+            )
+            for i, g in zip(wanted, got[: len(wanted)], strict=True):  # then the edges'
                 in_grads[i] = g
-            edge_grads = got[len(wanted):]
+            edge_grads = got[len(wanted) :]
     except RuntimeError as e:
         raise CannotSplit(str(e)) from e
     finally:
@@ -294,8 +328,8 @@ def backward_weight(state: WeightGradState, params: Sequence[nn.Parameter]) -> N
     wanted = {id(p) for p in params}
     for call in state.calls:
         # AccumulateGrad nodes have `.variable`, which torch's Node does not declare
-        leaves = [n.variable for n in dict.fromkeys(call.leaves)  # type: ignore[attr-defined]
-                  if id(n.variable) in wanted]  # type: ignore[attr-defined]
+        nodes = dict.fromkeys(call.leaves)
+        leaves = [n.variable for n in nodes if id(n.variable) in wanted]  # type: ignore[attr-defined]
         if leaves:
             torch.autograd.backward(call.roots, call.grads, retain_graph=True, inputs=leaves)
     state.calls = []

@@ -274,21 +274,30 @@ def keep_parts(t: torch.Tensor, dim: int, parts: Sequence[tuple[int, slice]]) ->
     """Of t cut along `dim` into consecutive blocks of the given sizes, the given slice of each
     block, concatenated (a fused projection's shard: each part's share)."""
     blocks = t.split([n for n, _ in parts], dim)
-    return torch.cat([b.narrow(dim, s.start, s.stop - s.start)
-                      for b, (_, s) in zip(blocks, parts, strict=True)], dim)
+    return torch.cat(
+        [b.narrow(dim, s.start, s.stop - s.start) for b, (_, s) in zip(blocks, parts, strict=True)],
+        dim,
+    )
 
 
-def shard_param(module: nn.Module, name: str, dim: int, tp: TpGroup,
-                parts: Sequence[int] | None = None,
-                keep: Sequence[slice] | None = None) -> None:
+def shard_param(
+    module: nn.Module,
+    name: str,
+    dim: int,
+    tp: TpGroup,
+    parts: Sequence[int] | None = None,
+    keep: Sequence[slice] | None = None,
+) -> None:
     """Replace `module.<name>` by this rank's shard along `dim`: of each of `parts` (consecutive
     blocks, default the whole dim) the `keep` slice (default this rank's 1/tp); marked as a
     shard (`tensor_model_parallel`, `partition_dim`)."""
     p = getattr(module, name)
     sizes = list(parts) if parts is not None else [p.shape[dim]]
     slices = list(keep) if keep is not None else [tp.shard(n) for n in sizes]
-    shard = nn.Parameter(keep_parts(p.detach(), dim, list(zip(sizes, slices, strict=True))).clone(),
-                         requires_grad=p.requires_grad)
+    shard = nn.Parameter(
+        keep_parts(p.detach(), dim, list(zip(sizes, slices, strict=True))).clone(),
+        requires_grad=p.requires_grad,
+    )
     mark_shard(shard, dim)
     setattr(module, name, shard)
 

@@ -39,7 +39,9 @@ def lint_plan(plan: Plan) -> list[Diagnostic]:
             diags.append(Diagnostic("E206", str(e), plan.header.spans.get("model")))
         else:
             ctx.num_layers, ctx.pattern, ctx.spec = spec.num_layers, spec.pattern, spec
-    return diags + run_rules(ctx, extra=[_memory] if plan.header.memory and plan.header.model else [])
+    return diags + run_rules(
+        ctx, extra=[_memory] if plan.header.memory and plan.header.model else []
+    )
 
 
 def _memory(ctx: Context) -> list[Diagnostic]:

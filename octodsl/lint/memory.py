@@ -34,11 +34,15 @@ def memory_diagnostics(plan: Plan) -> list[Diagnostic]:
     for d, (peak, node) in enumerate(zip(mem.peak.tolist(), mem.peak_node.tolist(), strict=True)):
         if peak > h.memory:
             at = f" at {program.node_label(node)}" if node >= 0 else ""
-            out.append(Diagnostic(
-                CODE, f"device {d} peaks at {size(peak, 2)}{at}, {size(peak - h.memory, 2)} over the "
-                f"{size(h.memory, 2)} limit", h.spans.get("memory"),
-                hint="run W ops earlier, hold fewer micro-batches in flight, move layers off "
-                     "this device, recompute (a `recompute` section), shard with `zero 1` or "
-                     "split the layers with a larger `tp`"))
+            out.append(
+                Diagnostic(
+                    CODE,
+                    f"device {d} peaks at {size(peak, 2)}{at}, {size(peak - h.memory, 2)} over the "
+                    f"{size(h.memory, 2)} limit",
+                    h.spans.get("memory"),
+                    hint="run W ops earlier, hold fewer micro-batches in flight, move layers off "
+                    "this device, recompute (a `recompute` section), shard with `zero 1` or "
+                    "split the layers with a larger `tp`",
+                )
+            )
     return out
-

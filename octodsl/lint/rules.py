@@ -44,9 +44,11 @@ class Context:
         (not an unknown or impossible shorthand: lowering leaves those out), a schedule (a
         plan from a generator, the tuner or a CSV has no spans and a schedule all the same)."""
         plan = self.plan
-        present = {"partition": plan.num_stages > 0,
-                   "placement": plan.placement_span is not None or bool(plan.placement),
-                   "schedule": plan.schedule_span is not None or any(plan.schedule)}
+        present = {
+            "partition": plan.num_stages > 0,
+            "placement": plan.placement_span is not None or bool(plan.placement),
+            "schedule": plan.schedule_span is not None or any(plan.schedule),
+        }
         return frozenset(name for name, ok in present.items() if ok)
 
     @cached_property
@@ -56,7 +58,9 @@ class Context:
         for e in self.plan.placement:
             for s in e.stages:
                 count[s].append(e.device)
-        return {s: ds[0] for s, ds in count.items() if len(ds) == 1 and 0 <= ds[0] < self.plan.devices}
+        return {
+            s: ds[0] for s, ds in count.items() if len(ds) == 1 and 0 <= ds[0] < self.plan.devices
+        }
 
 
 class Rule:
@@ -97,6 +101,7 @@ def _layers(r: range) -> str:
 
 # -- partition ---------------------------------------------------------------------------------
 
+
 @rule
 class PartitionCoverage(Rule):
     """Every layer in exactly one stage, in order, no empty stage."""
@@ -105,10 +110,19 @@ class PartitionCoverage(Rule):
 
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         stages = ctx.plan.stages
-        if stages and stages[0].abstract and ctx.num_layers is not None and len(stages) > ctx.num_layers:
-            yield Diagnostic("E202", f"{len(stages)} stages for a model of {ctx.num_layers} layers: "
-                             f"{len(stages) - ctx.num_layers} of them would be empty", ctx.plan.partition_span,
-                             hint=f"at most {ctx.num_layers} stages, one layer or more each")
+        if (
+            stages
+            and stages[0].abstract
+            and ctx.num_layers is not None
+            and len(stages) > ctx.num_layers
+        ):
+            yield Diagnostic(
+                "E202",
+                f"{len(stages)} stages for a model of {ctx.num_layers} layers: "
+                f"{len(stages) - ctx.num_layers} of them would be empty",
+                ctx.plan.partition_span,
+                hint=f"at most {ctx.num_layers} stages, one layer or more each",
+            )
         if not stages or stages[0].abstract:
             return
         expected = 0
@@ -116,36 +130,62 @@ class PartitionCoverage(Rule):
             first, last = st.bounds  # the grammar makes every stage abstract or none
             if last < first:
                 if st.symbols is None:  # an empty pattern piece is reported by the parser
-                    yield Diagnostic("E202", f"stage {i} is empty: layers {first}..{last} run backwards",
-                                     st.span)
+                    yield Diagnostic(
+                        "E202", f"stage {i} is empty: layers {first}..{last} run backwards", st.span
+                    )
                 continue
             if first > expected:
-                yield Diagnostic("E201", f"{_layers(range(expected, first))} in no stage",
-                                 st.span, hint=f"stage {i} should start at layer {expected}")
+                yield Diagnostic(
+                    "E201",
+                    f"{_layers(range(expected, first))} in no stage",
+                    st.span,
+                    hint=f"stage {i} should start at layer {expected}",
+                )
             elif first < expected:
-                yield Diagnostic("E201", f"stage {i} starts at layer {first}, but layers "
-                                 f"{_span_text(range(first, expected))} already belong to an earlier stage",
-                                 st.span, hint=f"stage {i} should start at layer {expected}")
+                yield Diagnostic(
+                    "E201",
+                    f"stage {i} starts at layer {first}, but layers "
+                    f"{_span_text(range(first, expected))} already belong to an earlier stage",
+                    st.span,
+                    hint=f"stage {i} should start at layer {expected}",
+                )
             expected = max(expected, last + 1)
         if ctx.num_layers is not None:
             if expected < ctx.num_layers:
-                yield Diagnostic("E201", f"{_layers(range(expected, ctx.num_layers))} in no stage",
-                                 stages[-1].span,
-                                 hint=f"the model has {ctx.num_layers} layers (0..{ctx.num_layers - 1})")
+                yield Diagnostic(
+                    "E201",
+                    f"{_layers(range(expected, ctx.num_layers))} in no stage",
+                    stages[-1].span,
+                    hint=f"the model has {ctx.num_layers} layers (0..{ctx.num_layers - 1})",
+                )
             elif expected > ctx.num_layers:
-                yield Diagnostic("E201", f"the partition names layers up to {expected - 1}, but the model "
-                                 f"has {ctx.num_layers} (0..{ctx.num_layers - 1})", stages[-1].span)
+                yield Diagnostic(
+                    "E201",
+                    f"the partition names layers up to {expected - 1}, but the model "
+                    f"has {ctx.num_layers} (0..{ctx.num_layers - 1})",
+                    stages[-1].span,
+                )
         if ctx.pattern is not None and stages[0].symbols is not None:
             written = "".join(st.symbols or "" for st in stages)
             if written != ctx.pattern:
-                at = next((k for k, (a, b) in enumerate(zip(written, ctx.pattern, strict=False)) if a != b),
-                          min(len(written), len(ctx.pattern)))  # or where the shorter ends
-                yield Diagnostic("E204", f"the partition's layer pattern differs from the model's at layer {at}",
-                                 ctx.plan.partition_span,
-                                 hint=f"the model's pattern is \"{ctx.pattern}\"")
+                at = next(
+                    (
+                        k
+                        for k, (a, b) in enumerate(zip(written, ctx.pattern, strict=False))
+                        if a != b
+                    ),
+                    min(len(written), len(ctx.pattern)),
+                )  # or where the shorter ends
+                yield Diagnostic(
+                    "E204",
+                    f"the partition's layer pattern differs from the model's at layer {at}",
+                    ctx.plan.partition_span,
+                    hint=f'the model\'s pattern is "{ctx.pattern}"',
+                )
 
 
 # -- placement ---------------------------------------------------------------------------------
+
 
 @rule
 class PlacementValid(Rule):
@@ -159,24 +199,41 @@ class PlacementValid(Rule):
         seen: dict[int, int] = {}
         for e in plan.placement:
             if not 0 <= e.device < plan.devices:
-                yield Diagnostic("E212", f"device {e.device} does not exist: the plan has {plan.devices} "
-                                 f"devices (0..{plan.devices - 1})", e.span)
+                yield Diagnostic(
+                    "E212",
+                    f"device {e.device} does not exist: the plan has {plan.devices} "
+                    f"devices (0..{plan.devices - 1})",
+                    e.span,
+                )
             for s in e.stages:
                 if not 0 <= s < plan.num_stages:
-                    yield Diagnostic("E213", f"stage {s} does not exist: the partition has {plan.num_stages} "
-                                     f"stages (0..{plan.num_stages - 1})", e.span)
+                    yield Diagnostic(
+                        "E213",
+                        f"stage {s} does not exist: the partition has {plan.num_stages} "
+                        f"stages (0..{plan.num_stages - 1})",
+                        e.span,
+                    )
                 elif s in seen:
-                    yield Diagnostic("E210", f"stage {s} is placed on device {seen[s]} and again on "
-                                     f"device {e.device}", e.span, hint="a stage lives on exactly one device")
+                    yield Diagnostic(
+                        "E210",
+                        f"stage {s} is placed on device {seen[s]} and again on device {e.device}",
+                        e.span,
+                        hint="a stage lives on exactly one device",
+                    )
                 else:
                     seen[s] = e.device
         missing = [s for s in range(plan.num_stages) if s not in seen]
         if missing:
-            yield Diagnostic("E211", f"stage{'s' if len(missing) > 1 else ''} {ranges_text(missing)} "
-                             f"{'are' if len(missing) > 1 else 'is'} on no device", plan.placement_span)
+            yield Diagnostic(
+                "E211",
+                f"stage{'s' if len(missing) > 1 else ''} {ranges_text(missing)} "
+                f"{'are' if len(missing) > 1 else 'is'} on no device",
+                plan.placement_span,
+            )
 
 
 # -- ops ---------------------------------------------------------------------------------------
+
 
 @rule
 class OpsComplete(Rule):
@@ -216,35 +273,57 @@ class OpsComplete(Rule):
         for (what, kind, stage, span, *devices), mbs in problems.items():
             label = f"{kind}{stage}:{ranges_text(mbs)}"
             if what == "stage":
-                yield Diagnostic("E303", f"{label}: stage {stage} does not exist ({_stages(S)})", span)
+                yield Diagnostic(
+                    "E303", f"{label}: stage {stage} does not exist ({_stages(S)})", span
+                )
             elif what == "mb":
                 out = sorted(set(mbs))
-                yield Diagnostic("E303", f"{label}: micro-batch{'es' * (len(out) > 1)} "
-                                 f"{ranges_text(out)} do{'es' * (len(out) == 1)} not exist "
-                                 f"(micro-batches 0..{M - 1})", span)
+                yield Diagnostic(
+                    "E303",
+                    f"{label}: micro-batch{'es' * (len(out) > 1)} "
+                    f"{ranges_text(out)} do{'es' * (len(out) == 1)} not exist "
+                    f"(micro-batches 0..{M - 1})",
+                    span,
+                )
             elif what == "twice":
                 first = firsts[what, kind, stage, span]
-                yield Diagnostic("E302", f"{label} {_again(mbs)}", span,
-                                 hint=f"first at line {first.span.line}" if first.span else None)
+                yield Diagnostic(
+                    "E302",
+                    f"{label} {_again(mbs)}",
+                    span,
+                    hint=f"first at line {first.span.line}" if first.span else None,
+                )
             else:
                 d, home = devices
-                yield Diagnostic("E305", f"{label} runs on device {d}, but stage {stage} is on device {home}",
-                                 span, hint=f"move it to device {home}'s schedule")
+                yield Diagnostic(
+                    "E305",
+                    f"{label} runs on device {d}, but stage {stage} is on device {home}",
+                    span,
+                    hint=f"move it to device {home}'s schedule",
+                )
         for s in range(S):
             kinds = kinds_of_stage.get(s, set())
             if OpKind.BW in kinds and kinds & {OpKind.B, OpKind.W}:
-                yield Diagnostic("E304", f"stage {s} mixes fused backward (BW) with split backward (B/W)",
-                                 self._where(ctx, s), hint="a stage either splits its backward for every "
-                                 "micro-batch or fuses it for every micro-batch")
+                yield Diagnostic(
+                    "E304",
+                    f"stage {s} mixes fused backward (BW) with split backward (B/W)",
+                    self._where(ctx, s),
+                    hint="a stage either splits its backward for every "
+                    "micro-batch or fuses it for every micro-batch",
+                )
                 continue
             split = OpKind.B in kinds or OpKind.W in kinds
             wanted = [OpKind.F] + ([OpKind.B, OpKind.W] if split else [OpKind.BW])
             for kind in wanted:
                 missing = [m for m in range(M) if (kind, s, m) not in seen]
                 if missing:
-                    yield Diagnostic("E301", f"stage {s} has no {kind} for micro-batch{'es' if len(missing) > 1 else ''} "
-                                     f"{ranges_text(missing)}", self._where(ctx, s),
-                                     hint=self._hint(kind, split))
+                    yield Diagnostic(
+                        "E301",
+                        f"stage {s} has no {kind} for micro-batch{'es' if len(missing) > 1 else ''} "
+                        f"{ranges_text(missing)}",
+                        self._where(ctx, s),
+                        hint=self._hint(kind, split),
+                    )
 
     @staticmethod
     def _where(ctx: Context, stage: int) -> Span | None:
@@ -280,6 +359,7 @@ def _again(mbs: list[int]) -> str:
 
 # -- executability -----------------------------------------------------------------------------
 
+
 @rule
 class NoDeadlock(Rule):
     """The devices' orders together admit an execution."""
@@ -292,15 +372,22 @@ class NoDeadlock(Rule):
         if not result:
             return
         first = result[0]
-        what = (f"device {first.device} waits for an op it runs later" if len(result) == 1 else
-                f"devices {', '.join(str(w.device) for w in result)} wait on each other in a cycle")
+        what = (
+            f"device {first.device} waits for an op it runs later"
+            if len(result) == 1
+            else f"devices {', '.join(str(w.device) for w in result)} wait on each other in a cycle"
+        )
         yield Diagnostic(
-            "E310", f"the schedule deadlocks: {what}", first.op.span,
+            "E310",
+            f"the schedule deadlocks: {what}",
+            first.op.span,
             notes=tuple(describe_cycle(result).splitlines()),
-            hint="reorder the ops so that each op's inputs are computed earlier")
+            hint="reorder the ops so that each op's inputs are computed earlier",
+        )
 
 
 # -- warnings ----------------------------------------------------------------------------------
+
 
 @rule
 class IdleDevice(Rule):
@@ -314,7 +401,9 @@ class IdleDevice(Rule):
         held = {e.device for e in plan.placement if e.stages}
         for d in range(plan.devices):
             if d not in held and plan.placement:
-                yield Diagnostic("W401", f"device {d} holds no stage and stays idle", plan.placement_span)
+                yield Diagnostic(
+                    "W401", f"device {d} holds no stage and stays idle", plan.placement_span
+                )
 
 
 @rule
@@ -326,10 +415,13 @@ class FewMicrobatches(Rule):
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
         if h.microbatches < h.devices:
-            yield Diagnostic("W402", f"{h.microbatches} micro-batches for {h.devices} devices: the pipeline "
-                             "is never full, and most of each device's time is bubble",
-                             h.spans.get("microbatches"),
-                             hint="use at least as many micro-batches as devices")
+            yield Diagnostic(
+                "W402",
+                f"{h.microbatches} micro-batches for {h.devices} devices: the pipeline "
+                "is never full, and most of each device's time is bubble",
+                h.spans.get("microbatches"),
+                hint="use at least as many micro-batches as devices",
+            )
 
 
 @rule
@@ -345,9 +437,12 @@ class OverlapSameDirection(Rule):
                     continue
                 fwd = [op.kind is OpKind.F for op in slot.ops]
                 if all(fwd) or not any(fwd):
-                    yield Diagnostic("W403", f"overlap group {slot} pairs ops of the same direction",
-                                     slot.span,
-                                     hint="overlap pays off between a forward and a backward")
+                    yield Diagnostic(
+                        "W403",
+                        f"overlap group {slot} pairs ops of the same direction",
+                        slot.span,
+                        hint="overlap pays off between a forward and a backward",
+                    )
 
 
 @rule
@@ -360,8 +455,12 @@ class ZeroWithoutCopies(Rule):
         h = ctx.plan.header
         message = zero_without_copies(h.zero, h.dp)
         if message:
-            yield Diagnostic("W404", message, h.spans.get("zero"),
-                             hint="give the data-parallel copies ('dp 8'), or drop 'zero'")
+            yield Diagnostic(
+                "W404",
+                message,
+                h.spans.get("zero"),
+                hint="give the data-parallel copies ('dp 8'), or drop 'zero'",
+            )
 
 
 @rule
@@ -374,10 +473,14 @@ class ReduceScatterWithoutZero(Rule):
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
         if not h.reduce_scatter and h.zero == 0:
-            yield Diagnostic("W406", "reduce_scatter false with zero 0: without ZeRO the "
-                             "gradients are all-reduced anyway", h.spans.get("reduce_scatter"),
-                             hint="give 'zero 1' (each copy then updates its shard of the "
-                             "optimizer state), or drop 'reduce_scatter'")
+            yield Diagnostic(
+                "W406",
+                "reduce_scatter false with zero 0: without ZeRO the "
+                "gradients are all-reduced anyway",
+                h.spans.get("reduce_scatter"),
+                hint="give 'zero 1' (each copy then updates its shard of the "
+                "optimizer state), or drop 'reduce_scatter'",
+            )
 
 
 @rule
@@ -389,29 +492,42 @@ class OverlapsNeedTheirCommunication(Rule):
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
         if h.overlap_param_gather and h.zero == 0:
-            yield Diagnostic("E405", "overlap_param_gather true with zero 0: the parameters are "
-                             "gathered only when ZeRO shards them", h.spans.get("overlap_param_gather"),
-                             hint="give 'zero 1' (Megatron's distributed optimizer), or drop "
-                             "'overlap_param_gather'")
+            yield Diagnostic(
+                "E405",
+                "overlap_param_gather true with zero 0: the parameters are "
+                "gathered only when ZeRO shards them",
+                h.spans.get("overlap_param_gather"),
+                hint="give 'zero 1' (Megatron's distributed optimizer), or drop "
+                "'overlap_param_gather'",
+            )
         if h.overlap_grad_reduce and h.dp == 1:
-            yield Diagnostic("W405", "overlap_grad_reduce true with dp 1: there are no gradients "
-                             "to reduce over data-parallel copies", h.spans.get("overlap_grad_reduce"),
-                             hint="give 'dp 8' or more, or drop "
-                             "'overlap_grad_reduce'")
+            yield Diagnostic(
+                "W405",
+                "overlap_grad_reduce true with dp 1: there are no gradients "
+                "to reduce over data-parallel copies",
+                h.spans.get("overlap_grad_reduce"),
+                hint="give 'dp 8' or more, or drop 'overlap_grad_reduce'",
+            )
         if h.overlap_tp_comm and h.tp == 1:
-            yield Diagnostic("W703", "overlap_tp_comm true with tp 1: there are no tensor-parallel "
-                             "collectives to overlap", h.spans.get("overlap_tp_comm"),
-                             hint="give 'tp 2' or more, or drop "
-                             "'overlap_tp_comm'")
+            yield Diagnostic(
+                "W703",
+                "overlap_tp_comm true with tp 1: there are no tensor-parallel "
+                "collectives to overlap",
+                h.spans.get("overlap_tp_comm"),
+                hint="give 'tp 2' or more, or drop 'overlap_tp_comm'",
+            )
         elif h.overlap_tp_comm and not h.sp:
-            yield Diagnostic("E704", "overlap_tp_comm true without sequence parallelism: Megatron "
-                             "overlaps the all-gathers and reduce-scatters of sequence-parallel "
-                             "layers only", h.spans.get("overlap_tp_comm"),
-                             hint="drop 'sequence_parallel false', or 'overlap_tp_comm'")
+            yield Diagnostic(
+                "E704",
+                "overlap_tp_comm true without sequence parallelism: Megatron "
+                "overlaps the all-gathers and reduce-scatters of sequence-parallel "
+                "layers only",
+                h.spans.get("overlap_tp_comm"),
+                hint="drop 'sequence_parallel false', or 'overlap_tp_comm'",
+            )
 
 
 # -- tensor parallelism ------------------------------------------------------------------------
-
 
 
 @rule
@@ -423,10 +539,13 @@ class SequenceParallelNeedsTp(Rule):
     def check(self, ctx: Context) -> Iterator[Diagnostic]:
         h = ctx.plan.header
         if h.sequence_parallel and h.tp == 1:
-            yield Diagnostic("E701", "sequence_parallel true with tp 1: sequence parallelism splits "
-                             "the sequence over a tensor-parallel group, and there is none",
-                             h.spans.get("sequence_parallel"),
-                             hint="give 'tp 2' or more, or drop 'sequence_parallel'")
+            yield Diagnostic(
+                "E701",
+                "sequence_parallel true with tp 1: sequence parallelism splits "
+                "the sequence over a tensor-parallel group, and there is none",
+                h.spans.get("sequence_parallel"),
+                hint="give 'tp 2' or more, or drop 'sequence_parallel'",
+            )
 
 
 @rule
@@ -444,12 +563,19 @@ class TpSplitsModel(Rule):
         for i, p in enumerate(problems):
             if p.fatal:
                 # One hint for them all: the errors stand together at the tp line.
-                yield Diagnostic("E702", f"tp {h.tp} does not split the {p.kind} {p.what} of "
-                                 f"{spec.name}: {p.size} is {p.remedy}", h.spans.get("tp"),
-                                 hint=None if i else _tp_that_fit(spec, h.gpus_per_node))
+                yield Diagnostic(
+                    "E702",
+                    f"tp {h.tp} does not split the {p.kind} {p.what} of "
+                    f"{spec.name}: {p.size} is {p.remedy}",
+                    h.spans.get("tp"),
+                    hint=None if i else _tp_that_fit(spec, h.gpus_per_node),
+                )
             else:
-                yield Diagnostic("W701", f"{spec.name}'s {p.kind} {p.what} {p.size} with tp {h.tp}: "
-                                 f"{p.remedy}", h.spans.get("tp"))
+                yield Diagnostic(
+                    "W701",
+                    f"{spec.name}'s {p.kind} {p.what} {p.size} with tp {h.tp}: {p.remedy}",
+                    h.spans.get("tp"),
+                )
 
 
 def _node_tps(gpus_per_node: int) -> list[int]:
@@ -461,13 +587,19 @@ def _node_tps(gpus_per_node: int) -> list[int]:
 def _tp_that_fit(spec: ModelSpec, gpus_per_node: int) -> str:
     """Which tp inside one node split every size of `spec` (tp 1 always does)."""
     fit = [t for t in _node_tps(gpus_per_node) if not any(p.fatal for p in tp_problems(spec, t))]
-    return (f"of the tp that divide gpus_per_node {gpus_per_node}, tp {_or_list(fit)} "
-            f"split{'s' if len(fit) == 1 else ''} every size")
+    return (
+        f"of the tp that divide gpus_per_node {gpus_per_node}, tp {_or_list(fit)} "
+        f"split{'s' if len(fit) == 1 else ''} every size"
+    )
 
 
 def _or_list(values: list[int]) -> str:
     """'1, 2 or 4'."""
-    return ", ".join(map(str, values[:-1])) + f" or {values[-1]}" if len(values) > 1 else str(values[0])
+    return (
+        ", ".join(map(str, values[:-1])) + f" or {values[-1]}"
+        if len(values) > 1
+        else str(values[0])
+    )
 
 
 @rule
@@ -483,10 +615,14 @@ class SequenceSplits(Rule):
         if h.tp == 1 or not h.sp or seq is None or seq % h.tp == 0:
             return
         where = "seq_len" if h.seq_len is not None else "tp"
-        yield Diagnostic("E703", f"sequence parallelism splits the sequence over tp {h.tp}, but "
-                         f"its length {seq} is not a multiple of {h.tp}", h.spans.get(where),
-                         hint=f"a seq_len of {_or_list(_multiples_near(seq, h.tp))}, or "
-                         "'sequence_parallel false'")
+        yield Diagnostic(
+            "E703",
+            f"sequence parallelism splits the sequence over tp {h.tp}, but "
+            f"its length {seq} is not a multiple of {h.tp}",
+            h.spans.get(where),
+            hint=f"a seq_len of {_or_list(_multiples_near(seq, h.tp))}, or "
+            "'sequence_parallel false'",
+        )
 
 
 def _multiples_near(value: int, step: int) -> list[int]:
@@ -508,17 +644,22 @@ class TpGroupSpansNodes(Rule):
             return
         device = get_device(DEFAULT_DEVICE)
         intra, inter = get_link(device.node_link), get_link(device.inter_node_link)
-        why = (f"tp {h.tp} exceeds" if h.tp > h.gpus_per_node else f"tp {h.tp} does not divide")
+        why = f"tp {h.tp} exceeds" if h.tp > h.gpus_per_node else f"tp {h.tp} does not divide"
         yield Diagnostic(
-            "W702", f"{why} gpus_per_node {h.gpus_per_node}: some tp groups span two nodes, so their "
+            "W702",
+            f"{why} gpus_per_node {h.gpus_per_node}: some tp groups span two nodes, so their "
             f"collectives run on the inter-node link ({inter.name}: {inter.bandwidth / 1e9:g} GB/s) "
             f"instead of NVLink ({intra.name}: {intra.bandwidth / 1e9:g} GB/s), about "
-            f"{intra.bandwidth / inter.bandwidth:.1f}x slower per collective", h.spans.get("tp"),
+            f"{intra.bandwidth / inter.bandwidth:.1f}x slower per collective",
+            h.spans.get("tp"),
             hint=f"tp {_or_list(_node_tps(h.gpus_per_node))} stay inside a node of "
-            f"{h.gpus_per_node} GPUs")
+            f"{h.gpus_per_node} GPUs",
+        )
 
 
-def run_rules(ctx: Context, extra: Iterable[Callable[[Context], Iterable[Diagnostic]]] = ()) -> list[Diagnostic]:
+def run_rules(
+    ctx: Context, extra: Iterable[Callable[[Context], Iterable[Diagnostic]]] = ()
+) -> list[Diagnostic]:
     """Run every rule; rules that need a sound structure run only when there is one."""
     diags: list[Diagnostic] = []
     rules = [cls for cls in RULES if ctx.sections.issuperset(cls.needs)]

@@ -25,8 +25,10 @@ _FORM = re.compile(r"\s*(?P<kind>ignore-file|ignore)\s*\[(?P<codes>[^\]]*)\]", r
 """What follows the start: which form, and the codes between the brackets (any text may follow:
 the reason)."""
 _HINT = "write `# octodsl: ignore[W401, W403]` at the end of the line the warnings point at"
-_FILE_HINT = ("write `# octodsl: ignore-file[W402]` on a line of its own above the plan, with only "
-              "comments and blank lines before it")
+_FILE_HINT = (
+    "write `# octodsl: ignore-file[W402]` on a line of its own above the plan, with only "
+    "comments and blank lines before it"
+)
 
 
 @dataclass(slots=True)
@@ -54,9 +56,14 @@ def apply_suppressions(source: str, diags: list[Diagnostic]) -> list[Diagnostic]
         first = table.get(named.code)
         if first is not None:
             again = first.span.line == named.span.line  # in the same comment
-            problems.append(Diagnostic("W803", f"{named.code} is named twice"
-                                       + " in this comment" * again, named.span,
-                                       hint=None if again else f"first at line {first.span.line}"))
+            problems.append(
+                Diagnostic(
+                    "W803",
+                    f"{named.code} is named twice" + " in this comment" * again,
+                    named.span,
+                    hint=None if again else f"first at line {first.span.line}",
+                )
+            )
         else:
             table[named.code] = named
     kept = []
@@ -71,8 +78,9 @@ def apply_suppressions(source: str, diags: list[Diagnostic]) -> list[Diagnostic]
     return kept + problems
 
 
-def _silencer(d: Diagnostic, by_line: dict[int, dict[str, _Named]],
-              whole_file: dict[str, _Named]) -> _Named | None:
+def _silencer(
+    d: Diagnostic, by_line: dict[int, dict[str, _Named]], whole_file: dict[str, _Named]
+) -> _Named | None:
     """The suppression that silences `d`, if one does: its line's, else the file's."""
     if not CODES[d.code].ignorable:
         return None
@@ -84,10 +92,17 @@ def _unused(by_line: dict[int, dict[str, _Named]], whole_file: dict[str, _Named]
     for table in (*by_line.values(), whole_file):
         for named in table.values():
             if not named.used:
-                form, where = ("ignore-file", "in this file") if named.whole_file else ("ignore", "on this line")
-                yield Diagnostic("W803", f"{form}[{named.code}] silences nothing: no {named.code} "
-                                 f"is reported {where}", named.span,
-                                 hint="remove it, or the code from it")
+                form, where = (
+                    ("ignore-file", "in this file")
+                    if named.whole_file
+                    else ("ignore", "on this line")
+                )
+                yield Diagnostic(
+                    "W803",
+                    f"{form}[{named.code}] silences nothing: no {named.code} is reported {where}",
+                    named.span,
+                    hint="remove it, or the code from it",
+                )
 
 
 def _read(source: str, problems: list[Diagnostic]):
@@ -99,36 +114,61 @@ def _read(source: str, problems: list[Diagnostic]):
         if not _DIRECTIVE.match(text):
             continue
         at = m.start()
-        own_line = not source[at - col + 1:at].strip()
+        own_line = not source[at - col + 1 : at].strip()
         yield from _directive(text, line, col, own_line, at < preamble_end, problems)
 
 
-def _directive(text: str, line: int, col: int, own_line: bool, in_preamble: bool,
-               problems: list[Diagnostic]):
+def _directive(
+    text: str, line: int, col: int, own_line: bool, in_preamble: bool, problems: list[Diagnostic]
+):
     """The codes one suppression comment names, its problems in `problems`."""
     whole = Span(line, col, line, col + len(text))
     start = _DIRECTIVE.match(text)
     assert start is not None, "only a comment that starts as a suppression is read as one"
     form = _FORM.match(text, start.end())
     if form is None:
-        problems.append(Diagnostic("W804", "a malformed suppression comment: expected "
-                                   "`# octodsl: ignore[CODE, ...]` or `# octodsl: ignore-file[CODE, ...]`",
-                                   whole, hint=_HINT))
+        problems.append(
+            Diagnostic(
+                "W804",
+                "a malformed suppression comment: expected "
+                "`# octodsl: ignore[CODE, ...]` or `# octodsl: ignore-file[CODE, ...]`",
+                whole,
+                hint=_HINT,
+            )
+        )
         return
     whole_file = form.group("kind").lower() == "ignore-file"
     if whole_file and not in_preamble:
-        problems.append(Diagnostic("W804", "ignore-file after the start of the plan silences "
-                                   "nothing", whole, hint=_FILE_HINT))
+        problems.append(
+            Diagnostic(
+                "W804",
+                "ignore-file after the start of the plan silences nothing",
+                whole,
+                hint=_FILE_HINT,
+            )
+        )
         return
     if not whole_file and own_line:
-        problems.append(Diagnostic("W804", "ignore on a line of its own silences nothing: it "
-                                   "silences the warnings of the line it ends", whole,
-                                   hint=_HINT + ", or use ignore-file above the plan"))
+        problems.append(
+            Diagnostic(
+                "W804",
+                "ignore on a line of its own silences nothing: it "
+                "silences the warnings of the line it ends",
+                whole,
+                hint=_HINT + ", or use ignore-file above the plan",
+            )
+        )
         return
     inner, offset = form.group("codes"), col + form.start("codes")
     if not inner.strip():
-        problems.append(Diagnostic("W804", "a suppression comment that names no code", whole,
-                                   hint=_FILE_HINT if whole_file else _HINT))
+        problems.append(
+            Diagnostic(
+                "W804",
+                "a suppression comment that names no code",
+                whole,
+                hint=_FILE_HINT if whole_file else _HINT,
+            )
+        )
         return
     for item in inner.split(","):
         code = item.strip()
@@ -147,18 +187,37 @@ def _may_name(code: str, span: Span, problems: list[Diagnostic]) -> bool:
     known = CODES.get(code)
     if known is None:
         right = code.upper() if code.upper() in CODES else None
-        problems.append(Diagnostic("W801", f"'{code}' is no code octodsl reports", span,
-                                   hint=f"codes are written in capitals: {right}" if right else
-                                   "the codes are listed in docs/diagnostics.md"))
+        problems.append(
+            Diagnostic(
+                "W801",
+                f"'{code}' is no code octodsl reports",
+                span,
+                hint=f"codes are written in capitals: {right}"
+                if right
+                else "the codes are listed in docs/diagnostics.md",
+            )
+        )
         return False
     if known.severity is Severity.ERROR:
-        problems.append(Diagnostic("W802", f"{code} ({known.title}) is an error, which cannot be "
-                                   "ignored: a plan with errors is never run", span,
-                                   hint="fix what it reports; only warnings can be ignored"))
+        problems.append(
+            Diagnostic(
+                "W802",
+                f"{code} ({known.title}) is an error, which cannot be "
+                "ignored: a plan with errors is never run",
+                span,
+                hint="fix what it reports; only warnings can be ignored",
+            )
+        )
         return False
     if not known.ignorable:
-        problems.append(Diagnostic("W802", f"{code} ({known.title}) cannot be ignored: it is "
-                                   "about the suppression comments themselves", span))
+        problems.append(
+            Diagnostic(
+                "W802",
+                f"{code} ({known.title}) cannot be ignored: it is "
+                "about the suppression comments themselves",
+                span,
+            )
+        )
         return False
     return True
 
@@ -168,7 +227,7 @@ def _first_statement(source: str) -> int:
     length of `source` when there is none)."""
     at = 0
     for m in comment_matches(source):
-        if source[at:m.start()].strip():
+        if source[at : m.start()].strip():
             break
         at = m.end()
     rest = source[at:]

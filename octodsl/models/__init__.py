@@ -17,8 +17,23 @@ from .spec import (
 )
 
 __all__ = [
-    "DTYPE_BYTES", "KIND_SYMBOL", "LAYER_KINDS", "SYMBOL_KIND", "AttentionConfig", "EmbeddingConfig",
-    "GatedDeltaNetConfig", "LayerConfig", "LMHeadLossConfig", "Mamba1Config", "Mamba2Config",
-    "MLPConfig", "ModelSpec", "MoEConfig", "SpecError", "builtin_models", "load_model",
-    "normalize_pattern", "parse_model",
+    "DTYPE_BYTES",
+    "KIND_SYMBOL",
+    "LAYER_KINDS",
+    "SYMBOL_KIND",
+    "AttentionConfig",
+    "EmbeddingConfig",
+    "GatedDeltaNetConfig",
+    "LayerConfig",
+    "LMHeadLossConfig",
+    "Mamba1Config",
+    "Mamba2Config",
+    "MLPConfig",
+    "ModelSpec",
+    "MoEConfig",
+    "SpecError",
+    "builtin_models",
+    "load_model",
+    "normalize_pattern",
+    "parse_model",
 ]

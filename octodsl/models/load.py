@@ -37,12 +37,15 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path.startswith(HF_PREFIX):
         return load_hf(name_or_path.removeprefix(HF_PREFIX))
     if not name_or_path:
-        raise SpecError("an empty name ('') names no model: give a built-in's name "
-                        f"({', '.join(BUILTINS)}), a spec file or hf:PATH")
+        raise SpecError(
+            "an empty name ('') names no model: give a built-in's name "
+            f"({', '.join(BUILTINS)}), a spec file or hf:PATH"
+        )
     path = Path(name_or_path)
     if not path.exists() and not path.is_symlink():
-        raise SpecError(f"no built-in model or spec file {name_or_path!r} "
-                        f"(built-ins: {', '.join(BUILTINS)})")
+        raise SpecError(
+            f"no built-in model or spec file {name_or_path!r} (built-ins: {', '.join(BUILTINS)})"
+        )
     data = read_data(path, "model spec", error=SpecError)
     if not isinstance(data, dict):
         raise SpecError(f"a model spec is a mapping of fields, not {kind_of(data)}", path=str(path))

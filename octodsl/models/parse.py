@@ -37,7 +37,9 @@ def _problems(e: ValidationError) -> str:
         where = ".".join(loc[2:] if layer else loc)
         msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
         if err["type"] == "less_than_equal" and isinstance(err["ctx"]["le"], int):
-            msg = f"{err['input']!r:.20} is too large: must be {limits.at_most(err['ctx']['le'], '')}"
+            msg = (
+                f"{err['input']!r:.20} is too large: must be {limits.at_most(err['ctx']['le'], '')}"
+            )
         grouped.setdefault((where, msg), []).append(layer)
     parts = []
     for (where, msg), layers in grouped.items():

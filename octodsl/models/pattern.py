@@ -34,8 +34,9 @@ def transformer_layers(body: str) -> bool:
     """Whether a pattern (less its `[` and `]`) is GPT-style transformer layers: mixer, MLP,
     mixer, MLP, ... (Llama, Qwen3-Next); Megatron-LM then counts each pair as one layer, and
     each symbol of any other pattern (its hybrid models) as one."""
-    return len(body) % 2 == 0 and all(body[i] in MIXERS and body[i + 1] in FFNS
-                                      for i in range(0, len(body), 2))
+    return len(body) % 2 == 0 and all(
+        body[i] in MIXERS and body[i + 1] in FFNS for i in range(0, len(body), 2)
+    )
 
 
 def normalize_pattern(text: str) -> str:
@@ -51,11 +52,14 @@ def normalize_pattern(text: str) -> str:
     for i, sym in enumerate(body):
         if sym not in SYMBOL_KIND:
             known = " ".join(f"'{s}'" for s in SYMBOL_KIND)
-            raise ValueError(f"unknown layer symbol {sym!r} at position {i} of the pattern "
-                             f"(symbols: {known})")
+            raise ValueError(
+                f"unknown layer symbol {sym!r} at position {i} of the pattern (symbols: {known})"
+            )
         if sym in "[]" and 0 < i < len(body) - 1:
-            raise ValueError(f"{sym!r} at position {i}: the embedding '[' and the LM head ']' "
-                             "may only open and close the pattern")
+            raise ValueError(
+                f"{sym!r} at position {i}: the embedding '[' and the LM head ']' "
+                "may only open and close the pattern"
+            )
     if len(body) < 2:
         raise ValueError("empty pattern")
     return body

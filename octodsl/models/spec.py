@@ -84,7 +84,9 @@ class AttentionConfig(LayerConfig):
     @model_validator(mode="after")
     def _check(self):
         if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+            raise ValueError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
         return self
 
     @property
@@ -142,7 +144,9 @@ class MoEConfig(LayerConfig):
         return hidden + hidden * self.experts + self.experts * self._expert_params(hidden) + shared
 
     def active_params(self, hidden, vocab, tied):
-        return self.params(hidden, vocab, tied) - (self.experts - self.top_k) * self._expert_params(hidden)
+        return self.params(hidden, vocab, tied) - (self.experts - self.top_k) * self._expert_params(
+            hidden
+        )
 
 
 class Mamba2Config(LayerConfig):
@@ -182,8 +186,14 @@ class Mamba2Config(LayerConfig):
         return self.inner + self.conv_channels + self.heads
 
     def params(self, hidden, vocab, tied):
-        return (hidden + hidden * self.in_proj_out + self.conv_channels * (self.conv + 1)
-                + 3 * self.heads + self.inner + self.inner * hidden)
+        return (
+            hidden
+            + hidden * self.in_proj_out
+            + self.conv_channels * (self.conv + 1)
+            + 3 * self.heads
+            + self.inner
+            + self.inner * hidden
+        )
 
 
 class Mamba1Config(LayerConfig):
@@ -200,9 +210,17 @@ class Mamba1Config(LayerConfig):
 
     def params(self, hidden, vocab, tied):
         norms = self.dt_rank + 2 * self.state if self.inner_norms else 0
-        return (hidden + hidden * 2 * self.inner + self.inner * (self.conv + 1)
-                + self.inner * (self.dt_rank + 2 * self.state) + (self.dt_rank + 1) * self.inner
-                + self.inner * self.state + self.inner + self.inner * hidden + norms)
+        return (
+            hidden
+            + hidden * 2 * self.inner
+            + self.inner * (self.conv + 1)
+            + self.inner * (self.dt_rank + 2 * self.state)
+            + (self.dt_rank + 1) * self.inner
+            + self.inner * self.state
+            + self.inner
+            + self.inner * hidden
+            + norms
+        )
 
 
 class GatedDeltaNetConfig(LayerConfig):
@@ -234,8 +252,14 @@ class GatedDeltaNetConfig(LayerConfig):
         return 2 * self.key_dim + self.value_dim
 
     def params(self, hidden, vocab, tied):
-        return (hidden + hidden * self.in_proj_out + self.conv_channels * self.conv
-                + 2 * self.value_heads + self.value_head_dim + self.value_dim * hidden)
+        return (
+            hidden
+            + hidden * self.in_proj_out
+            + self.conv_channels * self.conv
+            + 2 * self.value_heads
+            + self.value_head_dim
+            + self.value_dim * hidden
+        )
 
 
 class LMHeadLossConfig(LayerConfig):
@@ -248,7 +272,14 @@ class LMHeadLossConfig(LayerConfig):
 
 
 Layer = Annotated[
-    EmbeddingConfig | AttentionConfig | MLPConfig | MoEConfig | Mamba2Config | Mamba1Config | GatedDeltaNetConfig | LMHeadLossConfig,
+    EmbeddingConfig
+    | AttentionConfig
+    | MLPConfig
+    | MoEConfig
+    | Mamba2Config
+    | Mamba1Config
+    | GatedDeltaNetConfig
+    | LMHeadLossConfig,
     Field(discriminator="kind"),
 ]
 """One layer's configuration, told apart by `kind`."""
@@ -297,26 +328,35 @@ class ModelSpec(BaseModel):
             raise ValueError("give the layers either as `pattern` or as `layers`, not both")
         pattern = data.pop("pattern")
         if not isinstance(pattern, str):
-            raise ValueError(f"pattern: must be a string of layer symbols such as \"M-M*-\", "
-                             f"not {kind_of(pattern)}")
+            raise ValueError(
+                f'pattern: must be a string of layer symbols such as "M-M*-", '
+                f"not {kind_of(pattern)}"
+            )
         if len(pattern) > limits.MAX_LAYERS:
-            raise ValueError(f"pattern: {len(pattern):,} symbols; "
-                             f"{limits.at_most(limits.MAX_LAYERS, 'layers')}")
+            raise ValueError(
+                f"pattern: {len(pattern):,} symbols; {limits.at_most(limits.MAX_LAYERS, 'layers')}"
+            )
         pattern = normalize_pattern(pattern)
         blocks = {kind: data.pop(kind) for kind in _BLOCK_KINDS if kind in data}
         for kind, block in blocks.items():
             if not isinstance(block, dict):
-                raise ValueError(f"{kind}: must be a mapping of the {kind} layers' dimensions "
-                                 f"({{field: value, ...}}), not {kind_of(block)}")
+                raise ValueError(
+                    f"{kind}: must be a mapping of the {kind} layers' dimensions "
+                    f"({{field: value, ...}}), not {kind_of(block)}"
+                )
         used = {SYMBOL_KIND[s] for s in pattern}
         for kind in used & set(_BLOCK_KINDS) - set(blocks):
-            raise ValueError(f"the pattern has '{KIND_SYMBOL[kind]}' layers ({kind}) but the "
-                             f"spec has no `{kind}:` block with their dimensions")
+            raise ValueError(
+                f"the pattern has '{KIND_SYMBOL[kind]}' layers ({kind}) but the "
+                f"spec has no `{kind}:` block with their dimensions"
+            )
         for kind in set(blocks) - used:
-            raise ValueError(f"`{kind}:` block given but the pattern has no "
-                             f"'{KIND_SYMBOL[kind]}' layer")
-        data["layers"] = [{**blocks.get(SYMBOL_KIND[s], {}), "kind": SYMBOL_KIND[s]}
-                          for s in pattern]
+            raise ValueError(
+                f"`{kind}:` block given but the pattern has no '{KIND_SYMBOL[kind]}' layer"
+            )
+        data["layers"] = [
+            {**blocks.get(SYMBOL_KIND[s], {}), "kind": SYMBOL_KIND[s]} for s in pattern
+        ]
         return data
 
     @model_validator(mode="after")
@@ -356,18 +396,25 @@ class ModelSpec(BaseModel):
 
     def active_params(self) -> int:
         """Parameters each token goes through (top-k experts only)."""
-        return sum(layer.active_params(self.hidden, self.vocab, self.tie_embeddings)
-                   for layer in self.layers)
+        return sum(
+            layer.active_params(self.hidden, self.vocab, self.tie_embeddings)
+            for layer in self.layers
+        )
 
     def kind_counts(self) -> dict[str, int]:
         """Number of layers of each kind, every kind listed (0 when absent)."""
         counts: Counter[str] = Counter(layer.kind for layer in self.layers)
         return {kind: counts.get(kind, 0) for kind in LAYER_KINDS}
 
-    def with_shape(self, microbatch_size: int | None = None, seq_len: int | None = None) -> ModelSpec:
+    def with_shape(
+        self, microbatch_size: int | None = None, seq_len: int | None = None
+    ) -> ModelSpec:
         """This spec with the micro-batch size and/or sequence length replaced (None keeps)."""
-        update = {k: v for k, v in (("microbatch_size", microbatch_size), ("seq_len", seq_len))
-                  if v is not None}
+        update = {
+            k: v
+            for k, v in (("microbatch_size", microbatch_size), ("seq_len", seq_len))
+            if v is not None
+        }
         return self.model_validate({**self.model_dump(), **update}) if update else self
 
     def compact(self) -> dict:

@@ -98,9 +98,13 @@ def _field_problem(kind: str, what: str, size: int, split: Split, tp: int) -> Tp
     if split is Split.DIVIDE:
         return TpProblem(kind, what, size, True, f"not divisible by tp {tp}")
     if tp % size == 0:
-        return TpProblem(kind, what, size, False,
-                         f"each KV head replicated on {kv_split(size, tp).sharers} GPUs of the "
-                         "tp group")
+        return TpProblem(
+            kind,
+            what,
+            size,
+            False,
+            f"each KV head replicated on {kv_split(size, tp).sharers} GPUs of the tp group",
+        )
     return TpProblem(kind, what, size, True, f"neither divisible by tp {tp} nor a divisor of it")
 
 
@@ -108,8 +112,10 @@ def layer_problems(layer: LayerConfig, tp: int) -> list[TpProblem]:
     """What tp cannot split evenly in one layer."""
     if tp == 1:
         return []
-    found = (_field_problem(layer.kind, what, getattr(layer, what), split, tp)
-             for what, split in SPLIT_FIELDS.get(layer.kind, {}).items())
+    found = (
+        _field_problem(layer.kind, what, getattr(layer, what), split, tp)
+        for what, split in SPLIT_FIELDS.get(layer.kind, {}).items()
+    )
     return [p for p in found if p is not None]
 
 
@@ -121,9 +127,13 @@ def tp_problems(spec: ModelSpec, tp: int) -> list[TpProblem]:
             seen.setdefault((p.kind, p.what, p.size), p)
     if spec.vocab % tp:
         seen[("embedding", "vocab", spec.vocab)] = TpProblem(
-            "embedding", "vocab", spec.vocab, False,
+            "embedding",
+            "vocab",
+            spec.vocab,
+            False,
             f"padded to {padded_vocab(spec.vocab, tp)} ({tp} shards of "
-            f"{local_vocab(spec.vocab, tp)})")
+            f"{local_vocab(spec.vocab, tp)})",
+        )
     return sorted(seen.values(), key=lambda p: not p.fatal)
 
 
@@ -140,8 +150,9 @@ def local_vocab(vocab: int, tp: int) -> int:
 def local_params(spec: ModelSpec, i: int, tp: int) -> int:
     """Parameters of layer i on one GPU of a tp group (replicated ones, such as norms and the
     MoE router, counted whole)."""
-    return local_layer(spec.layers[i], tp).params(spec.hidden, local_vocab(spec.vocab, tp),
-                                                  spec.tie_embeddings)
+    return local_layer(spec.layers[i], tp).params(
+        spec.hidden, local_vocab(spec.vocab, tp), spec.tie_embeddings
+    )
 
 
 def _local_size(size: int, split: Split, tp: int) -> int:
@@ -154,5 +165,8 @@ def local_layer(layer: LayerConfig, tp: int) -> LayerConfig:
     fields = SPLIT_FIELDS.get(layer.kind)
     if tp == 1 or not fields:
         return layer
-    return layer.model_copy(update={what: _local_size(getattr(layer, what), split, tp)
-                                    for what, split in fields.items()})
+    return layer.model_copy(
+        update={
+            what: _local_size(getattr(layer, what), split, tp) for what, split in fields.items()
+        }
+    )

@@ -56,5 +56,17 @@ from .program import SimProgram, compile
 from .result import MessageSpan, OpSpan, SimResult, Step
 from .simulate import SimDeadlock, simulate, warm_up
 
-__all__ = ["Memory", "MessageSpan", "OpSpan", "SimCosts", "SimDeadlock", "SimProgram", "SimResult",
-           "Step", "compile", "memory", "simulate", "warm_up"]
+__all__ = [
+    "Memory",
+    "MessageSpan",
+    "OpSpan",
+    "SimCosts",
+    "SimDeadlock",
+    "SimProgram",
+    "SimResult",
+    "Step",
+    "compile",
+    "memory",
+    "simulate",
+    "warm_up",
+]

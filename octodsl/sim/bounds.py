@@ -11,21 +11,30 @@ from ..costs.table import Link, StageCost
 from .program import SimProgram
 
 
-def lower_bound(program: SimProgram, costs: Sequence[StageCost], total_work: float,
-                cut_time: np.ndarray, layer_work: float | None = None) -> float:
+def lower_bound(
+    program: SimProgram,
+    costs: Sequence[StageCost],
+    total_work: float,
+    cut_time: np.ndarray,
+    layer_work: float | None = None,
+) -> float:
     """The largest of: all compute spread evenly over the devices; the heaviest single layer
     (F + B + W, or the heaviest stage when layers are unknown) times the micro-batches, since a
     layer cannot be split; one micro-batch's longest path through the stages, messages between
     this plan's devices included."""
     heaviest = layer_work if layer_work is not None else max(c.f + c.b + c.w for c in costs)
-    return max(total_work / program.devices, heaviest * program.microbatches,
-               single_microbatch_path(program, costs, cut_time))
+    return max(
+        total_work / program.devices,
+        heaviest * program.microbatches,
+        single_microbatch_path(program, costs, cut_time),
+    )
 
 
 # The path follows the dependency rule: it mirrors octodsl.dag.producers (F after the F before
 # it, B after its F and the B after it, W after its B).
-def single_microbatch_path(program: SimProgram, costs: Sequence[StageCost],
-                           cut_time: np.ndarray) -> float:
+def single_microbatch_path(
+    program: SimProgram, costs: Sequence[StageCost], cut_time: np.ndarray
+) -> float:
     """Forwards down the stages, input-gradient backwards up, then the last W (or the fused BW
     of each stage on the way up)."""
     S = program.num_stages
@@ -42,8 +51,9 @@ def single_microbatch_path(program: SimProgram, costs: Sequence[StageCost],
     return longest
 
 
-def ring_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link],
-              passes: int) -> np.ndarray:
+def ring_time(
+    nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link], passes: int
+) -> np.ndarray:
     """`passes` times round a ring of `ranks` copies: each pass is ranks - 1 steps, each step
     moving nbytes / ranks to the next copy (so a pass moves (ranks - 1) / ranks x nbytes per
     copy, and costs (ranks - 1) latencies). `link`: one for all, or one per element (each
@@ -63,8 +73,13 @@ def ring_all_gather_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[L
     return ring_time(nbytes, ranks, link, 1)
 
 
-def ring_reduction_time(nbytes: np.ndarray, ranks: int, link: Link | Sequence[Link],
-                        zero: int, reduce_scatter: bool = True) -> np.ndarray:
+def ring_reduction_time(
+    nbytes: np.ndarray,
+    ranks: int,
+    link: Link | Sequence[Link],
+    zero: int,
+    reduce_scatter: bool = True,
+) -> np.ndarray:
     """The gradient reduction ZeRO stage `zero` runs (`Zero.reduction`): a ring all-reduce, or
     under a sharded optimizer whose runtime reduce-scatters (`reduce_scatter`) a ring
     reduce-scatter."""

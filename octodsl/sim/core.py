@@ -155,7 +155,7 @@ def walk(g, dur, msg_dur):
     msg_end = np.zeros(M)
     msg_pred = np.full(M, -1, np.int64)
     stream_log = np.zeros(g.stream_ptr[2 * P], np.int64)
-    log_pos = g.stream_ptr[:2 * P].copy()
+    log_pos = g.stream_ptr[: 2 * P].copy()
     remaining = g.in_deg.copy()
     ready = np.zeros(N)
     ready_by = np.full(N, -1, np.int64)
@@ -231,8 +231,9 @@ def walk(g, dur, msg_dur):
         if g.msg_hold[m] >= 0:  # a blocking send: its sender's next node waits for it too
             sn = _arrive(g, g.msg_hold[m], m, e, remaining, ready, ready_by, pos, stack, sn)
     comm_free = np.maximum(stream_free[0::2], stream_free[1::2])
-    t = Timeline(done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free,
-                 comm_free)
+    t = Timeline(
+        done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free, comm_free
+    )
     comm, hidden = hidden_comm(g, t)
     return t, comm, hidden
 

@@ -65,13 +65,25 @@ class SimCosts:
         stages = table.stage_costs(plan, ranges)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         cal = table.calibration
-        sharing = None if cal is None else Sharing(cal.cores, cal.contention, cal.overlap_slowdown,
-                                                 cal.oversubscription)
-        return cls(tuple(stages), grads, max(layer.f + layer.b + layer.w for layer in table.layers),
-                   table.tokens_per_microbatch or None, table.source,
-                   sharing,
-                   0.0 if cal is None else cal.step_overhead, table.param_bytes, h.zero, h.dp,
-                   float(table.grad_reduce_bytes), float(table.meta.get("message_overhead", 0.0)))
+        sharing = (
+            None
+            if cal is None
+            else Sharing(cal.cores, cal.contention, cal.overlap_slowdown, cal.oversubscription)
+        )
+        return cls(
+            tuple(stages),
+            grads,
+            max(layer.f + layer.b + layer.w for layer in table.layers),
+            table.tokens_per_microbatch or None,
+            table.source,
+            sharing,
+            0.0 if cal is None else cal.step_overhead,
+            table.param_bytes,
+            h.zero,
+            h.dp,
+            float(table.grad_reduce_bytes),
+            float(table.meta.get("message_overhead", 0.0)),
+        )
 
 
 class TpMismatch(PlanError):
@@ -87,15 +99,24 @@ def check_tp(table: CostTable, h: Header) -> None:
     own = int(table.meta.get("tp", 1))
     own_sp = bool(table.meta.get("sp", own > 1))
     if own == tp and (tp == 1 or own_sp == sp):
-        for field, applies in (("overlap_tp_comm", tp > 1), ("scatter_gather_messages", tp > 1 and not sp)):
+        for field, applies in (
+            ("overlap_tp_comm", tp > 1),
+            ("scatter_gather_messages", tp > 1 and not sp),
+        ):
             theirs, mine = bool(table.meta.get(field, False)), bool(getattr(h, field))
             if applies and theirs != mine:
-                raise TpMismatch(f"the costs ({table.source or 'the cost table'}) are for "
-                                 f"{field} {str(theirs).lower()}, the plan says "
-                                 f"{str(mine).lower()}: cost the plan with its own header")
+                raise TpMismatch(
+                    f"the costs ({table.source or 'the cost table'}) are for "
+                    f"{field} {str(theirs).lower()}, the plan says "
+                    f"{str(mine).lower()}: cost the plan with its own header"
+                )
         return
-    shown = f"tp {own}" + (f" with sequence parallelism {'on' if own_sp else 'off'}" if own > 1 else "")
+    shown = f"tp {own}" + (
+        f" with sequence parallelism {'on' if own_sp else 'off'}" if own > 1 else ""
+    )
     wanted = f"tp {tp}" + (f" with sequence parallelism {'on' if sp else 'off'}" if tp > 1 else "")
-    raise TpMismatch(f"the costs ({table.source or 'the cost table'}) are for {shown}, the plan "
-                    f"runs {wanted}: profile at the plan's tp, or use the analytical model "
-                    "(--model), which costs any tp")
+    raise TpMismatch(
+        f"the costs ({table.source or 'the cost table'}) are for {shown}, the plan "
+        f"runs {wanted}: profile at the plan's tp, or use the analytical model "
+        "(--model), which costs any tp"
+    )

@@ -147,18 +147,34 @@ class DpComm:
         for d in range(len(self.span_ptr) - 1):
             for j in range(self.span_ptr[d], self.span_ptr[d + 1]):
                 k = int(self.span_op[j])
-                yield CollectiveSpan(d, self.reduction_kind, float(self.span_start[j]),
-                                     float(self.span_end[j]), program.op(k) if k >= 0 else None)
+                yield CollectiveSpan(
+                    d,
+                    self.reduction_kind,
+                    float(self.span_start[j]),
+                    float(self.span_end[j]),
+                    program.op(k) if k >= 0 else None,
+                )
             if self.all_gather[d] > 0:
                 start = float(self.gather_start[d])
                 yield CollectiveSpan(d, "all-gather", start, start + float(self.all_gather[d]))
 
 
-def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks: int,
-            links: Sequence[Link], pipeline_time: float, update: np.ndarray,
-            stage_buckets: np.ndarray | None = None, overlap_grad: bool = False,
-            overlap_param: bool = False, forward: np.ndarray | None = None,
-            param_bytes: np.ndarray | None = None, reduce_scatter: bool = True) -> DpComm:
+def dp_comm(
+    p: SimProgram,
+    t: Timeline,
+    grad_bytes: np.ndarray,
+    zero: int,
+    ranks: int,
+    links: Sequence[Link],
+    pipeline_time: float,
+    update: np.ndarray,
+    stage_buckets: np.ndarray | None = None,
+    overlap_grad: bool = False,
+    overlap_param: bool = False,
+    forward: np.ndarray | None = None,
+    param_bytes: np.ndarray | None = None,
+    reduce_scatter: bool = True,
+) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
     device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
     module's model). With the overlaps, `stage_buckets` (per stage, `buckets`) and `forward`
@@ -178,16 +194,26 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
     stage_buckets = np.ones(p.num_stages, np.int64) if stage_buckets is None else stage_buckets
     if overlap_grad and not stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _during_last_backwards(
-            p, t.start, t.end, ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter),
-            stage_buckets.astype(float))
+            p,
+            t.start,
+            t.end,
+            ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter),
+            stage_buckets.astype(float),
+        )
         dev = np.repeat(np.arange(P), np.diff(ptr))
         whole = np.bincount(dev, weights=end - start, minlength=P)
         allreduce, scattered = split(whole)
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
     elif stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _after_each_w(
-            p.order_ptr, p.order_nodes, p.op_ptr, p.op_kind, p.op_stage, t.end,
-            ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter))
+            p.order_ptr,
+            p.order_nodes,
+            p.op_ptr,
+            p.op_kind,
+            p.op_stage,
+            t.end,
+            ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter),
+        )
         dev = np.repeat(np.arange(P), np.diff(ptr))
         allreduce, scattered = split(np.bincount(dev, weights=end - start, minlength=P))
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
@@ -202,16 +228,35 @@ def dp_comm(p: SimProgram, t: Timeline, grad_bytes: np.ndarray, zero: int, ranks
         allreduce, scattered = split(whole)
         hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
-    gathered = device_bytes if param_bytes is None else np.bincount(
-        p.stage_device, weights=param_bytes, minlength=P)
+    gathered = (
+        device_bytes
+        if param_bytes is None
+        else np.bincount(p.stage_device, weights=param_bytes, minlength=P)
+    )
     gather = ring_all_gather_time(gathered, ranks, links) if stage.gathers_parameters else none
     exposed = gather
     if overlap_param and stage.gathers_parameters:
         per_device = np.maximum(1, np.bincount(p.stage_device, weights=stage_buckets, minlength=P))
         fwd = none if forward is None else forward
         exposed = np.maximum(gather / per_device, gather - fwd)
-    return DpComm(zero, ranks, allreduce, scattered, gather, hidden, ptr, dev, start, end,
-                  op, held, update_start, update_start + update, exposed, kind)
+    return DpComm(
+        zero,
+        ranks,
+        allreduce,
+        scattered,
+        gather,
+        hidden,
+        ptr,
+        dev,
+        start,
+        end,
+        op,
+        held,
+        update_start,
+        update_start + update,
+        exposed,
+        kind,
+    )
 
 
 @njit
@@ -253,8 +298,13 @@ def _after_each_w(order_ptr, order_nodes, op_ptr, op_kind, op_stage, end, second
     return ptr, start, stop, op, held
 
 
-def _during_last_backwards(p: SimProgram, start: np.ndarray, end: np.ndarray,
-                           seconds: np.ndarray, stage_buckets: np.ndarray):
+def _during_last_backwards(
+    p: SimProgram,
+    start: np.ndarray,
+    end: np.ndarray,
+    seconds: np.ndarray,
+    stage_buckets: np.ndarray,
+):
     """overlap_grad_reduce's reductions: per device, one per stage, starting with the stage's
     last W (or BW) op, in the order those ops run, one after another on the device's stream;
     each ends no sooner than its op's end plus one bucket's share (seconds[stage] /

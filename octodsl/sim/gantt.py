@@ -40,18 +40,25 @@ def write_gantt(result: SimResult, path: str, title: str | None = None) -> None:
     fig, ax = plt.subplots(figsize=(width, height))
     # Fixed margins in inches (device names left, legend right): cheaper than tight_layout,
     # which draws every label once more.
-    fig.subplots_adjust(left=0.9 / width, right=1 - 1.5 / width, bottom=0.6 / height,
-                        top=1 - 0.4 / height)
+    fig.subplots_adjust(
+        left=0.9 / width, right=1 - 1.5 / width, bottom=0.6 / height, top=1 - 0.4 / height
+    )
     scale, unit = _unit(result.iteration_time)
 
     bars: dict[tuple[str, int, int], list[tuple[float, float]]] = defaultdict(list)
     for op in result.ops():
         bars[(op.kind, min(chunk.get(op.stage, 0), 2), op.device)].append(
-            (op.start * scale, (op.end - op.start) * scale))
+            (op.start * scale, (op.end - op.start) * scale)
+        )
     for (kind, c, d), spans in bars.items():
         rgb = to_rgb(COLOURS[kind])
-        ax.broken_barh(spans, (d - 0.4, 0.6), facecolors=tuple(x + (1 - x) * 0.35 * c for x in rgb),
-                       edgecolor="white", linewidth=0.3)
+        ax.broken_barh(
+            spans,
+            (d - 0.4, 0.6),
+            facecolors=tuple(x + (1 - x) * 0.35 * c for x in rgb),
+            edgecolor="white",
+            linewidth=0.3,
+        )
     comm = defaultdict(list)
     for m in result.messages():
         for d in (m.src, m.dst) if m.end > m.start else ():
@@ -69,8 +76,15 @@ def write_gantt(result: SimResult, path: str, title: str | None = None) -> None:
     for op in result.ops() if p.num_nodes <= _MAX_LABELS else ():
         dur = (op.end - op.start) * scale
         if dur * points_per_unit >= 0.6 * fontsize * len(str(op.mb)) + 2:
-            ax.text((op.start + op.end) / 2 * scale, op.device - 0.1, str(op.mb), ha="center",
-                    va="center", fontsize=fontsize, color="white")
+            ax.text(
+                (op.start + op.end) / 2 * scale,
+                op.device - 0.1,
+                str(op.mb),
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color="white",
+            )
 
     ax.set_ylim(P - 0.5, -0.6)
     ax.set_yticks(range(P), [f"device {d}" for d in range(P)])
@@ -79,10 +93,15 @@ def write_gantt(result: SimResult, path: str, title: str | None = None) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(nbins=max(5, int(width))))
     kinds = sorted({k for k, _, _ in bars}, key=list(COLOURS).index)
     chunked = any(c for _, c, _ in bars)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in kinds]
-              + [Patch(color=COMM_COLOUR, label="communication")],
-              title="lighter: later chunk" if chunked else None, title_fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(
+        handles=[Patch(color=COLOURS[k], label=k) for k in kinds]
+        + [Patch(color=COMM_COLOUR, label="communication")],
+        title="lighter: later chunk" if chunked else None,
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+    )
     ax.set_title(title or p.plan.header.name, loc="left")
     try:
         # PNG whatever the path's extension: the command line checks that it ends in .png.

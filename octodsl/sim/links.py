@@ -69,8 +69,10 @@ def dp_link(intra: Link, inter: Link, spans_nodes: bool, rails: int) -> Link:
 def dp_links(intra: Link, inter: Link, spans_nodes: np.ndarray, rails: np.ndarray) -> list[Link]:
     """Per device: the link of its data-parallel ring (`dp_link`), from whether its group spans
     nodes and its GPUs per node (`dp_spans_nodes`, `dp_rails`)."""
-    return [dp_link(intra, inter, x, k)
-            for x, k in zip(spans_nodes.tolist(), rails.tolist(), strict=True)]
+    return [
+        dp_link(intra, inter, x, k)
+        for x, k in zip(spans_nodes.tolist(), rails.tolist(), strict=True)
+    ]
 
 
 def link_times(link: Link, nbytes: np.ndarray) -> np.ndarray:
@@ -99,12 +101,20 @@ class Links:
     """Per device: its dp group's GPUs per node (SimProgram.dp_rails)."""
 
     @classmethod
-    def of(cls, cut_inter: np.ndarray, dp_inter: np.ndarray, dp_rails: np.ndarray, link: Link,
-           inter_link: Link | None = None, dp_link: Link | None = None) -> Links:
+    def of(
+        cls,
+        cut_inter: np.ndarray,
+        dp_inter: np.ndarray,
+        dp_rails: np.ndarray,
+        link: Link,
+        inter_link: Link | None = None,
+        dp_link: Link | None = None,
+    ) -> Links:
         """`link` inside nodes, `inter_link` between them (None: `link` everywhere, as on one
         node), `dp_link` for every data-parallel collective (None: by where its group sits)."""
-        return cls(link, link if inter_link is None else inter_link, dp_link, cut_inter, dp_inter,
-                   dp_rails)
+        return cls(
+            link, link if inter_link is None else inter_link, dp_link, cut_inter, dp_inter, dp_rails
+        )
 
     @property
     def dp(self) -> list[Link]:
@@ -118,7 +128,9 @@ class Links:
         return cut_times(send_bytes, self.cut_inter, self.intra, self.inter)
 
 
-def cut_times(send_bytes: np.ndarray, cut_inter: np.ndarray, intra: Link, inter: Link) -> np.ndarray:
+def cut_times(
+    send_bytes: np.ndarray, cut_inter: np.ndarray, intra: Link, inter: Link
+) -> np.ndarray:
     """Per stage: seconds of one message of `send_bytes[s]` across its cut, on `inter` where
     `cut_inter[s]`, else on `intra`."""
     within = link_times(intra, send_bytes)

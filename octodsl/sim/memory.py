@@ -36,14 +36,17 @@ class Memory:
 
 
 def memory(program: SimProgram, costs: Sequence[StageCost]) -> Memory:
-    alloc, release = op_bytes(*(np.array([getattr(c, k) for c in costs], float)
-                                for k in ("act", "act_w", "act_b")))
-    static = np.bincount(program.stage_device, weights=[c.static for c in costs],
-                         minlength=program.devices)
+    alloc, release = op_bytes(
+        *(np.array([getattr(c, k) for c in costs], float) for k in ("act", "act_w", "act_b"))
+    )
+    static = np.bincount(
+        program.stage_device, weights=[c.static for c in costs], minlength=program.devices
+    )
     node_alloc = program.per_node(alloc[program.op_stage, program.op_kind])
     node_release = program.per_node(release[program.op_stage, program.op_kind])
-    at_start, at_end, peak, peak_node = _levels(program.order_ptr, program.order_nodes, static,
-                                                node_alloc, node_release)
+    at_start, at_end, peak, peak_node = _levels(
+        program.order_ptr, program.order_nodes, static, node_alloc, node_release
+    )
     return Memory(static, at_start, at_end, peak, peak_node)
 
 

@@ -122,7 +122,9 @@ def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: 
         if reused is not None:
             return reused
     if len(plan.schedule) != plan.devices:
-        raise PlanError(f"the schedule has {len(plan.schedule)} device blocks for {plan.devices} devices")
+        raise PlanError(
+            f"the schedule has {len(plan.schedule)} device blocks for {plan.devices} devices"
+        )
     stage_device = np.array(plan.stage_device(), _I)
     with paused_collection():
         return _compile(plan, stage_device)
@@ -160,8 +162,9 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     msg_src_node, msg_dst_node = src[is_msg], dst[is_msg]
     msg_src_dev, msg_dst_dev = node_dev[msg_src_node], node_dev[msg_dst_node]
     stream_ptr = np.zeros(2 * P + 1, _I)
-    counts = np.stack([np.bincount(msg_src_dev, minlength=P), np.bincount(msg_dst_dev, minlength=P)],
-                      axis=1)
+    counts = np.stack(
+        [np.bincount(msg_src_dev, minlength=P), np.bincount(msg_dst_dev, minlength=P)], axis=1
+    )
     stream_ptr[1:] = np.cumsum(counts.ravel())
     msg_hold = np.full(M, -1, _I)
     in_deg = np.bincount(dst, minlength=N).astype(_I)
@@ -177,20 +180,33 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     split[op_stage[op_kind == KIND_CODE[OpKind.W]]] = True  # as Plan.split_stages, from the arrays
     mesh = Mesh.of(plan.header)
     return SimProgram(
-        plan=plan, stage_device=stage_device, split=split,
-        order_ptr=order_ptr, order_nodes=order_nodes, node_dev=node_dev,
-        op_ptr=op_ptr, grouped=K > N, op_kind=op_kind, op_stage=op_stage,
+        plan=plan,
+        stage_device=stage_device,
+        split=split,
+        order_ptr=order_ptr,
+        order_nodes=order_nodes,
+        node_dev=node_dev,
+        op_ptr=op_ptr,
+        grouped=K > N,
+        op_kind=op_kind,
+        op_stage=op_stage,
         op_mb=np.fromiter((op.mb for op in flat), _I, K),
         in_deg=in_deg,
-        out_ptr=out_ptr, out_dst=dst[by_src], out_msg=edge_msg[by_src],
-        msg_src_node=msg_src_node, msg_dst_node=msg_dst_node,
-        msg_src_dev=msg_src_dev, msg_dst_dev=msg_dst_dev, msg_hold=msg_hold,
+        out_ptr=out_ptr,
+        out_dst=dst[by_src],
+        out_msg=edge_msg[by_src],
+        msg_src_node=msg_src_node,
+        msg_dst_node=msg_dst_node,
+        msg_src_dev=msg_src_dev,
+        msg_dst_dev=msg_dst_dev,
+        msg_hold=msg_hold,
         msg_kind=np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
         msg_stage=np.fromiter((m.producer.stage for m in messages), _I, M),
         msg_mb=np.fromiter((m.producer.mb for m in messages), _I, M),
         msg_boundary=np.fromiter((m.boundary for m in messages), _I, M),
         stream_ptr=stream_ptr,
-        cut_inter=cut_crosses_nodes(mesh, stage_device), dp_inter=dp_spans_nodes(mesh),
+        cut_inter=cut_crosses_nodes(mesh, stage_device),
+        dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
     )
 
@@ -201,12 +217,15 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
     old = like.plan
     if not plan.header.overlap_p2p_comm or not old.header.overlap_p2p_comm:
         return None  # which node a send holds back depends on the order
-    if (Mesh.of(plan.header) != Mesh.of(old.header)
-            or plan.devices != old.devices or plan.num_stages != old.num_stages
-            or plan.microbatches != old.microbatches
-            or sorted((p.device, p.stages) for p in plan.placement)
-            != sorted((p.device, p.stages) for p in old.placement)
-            or len(plan.schedule) != len(old.schedule)):
+    if (
+        Mesh.of(plan.header) != Mesh.of(old.header)
+        or plan.devices != old.devices
+        or plan.num_stages != old.num_stages
+        or plan.microbatches != old.microbatches
+        or sorted((p.device, p.stages) for p in plan.placement)
+        != sorted((p.device, p.stages) for p in old.placement)
+        or len(plan.schedule) != len(old.schedule)
+    ):
         return None
     order_nodes = like.order_nodes.copy()
     for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):

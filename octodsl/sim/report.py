@@ -29,8 +29,15 @@ class Segment:
     peer: int | None = None
 
     def to_json(self) -> dict:
-        out = {"kind": self.kind, "device": self.device, "first": self.first, "last": self.last,
-               "steps": self.steps, "start": self.start, "end": self.end}
+        out = {
+            "kind": self.kind,
+            "device": self.device,
+            "first": self.first,
+            "last": self.last,
+            "steps": self.steps,
+            "start": self.start,
+            "end": self.end,
+        }
         if self.peer is not None:
             out["to"] = self.peer
         return out
@@ -46,9 +53,14 @@ class Segment:
         return f"{_PATH_KINDS[self.kind]} on device {self.device}"
 
 
-_PATH_KINDS = {"compute": "compute", "message": "messages", "allreduce": "all-reduce",
-               "reduce-scatter": "reduce-scatter", "update": "optimizer step",
-               "all-gather": "all-gather"}
+_PATH_KINDS = {
+    "compute": "compute",
+    "message": "messages",
+    "allreduce": "all-reduce",
+    "reduce-scatter": "reduce-scatter",
+    "update": "optimizer step",
+    "all-gather": "all-gather",
+}
 """Critical-path step kinds, as the summary names them."""
 _MERGED = ("compute", "reduce-scatter")
 """Step kinds whose runs on one device make one segment."""
@@ -63,14 +75,21 @@ def path_segments(steps: list[Step]) -> list[Segment]:
             continue
         prev = out[-1] if out else None
         if prev and s.kind in _MERGED and prev.kind == s.kind and prev.device == s.device:
-            out[-1] = Segment(s.kind, s.device, prev.first, s.label, prev.steps + 1, prev.start, s.end)
+            out[-1] = Segment(
+                s.kind, s.device, prev.first, s.label, prev.steps + 1, prev.start, s.end
+            )
         else:
             out.append(Segment(s.kind, s.device, s.label, s.label, 1, s.start, s.end, s.peer))
     return out
 
 
-def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
-            simulate_seconds: float | None = None) -> dict:
+def to_json(
+    result: SimResult,
+    *,
+    link: str,
+    memory_limit: int | None = None,
+    simulate_seconds: float | None = None,
+) -> dict:
     """The `octodsl simulate --json` object: times in seconds, memory in bytes, one entry per
     device in the per-device lists."""
     p = result.program
@@ -90,8 +109,10 @@ def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
         "mesh": _mesh_json(result),
         "costs": result.costs.source,
         "link": link,
-        "links": {kind: {"link": x.link, "busy": x.busy.tolist(), "total": x.total}
-                  for kind, x in result.link_busy().items()},
+        "links": {
+            kind: {"link": x.link, "busy": x.busy.tolist(), "total": x.total}
+            for kind, x in result.link_busy().items()
+        },
         "iteration_time": result.iteration_time,
         "pipeline_time": result.pipeline_time,
         "throughput": result.throughput,
@@ -111,17 +132,35 @@ def to_json(result: SimResult, *, link: str, memory_limit: int | None = None,
         "runtime": {name: getattr(h, name) for name in RUNTIME_FIELDS},
         "exposed": {kind: seconds.tolist() for kind, seconds in result.exposed().items()},
         "update_time": result.update.tolist(),
-        "param_bytes": None if pb is None else {
-            "weights": pb.weights, "grads": pb.grads, "optimizer": pb.optimizer,
-            "total": pb.total, "per_device": pb.per_device(costs.zero, costs.dp)},
+        "param_bytes": None
+        if pb is None
+        else {
+            "weights": pb.weights,
+            "grads": pb.grads,
+            "optimizer": pb.optimizer,
+            "total": pb.total,
+            "per_device": pb.per_device(costs.zero, costs.dp),
+        },
         "static": [_static_json(result, d) for d in range(p.devices)],
         "peak_memory": result.peak_memory.tolist(),
         "peak_ops": result.peak_ops(),
         "memory_limit": memory_limit,
-        "stages": [{"stage": s, "device": stage_device[s], "F": c.f, "B": c.b, "W": c.w,
-                    "send_bytes": c.send_bytes, "act": c.act, "act_b": c.act_b, "act_w": c.act_w,
-                    "static": c.static, "recompute": recompute[s].value}
-                   for s, c in enumerate(costs.stages)],
+        "stages": [
+            {
+                "stage": s,
+                "device": stage_device[s],
+                "F": c.f,
+                "B": c.b,
+                "W": c.w,
+                "send_bytes": c.send_bytes,
+                "act": c.act,
+                "act_b": c.act_b,
+                "act_w": c.act_w,
+                "static": c.static,
+                "recompute": recompute[s].value,
+            }
+            for s, c in enumerate(costs.stages)
+        ],
         "critical_path": [seg.to_json() for seg in path_segments(result.critical_path())],
         "simulate_seconds": result.seconds if simulate_seconds is None else simulate_seconds,
     }
@@ -135,8 +174,14 @@ def _mesh(result: SimResult) -> Mesh:
 def _mesh_json(result: SimResult) -> dict:
     """tp x pp x dp GPUs on nodes (the dp of the simulation, which may override the plan's)."""
     m = _mesh(result)
-    return {"tp": m.tp, "pp": m.pp, "dp": m.dp, "world": m.world, "nodes": m.nodes,
-            "gpus_per_node": m.gpus_per_node}
+    return {
+        "tp": m.tp,
+        "pp": m.pp,
+        "dp": m.dp,
+        "world": m.world,
+        "nodes": m.nodes,
+        "gpus_per_node": m.gpus_per_node,
+    }
 
 
 def _links_line(result: SimResult) -> str:
@@ -144,10 +189,16 @@ def _links_line(result: SimResult) -> str:
     device's seconds of each), leaving out what moves nothing."""
     busy = result.link_busy()
     parts = []
-    for label, kinds in (("tp", ("tp",)), ("pipeline", ("pipeline_intra_node", "pipeline_inter_node")),
-                         ("dp", ("dp_intra_node", "dp_inter_node"))):
-        shown = [f"{busy[k].link} {_time(float(busy[k].busy.max(initial=0.0)))}" for k in kinds
-                 if busy[k].busy.any()]
+    for label, kinds in (
+        ("tp", ("tp",)),
+        ("pipeline", ("pipeline_intra_node", "pipeline_inter_node")),
+        ("dp", ("dp_intra_node", "dp_inter_node")),
+    ):
+        shown = [
+            f"{busy[k].link} {_time(float(busy[k].busy.max(initial=0.0)))}"
+            for k in kinds
+            if busy[k].busy.any()
+        ]
         if shown:
             parts.append(f"{label} " + " + ".join(shown))
     return ", ".join(parts)
@@ -162,56 +213,84 @@ def _static_json(result: SimResult, device: int) -> dict:
     if any(x is None for x in parts):
         return {"weights": None, "grads": None, "optimizer": None, "total": total}
     known = [x for x in parts if x is not None]
-    return {"weights": sum(x.weights for x in known), "grads": sum(x.grads for x in known),
-            "optimizer": sum(x.optimizer for x in known), "total": total}
+    return {
+        "weights": sum(x.weights for x in known),
+        "grads": sum(x.grads for x in known),
+        "optimizer": sum(x.optimizer for x in known),
+        "total": total,
+    }
 
 
-def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
-            simulate_seconds: float | None = None, path_shown: int = 8) -> Group:
+def summary(
+    result: SimResult,
+    *,
+    link: str,
+    memory_limit: int | None = None,
+    simulate_seconds: float | None = None,
+    path_shown: int = 8,
+) -> Group:
     """A short summary: the headline numbers, a row per device, the critical path."""
     p = result.program
     h = p.plan.header
     t = result.iteration_time
     head = Text()
     head.append(f"{h.name}", style="bold")
-    head.append(f": {p.devices} devices x {p.microbatches} micro-batches"
-                + (f", TP {h.tp}" + ("" if h.sp else " without sequence parallelism")
-                   if h.tp > 1 else "")
-                + (f", DP {result.dp}" if result.dp > 1 else "")
-                + (f", ZeRO {result.zero}" if result.zero else "") + "\n")
+    head.append(
+        f": {p.devices} devices x {p.microbatches} micro-batches"
+        + (f", TP {h.tp}" + ("" if h.sp else " without sequence parallelism") if h.tp > 1 else "")
+        + (f", DP {result.dp}" if result.dp > 1 else "")
+        + (f", ZeRO {result.zero}" if result.zero else "")
+        + "\n"
+    )
     head.append(f"{result.costs.source or 'given costs'}; link {link}\n", style="dim")
     mesh = _mesh(result)
     if mesh.world > 1:
-        head.append(f"mesh            tp {mesh.tp} x pp {mesh.pp} x dp {mesh.dp} = {mesh.world:,} "
-                    f"GPUs on {mesh.nodes:,} node{'s' * (mesh.nodes > 1)} of {mesh.gpus_per_node}\n")
+        head.append(
+            f"mesh            tp {mesh.tp} x pp {mesh.pp} x dp {mesh.dp} = {mesh.world:,} "
+            f"GPUs on {mesh.nodes:,} node{'s' * (mesh.nodes > 1)} of {mesh.gpus_per_node}\n"
+        )
     links = _links_line(result)
     if links:
         head.append(f"links           {links} (the busiest device)\n")
-    head.append(f"iteration time  {_time(t)}   lower bound {_time(result.lower_bound)} "
-                f"(efficiency {result.efficiency:.1%})\n")
+    head.append(
+        f"iteration time  {_time(t)}   lower bound {_time(result.lower_bound)} "
+        f"(efficiency {result.efficiency:.1%})\n"
+    )
     if result.throughput is not None:
         head.append(f"throughput      {result.throughput:,.0f} tokens per GPU per second\n")
-    head.append(f"bubble ratio    {result.bubble_ratio:.1%}   communication overlap "
-                f"{result.overlap_rate:.1%}")
+    head.append(
+        f"bubble ratio    {result.bubble_ratio:.1%}   communication overlap "
+        f"{result.overlap_rate:.1%}"
+    )
     if result.allreduce.any():
         head.append(f"   DP all-reduce {_time(float(result.allreduce.max()))}")
     if result.reduce_scatter.any() or result.all_gather.any():
-        dpc = result.dp_comm  # the reduction: a reduce-scatter, or with reduce_scatter false an all-reduce
-        head.append(f"\nZeRO {result.zero}          {_PATH_KINDS[dpc.reduction_kind]} "
-                    f"{_time(float(dpc.reduction.max()))}, all-gather "
-                    f"{_time(float(result.all_gather.max()))}, exposed "
-                    f"{_time(float(result.dp_exposed.max()))} (the busiest device)")
+        dpc = (
+            result.dp_comm
+        )  # the reduction: a reduce-scatter, or with reduce_scatter false an all-reduce
+        head.append(
+            f"\nZeRO {result.zero}          {_PATH_KINDS[dpc.reduction_kind]} "
+            f"{_time(float(dpc.reduction.max()))}, all-gather "
+            f"{_time(float(result.all_gather.max()))}, exposed "
+            f"{_time(float(result.dp_exposed.max()))} (the busiest device)"
+        )
     exposed = _exposed_line(result)
     if exposed:
         head.append(f"\nexposed         {exposed}")
     static = _static_json(result, int(np.argmax(result.memory.static))) if p.devices else None
     if static is not None and static["weights"] is not None:
         pb = result.costs.param_bytes
-        head.append(f"\nstatic memory   {size(static['total'], 2)} on the fullest device: weights "
-                    f"{size(static['weights'], 2)}, gradients {size(static['grads'], 2)}, "
-                    f"optimizer state {size(static['optimizer'], 2)}"
-                    + (f" ({pb.per_device(result.costs.zero, result.costs.dp):g} of "
-                       f"{pb.total:g} bytes per parameter)" if pb is not None else ""))
+        head.append(
+            f"\nstatic memory   {size(static['total'], 2)} on the fullest device: weights "
+            f"{size(static['weights'], 2)}, gradients {size(static['grads'], 2)}, "
+            f"optimizer state {size(static['optimizer'], 2)}"
+            + (
+                f" ({pb.per_device(result.costs.zero, result.costs.dp):g} of "
+                f"{pb.total:g} bytes per parameter)"
+                if pb is not None
+                else ""
+            )
+        )
     recompute = _recompute_line(p.plan.recompute())
     if recompute:
         head.append(f"\nrecompute       {recompute}")
@@ -219,8 +298,10 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
         over = [d for d in range(p.devices) if result.peak_memory[d] > memory_limit]
         head.append(f"\nmemory limit    {size(memory_limit, 2)}")
         if over:
-            head.append(f", exceeded on device{'s' * (len(over) > 1)} {', '.join(map(str, over))}",
-                        style="bold red")
+            head.append(
+                f", exceeded on device{'s' * (len(over) > 1)} {', '.join(map(str, over))}",
+                style="bold red",
+            )
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("device", "stages", "busy", "bubble", "comm", "exposed", "peak memory", "at"):
@@ -230,31 +311,52 @@ def summary(result: SimResult, *, link: str, memory_limit: int | None = None,
     for d in range(p.devices):
         peak = float(result.peak_memory[d])
         table.add_row(
-            str(d), ",".join(map(str, stages[d])), _time(float(result.busy[d])),
-            f"{result.bubble_ratios[d]:.1%}", _time(float(result.comm[d])),
+            str(d),
+            ",".join(map(str, stages[d])),
+            _time(float(result.busy[d])),
+            f"{result.bubble_ratios[d]:.1%}",
+            _time(float(result.comm[d])),
             _time(float(result.comm_exposed[d])),
-            Text(size(peak, 2), style="bold red" if memory_limit is not None and peak > memory_limit else ""),
-            peak_ops[d] or "")
+            Text(
+                size(peak, 2),
+                style="bold red" if memory_limit is not None and peak > memory_limit else "",
+            ),
+            peak_ops[d] or "",
+        )
 
     segs = path_segments(result.critical_path())
     kinds = {k: sum(s.end - s.start for s in segs if s.kind == k) for k in _PATH_KINDS}
     path = Text("critical path: ", style="bold")
-    path.append(f"{len(segs)} segments, " + ", ".join(
-        f"{name} {_time(kinds[k])}" for k, name in _PATH_KINDS.items()
-        if kinds[k] or k in ("compute", "message")) + "\n  ")
-    shown = [str(s) for s in segs] if len(segs) <= path_shown else (
-        [str(s) for s in segs[:path_shown // 2]] + [f"... {len(segs) - path_shown} more ..."]
-        + [str(s) for s in segs[-(path_shown // 2):]])
+    path.append(
+        f"{len(segs)} segments, "
+        + ", ".join(
+            f"{name} {_time(kinds[k])}"
+            for k, name in _PATH_KINDS.items()
+            if kinds[k] or k in ("compute", "message")
+        )
+        + "\n  "
+    )
+    shown = (
+        [str(s) for s in segs]
+        if len(segs) <= path_shown
+        else (
+            [str(s) for s in segs[: path_shown // 2]]
+            + [f"... {len(segs) - path_shown} more ..."]
+            + [str(s) for s in segs[-(path_shown // 2) :]]
+        )
+    )
     path.append("\n  -> ".join(shown))
     seconds = result.seconds if simulate_seconds is None else simulate_seconds
     foot = Text(f"simulated in {seconds * 1e3:.1f} ms", style="dim")
     return Group(head, Text(""), table, Text(""), path, foot)
 
 
-_EXPOSED = {"tp": ("tp collectives", "overlap_tp_comm"),
-            "pipeline": ("pipeline messages", "overlap_p2p_comm"),
-            "grad_reduce": ("gradient reduction", "overlap_grad_reduce"),
-            "param_gather": ("parameter all-gather", "overlap_param_gather")}
+_EXPOSED = {
+    "tp": ("tp collectives", "overlap_tp_comm"),
+    "pipeline": ("pipeline messages", "overlap_p2p_comm"),
+    "grad_reduce": ("gradient reduction", "overlap_grad_reduce"),
+    "param_gather": ("parameter all-gather", "overlap_param_gather"),
+}
 
 
 def _exposed_line(result: SimResult) -> str:
@@ -267,11 +369,17 @@ def _exposed_line(result: SimResult) -> str:
         name, field = _EXPOSED[kind]
         if kind == "pipeline" and not result.program.num_messages:
             continue
-        if kind == "tp" and h.tp == 1 or kind in ("grad_reduce", "param_gather") and (
-                result.dp == 1 or kind == "param_gather" and result.zero == 0):
+        if (
+            kind == "tp"
+            and h.tp == 1
+            or kind in ("grad_reduce", "param_gather")
+            and (result.dp == 1 or kind == "param_gather" and result.zero == 0)
+        ):
             continue
-        parts.append(f"{name} {_time(float(seconds.max(initial=0.0)))} "
-                     f"({'overlapped' if getattr(h, field) else 'in line'})")
+        parts.append(
+            f"{name} {_time(float(seconds.max(initial=0.0)))} "
+            f"({'overlapped' if getattr(h, field) else 'in line'})"
+        )
     return ", ".join(parts)
 
 
@@ -298,15 +406,30 @@ def _time(seconds: float) -> str:
 def comparison(rows: list[tuple[str, SimResult]]) -> Table:
     """Several plans side by side, one row each; speed-up is against the first row."""
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("plan", "stages", "iteration", "tokens/GPU/s", "bubble", "overlap", "efficiency",
-                "peak memory", "speed-up"):
+    for col in (
+        "plan",
+        "stages",
+        "iteration",
+        "tokens/GPU/s",
+        "bubble",
+        "overlap",
+        "efficiency",
+        "peak memory",
+        "speed-up",
+    ):
         table.add_column(col, justify="left" if col == "plan" else "right")
     base = rows[0][1].iteration_time
     for path, r in rows:
         p = r.program
         table.add_row(
-            p.plan.header.name or path, str(p.plan.num_stages), _time(r.iteration_time),
-            f"{r.throughput:,.0f}" if r.throughput is not None else "-", f"{r.bubble_ratio:.1%}",
-            f"{r.overlap_rate:.1%}", f"{r.efficiency:.1%}", size(float(r.peak_memory.max()), 2),
-            f"{base / r.iteration_time:.2f}x")
+            p.plan.header.name or path,
+            str(p.plan.num_stages),
+            _time(r.iteration_time),
+            f"{r.throughput:,.0f}" if r.throughput is not None else "-",
+            f"{r.bubble_ratio:.1%}",
+            f"{r.overlap_rate:.1%}",
+            f"{r.efficiency:.1%}",
+            size(float(r.peak_memory.max()), 2),
+            f"{base / r.iteration_time:.2f}x",
+        )
     return table

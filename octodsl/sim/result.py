@@ -208,14 +208,19 @@ class SimResult:
         out = {"tp": LinkBusy(links.intra.name, tp, float(tp.sum()))}
         seconds = self.msg_end - self.msg_start
         inter = links.cut_inter[p.msg_boundary]
-        for key, where, link in (("pipeline_intra_node", ~inter, links.intra),
-                                 ("pipeline_inter_node", inter, links.inter)):
+        for key, where, link in (
+            ("pipeline_intra_node", ~inter, links.intra),
+            ("pipeline_inter_node", inter, links.inter),
+        ):
             w = np.where(where, seconds, 0.0)
-            busy = (np.bincount(p.msg_src_dev, weights=w, minlength=P)
-                    + np.bincount(p.msg_dst_dev, weights=w, minlength=P))
+            busy = np.bincount(p.msg_src_dev, weights=w, minlength=P) + np.bincount(
+                p.msg_dst_dev, weights=w, minlength=P
+            )
             out[key] = LinkBusy(link.name, busy, float(w.sum()))
-        for key, spans, link in (("dp_intra_node", False, links.intra),
-                                 ("dp_inter_node", True, links.inter)):
+        for key, spans, link in (
+            ("dp_intra_node", False, links.intra),
+            ("dp_inter_node", True, links.inter),
+        ):
             busy = np.where(links.dp_inter == spans, self.dp_comm.total, 0.0)
             out[key] = LinkBusy((links.dp_given or link).name, busy, float(busy.sum()))
         return out
@@ -228,12 +233,17 @@ class SimResult:
         not under compute (`overlap_grad_reduce` runs it during the last backwards);
         'param_gather': the parameters' all-gather the iteration waits for
         (`overlap_param_gather` hides it under the next forwards)."""
-        tp = self._per_device(*(self._stage_field("tp_" + k) - self._stage_field("tp_hidden_" + k)
-                                for k in "fbw"))
+        tp = self._per_device(
+            *(self._stage_field("tp_" + k) - self._stage_field("tp_hidden_" + k) for k in "fbw")
+        )
         dpc = self.dp_comm
         pipeline = self.comm_exposed - dpc.exposed
-        return {"tp": tp, "pipeline": np.maximum(pipeline, 0.0),
-                "grad_reduce": dpc.reduction_exposed, "param_gather": dpc.gather_exposed}
+        return {
+            "tp": tp,
+            "pipeline": np.maximum(pipeline, 0.0),
+            "grad_reduce": dpc.reduction_exposed,
+            "param_gather": dpc.gather_exposed,
+        }
 
     def _stage_field(self, name: str) -> np.ndarray:
         """Per stage: that StageCost field."""
@@ -244,8 +254,9 @@ class SimResult:
         both B's and W's)."""
         p = self.program
         per_op = np.stack([f, b, w, b + w], axis=1)[p.op_stage, p.op_kind]
-        return np.bincount(np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op,
-                           minlength=p.devices)
+        return np.bincount(
+            np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=p.devices
+        )
 
     def ops(self) -> Iterator[OpSpan]:
         """Every op's interval; the ops of an overlap group split their slot in turn."""
@@ -254,16 +265,29 @@ class SimResult:
             t = self.start[n]
             for k in range(p.op_ptr[n], p.op_ptr[n + 1]):
                 e = t + self.op_dur[k]
-                yield OpSpan(int(p.node_dev[n]), KIND_OF_CODE[p.op_kind[k]].value,
-                             int(p.op_stage[k]), int(p.op_mb[k]), float(t), float(e))
+                yield OpSpan(
+                    int(p.node_dev[n]),
+                    KIND_OF_CODE[p.op_kind[k]].value,
+                    int(p.op_stage[k]),
+                    int(p.op_mb[k]),
+                    float(t),
+                    float(e),
+                )
                 t = e
 
     def messages(self) -> Iterator[MessageSpan]:
         p = self.program
         for m in range(p.num_messages):
-            yield MessageSpan(m, int(p.msg_src_dev[m]), int(p.msg_dst_dev[m]),
-                              KIND_OF_CODE[p.msg_kind[m]].value, int(p.msg_stage[m]),
-                              int(p.msg_mb[m]), float(self.msg_start[m]), float(self.msg_end[m]))
+            yield MessageSpan(
+                m,
+                int(p.msg_src_dev[m]),
+                int(p.msg_dst_dev[m]),
+                KIND_OF_CODE[p.msg_kind[m]].value,
+                int(p.msg_stage[m]),
+                int(p.msg_mb[m]),
+                float(self.msg_start[m]),
+                float(self.msg_end[m]),
+            )
 
     def collectives(self) -> Iterator[CollectiveSpan]:
         """The data-parallel collectives, device by device in stream order."""
@@ -273,7 +297,7 @@ class SimResult:
         """(time, bytes) each time the device's memory changes, starting from its static bytes."""
         p, mem = self.program, self.memory
         out = [(0.0, float(mem.static[device]))]
-        for n in p.order_nodes[p.order_ptr[device]:p.order_ptr[device + 1]]:
+        for n in p.order_nodes[p.order_ptr[device] : p.order_ptr[device + 1]]:
             out.append((float(self.start[n]), float(mem.at_start[n])))
             out.append((float(self.end[n]), float(mem.at_end[n])))
         return out
@@ -291,9 +315,15 @@ class SimResult:
             d = int(dpc.span_dev[j])
             while True:
                 k = int(dpc.span_op[j])
-                reductions.append(Step(dpc.reduction_kind,
-                                       p.op(k).label if k >= 0 else dpc.reduction_kind, d,
-                                       float(dpc.span_start[j]), float(dpc.span_end[j])))
+                reductions.append(
+                    Step(
+                        dpc.reduction_kind,
+                        p.op(k).label if k >= 0 else dpc.reduction_kind,
+                        d,
+                        float(dpc.span_start[j]),
+                        float(dpc.span_end[j]),
+                    )
+                )
                 if not dpc.span_held[j]:
                     break
                 j -= 1
@@ -312,7 +342,9 @@ class SimResult:
                 steps.append(Step("update", "update", d, t, t + float(self.update[d])))
             if dpc.gather_exposed[d] > 0:
                 t = float(dpc.gather_start[d])
-                steps.append(Step("all-gather", "all-gather", d, t, t + float(dpc.gather_exposed[d])))
+                steps.append(
+                    Step("all-gather", "all-gather", d, t, t + float(dpc.gather_exposed[d]))
+                )
         return steps
 
     def _last_on(self, d: int) -> tuple[int, int]:
@@ -337,8 +369,15 @@ class SimResult:
         steps: list[Step] = []
         while node >= 0 or msg >= 0:
             if node >= 0:
-                steps.append(Step("compute", p.node_label(node), int(p.node_dev[node]),
-                                  float(self.start[node]), float(self.end[node])))
+                steps.append(
+                    Step(
+                        "compute",
+                        p.node_label(node),
+                        int(p.node_dev[node]),
+                        float(self.start[node]),
+                        float(self.end[node]),
+                    )
+                )
                 before = int(self.pred[node])
                 node = msg = -1
                 if before >= 0:
@@ -346,9 +385,16 @@ class SimResult:
                 elif before != NO_PRED:
                     msg = int(msg_pred_code(before))
             else:
-                steps.append(Step("message", p.msg_producer(msg).label, int(p.msg_src_dev[msg]),
-                                  float(self.msg_start[msg]), float(self.msg_end[msg]),
-                                  int(p.msg_dst_dev[msg])))
+                steps.append(
+                    Step(
+                        "message",
+                        p.msg_producer(msg).label,
+                        int(p.msg_src_dev[msg]),
+                        float(self.msg_start[msg]),
+                        float(self.msg_end[msg]),
+                        int(p.msg_dst_dev[msg]),
+                    )
+                )
                 before = int(self.msg_pred[msg])
                 node, msg = (int(p.msg_src_node[msg]), -1) if before < 0 else (-1, before)
         return steps

@@ -42,13 +42,21 @@ class Sharing:
 
     @property
     def active(self) -> bool:
-        return (self.cores is not None or self.contention > 0 or self.overlap_slowdown > 0
-                or self.oversubscription > 0)
+        return (
+            self.cores is not None
+            or self.contention > 0
+            or self.overlap_slowdown > 0
+            or self.oversubscription > 0
+        )
 
     def rate(self, k: float) -> float:
         """Speed of each of k devices computing at once, as a fraction of running alone."""
-        return _rate(float(k), -1.0 if self.cores is None else float(self.cores), self.contention,
-                     self.oversubscription)
+        return _rate(
+            float(k),
+            -1.0 if self.cores is None else float(self.cores),
+            self.contention,
+            self.oversubscription,
+        )
 
 
 @njit

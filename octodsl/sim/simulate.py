@@ -34,9 +34,15 @@ class SimDeadlock(PlanError):
         super().__init__("the schedule deadlocks:\n" + describe_cycle(cycle))
 
 
-def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], link: Link, *,
-             inter_link: Link | None = None, dp: int | None = None,
-             dp_link: Link | None = None) -> SimResult:
+def simulate(
+    program: SimProgram | Plan,
+    costs: SimCosts | Sequence[StageCost],
+    link: Link,
+    *,
+    inter_link: Link | None = None,
+    dp: int | None = None,
+    dp_link: Link | None = None,
+) -> SimResult:
     """Simulate one training iteration.
 
     costs: a StageCost per stage (per micro-batch), or SimCosts with what a cost table adds
@@ -67,8 +73,10 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
         cut_inter, dp_inter = cut_crosses_nodes(mesh, p.stage_device), dp_spans_nodes(mesh)
         rails = dp_rails(mesh)
     links = Links.of(cut_inter, dp_inter, rails, link, inter_link, dp_link)
-    cut_time = links.cut_times(np.array([c.send_bytes for c in stage_costs], float)) \
+    cut_time = (
+        links.cut_times(np.array([c.send_bytes for c in stage_costs], float))
         + costs.message_overhead
+    )
     msg_dur = cut_time[p.msg_boundary]
 
     sharing = costs.sharing if costs.sharing is not None and costs.sharing.active else None
@@ -85,29 +93,51 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
             break
         dur = 0.5 * (dur + new)
     if sharing is not None:  # each op of an overlap group keeps its share of the slot
-        op_dur = op_dur * np.repeat(np.divide(dur, work, out=np.ones_like(dur), where=work > 0),
-                                    np.diff(p.op_ptr))
+        op_dur = op_dur * np.repeat(
+            np.divide(dur, work, out=np.ones_like(dur), where=work > 0), np.diff(p.op_ptr)
+        )
     pipeline_time = float(t.end.max()) if p.num_nodes else 0.0
 
     # The data-parallel end of the iteration (dpcomm.py): gradient reduction, the optimizer
     # step once every device is done (DeepSpeed synchronises the pipeline there: the
     # gradient-norm all-reduce, the loss broadcast), under ZeRO the parameters' all-gather,
     # then the step's fixed overhead.
-    grads = np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
-    update = shared_phase(np.bincount(p.stage_device, weights=[c.update for c in stage_costs],
-                                      minlength=p.devices), sharing)
+    grads = (
+        np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
+    )
+    update = shared_phase(
+        np.bincount(p.stage_device, weights=[c.update for c in stage_costs], minlength=p.devices),
+        sharing,
+    )
     h = p.plan.header
     params = grads / costs.grad_reduce_bytes
     forward = None  # what an overlapped all-gather hides under; only then worth summing
     if h.overlap_param_gather and Zero(h.zero).gathers_parameters:
-        forward = np.bincount(p.node_dev, weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
-                              minlength=p.devices)
+        forward = np.bincount(
+            p.node_dev,
+            weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
+            minlength=p.devices,
+        )
     weights = costs.param_bytes.weights if costs.param_bytes else costs.grad_reduce_bytes
-    dpc = dp_comm(p, t, grads, h.zero, ranks, links.dp, pipeline_time, update,
-                  buckets(params, ranks), h.overlap_grad_reduce, h.overlap_param_gather, forward,
-                  params * weights, h.reduce_scatter)
-    iteration_time = dpc.update_start + (float((update + dpc.gather_exposed).max(initial=0.0))
-                                         + costs.step_overhead)
+    dpc = dp_comm(
+        p,
+        t,
+        grads,
+        h.zero,
+        ranks,
+        links.dp,
+        pipeline_time,
+        update,
+        buckets(params, ranks),
+        h.overlap_grad_reduce,
+        h.overlap_param_gather,
+        forward,
+        params * weights,
+        h.reduce_scatter,
+    )
+    iteration_time = dpc.update_start + (
+        float((update + dpc.gather_exposed).max(initial=0.0)) + costs.step_overhead
+    )
     comm = comm + dpc.total
     hidden = hidden + dpc.hidden
 
@@ -116,29 +146,49 @@ def simulate(program: SimProgram | Plan, costs: SimCosts | Sequence[StageCost], 
     bound = lower_bound(p, stage_costs, float(dur.sum()), cut_time, costs.layer_work)
     total_comm = float(comm.sum())
     return SimResult(
-        program=p, costs=costs, iteration_time=iteration_time,
-        pipeline_time=pipeline_time, busy=busy, idle=idle, comm=comm, comm_exposed=comm - hidden,
+        program=p,
+        costs=costs,
+        iteration_time=iteration_time,
+        pipeline_time=pipeline_time,
+        busy=busy,
+        idle=idle,
+        comm=comm,
+        comm_exposed=comm - hidden,
         dp_comm=dpc,
         bubble_ratios=idle / iteration_time if iteration_time > 0 else np.zeros(p.devices),
-        bubble_ratio=float(idle.sum() / (p.devices * iteration_time)) if iteration_time > 0 else 0.0,
+        bubble_ratio=float(idle.sum() / (p.devices * iteration_time))
+        if iteration_time > 0
+        else 0.0,
         overlap_rate=float(hidden.sum()) / total_comm if total_comm > 0 else 1.0,
-        memory=memory(p, stage_costs), lower_bound=bound,
+        memory=memory(p, stage_costs),
+        lower_bound=bound,
         efficiency=bound / iteration_time if iteration_time > 0 else 1.0,
         seconds=time.perf_counter() - t0,
-        op_dur=op_dur, start=t.start, end=t.end, pred=t.pred, msg_start=t.msg_start,
-        msg_end=t.msg_end, msg_pred=t.msg_pred, stream_log=t.stream_log,
-        update=update, links=links,
+        op_dur=op_dur,
+        start=t.start,
+        end=t.end,
+        pred=t.pred,
+        msg_start=t.msg_start,
+        msg_end=t.msg_end,
+        msg_pred=t.msg_pred,
+        stream_log=t.stream_log,
+        update=update,
+        links=links,
     )
 
 
-def _shared_durations(p: SimProgram, g: WalkGraph, sharing: Sharing, work: np.ndarray,
-                      t: Timeline) -> np.ndarray:
+def _shared_durations(
+    p: SimProgram, g: WalkGraph, sharing: Sharing, work: np.ndarray, t: Timeline
+) -> np.ndarray:
     """Node durations under processor sharing given the last walk's Timeline `t` (sharing.py)."""
     if sharing.overlap_slowdown > 0 and p.num_messages:
         busy = comm_overlap(g, t)
         span = t.end - t.start
-        work = work * (1 + sharing.overlap_slowdown * np.divide(busy, span, out=np.zeros_like(span),
-                                                                where=span > 0))
+        work = work * (
+            1
+            + sharing.overlap_slowdown
+            * np.divide(busy, span, out=np.zeros_like(span), where=span > 0)
+        )
     cores = -1.0 if sharing.cores is None else float(sharing.cores)
     return stretch(t.start, t.end, work, cores, sharing.contention, sharing.oversubscription)
 
@@ -147,9 +197,12 @@ def warm_up() -> None:
     """Load the compiled walk (compile it, on a machine's first run: a few seconds, then cached
     on disk), so that timing a simulation afterwards times the simulation alone."""
     # zero 2 over two copies: every compiled loop runs, zero 2's reductions included.
-    plan = Plan(Header(name="warm-up", devices=2, microbatches=1, dp=2, zero=2), [Stage(), Stage()],
-                placement_loop(2, 2),
-                [[Slot((Op(kind, d, 0),)) for kind in (OpKind.F, OpKind.BW)] for d in range(2)])
+    plan = Plan(
+        Header(name="warm-up", devices=2, microbatches=1, dp=2, zero=2),
+        [Stage(), Stage()],
+        placement_loop(2, 2),
+        [[Slot((Op(kind, d, 0),)) for kind in (OpKind.F, OpKind.BW)] for d in range(2)],
+    )
     simulate(plan, uniform_stage_costs(2, 1.0, 1.0, 1.0), Link("warm-up", 1.0, 0.0))
 
 

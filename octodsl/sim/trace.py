@@ -33,15 +33,34 @@ def chrome_trace(result: SimResult) -> dict:
     # so the events below can use the simulation's own clock.
     events = trace["traceEvents"]
     for d in sorted({s.pid for s in spans if s.tid == DP_COMM}):
-        events.append({"ph": "M", "pid": d, "tid": DP_COMM, "name": "thread_name",
-                       "args": {"name": "data-parallel"}})
+        events.append(
+            {
+                "ph": "M",
+                "pid": d,
+                "tid": DP_COMM,
+                "name": "thread_name",
+                "args": {"name": "data-parallel"},
+            }
+        )
     for m in messages:
         for ph, pid in (("s", m.src), ("f", m.dst)):
-            events.append({"ph": ph, "id": m.id, "pid": pid, "tid": COMM, "ts": m.start * 1e6,
-                           "name": m.label, "cat": "message", **({"bp": "e"} if ph == "f" else {})})
+            events.append(
+                {
+                    "ph": ph,
+                    "id": m.id,
+                    "pid": pid,
+                    "tid": COMM,
+                    "ts": m.start * 1e6,
+                    "name": m.label,
+                    "cat": "message",
+                    **({"bp": "e"} if ph == "f" else {}),
+                }
+            )
     for d in range(result.devices):
         for t, nbytes in result.memory_events(d):
-            events.append({"ph": "C", "pid": d, "name": "memory", "ts": t * 1e6, "args": {"bytes": nbytes}})
+            events.append(
+                {"ph": "C", "pid": d, "name": "memory", "ts": t * 1e6, "args": {"bytes": nbytes}}
+            )
     return trace
 
 

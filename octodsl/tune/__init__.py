@@ -30,6 +30,23 @@ from .problem import Problem
 from .reference.baselines import Baseline, best_baseline, classic_baselines
 from .reference.compare import NoPlanFits, Outcome, tune_and_compare
 
-__all__ = ["Baseline", "Cluster", "ClusterResult", "Config", "Evaluator", "NoConfigurationFits",
-           "NoPlanFits", "Outcome", "Problem", "Round", "Score", "StageLayout", "TuneResult",
-           "best_baseline", "classic_baselines", "search", "tune", "tune_and_compare"]
+__all__ = [
+    "Baseline",
+    "Cluster",
+    "ClusterResult",
+    "Config",
+    "Evaluator",
+    "NoConfigurationFits",
+    "NoPlanFits",
+    "Outcome",
+    "Problem",
+    "Round",
+    "Score",
+    "StageLayout",
+    "TuneResult",
+    "best_baseline",
+    "classic_baselines",
+    "search",
+    "tune",
+    "tune_and_compare",
+]

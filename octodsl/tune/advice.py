@@ -36,20 +36,38 @@ def why_no_plan_fits(problem: Problem, advice: bool = True) -> str | None:
     P = problem.devices
     total, need, layer = short
     if layer is None:
-        cause = (f"no plan fits in {size(limit)} per device: on {P} devices the parameters, "
-                 f"gradients and optimizer state take {size(total / P)} per device "
-                 f"({sharding(problem)}) and one micro-batch's activations "
-                 f"{size(need / P)} more{recompute_note(problem)}")
-        return cause if not advice else (
-            cause + "; use " + levers_hint(problem, need, limit)
-            + f"at least {math.ceil((total + need) / limit)} devices, a larger memory "
-            "limit or smaller micro-batches")
-    cause = (f"no plan fits in {size(limit)} per device: layer {layer} ({layers[layer].kind}) "
-             f"alone holds {size(total + need)} with one micro-batch's "
-             f"activations ({sharding(problem)})")
-    return cause if not advice else (
-        cause + "; use " + levers_hint(problem, need, limit, layer=layer)
-        + "a larger memory limit or smaller micro-batches")
+        cause = (
+            f"no plan fits in {size(limit)} per device: on {P} devices the parameters, "
+            f"gradients and optimizer state take {size(total / P)} per device "
+            f"({sharding(problem)}) and one micro-batch's activations "
+            f"{size(need / P)} more{recompute_note(problem)}"
+        )
+        return (
+            cause
+            if not advice
+            else (
+                cause
+                + "; use "
+                + levers_hint(problem, need, limit)
+                + f"at least {math.ceil((total + need) / limit)} devices, a larger memory "
+                "limit or smaller micro-batches"
+            )
+        )
+    cause = (
+        f"no plan fits in {size(limit)} per device: layer {layer} ({layers[layer].kind}) "
+        f"alone holds {size(total + need)} with one micro-batch's "
+        f"activations ({sharding(problem)})"
+    )
+    return (
+        cause
+        if not advice
+        else (
+            cause
+            + "; use "
+            + levers_hint(problem, need, limit, layer=layer)
+            + "a larger memory limit or smaller micro-batches"
+        )
+    )
 
 
 def static_room(problem: Problem) -> tuple[float, float, int | None] | None:
@@ -90,19 +108,27 @@ def levers_hint(problem: Problem, need: float, limit: int, layer: int | None = N
     h = problem.header
     raw = np.array([l.static for l in problem.table.layers], float)
     pb = problem.table.param_bytes
-    fits = (lambda share: share * raw[layer] + need <= limit) if layer is not None else (
-        lambda share: share * float(raw.sum()) + need <= problem.devices * limit)
+    fits = (
+        (lambda share: share * raw[layer] + need <= limit)
+        if layer is not None
+        else (lambda share: share * float(raw.sum()) + need <= problem.devices * limit)
+    )
     hints = []
     for zero in (1, 2):
         if zero <= h.zero:
             continue
-        dp = next((d for d in (max(h.dp, 2), 4, 8, 16, 32, 64) if d >= h.dp
-                   and fits(pb.share(zero, d))), None)
+        dp = next(
+            (d for d in (max(h.dp, 2), 4, 8, 16, 32, 64) if d >= h.dp and fits(pb.share(zero, d))),
+            None,
+        )
         if dp is not None:
-            per = pb.share(zero, dp) * (float(raw[layer]) if layer is not None
-                                        else float(raw.sum()) / problem.devices)
-            hints.append(f"ZeRO (`--zero {zero} --dp {dp}` leaves {size(per)} static per "
-                         f"{'device' if layer is None else 'layer'}, more copies less)")
+            per = pb.share(zero, dp) * (
+                float(raw[layer]) if layer is not None else float(raw.sum()) / problem.devices
+            )
+            hints.append(
+                f"ZeRO (`--zero {zero} --dp {dp}` leaves {size(per)} static per "
+                f"{'device' if layer is None else 'layer'}, more copies less)"
+            )
             break
     if problem.recompute != AUTO and layer is None:
         hints.append("recompute (`--recompute auto`)")

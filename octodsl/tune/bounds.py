@@ -44,8 +44,10 @@ def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarr
     """Per layer, the seconds B runs again and the bytes a micro-batch keeps from F to B under
     `mode` (`levers.recomputed` layer by layer; full keeps the stage's input, counted as none
     of any layer's)."""
-    again, kept = zip(*(recomputed(mode, l.f, l.act, l.sel_f, l.sel_act, 0.0)
-                        for l in problem.table.layers), strict=True)
+    again, kept = zip(
+        *(recomputed(mode, l.f, l.act, l.sel_f, l.sel_act, 0.0) for l in problem.table.layers),
+        strict=True,
+    )
     return np.array(again, float), np.array(kept, float)
 
 
@@ -59,8 +61,11 @@ def lower_bound(problem: Problem) -> float:
     layers = problem.table.layers
     b_from = np.cumsum([l.b for l in reversed(layers)])[::-1]
     path = sum(l.f for l in layers) + float(np.max(b_from + [l.w for l in layers]))
-    return max(float(problem.work.sum()) * problem.microbatches / problem.devices,
-               float(problem.work.max()) * problem.microbatches, path)
+    return max(
+        float(problem.work.sum()) * problem.microbatches / problem.devices,
+        float(problem.work.max()) * problem.microbatches,
+        path,
+    )
 
 
 def tight_lower_bound(problem: Problem) -> float:
@@ -84,9 +89,12 @@ def tight_lower_bound(problem: Problem) -> float:
     m = problem.microbatches
     layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
     before, after = dp_seconds(problem)
-    return max(max(lower_bound(problem), float(layer.max()), memory_lower_bound(problem)) + after,
-               problem.microbatches * float(problem.work.sum()) / problem.devices + before + after,
-               recompute_lower_bound(problem), dp_stream_bound(problem))
+    return max(
+        max(lower_bound(problem), float(layer.max()), memory_lower_bound(problem)) + after,
+        problem.microbatches * float(problem.work.sum()) / problem.devices + before + after,
+        recompute_lower_bound(problem),
+        dp_stream_bound(problem),
+    )
 
 
 def dp_seconds(problem: Problem) -> tuple[float, float]:
@@ -107,8 +115,11 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
     links = fastest_dp_links(problem)
     gathered = even * problem.table.param_bytes.weights / problem.table.grad_reduce_bytes
     zero = Zero(h.zero)
-    after = (float(ring_all_gather_time(gathered, h.dp, links).sum()) / P
-             if zero.gathers_parameters else 0.0)
+    after = (
+        float(ring_all_gather_time(gathered, h.dp, links).sum()) / P
+        if zero.gathers_parameters
+        else 0.0
+    )
     if zero.shards_gradients:  # reduce-scattered under later compute: none counted
         return 0.0, after
     return float(ring_reduction_time(even, h.dp, links, zero, h.reduce_scatter).sum()) / P, after
@@ -125,8 +136,9 @@ def dp_stream_bound(problem: Problem) -> float:
     if not Zero(h.zero).shards_gradients or h.dp <= 1:
         return 0.0
     even = np.full(P, problem.table.grad_bytes() / P)
-    stream = problem.microbatches * float(ring_reduction_time(
-        even, h.dp, fastest_dp_links(problem), h.zero, h.reduce_scatter).sum())
+    stream = problem.microbatches * float(
+        ring_reduction_time(even, h.dp, fastest_dp_links(problem), h.zero, h.reduce_scatter).sum()
+    )
     return stream / P + dp_seconds(problem)[1]
 
 
@@ -169,8 +181,11 @@ def recompute_lower_bound(problem: Problem) -> float:
         return math.inf
 
     def g(lam: float) -> float:
-        return (float((lam * (work + extra) + (1 - lam) * held).min(axis=0).sum())
-                + lam * before + after)
+        return (
+            float((lam * (work + extra) + (1 - lam) * held).min(axis=0).sum())
+            + lam * before
+            + after
+        )
 
     # g is concave (a minimum of linear functions of l): a ternary search finds its top;
     # every value it computes is a lower bound, so the largest seen is one.
@@ -190,8 +205,9 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     byte-seconds take of the memory left beside the static bytes (inf when none is left;
     0 without a limit)."""
     layers = problem.table.layers
-    f, b, w, act, act_w = (np.array([getattr(l, k) for l in layers], float)
-                           for k in ("f", "b", "w", "act", "act_w"))
+    f, b, w, act, act_w = (
+        np.array([getattr(l, k) for l in layers], float) for k in ("f", "b", "w", "act", "act_w")
+    )
     later = np.cumsum((f + b)[::-1])[::-1]  # F + B of each layer and all after it
     again, kept = zip(*(_recomputed(problem, m) for m in problem.modes), strict=True)
     M = problem.microbatches

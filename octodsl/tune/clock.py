@@ -42,8 +42,9 @@ def command_start() -> float:
     process's start when the process is octodsl's command line; now when something else
     calls `octodsl.cli.main` (a test, a program), whose start-up is not the command's."""
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    ours = Path(sys.argv[0]).name == "octodsl" or (main is not None
-                                                  and main.name.startswith("octodsl"))
+    ours = Path(sys.argv[0]).name == "octodsl" or (
+        main is not None and main.name.startswith("octodsl")
+    )
     return process_start() if ours else time.perf_counter()
 
 

@@ -56,17 +56,23 @@ def check_size(model: str, num_layers: int, devices: int, microbatches: int) -> 
     least one layer, and plans within MAX_OPS with one stage per device and split backwards
     (the fewest ops of the plans it tries)."""
     if devices < 2:
-        raise OctoError(f"tune needs at least 2 devices (a pipeline), not {devices}; a single "
-                        "device runs every layer in one stage: `octodsl gen 1f1b -p 1 -m "
-                        f"{microbatches} --model {model}` writes that plan")
+        raise OctoError(
+            f"tune needs at least 2 devices (a pipeline), not {devices}; a single "
+            "device runs every layer in one stage: `octodsl gen 1f1b -p 1 -m "
+            f"{microbatches} --model {model}` writes that plan"
+        )
     if devices > num_layers:
-        raise OctoError(f"{model} has {num_layers} layers: tune takes 2 to {num_layers} devices "
-                        f"(each device holds at least one layer), not {devices}")
+        raise OctoError(
+            f"{model} has {num_layers} layers: tune takes 2 to {num_layers} devices "
+            f"(each device holds at least one layer), not {devices}"
+        )
     ops = 3 * devices * microbatches
     if ops > limits.MAX_OPS:
-        raise OctoError(f"{devices} devices x {microbatches} micro-batches make at least {ops:,} "
-                        f"ops per plan, more than octodsl's limit of {limits.MAX_OPS:,}; use "
-                        f"at most {limits.MAX_OPS // (3 * devices):,} micro-batches")
+        raise OctoError(
+            f"{devices} devices x {microbatches} micro-batches make at least {ops:,} "
+            f"ops per plan, more than octodsl's limit of {limits.MAX_OPS:,}; use "
+            f"at most {limits.MAX_OPS // (3 * devices):,} micro-batches"
+        )
 
 
 @dataclass
@@ -95,12 +101,24 @@ class Problem:
         self.work = np.array([l.f + l.b + l.w for l in self.table.layers])
 
     @classmethod
-    def create(cls, model: str, devices: int, microbatches: int, *, device: str = "H800",
-               memory: int | None = None, link: str | Link | None = None,
-               microbatch_size: int | None = None, seq_len: int | None = None,
-               name: str | None = None, dp: int = 1, zero: int = 0,
-               recompute: RecomputeChoice = AUTO, inter_link: str | Link | None = INTER_NODE_LINK,
-               **mesh) -> Problem:
+    def create(
+        cls,
+        model: str,
+        devices: int,
+        microbatches: int,
+        *,
+        device: str = "H800",
+        memory: int | None = None,
+        link: str | Link | None = None,
+        microbatch_size: int | None = None,
+        seq_len: int | None = None,
+        name: str | None = None,
+        dp: int = 1,
+        zero: int = 0,
+        recompute: RecomputeChoice = AUTO,
+        inter_link: str | Link | None = INTER_NODE_LINK,
+        **mesh,
+    ) -> Problem:
         """Analytical costs of a model (built-in name or spec path) on a built-in device, one GPU's
         share at `tp` with the tp collectives on `link` (default: the device's node link); `dp`,
         `zero` and `mesh` (header fields: tp, sequence_parallel, gpus_per_node, the runtime
@@ -108,11 +126,21 @@ class Problem:
         Pipeline messages and dp collectives that leave a node take `inter_link` (None: `link`).
         Raises OctoError with a message for the user."""
         try:
-            intra = link if isinstance(link, Link) else get_link(link or get_device(device).node_link)
-            header = Header(name=name or f"tuned-{model}-p{devices}-m{microbatches}",
-                            devices=devices, microbatches=microbatches, model=model,
-                            microbatch_size=microbatch_size, seq_len=seq_len, memory=memory,
-                            dp=dp, zero=zero, **mesh)
+            intra = (
+                link if isinstance(link, Link) else get_link(link or get_device(device).node_link)
+            )
+            header = Header(
+                name=name or f"tuned-{model}-p{devices}-m{microbatches}",
+                devices=devices,
+                microbatches=microbatches,
+                model=model,
+                microbatch_size=microbatch_size,
+                seq_len=seq_len,
+                memory=memory,
+                dp=dp,
+                zero=zero,
+                **mesh,
+            )
             table = cost_table(model=model, device=device, tp_link=intra, **header_costing(header))
             check_size(model, len(table.layers), devices, microbatches)
             why = unsplit_sequence(seq_len or load_model(model).seq_len, header.tp, header.sp)
@@ -120,9 +148,14 @@ class Problem:
                 raise OctoError(why)
         except ValidationError as e:  # a value out of the plan header's (or the spec's) range
             first = e.errors()[0]
-            raise OctoError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (given "
-                            f"{first['input']!r})") from None
-        inter = inter_link if isinstance(inter_link, Link) or inter_link is None else get_link(inter_link)
+            raise OctoError(
+                f"{'.'.join(map(str, first['loc']))}: {first['msg']} (given {first['input']!r})"
+            ) from None
+        inter = (
+            inter_link
+            if isinstance(inter_link, Link) or inter_link is None
+            else get_link(inter_link)
+        )
         return cls(table, header, intra, recompute, inter_link=inter)
 
     @property
@@ -194,7 +227,11 @@ class Problem:
 
     def adopt(self, plan: Plan) -> Plan:
         """`plan` with the problem's recompute mode on every stage (as is under AUTO)."""
-        return plan if self.recompute == AUTO else recompute_everywhere(plan, Recompute(self.recompute))
+        return (
+            plan
+            if self.recompute == AUTO
+            else recompute_everywhere(plan, Recompute(self.recompute))
+        )
 
     def at_tp(self, tp: int) -> Problem:
         """This problem at a larger tensor-parallel degree: its costs again at that tp (sequence
@@ -202,16 +239,21 @@ class Problem:
         model does not split over `tp`."""
         h = self.header.model_copy(update={"tp": tp})
         m = self.table.meta
-        table = cost_table(model=h.model, device=m["device"], tp_link=self.link,
-                           **header_costing(h))
+        table = cost_table(
+            model=h.model, device=m["device"], tp_link=self.link, **header_costing(h)
+        )
         return replace(self, table=table, header=h)
 
     def skeleton(self, layout: StageLayout) -> Plan:
         """A plan with the layout's partition, placement and recompute (`modes_of`) and an
         empty schedule."""
         stages = layout.with_recompute(self.modes_of(layout)).stages()
-        return Plan(self.header.model_copy(), stages, layout.placement(self.devices),
-                    [[] for _ in range(self.devices)])
+        return Plan(
+            self.header.model_copy(),
+            stages,
+            layout.placement(self.devices),
+            [[] for _ in range(self.devices)],
+        )
 
     def stage_costs(self, plan: Plan) -> list[StageCost]:
         return self.table.stage_costs(plan)
@@ -225,5 +267,7 @@ def unsplit_sequence(seq_len: int, tp: int, sequence_parallel: bool) -> str | No
     None: its length must be a multiple of tp."""
     if tp == 1 or not sequence_parallel or seq_len % tp == 0:
         return None
-    return (f"sequence parallelism splits the sequence over tp {tp}, but its length {seq_len} "
-            f"is not a multiple of {tp} (give a --seq-len that is, or --sequence-parallel false)")
+    return (
+        f"sequence parallelism splits the sequence over tp {tp}, but its length {seq_len} "
+        f"is not a multiple of {tp} (give a --seq-len that is, or --sequence-parallel false)"
+    )

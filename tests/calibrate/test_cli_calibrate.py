@@ -49,8 +49,9 @@ def test_calibrate_from_traces(files, capsys):
     measured = json.loads((tmp / "zb-h1-2.trace.json").read_text())
     from octodsl.calibrate.measured import parse_trace
 
-    assert sim["iteration_time"] == pytest.approx(parse_trace(measured["traceEvents"]).iteration_time,
-                                                  rel=1e-3)
+    assert sim["iteration_time"] == pytest.approx(
+        parse_trace(measured["traceEvents"]).iteration_time, rel=1e-3
+    )
 
 
 def test_recalibrating_a_calibrated_profile_starts_from_its_layers(files, capsys):
@@ -62,21 +63,27 @@ def test_recalibrating_a_calibrated_profile_starts_from_its_layers(files, capsys
     cal = json.loads(capsys.readouterr().out)
     spec = syn.profile().model
     assert (cal["model"], cal["microbatch_size"], cal["seq_len"]) == (
-        spec.name, spec.microbatch_size, spec.seq_len)
+        spec.name,
+        spec.microbatch_size,
+        spec.seq_len,
+    )
     assert cal["op_scale"]["F"] == pytest.approx(syn.TRUE.op_scale["F"], rel=1e-3)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--trace", "t.json"], "one --plan per --trace"),
-    (["--ranks", "1"], "at least 2 processes"),
-    (["--ranks", "two"], "--ranks: 'two' is not a whole number"),
-    (["--ranks", ","], "--ranks: cannot read ','"),
-    (["--ranks", "2,5000"], "--ranks: must be at most 4,096"),
-    (["--steps", "3"], "at least --warmup + 2"),
-    (["--steps", "100000"], "--steps: must be at most 1,000"),
-    (["--warmup", "-1"], "--warmup: must be at least 0"),
-    (["--microbatch-size", "0"], "--microbatch-size: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--trace", "t.json"], "one --plan per --trace"),
+        (["--ranks", "1"], "at least 2 processes"),
+        (["--ranks", "two"], "--ranks: 'two' is not a whole number"),
+        (["--ranks", ","], "--ranks: cannot read ','"),
+        (["--ranks", "2,5000"], "--ranks: must be at most 4,096"),
+        (["--steps", "3"], "at least --warmup + 2"),
+        (["--steps", "100000"], "--steps: must be at most 1,000"),
+        (["--warmup", "-1"], "--warmup: must be at least 0"),
+        (["--microbatch-size", "0"], "--microbatch-size: must be at least 1"),
+    ],
+)
 def test_user_errors(files, capsys, argv, message):
     tmp, base, _ = files
     assert main(["calibrate", "--profile", str(base), "-o", str(tmp / "x.json"), *argv]) == 2
@@ -90,6 +97,19 @@ def test_needs_a_model_or_profile(capsys, tmp_path):
 
 def test_wrong_model_for_the_profile(files, capsys):
     tmp, base, args = files
-    assert main(["calibrate", "--model", "jamba-tiny", "--profile", str(base), "-o",
-                 str(tmp / "x.json"), *args]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                "jamba-tiny",
+                "--profile",
+                str(base),
+                "-o",
+                str(tmp / "x.json"),
+                *args,
+            ]
+        )
+        == 2
+    )
     assert "not jamba-tiny" in capsys.readouterr().err

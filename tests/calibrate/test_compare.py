@@ -59,7 +59,11 @@ def test_warmup_steps_are_not_timed_and_spread_shows_noise(setup):
 
 def test_errors_show_a_slower_machine(setup):
     _, plan, table, _ = setup
-    c = compare(plan, *_costs(table, plan), parse_trace(syn.measured_trace(plan, slowdown=1.25)["traceEvents"]))
+    c = compare(
+        plan,
+        *_costs(table, plan),
+        parse_trace(syn.measured_trace(plan, slowdown=1.25)["traceEvents"]),
+    )
     assert c.iteration.error == pytest.approx(1 / 1.25 - 1)
     for m in c.busy + c.idle:
         assert m.error == pytest.approx(1 / 1.25 - 1)
@@ -81,13 +85,19 @@ def test_a_trace_of_another_plan_is_refused(setup, tmp_path):
     with pytest.raises(TraceError, match="did not run the plan's ops"):
         check_against(trace, plan)
     with pytest.raises(TraceError, match="devices"):
-        check_against(parse_trace(syn.measured_trace(syn.plan("1f1b", 4, 8, tmp_path))["traceEvents"]), plan)
+        check_against(
+            parse_trace(syn.measured_trace(syn.plan("1f1b", 4, 8, tmp_path))["traceEvents"]), plan
+        )
 
 
 def test_incomplete_last_step_is_dropped(setup):
     _, plan, _, _ = setup
     events = syn.measured_trace(plan, steps=3)["traceEvents"]
-    spans = [e for e in events if e.get("ph") == "X" and e["tid"] == 0 and e["args"]["kind"] != "optimizer"]
+    spans = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e["tid"] == 0 and e["args"]["kind"] != "optimizer"
+    ]
     last = max(spans, key=lambda e: e["ts"])
     events.remove(last)
     trace = parse_trace(events)
@@ -134,12 +144,18 @@ def test_side_by_side_and_png(setup, tmp_path):
     _, plan, table, _ = setup
     c = compare(plan, *_costs(table, plan), parse_trace(syn.measured_trace(plan)["traceEvents"]))
     trace = side_by_side(c)
-    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
-             if e.get("ph") == "M" and e["name"] == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e.get("ph") == "M" and e["name"] == "process_name"
+    }
     assert names[0] == "simulated: device 0" and names[1].startswith("measured: device 0")
     assert names[3].startswith("measured: device 1")
-    ops = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["tid"] == 0
-           and e["args"].get("kind") in ("F", "B", "W")]
+    ops = [
+        e
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e["tid"] == 0 and e["args"].get("kind") in ("F", "B", "W")
+    ]
     assert len(ops) == 2 * sum(len(s) for s in plan.schedule)
     assert any(e.get("ph") == "C" and e["pid"] == 1 for e in trace["traceEvents"])
     assert trace["otherData"]["iteration_error"] == pytest.approx(0, abs=1e-9)
@@ -155,14 +171,32 @@ def test_cli_compare(setup, tmp_path, capsys):
     plan_path = tmp_path / "plan.octo"
     plan_path.write_text(render_plan(plan))
     trace = syn.write_trace(tmp_path / "run.json", syn.measured_trace(plan, slowdown=1.02))
-    assert main(["compare", str(plan_path), "--trace", str(trace), "--profile", str(profile),
-                 "--json"]) == 0
+    assert (
+        main(
+            ["compare", str(plan_path), "--trace", str(trace), "--profile", str(profile), "--json"]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["iteration_error"] == pytest.approx(1 / 1.02 - 1)
     assert out["link"]["latency"] == pytest.approx(syn.TRUE.link.latency)  # the calibrated link
     assert (tmp_path / "run.compare.json").exists()
-    assert main(["compare", str(plan_path), "--trace", str(trace), "--profile", str(profile),
-                 "--no-files", "--side-by-side", str(tmp_path / "x.json")]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(plan_path),
+                "--trace",
+                str(trace),
+                "--profile",
+                str(profile),
+                "--no-files",
+                "--side-by-side",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "iteration" in text and "peak memory" in text and not (tmp_path / "x.json").exists()
     assert "3 of 4 measured steps timed, 0% apart from fastest to slowest" in text
@@ -174,10 +208,23 @@ def test_cli_compare_user_errors(setup, tmp_path, capsys):
 
     plan_path = tmp_path / "plan.octo"
     plan_path.write_text(render_plan(plan))
-    assert main(["compare", str(plan_path), "--trace", str(tmp_path / "none.json"),
-                 "--profile", str(profile)]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                str(plan_path),
+                "--trace",
+                str(tmp_path / "none.json"),
+                "--profile",
+                str(profile),
+            ]
+        )
+        == 2
+    )
     assert "none.json: no such trace" in capsys.readouterr().err
-    other = syn.write_trace(tmp_path / "other.json", syn.measured_trace(syn.plan("1f1b", 2, 4, tmp_path)))
+    other = syn.write_trace(
+        tmp_path / "other.json", syn.measured_trace(syn.plan("1f1b", 2, 4, tmp_path))
+    )
     assert main(["compare", str(plan_path), "--trace", str(other), "--profile", str(profile)]) == 2
     assert "did not run the plan's ops" in capsys.readouterr().err
 
@@ -189,8 +236,9 @@ def test_op_kind_figures_sum_every_device(setup):
     assert [m.name for m in c.kinds] == ["F ops", "B ops", "W ops"]  # zb-h1 splits B and W
     for m in c.kinds:
         kind = m.name.split()[0]
-        assert m.simulated == pytest.approx(sum(op.end - op.start for op in c.result.ops()
-                                                if op.kind == kind))
+        assert m.simulated == pytest.approx(
+            sum(op.end - op.start for op in c.result.ops() if op.kind == kind)
+        )
         assert m.error == pytest.approx(0, abs=1e-9)
     slow = parse_trace(syn.measured_trace(plan, slowdown=1.25)["traceEvents"])
     for m in compare(plan, *_costs(table, plan), slow).kinds:
@@ -229,23 +277,43 @@ def test_a_plan_without_layers_is_simulated_with_the_split_that_ran(setup, tmp_p
     path = syn.write_trace(tmp_path / "moved.json", data)
     plan_path = tmp_path / "abstract.octo"
     plan_path.write_text(render_plan(abstract))
-    assert main(["compare", str(plan_path), "--trace", str(path), "--profile", str(profile),
-                 "--json", "--no-files"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(plan_path),
+                "--trace",
+                str(path),
+                "--profile",
+                str(profile),
+                "--json",
+                "--no-files",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
-    expect = compare(shifted, SimCosts.from_table(table, shifted), table.calibration.link,
-                     parse_trace(data["traceEvents"], info=data["otherData"]))
+    expect = compare(
+        shifted,
+        SimCosts.from_table(table, shifted),
+        table.calibration.link,
+        parse_trace(data["traceEvents"], info=data["otherData"]),
+    )
     assert out["iteration_error"] == pytest.approx(expect.iteration.error)
     assert expect.iteration.error != pytest.approx(0, abs=1e-6)  # the split matters here
 
 
-@pytest.mark.parametrize("partition, message", [
-    ([[0, 3]], "not [first, last] layers for each of the plan's 2 stages"),
-    ([[0, 3], [5, 2]], "not [first, last] layers"),
-    ([[0, 3], ["4", 7]], "not [first, last] layers"),
-    ([[0, 3], [4, True]], "not [first, last] layers"),
-    ("0..3", "not [first, last] layers"),
-    ([[0, 3], [4, 1 << 40]], "not [first, last] layers"),
-])
+@pytest.mark.parametrize(
+    "partition, message",
+    [
+        ([[0, 3]], "not [first, last] layers for each of the plan's 2 stages"),
+        ([[0, 3], [5, 2]], "not [first, last] layers"),
+        ([[0, 3], ["4", 7]], "not [first, last] layers"),
+        ([[0, 3], [4, True]], "not [first, last] layers"),
+        ("0..3", "not [first, last] layers"),
+        ([[0, 3], [4, 1 << 40]], "not [first, last] layers"),
+    ],
+)
 def test_a_bad_recorded_split_is_one_message(setup, partition, message):
     from octodsl.calibrate.measured import as_ran
 
@@ -263,6 +331,7 @@ def test_a_plan_that_names_other_layers_than_ran_is_refused(setup):
     data = syn.measured_trace(plan)
     a, b = plan.stages[0].bounds
     data["otherData"]["partition"] = [[a, b + 1], [b + 2, plan.stages[1].bounds[1]]]
-    with pytest.raises(TraceError, match=f"stage 0 ran layers {a}..{b + 1}, but the plan gives "
-                                         f"it layers {a}..{b}"):
+    with pytest.raises(
+        TraceError, match=f"stage 0 ran layers {a}..{b + 1}, but the plan gives it layers {a}..{b}"
+    ):
         as_ran(plan, parse_trace(data["traceEvents"], info=data["otherData"]))

@@ -32,8 +32,25 @@ def test_calibrate_runs_the_executor_and_compare_reads_its_traces(tmp_path, caps
     spec.write_text(SPEC)
     work = tmp_path / "runs"
     out = tmp_path / "micro.calibrated.json"
-    assert main(["calibrate", "--model", str(spec), "--ranks", "2", "--steps", "4",
-                 "--workdir", str(work), "-o", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(spec),
+                "--ranks",
+                "2",
+                "--steps",
+                "4",
+                "--workdir",
+                str(work),
+                "-o",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     cal = json.loads(capsys.readouterr().out)
     assert cal["processes"] == [2] and len(cal["fit"]["runs"]) == 4
     assert cal["link"]["bandwidth"] > 0 and cal["fit"]["probe"]

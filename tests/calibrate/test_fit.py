@@ -10,8 +10,14 @@ from octodsl.errors import OctoError
 
 from . import synthetic as syn
 
-CASES = [("1f1b", 2, 4), ("zb-h1", 2, 4), ("zb-v", 2, 4), ("1f1b", 4, 8), ("zb-h1", 4, 8),
-         ("zb-v", 4, 8)]
+CASES = [
+    ("1f1b", 2, 4),
+    ("zb-h1", 2, 4),
+    ("zb-v", 2, 4),
+    ("1f1b", 4, 8),
+    ("zb-h1", 4, 8),
+    ("zb-v", 4, 8),
+]
 
 
 def _runs(tmp_path, cases=CASES, truth=syn.TRUE, **kw):
@@ -64,11 +70,16 @@ def test_the_iteration_match_restores_op_costs_that_simulate_short(tmp_path):
     from octodsl.sim import compile
 
     runs = _runs(tmp_path, CASES[:3])
-    low = syn.TRUE.model_copy(update={"op_scale": {k: 0.95 * v for k, v in syn.TRUE.op_scale.items()},
-                                      "op_overhead": {k: 0.95 * v for k, v in syn.TRUE.op_overhead.items()}})
+    low = syn.TRUE.model_copy(
+        update={
+            "op_scale": {k: 0.95 * v for k, v in syn.TRUE.op_scale.items()},
+            "op_overhead": {k: 0.95 * v for k, v in syn.TRUE.op_overhead.items()},
+        }
+    )
     report = FitReport()
-    cal = _fit_timeline(syn.profile().cost_table("<syn>"), runs, [compile(r.plan) for r in runs],
-                        low, report)
+    cal = _fit_timeline(
+        syn.profile().cost_table("<syn>"), runs, [compile(r.plan) for r in runs], low, report
+    )
     assert report.timeline == pytest.approx(1 / 0.95, abs=0.005)
     for k, v in syn.TRUE.op_scale.items():
         assert cal.op_scale[k] == pytest.approx(v, rel=0.005)
@@ -76,22 +87,31 @@ def test_the_iteration_match_restores_op_costs_that_simulate_short(tmp_path):
 
 def test_contention_without_core_limit(tmp_path):
     truth = syn.TRUE.model_copy(update={"cores": None, "contention": 0.12})
-    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, CASES[:4], truth), probe=syn.probe(),
-              cpus=8)
+    cal = fit(
+        syn.profile().cost_table("<syn>"),
+        _runs(tmp_path, CASES[:4], truth),
+        probe=syn.probe(),
+        cpus=8,
+    )
     assert cal.cores is None and cal.contention == pytest.approx(0.12)
 
 
 def test_more_processes_than_cores_always_share(tmp_path):
     """On a 2-core machine 4 processes cannot each have a core, whatever fits the ops best."""
     truth = syn.TRUE.model_copy(update={"cores": None, "contention": 0.12})
-    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, CASES[:4], truth), probe=syn.probe(),
-              cpus=2)
+    cal = fit(
+        syn.profile().cost_table("<syn>"),
+        _runs(tmp_path, CASES[:4], truth),
+        probe=syn.probe(),
+        cpus=2,
+    )
     assert cal.cores is not None and cal.cores <= 2
 
 
 def test_noisy_traces_still_fit_closely(tmp_path):
-    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, noise=0.03, seed=3),
-              probe=syn.probe())
+    cal = fit(
+        syn.profile().cost_table("<syn>"), _runs(tmp_path, noise=0.03, seed=3), probe=syn.probe()
+    )
     for k in ("F", "B", "W", "BW"):
         assert cal.op_scale[k] == pytest.approx(syn.TRUE.op_scale[k], rel=0.05)
     assert cal.cores == pytest.approx(2.0, abs=0.15)
@@ -104,8 +124,9 @@ def test_without_probe_or_optimizer_spans_or_memory(tmp_path):
     for sched, p, m in CASES[:3]:
         plan = syn.plan(sched, p, m, tmp_path)
         trace = syn.measured_trace(plan, memory=False)
-        trace["traceEvents"] = [e for e in trace["traceEvents"]
-                                if e.get("args", {}).get("kind") != "optimizer"]
+        trace["traceEvents"] = [
+            e for e in trace["traceEvents"] if e.get("args", {}).get("kind") != "optimizer"
+        ]
         runs.append(Run(plan, parse_trace(trace["traceEvents"])))
     cal = fit(syn.profile().cost_table("<syn>"), runs)
     assert cal.update_per_param == 0 and not cal.act_w_extra
@@ -116,7 +137,9 @@ def test_without_probe_or_optimizer_spans_or_memory(tmp_path):
 
 def test_fit_link():
     assert fit_link([]) is None
-    lat, bw = fit_link([(1 << 10, 5e-3)] + [(n, 1e-4 + n / 3e9) for n in (1 << 14, 1 << 17, 1 << 20)])
+    lat, bw = fit_link(
+        [(1 << 10, 5e-3)] + [(n, 1e-4 + n / 3e9) for n in (1 << 14, 1 << 17, 1 << 20)]
+    )
     assert lat == pytest.approx(1e-4) and bw == pytest.approx(3e9)
 
 
@@ -135,9 +158,12 @@ def test_overlap_slowdown_when_messages_cover_compute(tmp_path):
     """Slow messages (30 ms) under the ops: the slowdown is identifiable and found."""
     from octodsl.costs.profile import FittedLink
 
-    truth = syn.TRUE.model_copy(update={"link": FittedLink(latency=0.03, bandwidth=2.5e9),
-                                        "overlap_slowdown": 0.3})
-    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, truth=truth), probe=syn.probe(truth))
+    truth = syn.TRUE.model_copy(
+        update={"link": FittedLink(latency=0.03, bandwidth=2.5e9), "overlap_slowdown": 0.3}
+    )
+    cal = fit(
+        syn.profile().cost_table("<syn>"), _runs(tmp_path, truth=truth), probe=syn.probe(truth)
+    )
     assert cal.overlap_slowdown == pytest.approx(0.3, abs=0.08)
     assert cal.cores == 2.0 and cal.contention == pytest.approx(0.05, abs=0.011)
     assert max(run_errors(cal)) < 0.01
@@ -146,7 +172,9 @@ def test_overlap_slowdown_when_messages_cover_compute(tmp_path):
 def test_oversubscription_from_iteration_times(tmp_path):
     """Four processes on two cores, each slowed a further 20% per process beyond the cores."""
     truth = syn.TRUE.model_copy(update={"oversubscription": 0.2})
-    cal = fit(syn.profile().cost_table("<syn>"), _runs(tmp_path, truth=truth), probe=syn.probe(truth))
+    cal = fit(
+        syn.profile().cost_table("<syn>"), _runs(tmp_path, truth=truth), probe=syn.probe(truth)
+    )
     assert cal.cores == 2.0 and cal.oversubscription == pytest.approx(0.2, abs=0.021)
     assert max(run_errors(cal)) < 0.01
 

@@ -27,8 +27,10 @@ def good(tmp_path_factory):
     return tmp, plan_path, syn.measured_trace(plan)
 
 
-BAD = st.one_of(st.sampled_from([math.nan, math.inf, -math.inf, "12", None, [], True]),
-                st.floats(max_value=-1e-12, allow_nan=False, allow_infinity=False))
+BAD = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf, "12", None, [], True]),
+    st.floats(max_value=-1e-12, allow_nan=False, allow_infinity=False),
+)
 
 
 # the examples share tmp_path: each writes its one file anew
@@ -50,18 +52,54 @@ def test_bad_times_are_refused_naming_the_file_and_event(good, tmp_path, data, k
         read_trace(path)
 
 
-@pytest.mark.parametrize("event, message", [
-    ("not an event", "event 0 is not a JSON object"),
-    ({"ph": "X", "name": "F0:0", "pid": [1], "ts": 0, "dur": 1}, "its pid is not a number"),
-    ({"ph": "X", "name": "F0:0", "pid": 0, "ts": 0, "dur": 1, "args": "x"}, "args are not an object"),
-    ({"ph": "X", "name": "F0:0", "pid": 10**9, "tid": 0, "ts": 0, "dur": 1,
-      "args": {"kind": "F", "stage": 0, "mb": 0}}, r"device 1000000000 \(pid 1000000000\) is past octodsl's limit of 4096"),
-    ({"ph": "X", "name": "F0:0", "pid": 0, "tid": 0, "ts": 0, "dur": 1,
-      "args": {"kind": "F", "stage": "x", "mb": 0}}, "span 'F0:0' lacks its stage"),
-    ({"ph": "X", "name": "F0:0", "pid": 0, "tid": 0, "ts": 0, "dur": 1,
-      "args": {"kind": ["F"], "stage": 0, "mb": 0}}, "its kind is not a string"),
-    ({"ph": "X", "name": ["F0:0"], "pid": 0, "tid": 0, "ts": 0, "dur": 1}, "its name is not"),
-])
+@pytest.mark.parametrize(
+    "event, message",
+    [
+        ("not an event", "event 0 is not a JSON object"),
+        ({"ph": "X", "name": "F0:0", "pid": [1], "ts": 0, "dur": 1}, "its pid is not a number"),
+        (
+            {"ph": "X", "name": "F0:0", "pid": 0, "ts": 0, "dur": 1, "args": "x"},
+            "args are not an object",
+        ),
+        (
+            {
+                "ph": "X",
+                "name": "F0:0",
+                "pid": 10**9,
+                "tid": 0,
+                "ts": 0,
+                "dur": 1,
+                "args": {"kind": "F", "stage": 0, "mb": 0},
+            },
+            r"device 1000000000 \(pid 1000000000\) is past octodsl's limit of 4096",
+        ),
+        (
+            {
+                "ph": "X",
+                "name": "F0:0",
+                "pid": 0,
+                "tid": 0,
+                "ts": 0,
+                "dur": 1,
+                "args": {"kind": "F", "stage": "x", "mb": 0},
+            },
+            "span 'F0:0' lacks its stage",
+        ),
+        (
+            {
+                "ph": "X",
+                "name": "F0:0",
+                "pid": 0,
+                "tid": 0,
+                "ts": 0,
+                "dur": 1,
+                "args": {"kind": ["F"], "stage": 0, "mb": 0},
+            },
+            "its kind is not a string",
+        ),
+        ({"ph": "X", "name": ["F0:0"], "pid": 0, "tid": 0, "ts": 0, "dur": 1}, "its name is not"),
+    ],
+)
 def test_malformed_events(event, message):
     with pytest.raises(TraceError, match=message):
         parse_trace([event], "t.json")
@@ -79,8 +117,10 @@ def test_overlapping_ops_of_one_device_are_refused(good):
 def test_the_clocks_jitter_is_no_overlap(good):
     _, _, trace = good
     events = json.loads(json.dumps(trace["traceEvents"]))
-    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("tid") == 0 and e["pid"] == 0),
-                 key=lambda e: e["ts"])
+    ops = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("tid") == 0 and e["pid"] == 0),
+        key=lambda e: e["ts"],
+    )
     ops[0]["dur"] = ops[1]["ts"] - ops[0]["ts"] + 0.1 * ops[1]["dur"]
     parse_trace(events, "t.json")
 
@@ -93,8 +133,22 @@ def test_calibrate_writes_no_profile_from_a_refused_trace(good, tmp_path, capsys
     bad.write_text(json.dumps({"traceEvents": events}))
     base = syn.write_profile_file(tmp_path / "base.profile.json")
     out = tmp_path / "calibrated.json"
-    assert main(["calibrate", "--profile", str(base), "--trace", str(bad), "--plan",
-                 str(plan_path), "-o", str(out)]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--profile",
+                str(base),
+                "--trace",
+                str(bad),
+                "--plan",
+                str(plan_path),
+                "-o",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"octodsl: error: {bad}: event ")
     assert "dur is -5000000.0, not a finite number of at least 0" in err
@@ -104,14 +158,31 @@ def test_calibrate_writes_no_profile_from_a_refused_trace(good, tmp_path, capsys
 def test_calibrate_refuses_a_plan_of_another_shape(good, tmp_path, capsys):
     tmp, plan_path, trace = good
     other = tmp_path / "other.octo"
-    other.write_text(plan_path.read_text().replace("  microbatches 4\n",
-                                                   "  microbatches 4\n  microbatch_size 3\n"))
+    other.write_text(
+        plan_path.read_text().replace(
+            "  microbatches 4\n", "  microbatches 4\n  microbatch_size 3\n"
+        )
+    )
     good_trace = tmp_path / "t.trace.json"
     good_trace.write_text(json.dumps(trace))
     base = syn.write_profile_file(tmp_path / "base.profile.json")
     out = tmp_path / "calibrated.json"
-    assert main(["calibrate", "--profile", str(base), "--trace", str(good_trace), "--plan",
-                 str(other), "-o", str(out)]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--profile",
+                str(base),
+                "--trace",
+                str(good_trace),
+                "--plan",
+                str(other),
+                "-o",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"octodsl: error: {other}: profile ") and "the plan asks for 3" in err
     assert not out.exists()

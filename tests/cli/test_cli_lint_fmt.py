@@ -75,7 +75,9 @@ def test_fmt_syntax_error(tmp_path, capsys):
 
 def test_fmt_of_odd_line_separators_in_comments_is_stable(tmp_path, capsys):
     f = tmp_path / "odd.octo"
-    f.write_text(GOOD.replace("  devices 1\n", "  devices 1  # a\u2028b\x0cc\n\n"), encoding="utf-8")
+    f.write_text(
+        GOOD.replace("  devices 1\n", "  devices 1  # a\u2028b\x0cc\n\n"), encoding="utf-8"
+    )
     assert main(["fmt", str(f)]) == 0
     once = f.read_text(encoding="utf-8")
     assert "# a\u2028b\x0cc\n\n  microbatches 1" in once
@@ -84,8 +86,12 @@ def test_fmt_of_odd_line_separators_in_comments_is_stable(tmp_path, capsys):
 
 
 def test_lint_of_hostile_files_never_an_internal_error(tmp_path, capsys):
-    hostile = {"bom": "\ufeff" + GOOD, "nul": GOOD.replace("F0:0", "F0:\x000"),
-               "digits": GOOD.replace("F0:0", "F0:\u0663"), "huge": GOOD.replace("F0:0", "F0:" + "9" * 5000)}
+    hostile = {
+        "bom": "\ufeff" + GOOD,
+        "nul": GOOD.replace("F0:0", "F0:\x000"),
+        "digits": GOOD.replace("F0:0", "F0:\u0663"),
+        "huge": GOOD.replace("F0:0", "F0:" + "9" * 5000),
+    }
     for name, text in hostile.items():
         f = tmp_path / f"{name}.octo"
         f.write_text(text, encoding="utf-8")
@@ -97,18 +103,27 @@ def test_lint_of_hostile_files_never_an_internal_error(tmp_path, capsys):
 
 # -- a plan with errors: lint lists them, the other commands name their count ------------------
 
-PLACEMENT_BACKWARDS = ('plan "first" {\n  devices 2\n  microbatches 2\n}\nstages 2\nplacement {\n'
-                       "  stage 0: device 0\n  stage 1: device 1\n}\n"
-                       "schedule {\n  device 0 { F0:0..1 F9:0 F9:1 }\n  device 1 { F1:0..1 BW1:0..1 }\n}\n")
+PLACEMENT_BACKWARDS = (
+    'plan "first" {\n  devices 2\n  microbatches 2\n}\nstages 2\nplacement {\n'
+    "  stage 0: device 0\n  stage 1: device 1\n}\n"
+    "schedule {\n  device 0 { F0:0..1 F9:0 F9:1 }\n  device 1 { F1:0..1 BW1:0..1 }\n}\n"
+)
 
 
-@pytest.mark.parametrize("command", [["simulate"], ["tune", "--model", "nemotron-h-8b", "--from"],
-                                     ["convert", "--to", "megatron"]])
+@pytest.mark.parametrize(
+    "command",
+    [["simulate"], ["tune", "--model", "nemotron-h-8b", "--from"], ["convert", "--to", "megatron"]],
+)
 def test_a_plan_with_errors_is_refused_in_one_line(tmp_path, capsys, command):
     plan = tmp_path / "place.octo"
-    plan.write_text(PLACEMENT_BACKWARDS.replace("placement {\n  stage 0: device 0\n  stage 1: device 1\n}",
-                                                "placement loop"))
-    args = command[:-1] + [command[-1], str(plan)] if command[0] == "tune" else command + [str(plan)]
+    plan.write_text(
+        PLACEMENT_BACKWARDS.replace(
+            "placement {\n  stage 0: device 0\n  stage 1: device 1\n}", "placement loop"
+        )
+    )
+    args = (
+        command[:-1] + [command[-1], str(plan)] if command[0] == "tune" else command + [str(plan)]
+    )
     if command[0] == "tune":
         args += ["-o", str(tmp_path / "out.octo")]
     assert main(args) == 1
@@ -121,8 +136,11 @@ def test_a_plan_with_errors_is_refused_in_one_line(tmp_path, capsys, command):
 def test_lint_counts_what_its_cap_leaves_out(tmp_path, capsys):
     plan = tmp_path / "many.octo"
     ops = " ".join(f"F9:{m}" for m in range(100))
-    plan.write_text(PLACEMENT_BACKWARDS.replace("placement {\n  stage 0: device 0\n  stage 1: device 1\n}",
-                                                "placement loop").replace("F9:0 F9:1", ops))
+    plan.write_text(
+        PLACEMENT_BACKWARDS.replace(
+            "placement {\n  stage 0: device 0\n  stage 1: device 1\n}", "placement loop"
+        ).replace("F9:0 F9:1", ops)
+    )
     assert main(["lint", str(plan)]) == 1
     err = capsys.readouterr().err
     assert err.count("error[E303]") == 8  # MAX_PER_LINE

@@ -25,12 +25,15 @@ def bash_script(tmp_path_factory) -> str:
 def complete(bash_script: str, *words: str) -> list[str]:
     """What a TAB after `octodsl WORDS...` offers (the last word is the one being completed)."""
     line = ["octodsl", *words]
-    program = (f"source {bash_script}\n"
-               f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
-               "_octodsl_complete\n"
-               "printf '%s\\n' \"${COMPREPLY[@]}\"\n")
-    done = subprocess.run([BASH, "--norc", "--noprofile", "-c", program], capture_output=True,
-                          text=True, timeout=30)
+    program = (
+        f"source {bash_script}\n"
+        f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
+        "_octodsl_complete\n"
+        "printf '%s\\n' \"${COMPREPLY[@]}\"\n"
+    )
+    done = subprocess.run(
+        [BASH, "--norc", "--noprofile", "-c", program], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0 and not done.stderr, done.stderr
     return [w for w in done.stdout.splitlines() if w]
 
@@ -74,8 +77,13 @@ def test_every_option_of_every_command(bash_script):
 
 @needs_bash
 def test_values(bash_script):
-    assert complete(bash_script, "gen", "--partition", "") == ["time", "parameters", "equal",
-                                                              "megatron", "megatron-ends"]
+    assert complete(bash_script, "gen", "--partition", "") == [
+        "time",
+        "parameters",
+        "equal",
+        "megatron",
+        "megatron-ends",
+    ]
     assert complete(bash_script, "gen", "--partition", "=", "p") == ["parameters"]
     assert complete(bash_script, "gen", "zb-") == ["zb-h1", "zb-h2", "zb-v"]
     assert complete(bash_script, "profile", "--device", "c") == ["cpu", "cuda"]
@@ -97,13 +105,16 @@ def test_zsh(tmp_path):
 
     def zsh_complete(*words: str) -> list[str]:
         line = ["octodsl", *words]
-        program = (f"autoload -U +X compinit && compinit -u -d {tmp_path}/zcompdump\n"
-                   f"source {path}\n"
-                   f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
-                   f"words=(\"${{COMP_WORDS[@]}}\"); CURRENT={len(line)}\n"
-                   f"compgen -F _octodsl_complete -- {line[-1]!r}\n")
-        done = subprocess.run([ZSH, "-f", "-c", program], capture_output=True, text=True,
-                              timeout=30)
+        program = (
+            f"autoload -U +X compinit && compinit -u -d {tmp_path}/zcompdump\n"
+            f"source {path}\n"
+            f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
+            f'words=("${{COMP_WORDS[@]}}"); CURRENT={len(line)}\n'
+            f"compgen -F _octodsl_complete -- {line[-1]!r}\n"
+        )
+        done = subprocess.run(
+            [ZSH, "-f", "-c", program], capture_output=True, text=True, timeout=30
+        )
         assert done.returncode == 0 and not done.stderr, done.stderr
         return [w for w in done.stdout.splitlines() if w and w.startswith(line[-1])]
 

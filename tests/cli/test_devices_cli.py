@@ -16,8 +16,12 @@ from octodsl.cli.completion import script
 from octodsl.costs.devices import DEVICES, LINKS, get_device, get_link
 
 GPU = {
-    "name": "MyGPU", "peak_flops": 1e15, "fp32_flops": 5e14, "vector_flops": 6e13,
-    "mem_bandwidth": 3e12, "memory": "80GB",
+    "name": "MyGPU",
+    "peak_flops": 1e15,
+    "fp32_flops": 5e14,
+    "vector_flops": 6e13,
+    "mem_bandwidth": 3e12,
+    "memory": "80GB",
     "gemm": {"sms": 132, "mamf": 0.8, "shape": [2048, 2048, 13312]},
 }
 
@@ -26,8 +30,25 @@ GPU = {
 def plan(here, capsys) -> str:
     """`octodsl gen 1f1b -p 4 -m 8 --model nemotron-h-8b` with 2 GPUs per node (so some
     pipeline messages leave a node)."""
-    assert main(["gen", "1f1b", "-p", "4", "-m", "8", "--model", "nemotron-h-8b",
-                 "--gpus-per-node", "2", "-o", "plan.octo"]) == 0
+    assert (
+        main(
+            [
+                "gen",
+                "1f1b",
+                "-p",
+                "4",
+                "-m",
+                "8",
+                "--model",
+                "nemotron-h-8b",
+                "--gpus-per-node",
+                "2",
+                "-o",
+                "plan.octo",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     return "plan.octo"
 
@@ -48,12 +69,15 @@ def _error(capsys, *argv: str) -> str:
     assert main(list(argv)) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("octodsl: error: ") and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith("octodsl: error: ") and captured.err.count("\n") == 1, (
+        captured.err
+    )
     assert "Traceback" not in captured.err
     return captured.err.removeprefix("octodsl: error: ").rstrip("\n")
 
 
 # --- octodsl devices ----------------------------------------------------------------------
+
 
 def test_the_list_has_every_builtin(capsys):
     out = _out(capsys, "devices")
@@ -79,8 +103,9 @@ def test_yaml_round_trips_every_builtin(here, capsys, name):
         assert get_link("mine.yaml") == LINKS[name]
     # --json prints the same file as JSON, which reads back too
     (here / "mine.json").write_text(_out(capsys, "devices", name, "--json"))
-    assert (get_device if name in DEVICES else get_link)("mine.json") == \
-        (DEVICES.get(name) or LINKS[name])
+    assert (get_device if name in DEVICES else get_link)("mine.json") == (
+        DEVICES.get(name) or LINKS[name]
+    )
 
 
 def test_one_device_in_full_and_a_file_checked(here, capsys):
@@ -95,7 +120,9 @@ def test_one_device_in_full_and_a_file_checked(here, capsys):
 
 
 def test_devices_refusals(here, capsys):
-    assert _error(capsys, "devices", "tpu").startswith("unknown device or link 'tpu' (devices: H800")
+    assert _error(capsys, "devices", "tpu").startswith(
+        "unknown device or link 'tpu' (devices: H800"
+    )
     assert _error(capsys, "devices", "--yaml").startswith("--yaml prints one device")
     assert "not allowed with argument" in _error(capsys, "devices", "H800", "--yaml", "--json")
     (here / "bad.yaml").write_text("name: x\nlatency: -1\nbandwidth: 1e9\n")
@@ -104,26 +131,84 @@ def test_devices_refusals(here, capsys):
 
 # --- Files wherever a device or a link is taken --------------------------------------------
 
+
 def test_a_device_file_simulates_as_the_builtin_it_copies(plan, here, capsys):
     (here / "h800.yaml").write_text(_out(capsys, "devices", "H800", "--yaml"))
     (here / "h800.json").write_text(_out(capsys, "devices", "H800", "--json"))
     builtin = _simulated(capsys, plan, "--device", "H800")
     assert _simulated(capsys, plan, "--device", "h800.yaml") == builtin
     assert _simulated(capsys, plan, "--device", "h800.json") == builtin
-    assert _simulated(capsys, plan, "--device", "h800.yaml", "--tp", "2") == \
-        _simulated(capsys, plan, "--device", "H800", "--tp", "2")
+    assert _simulated(capsys, plan, "--device", "h800.yaml", "--tp", "2") == _simulated(
+        capsys, plan, "--device", "H800", "--tp", "2"
+    )
 
 
 def test_a_device_file_on_every_command(plan, here, capsys):
     (here / "gpu.yaml").write_text(yaml.safe_dump(GPU))
-    assert "analytical costs on gpu.yaml" in _out(capsys, "models", "nemotron-h-tiny", "--device",
-                                                  "gpu.yaml")
-    assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--model", "nemotron-h-tiny", "--device",
-                 "gpu.yaml", "-o", "g.octo"]) == 0
-    assert main(["tune", "--model", "nemotron-h-tiny", "-p", "2", "-m", "4", "--device",
-                 "gpu.yaml", "--budget", "2s", "-o", "t.octo", "--json"]) == 0
-    assert main(["tune", "--model", "nemotron-h-tiny", "--gpus", "4", "--global-batch", "8",
-                 "--device", "gpu.yaml", "--budget", "2s", "-o", "c.octo", "--json"]) == 0
+    assert "analytical costs on gpu.yaml" in _out(
+        capsys, "models", "nemotron-h-tiny", "--device", "gpu.yaml"
+    )
+    assert (
+        main(
+            [
+                "gen",
+                "1f1b",
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--model",
+                "nemotron-h-tiny",
+                "--device",
+                "gpu.yaml",
+                "-o",
+                "g.octo",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                "nemotron-h-tiny",
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--device",
+                "gpu.yaml",
+                "--budget",
+                "2s",
+                "-o",
+                "t.octo",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                "nemotron-h-tiny",
+                "--gpus",
+                "4",
+                "--global-batch",
+                "8",
+                "--device",
+                "gpu.yaml",
+                "--budget",
+                "2s",
+                "-o",
+                "c.octo",
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     # the memory limit comes from the file
     assert _simulated(capsys, plan, "--device", "gpu.yaml")["memory_limit"] == 80 * 10**9
@@ -142,21 +227,27 @@ def test_a_link_file_as_the_inter_node_link(plan, here, capsys):
     # as --link and --dp-link too
     assert _simulated(capsys, plan, "--link", "slow.yaml")["link"] == "slow-ib"
     dp = _simulated(capsys, plan, "--dp", "2")
-    assert _simulated(capsys, plan, "--dp", "2", "--dp-link", "slow.yaml")["iteration_time"] > \
-        dp["iteration_time"]
+    assert (
+        _simulated(capsys, plan, "--dp", "2", "--dp-link", "slow.yaml")["iteration_time"]
+        > dp["iteration_time"]
+    )
 
 
 def test_a_device_files_links_are_its_defaults(plan, here, capsys):
-    mine = {**GPU, "node_link": {"name": "my-link", "latency": 1e-5, "bandwidth": 1e11},
-            "inter_node_link": {"name": "my-ib", "latency": 3e-5, "bandwidth": 1e10}}
+    mine = {
+        **GPU,
+        "node_link": {"name": "my-link", "latency": 1e-5, "bandwidth": 1e11},
+        "inter_node_link": {"name": "my-ib", "latency": 3e-5, "bandwidth": 1e10},
+    }
     (here / "gpu.yaml").write_text(yaml.safe_dump(mine))
     inline = _simulated(capsys, plan, "--device", "gpu.yaml")
     assert inline["link"] == "my-link" and "my-ib" in json.dumps(inline)
     (here / "l1.yaml").write_text(yaml.safe_dump(mine["node_link"]))
     (here / "l2.yaml").write_text(yaml.safe_dump(mine["inter_node_link"]))
     (here / "plain.yaml").write_text(yaml.safe_dump(GPU))
-    given = _simulated(capsys, plan, "--device", "plain.yaml", "--link", "l1.yaml",
-                       "--inter-node-link", "l2.yaml")
+    given = _simulated(
+        capsys, plan, "--device", "plain.yaml", "--link", "l1.yaml", "--inter-node-link", "l2.yaml"
+    )
     assert given == inline
     # a built-in device's inter-node link is its default too (A100: InfiniBand HDR)
     a100 = json.dumps(_simulated(capsys, plan, "--device", "A100"))
@@ -171,19 +262,30 @@ HOSTILE = [
     ("huge.yaml", "peak_flops: 1.0e+30", "huge.yaml: peak_flops: must be at most 1e+18 FLOP/s"),
     ("text.yaml", "peak_flops: fast", "text.yaml: peak_flops: 'fast' is not a number"),
     ("sms.yaml", "gemm: {sms: 0, peak_fraction: 0.8}", "sms.yaml: gemm.sms: must be at least 1"),
-    ("unknown.yaml", "peak_flop: 1e15",
-     "unknown.yaml: unknown field 'peak_flop' (did you mean 'peak_flops'?)"),
-    ("seq.yaml", "attention: {forward: {64: {seq: [512, 1024, 2048], tflops: [1, 2]}}}",
-     "seq.yaml: attention.forward.64: seq has 3 lengths and tflops 2 rates"),
-    ("order.yaml", "attention: {forward: {64: {seq: [2048, 1024], tflops: [1, 2]}}}",
-     "order.yaml: attention.forward.64.seq: must be strictly increasing (1,024 follows 2,048)"),
+    (
+        "unknown.yaml",
+        "peak_flop: 1e15",
+        "unknown.yaml: unknown field 'peak_flop' (did you mean 'peak_flops'?)",
+    ),
+    (
+        "seq.yaml",
+        "attention: {forward: {64: {seq: [512, 1024, 2048], tflops: [1, 2]}}}",
+        "seq.yaml: attention.forward.64: seq has 3 lengths and tflops 2 rates",
+    ),
+    (
+        "order.yaml",
+        "attention: {forward: {64: {seq: [2048, 1024], tflops: [1, 2]}}}",
+        "order.yaml: attention.forward.64.seq: must be strictly increasing (1,024 follows 2,048)",
+    ),
 ]
 
 
 def _gpu_yaml(line: str) -> str:
     """GPU's file with `line` replacing (or adding) its top-level field."""
     key = line.split(":", 1)[0]
-    rest = {k: v for k, v in GPU.items() if k != key and not (key == "peak_flop" and k == "peak_flops")}
+    rest = {
+        k: v for k, v in GPU.items() if k != key and not (key == "peak_flop" and k == "peak_flops")
+    }
     return yaml.safe_dump(rest) + line + "\n"
 
 
@@ -192,8 +294,20 @@ def test_hostile_device_files_are_one_line(plan, here, capsys, name, line, messa
     (here / name).write_text(_gpu_yaml(line))
     assert _error(capsys, "simulate", plan, "--device", name).startswith(message)
     assert _error(capsys, "models", "nemotron-h-tiny", "--device", name).startswith(message)
-    assert _error(capsys, "tune", "--model", "nemotron-h-tiny", "-p", "2", "-m", "4", "--device",
-                  name, "-o", "t.octo").startswith(message)
+    assert _error(
+        capsys,
+        "tune",
+        "--model",
+        "nemotron-h-tiny",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--device",
+        name,
+        "-o",
+        "t.octo",
+    ).startswith(message)
 
 
 def test_hostile_files_of_every_kind(plan, here, capsys):
@@ -217,13 +331,29 @@ def test_hostile_files_of_every_kind(plan, here, capsys):
         assert _error(capsys, "simulate", plan, "--device", name).startswith(message), name
     for option in ("--link", "--inter-node-link", "--dp-link"):
         assert _error(capsys, "simulate", plan, option, "list.yaml").startswith(
-            "list.yaml: a link file is a mapping of fields, not a list")
+            "list.yaml: a link file is a mapping of fields, not a list"
+        )
         assert _error(capsys, "simulate", plan, option, "ethernet").startswith(
-            f"{option}: unknown link 'ethernet'")
+            f"{option}: unknown link 'ethernet'"
+        )
     (here / "link.yaml").write_text("name: x\nlatency: 1e-5\nbandwidth: -5\n")
-    assert _error(capsys, "tune", "--model", "nemotron-h-tiny", "-p", "2", "-m", "4",
-                  "--inter-node-link", "link.yaml", "-o", "t.octo") == \
-        "link.yaml: bandwidth: must be at least 1e+06 bytes/s (or 0)"
+    assert (
+        _error(
+            capsys,
+            "tune",
+            "--model",
+            "nemotron-h-tiny",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--inter-node-link",
+            "link.yaml",
+            "-o",
+            "t.octo",
+        )
+        == "link.yaml: bandwidth: must be at least 1e+06 bytes/s (or 0)"
+    )
 
 
 # --- Shell completion ---------------------------------------------------------------------
@@ -239,11 +369,18 @@ def test_completion_offers_the_builtins_then_files(here):
 
     def complete(*words: str) -> list[str]:
         line = ["octodsl", *words]
-        program = (f"source {path}\n"
-                   f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
-                   "_octodsl_complete\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n")
-        done = subprocess.run([BASH, "--norc", "--noprofile", "-c", program], capture_output=True,
-                              text=True, timeout=30, cwd=here)
+        program = (
+            f"source {path}\n"
+            f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
+            "_octodsl_complete\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n"
+        )
+        done = subprocess.run(
+            [BASH, "--norc", "--noprofile", "-c", program],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=here,
+        )
         assert done.returncode == 0 and not done.stderr, done.stderr
         return [w for w in done.stdout.splitlines() if w]
 

@@ -13,8 +13,19 @@ from octodsl.cli import main
 
 MODEL_PLAN = Path(__file__).parents[1] / "sim" / "data" / "nemotron-1f1b.octo"
 # Stopped by a count of plans, not the clock: the tuned figures do not depend on the load.
-TUNE = ["tune", "--model", "nemotron-h-tiny", "-p", "2", "-m", "4", "--budget", "10m",
-        "--evaluations", "100"]
+TUNE = [
+    "tune",
+    "--model",
+    "nemotron-h-tiny",
+    "-p",
+    "2",
+    "-m",
+    "4",
+    "--budget",
+    "10m",
+    "--evaluations",
+    "100",
+]
 
 
 def _json(capsys, *argv):
@@ -38,7 +49,11 @@ BAD = [
 @pytest.mark.parametrize("command", ["simulate", "tune"])
 @pytest.mark.parametrize("argv,message", BAD)
 def test_bad_mesh_options_are_one_line(tmp_path, capsys, command, argv, message):
-    head = ["simulate", str(MODEL_PLAN)] if command == "simulate" else TUNE + ["-o", str(tmp_path / "t.octo")]
+    head = (
+        ["simulate", str(MODEL_PLAN)]
+        if command == "simulate"
+        else TUNE + ["-o", str(tmp_path / "t.octo")]
+    )
     assert main(head + argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -65,11 +80,24 @@ def test_simulate_at_tp_splits_the_work_and_reports_the_mesh_and_links(capsys):
     links = four["links"]
     assert links["tp"]["link"] == "nvlink" and min(links["tp"]["busy"]) > 0
     # tp 4 x dp 2 fills a node per device: every message leaves its node, on InfiniBand.
-    assert links["pipeline_inter_node"]["link"] == "ib-ndr" and not any(links["pipeline_intra_node"]["busy"])
+    assert links["pipeline_inter_node"]["link"] == "ib-ndr" and not any(
+        links["pipeline_intra_node"]["busy"]
+    )
     assert links["dp_intra_node"]["total"] > 0 and links["dp_inter_node"]["total"] == 0
     # More GPUs per node keep the pipeline inside them.
-    wide = _json(capsys, "simulate", str(MODEL_PLAN), "--tp", "4", "--dp", "2",
-                 "--gpus-per-node", "32", "--inter-node-link", "nvlink")
+    wide = _json(
+        capsys,
+        "simulate",
+        str(MODEL_PLAN),
+        "--tp",
+        "4",
+        "--dp",
+        "2",
+        "--gpus-per-node",
+        "32",
+        "--inter-node-link",
+        "nvlink",
+    )
     assert wide["links"]["pipeline_inter_node"]["total"] == 0 and wide["mesh"]["nodes"] == 1
     off = _json(capsys, "simulate", str(MODEL_PLAN), "--tp", "4", "--sequence-parallel", "false")
     assert off["sequence_parallel"] is False
@@ -116,7 +144,8 @@ def test_tune_at_tp_end_to_end(tmp_path, capsys):
     from octodsl.tune.problem import Problem
 
     assert two["lower_bound"] == pytest.approx(
-        Problem.create("nemotron-h-tiny", 2, 4, tp=2).lower_bound())
+        Problem.create("nemotron-h-tiny", 2, 4, tp=2).lower_bound()
+    )
     assert two["lower_bound"] != pytest.approx(one["lower_bound"])
     assert max(two["peak_memory"]) < max(one["peak_memory"])
     assert two["iteration_time"] <= min(t for t in two["baselines"].values() if t)
@@ -137,9 +166,25 @@ def test_tune_from_a_plan_keeps_its_mesh_unless_told(tmp_path, capsys):
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["tune", "--model", "nemotron-h-tiny", "-p", "2", "-m", "4", "-o",
-                              str(tmp_path / "t.octo"), "--tp", "2", "--gpus-per-node", "4",
-                              "--inter-node-link", "nvlink4"])
+    args = parser.parse_args(
+        [
+            "tune",
+            "--model",
+            "nemotron-h-tiny",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "-o",
+            str(tmp_path / "t.octo"),
+            "--tp",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--inter-node-link",
+            "nvlink4",
+        ]
+    )
     problem = _problem(args, "nemotron-h-tiny", 2, 4, None)
     h = problem.header
     assert (h.tp, h.sp, h.gpus_per_node) == (2, True, 4)
@@ -156,11 +201,14 @@ def test_lint_s_memory_rule_costs_the_plan_at_its_tp():
     plan = load_plan(str(MODEL_PLAN))
 
     def at(tp: int):
-        return dataclasses.replace(plan, header=plan.header.model_copy(
-            update={"tp": tp, "memory": 20 * 2**30}))
+        return dataclasses.replace(
+            plan, header=plan.header.model_copy(update={"tp": tp, "memory": 20 * 2**30})
+        )
 
     # nemotron-h-8b on 4 devices peaks at 37 to 55 GiB per GPU at tp 1; a quarter of each
     # layer (and of each activation, with sequence parallelism) fits in 20 GiB.
     assert len(memory_diagnostics(at(1))) == 4
     assert memory_diagnostics(at(4)) == []
-    assert memory_diagnostics(at(3)) == []  # a tp the model does not split over: lint's tp check says so
+    assert (
+        memory_diagnostics(at(3)) == []
+    )  # a tp the model does not split over: lint's tp check says so

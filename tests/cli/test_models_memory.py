@@ -24,7 +24,12 @@ def test_bytes_per_parameter_and_sharded_static(capsys):
     assert base["static"] == base["static_per_device"] == 16 * load_model("nemotron-h-8b").params()
     one = _json(capsys, "nemotron-h-8b", "--zero", "1", "--dp", "8")
     assert (one["zero"], one["dp"]) == (1, 8)
-    assert one["param_bytes_per_device"] == {"weights": 2.0, "grads": 2.0, "optimizer": 1.5, "total": 5.5}
+    assert one["param_bytes_per_device"] == {
+        "weights": 2.0,
+        "grads": 2.0,
+        "optimizer": 1.5,
+        "total": 5.5,
+    }
     assert one["static_per_device"] == pytest.approx(base["static"] * 5.5 / 16)
     two = _json(capsys, "nemotron-h-8b", "--zero", "2", "--dp", "8")
     assert two["param_bytes_per_device"]["grads"] == 0.25
@@ -43,13 +48,19 @@ def test_table_shows_the_bytes_per_parameter(capsys):
     assert "4 + 4 + 8 = 16 bytes" in capsys.readouterr().out  # an fp32 model
     assert main(["models", "nemotron-h-8b", "--zero", "1", "--dp", "8"]) == 0
     out = capsys.readouterr().out
-    assert "on one of 8 copies with ZeRO 1: 2 + 2 + 1.5 = 5.5 bytes" in out and "static MiB / copy" in out
+    assert (
+        "on one of 8 copies with ZeRO 1: 2 + 2 + 1.5 = 5.5 bytes" in out
+        and "static MiB / copy" in out
+    )
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--zero", "3"], "--zero: must be at most 2"),
-    (["--dp", "0"], "--dp: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--zero", "3"], "--zero: must be at most 2"),
+        (["--dp", "0"], "--dp: must be at least 1"),
+    ],
+)
 def test_bad_levers_are_messages(capsys, argv, message):
     assert main(["models", "nemotron-h-8b", *argv]) == 2
     err = capsys.readouterr().err

@@ -77,8 +77,10 @@ def test_traces(tmp_path, capsys):
     plan.write_text(render_plan(syn_plan))
     profile = syn.write_profile_file(tmp_path / "cal.profile.json", syn.TRUE)
     measured = syn.write_trace(tmp_path / "run.json", syn.measured_trace(syn_plan))
-    out = printed_json(capsys, ["compare", str(plan), "--trace", str(measured), "--profile",
-                                str(profile), "--json"])
+    out = printed_json(
+        capsys,
+        ["compare", str(plan), "--trace", str(measured), "--profile", str(profile), "--json"],
+    )
     assert out[FIELD] == version()
     other = json.loads((tmp_path / "run.compare.json").read_text())["otherData"]
     assert other[FIELD] == version() and other["octodsl"] == "compare"

@@ -26,13 +26,21 @@ def mflop_per_token(spec, kind):
     return (work.gemm + work.core) / spec.tokens / 1e6
 
 
-@pytest.mark.parametrize("model,kind,expected", [
-    ("nemotron-h-8b", "mamba2", 226), ("nemotron-h-8b", "attention", 117),
-    ("nemotron-h-8b", "mlp", 352), ("nemotron-h-8b", "lm_head_loss", 1074),
-    ("jamba-v0.1", "mamba1", 211), ("jamba-v0.1", "attention", 117), ("jamba-v0.1", "mlp", 352),
-    ("jamba-v0.1", "moe", 705), ("jamba-v0.1", "lm_head_loss", 537),
-    ("llama3-8b", "lm_head_loss", 1051),
-])
+@pytest.mark.parametrize(
+    "model,kind,expected",
+    [
+        ("nemotron-h-8b", "mamba2", 226),
+        ("nemotron-h-8b", "attention", 117),
+        ("nemotron-h-8b", "mlp", 352),
+        ("nemotron-h-8b", "lm_head_loss", 1074),
+        ("jamba-v0.1", "mamba1", 211),
+        ("jamba-v0.1", "attention", 117),
+        ("jamba-v0.1", "mlp", 352),
+        ("jamba-v0.1", "moe", 705),
+        ("jamba-v0.1", "lm_head_loss", 537),
+        ("llama3-8b", "lm_head_loss", 1051),
+    ],
+)
 def test_forward_flops_match_the_reference(model, kind, expected):
     """models-and-costs.md, derived at s = 4096 (MFLOP per token)."""
     assert mflop_per_token(load_model(model), kind) == pytest.approx(expected, rel=0.015)
@@ -40,7 +48,9 @@ def test_forward_flops_match_the_reference(model, kind, expected):
 
 def test_llama_layer_flops():
     spec = load_model("llama3-8b")
-    assert mflop_per_token(spec, "attention") + mflop_per_token(spec, "mlp") == pytest.approx(470, rel=0.01)
+    assert mflop_per_token(spec, "attention") + mflop_per_token(spec, "mlp") == pytest.approx(
+        470, rel=0.01
+    )
 
 
 def test_nemotron_8b_heterogeneity():

@@ -34,8 +34,12 @@ from octodsl.errors import OctoError
 from ..conftest import REPO
 
 GPU = {
-    "name": "MyGPU", "peak_flops": 1e15, "fp32_flops": 5e14, "vector_flops": 6e13,
-    "mem_bandwidth": 3e12, "memory": "80GB",
+    "name": "MyGPU",
+    "peak_flops": 1e15,
+    "fp32_flops": 5e14,
+    "vector_flops": 6e13,
+    "mem_bandwidth": 3e12,
+    "memory": "80GB",
     "gemm": {"sms": 132, "mamf": 0.8, "shape": [2048, 2048, 13312]},
 }
 """A complete device file's mapping (the optional fields left out)."""
@@ -65,6 +69,7 @@ def _with(**changes) -> dict:
 
 # --- Built-ins as files -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", list(DEVICES))
 def test_every_builtin_device_round_trips_through_a_file(tmp_path, name):
     builtin = DEVICES[name]
@@ -72,8 +77,9 @@ def test_every_builtin_device_round_trips_through_a_file(tmp_path, name):
     yaml_path.write_text(df.to_yaml(df.device_data(builtin), name))
     assert load_device(yaml_path) == builtin
     json_path = tmp_path / f"{name}.json"
-    json_path.write_text(json.dumps({"octodsl_version": "0.0.0",
-                                     **df.json_ready(df.device_data(builtin))}))
+    json_path.write_text(
+        json.dumps({"octodsl_version": "0.0.0", **df.json_ready(df.device_data(builtin))})
+    )
     assert load_device(json_path) == builtin
 
 
@@ -108,26 +114,38 @@ def test_a_device_file_gives_the_builtins_cost_table(tmp_path):
     # the meta keeps what resolves to the device again: the file's path
     assert mine.meta["device"] == str(path) and theirs.meta["device"] == "H800"
     assert get_device(mine.meta["device"]) == DEVICES["H800"]
-    assert {k: v for k, v in mine.meta.items() if k != "device"} == \
-        {k: v for k, v in theirs.meta.items() if k != "device"}
+    assert {k: v for k, v in mine.meta.items() if k != "device"} == {
+        k: v for k, v in theirs.meta.items() if k != "device"
+    }
 
 
 # --- What a file can say ------------------------------------------------------------------
 
+
 def test_numbers_as_numbers_or_numeric_text(tmp_path):
     forms = [24e9, "24e9", 24_000_000_000, "2.4e+10", " 24000000000.0 "]
-    got = {load_device(_write(tmp_path, _with(vector_flops=v), f"g{i}.yaml")).vector_flops
-           for i, v in enumerate(forms)}
+    got = {
+        load_device(_write(tmp_path, _with(vector_flops=v), f"g{i}.yaml")).vector_flops
+        for i, v in enumerate(forms)
+    }
     assert got == {24e9}
     # PyYAML reads 24e9 (no point, no exponent sign) as text: accepted all the same
-    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(_with(vector_flops=None))
-                                         + "vector_flops: 24e9\n")
+    (tmp_path / "plain.yaml").write_text(
+        yaml.safe_dump(_with(vector_flops=None)) + "vector_flops: 24e9\n"
+    )
     assert load_device(tmp_path / "plain.yaml").vector_flops == 24e9
 
 
-@pytest.mark.parametrize("memory,nbytes", [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30),
-                                            (80 * 10**9, 80 * 10**9), ("8e10", 8 * 10**10),
-                                            ("1024", 1024)])
+@pytest.mark.parametrize(
+    "memory,nbytes",
+    [
+        ("80GB", 80 * 10**9),
+        ("80GiB", 80 * 2**30),
+        (80 * 10**9, 80 * 10**9),
+        ("8e10", 8 * 10**10),
+        ("1024", 1024),
+    ],
+)
 def test_memory_as_a_size_or_bytes(tmp_path, memory, nbytes):
     assert load_device(_write(tmp_path, _with(memory=memory))).memory == nbytes
 
@@ -136,11 +154,24 @@ def test_the_gemm_model_as_a_measurement_or_as_itself(tmp_path):
     calibrated = load_device(_write(tmp_path, GPU, "a.yaml"))
     assert calibrated.gemm == _tensor_core_gemm(0.8, (2048, 2048, 13312), 132, 1e15, 0.8 * 3e12)
     assert calibrated.gemm.tiles == CUBLAS_TILES and calibrated.gemm.k_ramp > 0
-    explicit = load_device(_write(tmp_path, _with(gemm={"sms": 100, "peak_fraction": 0.9}), "b.yaml"))
+    explicit = load_device(
+        _write(tmp_path, _with(gemm={"sms": 100, "peak_fraction": 0.9}), "b.yaml")
+    )
     assert explicit.gemm == GemmModel(0.9, 100, CUBLAS_TILES)
-    tiles = load_device(_write(tmp_path, _with(gemm={
-        "sms": 100, "peak_fraction": 0.9, "tiles": [[128, 128], [64, 64, 0.5]], "k_ramp": 32}),
-        "c.yaml"))
+    tiles = load_device(
+        _write(
+            tmp_path,
+            _with(
+                gemm={
+                    "sms": 100,
+                    "peak_fraction": 0.9,
+                    "tiles": [[128, 128], [64, 64, 0.5]],
+                    "k_ramp": 32,
+                }
+            ),
+            "c.yaml",
+        )
+    )
     assert tiles.gemm == GemmModel(0.9, 100, (Tile(128, 128), Tile(64, 64, 0.5)), 32.0)
     cpu = load_device(_write(tmp_path, _with(gemm={"peak_fraction": 0.75}), "d.yaml"))
     assert cpu.gemm == GemmModel(0.75)
@@ -148,8 +179,12 @@ def test_the_gemm_model_as_a_measurement_or_as_itself(tmp_path):
 
 def test_attention_curves_and_efficiency(tmp_path):
     curve = {"seq": [512, 4096], "tflops": ["100", 200]}
-    d = load_device(_write(tmp_path, _with(attention={"forward": {64: curve, "128": curve}},
-                                           efficiency={"scan": 0.3})))
+    d = load_device(
+        _write(
+            tmp_path,
+            _with(attention={"forward": {64: curve, "128": curve}}, efficiency={"scan": 0.3}),
+        )
+    )
     assert [c.head_dim for c in d.attention.forward] == [64, 128]
     assert d.attention.backward == d.attention.forward  # not given: the forward's
     assert d.attention.rates(512, 64) == (100e12, 100e12)
@@ -158,15 +193,29 @@ def test_attention_curves_and_efficiency(tmp_path):
 
 def test_overheads_default_to_the_devices(tmp_path):
     assert load_device(_write(tmp_path, GPU, "a.yaml")).overheads == DEVICES["H800"].overheads
-    none = load_device(_write(tmp_path, _with(overheads={"f_seconds": 0, "b_seconds": "0",
-                                                         "f_bytes": 0, "b_bytes": 0,
-                                                         "message_seconds": 0}), "b.yaml"))
+    none = load_device(
+        _write(
+            tmp_path,
+            _with(
+                overheads={
+                    "f_seconds": 0,
+                    "b_seconds": "0",
+                    "f_bytes": 0,
+                    "b_bytes": 0,
+                    "message_seconds": 0,
+                }
+            ),
+            "b.yaml",
+        )
+    )
     assert none.overheads == DEVICES["cpu"].overheads == Overheads()
 
 
 def test_a_device_files_own_links(tmp_path):
-    data = _with(node_link={"name": "my-nvlink", "latency": 5e-6, "bandwidth": "3e11"},
-                 inter_node_link="IB-HDR")
+    data = _with(
+        node_link={"name": "my-nvlink", "latency": 5e-6, "bandwidth": "3e11"},
+        inter_node_link="IB-HDR",
+    )
     d = load_device(_write(tmp_path, data))
     assert d.node_link == Link("my-nvlink", 5e-6, 3e11) and d.inter_node_link == "ib-hdr"
     assert get_link(d.node_link) is d.node_link
@@ -237,40 +286,60 @@ BAD_VALUES = [
     ({"gemm__tiles": [[128, 128]]}, "gemm: mamf calibrates cuBLAS's tiles"),
     ({"gemm__shape": [64, 64, 64]}, "gemm.mamf: 0.8 at 64x64x64 would need a mainloop"),
     ({"gemm": {"peak_fraction": 0.8, "tiles": [[128, 128]]}}, "gemm: tiles and k_ramp need sms"),
-    ({"gemm": {"sms": 10, "peak_fraction": 0.8, "tiles": [[128, 128, 2]]}},
-     "gemm.tiles.0: rate: must be at most 1"),
-    ({"gemm": {"sms": 10, "peak_fraction": 0.8, "tiles": [128]}},
-     "gemm.tiles.0: a tile is [rows, cols] or [rows, cols, rate], not int"),
+    (
+        {"gemm": {"sms": 10, "peak_fraction": 0.8, "tiles": [[128, 128, 2]]}},
+        "gemm.tiles.0: rate: must be at most 1",
+    ),
+    (
+        {"gemm": {"sms": 10, "peak_fraction": 0.8, "tiles": [128]}},
+        "gemm.tiles.0: a tile is [rows, cols] or [rows, cols, rate], not int",
+    ),
     ({"gemm": {"sms": 10}}, "gemm: give peak_fraction, or mamf and the shape"),
-    ({"attention": {"forward": {64: {"seq": [512, 1024], "tflops": [100]}}}},
-     "attention.forward.64: seq has 2 lengths and tflops 1 rates: give one rate per length"),
-    ({"attention": {"forward": {64: {"seq": [1024, 512], "tflops": [100, 200]}}}},
-     "attention.forward.64.seq: must be strictly increasing (512 follows 1,024)"),
-    ({"attention": {"forward": {64: {"seq": [512, 512], "tflops": [100, 200]}}}},
-     "attention.forward.64.seq: must be strictly increasing"),
-    ({"attention": {"forward": {0: {"seq": [512], "tflops": [100]}}}},
-     "attention.forward.0.[key]: must be at least 1"),
+    (
+        {"attention": {"forward": {64: {"seq": [512, 1024], "tflops": [100]}}}},
+        "attention.forward.64: seq has 2 lengths and tflops 1 rates: give one rate per length",
+    ),
+    (
+        {"attention": {"forward": {64: {"seq": [1024, 512], "tflops": [100, 200]}}}},
+        "attention.forward.64.seq: must be strictly increasing (512 follows 1,024)",
+    ),
+    (
+        {"attention": {"forward": {64: {"seq": [512, 512], "tflops": [100, 200]}}}},
+        "attention.forward.64.seq: must be strictly increasing",
+    ),
+    (
+        {"attention": {"forward": {0: {"seq": [512], "tflops": [100]}}}},
+        "attention.forward.0.[key]: must be at least 1",
+    ),
     ({"attention": {"forward": {}}}, "attention.forward: "),
-    ({"attention": {"forward": {64: {"seq": [512], "tflops": [-1]}}}},
-     "attention.forward.64.tflops.0: must be at least 1e-06 TFLOP/s"),
+    (
+        {"attention": {"forward": {64: {"seq": [512], "tflops": [-1]}}}},
+        "attention.forward.64.tflops.0: must be at least 1e-06 TFLOP/s",
+    ),
     ({"efficiency": {"scan": 0}}, "efficiency.scan: must be at least 0.001"),
     ({"overheads": {"f_seconds": -1e-4}}, "overheads.f_seconds: must be at least 0 s"),
     ({"overheads": {"b_bytes": 1e7}}, "overheads.b_bytes: must be at most 1e+06 bytes"),
-    ({"efficiency": {"bandwith": 0.5}}, "efficiency: unknown field 'bandwith' (did you mean 'bandwidth'?)"),
+    (
+        {"efficiency": {"bandwith": 0.5}},
+        "efficiency: unknown field 'bandwith' (did you mean 'bandwidth'?)",
+    ),
     ({"node_link": "ethernet"}, "node_link: unknown link 'ethernet' (built-ins: nvlink"),
     ({"node_link": 5}, "node_link: must be a built-in link's name or a mapping"),
     ({"node_link": {"name": "x", "latency": 1e-5}}, "node_link.bandwidth: missing"),
-    ({"inter_node_link": {"name": "x", "latency": 2, "bandwidth": 1e9}},
-     "inter_node_link.latency: must be at most 1 s"),
+    (
+        {"inter_node_link": {"name": "x", "latency": 2, "bandwidth": 1e9}},
+        "inter_node_link.latency: must be at most 1 s",
+    ),
 ]
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 @pytest.mark.parametrize("changes,message", BAD_VALUES, ids=[m for _, m in BAD_VALUES])
 def test_bad_values_are_refused_naming_the_file_and_the_field(tmp_path, changes, message, suffix):
-    if suffix == ".json" and (any(k == "name" and v == 4090 for k, v in changes.items())
-                              or any(isinstance(v, dict) and 0 in v.get("forward", {})
-                                     for v in changes.values())):
+    if suffix == ".json" and (
+        any(k == "name" and v == 4090 for k, v in changes.items())
+        or any(isinstance(v, dict) and 0 in v.get("forward", {}) for v in changes.values())
+    ):
         pytest.skip("JSON keys are text")
     data = _with(**changes)
     if suffix == ".json":
@@ -308,17 +377,28 @@ def test_bad_files_are_refused_in_one_line(tmp_path, content, message):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("content,message", [
-    (b'{"name": ', "not valid JSON: Expecting value at line 1, column 10"),
-    (b"[" * 100_000, "not valid JSON: nested too deep"),
-    (b'{"peak_flops": ' + b"9" * 5000 + b"}", "not valid JSON: a number of 4,300 digits or more"),
-    (b"[1, 2]", "a device file is a mapping of fields, not a list"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b'{"name": ', "not valid JSON: Expecting value at line 1, column 10"),
+        (b"[" * 100_000, "not valid JSON: nested too deep"),
+        (
+            b'{"peak_flops": ' + b"9" * 5000 + b"}",
+            "not valid JSON: a number of 4,300 digits or more",
+        ),
+        (b"[1, 2]", "a device file is a mapping of fields, not a list"),
+    ],
+)
 def test_bad_json_files(tmp_path, content, message):
     path = tmp_path / "gpu.json"
     path.write_bytes(content)
-    with pytest.raises(DeviceFileError, match="^" + str(path).replace(".", r"\.") + ": "
-                       + message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        DeviceFileError,
+        match="^"
+        + str(path).replace(".", r"\.")
+        + ": "
+        + message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)"),
+    ):
         load_device(path)
 
 
@@ -333,8 +413,11 @@ def test_missing_folder_and_huge_files(tmp_path):
         get_device(str(folder))
     huge = tmp_path / "huge.yaml"
     huge.write_text("# " + "x" * (2 << 20))
-    with pytest.raises(DeviceFileError, match=r"huge\.yaml: is 2,097,154 bytes; a device file "
-                                              r"is at most 1MiB"):
+    with pytest.raises(
+        DeviceFileError,
+        match=r"huge\.yaml: is 2,097,154 bytes; a device file "
+        r"is at most 1MiB",
+    ):
         get_device(str(huge))
 
 
@@ -361,17 +444,26 @@ def test_bad_link_files(tmp_path, changes, message):
 
 
 def test_a_free_link_file(tmp_path):
-    assert get_link(_write(tmp_path, {"name": "free", "latency": 0, "bandwidth": 0},
-                           "free.yaml")).time(1e9) == 0
+    assert (
+        get_link(
+            _write(tmp_path, {"name": "free", "latency": 0, "bandwidth": 0}, "free.yaml")
+        ).time(1e9)
+        == 0
+    )
 
 
 # --- The number validation, as a property -------------------------------------------------
 
 NUMBERISH = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**30), 10**30),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.floats(allow_nan=False, allow_infinity=False).map(lambda x: f"{x:e}"),
-    st.text(max_size=20), st.booleans(), st.none(), st.lists(st.integers(), max_size=2))
+    st.text(max_size=20),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+)
 
 
 def _as_number(value) -> float | None:

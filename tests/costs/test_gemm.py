@@ -52,14 +52,21 @@ def test_small_gemms_are_memory_bound():
 
 def test_the_library_picks_the_fastest_tile():
     g = Gemm(2048, 2304, 2304)  # 1.7B GPT's output projection at one 2048-token sequence
-    times = [GemmModel(A100.gemm.peak_fraction, 108, (t,), A100.gemm.k_ramp).seconds(
-                 g, A100.peak_flops, A100.bandwidth, 2)
-             for t in CUBLAS_TILES]
+    times = [
+        GemmModel(A100.gemm.peak_fraction, 108, (t,), A100.gemm.k_ramp).seconds(
+            g, A100.peak_flops, A100.bandwidth, 2
+        )
+        for t in CUBLAS_TILES
+    ]
     assert A100.gemm.seconds(g, A100.peak_flops, A100.bandwidth, 2) == pytest.approx(min(times))
 
 
-@given(st.integers(1, 1 << 15), st.integers(1, 1 << 15), st.integers(1, 1 << 15),
-       st.sampled_from(sorted(DEVICES)))
+@given(
+    st.integers(1, 1 << 15),
+    st.integers(1, 1 << 15),
+    st.integers(1, 1 << 15),
+    st.sampled_from(sorted(DEVICES)),
+)
 def test_no_gemm_beats_the_peak_or_its_bytes(m, n, k, name):
     d = get_device(name)
     g = Gemm(m, n, k)
@@ -70,6 +77,8 @@ def test_no_gemm_beats_the_peak_or_its_bytes(m, n, k, name):
 
 
 def test_larger_microbatches_run_the_gemms_faster_per_token():
-    per_token = [A100.gemm.seconds(Gemm(b * 2048, 2304, 2304), A100.peak_flops, A100.bandwidth, 2) / b
-                 for b in (1, 2, 4, 8)]
+    per_token = [
+        A100.gemm.seconds(Gemm(b * 2048, 2304, 2304), A100.peak_flops, A100.bandwidth, 2) / b
+        for b in (1, 2, 4, 8)
+    ]
     assert per_token[-1] < per_token[0]

@@ -22,12 +22,17 @@ def _table(calibration: Calibration | None = None) -> CostTable:
     def layer(kind, f, b, w, act, act_w, params, out, sel_f=0.0, sel_act=0.0):
         return LayerCost(kind, f, b, w, act, act_w, 16.0 * params, params, out, sel_f, sel_act)
 
-    return CostTable([
-        layer("embedding", 1.0, 0.0, 1.0, 8.0, 8.0, 100, 40.0),
-        layer("attention", 2.0, 3.0, 1.0, 100.0, 60.0, 50, 40.0, 0.5, 30.0),
-        layer("mlp", 3.0, 3.0, 2.0, 120.0, 100.0, 200, 40.0, 0.25, 50.0),
-        layer("lm_head_loss", 4.0, 4.0, 2.0, 200.0, 80.0, 100, 0.0, 0.125, 40.0),
-    ], "test", meta={"dtype": "bf16", "bytes_per_param": 16}, calibration=calibration)
+    return CostTable(
+        [
+            layer("embedding", 1.0, 0.0, 1.0, 8.0, 8.0, 100, 40.0),
+            layer("attention", 2.0, 3.0, 1.0, 100.0, 60.0, 50, 40.0, 0.5, 30.0),
+            layer("mlp", 3.0, 3.0, 2.0, 120.0, 100.0, 200, 40.0, 0.25, 50.0),
+            layer("lm_head_loss", 4.0, 4.0, 2.0, 200.0, 80.0, 100, 0.0, 0.125, 40.0),
+        ],
+        "test",
+        meta={"dtype": "bf16", "bytes_per_param": 16},
+        calibration=calibration,
+    )
 
 
 RANGES = [(0, 1), (2, 3)]  # 150 and 300 parameters
@@ -43,8 +48,10 @@ def test_bytes_per_parameter_by_part():
     assert pb.sharded(2, 8) == ParamBytes(2, 0.25, 1.5) and pb.per_device(2, 8) == 3.75
 
 
-@pytest.mark.parametrize("zero,dp,per_param", [(0, 4, 16), (1, 1, 16), (1, 4, 2 + 2 + 3),
-                                               (2, 4, 2 + 0.5 + 3), (2, 1, 16)])
+@pytest.mark.parametrize(
+    "zero,dp,per_param",
+    [(0, 4, 16), (1, 1, 16), (1, 4, 2 + 2 + 3), (2, 4, 2 + 0.5 + 3), (2, 1, 16)],
+)
 def test_static_bytes_per_device_are_sharded_over_dp(zero, dp, per_param):
     stages = _table().range_costs(RANGES, zero=zero, dp=dp)
     assert [c.static for c in stages] == [150 * per_param, 300 * per_param]
@@ -74,8 +81,9 @@ def test_selective_recompute_drops_and_reruns_the_selected_parts():
 
 
 def test_calibrated_recompute_and_sharded_optimizer_step():
-    cal = Calibration(scale={"F": 2.0, "B": 1.0}, overhead={"B": 0.5, "BW": 0.25},
-                      update_per_param=0.01)
+    cal = Calibration(
+        scale={"F": 2.0, "B": 1.0}, overhead={"B": 0.5, "BW": 0.25}, update_per_param=0.01
+    )
     (s0,) = _table(cal).range_costs([(0, 1)], [FULL], zero=1, dp=4)
     assert s0.b == (3.0 + 0.5) + 2.0 * 3.0  # calibrated B, plus the forward at F's scale
     assert s0.bw == (5.0 + 0.25) + 2.0 * 3.0  # a fused BW: b + w calibrated, plus the same
@@ -90,8 +98,20 @@ def _one_device_plan(orders: list[str], recompute: tuple[Recompute, Recompute]):
     return plan
 
 
-SPLIT = ["F0:0", "F1:0", "F0:1", "F1:1", "B1:0", "B0:0", "B1:1", "B0:1",
-         "W1:0", "W0:0", "W1:1", "W0:1"]
+SPLIT = [
+    "F0:0",
+    "F1:0",
+    "F0:1",
+    "F1:1",
+    "B1:0",
+    "B0:0",
+    "B1:1",
+    "B0:1",
+    "W1:0",
+    "W0:0",
+    "W1:1",
+    "W0:1",
+]
 
 
 def test_recompute_timeline_peaks_at_b_with_what_it_brings_back():
@@ -117,11 +137,17 @@ def test_recompute_timeline_peaks_at_b_with_what_it_brings_back():
 
 
 def test_recompute_with_a_fused_backward_frees_everything_at_its_end():
-    plan = _one_device_plan(["F0:0", "F1:0", "BW1:0", "BW0:0", "F0:1", "F1:1", "BW1:1", "BW0:1"],
-                            (SEL, FULL))
+    plan = _one_device_plan(
+        ["F0:0", "F1:0", "BW1:0", "BW0:0", "F0:1", "F1:1", "BW1:1", "BW0:1"], (SEL, FULL)
+    )
     mem = memory(compile(plan), SimCosts.from_table(_table(), plan).stages)
     static = 7200.0
     order = compile(plan).order_nodes.tolist()
-    assert mem.at_start[order].tolist()[:4] == [static + 78, static + 118, static + 398, static + 108]
+    assert mem.at_start[order].tolist()[:4] == [
+        static + 78,
+        static + 118,
+        static + 398,
+        static + 108,
+    ]
     assert mem.at_end[order].tolist()[:4] == [static + 78, static + 118, static + 78, static]
     assert mem.peak[0] == static + 398  # BW1 with stage 1's 280 brought back

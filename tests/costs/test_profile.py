@@ -29,16 +29,26 @@ def profile():
 
     calls = []
     spec = load_model("nemotron-h-tiny").with_shape(**SHAPE)
-    prof = profile_model(spec, threads=1, warmup=1, repeats=2,
-                         progress=lambda done, total, label: calls.append((done, total)))
+    prof = profile_model(
+        spec,
+        threads=1,
+        warmup=1,
+        repeats=2,
+        progress=lambda done, total, label: calls.append((done, total)),
+    )
     assert calls == [(0, 2), (1, 2), (2, 2)]  # one step per round over the 5 layers
     return prof
 
 
 def test_profile_measures_each_distinct_layer_once(profile):
     spec = profile.model
-    assert [m.kind for m in profile.layers] == ["embedding", "mamba2", "mlp", "attention",
-                                                "lm_head_loss"]
+    assert [m.kind for m in profile.layers] == [
+        "embedding",
+        "mamba2",
+        "mlp",
+        "attention",
+        "lm_head_loss",
+    ]
     assert sorted(i for m in profile.layers for i in m.layers) == list(range(spec.num_layers))
     assert profile.threads == 1 and profile.device == "cpu" and profile.repeats == 2
     for m in profile.layers:
@@ -97,7 +107,9 @@ def test_resolver(profile, tmp_path):
     with pytest.raises(ProfileError, match="not the plan's model jamba-tiny"):
         cost_table(model="jamba-tiny", profile=str(path))
     table = cost_table(model="nemotron-h-8b", device="H100", seq_len=1024)
-    assert table.source == "analytical nemotron-h-8b on H100" and table.tokens_per_microbatch == 1024
+    assert (
+        table.source == "analytical nemotron-h-8b on H100" and table.tokens_per_microbatch == 1024
+    )
     with pytest.raises(OctoError, match="need a model"):
         cost_table()
     with pytest.raises(SpecError):
@@ -117,8 +129,24 @@ def test_invalid_profiles(profile, tmp_path):
 
 def test_profile_cli(tmp_path, capsys):
     out = tmp_path / "cli.json"
-    assert main(["profile", "--model", "nemotron-h-tiny", "--seq-len", "16", "--repeats", "1",
-                 "--warmup", "0", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "nemotron-h-tiny",
+                "--seq-len",
+                "16",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert read_profile(out).model.seq_len == 16  # the file records the shape it measured
     printed = capsys.readouterr().out
     assert f"wrote {out}, measured at micro-batch size 2, sequence length 16 (32 tokens)" in printed
@@ -127,11 +155,32 @@ def test_profile_cli(tmp_path, capsys):
 def test_profile_cli_qwen3_next_tiny(tmp_path):
     # its gated DeltaNet layers have a torch layer: the profile measures every kind it has
     out = tmp_path / "qwen.json"
-    assert main(["profile", "--model", "qwen3-next-tiny", "--seq-len", "16", "--repeats", "1",
-                 "--warmup", "0", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "qwen3-next-tiny",
+                "--seq-len",
+                "16",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     prof = read_profile(out)
-    assert [m.kind for m in prof.layers] == ["embedding", "gated_deltanet", "moe", "attention",
-                                             "lm_head_loss"]
+    assert [m.kind for m in prof.layers] == [
+        "embedding",
+        "gated_deltanet",
+        "moe",
+        "attention",
+        "lm_head_loss",
+    ]
     assert all(m.f > 0 and m.w > 0 for m in prof.layers)
 
 
@@ -140,16 +189,20 @@ def test_lint_path_does_not_import_torch():
     # it and simulates the plan's memory (E501), in a fresh interpreter; importing the profile
     # and models commands must not pull torch either (they import it when run).
     plan = Path(__file__).parents[1] / "sim" / "data" / "nemotron-1f1b.octo"
-    code = (f"import sys; from octodsl.cli import main; rc = main(['lint', {str(plan)!r}]); "
-            "import octodsl.cli.models, octodsl.cli.profile; "
-            "print('imported:', sorted({'torch', 'deepspeed'} & set(sys.modules)))")
+    code = (
+        f"import sys; from octodsl.cli import main; rc = main(['lint', {str(plan)!r}]); "
+        "import octodsl.cli.models, octodsl.cli.profile; "
+        "print('imported:', sorted({'torch', 'deepspeed'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "error[E501]" in out.stderr  # the memory rule ran
     assert "imported: []" in out.stdout
 
 
 def test_profiler_does_not_import_the_executor():
-    code = ("import sys, octodsl.costs.profiler; "
-            "print(sorted(m for m in sys.modules if m.startswith('octodsl.deepspeed_ext')))")
+    code = (
+        "import sys, octodsl.costs.profiler; "
+        "print(sorted(m for m in sys.modules if m.startswith('octodsl.deepspeed_ext')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

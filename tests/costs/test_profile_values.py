@@ -42,9 +42,12 @@ def _set(data, path, value):
     data[path[-1]] = value
 
 
-SECONDS_AND_BYTES = [p for p in NUMBERS if p[-1] in ("f", "b", "w", "act", "act_w", "out_bytes",
-                                                      "latency", "step_overhead")
-                     or (len(p) > 1 and ("samples" in str(p[-2]) or p[-2] in ("op_overhead", "act_w_extra")))]
+SECONDS_AND_BYTES = [
+    p
+    for p in NUMBERS
+    if p[-1] in ("f", "b", "w", "act", "act_w", "out_bytes", "latency", "step_overhead")
+    or (len(p) > 1 and ("samples" in str(p[-2]) or p[-2] in ("op_overhead", "act_w_extra")))
+]
 
 
 def _refused(tmp_path, path, value):
@@ -71,8 +74,10 @@ def test_absurd_seconds_and_bytes_are_refused(tmp_path, path, value):
     _refused(tmp_path, path, value)
 
 
-@pytest.mark.parametrize("path, value", [(("calibration", "link", "bandwidth"), 1e-300),
-                                         (("calibration", "cores"), 1e-9)])
+@pytest.mark.parametrize(
+    "path, value",
+    [(("calibration", "link", "bandwidth"), 1e-300), (("calibration", "cores"), 1e-9)],
+)
 def test_values_that_would_make_times_infinite_are_refused(tmp_path, path, value):
     _refused(tmp_path, path, value)
 

@@ -23,9 +23,15 @@ from octodsl.sim import SimCosts
 from octodsl.sim.costs import TpMismatch
 
 A100 = get_device("A100")
-GPT = {"name": "gpt", "hidden": 2048, "vocab": 32000, "seq_len": 2048, "pattern": "*-*-",
-       "attention": {"heads": 16, "kv_heads": 16, "head_dim": 128},
-       "mlp": {"ffn": 8192, "activation": "gelu"}}
+GPT = {
+    "name": "gpt",
+    "hidden": 2048,
+    "vocab": 32000,
+    "seq_len": 2048,
+    "pattern": "*-*-",
+    "attention": {"heads": 16, "kv_heads": 16, "head_dim": 128},
+    "mlp": {"ffn": 8192, "activation": "gelu"},
+}
 
 
 def _spec(**kw):
@@ -52,7 +58,9 @@ def test_a_table_costed_without_the_plans_overlap_is_refused():
     plain = cost_table(model="llama3-8b", device="H100", tp=2)
     with pytest.raises(TpMismatch, match="overlap_tp_comm"):
         SimCosts.from_table(plain, plan)
-    SimCosts.from_table(cost_table(model="llama3-8b", device="H100", **header_costing(plan.header)), plan)
+    SimCosts.from_table(
+        cost_table(model="llama3-8b", device="H100", **header_costing(plan.header)), plan
+    )
 
 
 def test_scatter_gather_sends_one_slice_per_gpu_without_sp():
@@ -68,8 +76,11 @@ def test_the_accumulation_pass_is_in_w_unless_fused():
     plan = generate("1f1b", 2, 4, model="llama3-8b")
     table = cost_table(model="llama3-8b", device="A100")
     separate = table.stage_costs(plan)
-    fused = table.stage_costs(dataclasses.replace(
-        plan, header=plan.header.model_copy(update={"grad_accumulation_fusion": True})))
+    fused = table.stage_costs(
+        dataclasses.replace(
+            plan, header=plan.header.model_copy(update={"grad_accumulation_fusion": True})
+        )
+    )
     layer = table.layers[5]
     assert layer.grad_acc == pytest.approx(layer.params * ACCUMULATE_ELEMENTS * 2 / A100.bandwidth)
     for a, b in zip(separate, fused, strict=True):
@@ -112,9 +123,12 @@ def test_per_op_overheads_scale_with_the_activation():
     o = MEGATRON_A100_OVERHEADS
     elements = 2048 * 2048
     # the MLP with and without the overhead bytes: the difference is the per-element part
-    bare = analytical_costs(spec, dataclasses.replace(A100, overheads=dataclasses.replace(
-        o, f_bytes=0.0, b_bytes=0.0)))
-    assert gpu.layers[2].f - bare.layers[2].f == pytest.approx(elements * o.f_bytes / A100.mem_bandwidth)
+    bare = analytical_costs(
+        spec, dataclasses.replace(A100, overheads=dataclasses.replace(o, f_bytes=0.0, b_bytes=0.0))
+    )
+    assert gpu.layers[2].f - bare.layers[2].f == pytest.approx(
+        elements * o.f_bytes / A100.mem_bandwidth
+    )
     assert gpu.layers[2].host_f == o.f_seconds and gpu.layers[0].host_f == 0.0  # not the embedding
     # the host's part only where ops wait for messages
     one = cost_table(model="llama3-8b", device="A100")
@@ -127,4 +141,6 @@ def test_bf16_gradients_reduce_in_fp32_and_update_through_memory():
     table = cost_table(model="llama3-8b", device="A100")
     assert table.grad_reduce_bytes == 4
     assert table.grad_bytes(5, 5) == table.layers[5].params * 4
-    assert table.layers[5].update == pytest.approx(table.layers[5].params * OPTIMIZER_BYTES / A100.bandwidth)
+    assert table.layers[5].update == pytest.approx(
+        table.layers[5].params * OPTIMIZER_BYTES / A100.bandwidth
+    )

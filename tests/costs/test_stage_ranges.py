@@ -15,8 +15,11 @@ from octodsl.sim import SimCosts
 
 def table(work: list[float]) -> CostTable:
     """One layer per entry: F = the work, B = W = 0; 10 parameters per unit of work."""
-    return CostTable([LayerCost("mlp", w, 0.0, 0.0, 1.0, 0.5, 0.0, int(10 * w), 8.0) for w in work],
-                     "test", meta={"dtype": "fp32"})
+    return CostTable(
+        [LayerCost("mlp", w, 0.0, 0.0, 1.0, 0.5, 0.0, int(10 * w), 8.0) for w in work],
+        "test",
+        meta={"dtype": "fp32"},
+    )
 
 
 def with_stages(plan: Plan, stages: list[Stage]) -> Plan:
@@ -31,10 +34,13 @@ def test_a_named_partition_is_kept():
     assert table([1.0] * 6).stage_ranges(plan) == [(0, 2), (3, 5)]
 
 
-@pytest.mark.parametrize("layers,message", [
-    (1000, "the plan's partition covers 24 layers (0..23), but the model has 1000 (0..999)"),
-    (20, "the plan's partition covers 24 layers (0..23), but the model has 20 (0..19)"),
-])
+@pytest.mark.parametrize(
+    "layers,message",
+    [
+        (1000, "the plan's partition covers 24 layers (0..23), but the model has 1000 (0..999)"),
+        (20, "the plan's partition covers 24 layers (0..23), but the model has 20 (0..19)"),
+    ],
+)
 def test_a_partition_of_another_layer_count_is_refused(layers, message):
     plan = with_stages(PLAN, [Stage(0, 11), Stage(12, 23)])
     with pytest.raises(PlanError) as e:
@@ -56,7 +62,9 @@ def test_a_plan_that_names_no_layers_gets_the_balanced_split():
 def test_an_abstract_plan_needs_costs_and_enough_layers():
     with pytest.raises(PlanError, match="names no layers for its 2 stages; give a model"):
         plan_partition(PLAN, 6)
-    with pytest.raises(PlanError, match="the plan's 2 stages need at least 2 layers, but the model has 1"):
+    with pytest.raises(
+        PlanError, match="the plan's 2 stages need at least 2 layers, but the model has 1"
+    ):
         table([1.0]).stage_ranges(PLAN)
 
 

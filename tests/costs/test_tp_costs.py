@@ -36,17 +36,31 @@ def _replicated(spec) -> int:
 def _kv_copies(spec, tp: int) -> int:
     """Parameters added by KV heads replicated over a tp group larger than their number: each
     GPU holds one KV head, so tp of them exist instead of kv_heads."""
-    return sum(2 * (tp - layer.kv_heads) * layer.head_dim * spec.hidden for layer in spec.layers
-               if layer.kind == "attention" and layer.kv_heads < tp)
+    return sum(
+        2 * (tp - layer.kv_heads) * layer.head_dim * spec.hidden
+        for layer in spec.layers
+        if layer.kind == "attention" and layer.kv_heads < tp
+    )
 
 
-@pytest.mark.parametrize("name,tp", [(m, tp) for m in MODELS for tp in (2, 4, 8)
-                                     if (m, tp) not in {("nemotron-h-tiny", 4), ("nemotron-h-tiny", 8)}])
+@pytest.mark.parametrize(
+    "name,tp",
+    [
+        (m, tp)
+        for m in MODELS
+        for tp in (2, 4, 8)
+        if (m, tp) not in {("nemotron-h-tiny", 4), ("nemotron-h-tiny", 8)}
+    ],
+)
 def test_the_shards_add_up_to_the_model(name, tp):
     spec = load_model(name)
     assert not [p for p in tp_problems(spec, tp) if p.fatal]
     shards = tp * sum(local_params(spec, i, tp) for i in range(spec.num_layers))
-    pad = (padded_vocab(spec.vocab, tp) - spec.vocab) * spec.hidden * (1 if spec.tie_embeddings else 2)
+    pad = (
+        (padded_vocab(spec.vocab, tp) - spec.vocab)
+        * spec.hidden
+        * (1 if spec.tie_embeddings else 2)
+    )
     assert shards - spec.params() == (tp - 1) * _replicated(spec) + pad + _kv_copies(spec, tp)
 
 
@@ -76,8 +90,11 @@ def test_collectives_are_ring_times_on_the_node_link():
     assert sp.tp_b == pytest.approx(2 * 7 * step)
     assert sp.tp_w == pytest.approx(7 * step)  # the input gathered again for the weight gradient
     plain = analytical_costs(spec, H800, tp=8, sp=False).layers[mlp]
-    assert (plain.tp_f, plain.tp_b, plain.tp_w) == (pytest.approx(2 * 7 * step),
-                                                    pytest.approx(2 * 7 * step), 0.0)
+    assert (plain.tp_f, plain.tp_b, plain.tp_w) == (
+        pytest.approx(2 * 7 * step),
+        pytest.approx(2 * 7 * step),
+        0.0,
+    )
     assert sp.f > sp.tp_f > 0
     assert analytical_costs(spec, H800).layers[mlp].tp_f == 0.0
 
@@ -90,15 +107,18 @@ def test_an_h100_node_link_is_faster():
 
 
 def test_tp_makes_each_gpu_faster_until_communication_dominates():
-    times = [sum(x.f + x.b + x.w for x in cost_table(model="nemotron-h-56b", seq_len=4096,
-                                                     tp=tp).layers) for tp in (1, 2, 4, 8)]
+    times = [
+        sum(x.f + x.b + x.w for x in cost_table(model="nemotron-h-56b", seq_len=4096, tp=tp).layers)
+        for tp in (1, 2, 4, 8)
+    ]
     assert times == sorted(times, reverse=True)
     assert cost_table(model="nemotron-h-56b", tp=8).meta["tp"] == 8
 
 
 def test_what_cannot_split_is_refused():
     assert [p.message for p in tp_problems(load_model("nemotron-h-tiny"), 4) if p.fatal] == [
-        "mamba2 groups 2: not divisible by tp 4"]
+        "mamba2 groups 2: not divisible by tp 4"
+    ]
     with pytest.raises(OctoError, match="does not split over tp 3"):
         cost_table(model="nemotron-h-8b", tp=3)
     with pytest.raises(ProfileError, match="tp 1"):

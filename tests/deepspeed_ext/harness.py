@@ -50,8 +50,7 @@ SEED, SEQ, M, STEPS = 7, 32, 4, 3
 
 def micro_spec(name: str = "nemotron-h-micro", vocab: int = 512, groups: int = 1):
     d = copy.deepcopy(BUILTINS["nemotron-h-tiny"])
-    d.update(name=name, hidden=64, vocab=vocab, seq_len=SEQ, microbatch_size=1,
-             tie_embeddings=True)
+    d.update(name=name, hidden=64, vocab=vocab, seq_len=SEQ, microbatch_size=1, tie_embeddings=True)
     d["mamba2"].update(heads=4, head_dim=32, groups=groups, state=16, chunk=16)
     d["attention"].update(heads=2, kv_heads=1, head_dim=32)
     d["mlp"].update(ffn=128)
@@ -63,9 +62,13 @@ LAYERS = SPEC.num_layers  # 24
 
 
 def config(**extra) -> dict:
-    c = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": M,
-         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
-         "gradient_clipping": 0.0, "steps_per_print": 10**9}
+    c = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": M,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 10**9,
+    }
     c.update(extra)
     return c
 
@@ -78,29 +81,42 @@ def with_partition(plan: Plan, bounds: list[int], dp: int = 1) -> Plan:
 
 def with_zero(plan: Plan, zero: int) -> Plan:
     """The plan with header `zero` (what the executor runs: the config follows the plan)."""
-    return Plan(plan.header.model_copy(update={"zero": zero}), plan.stages, plan.placement,
-                plan.schedule)
+    return Plan(
+        plan.header.model_copy(update={"zero": zero}), plan.stages, plan.placement, plan.schedule
+    )
 
 
 def even(parts: int) -> list[int]:
     return [LAYERS * i // parts for i in range(parts + 1)]
 
 
-def octo(name: str, devices: int, bounds: list[int], placement: dict[int, list[int]],
-         orders: dict[int, list[str]]) -> Plan:
+def octo(
+    name: str,
+    devices: int,
+    bounds: list[int],
+    placement: dict[int, list[int]],
+    orders: dict[int, list[str]],
+) -> Plan:
     """A hand-written plan, through the parser."""
     # strict=False: consecutive pairs, bounds[1:] is one shorter
-    part = "\n".join(f"  stage {i}: layers {a}..{b - 1}"
-                     for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)))
-    place = "\n".join(f"  device {d}: stages {', '.join(map(str, ss))}" for d, ss in placement.items())
+    part = "\n".join(
+        f"  stage {i}: layers {a}..{b - 1}"
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+    )
+    place = "\n".join(
+        f"  device {d}: stages {', '.join(map(str, ss))}" for d, ss in placement.items()
+    )
     sched = "\n".join(f"  device {d} {{ {' '.join(ops)} }}" for d, ops in orders.items())
-    text = (f'plan "{name}" {{\n  devices {devices}\n  microbatches {M}\n}}\n'
-            f"partition {{\n{part}\n}}\nplacement {{\n{place}\n}}\nschedule {{\n{sched}\n}}\n")
+    text = (
+        f'plan "{name}" {{\n  devices {devices}\n  microbatches {M}\n}}\n'
+        f"partition {{\n{part}\n}}\nplacement {{\n{place}\n}}\nschedule {{\n{sched}\n}}\n"
+    )
     return parse_plan(text, name)
 
 
-def irregular(devices: int, placement: dict[int, list[int]], fused: set[int],
-              reversed_w: bool = False) -> Plan:
+def irregular(
+    devices: int, placement: dict[int, list[int]], fused: set[int], reversed_w: bool = False
+) -> Plan:
     """Every forward in micro-batch order, then every backward, each device's W delayed to its
     end (stages in `fused` use BW): a projection of one global order, so executable. The
     delayed W run in micro-batch order, or last micro-batch first with `reversed_w`."""
@@ -139,8 +155,9 @@ def specs(unsplittable: int | None = None) -> list:
 
 
 def build_ours(plan: Plan, cfg: dict, layers: list | None = None):
-    engine, *_ = initialize(layers or specs(), plan, config=cfg, loss_fn=lm_loss,
-                            seed_layers=True, base_seed=SEED)
+    engine, *_ = initialize(
+        layers or specs(), plan, config=cfg, loss_fn=lm_loss, seed_layers=True, base_seed=SEED
+    )
     return engine
 
 
@@ -148,10 +165,14 @@ def build_stock(parts: list[int], dp: int, cfg: dict, layers: list | None = None
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
     topo = PipeDataParallelTopology(num_pp=len(parts) - 1, num_dp=dp)
-    module = FixedPartitionModule(layers or specs(), parts, topology=topo, loss_fn=lm_loss,
-                                  seed_layers=True, base_seed=SEED)
-    engine, *_ = deepspeed.initialize(model=module, config=cfg,
-                                      model_parameters=[p for p in module.parameters() if p.requires_grad])
+    module = FixedPartitionModule(
+        layers or specs(), parts, topology=topo, loss_fn=lm_loss, seed_layers=True, base_seed=SEED
+    )
+    engine, *_ = deepspeed.initialize(
+        model=module,
+        config=cfg,
+        model_parameters=[p for p in module.parameters() if p.requires_grad],
+    )
     return engine
 
 
@@ -173,8 +194,11 @@ def weights(engine) -> dict[int, dict[str, torch.Tensor]]:
     """Every layer's parameters (fp32 masters where the optimizer keeps them), on rank 0."""
     module = engine.module
     stages = getattr(module, "stage_funcs", None) or {0: module.forward_funcs}
-    starts = {s: module.stage_ranges[s].start for s in stages} if hasattr(module, "stage_ranges") \
+    starts = (
+        {s: module.stage_ranges[s].start for s in stages}
+        if hasattr(module, "stage_ranges")
         else {0: module._local_start}
+    )
     tied = {id(m): module.tied_weight_attrs[k] for k, m in module.tied_modules.items()}
     local = {}
     for s, funcs in stages.items():
@@ -183,8 +207,11 @@ def weights(engine) -> dict[int, dict[str, torch.Tensor]]:
             # a tied module holds some parameters only its other use trains (the head's norm):
             # the embedding's copy on another rank keeps just the tied weight in sync
             keep = tied.get(id(f)) if i == 0 and starts[s] == 0 else None
-            local[starts[s] + i] = {k: v.detach().float().cpu().clone() for k, v in f.state_dict().items()
-                                    if keep is None or k in keep}
+            local[starts[s] + i] = {
+                k: v.detach().float().cpu().clone()
+                for k, v in f.state_dict().items()
+                if keep is None or k in keep
+            }
     everything = [None] * dist.get_world_size()
     torch.distributed.all_gather_object(everything, local)
     merged: dict[int, dict] = {}
@@ -201,13 +228,18 @@ def max_diff(a: dict, b: dict) -> float:
 def compare(name: str, engine, ref_losses, ref_weights, ref_eval, steps=STEPS) -> dict:
     start = time.time()
     losses = train(engine, steps)
-    out = {"plan": name, "losses": losses, "ref_losses": ref_losses,
-           "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
-           "weight_diff": max_diff(weights(engine), ref_weights),
-           "exact": losses == ref_losses, "seconds": time.time() - start,
-           "zero": engine.zero_optimization_stage(),
-           # ZeRO's optimizer: whether it reduce-scattered the gradients (None without ZeRO)
-           "reduce_scatter": getattr(engine.optimizer, "reduce_scatter", None)}
+    out = {
+        "plan": name,
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+        "weight_diff": max_diff(weights(engine), ref_weights),
+        "exact": losses == ref_losses,
+        "seconds": time.time() - start,
+        "zero": engine.zero_optimization_stage(),
+        # ZeRO's optimizer: whether it reduce-scattered the gradients (None without ZeRO)
+        "reduce_scatter": getattr(engine.optimizer, "reduce_scatter", None),
+    }
     if ref_eval is not None:
         out["eval_diff"] = abs(evaluate(engine) - ref_eval)
     return out
@@ -221,13 +253,20 @@ def case_plans(out_dir: Path) -> dict:
     stock = build_stock(even(2), 1, config())
     ref = train(stock)
     ref_w, ref_eval = weights(stock), evaluate(stock)
-    plans = {name: with_partition(generate(name, devices=2, microbatches=M), even(2))
-             for name in ("1f1b", "gpipe", "zb-h1", "zb-h2")}
-    plans.update({name: with_partition(generate(name, devices=2, microbatches=M), even(4))
-                  for name in ("interleaved", "zb-v", "dualpipev")})
+    plans = {
+        name: with_partition(generate(name, devices=2, microbatches=M), even(2))
+        for name in ("1f1b", "gpipe", "zb-h1", "zb-h2")
+    }
+    plans.update(
+        {
+            name: with_partition(generate(name, devices=2, microbatches=M), even(4))
+            for name in ("interleaved", "zb-v", "dualpipev")
+        }
+    )
     plans["irregular"] = irregular(2, {0: [0, 1, 4], 1: [2, 3]}, fused={2})
-    plans["irregular/reversed-w"] = irregular(2, {0: [0, 1, 4], 1: [2, 3]}, fused={2},
-                                              reversed_w=True)
+    plans["irregular/reversed-w"] = irregular(
+        2, {0: [0, 1, 4], 1: [2, 3]}, fused={2}, reversed_w=True
+    )
     threads = []
     for name, plan in plans.items():
         with released_groups():
@@ -237,37 +276,61 @@ def case_plans(out_dir: Path) -> dict:
     # ZeRO-1 comes from the plan's header `zero 1`: "zero1" leaves it out of our config,
     # "bf16-zero1" states it there too (agreeing); stock gets it from its config
     bf16, zero1 = {"bf16": {"enabled": True}}, {"zero_optimization": {"stage": 1}}
-    for label, extra, ours in (("bf16", bf16, bf16), ("zero1", zero1, {}),
-                               ("bf16-zero1", {**bf16, **zero1}, {**bf16, **zero1}),
-                               ("clip", {"gradient_clipping": 1.0}, {"gradient_clipping": 1.0})):
+    for label, extra, ours in (
+        ("bf16", bf16, bf16),
+        ("zero1", zero1, {}),
+        ("bf16-zero1", {**bf16, **zero1}, {**bf16, **zero1}),
+        ("clip", {"gradient_clipping": 1.0}, {"gradient_clipping": 1.0}),
+    ):
         stock = build_stock(even(2), 1, config(**extra))
         ref = train(stock)
         ref_w = weights(stock)
         zero = extra.get("zero_optimization", {}).get("stage", 0)
         for name in ("1f1b", "zb-h1", "zb-v"):
-            results.append(compare(f"{name}/{label}", build_ours(with_zero(plans[name], zero), config(**ours)),
-                                   ref, ref_w, None))
+            results.append(
+                compare(
+                    f"{name}/{label}",
+                    build_ours(with_zero(plans[name], zero), config(**ours)),
+                    ref,
+                    ref_w,
+                    None,
+                )
+            )
     layers = specs(unsplittable=5)
     stock = build_stock(even(2), 1, config(), layers)
     ref, ref_w = train(stock), weights(stock)
-    results.append(compare("zb-h1/unsplittable", build_ours(plans["zb-h1"], config(), layers),
-                           ref, ref_w, None))
+    results.append(
+        compare(
+            "zb-h1/unsplittable", build_ours(plans["zb-h1"], config(), layers), ref, ref_w, None
+        )
+    )
 
     traced = build_ours(plans["zb-v"], {**config(), "octo": {"trace": True}})
     train(traced, 1)
     traced.write_trace(str(out_dir / "trace.json"))
-    return {"results": results, "recompute": recompute_runs(plans),
-            "checkpoint": checkpoint_round_trip(plans["zb-v"]),
-            "trace": str(out_dir / "trace.json"), "trace_bounds": even(4), "threads": threads}
+    return {
+        "results": results,
+        "recompute": recompute_runs(plans),
+        "checkpoint": checkpoint_round_trip(plans["zb-v"]),
+        "trace": str(out_dir / "trace.json"),
+        "trace_bounds": even(4),
+        "threads": threads,
+    }
 
 
-RECOMPUTED = {"zb-h1": ("full selective", "selective full"), "zb-v": ("selective full selective full",),
-              "1f1b": ("full selective",)}
+RECOMPUTED = {
+    "zb-h1": ("full selective", "selective full"),
+    "zb-v": ("selective full selective full",),
+    "1f1b": ("full selective",),
+}
 """Per plan (zb-h1 and zb-v split B and W, 1f1b runs fused BW), what its stages recompute."""
 
 
 def with_recompute(plan: Plan, modes: str) -> Plan:
-    stages = [dataclasses.replace(st, recompute=Recompute(m)) for st, m in zip(plan.stages, modes.split(), strict=True)]
+    stages = [
+        dataclasses.replace(st, recompute=Recompute(m))
+        for st, m in zip(plan.stages, modes.split(), strict=True)
+    ]
     return Plan(plan.header, stages, plan.placement, plan.schedule)
 
 
@@ -287,7 +350,11 @@ def recompute_runs(plans: dict[str, Plan]) -> list[dict]:
             r["eval_diff"] = abs(evaluate(engine) - ref_eval)
             gathered: list = [None] * dist.get_world_size()
             torch.distributed.all_gather_object(gathered, counts)
-            r["forwards"] = {f"{s} {'grad' if g else 'no_grad'}": n for c in gathered for (s, g), n in c["forwards"].items()}
+            r["forwards"] = {
+                f"{s} {'grad' if g else 'no_grad'}": n
+                for c in gathered
+                for (s, g), n in c["forwards"].items()
+            }
             r["recomputed_regions"] = [c["regions"] for c in gathered]
             r["modes"], r["stage_device"] = modes.split(), plan.stage_device()
             out.append(r)
@@ -316,8 +383,10 @@ class counting:
 
         module.run_stage = run_stage
         recompute._Region.materialize = counted
-        self._restore = lambda: (delattr(module, "run_stage"),
-                                 setattr(recompute._Region, "materialize", materialize))
+        self._restore = lambda: (
+            delattr(module, "run_stage"),
+            setattr(recompute._Region, "materialize", materialize),
+        )
         return counts
 
     def __exit__(self, *exc):
@@ -373,16 +442,22 @@ def case_dp(out_dir: Path) -> dict:
     stock = build_stock(even(2), 2, config(zero_optimization={"stage": 1}))
     ref, ref_w = train(stock), weights(stock)
     plan = with_partition(generate("zb-h1", devices=2, microbatches=M), even(2), dp=2)
-    results.append(compare("zb-h1/dp2/zero1", build_ours(with_zero(plan, 1), config()), ref, ref_w,
-                           None))
+    results.append(
+        compare("zb-h1/dp2/zero1", build_ours(with_zero(plan, 1), config()), ref, ref_w, None)
+    )
     # ... with the gradients all-reduced instead (the header's `reduce_scatter false`)
     stock = build_stock(even(2), 2, config(zero_optimization={"stage": 1, "reduce_scatter": False}))
     ref, ref_w = train(stock), weights(stock)
     allreduce = with_zero(plan, 1)
-    allreduce = Plan(allreduce.header.model_copy(update={"reduce_scatter": False}), allreduce.stages,
-                     allreduce.placement, allreduce.schedule)
-    results.append(compare("zb-h1/dp2/zero1/allreduce", build_ours(allreduce, config()), ref, ref_w,
-                           None))
+    allreduce = Plan(
+        allreduce.header.model_copy(update={"reduce_scatter": False}),
+        allreduce.stages,
+        allreduce.placement,
+        allreduce.schedule,
+    )
+    results.append(
+        compare("zb-h1/dp2/zero1/allreduce", build_ours(allreduce, config()), ref, ref_w, None)
+    )
 
     stock = build_stock(even(4), 1, config())
     ref, ref_w = train(stock), weights(stock)
@@ -430,8 +505,17 @@ def main(cases: dict = CASES) -> None:
     init_distributed(backend)
     result = cases[case](Path(out).parent)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps({**result, "case": case, "world": dist.get_world_size(),
-                                         "backend": torch.distributed.get_backend()}, indent=1))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    **result,
+                    "case": case,
+                    "world": dist.get_world_size(),
+                    "backend": torch.distributed.get_backend(),
+                },
+                indent=1,
+            )
+        )
     shutdown()
 
 

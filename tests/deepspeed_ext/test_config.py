@@ -19,8 +19,12 @@ from octodsl.limits import MAX_TIMEOUT
 
 
 def test_the_octo_section_is_removed_and_validated():
-    ds, octo = read_config({"octo": {"schedule": "p.octo", "timeout": 5, "trace": True},
-                            "optimizer": {"type": "AdamW"}})
+    ds, octo = read_config(
+        {
+            "octo": {"schedule": "p.octo", "timeout": 5, "trace": True},
+            "optimizer": {"type": "AdamW"},
+        }
+    )
     assert ds == {"optimizer": {"type": "AdamW"}}
     assert (octo.schedule, octo.wait_seconds, octo.trace) == ("p.octo", 5.0, True)
 
@@ -30,15 +34,21 @@ def test_no_timeout_or_null_means_the_default(octo):
     assert read_config({"octo": octo})[1].wait_seconds == 300.0
 
 
-@pytest.mark.parametrize("octo,message", [
-    ({"timeout": -1}, "timeout: input should be greater than 0, not -1"),
-    ({"timeout": 0}, "timeout: input should be greater than 0, not 0"),
-    ({"timeout": float("inf")}, "timeout: input should be a finite number, not Infinity"),
-    ({"timeout": MAX_TIMEOUT + 1}, "timeout: input should be less than or equal to 86400, not 86401"),
-    ({"timeout": "300"}, 'timeout: input should be a valid number, not "300"'),
-    ({"trace": "yes"}, 'trace: input should be a valid boolean, not "yes"'),
-    ({"timout": 300}, "unknown field 'timout' (the fields are schedule, timeout, trace)"),
-])
+@pytest.mark.parametrize(
+    "octo,message",
+    [
+        ({"timeout": -1}, "timeout: input should be greater than 0, not -1"),
+        ({"timeout": 0}, "timeout: input should be greater than 0, not 0"),
+        ({"timeout": float("inf")}, "timeout: input should be a finite number, not Infinity"),
+        (
+            {"timeout": MAX_TIMEOUT + 1},
+            "timeout: input should be less than or equal to 86400, not 86401",
+        ),
+        ({"timeout": "300"}, 'timeout: input should be a valid number, not "300"'),
+        ({"trace": "yes"}, 'trace: input should be a valid boolean, not "yes"'),
+        ({"timout": 300}, "unknown field 'timout' (the fields are schedule, timeout, trace)"),
+    ],
+)
 def test_a_bad_octo_section_is_one_line_naming_the_file(tmp_path, octo, message):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"octo": octo}))
@@ -47,14 +57,19 @@ def test_a_bad_octo_section_is_one_line_naming_the_file(tmp_path, octo, message)
     assert str(e.value) == f'{path}: "octo": {message}'
 
 
-@pytest.mark.parametrize("text,message", [
-    ("[1]", "a DeepSpeed config is a JSON object, not an array"),
-    ("{", "not valid JSON: "),
-    ('{"octo": 5}', '"octo" is an object such as {"timeout": 300}, not a number'),
-    ('{"train_micro_batch_size_per_gpu": 0}',
-     "train_micro_batch_size_per_gpu: input should be greater than or equal to 1, not 0"),
-    ('{"gradient_accumulation_steps": null}', None),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[1]", "a DeepSpeed config is a JSON object, not an array"),
+        ("{", "not valid JSON: "),
+        ('{"octo": 5}', '"octo" is an object such as {"timeout": 300}, not a number'),
+        (
+            '{"train_micro_batch_size_per_gpu": 0}',
+            "train_micro_batch_size_per_gpu: input should be greater than or equal to 1, not 0",
+        ),
+        ('{"gradient_accumulation_steps": null}', None),
+    ],
+)
 def test_a_bad_file_is_one_line(tmp_path, text, message):
     path = tmp_path / "ds.json"
     path.write_text(text)
@@ -75,30 +90,65 @@ PLAN = generate("1f1b", devices=2, microbatches=4)
 
 
 def test_batch_sizes_left_out_come_from_the_plan():
-    shaped = PLAN.__class__(PLAN.header.model_copy(update={"microbatch_size": 3}), PLAN.stages,
-                            PLAN.placement, PLAN.schedule)
-    assert batch_config({"x": 1}, shaped) == {"x": 1, "train_micro_batch_size_per_gpu": 3,
-                                               "gradient_accumulation_steps": 4}
+    shaped = PLAN.__class__(
+        PLAN.header.model_copy(update={"microbatch_size": 3}),
+        PLAN.stages,
+        PLAN.placement,
+        PLAN.schedule,
+    )
+    assert batch_config({"x": 1}, shaped) == {
+        "x": 1,
+        "train_micro_batch_size_per_gpu": 3,
+        "gradient_accumulation_steps": 4,
+    }
     # a plan that states no size: the caller's default (the model's)
     assert batch_config({}, PLAN, 2)["train_micro_batch_size_per_gpu"] == 2
     # a consistent config is kept as it is
-    full = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}
+    full = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+    }
     assert batch_config(full, PLAN, 2) == full
 
 
-@pytest.mark.parametrize("config,default,message", [
-    ({"train_micro_batch_size_per_gpu": 1}, 2,
-     "plan.octo trains micro-batches of 2 sequences (it states no microbatch_size: the model's "
-     "default), but ds.json gives 1 (train_micro_batch_size_per_gpu): leave the batch sizes out of "
-     "the config (the plan's are used) or state `microbatch_size 1` in the plan's header"),
-    ({"train_batch_size": 4}, 2, "but ds.json gives 1 (train_batch_size 4 / 4 micro-batches / dp 1)"),
-    ({"gradient_accumulation_steps": 8}, 2,
-     "plan.octo runs 4 micro-batches per step, but ds.json gives 8 gradient-accumulation steps"),
-    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 2,
-     "ds.json gives train_batch_size 10, but plan.octo trains 2 x 4 micro-batches x dp 1 = 8"),
-    ({}, None, "the micro-batch size is unknown: state `microbatch_size` in plan.octo or "
-               "train_micro_batch_size_per_gpu in ds.json"),
-])
+@pytest.mark.parametrize(
+    "config,default,message",
+    [
+        (
+            {"train_micro_batch_size_per_gpu": 1},
+            2,
+            "plan.octo trains micro-batches of 2 sequences (it states no microbatch_size: the model's "
+            "default), but ds.json gives 1 (train_micro_batch_size_per_gpu): leave the batch sizes out of "
+            "the config (the plan's are used) or state `microbatch_size 1` in the plan's header",
+        ),
+        (
+            {"train_batch_size": 4},
+            2,
+            "but ds.json gives 1 (train_batch_size 4 / 4 micro-batches / dp 1)",
+        ),
+        (
+            {"gradient_accumulation_steps": 8},
+            2,
+            "plan.octo runs 4 micro-batches per step, but ds.json gives 8 gradient-accumulation steps",
+        ),
+        (
+            {
+                "train_batch_size": 10,
+                "train_micro_batch_size_per_gpu": 2,
+                "gradient_accumulation_steps": 4,
+            },
+            2,
+            "ds.json gives train_batch_size 10, but plan.octo trains 2 x 4 micro-batches x dp 1 = 8",
+        ),
+        (
+            {},
+            None,
+            "the micro-batch size is unknown: state `microbatch_size` in plan.octo or "
+            "train_micro_batch_size_per_gpu in ds.json",
+        ),
+    ],
+)
 def test_batch_sizes_that_differ_from_the_plan_name_both(config, default, message):
     with pytest.raises(PlanLaunchError) as e:
         batch_config(config, PLAN, default, plan_name="plan.octo", config_name="ds.json")
@@ -106,48 +156,70 @@ def test_batch_sizes_that_differ_from_the_plan_name_both(config, default, messag
 
 
 def test_a_size_the_plan_states_wins_over_the_default():
-    shaped = PLAN.__class__(PLAN.header.model_copy(update={"microbatch_size": 1}), PLAN.stages,
-                            PLAN.placement, PLAN.schedule)
+    shaped = PLAN.__class__(
+        PLAN.header.model_copy(update={"microbatch_size": 1}),
+        PLAN.stages,
+        PLAN.placement,
+        PLAN.schedule,
+    )
     assert batch_config({}, shaped, 2)["train_micro_batch_size_per_gpu"] == 1
     with pytest.raises(PlanLaunchError, match="trains micro-batches of 1 sequence, but"):
         batch_config({"train_micro_batch_size_per_gpu": 2}, shaped, 2)
 
 
 def _with_zero(zero: int, dp: int = 1):
-    return PLAN.__class__(PLAN.header.model_copy(update={"zero": zero, "dp": dp}), PLAN.stages,
-                          PLAN.placement, PLAN.schedule)
+    return PLAN.__class__(
+        PLAN.header.model_copy(update={"zero": zero, "dp": dp}),
+        PLAN.stages,
+        PLAN.placement,
+        PLAN.schedule,
+    )
 
 
 @pytest.mark.parametrize("zero", [0, 1])
 def test_the_zero_stage_comes_from_the_plan(zero):
     given = {"zero_optimization": {"reduce_bucket_size": 5}, "x": 1}
     assert zero_config(given, _with_zero(zero, dp=2)) == {
-        "x": 1, "zero_optimization": {"reduce_bucket_size": 5, "stage": zero}}
+        "x": 1,
+        "zero_optimization": {"reduce_bucket_size": 5, "stage": zero},
+    }
     assert zero_config({}, _with_zero(zero))["zero_optimization"] == {"stage": zero}
     # a config that states the plan's stage is kept as it is
-    assert zero_config({"zero_optimization": {"stage": zero}}, _with_zero(zero)) == \
-        {"zero_optimization": {"stage": zero}}
+    assert zero_config({"zero_optimization": {"stage": zero}}, _with_zero(zero)) == {
+        "zero_optimization": {"stage": zero}
+    }
 
 
 def test_a_zero_stage_that_differs_from_the_plan_names_both():
     with pytest.raises(PlanLaunchError) as e:
-        zero_config({"zero_optimization": {"stage": 1}}, PLAN, plan_name="plan.octo",
-                    config_name="ds.json")
+        zero_config(
+            {"zero_optimization": {"stage": 1}}, PLAN, plan_name="plan.octo", config_name="ds.json"
+        )
     assert str(e.value) == (
         "plan.octo runs ZeRO stage 0 (its header's `zero`, 0 when not stated), but ds.json gives "
         "zero_optimization.stage 1: leave the stage out of the config (the plan's is used) or "
-        "state `zero 1` in the plan's header")
-    with pytest.raises(PlanLaunchError, match="runs ZeRO stage 1 .* gives zero_optimization.stage 0"):
+        "state `zero 1` in the plan's header"
+    )
+    with pytest.raises(
+        PlanLaunchError, match="runs ZeRO stage 1 .* gives zero_optimization.stage 0"
+    ):
         zero_config({"zero_optimization": {"stage": 0}}, _with_zero(1))
 
 
 def test_reduce_scatter_comes_from_the_plan_under_zero():
-    allreduce = PLAN.__class__(PLAN.header.model_copy(update={"zero": 1, "dp": 2, "reduce_scatter": False}),
-                               PLAN.stages, PLAN.placement, PLAN.schedule)
+    allreduce = PLAN.__class__(
+        PLAN.header.model_copy(update={"zero": 1, "dp": 2, "reduce_scatter": False}),
+        PLAN.stages,
+        PLAN.placement,
+        PLAN.schedule,
+    )
     assert zero_config({}, allreduce)["zero_optimization"] == {"stage": 1, "reduce_scatter": False}
     assert zero_config({}, _with_zero(1, dp=2))["zero_optimization"] == {"stage": 1}
-    with pytest.raises(PlanLaunchError, match="with a reduce-scatter .* gives "
-                       "zero_optimization.reduce_scatter false: .* state `reduce_scatter false`"):
+    with pytest.raises(
+        PlanLaunchError,
+        match="with a reduce-scatter .* gives "
+        "zero_optimization.reduce_scatter false: .* state `reduce_scatter false`",
+    ):
         zero_config({"zero_optimization": {"reduce_scatter": False}}, _with_zero(1, dp=2))
     with pytest.raises(PlanLaunchError, match="with an all-reduce"):
         zero_config({"zero_optimization": {"reduce_scatter": True}}, allreduce)
@@ -159,18 +231,29 @@ def test_zero_2_is_refused_with_the_reason():
     with pytest.raises(PlanLaunchError) as e:
         plan_config({}, _with_zero(2, dp=2), 1, plan_name="plan.octo", config_name="ds.json")
     message = str(e.value)
-    assert message.startswith("plan.octo runs `zero 2` (gradients sharded over the data-parallel "
-                              "copies), which DeepSpeed's pipeline engine refuses")
+    assert message.startswith(
+        "plan.octo runs `zero 2` (gradients sharded over the data-parallel "
+        "copies), which DeepSpeed's pipeline engine refuses"
+    )
     assert '"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"' in message
     assert message.endswith("run `zero 1`, which shards the optimizer state")
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("given,message", [
-    ({"zero_optimization": True}, 'gives "zero_optimization" as a boolean'),
-    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage: input should be less than or equal to 3, not 4"),
-    ({"zero_optimization": {"stage": "1"}}, 'zero_optimization.stage: input should be a valid integer, not "1"'),
-])
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        ({"zero_optimization": True}, 'gives "zero_optimization" as a boolean'),
+        (
+            {"zero_optimization": {"stage": 4}},
+            "zero_optimization.stage: input should be less than or equal to 3, not 4",
+        ),
+        (
+            {"zero_optimization": {"stage": "1"}},
+            'zero_optimization.stage: input should be a valid integer, not "1"',
+        ),
+    ],
+)
 def test_a_bad_zero_section_is_one_line(given, message):
     with pytest.raises(PlanLaunchError) as e:
         zero_config(given, PLAN, config_name="ds.json")
@@ -184,9 +267,25 @@ def test_the_launch_check_refuses_zero_2_and_a_mismatch_before_any_communication
     plan = generate("zb-h1", devices=2, microbatches=4)
     layers = 24
     with pytest.raises(PlanLaunchError, match="DeepSpeed's pipeline engine refuses"):
-        check_launch(PLAN.__class__(plan.header.model_copy(update={"zero": 2, "dp": 2}), plan.stages,
-                                    plan.placement, plan.schedule), 4, {}, layers, microbatch_size=1,
-                     layer_costs=[1.0] * layers)
+        check_launch(
+            PLAN.__class__(
+                plan.header.model_copy(update={"zero": 2, "dp": 2}),
+                plan.stages,
+                plan.placement,
+                plan.schedule,
+            ),
+            4,
+            {},
+            layers,
+            microbatch_size=1,
+            layer_costs=[1.0] * layers,
+        )
     with pytest.raises(PlanLaunchError, match="gives zero_optimization.stage 1"):
-        check_launch(plan, 2, {"zero_optimization": {"stage": 1}}, layers, microbatch_size=1,
-                     layer_costs=[1.0] * layers)
+        check_launch(
+            plan,
+            2,
+            {"zero_optimization": {"stage": 1}},
+            layers,
+            microbatch_size=1,
+            layer_costs=[1.0] * layers,
+        )

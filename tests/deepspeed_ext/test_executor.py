@@ -30,10 +30,31 @@ ROOT = HERE.parents[1]
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 TIMEOUT = 900
 
-EXACT = ("1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "zb-v", "dualpipev", "irregular",
-         "1f1b/bf16", "zb-h1/bf16", "1f1b/zero1", "zb-h1/zero1", "1f1b/bf16-zero1",
-         "zb-h1/bf16-zero1", "1f1b/clip", "zb-h1/clip", "1f1b/dp2", "zb-h1/dp2", "zb-v/dp2",
-         "zb-h1/dp2/zero1", "zb-h1/dp2/zero1/allreduce", "irregular-p4", "zb-h1/unsplittable")
+EXACT = (
+    "1f1b",
+    "gpipe",
+    "zb-h1",
+    "zb-h2",
+    "interleaved",
+    "zb-v",
+    "dualpipev",
+    "irregular",
+    "1f1b/bf16",
+    "zb-h1/bf16",
+    "1f1b/zero1",
+    "zb-h1/zero1",
+    "1f1b/bf16-zero1",
+    "zb-h1/bf16-zero1",
+    "1f1b/clip",
+    "zb-h1/clip",
+    "1f1b/dp2",
+    "zb-h1/dp2",
+    "zb-v/dp2",
+    "zb-h1/dp2/zero1",
+    "zb-h1/dp2/zero1/allreduce",
+    "irregular-p4",
+    "zb-h1/unsplittable",
+)
 """Plans whose losses and weights equal stock DeepSpeed's bit for bit on every CPU, because each
 number is the same operations on the same operands: each parameter's gradient sums its
 micro-batches in micro-batch order as stock's does (a tied embedding and LM head on one rank
@@ -57,8 +78,13 @@ flips a near-zero gradient's sign moves it the whole way), plus 1% for the decay
 
 
 def launch(procs: int, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONWARNINGS": "ignore",
+    }
     port = free_port()
     cmd = [DEEPSPEED, "--num_gpus", str(procs), "--master_port", str(port), *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
@@ -109,8 +135,12 @@ def test_recompute_trains_like_the_same_plan_without_it(plans):
     # again on the same inputs, once, and B and W read the same values. So the gradients, the
     # losses, the weights and the evaluation after training equal the plan's without recompute.
     results = plans["recompute"]
-    assert {r["plan"] for r in results} == {"zb-h1/full-selective", "zb-h1/selective-full",
-                                            "zb-v/selective-full-selective-full", "1f1b/full-selective"}
+    assert {r["plan"] for r in results} == {
+        "zb-h1/full-selective",
+        "zb-h1/selective-full",
+        "zb-v/selective-full-selective-full",
+        "1f1b/full-selective",
+    }
     runs = M * 3  # micro-batches x steps
     for r in results:
         assert r["exact"] and r["weight_diff"] == 0.0 and r["eval_diff"] == 0.0, r
@@ -120,7 +150,9 @@ def test_recompute_trains_like_the_same_plan_without_it(plans):
             assert r["forwards"].get(f"{s} grad") == runs, r
             assert r["forwards"].get(f"{s} no_grad", 0) == (runs if mode == "full" else 0), r
         for d, regions in enumerate(r["recomputed_regions"]):
-            selective = any(m == "selective" and r["stage_device"][s] == d for s, m in enumerate(r["modes"]))
+            selective = any(
+                m == "selective" and r["stage_device"][s] == d for s, m in enumerate(r["modes"])
+            )
             assert (regions > 0) == selective, r
 
 
@@ -151,17 +183,25 @@ def test_measured_trace_has_every_op_in_the_simulator_layout(plans):
     updates = {e["pid"]: e for e in spans if e["args"]["kind"] == "optimizer"}
     assert sorted(updates) == [0, 1] and len([e for e in spans if e["name"] == "optimizer"]) == 2
     for pid, u in updates.items():
-        assert u["ts"] >= max(e["ts"] + e["dur"] for e in spans if e["pid"] == pid and e["tid"] == 0
-                              and e["args"]["kind"] != "optimizer")
+        assert u["ts"] >= max(
+            e["ts"] + e["dur"]
+            for e in spans
+            if e["pid"] == pid and e["tid"] == 0 and e["args"]["kind"] != "optimizer"
+        )
     # the first step's memory: the static bytes first, then a level after every op of the rank
     for pid in (0, 1):
-        levels = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["pid"] == pid
-                  and e["name"] == "memory"]
+        levels = [
+            e["args"]["bytes"]
+            for e in events
+            if e["ph"] == "C" and e["pid"] == pid and e["name"] == "memory"
+        ]
         assert len(levels) == 1 + sum(len(slot.ops) for slot in plan.schedule[pid])
         static = data["otherData"]["memory"][str(pid)]["static"]
         assert levels[0] == static > 0 and max(levels) > static
         assert max(levels) == static + data["otherData"]["memory"][str(pid)]["activations"]
-    assert data["otherData"]["partition"] == [[a, b - 1] for a, b in pairwise(plans["trace_bounds"])]
+    assert data["otherData"]["partition"] == [
+        [a, b - 1] for a, b in pairwise(plans["trace_bounds"])
+    ]
     for e in spans:
         assert e["dur"] >= 0 and e["ts"] >= 0
         a = e["args"]
@@ -187,8 +227,14 @@ def test_checkpoint_resume_gives_the_same_losses(plans):
 def test_data_parallel_and_non_adjacent_ranks(tmp_path_factory):
     results = run_case(tmp_path_factory, 4, "dp")["results"]
     by_plan = {r["plan"]: r for r in results}
-    assert {"1f1b/dp2", "zb-h1/dp2", "zb-v/dp2", "zb-h1/dp2/zero1", "zb-h1/dp2/zero1/allreduce",
-            "irregular-p4"} <= set(by_plan)
+    assert {
+        "1f1b/dp2",
+        "zb-h1/dp2",
+        "zb-v/dp2",
+        "zb-h1/dp2/zero1",
+        "zb-h1/dp2/zero1/allreduce",
+        "irregular-p4",
+    } <= set(by_plan)
     _check(results)
     # the header's reduce_scatter is what DeepSpeed's ZeRO optimizer ran
     assert by_plan["zb-h1/dp2/zero1"]["reduce_scatter"] is True
@@ -208,15 +254,32 @@ def test_watchdog_stops_a_stalled_job(tmp_path_factory):
 @pytest.mark.slow
 def test_plan_that_does_not_fit_the_launch_is_a_clear_error(tmp_path):
     config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
-                                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 1,
+                "gradient_accumulation_steps": 8,
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            }
+        )
+    )
     plan = tmp_path / "plan.octo"
     plan.write_text(generate_text("1f1b", devices=4, microbatches=8))
-    proc = launch(2, "examples/train.py", "--deepspeed_config", str(config),
-                  "--schedule", str(plan), "--steps", "1")
+    proc = launch(
+        2,
+        "examples/train.py",
+        "--deepspeed_config",
+        str(config),
+        "--schedule",
+        str(plan),
+        "--steps",
+        "1",
+    )
     assert proc.returncode == 2
-    assert "train.py: error: the plan runs 1 data-parallel copy of a 4-device pipeline " \
-           "(4 processes), but the job has 2 processes" in proc.stderr
+    assert (
+        "train.py: error: the plan runs 1 data-parallel copy of a 4-device pipeline "
+        "(4 processes), but the job has 2 processes" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr
 
 
@@ -236,15 +299,33 @@ def test_qwen3_next_tiny_trains_like_stock(tmp_path):
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
     plan = tmp_path / "plan.octo"
-    plan.write_text(generate_text("zb-h1", devices=2, microbatches=4, model="qwen3-next-tiny",
-                                  microbatch_size=1, seq_len=64))
+    plan.write_text(
+        generate_text(
+            "zb-h1",
+            devices=2,
+            microbatches=4,
+            model="qwen3-next-tiny",
+            microbatch_size=1,
+            seq_len=64,
+        )
+    )
     losses = []
     for stock in ([], ["--stock"]):
-        proc = launch(2, "examples/train.py", "--deepspeed_config", str(config),
-                      "--schedule", str(plan), "--steps", "3", *stock)
+        proc = launch(
+            2,
+            "examples/train.py",
+            "--deepspeed_config",
+            str(config),
+            "--schedule",
+            str(plan),
+            "--steps",
+            "3",
+            *stock,
+        )
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        losses.append([json.loads(line)["loss"] for line in proc.stdout.splitlines()
-                       if line.startswith("{")])
+        losses.append(
+            [json.loads(line)["loss"] for line in proc.stdout.splitlines() if line.startswith("{")]
+        )
     ours, ref = losses
     assert len(ours) == len(ref) == 3, losses
     # the first step's forwards are the same operations on the same weights and inputs

@@ -33,13 +33,16 @@ def test_a_folder_one_rank_cannot_write_is_found_before_training(checkpoints):
 def test_loading_from_a_folder_without_a_checkpoint_is_an_error(checkpoints):
     assert checkpoints["missing"].endswith("nothing-here: ranks 0, 1: no such folder")
     assert checkpoints["empty"].endswith(
-        "probed: ranks 0, 1: it holds no checkpoint (no 'latest' file naming one)")
+        "probed: ranks 0, 1: it holds no checkpoint (no 'latest' file naming one)"
+    )
 
 
 def test_a_checkpoint_of_another_layout_names_both(checkpoints):
-    assert "ranks 0, 1: checkpoint global_step1 was saved with 2 stages (layers 0..11, 12..23) on " \
-           "devices 0, 1, but this plan runs 4 stages (layers 0..5, 6..11, 12..17, 18..23) on " \
-           "devices 0, 1, 1, 0" in checkpoints["layout"]
+    assert (
+        "ranks 0, 1: checkpoint global_step1 was saved with 2 stages (layers 0..11, 12..23) on "
+        "devices 0, 1, but this plan runs 4 stages (layers 0..5, 6..11, 12..17, 18..23) on "
+        "devices 0, 1, 1, 0" in checkpoints["layout"]
+    )
 
 
 def test_a_disk_that_fills_while_saving_is_one_error_and_loses_nothing(checkpoints):
@@ -54,8 +57,10 @@ def test_a_killed_peer_is_named_by_the_survivor(tmp_path):
     out = tmp_path / "result.json"
     proc = launch(2, str(HERE / "launch_cases.py"), "killed", str(out))
     assert proc.returncode != 0 and not out.exists()
-    assert "octodsl watchdog: rank 0 (device 0, data-parallel copy 0) lost rank 1 (device 1): its " \
-           "connection closed (the process ended) while this rank waited for " in proc.stderr
+    assert (
+        "octodsl watchdog: rank 0 (device 0, data-parallel copy 0) lost rank 1 (device 1): its "
+        "connection closed (the process ended) while this rank waited for " in proc.stderr
+    )
     assert "Traceback" not in proc.stderr and "Connection closed by peer" not in proc.stderr
 
 
@@ -63,13 +68,32 @@ def test_train_py_checks_its_save_folder_before_training(tmp_path):
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     plan = tmp_path / "plan.octo"
-    plan.write_text(generate_text("1f1b", devices=2, microbatches=8, model="nemotron-h-tiny",
-                                  microbatch_size=1, seq_len=16))
-    proc = launch(2, "examples/train.py", "--deepspeed_config", "examples/ds_config.json",
-                  "--schedule", str(plan), "--save", str(not_a_folder / "ck"), "--steps", "1")
+    plan.write_text(
+        generate_text(
+            "1f1b",
+            devices=2,
+            microbatches=8,
+            model="nemotron-h-tiny",
+            microbatch_size=1,
+            seq_len=16,
+        )
+    )
+    proc = launch(
+        2,
+        "examples/train.py",
+        "--deepspeed_config",
+        "examples/ds_config.json",
+        "--schedule",
+        str(plan),
+        "--save",
+        str(not_a_folder / "ck"),
+        "--steps",
+        "1",
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert errors == [f"train.py: error: cannot save checkpoints in {not_a_folder / 'ck'}: "
-                      f"ranks 0, 1: Not a directory: {not_a_folder / 'ck'}"], proc.stderr
+    assert errors == [
+        f"train.py: error: cannot save checkpoints in {not_a_folder / 'ck'}: "
+        f"ranks 0, 1: Not a directory: {not_a_folder / 'ck'}"
+    ], proc.stderr
     assert '"step"' not in proc.stdout and "Traceback" not in proc.stderr
-

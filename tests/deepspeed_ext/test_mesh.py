@@ -26,8 +26,12 @@ def plan_of(tp: int = 1, dp: int = 1, devices: int = 2, layers: int = 10, zero: 
     plan = generate("1f1b", devices=devices, microbatches=4)
     bounds = [layers * i // devices for i in range(devices + 1)]
     header = plan.header.model_copy(update={"tp": tp, "dp": dp, "zero": zero})
-    return Plan(header, [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)], plan.placement,
-                plan.schedule)
+    return Plan(
+        header,
+        [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)],
+        plan.placement,
+        plan.schedule,
+    )
 
 
 @pytest.mark.parametrize("tp,pp,dp", [(1, 2, 1), (2, 2, 1), (2, 1, 2), (4, 3, 2), (2, 4, 3)])
@@ -45,17 +49,40 @@ def test_tp_1_keeps_the_pipe_data_topology():
     assert topology(plan_of()).get_axis_names() == ["pipe", "data"]
 
 
-@pytest.mark.parametrize("tp,dp,world,message", [
-    (2, 1, 2, "the plan runs 1 data-parallel copy of a 2-device pipeline of tp groups of 2 "
-              "(4 processes: tp 2 x 2 devices x dp 1), but the job has 2 processes; to fit it "
-              "set `tp 1` in the plan header"),
-    (2, 1, 8, "(4 processes: tp 2 x 2 devices x dp 1), but the job has 8 processes; to fit it "
-              "set `dp 2` or `tp 4` in the plan header"),
-    (2, 2, 12, "but the job has 12 processes; to fit it set `dp 3` or `tp 3` in the plan header"),
-    (4, 1, 6, "(8 processes: tp 4 x 2 devices x dp 1), but the job has 6 processes; to fit it "
-              "set `tp 3`"),
-    (2, 1, 5, "but the job has 5 processes"),
-])
+@pytest.mark.parametrize(
+    "tp,dp,world,message",
+    [
+        (
+            2,
+            1,
+            2,
+            "the plan runs 1 data-parallel copy of a 2-device pipeline of tp groups of 2 "
+            "(4 processes: tp 2 x 2 devices x dp 1), but the job has 2 processes; to fit it "
+            "set `tp 1` in the plan header",
+        ),
+        (
+            2,
+            1,
+            8,
+            "(4 processes: tp 2 x 2 devices x dp 1), but the job has 8 processes; to fit it "
+            "set `dp 2` or `tp 4` in the plan header",
+        ),
+        (
+            2,
+            2,
+            12,
+            "but the job has 12 processes; to fit it set `dp 3` or `tp 3` in the plan header",
+        ),
+        (
+            4,
+            1,
+            6,
+            "(8 processes: tp 4 x 2 devices x dp 1), but the job has 6 processes; to fit it "
+            "set `tp 3`",
+        ),
+        (2, 1, 5, "but the job has 5 processes"),
+    ],
+)
 def test_a_world_that_is_not_tp_x_devices_x_dp_is_refused_with_the_fix(tp, dp, world, message):
     with pytest.raises(PlanLaunchError) as e:
         check_launch(plan_of(tp, dp), world, CONFIG, 10)
@@ -96,5 +123,8 @@ def test_zero_2_is_still_refused_with_tp():
 def test_tp_turns_off_deepspeeds_partitioned_pipeline_messages():
     assert "pipeline" not in plan_config(CONFIG, plan_of())
     cfg = plan_config({**CONFIG, "pipeline": {"activation_checkpoint_interval": 0}}, plan_of(2))
-    assert cfg["pipeline"] == {"activation_checkpoint_interval": 0, "pipe_partitioned": False,
-                               "grad_partitioned": False}
+    assert cfg["pipeline"] == {
+        "activation_checkpoint_interval": 0,
+        "pipe_partitioned": False,
+        "grad_partitioned": False,
+    }

@@ -39,7 +39,9 @@ schedule {
 def run_all(plan, train=True) -> dict[int, list]:
     """Run every rank's program; a Recv waits until its message was sent. Returns, per rank,
     the ops in the order run; fails on a deadlock or a send out of stream order."""
-    progs = {d: [c for step in PlanSchedule(plan, d, train) for c in step] for d in range(plan.devices)}
+    progs = {
+        d: [c for step in PlanSchedule(plan, d, train) for c in step] for d in range(plan.devices)
+    }
     sent: set[int] = set()
     last_sent: dict[tuple[int, int], int] = {}
     posted: dict[int, int] = {}
@@ -66,7 +68,9 @@ def run_all(plan, train=True) -> dict[int, list]:
                     ran[d].append(cmd.op)
                 pos[d] += 1
                 moved = True
-        assert moved, f"deadlock: {[(d, progs[d][pos[d]]) for d in progs if pos[d] < len(progs[d])]}"
+        assert moved, (
+            f"deadlock: {[(d, progs[d][pos[d]]) for d in progs if pos[d] < len(progs[d])]}"
+        )
     return ran
 
 
@@ -80,7 +84,9 @@ def plans():
 @pytest.mark.parametrize("name,plan", list(plans()), ids=lambda x: x if isinstance(x, str) else "")
 def test_programs_complete_in_stream_order(name, plan):
     ran = run_all(plan)
-    assert ran == {d: [op for slot in plan.schedule[d] for op in slot.ops] for d in range(plan.devices)}
+    assert ran == {
+        d: [op for slot in plan.schedule[d] for op in slot.ops] for d in range(plan.devices)
+    }
     forward = run_all(plan, train=False)
     assert all(op.kind is OpKind.F for ops in forward.values() for op in ops)
 
@@ -103,22 +109,30 @@ def test_loads_come_in_micro_batch_order_before_the_forwards():
     assert loads == [0, 1, 2, 3]  # device 0 holds stage 0 and the loss stage: one draw each
     first_f0 = next(i for i, c in enumerate(cmds) if isinstance(c, RunOp) and str(c.op) == "F0:0")
     assert isinstance(cmds[first_f0 - 1], LoadMicroBatch)
-    assert not any(isinstance(c, LoadMicroBatch) for step in PlanSchedule(plan, 1, True) for c in step)
+    assert not any(
+        isinstance(c, LoadMicroBatch) for step in PlanSchedule(plan, 1, True) for c in step
+    )
 
 
 def test_forward_only_keeps_forwards_in_order():
     plan = generate("dualpipev", devices=2, microbatches=4)
     fwd = forward_only(plan)
     for d in range(2):
-        assert [str(op) for s in fwd.schedule[d] for op in s.ops] == \
-            [str(op) for s in plan.schedule[d] for op in s.ops if op.kind is OpKind.F]
+        assert [str(op) for s in fwd.schedule[d] for op in s.ops] == [
+            str(op) for s in plan.schedule[d] for op in s.ops if op.kind is OpKind.F
+        ]
 
 
 def _with_layers(plan, bounds):
     from octodsl.plan import Plan, Stage
+
     # strict=False: consecutive pairs, bounds[1:] is one shorter
-    return Plan(plan.header, [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:], strict=False)],
-                plan.placement, plan.schedule)
+    return Plan(
+        plan.header,
+        [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:], strict=False)],
+        plan.placement,
+        plan.schedule,
+    )
 
 
 CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4}
@@ -129,14 +143,26 @@ def test_check_launch_accepts_a_fitting_plan():
     assert check_launch(plan, 2, CONFIG, 10) == [range(0, 5), range(5, 10)]
 
 
-@pytest.mark.parametrize("world,config,layers,message", [
-    (4, CONFIG, 10, "1 data-parallel copy of a 2-device pipeline (2 processes), but the job has "
-                    "4 processes; to fit it set `dp 2` or `tp 2` in the plan header"),
-    (2, {**CONFIG, "gradient_accumulation_steps": 8}, 10,
-     "4 micro-batches per step, but the DeepSpeed config gives 8 gradient-accumulation steps"),
-    (2, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, 10, "gives 8 gradient"),
-    (2, CONFIG, 12, "covers 10 layers (0..9), but the model has 12 (0..11)"),
-])
+@pytest.mark.parametrize(
+    "world,config,layers,message",
+    [
+        (
+            4,
+            CONFIG,
+            10,
+            "1 data-parallel copy of a 2-device pipeline (2 processes), but the job has "
+            "4 processes; to fit it set `dp 2` or `tp 2` in the plan header",
+        ),
+        (
+            2,
+            {**CONFIG, "gradient_accumulation_steps": 8},
+            10,
+            "4 micro-batches per step, but the DeepSpeed config gives 8 gradient-accumulation steps",
+        ),
+        (2, {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2}, 10, "gives 8 gradient"),
+        (2, CONFIG, 12, "covers 10 layers (0..9), but the model has 12 (0..11)"),
+    ],
+)
 def test_check_launch_rejects_a_mismatch(world, config, layers, message):
     plan = _with_layers(generate("1f1b", devices=2, microbatches=4), [0, 5, 10])
     with pytest.raises(PlanLaunchError, match=None) as e:
@@ -151,8 +177,9 @@ def test_check_launch_rejects_a_plan_with_lint_errors():
 
 
 def test_check_launch_rejects_an_idle_device():
-    idle = IRREGULAR.replace("devices 3", "devices 4").replace("device 2 { F1:0 F1:1 BW1:0 BW1:1 }",
-                                                                 "device 2 { F1:0 F1:1 BW1:0 BW1:1 }\n  device 3 { }")
+    idle = IRREGULAR.replace("devices 3", "devices 4").replace(
+        "device 2 { F1:0 F1:1 BW1:0 BW1:1 }", "device 2 { F1:0 F1:1 BW1:0 BW1:1 }\n  device 3 { }"
+    )
     with pytest.raises(PlanLaunchError, match="device.s. 3 hold no stage"):
         check_launch(parse_plan(idle), 4, {"gradient_accumulation_steps": 2}, 8)
 

@@ -41,11 +41,15 @@ def files(tmp_path, monkeypatch):
 
     def write(plan_text=None, **config):
         plan = tmp_path / "plan.octo"
-        plan.write_text(plan_text or generate_text("1f1b", devices=1, microbatches=2,
-                                                   model="nemotron-h-tiny"))
+        plan.write_text(
+            plan_text or generate_text("1f1b", devices=1, microbatches=2, model="nemotron-h-tiny")
+        )
         ds = tmp_path / "ds.json"
-        ds.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, **config}))
+        ds.write_text(
+            json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, **config})
+        )
         return ["--deepspeed_config", str(ds), "--schedule", str(plan)]
+
     return write
 
 
@@ -58,20 +62,38 @@ def _wide_model(tmp_path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("extra,config,message", [
-    ([], {"octo": {"timeout": -1}}, 'ds.json: "octo": timeout: input should be greater than 0, not -1'),
-    ([], {"octo": {"timeout": 1e9}}, 'ds.json: "octo": timeout: input should be less than or equal'),
-    ([], {"train_micro_batch_size_per_gpu": 1},
-     "plan.octo trains micro-batches of 2 sequences (it states no microbatch_size: the model's "
-     "default), but "),
-    ([], {"gradient_accumulation_steps": 8}, "plan.octo runs 2 micro-batches per step, but "),
-    (["--steps", "-1"], {}, "argument --steps: must be at least 0"),
-    (["--steps", "1e9"], {}, "argument --steps: '1e9' is not a whole number"),
-    (["--seed", str(2**32)], {}, "argument --seed: must be at most 4,294,967,295 (octodsl's limit)"),
-    (["--stock", "--save", "ck"], {}, "--trace, --save and --load need the octodsl executor"),
-    (["--model", "no-such-model"], {}, "no built-in model or spec file 'no-such-model'"),
-    (["--bogus"], {}, "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "extra,config,message",
+    [
+        (
+            [],
+            {"octo": {"timeout": -1}},
+            'ds.json: "octo": timeout: input should be greater than 0, not -1',
+        ),
+        (
+            [],
+            {"octo": {"timeout": 1e9}},
+            'ds.json: "octo": timeout: input should be less than or equal',
+        ),
+        (
+            [],
+            {"train_micro_batch_size_per_gpu": 1},
+            "plan.octo trains micro-batches of 2 sequences (it states no microbatch_size: the model's "
+            "default), but ",
+        ),
+        ([], {"gradient_accumulation_steps": 8}, "plan.octo runs 2 micro-batches per step, but "),
+        (["--steps", "-1"], {}, "argument --steps: must be at least 0"),
+        (["--steps", "1e9"], {}, "argument --steps: '1e9' is not a whole number"),
+        (
+            ["--seed", str(2**32)],
+            {},
+            "argument --seed: must be at most 4,294,967,295 (octodsl's limit)",
+        ),
+        (["--stock", "--save", "ck"], {}, "--trace, --save and --load need the octodsl executor"),
+        (["--model", "no-such-model"], {}, "no built-in model or spec file 'no-such-model'"),
+        (["--bogus"], {}, "unrecognized arguments: --bogus"),
+    ],
+)
 def test_a_mistake_is_one_line_before_any_communication(files, capsys, extra, config, message):
     assert train.main(files(**config) + extra) == 2
     out, err = capsys.readouterr()
@@ -88,20 +110,29 @@ def test_only_rank_0_says_it(files, capsys, monkeypatch):
 def test_a_partition_over_fewer_layers_than_the_model_is_refused(files, capsys, tmp_path):
     # the plan covers nemotron-h-tiny's 24 layers; --model has 1000
     assert train.main(files() + ["--model", _wide_model(tmp_path)]) == 2
-    assert capsys.readouterr().err == ("train.py: error: the plan's partition covers 24 layers "
-                                       "(0..23), but the model has 1000 (0..999)\n")
+    assert capsys.readouterr().err == (
+        "train.py: error: the plan's partition covers 24 layers "
+        "(0..23), but the model has 1000 (0..999)\n"
+    )
 
 
-SHAPED = [({}, (2, 256)), ({"microbatch_size": 1}, (1, 256)), ({"seq_len": 64}, (2, 64)),
-          ({"microbatch_size": 3, "seq_len": 32}, (3, 32))]
+SHAPED = [
+    ({}, (2, 256)),
+    ({"microbatch_size": 1}, (1, 256)),
+    ({"seq_len": 64}, (2, 64)),
+    ({"microbatch_size": 3, "seq_len": 32}, (3, 32)),
+]
 
 
 @pytest.mark.parametrize("shape,expect", SHAPED)
 def test_the_executor_trains_the_shape_simulate_costs(shape, expect):
     plan = generate("1f1b", devices=2, microbatches=4, model="nemotron-h-tiny", **shape)
     spec = train.model_spec(plan, None)
-    table = cost_table(model=plan.header.model, microbatch_size=plan.header.microbatch_size,
-                       seq_len=plan.header.seq_len)  # what `octodsl simulate` takes
+    table = cost_table(
+        model=plan.header.model,
+        microbatch_size=plan.header.microbatch_size,
+        seq_len=plan.header.seq_len,
+    )  # what `octodsl simulate` takes
     assert (spec.microbatch_size, spec.seq_len) == expect
     assert (table.meta["microbatch_size"], table.meta["seq_len"]) == expect
     assert spec.tokens == table.tokens_per_microbatch
@@ -110,11 +141,14 @@ def test_the_executor_trains_the_shape_simulate_costs(shape, expect):
 
 
 def _abstract_plans():
-    return {"1f1b-p2": generate("1f1b", devices=2, microbatches=4),
-            "zb-v-p2": generate("zb-v", devices=2, microbatches=4),
-            "interleaved-p4": generate("interleaved", devices=4, microbatches=8, chunks=2),
-            "torch-csv": read_csv(write_csv(generate("zb-h1", devices=3, microbatches=6)),
-                                  "schedule.csv")[0]}
+    return {
+        "1f1b-p2": generate("1f1b", devices=2, microbatches=4),
+        "zb-v-p2": generate("zb-v", devices=2, microbatches=4),
+        "interleaved-p4": generate("interleaved", devices=4, microbatches=8, chunks=2),
+        "torch-csv": read_csv(
+            write_csv(generate("zb-h1", devices=3, microbatches=6)), "schedule.csv"
+        )[0],
+    }
 
 
 @pytest.mark.parametrize("name", list(_abstract_plans()))
@@ -134,16 +168,27 @@ def test_abstract_plans_are_split_as_simulate_costs_them(name, model):
 
 def test_the_start_up_line_says_the_tp_group():
     plan = generate("1f1b", devices=2, microbatches=4, model="nemotron-h-tiny")
-    tp = plan.__class__(plan.header.model_copy(update={"tp": 2, "dp": 2}), plan.stages, plan.placement,
-                        plan.schedule)
+    tp = plan.__class__(
+        plan.header.model_copy(update={"tp": 2, "dp": 2}),
+        plan.stages,
+        plan.placement,
+        plan.schedule,
+    )
     line = train.startup_line(tp, train.model_spec(tp, None))
-    assert "on each of 2 data-parallel copies, each device a tp group of 2 (sequence-parallel) (" in line
+    assert (
+        "on each of 2 data-parallel copies, each device a tp group of 2 (sequence-parallel) ("
+        in line
+    )
     assert "tp group" not in train.startup_line(plan, train.model_spec(plan, None))
 
 
 def test_stock_deepspeed_cannot_run_tp():
     plan = generate("1f1b", devices=2, microbatches=4, model="nemotron-h-tiny")
-    tp = plan.__class__(plan.header.model_copy(update={"tp": 2}), plan.stages, plan.placement, plan.schedule)
+    tp = plan.__class__(
+        plan.header.model_copy(update={"tp": 2}), plan.stages, plan.placement, plan.schedule
+    )
     args = train.parse_args(["--deepspeed_config", "c.json", "--schedule", "p.octo", "--stock"])
-    with pytest.raises(train.OctoError, match="has no tensor-parallel layers; the plan's `tp 2` needs"):
+    with pytest.raises(
+        train.OctoError, match="has no tensor-parallel layers; the plan's `tp 2` needs"
+    ):
         train.build_engine(args, tp, train.model_spec(tp, None))

@@ -41,8 +41,14 @@ def jamba_spec():
     """jamba-tiny, narrower: 8 sub-layers (Mamba1 with inner norms, attention, MLPs, MoE with a
     shared expert and top-2 of 4 experts)."""
     d = copy.deepcopy(BUILTINS["jamba-tiny"])
-    d.update(name="jamba-micro-tp", hidden=64, vocab=509, seq_len=SEQ, microbatch_size=1,
-             pattern=d["pattern"][:10])
+    d.update(
+        name="jamba-micro-tp",
+        hidden=64,
+        vocab=509,
+        seq_len=SEQ,
+        microbatch_size=1,
+        pattern=d["pattern"][:10],
+    )
     d["mamba1"].update(inner=128, state=8, dt_rank=8)
     d["attention"].update(heads=2, kv_heads=2, head_dim=32)
     d["mlp"].update(ffn=128)
@@ -53,15 +59,20 @@ def jamba_spec():
 SPEC = tp_spec()
 
 
-def mesh_plan(name: str, devices: int, tp: int = 1, dp: int = 1, sp: bool | None = None,
-              spec=SPEC) -> Plan:
+def mesh_plan(
+    name: str, devices: int, tp: int = 1, dp: int = 1, sp: bool | None = None, spec=SPEC
+) -> Plan:
     """A generated plan (2 stages per device for V plans) with layers split evenly, on the mesh."""
     plan = generate(name, devices=devices, microbatches=M)
     stages = len(plan.stage_device())
     bounds = [spec.num_layers * i // stages for i in range(stages + 1)]
     header = plan.header.model_copy(update={"tp": tp, "dp": dp, "sequence_parallel": sp})
-    return Plan(header, [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)], plan.placement,
-                plan.schedule)
+    return Plan(
+        header,
+        [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)],
+        plan.placement,
+        plan.schedule,
+    )
 
 
 def run(plan: Plan, same_data: bool, steps: int = 3, spec=SPEC, **extra) -> dict:
@@ -69,28 +80,46 @@ def run(plan: Plan, same_data: bool, steps: int = 3, spec=SPEC, **extra) -> dict
     train as dp 1); the losses and the first step's gradient norm (mesh.grad_norm, taken just
     before the optimizer step)."""
     with released_groups():
-        engine, *_ = initialize(pipeline_specs(spec), plan, config=config(**extra), loss_fn=lm_loss,
-                                seed_layers=True, base_seed=SEED)
+        engine, *_ = initialize(
+            pipeline_specs(spec),
+            plan,
+            config=config(**extra),
+            loss_fn=lm_loss,
+            seed_layers=True,
+            base_seed=SEED,
+        )
         norms: list[float] = []
         step = engine.optimizer.step
 
         def recorded(*args, **kwargs):  # the gradients are reduced and not yet applied
             params = [p for p in engine.module.parameters() if p.grad is not None]
-            norms.append(grad_norm(params, engine.grid, engine.tp, engine._tied_copies(),
-                                   engine.device).item())
+            norms.append(
+                grad_norm(
+                    params, engine.grid, engine.tp, engine._tied_copies(), engine.device
+                ).item()
+            )
             return step(*args, **kwargs)
 
         engine.optimizer.step = recorded
         dp_rank = 0 if same_data else engine.grid.data_parallel_id
-        losses = [engine.train_batch(step_data(SEED, s, dp_rank, M, 1, SEQ, spec.vocab)).item()
-                  for s in range(steps)]
+        losses = [
+            engine.train_batch(step_data(SEED, s, dp_rank, M, 1, SEQ, spec.vocab)).item()
+            for s in range(steps)
+        ]
     return {"losses": losses, "norm": norms[0]}
 
 
 def compare(name: str, ref: dict, mine: dict) -> dict:
-    return {"plan": name, "losses": mine["losses"], "ref_losses": ref["losses"],
-            "loss_rel": max(abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"], strict=True)),
-            "norm": mine["norm"], "ref_norm": ref["norm"]}
+    return {
+        "plan": name,
+        "losses": mine["losses"],
+        "ref_losses": ref["losses"],
+        "loss_rel": max(
+            abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"], strict=True)
+        ),
+        "norm": mine["norm"],
+        "ref_norm": ref["norm"],
+    }
 
 
 def case_tp(out_dir: Path) -> dict:
@@ -109,11 +138,14 @@ def case_tp(out_dir: Path) -> dict:
     # one stage (dp 4 on the same data) against the engine's at tp 2 (dp 2 on the same data)
     clip = {"gradient_clipping": 0.5}
     ref = run(mesh_plan("1f1b", 1, dp=4), same_data=True, **clip)
-    results.append(compare("1f1b/pp1/clip", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), True, **clip)))
+    results.append(
+        compare("1f1b/pp1/clip", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), True, **clip))
+    )
     jamba = jamba_spec()
     ref = run(mesh_plan("zb-h1", 2, dp=2, spec=jamba), True, spec=jamba)
-    results.append(compare("jamba/zb-h1", ref, run(mesh_plan("zb-h1", 2, tp=2, spec=jamba), True,
-                                                  spec=jamba)))
+    results.append(
+        compare("jamba/zb-h1", ref, run(mesh_plan("zb-h1", 2, tp=2, spec=jamba), True, spec=jamba))
+    )
     return {"results": results}
 
 
@@ -121,13 +153,25 @@ def case_refusals(out_dir: Path) -> dict:
     """2 processes: launches that do not fit, refused on every rank before any communication."""
     from launch_cases import error_of
 
-    odd = SPEC.model_copy(update={"layers": [
-        layer.model_copy(update={"ffn": 127}) if layer.kind == "mlp" else layer for layer in SPEC.layers]})
+    odd = SPEC.model_copy(
+        update={
+            "layers": [
+                layer.model_copy(update={"ffn": 127}) if layer.kind == "mlp" else layer
+                for layer in SPEC.layers
+            ]
+        }
+    )
     found = {
-        "world": error_of(lambda: initialize(pipeline_specs(SPEC), mesh_plan("1f1b", 2, tp=2),
-                                             config=config(), loss_fn=lm_loss)),
-        "split": error_of(lambda: initialize(pipeline_specs(odd), mesh_plan("1f1b", 1, tp=2),
-                                             config=config(), loss_fn=lm_loss)),
+        "world": error_of(
+            lambda: initialize(
+                pipeline_specs(SPEC), mesh_plan("1f1b", 2, tp=2), config=config(), loss_fn=lm_loss
+            )
+        ),
+        "split": error_of(
+            lambda: initialize(
+                pipeline_specs(odd), mesh_plan("1f1b", 1, tp=2), config=config(), loss_fn=lm_loss
+            )
+        ),
     }
     everyone: list = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(everyone, found)
@@ -138,9 +182,14 @@ def case_checkpoint(out_dir: Path) -> dict:
     """4 processes: a plan saves after 2 steps; a new engine loads and trains 2 more as the first
     one continued (zb-h1: the embedding and the LM head, tied, on different ranks); the plan
     with the other tp refuses the checkpoint. At tp 2 x pp 2, and at tp 1 x pp 2 x dp 2."""
-    return {f"tp{tp}": round_trip(mesh_plan("zb-h1", 2, tp=tp, dp=3 - tp),
-                                  mesh_plan("zb-h1", 2, tp=3 - tp, dp=tp), out_dir / f"ck{tp}")
-            for tp in (2, 1)}
+    return {
+        f"tp{tp}": round_trip(
+            mesh_plan("zb-h1", 2, tp=tp, dp=3 - tp),
+            mesh_plan("zb-h1", 2, tp=3 - tp, dp=tp),
+            out_dir / f"ck{tp}",
+        )
+        for tp in (2, 1)
+    }
 
 
 def round_trip(plan: Plan, other: Plan, where: Path) -> dict:
@@ -151,13 +200,21 @@ def round_trip(plan: Plan, other: Plan, where: Path) -> dict:
     torch.distributed.broadcast_object_list(folder, src=0)
 
     def build(p: Plan):
-        engine, *_ = initialize(pipeline_specs(SPEC), p, config=config(optimizer=TORCH_ADAMW),
-                                loss_fn=lm_loss, seed_layers=True, base_seed=SEED)
+        engine, *_ = initialize(
+            pipeline_specs(SPEC),
+            p,
+            config=config(optimizer=TORCH_ADAMW),
+            loss_fn=lm_loss,
+            seed_layers=True,
+            base_seed=SEED,
+        )
         return engine
 
     def steps(engine, first: int) -> list[float]:
-        return [engine.train_batch(step_data(SEED, s, 0, M, 1, SEQ, SPEC.vocab)).item()
-                for s in range(first, first + 2)]
+        return [
+            engine.train_batch(step_data(SEED, s, 0, M, 1, SEQ, SPEC.vocab)).item()
+            for s in range(first, first + 2)
+        ]
 
     with released_groups():
         engine = build(plan)

@@ -31,9 +31,11 @@ def lower_bound(plan: Plan, times: Times) -> float:
     jobs: list[list[tuple[float, float, float]]] = [[] for _ in range(plan.devices)]
     for s, d in enumerate(plan.stage_device()):
         # (earliest start, time, least time after it), alike for every micro-batch
-        head_b = S * f + sum(back[s + 1:])
-        ops = [(s * f, f, (S - 1 - s) * f + sum(back) + last_w),
-               (head_b, back[s], sum(back[:s]) + (last_w if s else 0.0))]
+        head_b = S * f + sum(back[s + 1 :])
+        ops = [
+            (s * f, f, (S - 1 - s) * f + sum(back) + last_w),
+            (head_b, back[s], sum(back[:s]) + (last_w if s else 0.0)),
+        ]
         if split[s]:
             ops.append((head_b + b, w, 0.0))
         jobs[d] += ops * plan.microbatches

@@ -27,9 +27,11 @@ def optimum(plan: Plan, times: tuple[int, int, int], cap: int, work: float = 200
                 end[key] = start[key] + took
                 box[key] = m.new_fixed_size_interval_var(start[key], took, "")
     for (kind, s, mb), t in start.items():
-        after = {"F": [("F", s - 1, mb)] if s else [],
-                 "B": [("F", s, mb)] + ([("B", s + 1, mb)] if s < S - 1 else []),
-                 "W": [("B", s, mb)]}[kind]
+        after = {
+            "F": [("F", s - 1, mb)] if s else [],
+            "B": [("F", s, mb)] + ([("B", s + 1, mb)] if s < S - 1 else []),
+            "W": [("B", s, mb)],
+        }[kind]
         if mb:
             after.append((kind, s, mb - 1))
         for a in after:
@@ -38,8 +40,11 @@ def optimum(plan: Plan, times: tuple[int, int, int], cap: int, work: float = 200
     for d in range(plan.devices):
         mine = [k for k in box if home[k[1]] == d]
         m.add_no_overlap([box[k] for k in mine])
-        held = [m.new_interval_var(start[k], m.new_int_var(0, horizon, ""), end[("W",) + k[1:]], "")
-                for k in mine if k[0] == "F"]
+        held = [
+            m.new_interval_var(start[k], m.new_int_var(0, horizon, ""), end[("W",) + k[1:]], "")
+            for k in mine
+            if k[0] == "F"
+        ]
         m.add_cumulative(held, [1] * len(held), cap)
     makespan = m.new_int_var(0, horizon, "")
     m.add_max_equality(makespan, [end[k] for k in start])

@@ -13,8 +13,9 @@ from octodsl.partition import balance_parameters, balance_time, equal_layers
 MODEL = "nemotron-h-8b"
 
 
-@pytest.mark.parametrize("name, stages",
-                         [("1f1b", 4), ("interleaved", 8), ("zb-v", 8), ("dualpipev", 8)])
+@pytest.mark.parametrize(
+    "name, stages", [("1f1b", 4), ("interleaved", 8), ("zb-v", 8), ("dualpipev", 8)]
+)
 def test_time_balanced_stages_of_the_model(name, stages):
     plan = generate(name, 4, 8, model=MODEL)
     assert plan.header.model == MODEL
@@ -28,8 +29,9 @@ def test_time_balanced_stages_of_the_model(name, stages):
 
 def test_other_partitions_and_shape():
     layers = cost_table(model=MODEL, microbatch_size=2, seq_len=2048).layers
-    plan = generate("1f1b", 4, 8, model=MODEL, partition="parameters", microbatch_size=2,
-                    seq_len=2048)
+    plan = generate(
+        "1f1b", 4, 8, model=MODEL, partition="parameters", microbatch_size=2, seq_len=2048
+    )
     params = [c.params for c in layers]
     assert [(s.first, s.last) for s in plan.stages] == balance_parameters(params, 4)
     assert (plan.header.microbatch_size, plan.header.seq_len) == (2, 2048)

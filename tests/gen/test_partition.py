@@ -16,10 +16,14 @@ def _bounds(stages: list[tuple[int, int]]) -> list[int]:
 
 
 def _valid(stages: list[tuple[int, int]], n: int, k: int) -> bool:
-    return (len(stages) == k and stages[0][0] == 0 and stages[-1][1] == n - 1
-            and all(a <= b for a, b in stages)
-            # strict=False: consecutive pairs, stages[1:] is one shorter
-            and all(b + 1 == c for (_, b), (c, _) in zip(stages, stages[1:], strict=False)))
+    return (
+        len(stages) == k
+        and stages[0][0] == 0
+        and stages[-1][1] == n - 1
+        and all(a <= b for a, b in stages)
+        # strict=False: consecutive pairs, stages[1:] is one shorter
+        and all(b + 1 == c for (_, b), (c, _) in zip(stages, stages[1:], strict=False))
+    )
 
 
 def test_equal_and_parameters_match_deepspeed():
@@ -42,9 +46,11 @@ def test_balance_time_is_optimal():
         cost = [rng.choice([rng.random(), 1.0, 0.25]) for _ in range(n)]
         got = balance_time(cost, k)
         assert _valid(got, n, k)
-        best = min(max(sum(cost[a:b]) for a, b in zip((0, *cuts), (*cuts, n), strict=True))
-                   for cuts in itertools.combinations(range(1, n), k - 1))
-        assert max(sum(cost[a:b + 1]) for a, b in got) == pytest.approx(best, abs=1e-12)
+        best = min(
+            max(sum(cost[a:b]) for a, b in zip((0, *cuts), (*cuts, n), strict=True))
+            for cuts in itertools.combinations(range(1, n), k - 1)
+        )
+        assert max(sum(cost[a : b + 1]) for a, b in got) == pytest.approx(best, abs=1e-12)
 
 
 def test_balance_time_evens_out_the_other_stages():

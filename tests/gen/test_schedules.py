@@ -31,20 +31,42 @@ def grid():
     """P in 2..16; M in 1..8P, every one with OCTODSL_FULL_GRID=1, else those where the
     schedules change shape (the smallest, around P and 2P, uneven groups, the ends)."""
     for p in range(2, 17):
-        ms = range(1, 8 * p + 1) if FULL_GRID else sorted(
-            {1, 2, p - 1, p, p + 1, 2 * p - 2, 2 * p - 1, 2 * p, 2 * p + 1, 3 * p + 2, 5 * p - 1,
-             8 * p})
+        ms = (
+            range(1, 8 * p + 1)
+            if FULL_GRID
+            else sorted(
+                {
+                    1,
+                    2,
+                    p - 1,
+                    p,
+                    p + 1,
+                    2 * p - 2,
+                    2 * p - 1,
+                    2 * p,
+                    2 * p + 1,
+                    3 * p + 2,
+                    5 * p - 1,
+                    8 * p,
+                }
+            )
+        )
         for m in ms:
             yield p, m
 
 
-def as_plan(name: str, p: int, m: int, chunks: int | None = None,
-            times: Times | None = None) -> Plan:
+def as_plan(
+    name: str, p: int, m: int, chunks: int | None = None, times: Times | None = None
+) -> Plan:
     """The algorithm's output as a Plan, without the text round trip (fast)."""
     phased = phased_schedule(name, p, m, chunks, times)
     schedule, _ = phased.orders()
-    return Plan(Header(name=name, devices=p, microbatches=m),
-                [Stage() for _ in range(phased.num_stages)], phased.placement, schedule)
+    return Plan(
+        Header(name=name, devices=p, microbatches=m),
+        [Stage() for _ in range(phased.num_stages)],
+        phased.placement,
+        schedule,
+    )
 
 
 def supported(name: str, p: int, m: int) -> bool:
@@ -104,6 +126,7 @@ def test_generate_goes_through_the_language(name):
 
 
 # -- properties ------------------------------------------------------------------------------
+
 
 def test_1f1b_keeps_at_most_p_in_flight_and_its_bubble():
     for p, m in [(2, 2), (4, 8), (4, 13), (8, 16)]:
@@ -171,15 +194,21 @@ def test_dualpipev_overlaps_the_two_phases_in_its_steady_phase():
 # point, so makespans are compared with ==.
 
 TIMES = {"F=B=W": (1.0, 1.0, 1.0), "B=2F=2W": (1.0, 2.0, 1.0)}
-CAP = {"gpipe": lambda p, m: m, "1f1b": lambda p, m: p, "zb-h1": lambda p, m: p,
-       "zb-h2": lambda p, m: 2 * p - 1, "zb-v": lambda p, m: 2 * p}
+CAP = {
+    "gpipe": lambda p, m: m,
+    "1f1b": lambda p, m: p,
+    "zb-h1": lambda p, m: p,
+    "zb-h2": lambda p, m: 2 * p - 1,
+    "zb-v": lambda p, m: 2 * p,
+}
 """Micro-batch-stages a device may hold (peak_in_flight), each schedule's defining memory."""
 
 
 def simulated(plan: Plan, times: Times) -> float:
     """The project's simulator with uniform op times and free messages."""
-    return simulate(plan, uniform_stage_costs(plan.num_stages, *times),
-                    Link("free", 0.0, 0.0)).iteration_time
+    return simulate(
+        plan, uniform_stage_costs(plan.num_stages, *times), Link("free", 0.0, 0.0)
+    ).iteration_time
 
 
 @pytest.mark.parametrize("times", TIMES.values(), ids=TIMES.keys())
@@ -207,13 +236,26 @@ def test_zb_v_at_8_devices_and_8_micro_batches():
         assert simulated(plan, times) == lower_bound(plan, times) == best
         S = pytest.importorskip("torch.distributed.pipelining.schedules")
         rows = _torch_ranks(S.ScheduleZBVZeroBubble, 8, 8, num_stages=16)
-        torch_plan = Plan(plan.header, plan.stages, placement_v(16, 8),
-                          [[Slot(tuple(Op(*op) for op in slot)) for slot in row] for row in rows])
+        torch_plan = Plan(
+            plan.header,
+            plan.stages,
+            placement_v(16, 8),
+            [[Slot(tuple(Op(*op) for op in slot)) for slot in row] for row in rows],
+        )
         assert simulated(torch_plan, times) == truncated
 
 
-@pytest.mark.parametrize("name, p, m", [("zb-h1", 3, 5), ("zb-h1", 4, 8), ("zb-v", 2, 3),
-                                        ("zb-v", 3, 4), ("zb-v", 3, 6), ("zb-v", 4, 5)])
+@pytest.mark.parametrize(
+    "name, p, m",
+    [
+        ("zb-h1", 3, 5),
+        ("zb-h1", 4, 8),
+        ("zb-v", 2, 3),
+        ("zb-v", 3, 4),
+        ("zb-v", 3, 6),
+        ("zb-v", 4, 5),
+    ],
+)
 def test_memory_figure_is_optimal_where_it_beats_the_bound(name, p, m):
     """With B = 2F = 2W the memory cap costs more than the lower bound: no order within the
     cap does better than the best known figure (CP-SAT, each stage's micro-batches in order)."""
@@ -223,14 +265,17 @@ def test_memory_figure_is_optimal_where_it_beats_the_bound(name, p, m):
     assert optimum(plan, times, CAP[name](p, m)) == best_known(name, plan, times)
 
 
-@pytest.mark.parametrize("name, p, m, chunks, needs", [
-    ("dualpipev", 4, 7, None, "2 x devices = 8"),
-    ("interleaved", 4, 3, None, "at least as many micro-batches as devices"),
-    ("interleaved", 4, 8, 1, "--chunks 2 or more"),
-    ("zb-v", 4, 8, 3, "exactly 2 chunks"),
-    ("1f1b", 4, 8, 2, "one stage per device"),
-    ("pipedream", 4, 8, None, "unknown schedule"),
-])
+@pytest.mark.parametrize(
+    "name, p, m, chunks, needs",
+    [
+        ("dualpipev", 4, 7, None, "2 x devices = 8"),
+        ("interleaved", 4, 3, None, "at least as many micro-batches as devices"),
+        ("interleaved", 4, 8, 1, "--chunks 2 or more"),
+        ("zb-v", 4, 8, 3, "exactly 2 chunks"),
+        ("1f1b", 4, 8, 2, "one stage per device"),
+        ("pipedream", 4, 8, None, "unknown schedule"),
+    ],
+)
 def test_unsupported_requests_say_what_is_needed(name, p, m, chunks, needs):
     with pytest.raises(ScheduleError, match=needs):
         generate(name, p, m, chunks)
@@ -244,9 +289,12 @@ def test_op_times_are_three_positive_numbers():
 
 # -- reference implementations ---------------------------------------------------------------
 
+
 def _rows(plan: Plan) -> list[list[tuple]]:
-    return [[tuple((op.kind, op.stage, op.mb) for op in s.ops) for s in slots]
-            for slots in plan.schedule]
+    return [
+        [tuple((op.kind, op.stage, op.mb) for op in s.ops) for s in slots]
+        for slots in plan.schedule
+    ]
 
 
 def _torch_rows(order: dict) -> list[list[tuple]]:
@@ -258,8 +306,12 @@ def _torch_rows(order: dict) -> list[list[tuple]]:
         for a in order[rank]:
             if a is not None:
                 acts = a.sub_actions or (a,)
-                row.append(tuple((kind[x.computation_type.value], x.stage_index, x.microbatch_index)
-                                 for x in acts))
+                row.append(
+                    tuple(
+                        (kind[x.computation_type.value], x.stage_index, x.microbatch_index)
+                        for x in acts
+                    )
+                )
         out.append(row)
     return out
 
@@ -278,18 +330,27 @@ def test_zero_bubble_and_interleaved_match_pytorch():
         for m in range(p, 4 * p + 1):
             if m >= 2 * p - 1:
                 assert _rows(as_plan("zb-v", p, m)) == _torch_ranks(
-                    S.ScheduleZBVZeroBubble, p, m, num_stages=2 * p), (p, m)
+                    S.ScheduleZBVZeroBubble, p, m, num_stages=2 * p
+                ), (p, m)
             rounds = m // p
             if m % rounds:
                 continue  # torch rejects these M; see interleaved's docstring
             per_round = m // rounds
             assert _rows(as_plan("zb-h1", p, m)) == _torch_ranks(
-                S.ScheduleInterleavedZeroBubble, p, m, n_local_stages=1,
-                microbatches_per_round=per_round), (p, m)
+                S.ScheduleInterleavedZeroBubble,
+                p,
+                m,
+                n_local_stages=1,
+                microbatches_per_round=per_round,
+            ), (p, m)
             for v in (2, 3):
                 assert _rows(as_plan("interleaved", p, m, v)) == _torch_ranks(
-                    S.ScheduleInterleaved1F1B, p, m, n_local_stages=v,
-                    microbatches_per_round=per_round), (p, m, v)
+                    S.ScheduleInterleaved1F1B,
+                    p,
+                    m,
+                    n_local_stages=v,
+                    microbatches_per_round=per_round,
+                ), (p, m, v)
 
 
 def _deepspeed_rows(p: int, m: int) -> list[list[tuple]]:

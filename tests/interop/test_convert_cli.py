@@ -18,10 +18,14 @@ def test_prints_megatron_arguments(capsys):
     assert out.err == ""
 
 
-@pytest.mark.parametrize(("target", "name", "golden"), [
-    ("megatron", "args.sh", ".megatron.sh"), ("megatron", "args.txt", ".megatron.sh"),
-    ("deepspeed", "ds.py", ".deepspeed.py"),
-])
+@pytest.mark.parametrize(
+    ("target", "name", "golden"),
+    [
+        ("megatron", "args.sh", ".megatron.sh"),
+        ("megatron", "args.txt", ".megatron.sh"),
+        ("deepspeed", "ds.py", ".deepspeed.py"),
+    ],
+)
 def test_writes_the_file_asked_for(tmp_path, target, name, golden):
     plan = GOLDEN / "llama3-8b-1f1b-p4-m8.octo"
     assert main(["convert", str(plan), "--to", target, "-o", str(tmp_path / name)]) == 0
@@ -38,7 +42,10 @@ def test_to_torch_is_the_csv(tmp_path, capsys):
 
 def test_warnings_go_to_stderr(tmp_path, capsys):
     plan = tmp_path / "zb.octo"
-    assert main(["gen", "zb-h1", "-p", "4", "-m", "8", "--model", "nemotron-h-8b", "-o", str(plan)]) == 0
+    assert (
+        main(["gen", "zb-h1", "-p", "4", "-m", "8", "--model", "nemotron-h-8b", "-o", str(plan)])
+        == 0
+    )
     capsys.readouterr()
     assert main(["convert", str(plan), "--to", "megatron"]) == 0
     out = capsys.readouterr()
@@ -76,7 +83,10 @@ def test_abstract_plan_is_refused_exit_1(tmp_path, capsys):
 
 def test_v_placement_is_refused_exit_1(tmp_path, capsys):
     plan = tmp_path / "v.octo"
-    assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-8b", "-o", str(plan)]) == 0
+    assert (
+        main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-8b", "-o", str(plan)])
+        == 0
+    )
     capsys.readouterr()
     assert main(["convert", str(plan), "--to", "megatron", "-o", str(tmp_path / "v.sh")]) == 1
     assert "its placement is a V" in capsys.readouterr().err
@@ -85,8 +95,10 @@ def test_v_placement_is_refused_exit_1(tmp_path, capsys):
 
 def test_a_plan_that_does_not_lint_is_refused(tmp_path, capsys):
     broken = tmp_path / "broken.octo"
-    broken.write_text('plan "b" { devices 1 microbatches 1 model "llama3-8b" }\nstages 1\n'
-                      "placement loop\nschedule { device 0 { F0:0 } }\n")
+    broken.write_text(
+        'plan "b" { devices 1 microbatches 1 model "llama3-8b" }\nstages 1\n'
+        "placement loop\nschedule { device 0 { F0:0 } }\n"
+    )
     assert main(["convert", str(broken), "--to", "megatron"]) == 1
     out = capsys.readouterr()
     assert out.err == f"octodsl: error: {broken}: 1 error; run `octodsl lint {broken}` to see it\n"

@@ -47,7 +47,10 @@ def test_snippet_cuts_where_the_plan_cuts(path):
     ns = snippet_namespace(deepspeed_snippet(plan).text)
     layers = sum(s.num_layers for s in plan.stages)
     for s, stage in enumerate(plan.stages):
-        assert bounds(ns["PlanPipelineModule"], layers, plan.num_stages, s) == (stage.first, stage.last + 1)
+        assert bounds(ns["PlanPipelineModule"], layers, plan.num_stages, s) == (
+            stage.first,
+            stage.last + 1,
+        )
     with pytest.raises(ValueError, match=f"the plan cuts {layers} layers"):
         bounds(ns["PlanPipelineModule"], layers - 1, plan.num_stages, 0)
 
@@ -56,8 +59,12 @@ def test_ds_config_and_topology():
     plan = plan_of(GOLDEN / "nemotron-h-56b-tp8-p8-dp2.octo")
     export = deepspeed_snippet(plan)
     ns = snippet_namespace(export.text)
-    assert ns["DS_CONFIG"] == {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 32,
-                               "train_batch_size": 64, "zero_optimization": {"stage": 1}}
+    assert ns["DS_CONFIG"] == {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 32,
+        "train_batch_size": 64,
+        "zero_optimization": {"stage": 1},
+    }
     assert "PipeModelDataParallelTopology(num_pp=8, num_mp=8, num_dp=2)" in export.text
     # the largest stage, one checkpointed block: stage 0, the embedding and 15 layers
     assert "activation_checkpoint_interval=16" in export.text
@@ -78,11 +85,17 @@ def test_mixed_recompute_is_left_out_with_a_warning():
     assert any("stage 1: full" in w for w in export.warnings)
 
 
-@pytest.mark.parametrize(("plan", "message"), [
-    (lambda: generate("interleaved", 4, 8, chunks=2, model="nemotron-h-8b"), "8 stages on 4 devices"),
-    (lambda: _with_model(generate("zb-v", 4, 8), "nemotron-h-8b"), "8 stages on 4 devices"),
-    (lambda: generate("1f1b", 4, 8), "names no model"),
-])
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        (
+            lambda: generate("interleaved", 4, 8, chunks=2, model="nemotron-h-8b"),
+            "8 stages on 4 devices",
+        ),
+        (lambda: _with_model(generate("zb-v", 4, 8), "nemotron-h-8b"), "8 stages on 4 devices"),
+        (lambda: generate("1f1b", 4, 8), "names no model"),
+    ],
+)
 def test_refused(plan, message):
     with pytest.raises(ExportError, match=message) as e:
         deepspeed_snippet(plan())
@@ -107,4 +120,5 @@ def test_snippet_imports_what_deepspeed_has():
     pytest.importorskip("deepspeed")
     ns = snippet_namespace(deepspeed_snippet(plan_of(ONE_PER_DEVICE[0])).text)
     from deepspeed.pipe import PipelineModule
+
     assert issubclass(ns["PlanPipelineModule"], PipelineModule)

@@ -39,8 +39,12 @@ def plan_of(path: Path):
 
 def argv(text: str) -> list[str]:
     """The arguments the output's bash array holds, as bash itself expands them."""
-    out = subprocess.run(["bash", "-c", text + '\nprintf "%s\\0" "${MEGATRON_ARGS[@]}"'],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", text + '\nprintf "%s\\0" "${MEGATRON_ARGS[@]}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return out.split("\0")[:-1]
 
 
@@ -53,8 +57,13 @@ def mcore():
     layout = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.ssm import mamba_block, mamba_hybrid_layer_allocation
-    return SimpleNamespace(Layout=layout.PipelineParallelLayerLayout, schedules=schedules,
-                           allocation=mamba_hybrid_layer_allocation, block=mamba_block)
+
+    return SimpleNamespace(
+        Layout=layout.PipelineParallelLayerLayout,
+        schedules=schedules,
+        allocation=mamba_hybrid_layer_allocation,
+        block=mamba_block,
+    )
 
 
 @pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)
@@ -71,6 +80,7 @@ def test_gpt_layout_read_back_by_megatron_core(mcore):
     assert layout.virtual_pipeline_model_parallel_size == 1
     layout.validate_layer_layout(int(value(args, "--num-layers")), None)
     from megatron.core.transformer.enums import LayerType
+
     decoder = [layout.layout[s][0].count(LayerType.decoder) for s in range(plan.devices)]
     assert decoder == [8, 9, 8, 7]  # the transformer layers of each stage, as the plan cuts them
 
@@ -79,12 +89,15 @@ def test_interleaved_gpt_layout_places_stage_s_on_rank_s_mod_p(mcore):
     plan = generate("interleaved", 4, 8, chunks=2)
     symbols = ["[" + "*-" * 3, *["*-" * 4] * 6, "*-" * 5 + "]"]  # 32 transformer layers
     from megatron.core.transformer.enums import LayerType
+
     layout = mcore.Layout(layout_string(symbols), plan.devices)
     assert layout.virtual_pipeline_model_parallel_size == 2
     layout.validate_layer_layout(32, None)
     for s, sym in enumerate(symbols):
         assert layout.layout[s % 4][s // 4].count(LayerType.decoder) == sym.count("*")
-    assert layout.layout[0][0][0] is LayerType.embedding and layout.layout[3][1][-1] is LayerType.loss
+    assert (
+        layout.layout[0][0][0] is LayerType.embedding and layout.layout[3][1][-1] is LayerType.loss
+    )
 
 
 @given(st.data())
@@ -100,8 +113,10 @@ def test_any_whole_layer_cuts_are_read_back_by_megatron_core(mcore, data):
     bounds = [0, *cuts, n]
     # strict=False: consecutive pairs, bounds[1:] is one shorter
     counts = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
-    symbols = [("[" if s == 0 else "") + "*-" * c + ("]" if s == len(counts) - 1 else "")
-               for s, c in enumerate(counts)]
+    symbols = [
+        ("[" if s == 0 else "") + "*-" * c + ("]" if s == len(counts) - 1 else "")
+        for s, c in enumerate(counts)
+    ]
     layout = mcore.Layout(layout_string(symbols), P)
     assert layout.virtual_pipeline_model_parallel_size == V
     layout.validate_layer_layout(n, None)
@@ -132,20 +147,28 @@ def test_hybrid_older_form_cut_by_megatron_core_0_16(mcore):
     """The 0.16 form in the comment, run through megatron-core 0.16.1's MambaStack stage
     selection for each rank, gives the plan's stages."""
     plan = plan_of(GOLDEN / "nemotron-h-56b-tp8-p8-dp2.octo")
-    comment = next(line for line in megatron_args(plan).text.splitlines()
-                   if "--hybrid-override-pattern" in line)
+    comment = next(
+        line
+        for line in megatron_args(plan).text.splitlines()
+        if "--hybrid-override-pattern" in line
+    )
     words = shlex.split(comment.split("there, ", 1)[1].rsplit(" cuts", 1)[0])
     old = dict(zip(words[::2], words[1::2], strict=True))
     pattern = old["--hybrid-override-pattern"]
     layers = mcore.allocation.allocate_layers(len(pattern), 0.0, 0.0, pattern)
     first = old.get("--decoder-first-pipeline-num-layers")
     last = old.get("--decoder-last-pipeline-num-layers")
-    config = SimpleNamespace(num_layers=len(pattern), virtual_pipeline_model_parallel_size=None,
-                             num_layers_in_first_pipeline_stage=first and int(first),
-                             num_layers_in_last_pipeline_stage=last and int(last))
+    config = SimpleNamespace(
+        num_layers=len(pattern),
+        virtual_pipeline_model_parallel_size=None,
+        num_layers_in_first_pipeline_stage=first and int(first),
+        num_layers_in_last_pipeline_stage=last and int(last),
+    )
     for rank in range(plan.devices):
-        stack = SimpleNamespace(config=config, pp_group=SimpleNamespace(
-            rank=lambda rank=rank: rank, size=lambda: plan.devices))
+        stack = SimpleNamespace(
+            config=config,
+            pp_group=SimpleNamespace(rank=lambda rank=rank: rank, size=lambda: plan.devices),
+        )
         _, chosen = mcore.block.MambaStack._select_layers_for_pipeline_parallel(stack, layers)
         assert "".join(chosen) == plan.stages[rank].symbols.strip("[]")
 
@@ -185,8 +208,10 @@ def test_octodsl_orders_are_megatron_cores(mcore, P, M, V):
 
 def test_other_orders_are_named_with_the_nearest_schedule():
     export = megatron_args(_with_model(generate("zb-h1", 4, 8), "nemotron-h-8b"))
-    assert any("(it splits backwards into B and W) has no Megatron equivalent: Megatron runs "
-               "its 1F1B" in w for w in export.warnings)
+    assert any(
+        "(it splits backwards into B and W) has no Megatron equivalent: Megatron runs its 1F1B" in w
+        for w in export.warnings
+    )
     assert "# WARNING: the plan's order" in export.text
     gpipe = megatron_args(_with_model(generate("gpipe", 4, 8), "nemotron-h-8b"))
     assert any("has no Megatron equivalent" in w for w in gpipe.warnings)
@@ -194,8 +219,10 @@ def test_other_orders_are_named_with_the_nearest_schedule():
 
 def test_interleaved_groups_other_than_p_are_named():
     export = megatron_args(_with_model(generate("interleaved", 4, 10, chunks=2), "nemotron-h-8b"))
-    assert any("groups of 5 micro-batches" in w and "microbatch_group_size_per_vp_stage = 5" in w
-               for w in export.warnings)
+    assert any(
+        "groups of 5 micro-batches" in w and "microbatch_group_size_per_vp_stage = 5" in w
+        for w in export.warnings
+    )
 
 
 def _with_model(plan, model: str):
@@ -206,11 +233,14 @@ def _with_model(plan, model: str):
 
     pattern = load_model(model).pattern
     plan.header = plan.header.model_copy(update={"model": model})
-    plan.stages = [Stage(a, b, pattern[a:b + 1]) for a, b in equal_layers(len(pattern), plan.num_stages)]
+    plan.stages = [
+        Stage(a, b, pattern[a : b + 1]) for a, b in equal_layers(len(pattern), plan.num_stages)
+    ]
     return plan
 
 
 # -- what Megatron cannot express ---------------------------------------------------------------
+
 
 def test_v_placement_is_refused():
     with pytest.raises(ExportError, match="placement is a V") as e:
@@ -248,6 +278,7 @@ def test_interleaved_with_fewer_microbatches_than_ranks_is_refused():
 def test_recompute_mapping():
     plan = _with_model(generate("1f1b", 4, 8), "nemotron-h-8b")
     from octodsl.plan import Recompute
+
     for s in plan.stages:
         s.recompute = Recompute.SELECTIVE
     args = argv(megatron_args(plan).text)

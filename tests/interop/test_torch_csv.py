@@ -25,9 +25,20 @@ def imported_form(plan: Plan, name: str) -> Plan:
     orders. The name comes from the file; model, layers and the other header fields have no
     place in the format."""
     out = parse_plan(render_plan(plan))
-    out.header = out.header.model_copy(update={
-        "name": name, "model": None, "microbatch_size": None, "seq_len": None, "dp": 1,
-        "zero": 0, "memory": None, "tp": 1, "sequence_parallel": None, "gpus_per_node": 8})
+    out.header = out.header.model_copy(
+        update={
+            "name": name,
+            "model": None,
+            "microbatch_size": None,
+            "seq_len": None,
+            "dp": 1,
+            "zero": 0,
+            "memory": None,
+            "tp": 1,
+            "sequence_parallel": None,
+            "gpus_per_node": 8,
+        }
+    )
     out.stages = [Stage() for _ in plan.stages]
     return out
 
@@ -45,13 +56,26 @@ def test_round_trip_of_generated_plans(name):
 
 def test_round_trip_drops_what_csv_cannot_carry():
     plan = generate("1f1b", 2, 2)
-    plan.header = plan.header.model_copy(update={"model": "x", "seq_len": 4096, "dp": 2, "zero": 1,
-                                                 "tp": 4, "sequence_parallel": False, "gpus_per_node": 4})
+    plan.header = plan.header.model_copy(
+        update={
+            "model": "x",
+            "seq_len": 4096,
+            "dp": 2,
+            "zero": 1,
+            "tp": 4,
+            "sequence_parallel": False,
+            "gpus_per_node": 4,
+        }
+    )
     plan.stages = [Stage(0, 4, recompute=Recompute.FULL), Stage(5, 9)]
     back, _ = read_csv(write_csv(plan), "x.csv")
     assert back.header.model is None and back.header.seq_len is None and back.header.dp == 1
     assert back.header.zero == 0 and back.recompute() == [Recompute.NONE] * 2
-    assert (back.header.tp, back.header.sequence_parallel, back.header.gpus_per_node) == (1, None, 8)
+    assert (back.header.tp, back.header.sequence_parallel, back.header.gpus_per_node) == (
+        1,
+        None,
+        8,
+    )
     assert all(s.abstract for s in back.stages)
     assert back.same_as(imported_form(plan, "x"))
 
@@ -82,15 +106,23 @@ def test_export_warns_of_zero_and_recompute_where_the_plan_states_them():
     assert (zero.code, zero.severity.value, recompute.code) == ("W603", "warning", "W603")
     assert zero.message == "'zero 2' is dropped: the CSV has no place for ZeRO sharding"
     assert (zero.span.line, zero.span.col) == (5, 8)
-    assert recompute.message == ("the recompute section (stage 1: full, stage 2: selective) is "
-                                 "dropped: the CSV has no place for it")
+    assert recompute.message == (
+        "the recompute section (stage 1: full, stage 2: selective) is "
+        "dropped: the CSV has no place for it"
+    )
     assert (recompute.span.line, recompute.span.col) == (12, 3)  # stage 1's line, the first stage
     # nothing that changes how the plan runs is lost: no warning (`none` is what the CSV means)
-    plain = ZERO_AND_RECOMPUTE.replace("zero 2", "zero 0").replace("selective", "none").replace("full", "none")
+    plain = (
+        ZERO_AND_RECOMPUTE.replace("zero 2", "zero 0")
+        .replace("selective", "none")
+        .replace("full", "none")
+    )
     assert export_warnings(parse_plan(plain)) == []
 
 
-MESH = ZERO_AND_RECOMPUTE.replace("  zero 2\n", "  tp 8\n  sequence_parallel false\n  gpus_per_node 16\n")
+MESH = ZERO_AND_RECOMPUTE.replace(
+    "  zero 2\n", "  tp 8\n  sequence_parallel false\n  gpus_per_node 16\n"
+)
 
 
 def test_export_warns_of_each_mesh_field_where_the_plan_states_it():
@@ -98,12 +130,21 @@ def test_export_warns_of_each_mesh_field_where_the_plan_states_it():
     tp, sp, gpus, recompute = export_warnings(plan)
     assert {w.code for w in (tp, sp, gpus, recompute)} == {"W603"} and not tp.is_error
     assert tp.message == "'tp 8' is dropped: the CSV has no place for tensor parallelism"
-    assert sp.message == "'sequence_parallel false' is dropped: the CSV has no place for sequence parallelism"
-    assert gpus.message == "'gpus_per_node 16' is dropped: the CSV has no place for the cluster's shape"
+    assert (
+        sp.message
+        == "'sequence_parallel false' is dropped: the CSV has no place for sequence parallelism"
+    )
+    assert (
+        gpus.message
+        == "'gpus_per_node 16' is dropped: the CSV has no place for the cluster's shape"
+    )
     assert [(w.span.line, w.span.col) for w in (tp, sp, gpus)] == [(5, 6), (6, 21), (7, 17)]
     # the defaults lose nothing, written or not
-    defaults = MESH.replace("tp 8", "tp 1").replace("  sequence_parallel false\n", "").replace(
-        "gpus_per_node 16", "gpus_per_node 8")
+    defaults = (
+        MESH.replace("tp 8", "tp 1")
+        .replace("  sequence_parallel false\n", "")
+        .replace("gpus_per_node 16", "gpus_per_node 8")
+    )
     assert [w.message for w in export_warnings(parse_plan(defaults))] == [recompute.message]
 
 
@@ -126,7 +167,10 @@ def test_convert_names_what_it_drops_on_stderr(tmp_path, capsys):
     assert main(["convert", str(octo), "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert f"{octo}:5:8: warning[W603]: 'zero 2' is dropped" in err
-    assert f"{octo}:12:3: warning[W603]: the recompute section (stage 1: full, stage 2: selective)" in err
+    assert (
+        f"{octo}:12:3: warning[W603]: the recompute section (stage 1: full, stage 2: selective)"
+        in err
+    )
     assert "  12 |   stage 1: full\n" in err  # with the line and a caret
     assert out.read_text() == write_csv(parse_plan(ZERO_AND_RECOMPUTE))
     # the way back states neither
@@ -150,8 +194,9 @@ def test_torch_loads_the_export(name, tmp_path):
     runtime = S._PipelineScheduleRuntime([_stub(plan)], n_microbatches=plan.microbatches)
     runtime._load_csv(str(path))  # validates, then lowers to a schedule with communication
     assert runtime.stage_index_to_group_rank == dict(enumerate(plan.stage_device()))
-    assert [[str(a) for a in runtime.pipeline_order[d]] for d in range(plan.devices)] == \
-        [row.split(",") for row in write_csv(plan).splitlines()]
+    assert [[str(a) for a in runtime.pipeline_order[d]] for d in range(plan.devices)] == [
+        row.split(",") for row in write_csv(plan).splitlines()
+    ]
     assert runtime.pipeline_order_with_comms
 
 
@@ -204,22 +249,27 @@ def test_quoted_cells_and_spaces():
     assert [str(s) for s in plan.schedule[0]] == ["F0:0", "BW0:0"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("0F0,0X1,0B0\n", [("E601", 1, 5)]),
-    ("0F0, 0F ,0B0\n", [("E602", 1, 6)]),
-    ("0F0,(0F1;1B)OVERLAP_F_B\n", [("E602", 1, 10)]),
-    ("0F0,(0F1;1B0)OVERLAP\n", [("E601", 1, 5)]),
-    ("0F0,0B0\n1F0,0F1\n", [("E603", 2, 5)]),
-    ("0F0,0B0,0F0\n", [("E604", 1, 9)]),
-    ("0F0,0F1,0B0\n", [("E605", 1, 1)]),
-    ("0F0,0B0\n\n2F0,2B0\n", [("E605", None, None)]),
-    ("\n", [("E606", None, None)]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("0F0,0X1,0B0\n", [("E601", 1, 5)]),
+        ("0F0, 0F ,0B0\n", [("E602", 1, 6)]),
+        ("0F0,(0F1;1B)OVERLAP_F_B\n", [("E602", 1, 10)]),
+        ("0F0,(0F1;1B0)OVERLAP\n", [("E601", 1, 5)]),
+        ("0F0,0B0\n1F0,0F1\n", [("E603", 2, 5)]),
+        ("0F0,0B0,0F0\n", [("E604", 1, 9)]),
+        ("0F0,0F1,0B0\n", [("E605", 1, 1)]),
+        ("0F0,0B0\n\n2F0,2B0\n", [("E605", None, None)]),
+        ("\n", [("E606", None, None)]),
+    ],
+)
 def test_malformed_files_are_reported_where_they_go_wrong(text, expected):
     with pytest.raises(PlanSyntaxError) as e:
         read_csv(text, "bad.csv")
-    got = [(d.code, d.span.line if d.span else None, d.span.col if d.span else None)
-           for d in e.value.diagnostics]
+    got = [
+        (d.code, d.span.line if d.span else None, d.span.col if d.span else None)
+        for d in e.value.diagnostics
+    ]
     assert got == expected, e.value.render()
     assert "bad.csv" in e.value.render()
 
@@ -242,14 +292,17 @@ def test_convert_cli_errors(tmp_path, capsys):
     assert main(["convert", str(bad), "-o", str(tmp_path / "x.txt")]) == 2
     assert "convert turns .octo into .csv or .csv into .octo" in capsys.readouterr().err
     broken = tmp_path / "broken.octo"
-    broken.write_text('plan "b" { devices 1 microbatches 1 }\nstages 1\nplacement loop\n'
-                      "schedule { device 0 { F0:0 } }\n")
+    broken.write_text(
+        'plan "b" { devices 1 microbatches 1 }\nstages 1\nplacement loop\n'
+        "schedule { device 0 { F0:0 } }\n"
+    )
     assert main(["convert", str(broken), "-o", str(tmp_path / "b.csv")]) == 1
     assert f"{broken}: 1 error; run `octodsl lint {broken}`" in capsys.readouterr().err
     assert not (tmp_path / "b.csv").exists()
 
 
 # -- hostile files -------------------------------------------------------------------------------
+
 
 def errors_of(text: str) -> list:
     with pytest.raises(PlanSyntaxError) as e:
@@ -276,16 +329,31 @@ def test_invisible_characters_are_shown_escaped():
     assert d.message == "'\\u200b0B0' is not an action"
 
 
-@pytest.mark.parametrize("text, col, message", [
-    ("0F0,0B0,0F99999999999999\n", 11,
-     "99999999999999 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
-    ("0F0,0B0,0F65536\n", 11,
-     "65536 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
-    ("0F0,0B0,65536F0\n", 9,
-     "65536 is too large: a stage number is at most 65,535 (docs/language.md#limits)"),
-    ("0F0,0B0,(1F0;0F" + "9" * 5000 + ")OVERLAP_F_B\n", 16,
-     "a 5000-digit number is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)"),
-])
+@pytest.mark.parametrize(
+    "text, col, message",
+    [
+        (
+            "0F0,0B0,0F99999999999999\n",
+            11,
+            "99999999999999 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)",
+        ),
+        (
+            "0F0,0B0,0F65536\n",
+            11,
+            "65536 is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)",
+        ),
+        (
+            "0F0,0B0,65536F0\n",
+            9,
+            "65536 is too large: a stage number is at most 65,535 (docs/language.md#limits)",
+        ),
+        (
+            "0F0,0B0,(1F0;0F" + "9" * 5000 + ")OVERLAP_F_B\n",
+            16,
+            "a 5000-digit number is too large: a micro-batch number is at most 65,535 (docs/language.md#limits)",
+        ),
+    ],
+)
 def test_stage_and_microbatch_numbers_are_bounded(text, col, message):
     (d,) = errors_of(text)
     assert (d.code, d.span.line, d.span.col, d.message) == ("E607", 1, col, message)
@@ -295,14 +363,19 @@ def test_stage_and_microbatch_numbers_are_bounded(text, col, message):
 
 def test_stages_times_microbatches_bounded_before_completeness_is_checked():
     (d,) = errors_of("0F0,0B0,0F999\n1F0,999F0\n")
-    assert d.code == "E607" and d.message == ("1,000 stages and 1,000 micro-batches need 2,000,000 ops "
-                                              "or more: a plan has at most 1,000,000 ops (docs/language.md#limits)")
+    assert d.code == "E607" and d.message == (
+        "1,000 stages and 1,000 micro-batches need 2,000,000 ops "
+        "or more: a plan has at most 1,000,000 ops (docs/language.md#limits)"
+    )
 
 
 def test_rows_are_bounded_by_max_devices():
     (d,) = errors_of("0F0,0B0\n" * 4097)
     assert (d.code, d.span.line) == ("E607", 4097)
-    assert d.message == "4,097 rows, one device each: a plan has at most 4096 devices (docs/language.md#limits)"
+    assert (
+        d.message
+        == "4,097 rows, one device each: a plan has at most 4096 devices (docs/language.md#limits)"
+    )
     plan, _ = read_csv("0F0,0B0\n" + "\n" * 4095, "wide.csv")  # 4096 rows, most idle
     assert plan.devices == 4096
 
@@ -326,8 +399,11 @@ def test_a_stray_microbatch_is_named_as_such():
 def test_a_stage_that_lacks_a_microbatch_others_have():
     text = "".join(f"{s}F0,{s}F1,{s}B0,{s}B1\n" for s in range(3)).replace("0F1,0B0,0B1", "0B0")
     (d,) = errors_of(text)
-    assert (d.code, d.message, d.hint) == ("E605", "stage 0 has no action of micro-batch 1",
-                                           "stages 1..2 have it")
+    assert (d.code, d.message, d.hint) == (
+        "E605",
+        "stage 0 has no action of micro-batch 1",
+        "stages 1..2 have it",
+    )
     assert (d.span.line, d.span.col) == (1, 1)
 
 
@@ -352,10 +428,15 @@ DEADLOCK = "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n"
 
 def test_a_deadlocking_file_is_refused_as_lint_refuses_it():
     (d,) = errors_of(DEADLOCK)
-    assert d.code == "E310" and d.message == "the schedule deadlocks: devices 0, 1 wait on each other in a cycle"
+    assert (
+        d.code == "E310"
+        and d.message == "the schedule deadlocks: devices 0, 1 wait on each other in a cycle"
+    )
     assert (d.span.line, d.span.col) == (1, 5)  # 0B0
-    assert d.notes == ("BW0:0 on device 0 waits for BW1:0 on device 1, queued behind F1:1",
-                       "F1:1 on device 1 waits for F0:1 on device 0, queued behind BW0:0")
+    assert d.notes == (
+        "BW0:0 on device 0 waits for BW1:0 on device 1, queued behind F1:1",
+        "F1:1 on device 1 waits for F0:1 on device 0, queued behind BW0:0",
+    )
     assert "device 0 is row 1" in d.hint
 
 

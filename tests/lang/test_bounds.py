@@ -14,13 +14,16 @@ from octodsl.lang import PlanSyntaxError, analyze
 from octodsl.lint import lint_source
 
 HEAD = 'plan "t" {\n  devices 2\n  microbatches 2\n}\n'
-GOOD = HEAD + """stages 2
+GOOD = (
+    HEAD
+    + """stages 2
 placement loop
 schedule {
   device 0 { F0:0 F0:1 BW0:0 BW0:1 }
   device 1 { F1:0 BW1:0 F1:1 BW1:1 }
 }
 """
+)
 HUGE = "9" * 5000
 DOC = "(docs/language.md#limits)"
 
@@ -51,8 +54,14 @@ def at(d, src: str, needle: str, width: int | None = None) -> None:
 
 # -- numbers ------------------------------------------------------------------------------------
 
-NUMBER_PLACES = [("devices 2", "devices N"), ("stages 2", "stages N"), ("F0:1 ", "F0:N "),
-                 ("F1:0 ", "FN:0 "), ("device 1 {", "device N {"), ("F0:0 F0:1", "F0:0..N")]
+NUMBER_PLACES = [
+    ("devices 2", "devices N"),
+    ("stages 2", "stages N"),
+    ("F0:1 ", "F0:N "),
+    ("F1:0 ", "FN:0 "),
+    ("device 1 {", "device N {"),
+    ("F0:0 F0:1", "F0:0..N"),
+]
 
 
 @pytest.mark.parametrize("old,new", NUMBER_PLACES)
@@ -60,7 +69,10 @@ def test_a_5000_digit_number_is_refused_where_it_stands(old, new):
     src = GOOD.replace(old, new.replace("N", HUGE), 1)
     d = only(src, "E104")
     at(d, src, HUGE)
-    assert d.message == f"a 5000-digit number is too large: a number is at most 1,000,000,000,000 {DOC}"
+    assert (
+        d.message
+        == f"a 5000-digit number is too large: a number is at most 1,000,000,000,000 {DOC}"
+    )
 
 
 def test_one_past_max_int_is_refused_and_max_int_is_not():
@@ -68,13 +80,18 @@ def test_one_past_max_int_is_refused_and_max_int_is_not():
     d = only(src, "E104")
     assert d.message.startswith(f"{limits.MAX_INT + 1} is too large")
     # MAX_INT itself is a number; lint then says the micro-batch does not exist.
-    assert "E104" not in [d.code for d in diagnostics(src.replace(str(limits.MAX_INT + 1), str(limits.MAX_INT)))]
+    assert "E104" not in [
+        d.code for d in diagnostics(src.replace(str(limits.MAX_INT + 1), str(limits.MAX_INT)))
+    ]
 
 
 def test_sizes_and_every_other_number_place():
-    src = HEAD.replace("}", f"  memory {HUGE}GiB\n}}") + GOOD[len(HEAD):]
+    src = HEAD.replace("}", f"  memory {HUGE}GiB\n}}") + GOOD[len(HEAD) :]
     at(only(src, "E104"), src, HUGE + "GiB")
-    for text in (f"partition {{ stage 0: layers 0..{HUGE} }}", f"placement {{ device 0: stages {HUGE} }}"):
+    for text in (
+        f"partition {{ stage 0: layers 0..{HUGE} }}",
+        f"placement {{ device 0: stages {HUGE} }}",
+    ):
         diags = diagnostics(HEAD + text)
         assert [d.code for d in diags] == ["E104"]
 
@@ -105,12 +122,17 @@ def test_a_range_is_counted_before_it_is_unrolled():
         src = GOOD.replace("F0:0 F0:1", f"F0:0..{last}")
         d = only(src, "E157")
         at(d, src, f"F0:0..{last}")
-        assert d.message == f"F0:0..{last} takes the plan past the limit: a plan has at most 1,000,000 ops {DOC}"
+        assert (
+            d.message
+            == f"F0:0..{last} takes the plan past the limit: a plan has at most 1,000,000 ops {DOC}"
+        )
 
 
 def test_ops_count_over_the_whole_plan():
     half = limits.MAX_OPS // 2
-    src = GOOD.replace("F0:0 F0:1", f"F0:0..{half}").replace("F1:0 BW1:0", f"F1:0..{half - 1} BW1:0")
+    src = GOOD.replace("F0:0 F0:1", f"F0:0..{half}").replace(
+        "F1:0 BW1:0", f"F1:0..{half - 1} BW1:0"
+    )
     assert "E157" in [d.code for d in diagnostics(src)]
 
 
@@ -126,8 +148,10 @@ def test_loop_iterations_are_counted_before_unrolling():
     src = GOOD.replace("F0:0 F0:1", "for i in 0..1000000000000 {} F0:0 F0:1")
     d = only(src, "E158")
     at(d, src, "for i in 0..1000000000000 {}")
-    assert d.message == ("the loop over 0..1000000000000 takes the plan's loops past the limit: loops "
-                         f"iterate at most 1,000,000 times in all {DOC}")
+    assert d.message == (
+        "the loop over 0..1000000000000 takes the plan's loops past the limit: loops "
+        f"iterate at most 1,000,000 times in all {DOC}"
+    )
 
 
 def test_nested_loops_count_every_iteration():
@@ -143,7 +167,10 @@ def test_an_index_expression_beyond_max_int_stops_unrolling():
     src = GOOD.replace("F0:1 ", "F0:1000000*1000001 ")
     d = only(src, "E159")
     at(d, src, "1000000*1000001")
-    assert d.message == f"the value of 1000000*1000001 is too large: an index is at most 1,000,000,000,000 {DOC}"
+    assert (
+        d.message
+        == f"the value of 1000000*1000001 is too large: an index is at most 1,000,000,000,000 {DOC}"
+    )
     # Evaluated once per iteration, reported once.
     src = GOOD.replace("F0:1 ", "for i in 0..999 { F0:i*1000000000000 } ")
     assert [d.code for d in diagnostics(src)] == ["E159"]
@@ -153,28 +180,42 @@ def test_stage_and_layer_counts():
     src = GOOD.replace("stages 2", f"stages {limits.MAX_STAGES + 1}")
     d = only(src, "E207")
     assert d.message == f"65,537 stages: a plan has at most 65,536 stages {DOC}"
-    src = GOOD.replace("stages 2", f"partition {{ stage 0: layers 0..9 stage 1: layers 10..{limits.MAX_LAYERS} }}")
+    src = GOOD.replace(
+        "stages 2", f"partition {{ stage 0: layers 0..9 stage 1: layers 10..{limits.MAX_LAYERS} }}"
+    )
     d = only(src, "E207")
     at(d, src, f"stage 1: layers 10..{limits.MAX_LAYERS}")
     assert d.message == f"layer 65,536: a model has at most 65,536 layers {DOC}"
     src = GOOD.replace("stages 2", 'partition "' + "M" * (limits.MAX_LAYERS + 1) + '"')
-    assert only(src, "E207").message == f"a pattern of 65,537 layers: a model has at most 65,536 layers {DOC}"
+    assert (
+        only(src, "E207").message
+        == f"a pattern of 65,537 layers: a model has at most 65,536 layers {DOC}"
+    )
 
 
 def test_stages_times_microbatches_bounded_before_lint_walks_them():
     # 10 stages x 50,000 micro-batches need exactly MAX_OPS ops: linted (every op missing);
     # one more micro-batch and the plan cannot be written within MAX_OPS at all.
     head = HEAD.replace("devices 2", "devices 10")
-    ok = head.replace("microbatches 2", "microbatches 50000") + "stages 10 placement loop schedule { }"
+    ok = (
+        head.replace("microbatches 2", "microbatches 50000")
+        + "stages 10 placement loop schedule { }"
+    )
     assert {d.code for d in diagnostics(ok)} == {"E301"}
-    src = head.replace("microbatches 2", "microbatches 50001") + "stages 10 placement loop schedule { }"
+    src = (
+        head.replace("microbatches 2", "microbatches 50001")
+        + "stages 10 placement loop schedule { }"
+    )
     d = only(src, "E157")
-    assert d.message == ("10 stages and 50,001 micro-batches need 1,000,020 ops or more: "
-                         f"a plan has at most 1,000,000 ops {DOC}")
+    assert d.message == (
+        "10 stages and 50,001 micro-batches need 1,000,020 ops or more: "
+        f"a plan has at most 1,000,000 ops {DOC}"
+    )
     at(d, src, "stages 10")
 
 
 # -- nesting -------------------------------------------------------------------------------------
+
 
 def nested_loops(depth: int) -> str:
     loops = "".join(f"for v{k} in 0..0 {{ " for k in range(depth))
@@ -199,7 +240,10 @@ def test_an_expression_has_at_most_max_nesting_operators():
         src = plan(terms)
         d = only(src, "E105")
         at(d, src, "+".join(["0"] * (terms - 1) + ["1"]))
-        assert d.message == f"an expression of {terms - 1} operators: an expression has at most 64 operators {DOC}"
+        assert (
+            d.message
+            == f"an expression of {terms - 1} operators: an expression has at most 64 operators {DOC}"
+        )
 
 
 def test_parentheses_nest_at_most_max_nesting_deep():
@@ -214,7 +258,9 @@ def test_parentheses_nest_at_most_max_nesting_deep():
     assert [d.code for d in diagnostics(plan(10_000))] == ["E105"]
 
 
-@pytest.mark.parametrize("src", [nested_loops(500), GOOD.replace("F0:1 ", "F0:" + "+".join(["1"] * 3000) + " ")])
+@pytest.mark.parametrize(
+    "src", [nested_loops(500), GOOD.replace("F0:1 ", "F0:" + "+".join(["1"] * 3000) + " ")]
+)
 def test_fmt_refuses_what_lint_refuses(src):
     with pytest.raises(PlanSyntaxError) as e:
         format_source(src)
@@ -222,6 +268,7 @@ def test_fmt_refuses_what_lint_refuses(src):
 
 
 # -- fmt --expand --------------------------------------------------------------------------------
+
 
 def test_fmt_expand_of_a_huge_loop_is_refused(tmp_path, capsys):
     src = GOOD.replace("F0:0 F0:1", "for i in 0..1000000000000 { F0:0 } F0:0 F0:1")

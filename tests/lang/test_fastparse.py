@@ -48,14 +48,18 @@ _SPACES = st.sampled_from([" ", "  ", "\n", " # note\n", "\t", "\r\n"])
 
 @given(st.sampled_from(["1f1b", "zb-v", "interleaved", "zb-h1", "dualpipev"]), st.data())
 def test_generated_plans_respaced(name, data):
-    text = generate_text(name, devices=2, microbatches=4, chunks=2 if name == "interleaved" else None)
+    text = generate_text(
+        name, devices=2, microbatches=4, chunks=2 if name == "interleaved" else None
+    )
     pieces = text.split(" ")
     out = pieces[0] + "".join(data.draw(_SPACES) + p for p in pieces[1:])
     # a range or index now and then in parentheses, or with a sum, as people write them
-    out = out.replace(":3", data.draw(st.sampled_from([":3", ":(3)", ":(1+2)", ":1 + 2", ":( 3 )"])))
+    out = out.replace(
+        ":3", data.draw(st.sampled_from([":3", ":(3)", ":(1+2)", ":1 + 2", ":( 3 )"]))
+    )
     check(out, fast_reads=" + " not in out)
 
 
-@given(st.text(alphabet="plan\"x{}devices 12microbatchesF0:.()+-*#\n", max_size=120))
+@given(st.text(alphabet='plan"x{}devices 12microbatchesF0:.()+-*#\n', max_size=120))
 def test_random_text(source):
     check(source, fast_reads=False)

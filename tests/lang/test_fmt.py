@@ -50,7 +50,7 @@ def test_idempotent_and_same_plan(name):
 def test_every_comment_survives(name):
     src = (GOLDEN / f"{name}.octo").read_text()
     out = format_source(src)
-    comments = [line[line.index("#"):].strip() for line in src.splitlines() if "#" in line]
+    comments = [line[line.index("#") :].strip() for line in src.splitlines() if "#" in line]
     for c in comments:
         assert c in out
 
@@ -58,9 +58,11 @@ def test_every_comment_survives(name):
 def test_recompute_section_is_kept_in_place_in_canonical_form():
     src = (GOLDEN / "recompute.octo").read_text()
     for out in (format_source(src), format_source(src, expand=True)):
-        section = out[out.index("recompute {"):out.index("schedule {")]
-        assert section == ("recompute {\n  stage 1: full\n  stage 2: selective\n"
-                           "  # stage 3 keeps everything, and says so\n  stage 3: none\n}\n\n")
+        section = out[out.index("recompute {") : out.index("schedule {")]
+        assert section == (
+            "recompute {\n  stage 1: full\n  stage 2: selective\n"
+            "  # stage 3 keeps everything, and says so\n  stage 3: none\n}\n\n"
+        )
         assert out.index("placement loop") < out.index("recompute {")
         assert "  dp 4\n  zero 1  # shard the optimizer state\n" in out
 
@@ -71,8 +73,9 @@ ops = st.tuples(st.sampled_from(["F", "B", "W", "BW"]), st.integers(0, 3), st.in
 sep = st.sampled_from([" ", "  ", "\n", "\n\n", " \n   ", "\t"])
 # Comments may hold anything but a line feed: line separators of other kinds, a form feed, NUL,
 # a byte-order mark, a lone surrogate.
-comment = st.text(alphabet=list("abc xyz-#\u2028\u2029\f\v\x1c\x1d\x1e\x85\r\x00\ufeff\u200b\ud800é"),
-                  max_size=12).map(lambda t: f"# {t}\n")
+comment = st.text(
+    alphabet=list("abc xyz-#\u2028\u2029\f\v\x1c\x1d\x1e\x85\r\x00\ufeff\u200b\ud800é"), max_size=12
+).map(lambda t: f"# {t}\n")
 
 
 @st.composite
@@ -102,29 +105,72 @@ def recompute_section(draw) -> str:
     """A recompute section naming some of stages 0..1 (every partition form has them), in any
     order, each entry's tokens apart by any whitespace or comment."""
     stages = draw(st.permutations([0, 1]).flatmap(lambda p: st.integers(0, 2).map(lambda n: p[:n])))
-    entries = [f"stage{draw(gap)}{s}{draw(gap)}:{draw(gap)}"
-               f"{draw(st.sampled_from(['none', 'full', 'selective']))}" for s in stages]
+    entries = [
+        f"stage{draw(gap)}{s}{draw(gap)}:{draw(gap)}"
+        f"{draw(st.sampled_from(['none', 'full', 'selective']))}"
+        for s in stages
+    ]
     return f"recompute {{{draw(gap)}{draw(gap).join(entries)}{draw(gap)}}}"
 
 
 @st.composite
 def plans(draw):
-    header = ["devices 2", "microbatches 8"] + draw(st.sampled_from(
-        [[], ["zero 0"], ["dp 4", "zero 1"], ["zero 2", "dp 8"]])) + draw(st.permutations(draw(
-            st.sampled_from([[], ["tp 1"], ["tp 8"], ["tp 2", "sequence_parallel false"],
-                             ["sequence_parallel true", "tp 4", "gpus_per_node 4"],
-                             ["gpus_per_node 16"]]))))
-    parts = [draw(st.one_of(st.just(""), comment)), 'plan "p" {', draw(sep),
-             draw(gap).join(header), draw(sep), "}", draw(sep),
-             draw(st.sampled_from(["stages 4", 'partition "[M-|M*|-M|-]"',
-                                   "partition { stage 0: layers 0..1 stage 1: layers 2..3 }"])),
-             draw(sep), draw(st.sampled_from(["placement loop", "placement { device 0: stages 0, 1 }"])),
-             draw(sep), draw(st.one_of(st.just(""), recompute_section())),
-             draw(sep), "schedule {", draw(sep)]
+    header = (
+        ["devices 2", "microbatches 8"]
+        + draw(st.sampled_from([[], ["zero 0"], ["dp 4", "zero 1"], ["zero 2", "dp 8"]]))
+        + draw(
+            st.permutations(
+                draw(
+                    st.sampled_from(
+                        [
+                            [],
+                            ["tp 1"],
+                            ["tp 8"],
+                            ["tp 2", "sequence_parallel false"],
+                            ["sequence_parallel true", "tp 4", "gpus_per_node 4"],
+                            ["gpus_per_node 16"],
+                        ]
+                    )
+                )
+            )
+        )
+    )
+    parts = [
+        draw(st.one_of(st.just(""), comment)),
+        'plan "p" {',
+        draw(sep),
+        draw(gap).join(header),
+        draw(sep),
+        "}",
+        draw(sep),
+        draw(
+            st.sampled_from(
+                [
+                    "stages 4",
+                    'partition "[M-|M*|-M|-]"',
+                    "partition { stage 0: layers 0..1 stage 1: layers 2..3 }",
+                ]
+            )
+        ),
+        draw(sep),
+        draw(st.sampled_from(["placement loop", "placement { device 0: stages 0, 1 }"])),
+        draw(sep),
+        draw(st.one_of(st.just(""), recompute_section())),
+        draw(sep),
+        "schedule {",
+        draw(sep),
+    ]
     for d in range(draw(st.integers(1, 2))):
         body = draw(st.lists(st.one_of(items(), comment), max_size=6))
-        parts += [f"device {d} {{", draw(sep), draw(sep).join(body), "\n" if body and body[-1].startswith("#") else "",
-                  draw(sep), "}", draw(sep)]
+        parts += [
+            f"device {d} {{",
+            draw(sep),
+            draw(sep).join(body),
+            "\n" if body and body[-1].startswith("#") else "",
+            draw(sep),
+            "}",
+            draw(sep),
+        ]
     parts.append("}\n")
     return "".join(parts)
 
@@ -149,8 +195,10 @@ LINE_SEPARATORS = ["\u2028", "\u2029", "\f", "\v", "\x1c", "\x1d", "\x1e", "\x85
 
 @pytest.mark.parametrize("sep", LINE_SEPARATORS, ids=ascii)
 def test_line_separators_in_comments_keep_fmt_idempotent(sep):
-    src = (f'plan "t" {{  # a{sep}b\n  devices 1\n\n  # c{sep}d{sep}e\n  microbatches 1\n}}\n\n'
-           f"stages 1\n\n\nplacement loop  # f{sep}\n\nschedule {{\n  device 0 {{\n    F0:0 BW0:0\n  }}\n}}\n")
+    src = (
+        f'plan "t" {{  # a{sep}b\n  devices 1\n\n  # c{sep}d{sep}e\n  microbatches 1\n}}\n\n'
+        f"stages 1\n\n\nplacement loop  # f{sep}\n\nschedule {{\n  device 0 {{\n    F0:0 BW0:0\n  }}\n}}\n"
+    )
     once = format_source(src)
     assert format_source(once) == once
     assert parse_plan(once).same_as(parse_plan(src))
@@ -161,35 +209,43 @@ def test_line_separators_in_comments_keep_fmt_idempotent(sep):
 
 @pytest.mark.parametrize("sep", LINE_SEPARATORS, ids=ascii)
 def test_excerpt_shows_the_line_the_parser_counted(sep):
-    src = f'plan "t" {{ devices 1 microbatches 1 }}  # a{sep}b\nstages 1\n# c{sep}\nplacement loop\n' \
-          "schedule { device 0 { F0:0 BW0:0 BW0:0 } }\n"
+    src = (
+        f'plan "t" {{ devices 1 microbatches 1 }}  # a{sep}b\nstages 1\n# c{sep}\nplacement loop\n'
+        "schedule { device 0 { F0:0 BW0:0 BW0:0 } }\n"
+    )
     _, diags = lint_source(src, "t.octo")
     (d,) = diags
     assert d.render("t.octo", src).splitlines()[:3] == [
         "t.octo:5:34: error[E302]: BW0:0 appears twice",
         "  5 | schedule { device 0 { F0:0 BW0:0 BW0:0 } }",
-        "    |                                  ^^^^^"]
+        "    |                                  ^^^^^",
+    ]
 
 
 def test_excerpt_shows_unprintable_characters_as_one_column():
     src = 'plan "t" { devices 1 microbatches 1 }\nstages 1 # \f\x85\nplacement loop\x1c\n'
     _, diags = lint_source(src, "t.octo")
     text = diags[0].render("t.octo", src)
-    assert text.splitlines()[:3] == ["t.octo:3:15: error[E101]: unexpected character '\\x1c'",
-                                     "  3 | placement loop?", "    |               ^"]
+    assert text.splitlines()[:3] == [
+        "t.octo:3:15: error[E101]: unexpected character '\\x1c'",
+        "  3 | placement loop?",
+        "    |               ^",
+    ]
 
 
 def test_excerpt_of_a_long_line_is_cut_around_the_span():
     from octodsl.lang.errors import EXCERPT_LEAD, EXCERPT_WIDTH
 
     pad = "F0:0 F0:1" + " " * 291  # 300 characters before the duplicate
-    src = f'plan "t" {{ devices 1 microbatches 2 }}\nstages 1\nplacement loop\n' \
-          f"schedule {{ device 0 {{ {pad}BW0:0 BW0:0 {'W0:1 ' * 60}}} }}\n"
+    src = (
+        f'plan "t" {{ devices 1 microbatches 2 }}\nstages 1\nplacement loop\n'
+        f"schedule {{ device 0 {{ {pad}BW0:0 BW0:0 {'W0:1 ' * 60}}} }}\n"
+    )
     _, diags = lint_source(src, "t.octo")
     d = next(d for d in diags if d.code == "E302" and "BW0:0" in d.message)
     _, line, caret = d.render("t.octo", src).splitlines()[:3]
     col = d.span.col - 1
-    shown = src.splitlines()[3][col - EXCERPT_LEAD:col - EXCERPT_LEAD + EXCERPT_WIDTH]
+    shown = src.splitlines()[3][col - EXCERPT_LEAD : col - EXCERPT_LEAD + EXCERPT_WIDTH]
     assert line == f"  4 | ...{shown}..."
     assert caret == "    | " + " " * (3 + EXCERPT_LEAD) + "^" * len("BW0:0")
 
@@ -199,4 +255,7 @@ def test_mesh_fields_keep_their_values_through_fmt():
     for out in (format_source(src), format_source(src, expand=True)):
         h = parse_plan(out).header
         assert (h.tp, h.sequence_parallel, h.dp, h.gpus_per_node) == (4, False, 2, 4)
-        assert "  tp 4  # each pipeline device is a tp group of 4 GPUs\n  sequence_parallel false\n" in out
+        assert (
+            "  tp 4  # each pipeline device is a tp group of 4 GPUs\n  sequence_parallel false\n"
+            in out
+        )

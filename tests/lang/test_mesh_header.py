@@ -34,7 +34,12 @@ def at(d, src: str, needle: str) -> None:
     """`d` marks exactly the first `needle` of `src`."""
     i = src.index(needle)
     line, col = src.count("\n", 0, i) + 1, i - (src.rfind("\n", 0, i) + 1) + 1
-    assert (d.span.line, d.span.col, d.span.end_line, d.span.end_col) == (line, col, line, col + len(needle))
+    assert (d.span.line, d.span.col, d.span.end_line, d.span.end_col) == (
+        line,
+        col,
+        line,
+        col + len(needle),
+    )
 
 
 def test_defaults_when_not_given():
@@ -42,42 +47,103 @@ def test_defaults_when_not_given():
     assert (h.tp, h.sequence_parallel, h.sp, h.gpus_per_node) == (1, None, False, 8)
 
 
-@pytest.mark.parametrize("entry, tp, sp, written_sp, gpus", [
-    ("tp 8", 8, True, None, 8),
-    ("tp 4 sequence_parallel false", 4, False, False, 8),
-    ("tp 2\n  sequence_parallel true\n  gpus_per_node 4", 2, True, True, 4),
-    (f"tp {MAX_TP} gpus_per_node {MAX_GPUS_PER_NODE}", MAX_TP, True, None, MAX_GPUS_PER_NODE),
-    ("gpus_per_node 1", 1, False, None, 1),
-])
+@pytest.mark.parametrize(
+    "entry, tp, sp, written_sp, gpus",
+    [
+        ("tp 8", 8, True, None, 8),
+        ("tp 4 sequence_parallel false", 4, False, False, 8),
+        ("tp 2\n  sequence_parallel true\n  gpus_per_node 4", 2, True, True, 4),
+        (f"tp {MAX_TP} gpus_per_node {MAX_GPUS_PER_NODE}", MAX_TP, True, None, MAX_GPUS_PER_NODE),
+        ("gpus_per_node 1", 1, False, None, 1),
+    ],
+)
 def test_mesh_fields_lower(entry, tp, sp, written_sp, gpus):
     h = parse_plan(plan_with(entry)).header
     assert (h.tp, h.sp, h.sequence_parallel, h.gpus_per_node) == (tp, sp, written_sp, gpus)
     assert set(h.spans) >= {k for k in ("tp", "sequence_parallel", "gpus_per_node") if k in entry}
 
 
-@pytest.mark.parametrize("entry, needle, code, message, hint", [
-    ("tp 0", "0", "E114", "'tp' must be at least 1", None),
-    (f"tp {MAX_TP + 1}", str(MAX_TP + 1), "E114",
-     f"'tp' must be at most {MAX_TP} (docs/language.md#limits)", None),
-    ("gpus_per_node 0", "0", "E114", "'gpus_per_node' must be at least 1", None),
-    (f"gpus_per_node {MAX_GPUS_PER_NODE + 1}", str(MAX_GPUS_PER_NODE + 1), "E114",
-     f"'gpus_per_node' must be at most {MAX_GPUS_PER_NODE} (docs/language.md#limits)", None),
-    ("tp 99999999999999999999", "99999999999999999999", "E104",
-     "99999999999999999999 is too large: a number is at most 1,000,000,000,000 "
-     "(docs/language.md#limits)", None),
-    ("tp -2", "-2", "E103", "'-2' is not a number: a plan's numbers have no sign", "'tp' is at least 1"),
-    ("gpus_per_node -8", "-8", "E103", "'-8' is not a number: a plan's numbers have no sign",
-     "'gpus_per_node' is at least 1"),
-    ("tp 2.5", "2.5", "E103", "'2.5' is not a number", None),
-    ('tp "2"', '"2"', "E111", "'tp' must be a whole number, not \"2\"", None),
-    ("tp eight", "eight", "E111", "'tp' must be a whole number, not eight", None),
-    ("gpus_per_node 8GiB", "8GiB", "E111", "'gpus_per_node' must be a whole number, not 8GiB", None),
-    ("sequence_parallel yes", "yes", "E111", "'sequence_parallel' must be true or false, not yes", None),
-    ("sequence_parallel 1", "1", "E111", "'sequence_parallel' must be true or false, not 1", None),
-    ('sequence_parallel "true"', '"true"', "E111",
-     "'sequence_parallel' must be true or false, not \"true\"", None),
-    ("sequence_parallel 1GiB", "1GiB", "E111", "'sequence_parallel' must be true or false, not 1GiB", None),
-])
+@pytest.mark.parametrize(
+    "entry, needle, code, message, hint",
+    [
+        ("tp 0", "0", "E114", "'tp' must be at least 1", None),
+        (
+            f"tp {MAX_TP + 1}",
+            str(MAX_TP + 1),
+            "E114",
+            f"'tp' must be at most {MAX_TP} (docs/language.md#limits)",
+            None,
+        ),
+        ("gpus_per_node 0", "0", "E114", "'gpus_per_node' must be at least 1", None),
+        (
+            f"gpus_per_node {MAX_GPUS_PER_NODE + 1}",
+            str(MAX_GPUS_PER_NODE + 1),
+            "E114",
+            f"'gpus_per_node' must be at most {MAX_GPUS_PER_NODE} (docs/language.md#limits)",
+            None,
+        ),
+        (
+            "tp 99999999999999999999",
+            "99999999999999999999",
+            "E104",
+            "99999999999999999999 is too large: a number is at most 1,000,000,000,000 "
+            "(docs/language.md#limits)",
+            None,
+        ),
+        (
+            "tp -2",
+            "-2",
+            "E103",
+            "'-2' is not a number: a plan's numbers have no sign",
+            "'tp' is at least 1",
+        ),
+        (
+            "gpus_per_node -8",
+            "-8",
+            "E103",
+            "'-8' is not a number: a plan's numbers have no sign",
+            "'gpus_per_node' is at least 1",
+        ),
+        ("tp 2.5", "2.5", "E103", "'2.5' is not a number", None),
+        ('tp "2"', '"2"', "E111", "'tp' must be a whole number, not \"2\"", None),
+        ("tp eight", "eight", "E111", "'tp' must be a whole number, not eight", None),
+        (
+            "gpus_per_node 8GiB",
+            "8GiB",
+            "E111",
+            "'gpus_per_node' must be a whole number, not 8GiB",
+            None,
+        ),
+        (
+            "sequence_parallel yes",
+            "yes",
+            "E111",
+            "'sequence_parallel' must be true or false, not yes",
+            None,
+        ),
+        (
+            "sequence_parallel 1",
+            "1",
+            "E111",
+            "'sequence_parallel' must be true or false, not 1",
+            None,
+        ),
+        (
+            'sequence_parallel "true"',
+            '"true"',
+            "E111",
+            "'sequence_parallel' must be true or false, not \"true\"",
+            None,
+        ),
+        (
+            "sequence_parallel 1GiB",
+            "1GiB",
+            "E111",
+            "'sequence_parallel' must be true or false, not 1GiB",
+            None,
+        ),
+    ],
+)
 def test_bad_values(entry, needle, code, message, hint):
     src = plan_with(entry)
     d = only(src)
@@ -92,7 +158,8 @@ def test_a_field_given_twice_is_refused_and_the_first_kept():
     _, diags = analyze(src, "t.octo")
     assert [(d.code, d.message, d.hint) for d in diags] == [
         ("E113", "'tp' is given twice", "first given at line 4"),
-        ("E113", "'sequence_parallel' is given twice", "first given at line 5")]
+        ("E113", "'sequence_parallel' is given twice", "first given at line 5"),
+    ]
     plan, _ = analyze(src)
     assert plan is not None and (plan.header.tp, plan.header.sequence_parallel) == (2, False)
 

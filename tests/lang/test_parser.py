@@ -18,7 +18,7 @@ def errors(src: str) -> list[str]:
 
 
 def test_full_plan():
-    plan = parse_plan('''
+    plan = parse_plan("""
 plan "t" {
   devices 2
   microbatches 4
@@ -33,9 +33,16 @@ placement { device 0: stages 0 device 1: stages 1 }
 schedule {
   device 0 { F0:0..3 for i in 0..3 { (F(3-0*i):i & BW0:i) } }
   device 1 { }
-}''')
+}""")
     h = plan.header
-    assert (h.devices, h.microbatches, h.model, h.microbatch_size, h.seq_len, h.dp) == (2, 4, "nemotron-h-8b", 2, 4096, 8)
+    assert (h.devices, h.microbatches, h.model, h.microbatch_size, h.seq_len, h.dp) == (
+        2,
+        4,
+        "nemotron-h-8b",
+        2,
+        4096,
+        8,
+    )
     assert h.memory == 80 * 2**30
     assert [(s.first, s.last, s.symbols) for s in plan.stages] == [(0, 4, "[M-M*"), (5, 8, "-M-]")]
     assert plan.num_stages == 2
@@ -61,7 +68,10 @@ def test_end_of_file_reported_as_such():
 
 
 def test_several_syntax_errors_reported():
-    src = HEAD + "stages 2\nplacement loop\nschedule {\n device 0 { F0:0 ? }\n device 1 { F1:0 B1: }\n}\n"
+    src = (
+        HEAD
+        + "stages 2\nplacement loop\nschedule {\n device 0 { F0:0 ? }\n device 1 { F1:0 B1: }\n}\n"
+    )
     msgs = errors(src)
     assert len(msgs) == 2
     assert "5:18" in msgs[0] and "'?'" in msgs[0]
@@ -89,7 +99,9 @@ def test_missing_sections():
 
 
 def test_loop_problems():
-    msgs = "\n".join(errors(HEAD + "stages 2 placement loop schedule { device 0 { for i in 3..1 { F0:j } } }"))
+    msgs = "\n".join(
+        errors(HEAD + "stages 2 placement loop schedule { device 0 { for i in 3..1 { F0:j } } }")
+    )
     assert "E151" in msgs and "3..1 is empty" in msgs
 
 
@@ -99,12 +111,16 @@ def test_undefined_variable_reported_once():
 
 
 def test_pattern_symbol_positions():
-    (msg,) = [m for m in errors(HEAD + 'partition "[M-X|-]" placement loop schedule {}') if "E140" in m]
+    (msg,) = [
+        m for m in errors(HEAD + 'partition "[M-X|-]" placement loop schedule {}') if "E140" in m
+    ]
     assert "t.octo:2:15: error[E140]: 'X' is not a layer symbol" in msg
 
 
 def test_device_blocks():
-    msgs = "\n".join(errors(HEAD + "stages 2 placement loop schedule { device 0 {} device 0 {} device 5 {} }"))
+    msgs = "\n".join(
+        errors(HEAD + "stages 2 placement loop schedule { device 0 {} device 0 {} device 5 {} }")
+    )
     assert "E153" in msgs and "E154" in msgs
 
 
@@ -121,7 +137,9 @@ def test_error_recovery_is_bounded(monkeypatch):
 
     calls = []
     real = parser._syntax_diagnostic
-    monkeypatch.setattr(parser, "_syntax_diagnostic", lambda e, src: calls.append(1) or real(e, src))
+    monkeypatch.setattr(
+        parser, "_syntax_diagnostic", lambda e, src: calls.append(1) or real(e, src)
+    )
     src = HEAD + "stages 2 placement loop schedule { device 0 { F0:0 " + ": " * 1000 + "} }"
     msgs = errors(src)
     assert msgs and "t.octo:2:52: error[E101]: unexpected ':'" in msgs[0]
@@ -138,6 +156,7 @@ def test_byte_order_mark_is_ignored():
 
 
 # -- one test per code, with its position and message ------------------------------------------
+
 
 def only(src: str, code: str):
     _, diags = analyze(src, "t.octo")
@@ -186,7 +205,9 @@ def test_e155_a_range_in_an_overlap_group():
 
 
 def test_e156_a_loop_variable_hiding_an_outer_one():
-    src = HEAD + SECTIONS.replace("device 0 { }", "device 0 { for i in 0..1 { for i in 0..1 { F0:i } } }")
+    src = HEAD + SECTIONS.replace(
+        "device 0 { }", "device 0 { for i in 0..1 { for i in 0..1 { F0:i } } }"
+    )
     d = only(src, "E156")
     assert d.message == "loop variable 'i' hides an outer one"
     assert where(d) == (4, 39, 4, 61)  # the inner loop, reported once for both iterations
@@ -202,9 +223,20 @@ def test_e205_a_partition_without_stages():
 
 # -- golden: one error per block, with a hint for the constructs people confuse ----------------
 
-@pytest.mark.parametrize("name", ["hint-placement", "hint-backward", "hint-lowercase", "hint-torch-csv",
-                                  "hint-partition-count", "hint-stages-block", "no-partition",
-                                  "op-ranges"])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hint-placement",
+        "hint-backward",
+        "hint-lowercase",
+        "hint-torch-csv",
+        "hint-partition-count",
+        "hint-stages-block",
+        "no-partition",
+        "op-ranges",
+    ],
+)
 def test_golden_diagnostics(name):
     from octodsl.lint import lint_source
 
@@ -218,8 +250,10 @@ def test_golden_diagnostics(name):
 
 
 def test_an_error_skips_the_rest_of_its_block_only():
-    src = (HEAD + "stages 2 placement { stage 0: device 0\n stage 1: device 1 }\n"
-           "schedule { device 0 { F0:0 WB0:0 F0:1 }\n device 1 { F1:0 F1:1 bw1:0 } }")
+    src = (
+        HEAD + "stages 2 placement { stage 0: device 0\n stage 1: device 1 }\n"
+        "schedule { device 0 { F0:0 WB0:0 F0:1 }\n device 1 { F1:0 F1:1 bw1:0 } }"
+    )
     msgs = errors(src)
     assert len(msgs) == 3, msgs  # one per block: the placement, device 0, device 1
     assert all("hint:" in m for m in msgs)

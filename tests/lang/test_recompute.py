@@ -49,10 +49,16 @@ def position(src: str, needle: str) -> tuple[int, int]:
 def at(d, src: str, needle: str) -> None:
     """`d` marks exactly the first `needle` of `src`."""
     line, col = position(src, needle)
-    assert (d.span.line, d.span.col, d.span.end_line, d.span.end_col) == (line, col, line, col + len(needle))
+    assert (d.span.line, d.span.col, d.span.end_line, d.span.end_col) == (
+        line,
+        col,
+        line,
+        col + len(needle),
+    )
 
 
 # -- zero ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("zero", [0, 1, 2])
 def test_zero_is_a_header_field(zero):
@@ -70,8 +76,10 @@ def test_zero_outside_0_to_2_says_what_each_value_shards(value):
     d = only(src, "E114")
     at(d, src, value)
     assert d.message == f"'zero' must be 0, 1 or 2, not {value}"
-    assert d.hint == ("zero 0 shards nothing; zero 1 shards the optimizer state (the fp32 master "
-                      "copy, Adam m and v) over the dp copies; zero 2 the gradients as well")
+    assert d.hint == (
+        "zero 0 shards nothing; zero 1 shards the optimizer state (the fp32 master "
+        "copy, Adam m and v) over the dp copies; zero 2 the gradients as well"
+    )
     rendered = d.render("t.octo", src)
     assert rendered.startswith("t.octo:5:8: error[E114]") and f"  5 |   zero {value}" in rendered
     assert "^" * len(value) in rendered
@@ -85,13 +93,22 @@ def test_zero_of_the_wrong_type():
 
 # -- negative numbers ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field, value, hint", [("dp", "-1", "'dp' is at least 1"),
-                                                ("zero", "-1", "'zero' is 0, 1 or 2"),
-                                                ("memory", "-80GiB", "'memory' is at least 1"),
-                                                ("devices", "-2", "'devices' is at least 1")])
+
+@pytest.mark.parametrize(
+    "field, value, hint",
+    [
+        ("dp", "-1", "'dp' is at least 1"),
+        ("zero", "-1", "'zero' is 0, 1 or 2"),
+        ("memory", "-80GiB", "'memory' is at least 1"),
+        ("devices", "-2", "'devices' is at least 1"),
+    ],
+)
 def test_a_negative_header_value_is_named_with_its_range(field, value, hint):
-    src = GOOD.replace("microbatches 2", f"microbatches 2\n  {field} {value}") if field != "devices" \
+    src = (
+        GOOD.replace("microbatches 2", f"microbatches 2\n  {field} {value}")
+        if field != "devices"
         else GOOD.replace("devices 2", f"devices {value}")
+    )
     with pytest.raises(PlanSyntaxError) as e:
         parse_plan(src, "t.octo")
     (d,) = e.value.diagnostics  # one slip, one error: the number after the '-' is read on
@@ -101,12 +118,21 @@ def test_a_negative_header_value_is_named_with_its_range(field, value, hint):
     assert d.hint == hint
 
 
-@pytest.mark.parametrize("old, new, value", [("F0:0..1", "F0:-1", "-1"), ("stages 4", "stages -4", "-4"),
-                                             ("stage 1: full", "stage -1: full", "-1")])
+@pytest.mark.parametrize(
+    "old, new, value",
+    [
+        ("F0:0..1", "F0:-1", "-1"),
+        ("stages 4", "stages -4", "-4"),
+        ("stage 1: full", "stage -1: full", "-1"),
+    ],
+)
 def test_a_negative_number_elsewhere(old, new, value):
     src = GOOD.replace(old, new, 1)
     (d,) = diagnostics(src)
-    assert (d.code, d.message) == ("E103", f"'{value}' is not a number: a plan's numbers have no sign")
+    assert (d.code, d.message) == (
+        "E103",
+        f"'{value}' is not a number: a plan's numbers have no sign",
+    )
     at(d, src, value)
     assert d.hint == "devices, stages and micro-batches are numbered from 0"
 
@@ -118,8 +144,11 @@ def test_a_minus_where_no_number_may_stand_is_a_plain_syntax_error():
 
 # -- the recompute section ----------------------------------------------------------------------
 
-PARTITIONS = ["stages 4", 'partition "[M|-*|M-|E]"',
-              "partition { stage 0: layers 0..1 stage 1: layers 2..3 stage 2: layers 4..5 stage 3: layers 6..7 }"]
+PARTITIONS = [
+    "stages 4",
+    'partition "[M|-*|M-|E]"',
+    "partition { stage 0: layers 0..1 stage 1: layers 2..3 stage 2: layers 4..5 stage 3: layers 6..7 }",
+]
 
 
 @pytest.mark.parametrize("partition", PARTITIONS)
@@ -144,8 +173,10 @@ def test_none_may_be_written_and_a_plan_without_the_section_recomputes_nothing()
 
 
 def test_entries_may_share_a_line_and_comments_stand_anywhere():
-    src = GOOD.replace("recompute {\n  stage 1: full\n  stage 2: selective\n}",
-                       "recompute { # why\n stage # a\n 1 # b\n : # c\n full  stage 2: selective }  # end")
+    src = GOOD.replace(
+        "recompute {\n  stage 1: full\n  stage 2: selective\n}",
+        "recompute { # why\n stage # a\n 1 # b\n : # c\n full  stage 2: selective }  # end",
+    )
     assert parse_plan(src).recompute() == parse_plan(GOOD).recompute()
 
 
@@ -176,13 +207,19 @@ def test_mode_words_that_are_keywords_elsewhere_are_modes_here():
     assert d.message == "unknown recompute mode 'stages'"
 
 
-@pytest.mark.parametrize("partition, stage, count", [("stages 4", 9, "4 stages (0..3)"),
-                                                     ("stages 4", 4, "4 stages (0..3)"),
-                                                     ("stages 1", 1, "1 stage (stage 0)"),
-                                                     ("stages 4", 65536, "4 stages (0..3)")])
+@pytest.mark.parametrize(
+    "partition, stage, count",
+    [
+        ("stages 4", 9, "4 stages (0..3)"),
+        ("stages 4", 4, "4 stages (0..3)"),
+        ("stages 1", 1, "1 stage (stage 0)"),
+        ("stages 4", 65536, "4 stages (0..3)"),
+    ],
+)
 def test_e171_a_stage_that_does_not_exist_names_the_stage_count(partition, stage, count):
-    src = GOOD.replace("stages 4", partition).replace("stage 1: full\n  stage 2: selective",
-                                                       f"stage {stage}: selective")
+    src = GOOD.replace("stages 4", partition).replace(
+        "stage 1: full\n  stage 2: selective", f"stage {stage}: selective"
+    )
     d = only(src, "E171")
     assert d.message == f"stage {stage} does not exist: the partition has {count}"
     at(d, src, f"stage {stage}: selective")
@@ -238,6 +275,7 @@ def test_a_malformed_section_is_a_syntax_error():
 
 
 # -- golden: a good plan (tests/lang/test_fmt.py lays it out) and lint's words for bad ones -----
+
 
 @pytest.mark.parametrize("name", ["recompute-bad", "zero-no-dp", "dp-negative", "tp-bad"])
 def test_golden_lint(name):

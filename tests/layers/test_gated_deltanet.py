@@ -25,7 +25,10 @@ def delta_reference(q, k, v, g, beta):
     for t in range(s):
         kt, bt = k[:, t], beta[:, t, :, None, None]
         forget = eye - bt * kt[..., :, None] * kt[..., None, :]
-        S = torch.exp(g[:, t])[..., None, None] * forget @ S + bt * kt[..., :, None] * v[:, t, :, None, :]
+        S = (
+            torch.exp(g[:, t])[..., None, None] * forget @ S
+            + bt * kt[..., :, None] * v[:, t, :, None, :]
+        )
         out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
     return torch.stack(out, dim=1)
 
@@ -57,10 +60,12 @@ def test_rule_with_one_value_head_per_key_head():
 def test_reference_can_fail():
     # the check above is not vacuous: the rule with beta and the decay left out differs
     q, k, v, g, beta = rule_inputs(6)
-    assert not torch.allclose(gated_delta_rule(q, k, v, g * 0, beta, chunk=4),
-                              delta_reference(q, k, v, g, beta))
-    assert not torch.allclose(gated_delta_rule(q, k, v, g, beta * 0 + 1, chunk=4),
-                              delta_reference(q, k, v, g, beta))
+    assert not torch.allclose(
+        gated_delta_rule(q, k, v, g * 0, beta, chunk=4), delta_reference(q, k, v, g, beta)
+    )
+    assert not torch.allclose(
+        gated_delta_rule(q, k, v, g, beta * 0 + 1, chunk=4), delta_reference(q, k, v, g, beta)
+    )
 
 
 def test_rule_gradcheck():
@@ -69,10 +74,12 @@ def test_rule_gradcheck():
 
 
 CONFIGS = {
-    "gqa": GatedDeltaNetConfig(key_heads=2, value_heads=4, key_head_dim=4, value_head_dim=3,
-                               conv=3, chunk=4),
-    "equal heads": GatedDeltaNetConfig(key_heads=2, value_heads=2, key_head_dim=3,
-                                       value_head_dim=4, conv=4, chunk=8),
+    "gqa": GatedDeltaNetConfig(
+        key_heads=2, value_heads=4, key_head_dim=4, value_head_dim=3, conv=3, chunk=4
+    ),
+    "equal heads": GatedDeltaNetConfig(
+        key_heads=2, value_heads=2, key_head_dim=3, value_head_dim=4, conv=4, chunk=8
+    ),
 }
 
 
@@ -108,11 +115,13 @@ def test_rule_matches_transformers():
     v = torch.randn(2, 21, 4, 6, generator=gen)
     g = -torch.nn.functional.softplus(torch.randn(2, 21, 4, generator=gen))
     beta = torch.rand(2, 21, 4, generator=gen)
-    ours = gated_delta_rule(l2norm(q) * 8 ** -0.5, l2norm(k), v, g, beta, chunk=8)
-    chunked, _ = qwen.torch_chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=8,
-                                                   use_qk_l2norm_in_kernel=True)
-    recurrent, _ = qwen.torch_recurrent_gated_delta_rule(q, k, v, g, beta,
-                                                         use_qk_l2norm_in_kernel=True)
+    ours = gated_delta_rule(l2norm(q) * 8**-0.5, l2norm(k), v, g, beta, chunk=8)
+    chunked, _ = qwen.torch_chunk_gated_delta_rule(
+        q, k, v, g, beta, chunk_size=8, use_qk_l2norm_in_kernel=True
+    )
+    recurrent, _ = qwen.torch_recurrent_gated_delta_rule(
+        q, k, v, g, beta, use_qk_l2norm_in_kernel=True
+    )
     torch.testing.assert_close(ours, chunked.double(), **FP32)
     torch.testing.assert_close(ours, recurrent.double(), **FP32)
 
@@ -127,21 +136,32 @@ def to_transformers(ours: GatedDeltaNet, cfg: GatedDeltaNetConfig, hidden: int, 
     )
 
     hf_cfg = Qwen3NextConfig(
-        hidden_size=hidden, num_hidden_layers=1, layer_types=["linear_attention"],
-        linear_num_key_heads=cfg.key_heads, linear_num_value_heads=cfg.value_heads,
-        linear_key_head_dim=cfg.key_head_dim, linear_value_head_dim=cfg.value_head_dim,
-        linear_conv_kernel_dim=cfg.conv, rms_norm_eps=eps)
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        linear_num_key_heads=cfg.key_heads,
+        linear_num_value_heads=cfg.value_heads,
+        linear_key_head_dim=cfg.key_head_dim,
+        linear_value_head_dim=cfg.value_head_dim,
+        linear_conv_kernel_dim=cfg.conv,
+        rms_norm_eps=eps,
+    )
     hf = Qwen3NextGatedDeltaNet(hf_cfg, 0).double()
     kh, vh = cfg.key_heads, cfg.value_heads
     q, k, v, z, b, a = ours.in_proj.weight.detach().split(
-        [cfg.key_dim, cfg.key_dim, cfg.value_dim, cfg.value_dim, vh, vh])
+        [cfg.key_dim, cfg.key_dim, cfg.value_dim, cfg.value_dim, vh, vh]
+    )
     per_head = [t.reshape(kh, -1, hidden) for t in (q, k, v, z, b, a)]
     with torch.no_grad():
         hf.in_proj_qkvz.weight.copy_(torch.cat(per_head[:4], dim=1).reshape(-1, hidden))
         hf.in_proj_ba.weight.copy_(torch.cat(per_head[4:], dim=1).reshape(-1, hidden))
-        for mine, theirs in [(ours.conv.weight, hf.conv1d.weight), (ours.dt_bias, hf.dt_bias),
-                             (ours.A_log, hf.A_log), (ours.out_norm, hf.norm.weight),
-                             (ours.out_proj.weight, hf.out_proj.weight)]:
+        for mine, theirs in [
+            (ours.conv.weight, hf.conv1d.weight),
+            (ours.dt_bias, hf.dt_bias),
+            (ours.A_log, hf.A_log),
+            (ours.out_norm, hf.norm.weight),
+            (ours.out_proj.weight, hf.out_proj.weight),
+        ]:
             theirs.copy_(mine)
     return hf
 

@@ -49,10 +49,14 @@ def test_kv_split_is_the_heads_each_gpus_query_heads_use(case):
     heads, kv_heads, tp, _ = case
     kv = kv_split(kv_heads, tp)
     group = heads // kv_heads
-    used = [sorted({q // group for q in range(r * heads // tp, (r + 1) * heads // tp)})
-            for r in range(tp)]
-    assert all(u == list(range(kv.first_head(r), kv.first_head(r) + kv.per_gpu))
-               for r, u in enumerate(used))
+    used = [
+        sorted({q // group for q in range(r * heads // tp, (r + 1) * heads // tp)})
+        for r in range(tp)
+    ]
+    assert all(
+        u == list(range(kv.first_head(r), kv.first_head(r) + kv.per_gpu))
+        for r, u in enumerate(used)
+    )
     assert all(sum(h in u for u in used) == kv.sharers for h in range(kv_heads))
     assert kv.replicated == (kv_heads < tp)
 
@@ -62,8 +66,17 @@ def test_kv_split_is_the_heads_each_gpus_query_heads_use(case):
 def test_the_executor_and_the_cost_model_hold_the_kv_heads_kv_split_says(case):
     heads, kv_heads, tp, gate = case
     block = {"heads": heads, "kv_heads": kv_heads, "head_dim": HEAD_DIM, "output_gate": gate}
-    spec = parse_model({"name": "gqa", "hidden": HIDDEN, "vocab": 64, "seq_len": 4,
-                        "pattern": "*", "attention": block}, "test")
+    spec = parse_model(
+        {
+            "name": "gqa",
+            "hidden": HIDDEN,
+            "vocab": 64,
+            "seq_len": 4,
+            "pattern": "*",
+            "attention": block,
+        },
+        "test",
+    )
     kv = kv_split(kv_heads, tp)
     q_rows = heads // tp * HEAD_DIM * (2 if gate else 1)
     rows = q_rows + 2 * kv.per_gpu * HEAD_DIM  # this GPU's fused QKV projection
@@ -75,23 +88,31 @@ def test_the_executor_and_the_cost_model_hold_the_kv_heads_kv_split_says(case):
             layer = Attention(spec.layers[1], HIDDEN)
         assert layer.cfg.kv_heads == kv.per_gpu and layer.sharers == kv.sharers
         assert (layer.kv is not None) == kv.replicated
-        held = layer.qkv.weight if layer.kv is None else torch.cat([layer.qkv.weight,
-                                                                    layer.kv.weight])
+        held = (
+            layer.qkv.weight if layer.kv is None else torch.cat([layer.qkv.weight, layer.kv.weight])
+        )
         assert held.shape == (rows, HIDDEN)
         # the KV rows held are those of heads first_head .. first_head + per_gpu of the full
         # layer's K and then V blocks (the same init: equal copies, compared exactly)
         k0 = full.cfg.q_out + kv.first_head(rank) * HEAD_DIM
         width = kv.per_gpu * HEAD_DIM
-        k_full = full.qkv.weight[k0:k0 + width]
-        v_full = full.qkv.weight[k0 + kv_heads * HEAD_DIM:k0 + kv_heads * HEAD_DIM + width]
+        k_full = full.qkv.weight[k0 : k0 + width]
+        v_full = full.qkv.weight[k0 + kv_heads * HEAD_DIM : k0 + kv_heads * HEAD_DIM + width]
         assert torch.equal(held[q_rows:], torch.cat([k_full, v_full]))
 
     work = layer_work(spec, spec.layers[1], tp, sp=tp > 1)
     assert work.gemms[0].n == rows
     # against the same layer with as many KV heads as query heads (never replicated): the only
     # difference in B's collectives is the replicated heads' gradient all-reduce
-    mha = spec.model_copy(update={"layers": [spec.layers[0], spec.layers[1].model_copy(
-        update={"kv_heads": heads}), spec.layers[2]]})
+    mha = spec.model_copy(
+        update={
+            "layers": [
+                spec.layers[0],
+                spec.layers[1].model_copy(update={"kv_heads": heads}),
+                spec.layers[2],
+            ]
+        }
+    )
     base = layer_work(mha, mha.layers[1], tp, sp=tp > 1).tp_b
     extra = (("all-reduce", float(spec.tokens * 2 * HEAD_DIM * spec.dtype_bytes)),)
     assert work.tp_b == base + (extra if kv.replicated else ())

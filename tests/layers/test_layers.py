@@ -34,14 +34,21 @@ from octodsl.models import (
 H = 8
 TINY = {
     "attention": (Attention, AttentionConfig(heads=4, kv_heads=2, head_dim=4, rope_theta=1e4)),
-    "gated attention": (Attention, AttentionConfig(heads=2, kv_heads=2, head_dim=4, output_gate=True)),
+    "gated attention": (
+        Attention,
+        AttentionConfig(heads=2, kv_heads=2, head_dim=4, output_gate=True),
+    ),
     "mlp swiglu": (MLP, MLPConfig(ffn=12)),
     "mlp relu2": (MLP, MLPConfig(ffn=12, activation="relu2")),
     "moe": (MoE, MoEConfig(experts=4, top_k=2, expert_ffn=6, shared_ffn=5, aux_loss_coef=0)),
     "mamba2": (Mamba2, Mamba2Config(heads=4, head_dim=2, groups=2, state=3, chunk=4)),
     "mamba1": (Mamba1, Mamba1Config(inner=6, state=3, dt_rank=2, inner_norms=True)),
-    "gated deltanet": (GatedDeltaNet, GatedDeltaNetConfig(key_heads=1, value_heads=2, key_head_dim=3,
-                                                          value_head_dim=2, conv=3, chunk=4)),
+    "gated deltanet": (
+        GatedDeltaNet,
+        GatedDeltaNetConfig(
+            key_heads=1, value_heads=2, key_head_dim=3, value_head_dim=2, conv=3, chunk=4
+        ),
+    ),
 }
 
 
@@ -76,8 +83,10 @@ def test_embedding_and_head():
     assert x.shape == (2, 5, H)
     logits = head(x)
     assert logits.shape == (2, 5, 11)
-    assert torch.autograd.gradcheck(lambda w: torch.nn.functional.embedding(ids, w),
-                                     (emb.weight.detach().clone().requires_grad_(),))
+    assert torch.autograd.gradcheck(
+        lambda w: torch.nn.functional.embedding(ids, w),
+        (emb.weight.detach().clone().requires_grad_(),),
+    )
     assert gradcheck_module(head, torch.randn(2, 5, H, requires_grad=True))
     loss = lm_loss(logits, ids)
     ref = torch.nn.functional.cross_entropy(logits.reshape(10, 11), ids.reshape(10))
@@ -125,8 +134,9 @@ def test_tiny_models_train_step():
     for name in ("nemotron-h-tiny", "jamba-tiny", "qwen3-next-tiny"):
         spec = load_model(name).with_shape(seq_len=16)
         layers = build_layers(spec, seed=0)
-        assert [sum(p.numel() for p in m.parameters()) for m in layers] == \
-            [spec.layer_params(i) for i in range(spec.num_layers)]
+        assert [sum(p.numel() for p in m.parameters()) for m in layers] == [
+            spec.layer_params(i) for i in range(spec.num_layers)
+        ]
         ids = torch.randint(0, spec.vocab, (spec.microbatch_size, spec.seq_len))
         x = ids
         for m in layers:
@@ -148,9 +158,18 @@ def test_seeded_build_is_per_layer():
 
 
 def tied_spec():
-    return ModelSpec.model_validate({
-        "name": "tied", "hidden": H, "vocab": 13, "seq_len": 5, "dtype": "fp32",
-        "tie_embeddings": True, "pattern": "-", "mlp": {"ffn": 12}})
+    return ModelSpec.model_validate(
+        {
+            "name": "tied",
+            "hidden": H,
+            "vocab": 13,
+            "seq_len": 5,
+            "dtype": "fp32",
+            "tie_embeddings": True,
+            "pattern": "-",
+            "mlp": {"ffn": 12},
+        }
+    )
 
 
 def test_tied_embeddings_share_the_matrix():
@@ -164,7 +183,9 @@ def test_tied_embeddings_share_the_matrix():
         x = m(x)
     lm_loss(x, ids).backward()
     weight = layers[0].weight
-    assert weight.grad is not None and layers[-1](torch.randn(1, 5, H, dtype=torch.float32)).shape == (1, 5, 13)
+    assert weight.grad is not None and layers[-1](
+        torch.randn(1, 5, H, dtype=torch.float32)
+    ).shape == (1, 5, 13)
 
 
 def test_pipeline_specs():

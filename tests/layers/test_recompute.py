@@ -14,8 +14,11 @@ from octodsl.layers.split_backward import backward_input, backward_weight
 
 from .test_layers import TINY, H
 
-KINDS = {**{name: lambda c=c, cfg=cfg: c(cfg, H) for name, (c, cfg) in TINY.items()},
-         "lm head": lambda: LMHead(11, H), "tied head": lambda: _Head(TiedEmbeddingHead(11, H))}
+KINDS = {
+    **{name: lambda c=c, cfg=cfg: c(cfg, H) for name, (c, cfg) in TINY.items()},
+    "lm head": lambda: LMHead(11, H),
+    "tied head": lambda: _Head(TiedEmbeddingHead(11, H)),
+}
 
 
 class _Head(nn.Module):
@@ -73,8 +76,9 @@ def test_selective_recompute_gives_the_same_gradients_bit_for_bit(name, split):
 def _held_after_forward(module, x, selective: bool) -> int:
     """Bytes the CPU allocator gives out during the forward and still holds after it: what the
     graph keeps for the backward, plus the output."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
         if selective:
             with dropping():
                 out = module(x)

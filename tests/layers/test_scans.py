@@ -26,18 +26,23 @@ def selective_reference(u, dt, A, B, C):
     h = torch.zeros(b, d, A.shape[1])
     ys = []
     for t in range(s):
-        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * u[:, t])[..., None] * B[:, t, None, :]
+        h = (
+            torch.exp(dt[:, t, :, None] * A) * h
+            + (dt[:, t] * u[:, t])[..., None] * B[:, t, None, :]
+        )
         ys.append((h * C[:, t, None, :]).sum(-1))
     return torch.stack(ys, dim=1)
 
 
 def ssd_inputs(seed, b=2, s=19, heads=4, p=3, groups=2, n=5):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, s, heads, p, generator=g),
-            torch.nn.functional.softplus(torch.randn(b, s, heads, generator=g)),
-            -torch.rand(heads, generator=g) * 2 - 0.1,
-            torch.randn(b, s, groups, n, generator=g),
-            torch.randn(b, s, groups, n, generator=g))
+    return (
+        torch.randn(b, s, heads, p, generator=g),
+        torch.nn.functional.softplus(torch.randn(b, s, heads, generator=g)),
+        -torch.rand(heads, generator=g) * 2 - 0.1,
+        torch.randn(b, s, groups, n, generator=g),
+        torch.randn(b, s, groups, n, generator=g),
+    )
 
 
 def test_segsum():
@@ -63,7 +68,9 @@ def test_selective_scan_matches_sequential():
 
 
 def test_scans_gradcheck():
-    x, dt, A, B, C = (t.requires_grad_() for t in ssd_inputs(2, b=1, s=6, heads=2, p=2, groups=1, n=2))
+    x, dt, A, B, C = (
+        t.requires_grad_() for t in ssd_inputs(2, b=1, s=6, heads=2, p=2, groups=1, n=2)
+    )
     assert torch.autograd.gradcheck(lambda *a: ssd_scan(*a, chunk=4), (x, dt, A, B, C))
     g = torch.Generator().manual_seed(3)
     u, B1, C1 = (torch.randn(1, 10, k, generator=g).requires_grad_() for k in (3, 2, 2))

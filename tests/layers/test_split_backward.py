@@ -61,8 +61,10 @@ def _check(model, make_inputs, out_grads):
     inputs = make_inputs()
     outs = model(*inputs)
     outs = list(outs) if isinstance(outs, tuple) else [outs]
-    torch.autograd.backward([o for o, g in zip(outs, out_grads, strict=True) if g is not None or o.numel() == 1],
-                            [g for o, g in zip(outs, out_grads, strict=True) if g is not None or o.numel() == 1])
+    torch.autograd.backward(
+        [o for o, g in zip(outs, out_grads, strict=True) if g is not None or o.numel() == 1],
+        [g for o, g in zip(outs, out_grads, strict=True) if g is not None or o.numel() == 1],
+    )
     ref_in = [None if t.grad is None else t.grad.clone() for t in inputs]
     ref = _grads(params)
 
@@ -83,7 +85,9 @@ def _check(model, make_inputs, out_grads):
         assert (r is None and g is None) or torch.equal(r, g)
     for r, g in zip(ref, got, strict=True):
         assert (r is None and g is None) or torch.equal(r, g)
-    assert {id(p) for p in fired} == {id(p) for p, g in zip(params, ref, strict=True) if g is not None}
+    assert {id(p) for p in fired} == {
+        id(p) for p, g in zip(params, ref, strict=True) if g is not None
+    }
 
 
 def test_chain_of_blocks():
@@ -102,14 +106,21 @@ def test_shared_and_tied_parameters():
 def test_reused_weight_below_a_single_one():
     """A weight used twice on the input path, under a weight used once."""
     torch.manual_seed(0)
-    _check(Shared(8, nn.Linear(8, 8)), lambda: [torch.randn(4, 8, requires_grad=True)], [torch.randn(4, 8)])
+    _check(
+        Shared(8, nn.Linear(8, 8)),
+        lambda: [torch.randn(4, 8, requires_grad=True)],
+        [torch.randn(4, 8)],
+    )
 
 
 def test_multi_output_and_weight_only_output():
     torch.manual_seed(0)
     model = TwoOut(6)
-    _check(model, lambda: [torch.randn(3, 6, requires_grad=True)],
-           [torch.randn(3, 6), torch.randn(6), torch.randn(6)])
+    _check(
+        model,
+        lambda: [torch.randn(3, 6, requires_grad=True)],
+        [torch.randn(3, 6), torch.randn(6), torch.randn(6)],
+    )
 
 
 def test_input_without_grad_and_scalar_loss():
@@ -194,12 +205,17 @@ def test_low_precision_cast_weights(dtype):
         def forward(self, x):
             return torch.tanh(x @ self.w.to(dtype)) @ self.w.to(dtype)
 
-    _check(Cast(), lambda: [torch.randn(4, 8, dtype=dtype, requires_grad=True)],
-           [torch.randn(4, 8, dtype=dtype)])
+    _check(
+        Cast(),
+        lambda: [torch.randn(4, 8, dtype=dtype, requires_grad=True)],
+        [torch.randn(4, 8, dtype=dtype)],
+    )
 
 
-@pytest.mark.parametrize("make", [lambda: nn.Sequential(*[Block(8) for _ in range(3)]),
-                                  lambda: Shared(8, nn.Linear(8, 8))])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: nn.Sequential(*[Block(8) for _ in range(3)]), lambda: Shared(8, nn.Linear(8, 8))],
+)
 def test_no_node_runs_twice(make):
     """Every node of the graph runs once over B and W, except the restart nodes, which run
     their input side in B and their weight side in W: no work is repeated."""
@@ -224,6 +240,8 @@ def test_no_node_runs_twice(make):
     assert all(c <= 2 for c in runs.values())
     assert all(in_b[n] == 1 for n in twice)  # once in B, once in W
     for n in twice:  # a restart node: on the input path, with a child off it
-        assert any(c is not None and (c.name().endswith("AccumulateGrad") or c.name() == "TBackward0")
-                   for c, _ in n.next_functions)
+        assert any(
+            c is not None and (c.name().endswith("AccumulateGrad") or c.name() == "TBackward0")
+            for c, _ in n.next_functions
+        )
     assert sum(runs.values()) == len(nodes) - 1 + len(twice)  # x's AccumulateGrad runs in neither

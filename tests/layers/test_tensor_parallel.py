@@ -78,8 +78,10 @@ class Case:
 def mlp_case(activation: str) -> Case:
     cfg = MLPConfig(ffn=24, activation=activation)
     up = (24, 24) if activation == "swiglu" else (24,)
-    return Case(lambda: MLP(cfg, HIDDEN),
-                {"ffn.up.weight": Shard(0, even(*up)), "ffn.down.weight": Shard(1, even(24))})
+    return Case(
+        lambda: MLP(cfg, HIDDEN),
+        {"ffn.up.weight": Shard(0, even(*up)), "ffn.down.weight": Shard(1, even(24))},
+    )
 
 
 def attention_case(heads: int, kv_heads: int, **extra) -> Case:
@@ -89,58 +91,108 @@ def attention_case(heads: int, kv_heads: int, **extra) -> Case:
     kv = kv_heads * d
     shards = {"out.weight": Shard(1, even(heads * d))}
     if kv_heads % TP:  # replicated: each rank's KV head (the one its queries use) apart
-        shards["qkv.weight"] = Shard(0, lambda r: [*((n, TP, r) for n in q), (kv, 0, 0), (kv, 0, 0)])
+        shards["qkv.weight"] = Shard(
+            0, lambda r: [*((n, TP, r) for n in q), (kv, 0, 0), (kv, 0, 0)]
+        )
         head = lambda r: r * kv_heads // TP  # noqa: E731
-        shards["kv.weight"] = Shard(0, lambda r: [(cfg.q_out, 0, 0), (kv, kv_heads, head(r)),
-                                                  (kv, kv_heads, head(r))], ref="qkv.weight",
-                                   # one copy of each head counts: its first sharer's
-                                   counted=lambda r: r % (TP // kv_heads) == 0)
+        shards["kv.weight"] = Shard(
+            0,
+            lambda r: [(cfg.q_out, 0, 0), (kv, kv_heads, head(r)), (kv, kv_heads, head(r))],
+            ref="qkv.weight",
+            # one copy of each head counts: its first sharer's
+            counted=lambda r: r % (TP // kv_heads) == 0,
+        )
     else:
         shards["qkv.weight"] = Shard(0, even(*q, kv, kv))
     return Case(lambda: Attention(cfg, HIDDEN), shards)
 
 
 def moe_case(activation: str, shared: int) -> Case:
-    cfg = MoEConfig(experts=4, top_k=2, expert_ffn=8, shared_ffn=shared, activation=activation,
-                    aux_loss_coef=0.1)
+    cfg = MoEConfig(
+        experts=4,
+        top_k=2,
+        expert_ffn=8,
+        shared_ffn=shared,
+        activation=activation,
+        aux_loss_coef=0.1,
+    )
     halves = 2 if activation == "swiglu" else 1
     shards = {"w_in": Shard(2, even(*[8] * halves)), "w_out": Shard(1, even(8))}
     if shared:
-        shards |= {"shared.up.weight": Shard(0, even(*[shared] * halves)),
-                   "shared.down.weight": Shard(1, even(shared))}
+        shards |= {
+            "shared.up.weight": Shard(0, even(*[shared] * halves)),
+            "shared.down.weight": Shard(1, even(shared)),
+        }
     return Case(lambda: MoE(cfg, HIDDEN), shards)
 
 
 def mamba2_case(heads: int, groups: int) -> Case:
     cfg = Mamba2Config(heads=heads, head_dim=4, groups=groups, state=4, conv=3, chunk=4)
     inner, gn = cfg.inner, groups * cfg.state
-    return Case(lambda: Mamba2(cfg, HIDDEN), {
-        "in_proj.weight": Shard(0, even(inner, inner, gn, gn, heads)),
-        "conv.weight": Shard(0, even(inner, gn, gn)), "conv.bias": Shard(0, even(inner, gn, gn)),
-        **{name: Shard(0, even(n)) for name, n in
-           [("dt_bias", heads), ("A_log", heads), ("D", heads), ("out_norm", inner)]},
-        "out_proj.weight": Shard(1, even(inner))})
+    return Case(
+        lambda: Mamba2(cfg, HIDDEN),
+        {
+            "in_proj.weight": Shard(0, even(inner, inner, gn, gn, heads)),
+            "conv.weight": Shard(0, even(inner, gn, gn)),
+            "conv.bias": Shard(0, even(inner, gn, gn)),
+            **{
+                name: Shard(0, even(n))
+                for name, n in [
+                    ("dt_bias", heads),
+                    ("A_log", heads),
+                    ("D", heads),
+                    ("out_norm", inner),
+                ]
+            },
+            "out_proj.weight": Shard(1, even(inner)),
+        },
+    )
 
 
 def mamba1_case(inner_norms: bool) -> Case:
     cfg = Mamba1Config(inner=8, state=4, conv=3, dt_rank=2, inner_norms=inner_norms)
     d = cfg.inner
-    return Case(lambda: Mamba1(cfg, HIDDEN), {
-        "in_proj.weight": Shard(0, even(d, d)),
-        **{name: Shard(0, even(d)) for name in
-           ("conv.weight", "conv.bias", "dt_proj.weight", "dt_proj.bias", "A_log", "D")},
-        "x_proj.weight": Shard(1, even(d)), "out_proj.weight": Shard(1, even(d))})
+    return Case(
+        lambda: Mamba1(cfg, HIDDEN),
+        {
+            "in_proj.weight": Shard(0, even(d, d)),
+            **{
+                name: Shard(0, even(d))
+                for name in (
+                    "conv.weight",
+                    "conv.bias",
+                    "dt_proj.weight",
+                    "dt_proj.bias",
+                    "A_log",
+                    "D",
+                )
+            },
+            "x_proj.weight": Shard(1, even(d)),
+            "out_proj.weight": Shard(1, even(d)),
+        },
+    )
 
 
 def gated_deltanet_case(key_heads: int, value_heads: int) -> Case:
-    cfg = GatedDeltaNetConfig(key_heads=key_heads, value_heads=value_heads, key_head_dim=4,
-                              value_head_dim=3, conv=3, chunk=4)
+    cfg = GatedDeltaNetConfig(
+        key_heads=key_heads,
+        value_heads=value_heads,
+        key_head_dim=4,
+        value_head_dim=3,
+        conv=3,
+        chunk=4,
+    )
     kd, vd, vh = cfg.key_dim, cfg.value_dim, value_heads
-    return Case(lambda: GatedDeltaNet(cfg, HIDDEN), {
-        "in_proj.weight": Shard(0, even(kd, kd, vd, vd, vh, vh)),
-        "conv.weight": Shard(0, even(kd, kd, vd)),
-        "dt_bias": Shard(0, even(vh)), "A_log": Shard(0, even(vh)),
-        "out_proj.weight": Shard(1, even(vd))})
+    return Case(
+        lambda: GatedDeltaNet(cfg, HIDDEN),
+        {
+            "in_proj.weight": Shard(0, even(kd, kd, vd, vd, vh, vh)),
+            "conv.weight": Shard(0, even(kd, kd, vd)),
+            "dt_bias": Shard(0, even(vh)),
+            "A_log": Shard(0, even(vh)),
+            "out_proj.weight": Shard(1, even(vd)),
+        },
+    )
 
 
 CASES: dict[str, Case] = {
@@ -166,9 +218,14 @@ selective recompute (what `recomputable` marks dropped, brought back by the back
 
 def expected_shard(t: torch.Tensor, shard: Shard, rank: int) -> torch.Tensor:
     blocks = t.split([n for n, _, _ in shard.parts(rank)], shard.dim)
-    return torch.cat([b.chunk(pieces, shard.dim)[which]
-                      for b, (_, pieces, which) in zip(blocks, shard.parts(rank), strict=True)
-                      if pieces], shard.dim)
+    return torch.cat(
+        [
+            b.chunk(pieces, shard.dim)[which]
+            for b, (_, pieces, which) in zip(blocks, shard.parts(rank), strict=True)
+            if pieces
+        ],
+        shard.dim,
+    )
 
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
@@ -184,6 +241,7 @@ def counting_collectives() -> Iterator[list[str]]:
         def call(*args, **kwargs):
             calls.append(name)
             return real[name](*args, **kwargs)
+
         return call
 
     for name in COLLECTIVES:
@@ -223,7 +281,10 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
         yt.backward(gyt)
     tpl.all_reduce_sequence_parallel_grads(layer.parameters(), tp)
 
-    diffs = [(yt - tpl.seq_slice(yr, tp)).abs().max(), (xt.grad - tpl.seq_slice(xr.grad, tp)).abs().max()]
+    diffs = [
+        (yt - tpl.seq_slice(yr, tp)).abs().max(),
+        (xt.grad - tpl.seq_slice(xr.grad, tp)).abs().max(),
+    ]
     refs = dict(ref.named_parameters())
     for name, p in layer.named_parameters():
         shard = case.shards.get(name)
@@ -243,8 +304,7 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
 def _worker(rank: int, port: int, out: str) -> None:
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=TP)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     results: dict[str, object] = {}
     try:
         for name, case in CASES.items():
@@ -310,16 +370,21 @@ def test_tp1_is_the_layer_itself(case):
     assert x.grad is not None
 
 
-@pytest.mark.parametrize("make", [
-    lambda: Attention(AttentionConfig(heads=3, kv_heads=3, head_dim=4), HIDDEN),
-    lambda: Attention(AttentionConfig(heads=6, kv_heads=3, head_dim=4), HIDDEN),
-    lambda: MLP(MLPConfig(ffn=7), HIDDEN),
-    lambda: MoE(MoEConfig(experts=2, top_k=1, expert_ffn=8, shared_ffn=5), HIDDEN),
-    lambda: Mamba2(Mamba2Config(heads=4, head_dim=4, groups=1, state=4), HIDDEN),
-    lambda: Mamba1(Mamba1Config(inner=9, dt_rank=2), HIDDEN),
-    lambda: GatedDeltaNet(GatedDeltaNetConfig(key_heads=1, value_heads=2, key_head_dim=4,
-                                              value_head_dim=4), HIDDEN),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Attention(AttentionConfig(heads=3, kv_heads=3, head_dim=4), HIDDEN),
+        lambda: Attention(AttentionConfig(heads=6, kv_heads=3, head_dim=4), HIDDEN),
+        lambda: MLP(MLPConfig(ffn=7), HIDDEN),
+        lambda: MoE(MoEConfig(experts=2, top_k=1, expert_ffn=8, shared_ffn=5), HIDDEN),
+        lambda: Mamba2(Mamba2Config(heads=4, head_dim=4, groups=1, state=4), HIDDEN),
+        lambda: Mamba1(Mamba1Config(inner=9, dt_rank=2), HIDDEN),
+        lambda: GatedDeltaNet(
+            GatedDeltaNetConfig(key_heads=1, value_heads=2, key_head_dim=4, value_head_dim=4),
+            HIDDEN,
+        ),
+    ],
+)
 def test_a_layer_tp_cannot_split_is_refused_before_any_communication(make):
     with tpl.building(tpl.TpGroup(TP, 0)), pytest.raises(SpecError, match="tp 2 cannot split"):
         make()

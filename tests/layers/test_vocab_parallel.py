@@ -31,17 +31,21 @@ HIDDEN, BATCH, SEQ = 8, 2, 6
 TOL = 1e-12
 SEED = 5
 VOCABS = {"even": 14, "padded": 13}
-CASES = [f"{layer}-{vocab}-{sp}{'-split' if split else ''}"
-         for layer in ("embedding", "head", "tied") for vocab in VOCABS for sp in ("nosp", "sp")
-         for split in ((False, True) if layer == "head" else (False,))]
+CASES = [
+    f"{layer}-{vocab}-{sp}{'-split' if split else ''}"
+    for layer in ("embedding", "head", "tied")
+    for vocab in VOCABS
+    for sp in ("nosp", "sp")
+    for split in ((False, True) if layer == "head" else (False,))
+]
 
 
 def _rows(t: torch.Tensor, vocab: int, rank: int) -> torch.Tensor:
     """Rank's rows of a [vocab, ...] tensor, padded with zero rows as the layers pad."""
     rows = padded_vocab(vocab, TP) // TP
     out = torch.zeros(rows, *t.shape[1:])
-    real = t[rank * rows:min((rank + 1) * rows, vocab)]
-    out[:len(real)] = real
+    real = t[rank * rows : min((rank + 1) * rows, vocab)]
+    out[: len(real)] = real
     return out
 
 
@@ -55,8 +59,11 @@ def run_case(name: str, tp: tpl.TpGroup) -> float:
     """The largest difference between the tp layer and the unsplit one, on this rank."""
     layer, vocab_name, _, *split = name.split("-")
     vocab = VOCABS[vocab_name]
-    make = {"embedding": lambda: Embedding(vocab, HIDDEN), "head": lambda: LMHead(vocab, HIDDEN),
-            "tied": lambda: TiedEmbeddingHead(vocab, HIDDEN)}[layer]
+    make = {
+        "embedding": lambda: Embedding(vocab, HIDDEN),
+        "head": lambda: LMHead(vocab, HIDDEN),
+        "tied": lambda: TiedEmbeddingHead(vocab, HIDDEN),
+    }[layer]
     torch.manual_seed(SEED)
     ref = make()
     torch.manual_seed(SEED)
@@ -157,5 +164,7 @@ def test_tp_1_builds_the_same_layers_as_before():
     assert head.weight.shape == (VOCABS["padded"], HIDDEN)
     x, labels = torch.randn(BATCH, SEQ, HIDDEN), torch.randint(0, VOCABS["padded"], (BATCH, SEQ))
     logits = head(x)
-    assert torch.equal(lm_loss(logits, labels), torch.nn.functional.cross_entropy(
-        logits.reshape(-1, VOCABS["padded"]), labels.reshape(-1)))
+    assert torch.equal(
+        lm_loss(logits, labels),
+        torch.nn.functional.cross_entropy(logits.reshape(-1, VOCABS["padded"]), labels.reshape(-1)),
+    )

@@ -25,8 +25,12 @@ DOC = REPO / "docs" / "diagnostics.md"
 
 def reported() -> set[str]:
     """The codes the package's code names (a Diagnostic's code is always a literal somewhere)."""
-    return {c for p in (REPO / "octodsl").rglob("*.py") if p != REGISTRY
-            for c in CODE.findall(p.read_text())}
+    return {
+        c
+        for p in (REPO / "octodsl").rglob("*.py")
+        if p != REGISTRY
+        for c in CODE.findall(p.read_text())
+    }
 
 
 def test_every_code_reported_is_registered_and_every_registered_code_is_reported():
@@ -43,7 +47,10 @@ def test_the_registry_names_each_code_once_with_a_one_line_title():
 
 
 def test_a_diagnostic_takes_its_severity_from_its_code():
-    assert Diagnostic("W401", "m").severity is Severity.WARNING and not Diagnostic("W401", "m").is_error
+    assert (
+        Diagnostic("W401", "m").severity is Severity.WARNING
+        and not Diagnostic("W401", "m").is_error
+    )
     assert Diagnostic("E302", "m").severity is Severity.ERROR and Diagnostic("E302", "m").is_error
     with pytest.raises(KeyError):  # an unknown code is a programming error, not a silent warning
         _ = Diagnostic("E999", "m").severity
@@ -71,12 +78,16 @@ def test_a_rule_without_codes_or_with_an_unknown_one_is_refused(declared):
 
 
 def test_every_code_has_a_test():
-    tests = "\n".join(p.read_text() for p in (REPO / "tests").rglob("*") if p.is_file()
-                      and p.suffix in (".py", ".txt") and p.name != "test_codes.py")
+    tests = "\n".join(
+        p.read_text()
+        for p in (REPO / "tests").rglob("*")
+        if p.is_file() and p.suffix in (".py", ".txt") and p.name != "test_codes.py"
+    )
     assert {c for c in CODES if c not in tests} == set()
 
 
 # -- docs/diagnostics.md ------------------------------------------------------------------------
+
 
 def generator() -> dict:
     return runpy.run_path(str(GENERATOR))
@@ -85,7 +96,8 @@ def generator() -> dict:
 def test_the_docs_tables_are_what_the_registry_says():
     text = DOC.read_text()
     assert generator()["render"](text) == text, (
-        "docs/diagnostics.md differs from the registry: run `python .ci/diagnostics_doc.py`")
+        "docs/diagnostics.md differs from the registry: run `python .ci/diagnostics_doc.py`"
+    )
 
 
 def test_the_docs_list_every_code_once():
@@ -96,7 +108,9 @@ def test_the_docs_list_every_code_once():
 def test_the_generator_keeps_the_prose_and_rewrites_a_stale_table():
     render = generator()["render"]
     text = DOC.read_text()
-    stale = text.replace("| W401 | warning | a device holds no stage |", "| W401 | warning | old words |")
+    stale = text.replace(
+        "| W401 | warning | a device holds no stage |", "| W401 | warning | old words |"
+    )
     assert stale != text and render(stale) == text
     prose = text.replace("Errors make lint exit 1", "Errors make lint exit one")
     assert render(prose) == prose
@@ -113,7 +127,9 @@ def test_the_generator_refuses_a_doc_that_lacks_a_table():
 def test_the_generator_check_says_how_to_regenerate(tmp_path, monkeypatch, capsys):
     g = generator()
     doc = tmp_path / "diagnostics.md"
-    doc.write_text(DOC.read_text().replace("| E302 | error | an op appears twice |", "| E302 | error | x |"))
+    doc.write_text(
+        DOC.read_text().replace("| E302 | error | an op appears twice |", "| E302 | error | x |")
+    )
     main = g["main"]
     monkeypatch.setitem(main.__globals__, "DOC", doc)
     assert main(["--check"]) == 1

@@ -12,7 +12,9 @@ from octodsl.plan import Recompute
 from octodsl.sim import SimCosts, memory
 from octodsl.sim.program import compile
 
-PLAN = Path(__file__).parents[1] / "sim" / "data" / "nemotron-1f1b.octo"  # shared with the CLI tests
+PLAN = (
+    Path(__file__).parents[1] / "sim" / "data" / "nemotron-1f1b.octo"
+)  # shared with the CLI tests
 GIB = 2**30
 
 
@@ -51,8 +53,11 @@ def test_silent_for_an_unknown_model():
 
 
 def _with(plan, stages=None, **header):
-    return dataclasses.replace(plan, header=plan.header.model_copy(update=header),
-                               stages=plan.stages if stages is None else stages)
+    return dataclasses.replace(
+        plan,
+        header=plan.header.model_copy(update=header),
+        stages=plan.stages if stages is None else stages,
+    )
 
 
 def test_zero_1_over_8_copies_brings_the_plan_under_its_limit():

@@ -11,8 +11,15 @@ from octodsl.gen import generate
 from octodsl.lint import lint_plan
 from octodsl.plan import OpKind, Plan, Slot
 
-CASES = [("1f1b", 4, 8, None), ("gpipe", 3, 6, None), ("interleaved", 2, 4, 2), ("zb-h1", 4, 8, None),
-         ("zb-h2", 4, 8, None), ("zb-v", 3, 6, None), ("dualpipev", 4, 8, None)]
+CASES = [
+    ("1f1b", 4, 8, None),
+    ("gpipe", 3, 6, None),
+    ("interleaved", 2, 4, 2),
+    ("zb-h1", 4, 8, None),
+    ("zb-h2", 4, 8, None),
+    ("zb-v", 3, 6, None),
+    ("dualpipev", 4, 8, None),
+]
 
 
 def _plan(name, p, m, v) -> Plan:
@@ -20,8 +27,15 @@ def _plan(name, p, m, v) -> Plan:
 
 
 def _with_schedule(plan: Plan, schedule: list[list[Slot]]) -> Plan:
-    return Plan(plan.header, plan.stages, plan.placement, schedule, plan.partition_span,
-                plan.placement_span, plan.schedule_spans)
+    return Plan(
+        plan.header,
+        plan.stages,
+        plan.placement,
+        schedule,
+        plan.partition_span,
+        plan.placement_span,
+        plan.schedule_spans,
+    )
 
 
 def _codes(plan: Plan) -> set[str]:

@@ -47,12 +47,16 @@ def test_stage_declared_out_of_order():
 
 
 def test_placement_errors():
-    src = ONE_F_ONE_B.replace("placement loop", "placement { device 0: stages 0, 1 device 1: stages 1 }")
+    src = ONE_F_ONE_B.replace(
+        "placement loop", "placement { device 0: stages 0, 1 device 1: stages 1 }"
+    )
     assert "E210" in codes(src)
     src = ONE_F_ONE_B.replace("placement loop", "placement { device 0: stages 0 }")
     out = messages(src)
     assert "E211" in out and "stage 1 is on no device" in out
-    src = ONE_F_ONE_B.replace("placement loop", "placement { device 0: stages 0 device 3: stages 1, 4 }")
+    src = ONE_F_ONE_B.replace(
+        "placement loop", "placement { device 0: stages 0 device 3: stages 1, 4 }"
+    )
     assert {"E212", "E213"} <= set(codes(src))
 
 
@@ -73,7 +77,9 @@ def test_split_backward_needs_w():
 
 
 def test_op_on_wrong_device():
-    src = ONE_F_ONE_B.replace("device 0 { F0:0", "device 0 { F1:9 F0:0").replace("BW1:1 }", "BW1:1 F0:9 }")
+    src = ONE_F_ONE_B.replace("device 0 { F0:0", "device 0 { F1:9 F0:0").replace(
+        "BW1:1 }", "BW1:1 F0:9 }"
+    )
     assert codes(src).count("E303") == 2
     src = ONE_F_ONE_B.replace("F0:1 BW0:0", "BW0:0").replace("F1:1", "F0:1 F1:1")
     out = messages(src)
@@ -82,8 +88,9 @@ def test_op_on_wrong_device():
 
 def test_deadlock_cycle_is_named():
     # Device 0 runs both backwards before device 1's first forward can receive anything back.
-    src = ONE_F_ONE_B.replace("device 1 { F1:0 BW1:0 F1:1 BW1:1 }", "device 1 { F1:1 BW1:1 F1:0 BW1:0 }") \
-                     .replace("F0:0 F0:1 BW0:0 BW0:1", "F0:0 BW0:0 F0:1 BW0:1")
+    src = ONE_F_ONE_B.replace(
+        "device 1 { F1:0 BW1:0 F1:1 BW1:1 }", "device 1 { F1:1 BW1:1 F1:0 BW1:0 }"
+    ).replace("F0:0 F0:1 BW0:0 BW0:1", "F0:0 BW0:0 F0:1 BW0:1")
     out = messages(src)
     assert "E310" in out
     assert "F1:1 on device 1 waits for F0:1 on device 0, queued behind BW0:0" in out
@@ -104,8 +111,11 @@ def test_deadlock_not_searched_when_structure_is_broken():
 
 
 def test_warnings():
-    src = ONE_F_ONE_B.replace("stages 2", "stages 1").replace("F1:0 BW1:0 F1:1 BW1:1", "") \
+    src = (
+        ONE_F_ONE_B.replace("stages 2", "stages 1")
+        .replace("F1:0 BW1:0 F1:1 BW1:1", "")
         .replace("placement loop", "placement { device 0: stages 0 }")
+    )
     assert codes(src) == ["W401"]
     src = ONE_F_ONE_B.replace("F1:0 BW1:0 F1:1 BW1:1", "F1:0 (BW1:0 & F1:1) BW1:1")
     assert codes(src) == []
@@ -141,15 +151,23 @@ def test_memory_limit_checked_by_simulation():
 
 
 def test_e201_layers_left_out_or_given_twice():
-    src = HEAD + ONE_F_ONE_B.replace("stages 2", "partition {\n  stage 0: layers 0..3\n  stage 1: layers 5..7\n}")
+    src = HEAD + ONE_F_ONE_B.replace(
+        "stages 2", "partition {\n  stage 0: layers 0..3\n  stage 1: layers 5..7\n}"
+    )
     _, diags = lint_source(src, "t.octo")
     (d,) = diags
-    assert (d.code, d.message, d.hint) == ("E201", "layer 4 is in no stage", "stage 1 should start at layer 4")
+    assert (d.code, d.message, d.hint) == (
+        "E201",
+        "layer 4 is in no stage",
+        "stage 1 should start at layer 4",
+    )
     assert (d.span.line, d.span.col, d.span.end_col) == (5, 3, 23)  # stage 1's declaration
     src = src.replace("layers 5..7", "layers 2..7")
     (d,) = lint_source(src, "t.octo")[1]
     assert (d.code, d.span.line) == ("E201", 5)
-    assert d.message == "stage 1 starts at layer 2, but layers 2..3 already belong to an earlier stage"
+    assert (
+        d.message == "stage 1 starts at layer 2, but layers 2..3 already belong to an earlier stage"
+    )
 
 
 def test_e201_layer_numbers_are_not_listed_one_by_one():
@@ -167,7 +185,9 @@ def test_e201_layer_numbers_are_not_listed_one_by_one():
 
 def test_e201_partition_against_the_model_layers():
     head = HEAD.replace("microbatches 2", 'microbatches 2 model "nemotron-h-8b"')
-    src = head + ONE_F_ONE_B.replace("stages 2", "partition { stage 0: layers 0..9 stage 1: layers 10..23 }")
+    src = head + ONE_F_ONE_B.replace(
+        "stages 2", "partition { stage 0: layers 0..9 stage 1: layers 10..23 }"
+    )
     (d,) = lint_source(src, "t.octo")[1]
     assert (d.code, d.message) == ("E201", "layers 24..53 are in no stage")
     assert d.hint == "the model has 54 layers (0..53)"
@@ -178,9 +198,10 @@ def test_e201_partition_against_the_model_layers():
 
 def test_no_stages_is_an_error_not_an_empty_pipeline():
     for partition in ("partition { }", "stages 0"):
-        src = HEAD + ONE_F_ONE_B.replace("stages 2", partition).replace("F0:0 F0:1 BW0:0 BW0:1", "") \
-            .replace("F1:0 BW1:0 F1:1 BW1:1", "")
-        assert "E205" in codes(src[len(HEAD):])
+        src = HEAD + ONE_F_ONE_B.replace("stages 2", partition).replace(
+            "F0:0 F0:1 BW0:0 BW0:1", ""
+        ).replace("F1:0 BW1:0 F1:1 BW1:1", "")
+        assert "E205" in codes(src[len(HEAD) :])
 
 
 def test_more_abstract_stages_than_model_layers():
@@ -191,7 +212,9 @@ def test_more_abstract_stages_than_model_layers():
     src = head + f"stages {layers + 1} placement loop schedule {{ }}"
     _, diags = lint_source(src, "t.octo")
     (d,) = [d for d in diags if d.code == "E202"]
-    assert d.message == f"{layers + 1} stages for a model of {layers} layers: 1 of them would be empty"
+    assert (
+        d.message == f"{layers + 1} stages for a model of {layers} layers: 1 of them would be empty"
+    )
     assert (d.span.line, d.span.col) == (2, 1)
     src = head + f"stages {layers} placement loop schedule {{ }}"
     assert "E202" not in [d.code for d in lint_source(src, "t.octo")[1]]
@@ -214,11 +237,17 @@ def test_w404_zero_without_data_parallel_copies():
             src = HEAD.replace("microbatches 2", f"microbatches 2{dp} zero {zero}") + ONE_F_ONE_B
             (d,) = lint_source(src, "t.octo")[1]
             assert (d.code, d.severity.value) == ("W404", "warning")
-            assert d.message == (f"zero {zero} with dp 1: there is only one copy of the pipeline, "
-                                 f"no other to shard the {what} over")
+            assert d.message == (
+                f"zero {zero} with dp 1: there is only one copy of the pipeline, "
+                f"no other to shard the {what} over"
+            )
             col = src.index(f"zero {zero}") + len("zero ") + 1
             assert (d.span.line, d.span.col, d.span.end_col) == (1, col, col + 1)
-    for header in ("microbatches 2 dp 4 zero 1", "microbatches 2 dp 2 zero 2", "microbatches 2 zero 0"):
+    for header in (
+        "microbatches 2 dp 4 zero 1",
+        "microbatches 2 dp 2 zero 2",
+        "microbatches 2 zero 0",
+    ):
         assert lint_source(HEAD.replace("microbatches 2", header) + ONE_F_ONE_B)[1] == []
 
 
@@ -226,8 +255,10 @@ def test_w404_zero_without_data_parallel_copies():
 def test_a_million_duplicate_ops_are_one_diagnostic():
     from octodsl.limits import MAX_OPS
 
-    src = ('plan "dups" { devices 1 microbatches 1 }\nstages 1\nplacement loop\n'
-           f"schedule {{ device 0 {{ for i in 0..{MAX_OPS - 2} {{ F0:0 }} BW0:0 }} }}\n")
+    src = (
+        'plan "dups" { devices 1 microbatches 1 }\nstages 1\nplacement loop\n'
+        f"schedule {{ device 0 {{ for i in 0..{MAX_OPS - 2} {{ F0:0 }} BW0:0 }} }}\n"
+    )
     _, diags = lint_source(src, "dups.octo")
     (d,) = diags
     assert (d.code, d.message) == ("E302", f"F0:0 appears {MAX_OPS - 1:,} times")

@@ -34,9 +34,14 @@ def test_every_runtime_field_round_trips_through_gen_parse_and_fmt():
     assert "overlap_p2p_comm false" in text and "reduce_scatter false" in text
 
 
-@pytest.mark.parametrize("field,code", [("overlap_param_gather true", "E405"),
-                                        ("overlap_grad_reduce true", "W405"),
-                                        ("overlap_tp_comm true", "W703")])
+@pytest.mark.parametrize(
+    "field,code",
+    [
+        ("overlap_param_gather true", "E405"),
+        ("overlap_grad_reduce true", "W405"),
+        ("overlap_tp_comm true", "W703"),
+    ],
+)
 def test_an_overlap_with_nothing_to_overlap_is_reported(field, code):
     text = _plan().replace("  microbatches 4\n", f"  microbatches 4\n  {field}\n")
     assert code in _codes(text)
@@ -45,7 +50,9 @@ def test_an_overlap_with_nothing_to_overlap_is_reported(field, code):
 def test_reduce_scatter_false_needs_zero():
     text = _plan().replace("  microbatches 4\n", "  microbatches 4\n  reduce_scatter false\n")
     assert "W406" in _codes(text)
-    assert "W406" not in _codes(text.replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"))
+    assert "W406" not in _codes(
+        text.replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n")
+    )
 
 
 def test_tp_overlap_needs_sequence_parallelism():
@@ -60,14 +67,29 @@ def test_a_runtime_field_must_be_true_or_false():
 
 
 def test_convert_to_megatron_emits_the_overlap_flags():
-    text = generate_text("1f1b", 2, 4, model="llama3-8b", partition="megatron",
-                         mesh={"tp": 2, "overlap_tp_comm": True, "overlap_grad_reduce": True,
-                               "overlap_param_gather": True, "overlap_p2p_comm": False,
-                               "grad_accumulation_fusion": True})
+    text = generate_text(
+        "1f1b",
+        2,
+        4,
+        model="llama3-8b",
+        partition="megatron",
+        mesh={
+            "tp": 2,
+            "overlap_tp_comm": True,
+            "overlap_grad_reduce": True,
+            "overlap_param_gather": True,
+            "overlap_p2p_comm": False,
+            "grad_accumulation_fusion": True,
+        },
+    )
     text = text.replace("  tp 2\n", "  tp 2\n  dp 4\n  zero 1\n")
     args = megatron_args(parse_plan(text, path="p")).text
-    for flag in ("--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
-                 "--no-overlap-p2p-communication"):
+    for flag in (
+        "--tp-comm-overlap",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--no-overlap-p2p-communication",
+    ):
         assert flag in args
     assert "--no-gradient-accumulation-fusion" not in args
     plain = megatron_args(parse_plan(_plan(), path="p")).text
@@ -75,17 +97,38 @@ def test_convert_to_megatron_emits_the_overlap_flags():
 
 
 def test_megatron_refuses_a_parameter_gather_overlap_alone():
-    text = _plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"
-                           "  overlap_param_gather true\n")
+    text = _plan().replace(
+        "  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n  overlap_param_gather true\n"
+    )
     with pytest.raises(ExportError, match="overlap-grad-reduce"):
         megatron_args(parse_plan(text, path="p"))
 
 
 def test_gen_takes_the_runtime_options(tmp_path, capsys):
     out = tmp_path / "p.octo"
-    assert main(["gen", "1f1b", "-p", "2", "-m", "4", "--overlap", "grad-reduce,p2p-comm",
-                 "--grad-accumulation-fusion", "true", "--scatter-gather-messages", "true",
-                 "--reduce-scatter", "false", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "gen",
+                "1f1b",
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--overlap",
+                "grad-reduce,p2p-comm",
+                "--grad-accumulation-fusion",
+                "true",
+                "--scatter-gather-messages",
+                "true",
+                "--reduce-scatter",
+                "false",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     h = parse_plan(out.read_text(), path="p").header
     assert h.overlap_grad_reduce and h.overlap_p2p_comm and not h.overlap_tp_comm
     assert h.grad_accumulation_fusion and h.scatter_gather_messages and not h.reduce_scatter
@@ -96,12 +139,20 @@ def test_gen_takes_the_runtime_options(tmp_path, capsys):
     assert "give tp-comm" in err and len(err) < 200  # the value quoted in part
 
 
-@pytest.mark.parametrize("pattern,stages,ends,expect", [
-    ("[" + "*-" * 4 + "]", 2, False, [(0, 4), (5, 9)]),
-    # 22 transformer layers on 8 stages, the embedding and the head counted: 2, 3 x 6, 2
-    ("[" + "*-" * 22 + "]", 8, True, [(0, 4)] + [(5 + 6 * i, 10 + 6 * i) for i in range(6)] + [(41, 45)]),
-    ("[M-M*-]", 3, False, [(0, 2), (3, 4), (5, 6)]),  # a hybrid: each symbol a Megatron layer
-])
+@pytest.mark.parametrize(
+    "pattern,stages,ends,expect",
+    [
+        ("[" + "*-" * 4 + "]", 2, False, [(0, 4), (5, 9)]),
+        # 22 transformer layers on 8 stages, the embedding and the head counted: 2, 3 x 6, 2
+        (
+            "[" + "*-" * 22 + "]",
+            8,
+            True,
+            [(0, 4)] + [(5 + 6 * i, 10 + 6 * i) for i in range(6)] + [(41, 45)],
+        ),
+        ("[M-M*-]", 3, False, [(0, 2), (3, 4), (5, 6)]),  # a hybrid: each symbol a Megatron layer
+    ],
+)
 def test_megatron_partitions(pattern, stages, ends, expect):
     assert megatron_layers(pattern, stages, ends) == expect
 
@@ -109,12 +160,14 @@ def test_megatron_partitions(pattern, stages, ends, expect):
 def test_convert_says_how_an_all_reducing_zero_runs():
     from octodsl.interop.deepspeed_out import deepspeed_snippet
 
-    text = _plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"
-                           "  reduce_scatter false\n")
+    text = _plan().replace(
+        "  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n  reduce_scatter false\n"
+    )
     plan = parse_plan(text, path="p")
     assert "distributed optimizer reduce-scatters" in megatron_args(plan).text
     assert '"reduce_scatter": false' in deepspeed_snippet(plan).text
-    stock = parse_plan(_plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"),
-                       path="p")
+    stock = parse_plan(
+        _plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"), path="p"
+    )
     assert "reduce_scatter" not in deepspeed_snippet(stock).text  # DeepSpeed's default
     assert "reduce-scatters" not in megatron_args(stock).text

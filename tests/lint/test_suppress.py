@@ -61,7 +61,9 @@ def test_the_plan_reports_what_the_tests_say_it_does():
 def test_golden(name):
     src = (GOLDEN / f"{name}.octo").read_text()
     shown = f"golden/{name}.octo"
-    check_golden(GOLDEN / f"{name}.lint.txt", "".join(d.render(shown, src) + "\n" for d in lint(src)))
+    check_golden(
+        GOLDEN / f"{name}.lint.txt", "".join(d.render(shown, src) + "\n" for d in lint(src))
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -79,8 +81,15 @@ def test_fmt_of_an_unformatted_plan_keeps_its_suppressions_working():
 
 def test_a_line_suppression_silences_its_codes_on_its_line_only():
     assert found(plan(mb="  # octodsl: ignore[W402, W404]")) == [
-        ("W803", 3), ("W404", 4), ("W401", 7), ("W401", 7)]  # W404 is on line 4, not 3
-    assert found(plan(placement="  # octodsl: ignore[W401] both devices")) == [("W402", 3), ("W404", 4)]
+        ("W803", 3),
+        ("W404", 4),
+        ("W401", 7),
+        ("W401", 7),
+    ]  # W404 is on line 4, not 3
+    assert found(plan(placement="  # octodsl: ignore[W401] both devices")) == [
+        ("W402", 3),
+        ("W404", 4),
+    ]
 
 
 def test_a_file_suppression_silences_its_codes_everywhere():
@@ -98,13 +107,22 @@ def test_a_file_suppression_silences_a_warning_without_a_position_a_line_one_doe
 def test_a_line_suppression_is_used_before_the_file_one():
     head = "# octodsl: ignore-file[W402]\n"
     assert found(plan(head, mb="  # octodsl: ignore[W402]")) == [
-        ("W803", 1), ("W404", 5), ("W401", 8), ("W401", 8)]
+        ("W803", 1),
+        ("W404", 5),
+        ("W401", 8),
+        ("W401", 8),
+    ]
 
 
 def test_errors_are_never_silenced():
-    src = plan("# octodsl: ignore-file[E302]\n").replace("BW0:1 }", "BW0:1 BW0:1 }  # octodsl: ignore[E302]")
+    src = plan("# octodsl: ignore-file[E302]\n").replace(
+        "BW0:1 }", "BW0:1 BW0:1 }  # octodsl: ignore[E302]"
+    )
     codes = found(src)
-    assert ("E302", 10) in codes and [w for w in codes if w[0] == "W802"] == [("W802", 1), ("W802", 10)]
+    assert ("E302", 10) in codes and [w for w in codes if w[0] == "W802"] == [
+        ("W802", 1),
+        ("W802", 10),
+    ]
 
 
 def test_a_plan_with_errors_is_still_refused_by_the_commands_that_run_it(tmp_path, capsys):
@@ -132,9 +150,14 @@ def test_silenced_warnings_are_not_counted_and_do_not_fail_strict(tmp_path, caps
 
 
 def test_only_a_comment_that_starts_so_is_a_suppression_comment():
-    for text in ('plan "# octodsl: ignore[W402]" {', '# made by octodsl gen\nplan "t" {',
-                 '# see octodsl: docs\nplan "t" {'):
-        assert [c for c, _ in found(plan().replace('plan "t" {', text, 1))] == [c for c, _ in WARNINGS]
+    for text in (
+        'plan "# octodsl: ignore[W402]" {',
+        '# made by octodsl gen\nplan "t" {',
+        '# see octodsl: docs\nplan "t" {',
+    ):
+        assert [c for c, _ in found(plan().replace('plan "t" {', text, 1))] == [
+            c for c, _ in WARNINGS
+        ]
     src = plan().replace('plan "t" {', '#octodsl:generated\nplan "t" {', 1)
     assert [c for c, _ in found(src)][:2] == ["W804", "W402"]
 
@@ -143,7 +166,11 @@ def test_positions_count_as_the_parser_does_with_a_bom_crlf_and_tabs():
     src = "\ufeff" + plan(mb="\t# octodsl: ignore[W402, W999]").replace("\n", "\r\n")
     (d,) = [d for d in lint(src) if d.code == "W801"]
     line = "  microbatches 2\t# octodsl: ignore[W402, W999]"
-    assert (d.span.line, d.span.col, d.span.end_col) == (3, line.index("W999") + 1, line.index("W999") + 5)
+    assert (d.span.line, d.span.col, d.span.end_col) == (
+        3,
+        line.index("W999") + 1,
+        line.index("W999") + 5,
+    )
     shown, caret = d.render("t.octo", src).splitlines()[1:3]
     assert caret.index("^") == shown.index("W999")  # the excerpt shows the tab as one space
 
@@ -168,12 +195,19 @@ def timed(src: str) -> tuple[list[Diagnostic], float]:
     return diags, time.perf_counter() - start
 
 
-@pytest.mark.parametrize("codes, code, count", [
-    (", ".join(["W999"] * N), "W801", N),  # unknown
-    (", ".join(["W401"] * N), "W803", N - 1),  # the first silences the W401s, the rest repeat it
-    ("," * N, "W804", N + 1),  # empty codes
-    (", ".join(["E302"] * N), "W802", N),  # errors
-])
+@pytest.mark.parametrize(
+    "codes, code, count",
+    [
+        (", ".join(["W999"] * N), "W801", N),  # unknown
+        (
+            ", ".join(["W401"] * N),
+            "W803",
+            N - 1,
+        ),  # the first silences the W401s, the rest repeat it
+        ("," * N, "W804", N + 1),  # empty codes
+        (", ".join(["E302"] * N), "W802", N),  # errors
+    ],
+)
 def test_a_comment_of_a_hundred_thousand_codes(codes, code, count):
     diags, seconds = timed(plan(placement=f"  # octodsl: ignore[{codes}]"))
     of_code = [d for d in diags if d.code == code]
@@ -189,21 +223,27 @@ def test_a_hundred_thousand_suppression_comments():
     diags = apply_suppressions(plan(head), [])
     seconds = time.perf_counter() - start
     assert sorted({d.code for d in diags}) == ["W803", "W804"]
-    assert [sum(d.code == c for d in diags) for c in ("W803", "W804")] == [N, N]  # N - 1 twice, 1 unused
+    assert [sum(d.code == c for d in diags) for c in ("W803", "W804")] == [
+        N,
+        N,
+    ]  # N - 1 twice, 1 unused
     assert sum(d.code == "W803" and d.span.line == 1 for d in diags) == 1
     assert seconds < 10
 
 
-@pytest.mark.parametrize("comment, code", [
-    ("# octodsl: ignore[W401", "W804"),  # no closing bracket
-    ("# octodsl: ignore W401", "W804"),
-    ("# octodsl:", "W804"),
-    ("# octodsl: ignore[]", "W804"),
-    ("# octodsl: ignore[ ,  ]", "W804"),
-    ("# octodsl: ignore[[W401]]", "W801"),  # '[W401' is no code; the ']' after is free text
-    ("# octodsl: ignore[W401 W402]", "W801"),  # codes are separated by commas
-    ("# octodsl: ignore[\x00\u2028W401]", "W801"),
-])
+@pytest.mark.parametrize(
+    "comment, code",
+    [
+        ("# octodsl: ignore[W401", "W804"),  # no closing bracket
+        ("# octodsl: ignore W401", "W804"),
+        ("# octodsl:", "W804"),
+        ("# octodsl: ignore[]", "W804"),
+        ("# octodsl: ignore[ ,  ]", "W804"),
+        ("# octodsl: ignore[[W401]]", "W801"),  # '[W401' is no code; the ']' after is free text
+        ("# octodsl: ignore[W401 W402]", "W801"),  # codes are separated by commas
+        ("# octodsl: ignore[\x00\u2028W401]", "W801"),
+    ],
+)
 def test_a_malformed_comment_is_reported_and_silences_nothing(comment, code):
     codes = [c for c, _ in found(plan(placement="  " + comment))]
     assert code in codes and codes.count("W401") == 2
@@ -214,8 +254,12 @@ def test_a_malformed_comment_is_reported_and_silences_nothing(comment, code):
 SILENCEABLE = ["W401", "W402", "W403", "W404"]
 
 
-@given(st.dictionaries(st.sampled_from(sorted(LINES)), st.sets(st.sampled_from(SILENCEABLE), min_size=1)),
-       st.sets(st.sampled_from(SILENCEABLE)))
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(LINES)), st.sets(st.sampled_from(SILENCEABLE), min_size=1)
+    ),
+    st.sets(st.sampled_from(SILENCEABLE)),
+)
 def test_shown_are_the_warnings_neither_their_line_nor_the_file_names(on_line, whole_file):
     head = f"# octodsl: ignore-file[{', '.join(sorted(whole_file))}]\n" if whole_file else ""
     shift = 1 if head else 0
@@ -223,10 +267,19 @@ def test_shown_are_the_warnings_neither_their_line_nor_the_file_names(on_line, w
     named = {LINES[place] + shift: codes for place, codes in on_line.items()}
     by_line = [(c, n) for c, n in warnings if c in named.get(n, set())]
     by_file = [(c, n) for c, n in warnings if (c, n) not in by_line and c in whole_file]
-    unused = sorted([n for n, codes in named.items() for c in codes if (c, n) not in by_line]
-                    + [1 for c in whole_file if c not in {c for c, _ in by_file}])
+    unused = sorted(
+        [n for n, codes in named.items() for c in codes if (c, n) not in by_line]
+        + [1 for c in whole_file if c not in {c for c, _ in by_file}]
+    )
 
-    got = found(plan(head, **{place: f"  # octodsl: ignore[{', '.join(sorted(codes))}]"
-                              for place, codes in on_line.items()}))
+    got = found(
+        plan(
+            head,
+            **{
+                place: f"  # octodsl: ignore[{', '.join(sorted(codes))}]"
+                for place, codes in on_line.items()
+            },
+        )
+    )
     assert [w for w in got if w[0] != "W803"] == [w for w in warnings if w not in by_line + by_file]
     assert sorted(n for c, n in got if c == "W803") == unused

@@ -25,7 +25,12 @@ schedule {
 
 
 def lint(*entries: str):
-    src = 'plan "t" {\n  devices 2\n  microbatches 2\n' + "".join(f"  {e}\n" for e in entries) + "}\n" + BODY
+    src = (
+        'plan "t" {\n  devices 2\n  microbatches 2\n'
+        + "".join(f"  {e}\n" for e in entries)
+        + "}\n"
+        + BODY
+    )
     _, diags = lint_source(src, "t.octo")
     return diags, src
 
@@ -35,10 +40,11 @@ def codes(*entries: str) -> list[str]:
 
 
 def line_of(src: str, text: str) -> int:
-    return src[:src.index(text)].count("\n") + 1
+    return src[: src.index(text)].count("\n") + 1
 
 
 # -- E701 ----------------------------------------------------------------------------------------
+
 
 def test_sequence_parallel_needs_a_tp_group():
     diags, src = lint("sequence_parallel true")
@@ -55,6 +61,7 @@ def test_sequence_parallel_needs_a_tp_group():
 
 # -- E703 ----------------------------------------------------------------------------------------
 
+
 def test_sequence_parallelism_needs_a_sequence_tp_divides():
     diags, src = lint("tp 4", "seq_len 4094")
     (d,) = diags
@@ -69,6 +76,7 @@ def test_sequence_parallelism_needs_a_sequence_tp_divides():
 
 # -- E702 / W701 ---------------------------------------------------------------------------------
 
+
 def test_every_fatal_problem_is_an_error_at_the_tp_line():
     spec = load_model("nemotron-h-8b")
     fatal = [p for p in tp_problems(spec, 3) if p.fatal]
@@ -78,16 +86,23 @@ def test_every_fatal_problem_is_an_error_at_the_tp_line():
     assert len(errors) == len(fatal)
     for d, p in zip(errors, fatal, strict=True):
         assert d.is_error and (d.span.line, d.span.col) == (line_of(src, "tp 3"), 6)
-        assert d.message == f"tp 3 does not split the {p.kind} {p.what} of nemotron-h-8b: {p.size} is {p.remedy}"
-    assert errors[0].message == ("tp 3 does not split the mamba2 heads of nemotron-h-8b: 128 is not "
-                                 "divisible by tp 3")
+        assert (
+            d.message
+            == f"tp 3 does not split the {p.kind} {p.what} of nemotron-h-8b: {p.size} is {p.remedy}"
+        )
+    assert errors[0].message == (
+        "tp 3 does not split the mamba2 heads of nemotron-h-8b: 128 is not divisible by tp 3"
+    )
     # one hint, on the first: which tp inside a node split every size
-    assert errors[0].hint == "of the tp that divide gpus_per_node 8, tp 1, 2, 4 or 8 split every size"
+    assert (
+        errors[0].hint == "of the tp that divide gpus_per_node 8, tp 1, 2, 4 or 8 split every size"
+    )
     assert [d.hint for d in errors[1:]] == [None] * (len(errors) - 1)
     # and the vocabulary (131072) padded to a multiple of 3 is a warning
     (w,) = [d for d in diags if d.code == "W701"]
-    assert not w.is_error and w.message == ("nemotron-h-8b's embedding vocab 131072 with tp 3: "
-                                            "padded to 131073 (3 shards of 43691)")
+    assert not w.is_error and w.message == (
+        "nemotron-h-8b's embedding vocab 131072 with tp 3: padded to 131073 (3 shards of 43691)"
+    )
 
 
 def test_the_hint_names_only_the_tp_that_fit():
@@ -95,7 +110,8 @@ def test_the_hint_names_only_the_tp_that_fit():
     diags, _ = lint('model "nemotron-h-tiny"', "tp 4")
     errors = [d for d in diags if d.code == "E702"]
     assert [d.message for d in errors] == [
-        "tp 4 does not split the mamba2 groups of nemotron-h-tiny: 2 is not divisible by tp 4"]
+        "tp 4 does not split the mamba2 groups of nemotron-h-tiny: 2 is not divisible by tp 4"
+    ]
     assert errors[0].hint == "of the tp that divide gpus_per_node 8, tp 1 or 2 split every size"
     diags, _ = lint('model "nemotron-h-tiny"', "tp 4", "gpus_per_node 6")
     hint = next(d.hint for d in diags if d.code == "E702")
@@ -107,8 +123,10 @@ def test_replicated_kv_heads_are_a_warning_saying_so():
     diags, src = lint('model "jamba-tiny"', "tp 4")
     assert [d.code for d in diags] == ["W701"]
     (d,) = diags
-    assert d.message == ("jamba-tiny's attention kv_heads 2 with tp 4: each KV head replicated on "
-                         "2 GPUs of the tp group")
+    assert d.message == (
+        "jamba-tiny's attention kv_heads 2 with tp 4: each KV head replicated on "
+        "2 GPUs of the tp group"
+    )
     assert d.span.line == line_of(src, "tp 4")
     assert codes('model "jamba-tiny"', "tp 2") == []
 
@@ -129,19 +147,25 @@ def test_without_a_model_tp_is_not_checked_against_sizes():
 
 # -- W702 ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("entries, why", [
-    (("tp 16",), "tp 16 exceeds gpus_per_node 8"),
-    (("tp 3", "dp 2"), "tp 3 does not divide gpus_per_node 8"),  # ranks 6..8: nodes 0 and 1
-    (("tp 4", "gpus_per_node 6"), "tp 4 does not divide gpus_per_node 6"),
-])
+
+@pytest.mark.parametrize(
+    "entries, why",
+    [
+        (("tp 16",), "tp 16 exceeds gpus_per_node 8"),
+        (("tp 3", "dp 2"), "tp 3 does not divide gpus_per_node 8"),  # ranks 6..8: nodes 0 and 1
+        (("tp 4", "gpus_per_node 6"), "tp 4 does not divide gpus_per_node 6"),
+    ],
+)
 def test_a_tp_group_spanning_nodes_is_a_warning_with_its_cost(entries, why):
     diags, src = lint(*entries)
     (d,) = diags
     intra, inter = devices.LINKS[INTRA_NODE_LINK], devices.LINKS[INTER_NODE_LINK]
     assert (d.code, d.is_error, d.span.line) == ("W702", False, line_of(src, "tp "))
-    assert d.message == (f"{why}: some tp groups span two nodes, so their collectives run on the "
-                         "inter-node link (ib-ndr: 46 GB/s) instead of NVLink (nvlink: 160 GB/s), "
-                         f"about {intra.bandwidth / inter.bandwidth:.1f}x slower per collective")
+    assert d.message == (
+        f"{why}: some tp groups span two nodes, so their collectives run on the "
+        "inter-node link (ib-ndr: 46 GB/s) instead of NVLink (nvlink: 160 GB/s), "
+        f"about {intra.bandwidth / inter.bandwidth:.1f}x slower per collective"
+    )
     assert "3.5x" in d.message
     assert d.hint.startswith("tp 1, 2")
 

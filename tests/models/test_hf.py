@@ -38,7 +38,10 @@ def test_the_published_configs_give_the_builtin_models(name):
     spec, builtin = load_hf(CONFIGS / name), load_model(name)
     assert spec.pattern == builtin.pattern
     assert spec.params() == builtin.params()
-    assert spec.name == name and load_model(f"hf:{CONFIGS / name / 'config.json'}").pattern == spec.pattern
+    assert (
+        spec.name == name
+        and load_model(f"hf:{CONFIGS / name / 'config.json'}").pattern == spec.pattern
+    )
 
 
 def _hide_transformers(monkeypatch):
@@ -76,24 +79,60 @@ def _write(tmp_path, data) -> Path:
     return path
 
 
-@pytest.mark.parametrize("data,message", [
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported (supported: " + ", ".join(SUPPORTED)),
-    ({}, "model_type None is not supported"),
-    ("{not json", "config.json: not valid JSON: Expecting property name enclosed in double quotes at line 1, column 2"),
-    ("[1, 2]", "a config is a JSON object, not a list"),
-    ({"model_type": "llama", "hidden_size": 64, "vocab_size": 10, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "intermediate_size": True},
-     "must be a whole number|transformers refuses the config: .*intermediate_size"),
-    ({"model_type": "llama", "hidden_size": 64, "vocab_size": 10, "num_hidden_layers": 10**9,
-      "num_attention_heads": 4, "intermediate_size": 8},
-     "num_hidden_layers` must be a whole number from 0 to 32,767"),
-    ({"model_type": "qwen3_next", "num_hidden_layers": 10**9},
-     "num_hidden_layers` must be a whole number from 0 to 32,767"),
-    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M" * 70000},
-     "70,000 layers; at most 65,536 layers"),
-    ({"model_type": "nemotron_h", "hybrid_override_pattern": "MQ", "hidden_size": 8,
-      "vocab_size": 8}, "cannot read the layer pattern 'MQ'"),
-])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (
+            {"model_type": "gpt2"},
+            "model_type 'gpt2' is not supported (supported: " + ", ".join(SUPPORTED),
+        ),
+        ({}, "model_type None is not supported"),
+        (
+            "{not json",
+            "config.json: not valid JSON: Expecting property name enclosed in double quotes at line 1, column 2",
+        ),
+        ("[1, 2]", "a config is a JSON object, not a list"),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "vocab_size": 10,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": True,
+            },
+            "must be a whole number|transformers refuses the config: .*intermediate_size",
+        ),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "vocab_size": 10,
+                "num_hidden_layers": 10**9,
+                "num_attention_heads": 4,
+                "intermediate_size": 8,
+            },
+            "num_hidden_layers` must be a whole number from 0 to 32,767",
+        ),
+        (
+            {"model_type": "qwen3_next", "num_hidden_layers": 10**9},
+            "num_hidden_layers` must be a whole number from 0 to 32,767",
+        ),
+        (
+            {"model_type": "nemotron_h", "hybrid_override_pattern": "M" * 70000},
+            "70,000 layers; at most 65,536 layers",
+        ),
+        (
+            {
+                "model_type": "nemotron_h",
+                "hybrid_override_pattern": "MQ",
+                "hidden_size": 8,
+                "vocab_size": 8,
+            },
+            "cannot read the layer pattern 'MQ'",
+        ),
+    ],
+)
 def test_bad_configs_are_clear_errors(tmp_path, reader, data, message):
     with pytest.raises(SpecError, match=message.replace("(s", r"\(s").replace(")", r"\)")):
         load_hf(_write(tmp_path, data))

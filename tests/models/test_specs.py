@@ -18,8 +18,10 @@ from octodsl.models import (
 from octodsl.models.builtin import PUBLISHED_PARAMS
 
 NEMOTRON_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-NEMOTRON_47B = ("M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---"
-                "M-M*-M-M-M-M-M-")
+NEMOTRON_47B = (
+    "M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---"
+    "M-M*-M-M-M-M-M-"
+)
 
 
 def counts(name: str) -> dict[str, int]:
@@ -27,9 +29,18 @@ def counts(name: str) -> dict[str, int]:
 
 
 def test_builtin_names():
-    assert builtin_models() == ["nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b", "jamba-v0.1",
-                                "qwen3-next-80b", "llama3-8b", "llama3-70b", "nemotron-h-tiny",
-                                "jamba-tiny", "qwen3-next-tiny"]
+    assert builtin_models() == [
+        "nemotron-h-8b",
+        "nemotron-h-47b",
+        "nemotron-h-56b",
+        "jamba-v0.1",
+        "qwen3-next-80b",
+        "llama3-8b",
+        "llama3-70b",
+        "nemotron-h-tiny",
+        "jamba-tiny",
+        "qwen3-next-tiny",
+    ]
 
 
 def test_nemotron_patterns():
@@ -41,7 +52,14 @@ def test_nemotron_patterns():
     assert counts("nemotron-h-56b") == {**edge, "mamba2": 54, "attention": 10, "mlp": 54}
     spec = load_model("nemotron-h-8b")
     m = spec.layers[1]
-    assert (spec.hidden, m.heads, m.head_dim, m.groups, m.state, m.chunk) == (4096, 128, 64, 8, 128, 256)
+    assert (spec.hidden, m.heads, m.head_dim, m.groups, m.state, m.chunk) == (
+        4096,
+        128,
+        64,
+        8,
+        128,
+        256,
+    )
     assert spec.layers[2].ffn == 21504 and spec.layers[2].activation == "relu2"
 
 
@@ -59,7 +77,8 @@ def test_qwen3_next_and_llama_layout():
     q = load_model("qwen3-next-80b")
     assert q.num_layers == 98
     assert [l.kind for l in q.layers[1:-1:2]] == [
-        "attention" if (i + 1) % 4 == 0 else "gated_deltanet" for i in range(48)]
+        "attention" if (i + 1) % 4 == 0 else "gated_deltanet" for i in range(48)
+    ]
     assert all(l.kind == "moe" for l in q.layers[2:-1:2])
     assert load_model("llama3-8b").pattern == "[" + "*-" * 32 + "]"
     assert load_model("llama3-70b").pattern == "[" + "*-" * 80 + "]"
@@ -75,9 +94,14 @@ def test_active_parameters():
     assert load_model("llama3-8b").active_params() == load_model("llama3-8b").params()
 
 
-@pytest.mark.parametrize("tiny,full", [("nemotron-h-tiny", "nemotron-h-8b"),
-                                       ("jamba-tiny", "jamba-v0.1"),
-                                       ("qwen3-next-tiny", "qwen3-next-80b")])
+@pytest.mark.parametrize(
+    "tiny,full",
+    [
+        ("nemotron-h-tiny", "nemotron-h-8b"),
+        ("jamba-tiny", "jamba-v0.1"),
+        ("qwen3-next-tiny", "qwen3-next-80b"),
+    ],
+)
 def test_tiny_models_keep_the_kinds_and_proportions(tiny, full):
     t, f = load_model(tiny), load_model(full)
     assert 12 <= t.num_layers <= 24 and 128 <= t.hidden <= 512
@@ -85,7 +109,9 @@ def test_tiny_models_keep_the_kinds_and_proportions(tiny, full):
     assert tc.keys() == fc.keys()
     for kind in tc:
         if kind not in ("embedding", "lm_head_loss"):
-            assert tc[kind] / (t.num_layers - 2) == pytest.approx(fc[kind] / (f.num_layers - 2), abs=0.05)
+            assert tc[kind] / (t.num_layers - 2) == pytest.approx(
+                fc[kind] / (f.num_layers - 2), abs=0.05
+            )
 
 
 def test_pattern_normalisation():
@@ -98,28 +124,44 @@ def test_pattern_normalisation():
 
 
 def small(**extra) -> dict:
-    return {"name": "s", "hidden": 64, "vocab": 100, "seq_len": 32, "pattern": "M-*-",
-            "mamba2": {"heads": 4, "head_dim": 32, "groups": 1, "state": 16},
-            "attention": {"heads": 4, "kv_heads": 2, "head_dim": 16},
-            "mlp": {"ffn": 128}, **extra}
+    return {
+        "name": "s",
+        "hidden": 64,
+        "vocab": 100,
+        "seq_len": 32,
+        "pattern": "M-*-",
+        "mamba2": {"heads": 4, "head_dim": 32, "groups": 1, "state": 16},
+        "attention": {"heads": 4, "kv_heads": 2, "head_dim": 16},
+        "mlp": {"ffn": 128},
+        **extra,
+    }
 
 
 def test_pattern_form_expands_to_layers():
     spec = parse_model(small(), "test")
     assert spec.pattern == "[M-*-]"
-    assert [l.kind for l in spec.layers] == ["embedding", "mamba2", "mlp", "attention", "mlp",
-                                             "lm_head_loss"]
+    assert [l.kind for l in spec.layers] == [
+        "embedding",
+        "mamba2",
+        "mlp",
+        "attention",
+        "mlp",
+        "lm_head_loss",
+    ]
     assert spec.layers[2] == spec.layers[4]
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"mlp": None}, "no `mlp:` block"),
-    ({"moe": {"experts": 2, "top_k": 1, "expert_ffn": 8}}, "no 'E' layer"),
-    ({"layers": []}, "either as `pattern` or as `layers`"),
-    ({"attention": {"heads": 3, "kv_heads": 2, "head_dim": 16}}, "multiple of kv_heads"),
-    ({"seq_len": 0}, "seq_len"),
-    ({"pattern": "M-Q"}, "unknown layer symbol"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"mlp": None}, "no `mlp:` block"),
+        ({"moe": {"experts": 2, "top_k": 1, "expert_ffn": 8}}, "no 'E' layer"),
+        ({"layers": []}, "either as `pattern` or as `layers`"),
+        ({"attention": {"heads": 3, "kv_heads": 2, "head_dim": 16}}, "multiple of kv_heads"),
+        ({"seq_len": 0}, "seq_len"),
+        ({"pattern": "M-Q"}, "unknown layer symbol"),
+    ],
+)
 def test_invalid_specs(change, message):
     data = small(**change)
     data = {k: v for k, v in data.items() if v is not None}
@@ -129,22 +171,35 @@ def test_invalid_specs(change, message):
 
 def test_a_blocks_bad_field_is_reported_once_for_all_its_layers():
     pattern = "*-" * 40
-    data = small(pattern=pattern, attention={"heads": 4, "kv_heads": 2, "head_dim": 16,
-                                              "flash": [True]}, hidden=-1)
+    data = small(
+        pattern=pattern,
+        attention={"heads": 4, "kv_heads": 2, "head_dim": 16, "flash": [True]},
+        hidden=-1,
+    )
     data.pop("mamba2")
     with pytest.raises(SpecError) as e:
         parse_model(data, "test")
     message = str(e.value)
     # the 40 attention layers are at 1, 3, 5, ...; the top-level field keeps its own place
-    assert "attention.flash (layers 1, 3, 5 and 37 more): Input should be a valid boolean" in message
+    assert (
+        "attention.flash (layers 1, 3, 5 and 37 more): Input should be a valid boolean" in message
+    )
     assert "hidden: Input should be greater than or equal to 1" in message
     assert message.count("flash") == 1 and len(message) < 300
 
 
 def test_explicit_layers_must_start_and_end_right():
     with pytest.raises(SpecError, match="first layer must be the embedding"):
-        parse_model({"name": "x", "hidden": 8, "vocab": 8, "seq_len": 8,
-                     "layers": [{"kind": "mlp", "ffn": 8}, {"kind": "lm_head_loss"}]}, "test")
+        parse_model(
+            {
+                "name": "x",
+                "hidden": 8,
+                "vocab": 8,
+                "seq_len": 8,
+                "layers": [{"kind": "mlp", "ffn": 8}, {"kind": "lm_head_loss"}],
+            },
+            "test",
+        )
 
 
 def test_files_yaml_and_json(tmp_path):

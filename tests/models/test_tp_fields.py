@@ -8,8 +8,9 @@ import pytest
 from octodsl.models.spec import Layer
 from octodsl.models.tp import SPLIT_FIELDS
 
-CONFIGS = {cls.model_fields["kind"].default: cls
-           for cls in typing.get_args(typing.get_args(Layer)[0])}
+CONFIGS = {
+    cls.model_fields["kind"].default: cls for cls in typing.get_args(typing.get_args(Layer)[0])
+}
 
 
 @pytest.mark.parametrize("kind", sorted(SPLIT_FIELDS))

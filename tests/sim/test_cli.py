@@ -22,6 +22,7 @@ def plan_file(tmp_path):
         path = tmp_path / f"{name}-{p}-{m}.octo"
         path.write_text(text if text is not None else generate_text(name, p, m))
         return str(path)
+
     return write
 
 
@@ -33,8 +34,15 @@ def run_json(capsys, *argv):
 def test_summary(plan_file, capsys):
     assert main(["simulate", plan_file()]) == 0
     out = capsys.readouterr().out
-    for text in ("1f1b-p4-m8", "iteration time", "bubble ratio", "27.3%", "critical path",
-                 "peak memory", "F0:3"):
+    for text in (
+        "1f1b-p4-m8",
+        "iteration time",
+        "bubble ratio",
+        "27.3%",
+        "critical path",
+        "peak memory",
+        "F0:3",
+    ):
         assert text in out
 
 
@@ -54,7 +62,12 @@ def test_json_contract(plan_file, capsys):
 def test_costs_and_links(plan_file, capsys):
     path = plan_file("1f1b", 2, 1)
     assert run_json(capsys, path, "--costs", "F=2,B=1,W=1,comm=0.5")["iteration_time"] == 9.0
-    assert run_json(capsys, path, "--costs", "f=2,b=1,w=1,comm=0.5", "--link", "none")["iteration_time"] == 8.0
+    assert (
+        run_json(capsys, path, "--costs", "f=2,b=1,w=1,comm=0.5", "--link", "none")[
+            "iteration_time"
+        ]
+        == 8.0
+    )
 
 
 def test_model_costs(capsys):
@@ -85,17 +98,24 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     base = run_json(capsys, str(MODEL_PLAN), "--dp", "8", "--dp-link", "ib-ndr")
     data = run_json(capsys, str(MODEL_PLAN), "--dp", "8", "--zero", "1", "--dp-link", "ib-ndr")
     assert (data["zero"], data["dp"], base["zero"]) == (1, 8, 0)
-    assert data["param_bytes"] == {"weights": 2.0, "grads": 2.0, "optimizer": 12.0, "total": 16.0,
-                                   "per_device": 2 + 2 + 12 / 8}
+    assert data["param_bytes"] == {
+        "weights": 2.0,
+        "grads": 2.0,
+        "optimizer": 12.0,
+        "total": 16.0,
+        "per_device": 2 + 2 + 12 / 8,
+    }
     assert data["allreduce_time"] == [0.0] * 4
     # bf16 gradients are reduced in fp32, the parameters gathered in bf16: half the bytes, the
     # same latencies (ib-ndr's 15 us per ring step)
     latency = 7 * 15e-6
     assert [r - latency for r in data["reduce_scatter_time"]] == pytest.approx(
-        [2 * (g - latency) for g in data["all_gather_time"]])
+        [2 * (g - latency) for g in data["all_gather_time"]]
+    )
     assert [2 * r for r in data["reduce_scatter_time"]] == pytest.approx(base["allreduce_time"])
     assert data["dp_comm_exposed"] == pytest.approx(
-        [a + b for a, b in zip(data["reduce_scatter_time"], data["all_gather_time"], strict=True)])
+        [a + b for a, b in zip(data["reduce_scatter_time"], data["all_gather_time"], strict=True)]
+    )
     for mine, full in zip(data["static"], base["static"], strict=True):
         assert mine["weights"] == pytest.approx(full["weights"])
         assert mine["grads"] == pytest.approx(full["grads"])
@@ -104,7 +124,9 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
         assert full["optimizer"] == pytest.approx(6 * full["weights"])
     # Activations are the same: the peaks differ by the static bytes saved.
     saved = [f["total"] - m["total"] for m, f in zip(data["static"], base["static"], strict=True)]
-    assert [b - d for b, d in zip(base["peak_memory"], data["peak_memory"], strict=True)] == pytest.approx(saved)
+    assert [
+        b - d for b, d in zip(base["peak_memory"], data["peak_memory"], strict=True)
+    ] == pytest.approx(saved)
     assert main(["simulate", str(MODEL_PLAN), "--dp", "8", "--zero", "2"]) == 0
     out = capsys.readouterr().out
     assert "DP 8, ZeRO 2" in out and "reduce-scatter" in out and "all-gather" in out
@@ -115,8 +137,12 @@ def test_recompute_override(capsys):
     base = run_json(capsys, str(MODEL_PLAN))
     full = run_json(capsys, str(MODEL_PLAN), "--recompute", "full")
     assert [s["recompute"] for s in full["stages"]] == ["full"] * 4
-    assert [s["B"] for s in full["stages"]] == pytest.approx([s["F"] + s["B"] for s in base["stages"]])
-    assert all(s["act_b"] > 0 for s in full["stages"]) and all(s["act_b"] == 0 for s in base["stages"])
+    assert [s["B"] for s in full["stages"]] == pytest.approx(
+        [s["F"] + s["B"] for s in base["stages"]]
+    )
+    assert all(s["act_b"] > 0 for s in full["stages"]) and all(
+        s["act_b"] == 0 for s in base["stages"]
+    )
     assert max(full["peak_memory"]) < max(base["peak_memory"])
     assert full["iteration_time"] > base["iteration_time"]
     assert main(["simulate", str(MODEL_PLAN), "--recompute", "selective"]) == 0
@@ -131,8 +157,19 @@ def test_zero_with_uniform_costs_is_strict_json(plan_file, capsys):
 
 def test_trace(plan_file, tmp_path, capsys):
     out = tmp_path / "trace.json"
-    assert main(["simulate", plan_file("zb-v", 2, 4), "--costs", "F=1,B=1,W=1,comm=0.1",
-                 "--trace", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                plan_file("zb-v", 2, 4),
+                "--costs",
+                "F=1,B=1,W=1,comm=0.1",
+                "--trace",
+                str(out),
+            ]
+        )
+        == 0
+    )
     events = json.loads(out.read_text())["traceEvents"]
     ops = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
     assert len(ops) == 2 * 2 * 4 * 3
@@ -142,7 +179,12 @@ def test_trace(plan_file, tmp_path, capsys):
     comm = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
     sends = [e for e in comm if e["args"]["kind"] == "send"]
     recvs = [e for e in comm if e["args"]["kind"] == "recv"]
-    assert sends[0]["name"] == "F0:0" and sends[0]["args"] == {"kind": "send", "stage": 0, "mb": 0, "peer": 1}
+    assert sends[0]["name"] == "F0:0" and sends[0]["args"] == {
+        "kind": "send",
+        "stage": 0,
+        "mb": 0,
+        "peer": 1,
+    }
     starts = [e for e in events if e["ph"] == "s"]
     ends = [e for e in events if e["ph"] == "f"]
     assert len(sends) == len(recvs) == len(starts) == len(ends) > 0
@@ -159,25 +201,31 @@ def test_png(plan_file, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--costs", "F=1,B=x"], "--costs: B: 'x' is not a number of seconds"),
-    (["--costs", "F=1,X=1"], "--costs: cannot read 'X=1'"),
-    (["--costs", "F=1,B=1"], "--costs: give W too"),
-    (["--costs", "F=1,B=1,W=-1"], "--costs: W: must be at least 0 seconds"),
-    (["--costs", "F=nan,B=1,W=1"], "--costs: F: 'nan' is not a finite number of seconds"),
-    (["--costs", "F=1,B=inf,W=1"], "--costs: B: 'inf' is not a finite number of seconds"),
-    (["--costs", "F=1,B=1,W=1,comm=1e300"], "--costs: comm: must be at most 1e+06 seconds"),
-    (["--link", "carrier-pigeon"], "unknown link 'carrier-pigeon'"),
-    (["--model", "no-such-model"], "no-such-model"),
-    (["--dp", "0"], "--dp: must be at least 1"),
-    (["--dp", "two"], "--dp: 'two' is not a whole number"),
-    (["--zero", "3"], "--zero: must be at most 2"),
-    (["--zero", "-1"], "--zero: must be at least 0"),
-    (["--recompute", "some"], "--recompute: invalid choice: 'some'"),
-    (["--png", "gantt.txt"], "--png: gantt.txt must end in .png"),
-    (["--trace", "trace.png"], "--trace: trace.png must end in .json"),
-    (["--trace", "/no/such/folder/t.json"], "cannot write /no/such/folder/t.json: there is no folder"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--costs", "F=1,B=x"], "--costs: B: 'x' is not a number of seconds"),
+        (["--costs", "F=1,X=1"], "--costs: cannot read 'X=1'"),
+        (["--costs", "F=1,B=1"], "--costs: give W too"),
+        (["--costs", "F=1,B=1,W=-1"], "--costs: W: must be at least 0 seconds"),
+        (["--costs", "F=nan,B=1,W=1"], "--costs: F: 'nan' is not a finite number of seconds"),
+        (["--costs", "F=1,B=inf,W=1"], "--costs: B: 'inf' is not a finite number of seconds"),
+        (["--costs", "F=1,B=1,W=1,comm=1e300"], "--costs: comm: must be at most 1e+06 seconds"),
+        (["--link", "carrier-pigeon"], "unknown link 'carrier-pigeon'"),
+        (["--model", "no-such-model"], "no-such-model"),
+        (["--dp", "0"], "--dp: must be at least 1"),
+        (["--dp", "two"], "--dp: 'two' is not a whole number"),
+        (["--zero", "3"], "--zero: must be at most 2"),
+        (["--zero", "-1"], "--zero: must be at least 0"),
+        (["--recompute", "some"], "--recompute: invalid choice: 'some'"),
+        (["--png", "gantt.txt"], "--png: gantt.txt must end in .png"),
+        (["--trace", "trace.png"], "--trace: trace.png must end in .json"),
+        (
+            ["--trace", "/no/such/folder/t.json"],
+            "cannot write /no/such/folder/t.json: there is no folder",
+        ),
+    ],
+)
 def test_bad_input_is_a_message(plan_file, capsys, argv, message):
     assert main(["simulate", plan_file(), *argv]) == 2
     err = capsys.readouterr().err
@@ -191,7 +239,7 @@ def test_a_plan_that_names_no_layers_is_costed_with_the_executors_split(plan_fil
     split = table.stage_ranges(load_plan(plan_file()))
     obj = run_json(capsys, plan_file(), "--model", "nemotron-h-tiny", "--device", "cpu")
     work = table.layer_work()
-    busy = [sum(work[a:b + 1]) * 8 for a, b in split]  # 8 micro-batches, one stage per device
+    busy = [sum(work[a : b + 1]) * 8 for a, b in split]  # 8 micro-batches, one stage per device
     assert obj["busy"] == pytest.approx(busy, rel=1e-9)
 
 
@@ -199,11 +247,20 @@ def test_a_partition_over_other_layers_than_the_model_is_refused(tmp_path, capsy
     plan = tmp_path / "p24.octo"
     plan.write_text(generate_text("1f1b", 2, 4, model="nemotron-h-tiny"))  # 24 layers
     spec = tmp_path / "wide.json"
-    spec.write_text(json.dumps({**load_model("nemotron-h-tiny").compact(), "name": "wide",
-                                "pattern": "[" + "M-" * 498 + "M*]"}))  # 1000 layers
+    spec.write_text(
+        json.dumps(
+            {
+                **load_model("nemotron-h-tiny").compact(),
+                "name": "wide",
+                "pattern": "[" + "M-" * 498 + "M*]",
+            }
+        )
+    )  # 1000 layers
     assert main(["simulate", str(plan), "--model", str(spec)]) == 2
-    assert f"{plan}: the plan's partition covers 24 layers (0..23), but the model has 1000 " \
-           "(0..999)" in capsys.readouterr().err
+    assert (
+        f"{plan}: the plan's partition covers 24 layers (0..23), but the model has 1000 "
+        "(0..999)" in capsys.readouterr().err
+    )
 
 
 def test_plan_with_errors(plan_file, capsys):

@@ -72,8 +72,13 @@ def test_latency_added_once_per_crossing_1f1b(p):
 def test_latency_not_added_between_stages_on_one_device():
     # V placement on 2 devices: stages 0,3 on device 0 and 1,2 on device 1; the turn 1 -> 2
     # stays on device 1, so the path crosses devices 2 times forward and 2 times back.
-    c, order = 0.5, [["F0:0", "F3:0", "B3:0", "W3:0", "B0:0", "W0:0"],
-                     ["F1:0", "F2:0", "B2:0", "B1:0", "W2:0", "W1:0"]]
+    c, order = (
+        0.5,
+        [
+            ["F0:0", "F3:0", "B3:0", "W3:0", "B0:0", "W0:0"],
+            ["F1:0", "F2:0", "B2:0", "B1:0", "W2:0", "W1:0"],
+        ],
+    )
     plan = make_plan(2, 1, order, num_stages=4, placement=[(0, 3), (1, 2)])
     plain = run(plan, 1, 1, 1)
     slow = run(plan, 1, 1, 1, link=Link("fixed", c, 0.0))

@@ -27,10 +27,19 @@ LINK = Link("odd", 0.003, 7e3)
 
 def _costs(num_stages: int) -> list[StageCost]:
     # Uneven, non-dyadic costs, so that every sum rounds and a change of order would show.
-    return [StageCost(f=0.1 * (s + 1) + 0.013, b=0.17 + 0.03 * s, w=0.05 + 0.011 * s,
-                      act=10.0 + s / 3, act_w=4.0 + s / 7, static=100.0 + s, send_bytes=11.0 + s,
-                      update=0.021 * (s + 1))
-            for s in range(num_stages)]
+    return [
+        StageCost(
+            f=0.1 * (s + 1) + 0.013,
+            b=0.17 + 0.03 * s,
+            w=0.05 + 0.011 * s,
+            act=10.0 + s / 3,
+            act_w=4.0 + s / 7,
+            static=100.0 + s,
+            send_bytes=11.0 + s,
+            update=0.021 * (s + 1),
+        )
+        for s in range(num_stages)
+    ]
 
 
 def _cases():
@@ -41,8 +50,12 @@ def _cases():
     inter = generate("interleaved", 3, 6, chunks=2)
     yield "interleaved 3x6", inter, SimCosts(tuple(_costs(6))), {}
     one = generate("1f1b", 3, 6)
-    shared = SimCosts(tuple(_costs(3)), grad_bytes=(1e4, 2e4, 3e4), step_overhead=0.0101,
-                      sharing=Sharing(2.0, 0.07, 0.3, 0.1))
+    shared = SimCosts(
+        tuple(_costs(3)),
+        grad_bytes=(1e4, 2e4, 3e4),
+        step_overhead=0.0101,
+        sharing=Sharing(2.0, 0.07, 0.3, 0.1),
+    )
     yield "1f1b 3x6 sharing dp 4", one, shared, {"dp": 4}
 
 
@@ -50,9 +63,23 @@ def _record(result) -> dict:
     return {
         "iteration_time": result.iteration_time,
         "pipeline_time": result.pipeline_time,
-        **{k: getattr(result, k).tolist() for k in (
-            "start", "end", "pred", "msg_start", "msg_end", "msg_pred", "stream_log",
-            "allreduce", "busy", "comm", "comm_exposed", "op_dur")},
+        **{
+            k: getattr(result, k).tolist()
+            for k in (
+                "start",
+                "end",
+                "pred",
+                "msg_start",
+                "msg_end",
+                "msg_pred",
+                "stream_log",
+                "allreduce",
+                "busy",
+                "comm",
+                "comm_exposed",
+                "op_dur",
+            )
+        },
         "peak": result.memory.peak.tolist(),
         "peak_node": result.memory.peak_node.tolist(),
         "at_start": result.memory.at_start.tolist(),

@@ -30,8 +30,10 @@ def _plan(name: str = "1f1b", p: int = 16, m: int = 4, **header) -> Plan:
 
 
 def _costs(stages: int, **kw) -> SimCosts:
-    return SimCosts(tuple(StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 0.0, SEND, **kw) for _ in range(stages)),
-                    grad_bytes=(400.0,) * stages)
+    return SimCosts(
+        tuple(StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 0.0, SEND, **kw) for _ in range(stages)),
+        grad_bytes=(400.0,) * stages,
+    )
 
 
 def test_sixteen_devices_at_tp_1_cross_nodes_once_at_7_8():
@@ -74,25 +76,32 @@ def test_pipeline_messages_take_each_cut_s_link():
 def test_a_program_keeps_its_cuts_when_only_the_order_changes_but_not_the_mesh():
     plan = _plan()
     program = compile(plan)
-    again = compile(dataclasses.replace(plan, schedule=[list(o) for o in plan.schedule]), like=program)
+    again = compile(
+        dataclasses.replace(plan, schedule=[list(o) for o in plan.schedule]), like=program
+    )
     assert again.cut_inter is program.cut_inter
     tp8 = _plan(tp=8)
     assert compile(tp8, like=program).cut_inter[:-1].all()
 
 
-@pytest.mark.parametrize("dp, gpus, spans, rails", [
-    (4, 8, [False, False, False, False], [4, 4, 4, 4]),  # each dp group is 4 GPUs of one node
-    (16, 8, [True, True, True, True], [8, 8, 8, 8]),     # 16 GPUs: two nodes, 8 in each
-    (3, 8, [False, False, True, False], [3, 3, 2, 3]),   # device 2's group is ranks 6, 7 | 8
-])
+@pytest.mark.parametrize(
+    "dp, gpus, spans, rails",
+    [
+        (4, 8, [False, False, False, False], [4, 4, 4, 4]),  # each dp group is 4 GPUs of one node
+        (16, 8, [True, True, True, True], [8, 8, 8, 8]),  # 16 GPUs: two nodes, 8 in each
+        (3, 8, [False, False, True, False], [3, 3, 2, 3]),  # device 2's group is ranks 6, 7 | 8
+    ],
+)
 def test_dp_link_by_where_each_device_s_group_sits(dp, gpus, spans, rails):
     plan = _plan(p=4, m=4, dp=dp, gpus_per_node=gpus)
     assert compile(plan).dp_inter.tolist() == spans
     assert compile(plan).dp_rails.tolist() == rails
     r = simulate(plan, _costs(4), INTRA, inter_link=INTER)
     # Across nodes each GPU of the group in a node drives its own port: k x INTER's bandwidth.
-    links = [Link("x", INTER.latency, k * INTER.bandwidth) if x else INTRA
-             for x, k in zip(spans, rails, strict=True)]
+    links = [
+        Link("x", INTER.latency, k * INTER.bandwidth) if x else INTRA
+        for x, k in zip(spans, rails, strict=True)
+    ]
     expected = [2 * (dp - 1) * link.time(400.0 / dp) for link in links]
     assert r.allreduce.tolist() == pytest.approx(expected)
     # --dp-link overrides both.
@@ -115,7 +124,8 @@ def test_the_rails_are_capped_by_the_node_link():
     fast = Link("fast", INTER.latency, INTRA.bandwidth)  # 8 ports of it: more than NVLink's
     r = simulate(plan, _costs(4), INTRA, inter_link=fast)
     assert r.allreduce.tolist() == pytest.approx(
-        [30 * Link("x", fast.latency, INTRA.bandwidth).time(400.0 / 16)] * 4)
+        [30 * Link("x", fast.latency, INTRA.bandwidth).time(400.0 / 16)] * 4
+    )
 
 
 def test_link_busy_against_hand_sums():
@@ -152,12 +162,26 @@ def test_link_busy_against_hand_sums():
     assert (busy["dp_intra_node"].link, busy["dp_inter_node"].link) == ("intra", "inter")
     # The JSON carries the same, and the mesh.
     data = to_json(r, link=INTRA.name)
-    assert data["mesh"] == {"tp": 2, "pp": 16, "dp": 2, "world": 64, "nodes": 4, "gpus_per_node": 16}
+    assert data["mesh"] == {
+        "tp": 2,
+        "pp": 16,
+        "dp": 2,
+        "world": 64,
+        "nodes": 4,
+        "gpus_per_node": 16,
+    }
     assert data["links"]["pipeline_inter_node"] == {
-        "link": "inter", "busy": busy["pipeline_inter_node"].busy.tolist(),
-        "total": busy["pipeline_inter_node"].total}
-    assert set(data["links"]) == {"tp", "pipeline_intra_node", "pipeline_inter_node",
-                                  "dp_intra_node", "dp_inter_node"}
+        "link": "inter",
+        "busy": busy["pipeline_inter_node"].busy.tolist(),
+        "total": busy["pipeline_inter_node"].total,
+    }
+    assert set(data["links"]) == {
+        "tp",
+        "pipeline_intra_node",
+        "pipeline_inter_node",
+        "dp_intra_node",
+        "dp_inter_node",
+    }
     text = summary(r, link="intra").renderables[0].plain
     assert "tp 2 x pp 16 x dp 2 = 64 GPUs on 4 nodes of 16" in text
     assert "pipeline intra" in text and "+ inter" in text
@@ -183,10 +207,17 @@ def _table(**meta) -> CostTable:
 
 def test_a_table_at_another_tp_is_refused():
     plan = _plan(p=2, m=2, tp=2)
-    plan = dataclasses.replace(plan, stages=[dataclasses.replace(s, first=2 * i, last=2 * i + 1)
-                                             for i, s in enumerate(plan.stages)])
-    with pytest.raises(TpMismatch, match=r"for tp 1, the plan runs tp 2 with sequence "
-                       r"parallelism on: profile at the plan's tp, or use the analytical model"):
+    plan = dataclasses.replace(
+        plan,
+        stages=[
+            dataclasses.replace(s, first=2 * i, last=2 * i + 1) for i, s in enumerate(plan.stages)
+        ],
+    )
+    with pytest.raises(
+        TpMismatch,
+        match=r"for tp 1, the plan runs tp 2 with sequence "
+        r"parallelism on: profile at the plan's tp, or use the analytical model",
+    ):
         SimCosts.from_table(_table(), plan)
     assert SimCosts.from_table(_table(tp=2, sp=True), plan).stages
     with pytest.raises(TpMismatch, match="sequence parallelism off"):

@@ -30,8 +30,10 @@ def test_a_blocking_send_holds_the_senders_next_op():
     costs = uniform_stage_costs(2, 1, 1, 0)
     link = Link("fixed", 3.0, 0.0)
     async_ = {f"{o.kind}{o.stage}:{o.mb}": o.start for o in simulate(plan, costs, link).ops()}
-    held = {f"{o.kind}{o.stage}:{o.mb}": o.start
-            for o in simulate(_with(plan, overlap_p2p_comm=False), costs, link).ops()}
+    held = {
+        f"{o.kind}{o.stage}:{o.mb}": o.start
+        for o in simulate(_with(plan, overlap_p2p_comm=False), costs, link).ops()
+    }
     assert async_["F0:1"] == pytest.approx(1)
     assert held["F0:1"] == pytest.approx(4)
     assert held["BW0:0"] >= held["F0:1"] + 3 - 1e-9  # F0:1's own send holds BW0:0 too
@@ -40,29 +42,47 @@ def test_a_blocking_send_holds_the_senders_next_op():
 def test_blocking_sends_never_change_a_single_device():
     plan = generate("1f1b", 1, 4)
     costs = uniform_stage_costs(1, 1, 1, 1)
-    assert simulate(_with(plan, overlap_p2p_comm=False), costs, FREE).iteration_time == \
-        simulate(plan, costs, FREE).iteration_time
+    assert (
+        simulate(_with(plan, overlap_p2p_comm=False), costs, FREE).iteration_time
+        == simulate(plan, costs, FREE).iteration_time
+    )
 
 
-@pytest.mark.parametrize("name,p,m", [("1f1b", 4, 8), ("interleaved", 2, 4), ("zb-v", 2, 4),
-                                      ("dualpipev", 2, 4)])
+@pytest.mark.parametrize(
+    "name,p,m", [("1f1b", 4, 8), ("interleaved", 2, 4), ("zb-v", 2, 4), ("dualpipev", 2, 4)]
+)
 def test_blocking_sends_only_add_waits(name, p, m):
     plan = generate(name, p, m)
     costs = uniform_stage_costs(plan.num_stages, 1, 1, 1)
     link = Link("l", 0.3, 0.0)
-    assert simulate(_with(plan, overlap_p2p_comm=False), costs, link).iteration_time >= \
-        simulate(plan, costs, link).iteration_time - 1e-9
+    assert (
+        simulate(_with(plan, overlap_p2p_comm=False), costs, link).iteration_time
+        >= simulate(plan, costs, link).iteration_time - 1e-9
+    )
     # a blocked program is compiled anew when only the order changes (the held node moves)
     blocked = _with(plan, overlap_p2p_comm=False)
-    assert compile(blocked, like=compile(blocked)).msg_hold.tolist() == compile(blocked).msg_hold.tolist()
+    assert (
+        compile(blocked, like=compile(blocked)).msg_hold.tolist()
+        == compile(blocked).msg_hold.tolist()
+    )
 
 
 def _dp(plan: Plan, grads: float, **header):
     plan = _with(plan, dp=4, **header)
     stages = tuple(StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0) for _ in range(plan.num_stages))
-    return simulate(plan, SimCosts(stages, grad_bytes=(grads,) * plan.num_stages,
-                                   param_bytes=ParamBytes.of(16.0, 2), zero=plan.header.zero,
-                                   dp=4, grad_reduce_bytes=4.0), FREE, dp_link=DP_LINK)
+    return simulate(
+        plan,
+        SimCosts(
+            stages,
+            grad_bytes=(grads,) * plan.num_stages,
+            param_bytes=ParamBytes.of(16.0, 2),
+            zero=plan.header.zero,
+            dp=4,
+            grad_reduce_bytes=4.0,
+        ),
+        FREE,
+        dp_link=DP_LINK,
+    )
 
 
 def test_the_overlapped_gradient_reduction_starts_with_the_last_backward():
@@ -94,6 +114,7 @@ def test_the_overlapped_all_gather_hides_under_the_forwards():
     assert plain.dp_comm.gather_exposed.tolist() == plain.all_gather.tolist()
     # one bucket each: its all-gather is exposed whole unless the forwards (4 s) are shorter
     assert hidden.dp_comm.gather_exposed.tolist() == pytest.approx(
-        [max(g, g - 4.0) for g in hidden.all_gather.tolist()])
+        [max(g, g - 4.0) for g in hidden.all_gather.tolist()]
+    )
     # the all-gather moves the bf16 parameters, half the fp32 gradients' bytes
     assert plain.all_gather.tolist() == pytest.approx([3 * (300.0 / 4 / 100.0)] * 2)

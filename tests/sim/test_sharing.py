@@ -20,15 +20,27 @@ FREE = Link("none", 0.0, 0.0)
 def exact_sharing(plan, costs, sharing: Sharing) -> float:
     """An event-by-event processor-sharing simulation (free messages): the reference."""
     g = build_graph(plan)
-    work = [sum({"F": costs[o.stage].f, "B": costs[o.stage].b, "W": costs[o.stage].w,
-                 "BW": costs[o.stage].b + costs[o.stage].w}[o.kind.value] for o in ops)
-            for ops in g.node_ops]
+    work = [
+        sum(
+            {
+                "F": costs[o.stage].f,
+                "B": costs[o.stage].b,
+                "W": costs[o.stage].w,
+                "BW": costs[o.stage].b + costs[o.stage].w,
+            }[o.kind.value]
+            for o in ops
+        )
+        for ops in g.node_ops
+    ]
     done = [False] * g.num_nodes
     pos = [0] * len(g.order)
     t = 0.0
     while True:
-        running = [order[pos[d]] for d, order in enumerate(g.order)
-                   if pos[d] < len(order) and all(done[e.src] for e in g.deps[order[pos[d]]])]
+        running = [
+            order[pos[d]]
+            for d, order in enumerate(g.order)
+            if pos[d] < len(order) and all(done[e.src] for e in g.deps[order[pos[d]]])
+        ]
         if not running:
             return t
         r = sharing.rate(len(running))
@@ -41,11 +53,21 @@ def exact_sharing(plan, costs, sharing: Sharing) -> float:
                 pos[g.node_device[n]] += 1
 
 
-@pytest.mark.parametrize("name,p,m", [("1f1b", 4, 8), ("gpipe", 4, 4), ("zb-h1", 4, 8),
-                                      ("zb-v", 4, 8), ("interleaved", 4, 8), ("1f1b", 2, 4),
-                                      ("dualpipev", 2, 4)])
-@pytest.mark.parametrize("sharing", [Sharing(2.0), Sharing(2.0, 0.1), Sharing(None, 0.05),
-                                     Sharing(1.5, 0.02)])
+@pytest.mark.parametrize(
+    "name,p,m",
+    [
+        ("1f1b", 4, 8),
+        ("gpipe", 4, 4),
+        ("zb-h1", 4, 8),
+        ("zb-v", 4, 8),
+        ("interleaved", 4, 8),
+        ("1f1b", 2, 4),
+        ("dualpipev", 2, 4),
+    ],
+)
+@pytest.mark.parametrize(
+    "sharing", [Sharing(2.0), Sharing(2.0, 0.1), Sharing(None, 0.05), Sharing(1.5, 0.02)]
+)
 def test_matches_exact_processor_sharing(name, p, m, sharing):
     plan = generate(name, p, m)
     costs = uniform_stage_costs(plan.num_stages, 1.0, 1.3, 0.7)

@@ -40,9 +40,18 @@ def cases(draw):
     name = draw(st.sampled_from(SCHEDULES))
     plan = _plan(name, draw(st.integers(1, 5)), draw(st.integers(1, 9)))
     seconds = st.floats(0.01, 3.0)
-    costs = [StageCost(draw(seconds), draw(seconds), draw(seconds), draw(st.floats(0, 5)), 0.0,
-                       draw(st.floats(0, 5)), draw(st.floats(0, 1e3)))
-             for _ in range(plan.num_stages)]
+    costs = [
+        StageCost(
+            draw(seconds),
+            draw(seconds),
+            draw(seconds),
+            draw(st.floats(0, 5)),
+            0.0,
+            draw(st.floats(0, 5)),
+            draw(st.floats(0, 1e3)),
+        )
+        for _ in range(plan.num_stages)
+    ]
     link = Link("l", draw(st.floats(0, 0.5)), draw(st.sampled_from([0.0, 1e3, 1e4])))
     return plan, costs, link
 
@@ -55,7 +64,7 @@ def test_timelines_respect_dependencies_and_streams(case):
     eps = 1e-9
     # Compute: each device's nodes in order, one at a time, after every message into them.
     for d in range(p.devices):
-        nodes = p.order_nodes[p.order_ptr[d]:p.order_ptr[d + 1]]
+        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
         assert np.all(r.start[nodes[1:]] >= r.end[nodes[:-1]] - eps)
     assert np.all(r.msg_start >= r.end[p.msg_src_node] - eps)
     assert np.all(r.start[p.msg_dst_node] >= r.msg_end - eps)
@@ -63,7 +72,9 @@ def test_timelines_respect_dependencies_and_streams(case):
     # receive stream; a send and a receive of one device may overlap (full-duplex links).
     for d in range(p.devices):
         for mine in (np.flatnonzero(p.msg_src_dev == d), np.flatnonzero(p.msg_dst_dev == d)):
-            order = mine[np.lexsort((r.msg_end[mine], r.msg_start[mine]))]  # free ones first on ties
+            order = mine[
+                np.lexsort((r.msg_end[mine], r.msg_start[mine]))
+            ]  # free ones first on ties
             assert np.all(r.msg_start[order[1:]] >= r.msg_end[order[:-1]] - eps)
     # Metrics.
     assert r.busy + r.idle == pytest.approx(np.full(p.devices, r.iteration_time))
@@ -87,8 +98,9 @@ def tied_walk():
     """DualPipeV with uniform costs: many messages ready at the same instant on the same
     stream, and overlap groups with two messages in."""
     plan = generate("dualpipev", 4, 12)
-    return simulate(plan, uniform_stage_costs(8, 1.0, 1.0, 1.0, send_bytes=1e6),
-                    Link("l", 1e-2, 1e8))
+    return simulate(
+        plan, uniform_stage_costs(8, 1.0, 1.0, 1.0, send_bytes=1e6), Link("l", 1e-2, 1e8)
+    )
 
 
 def test_deterministic_across_processes():
@@ -98,16 +110,26 @@ def test_deterministic_across_processes():
     r = tied_walk()
     p = r.program
     ready = r.end[p.msg_src_node]
-    assert any(len(set(ready[mine].tolist())) < len(mine)  # the precondition: ties to break
-               for mine in (np.flatnonzero((p.msg_src_dev == d) | (p.msg_dst_dev == d))
-                            for d in range(p.devices)))
+    assert any(
+        len(set(ready[mine].tolist())) < len(mine)  # the precondition: ties to break
+        for mine in (
+            np.flatnonzero((p.msg_src_dev == d) | (p.msg_dst_dev == d)) for d in range(p.devices)
+        )
+    )
     here = {k: getattr(r, k).tolist() for k in TIMED}
-    code = ("from tests.sim.test_walk import TIMED, tied_walk; r = tied_walk(); "
-            "print(repr({k: getattr(r, k).tolist() for k in TIMED}))")
+    code = (
+        "from tests.sim.test_walk import TIMED, tied_walk; r = tied_walk(); "
+        "print(repr({k: getattr(r, k).tolist() for k in TIMED}))"
+    )
     for hash_seed in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, cwd=Path(__file__).resolve().parents[2],
-                             env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        ).stdout
         assert ast.literal_eval(out) == here
 
 
@@ -123,8 +145,9 @@ def test_deadlock_reports_lints_cycle():
 
 
 def test_overlap_group_runs_its_ops_back_to_back():
-    plan = make_plan(2, 2, [["F0:0", "F0:1", "BW0:0", "BW0:1"],
-                            ["F1:0", ("F1:1", "BW1:0"), "BW1:1"]])
+    plan = make_plan(
+        2, 2, [["F0:0", "F0:1", "BW0:0", "BW0:1"], ["F1:0", ("F1:1", "BW1:0"), "BW1:1"]]
+    )
     r = simulate(plan, uniform_stage_costs(2, 1.0, 2.0, 0.0), FREE)
     spans = {op.label: op for op in r.ops()}
     assert spans["F1:1"].start == 2 and spans["F1:1"].end == 3
@@ -143,7 +166,9 @@ def test_dp_allreduce_is_a_ring_after_the_pipeline():
     ring = [2 * 3 * (0.01 + g / 4 / 1000.0) for g in (400.0, 800.0)]
     assert r.allreduce == pytest.approx(ring)
     assert one.allreduce.sum() == 0
-    ends = [max(e for s, e in ((o.start, o.end) for o in r.ops() if o.device == d)) for d in range(2)]
+    ends = [
+        max(e for s, e in ((o.start, o.end) for o in r.ops() if o.device == d)) for d in range(2)
+    ]
     assert r.iteration_time == pytest.approx(max(e + t for e, t in zip(ends, ring, strict=True)))
     assert r.critical_path()[-1].kind == "allreduce"
     assert r.overlap_rate == 0  # the all-reduce is the only communication, after all compute
@@ -160,7 +185,9 @@ def test_large_dp_is_a_formula():
 
 def test_throughput_and_lower_bound():
     plan = generate("1f1b", 4, 8)
-    costs = SimCosts(tuple(uniform_stage_costs(4, 1, 1, 1)), layer_work=2.0, tokens_per_microbatch=100)
+    costs = SimCosts(
+        tuple(uniform_stage_costs(4, 1, 1, 1)), layer_work=2.0, tokens_per_microbatch=100
+    )
     r = simulate(plan, costs, FREE)
     assert r.throughput == pytest.approx(8 * 100 / (33 * 4))
     assert r.lower_bound == 24  # all work spread over 4 devices: 4 x 8 x 3 / 4
@@ -174,15 +201,20 @@ def test_reordered_plan_reuses_the_program():
     costs, link = uniform_stage_costs(8, 1.0, 1.2, 0.8, send_bytes=10.0), Link("l", 0.1, 100.0)
     base = compile(plan)
     order = list(plan.schedule[2])
-    i = next(k for k in range(len(order) - 1)
-             if str(order[k]).startswith("W") and str(order[k + 1]).startswith("F"))
+    i = next(
+        k
+        for k in range(len(order) - 1)
+        if str(order[k]).startswith("W") and str(order[k + 1]).startswith("F")
+    )
     order[i], order[i + 1] = order[i + 1], order[i]  # run a forward before a weight gradient
     moved = dataclasses.replace(plan, schedule=[*plan.schedule[:2], order, *plan.schedule[3:]])
     quick = compile(moved, like=base)
     assert quick.msg_dst_node is base.msg_dst_node  # the graph was not rebuilt
     fast, full = simulate(quick, costs, link), simulate(compile(moved), costs, link)
     assert fast.iteration_time == full.iteration_time
-    assert sorted((o.label, o.start) for o in fast.ops()) == sorted((o.label, o.start) for o in full.ops())
+    assert sorted((o.label, o.start) for o in fast.ops()) == sorted(
+        (o.label, o.start) for o in full.ops()
+    )
 
 
 def test_reorder_of_a_whole_schedule():
@@ -212,13 +244,24 @@ def test_costs_must_match_stages():
 def test_plain_python_walk_matches_the_compiled_one():
     # Without numba the same loops run as Python; check both give the same timelines.
     pytest.importorskip("numba")
-    code = ("from octodsl.gen import generate; from octodsl.sim import simulate; "
-            "from octodsl.costs import Link, uniform_stage_costs; "
-            "r = simulate(generate('zb-v', 3, 6), uniform_stage_costs(6, 1.0, 1.5, 0.5, send_bytes=7.0), "
-            "Link('l', 0.1, 10.0)); print(repr(r.start.tolist() + r.msg_end.tolist()))")
+    code = (
+        "from octodsl.gen import generate; from octodsl.sim import simulate; "
+        "from octodsl.costs import Link, uniform_stage_costs; "
+        "r = simulate(generate('zb-v', 3, 6), uniform_stage_costs(6, 1.0, 1.5, 0.5, send_bytes=7.0), "
+        "Link('l', 0.1, 10.0)); print(repr(r.start.tolist() + r.msg_end.tolist()))"
+    )
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout
-    r = simulate(generate("zb-v", 3, 6), uniform_stage_costs(6, 1.0, 1.5, 0.5, send_bytes=7.0),
-                 Link("l", 0.1, 10.0))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout
+    r = simulate(
+        generate("zb-v", 3, 6),
+        uniform_stage_costs(6, 1.0, 1.5, 0.5, send_bytes=7.0),
+        Link("l", 0.1, 10.0),
+    )
     assert ast.literal_eval(out) == r.start.tolist() + r.msg_end.tolist()

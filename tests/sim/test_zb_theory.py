@@ -39,8 +39,9 @@ EXPECTED = {
 }
 
 
-def _iteration(name: str, p: int, m: int, chunks: int | None, f: float, b: float, w: float,
-               comm: float) -> float:
+def _iteration(
+    name: str, p: int, m: int, chunks: int | None, f: float, b: float, w: float, comm: float
+) -> float:
     plan = generate(name, p, m, chunks, mesh={"overlap_p2p_comm": True})
     costs = uniform_stage_costs(plan.num_stages, f, b, w)
     return simulate(plan, costs, Link("zb-comm", comm, 0.0)).iteration_time
@@ -52,8 +53,10 @@ def test_schedules_agree_with_zerobubbles_model(model, m):
     p = row["pp"]
     per = (row["model"]["layers"] + 2) // p  # layers per device: 1F1B-I's chunks, one layer each
     f, b, w, c = next(r[1:] for r in fit_overheads.PROFILE[model] if r[0] == m)
-    ours = (_iteration("1f1b", p, m, None, f, b, w, c),
-            _iteration("interleaved", p, m, per, f / per, b / per, w / per, c),
-            _iteration("zb-h1", p, m, None, f, b, w, c))
+    ours = (
+        _iteration("1f1b", p, m, None, f, b, w, c),
+        _iteration("interleaved", p, m, per, f / per, b / per, w / per, c),
+        _iteration("zb-h1", p, m, None, f, b, w, c),
+    )
     for got, want in zip(ours, EXPECTED[model, m], strict=True):
         assert got == pytest.approx(want, rel=5e-3)

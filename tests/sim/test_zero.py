@@ -59,7 +59,9 @@ def test_zero_1_is_the_all_reduce_in_two_halves_around_the_step():
 
 def _all_reducing(zero: int) -> Plan:
     plan = _plan(zero)
-    return dataclasses.replace(plan, header=plan.header.model_copy(update={"reduce_scatter": False}))
+    return dataclasses.replace(
+        plan, header=plan.header.model_copy(update={"reduce_scatter": False})
+    )
 
 
 def test_reduce_scatter_false_all_reduces_then_gathers():
@@ -78,7 +80,10 @@ def test_reduce_scatter_false_all_reduces_then_gathers():
     z2 = simulate(_all_reducing(2), COSTS, FREE, dp_link=DP_LINK)
     assert z2.allreduce.tolist() == pytest.approx([4 * 2 * _half(g) for g in GRADS])
     # without ZeRO the field changes nothing (lint's W406 says so)
-    assert simulate(_all_reducing(0), COSTS, FREE, dp_link=DP_LINK).iteration_time == zero0.iteration_time
+    assert (
+        simulate(_all_reducing(0), COSTS, FREE, dp_link=DP_LINK).iteration_time
+        == zero0.iteration_time
+    )
 
 
 def test_zero_without_copies_to_shard_over_changes_nothing():
@@ -106,8 +111,16 @@ def test_zero_2_reduce_scatters_after_each_backward_on_the_dp_stream():
             assert c.end == pytest.approx(c.start + _half(GRADS[d]))
     # Under the device's later compute: the intersection of its spans with its ops.
     ops = [(o.device, o.start, o.end) for o in r.ops()]
-    under = [sum(max(0.0, min(c.end, e) - max(c.start, s)) for c in spans if c.device == d
-                 for dev, s, e in ops if dev == d) for d in range(2)]
+    under = [
+        sum(
+            max(0.0, min(c.end, e) - max(c.start, s))
+            for c in spans
+            if c.device == d
+            for dev, s, e in ops
+            if dev == d
+        )
+        for d in range(2)
+    ]
     assert dpc.hidden.tolist() == pytest.approx(under) and dpc.hidden.min() > 0
     assert r.dp_exposed.tolist() == pytest.approx((dpc.total - dpc.hidden).tolist())
     last = max(c.end for c in spans)
@@ -115,14 +128,16 @@ def test_zero_2_reduce_scatters_after_each_backward_on_the_dp_stream():
     assert r.iteration_time == pytest.approx(r.update_start + max(_half(g) for g in GRADS))
 
 
-@pytest.mark.parametrize("zero,name", [(0, "1f1b"), (1, "zb-h1"), (2, "1f1b"), (2, "zb-h1"),
-                                       (2, "dualpipev")])
+@pytest.mark.parametrize(
+    "zero,name", [(0, "1f1b"), (1, "zb-h1"), (2, "1f1b"), (2, "zb-h1"), (2, "dualpipev")]
+)
 def test_critical_path_runs_through_the_collectives_and_the_step(zero, name):
     # Slow dp link, so that the collectives set the iteration time; an optimizer step too.
     plan = _plan(zero, m=6, name=name)
     S = plan.num_stages
-    stages = tuple(StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0, update=0.3 + 0.1 * s)
-                   for s in range(S))
+    stages = tuple(
+        StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0, update=0.3 + 0.1 * s) for s in range(S)
+    )
     costs = SimCosts(stages, grad_bytes=(1500.0,) * S, step_overhead=0.25)
     r = simulate(plan, costs, FREE, dp_link=DP_LINK)
     path = r.critical_path()
@@ -131,8 +146,11 @@ def test_critical_path_runs_through_the_collectives_and_the_step(zero, name):
         assert b.start == pytest.approx(a.end)
     assert path[-1].end == pytest.approx(r.iteration_time - 0.25)
     kinds = [s.kind for s in path]
-    want = {0: ["allreduce", "update"], 1: ["reduce-scatter", "update", "all-gather"],
-            2: ["reduce-scatter", "update", "all-gather"]}[zero]
+    want = {
+        0: ["allreduce", "update"],
+        1: ["reduce-scatter", "update", "all-gather"],
+        2: ["reduce-scatter", "update", "all-gather"],
+    }[zero]
     assert [k for k in dict.fromkeys(kinds) if k not in ("compute", "message")] == want
     for seg in path_segments(path):
         assert str(seg)

@@ -9,10 +9,19 @@ from octodsl.tune.problem import Problem, RecomputeChoice
 FREE = Link("none", 0.0, 0.0)
 
 
-def problem(work: list[float] | list[tuple[float, float, float]], devices: int, microbatches: int,
-            memory: float | None = None, act: float = 1.0, static: float | list[float] = 0.0,
-            link: Link = FREE, recompute: RecomputeChoice = Recompute.NONE,
-            sel_act: float = 0.0, dp: int = 1, zero: int = 0) -> Problem:
+def problem(
+    work: list[float] | list[tuple[float, float, float]],
+    devices: int,
+    microbatches: int,
+    memory: float | None = None,
+    act: float = 1.0,
+    static: float | list[float] = 0.0,
+    link: Link = FREE,
+    recompute: RecomputeChoice = Recompute.NONE,
+    sel_act: float = 0.0,
+    dp: int = 1,
+    zero: int = 0,
+) -> Problem:
     """A problem over layers of the given F + B + W (split 1:1:1) or (F, B, W) seconds; each
     layer holds `act` bytes per micro-batch (half of it until W; selective recompute drops
     `sel_act` of them for a third of its F) and `static` bytes (one number for all layers, or
@@ -22,8 +31,27 @@ def problem(work: list[float] | list[tuple[float, float, float]], devices: int, 
     for i, x in enumerate(work):
         f, b, w = (x / 3,) * 3 if isinstance(x, (int, float)) else x
         held = static[i] if isinstance(static, list) else static
-        layers.append(LayerCost("mlp", f, b, w, act, act / 2, held, 1, 1.0,
-                                sel_f=f / 3 if sel_act else 0.0, sel_act=sel_act))
-    header = Header(name="test", devices=devices, microbatches=microbatches,
-                    memory=None if memory is None else int(memory), dp=dp, zero=zero)
+        layers.append(
+            LayerCost(
+                "mlp",
+                f,
+                b,
+                w,
+                act,
+                act / 2,
+                held,
+                1,
+                1.0,
+                sel_f=f / 3 if sel_act else 0.0,
+                sel_act=sel_act,
+            )
+        )
+    header = Header(
+        name="test",
+        devices=devices,
+        microbatches=microbatches,
+        memory=None if memory is None else int(memory),
+        dp=dp,
+        zero=zero,
+    )
     return Problem(CostTable(layers, "test"), header, link, recompute)

@@ -40,8 +40,12 @@ def test_tight_bound_equals_the_issues_bound_when_work_is_even():
 
 
 @settings(max_examples=20)  # an example runs a random search and the tuner (~0.1 s each)
-@given(st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=4, max_size=10),
-       st.sampled_from([2, 4]), st.sampled_from([4, 8]), st.integers(0, 100))
+@given(
+    st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=4, max_size=10),
+    st.sampled_from([2, 4]),
+    st.sampled_from([4, 8]),
+    st.integers(0, 100),
+)
 def test_no_plan_found_beats_the_tight_bound(layers, devices, microbatches, seed):
     pr = problem(layers, devices, microbatches)
     found, _ = random_search(pr, budget=30, seed=seed, max_evaluations=5)
@@ -73,8 +77,13 @@ def test_plans_within_the_memory_limit_respect_the_memory_bound():
 
 
 @settings(max_examples=20)  # an example tunes up to 12 layers, checking every plan (~0.15 s)
-@given(st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=8, max_size=12),
-       st.sampled_from([4, 8]), st.sampled_from([4, 8]), st.floats(1.0, 2.0), st.integers(0, 100))
+@given(
+    st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=8, max_size=12),
+    st.sampled_from([4, 8]),
+    st.sampled_from([4, 8]),
+    st.floats(1.0, 2.0),
+    st.integers(0, 100),
+)
 def test_no_plan_within_the_limit_beats_the_tight_bound(layers, devices, microbatches, room, seed):
     # Room for the activations of `room` micro-batches on a device's share of the layers: the
     # memory bound is the largest in about 4 of 10 such problems.
@@ -97,11 +106,21 @@ def test_no_plan_within_the_limit_beats_the_tight_bound(layers, devices, microba
     assert [s.time for s in seen if s.fits and s.time < bound * (1 - 1e-9)] == []
 
 
-@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=12), st.floats(0.0, 300.0),
-       st.integers(1, 6), st.integers(100, 2000))
+@given(
+    st.lists(st.floats(0.0, 100.0), min_size=1, max_size=12),
+    st.floats(0.0, 300.0),
+    st.integers(1, 6),
+    st.integers(100, 2000),
+)
 def test_a_problem_said_to_fit_has_a_finite_memory_bound(statics, act, devices, memory):
-    pr = problem(work=[3.0] * len(statics), devices=devices, microbatches=4, memory=memory,
-                 act=act, static=statics)
+    pr = problem(
+        work=[3.0] * len(statics),
+        devices=devices,
+        microbatches=4,
+        memory=memory,
+        act=act,
+        static=statics,
+    )
     reason = pr.why_no_plan_fits()
     if reason is None:
         assert math.isfinite(memory_lower_bound(pr))
@@ -109,6 +128,7 @@ def test_a_problem_said_to_fit_has_a_finite_memory_bound(statics, act, devices, 
         assert reason.startswith("no plan fits in ")
     # The static bytes and one micro-batch's activations over all the devices' memory (or
     # one layer's over one device's) is exactly when it says no.
-    over = (sum(statics) + sum([act] * len(statics)) > devices * int(memory)
-            or max(statics) + act > int(memory))
+    over = sum(statics) + sum([act] * len(statics)) > devices * int(memory) or max(
+        statics
+    ) + act > int(memory)
     assert (reason is not None) == over

@@ -79,8 +79,11 @@ def test_baselines_past_the_deadline_are_not_run(monkeypatch, clock, tiny):
     out = classic_baselines(tiny, deadline=t0 + 3.5)
     run = [b for b in out if b.error != NOT_RUN]
     assert [b.seconds for b in run] == [1.0, 1.0, 1.0] and clock.now - t0 == 3.0
-    assert len(out) == 21 and [b.name for b in run] == ["1f1b-time", "1f1b-parameters",
-                                                         "1f1b-equal"]
+    assert len(out) == 21 and [b.name for b in run] == [
+        "1f1b-time",
+        "1f1b-parameters",
+        "1f1b-equal",
+    ]
 
 
 def test_tune_and_compare_keeps_to_the_budget(monkeypatch, clock, tiny):

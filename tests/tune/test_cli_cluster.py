@@ -37,7 +37,8 @@ def test_top_two_plans_lint_clean_and_are_their_rows(tmp_path, capsys):
         assert main(["lint", str(path)]) == 0
         h = lint_source(path.read_text(), str(path))[0].header
         assert (h.tp, h.devices, h.dp, h.microbatch_size, h.microbatches, h.zero) == tuple(
-            row[k] for k in ("tp", "pp", "dp", "microbatch_size", "microbatches", "zero"))
+            row[k] for k in ("tp", "pp", "dp", "microbatch_size", "microbatches", "zero")
+        )
         assert h.model == MODEL and h.tp * h.devices * h.dp == 8
         assert h.dp * h.microbatch_size * h.microbatches == 8
     capsys.readouterr()
@@ -46,14 +47,17 @@ def test_top_two_plans_lint_clean_and_are_their_rows(tmp_path, capsys):
     times = [r["iteration_time"] for r in rows]
     assert times == sorted(times)
     for r in rows:
-        assert r["tokens_per_gpu_per_s"] == pytest.approx(data["tokens_per_iteration"]
-                                                          / (r["iteration_time"] * 8))
+        assert r["tokens_per_gpu_per_s"] == pytest.approx(
+            data["tokens_per_iteration"] / (r["iteration_time"] * 8)
+        )
         assert r["peak_memory"] <= data["memory_limit"]
     best = data["best"]["tokens_per_gpu_per_s"]
-    assert set(data["baselines"]) == {"Megatron-style, equal layers",
-                                      "Megatron-style, time-balanced",
-                                      "best classic schedule, same configuration",
-                                      "configuration search, classic only"}
+    assert set(data["baselines"]) == {
+        "Megatron-style, equal layers",
+        "Megatron-style, time-balanced",
+        "best classic schedule, same configuration",
+        "configuration search, classic only",
+    }
     for what, b in data["baselines"].items():
         assert b is not None, what
         assert b["speedup"] == pytest.approx(best / b["tokens_per_gpu_per_s"])
@@ -79,31 +83,42 @@ def one_line_error(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--gpus", "0"], "--gpus: must be at least 1"),
-    (["--gpus", str(10**9)], "--gpus: must be at most"),
-    (["--global-batch", "0"], "--global-batch: must be at least 1"),
-    (["--global-batch", "eight"], "--global-batch: 'eight' is not a whole number"),
-    (["--top", "0"], "--top: must be at least 1"),
-    (["--top", "101"], "--top: must be at most 100"),
-    (["--dp", "2"], "--dp (the GPU count sets it) is not taken"),
-    (["--microbatches", "4"], "--microbatches (the global batch and the micro-batch size set it)"),
-    (["--from", "x.octo"], "--from is not taken"),
-    (["--compare", "random"], "--compare is not taken"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gpus", "0"], "--gpus: must be at least 1"),
+        (["--gpus", str(10**9)], "--gpus: must be at most"),
+        (["--global-batch", "0"], "--global-batch: must be at least 1"),
+        (["--global-batch", "eight"], "--global-batch: 'eight' is not a whole number"),
+        (["--top", "0"], "--top: must be at least 1"),
+        (["--top", "101"], "--top: must be at most 100"),
+        (["--dp", "2"], "--dp (the GPU count sets it) is not taken"),
+        (
+            ["--microbatches", "4"],
+            "--microbatches (the global batch and the micro-batch size set it)",
+        ),
+        (["--from", "x.octo"], "--from is not taken"),
+        (["--compare", "random"], "--compare is not taken"),
+    ],
+)
 def test_hostile_options(tmp_path, capsys, args, message):
     assert main(ARGS + args + ["-o", str(tmp_path / "t.octo")]) == 2
     assert message in one_line_error(capsys)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model", MODEL, "--gpus", "8"], "needs both --gpus and --global-batch"),
-    (["--model", MODEL, "--global-batch", "8"], "needs both --gpus and --global-batch"),
-    (["--model", MODEL, "-p", "4", "-m", "8", "--top", "2"], "--top writes the best "
-                                                             "configurations"),
-    (["--model", "no-such-model", "--gpus", "8", "--global-batch", "8"], "no-such-model"),
-    (["--gpus", "8", "--global-batch", "8"], "--model is required"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", MODEL, "--gpus", "8"], "needs both --gpus and --global-batch"),
+        (["--model", MODEL, "--global-batch", "8"], "needs both --gpus and --global-batch"),
+        (
+            ["--model", MODEL, "-p", "4", "-m", "8", "--top", "2"],
+            "--top writes the best configurations",
+        ),
+        (["--model", "no-such-model", "--gpus", "8", "--global-batch", "8"], "no-such-model"),
+        (["--gpus", "8", "--global-batch", "8"], "--model is required"),
+    ],
+)
 def test_options_that_do_not_go_together(tmp_path, capsys, args, message):
     assert main(["tune", *args, "-o", str(tmp_path / "t.octo")]) == 2
     assert message in one_line_error(capsys)
@@ -119,8 +134,24 @@ def test_an_unwritable_output_is_refused_before_the_search(tmp_path, capsys):
 
 def test_too_few_gpus_for_the_model_names_the_fewest_that_could(tmp_path, capsys):
     out = tmp_path / "t.octo"
-    assert main(["tune", "--model", MODEL, "--gpus", "1", "--global-batch", "8", "--memory",
-                 "40MiB", "-o", str(out)]) == 1
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                MODEL,
+                "--gpus",
+                "1",
+                "--global-batch",
+                "8",
+                "--memory",
+                "40MiB",
+                "-o",
+                str(out),
+            ]
+        )
+        == 1
+    )
     err = one_line_error(capsys)
     cluster = Cluster(MODEL, 1, 8, memory=40 * 2**20)
     more = fewest_gpus(cluster, Tables(cluster), above=1)
@@ -130,7 +161,21 @@ def test_too_few_gpus_for_the_model_names_the_fewest_that_could(tmp_path, capsys
 
 
 def test_a_global_batch_no_configuration_divides(tmp_path, capsys):
-    assert main(["tune", "--model", MODEL, "--gpus", "97", "--global-batch", "96", "-o",
-                 str(tmp_path / "t.octo")]) == 1
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                MODEL,
+                "--gpus",
+                "97",
+                "--global-batch",
+                "96",
+                "-o",
+                str(tmp_path / "t.octo"),
+            ]
+        )
+        == 1
+    )
     err = one_line_error(capsys)
     assert "must divide the global batch" in err and "a multiple of 97" in err

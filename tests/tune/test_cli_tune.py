@@ -25,7 +25,8 @@ def test_json_figures_and_a_clean_plan(tmp_path, capsys):
     assert max(data["peak_memory"]) <= 80 * 2**30
     assert data["iteration_time"] <= min(t for t in data["baselines"].values() if t)
     assert data["baselines"]["1f1b-equal"] / data["iteration_time"] == pytest.approx(
-        data["speedup"]["1f1b-equal"])
+        data["speedup"]["1f1b-equal"]
+    )
     assert data["efficiency"] == pytest.approx(data["lower_bound"] / data["iteration_time"])
     plan, diags = lint_source(out.read_text(), str(out))
     assert not [d for d in diags if d.is_error] and plan.header.memory == 80 * 2**30
@@ -33,11 +34,12 @@ def test_json_figures_and_a_clean_plan(tmp_path, capsys):
 
 def test_table_explain_and_from(tmp_path, capsys):
     start = tmp_path / "zbv.octo"
-    assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
-                 "-o", str(start)]) == 0
+    assert (
+        main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny", "-o", str(start)])
+        == 0
+    )
     out = tmp_path / "t.octo"
-    assert main(["tune", "--from", str(start), *SEARCH, "-o", str(out),
-                 "--explain"]) == 0
+    assert main(["tune", "--from", str(start), *SEARCH, "-o", str(out), "--explain"]) == 0
     text = capsys.readouterr().out
     assert "given plan" in text and "tuned" in text and "zb-v-time" in text
     assert "start" in text.split("rounds")[1]
@@ -45,10 +47,15 @@ def test_table_explain_and_from(tmp_path, capsys):
 
 def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
     start = tmp_path / "zbv.octo"
-    assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
-                 "-o", str(start)]) == 0
-    start.write_text(start.read_text().replace(
-        "  microbatches 8\n", "  microbatches 8\n  dp 2\n  seq_len 128\n  memory 40GB\n"))
+    assert (
+        main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny", "-o", str(start)])
+        == 0
+    )
+    start.write_text(
+        start.read_text().replace(
+            "  microbatches 8\n", "  microbatches 8\n  dp 2\n  seq_len 128\n  memory 40GB\n"
+        )
+    )
     out = tmp_path / "t.octo"
     assert main(["tune", "--from", str(start), *SEARCH, "-o", str(out)]) == 0
     h = lint_source(out.read_text(), str(out))[0].header
@@ -56,28 +63,39 @@ def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
     assert "memory 40GB" in out.read_text()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["tune", "-p", "4", "-m", "8"], "--model is required"),
-    (ARGS + ["--budget", "soon"], "--budget"),
-    (ARGS + ["--evaluations", "0"], "--evaluations: must be at least 1"),
-    (ARGS + ["--evaluations", "many"], "--evaluations: 'many' is not a whole number"),
-    (ARGS + ["--evaluations", "10000000000"], "--evaluations: must be at most"),
-    (ARGS + ["--compare", "annealing"], "--compare: unknown annealing"),
-    (["tune", "--model", "no-such-model", "-p", "2", "-m", "2"], "no-such-model"),
-    (ARGS + ["--zero", "3"], "--zero: must be at most 2"),
-    (ARGS + ["--zero", "-1"], "--zero: must be at least 0"),
-    (ARGS + ["--dp", "0"], "--dp: must be at least 1"),
-    (ARGS + ["--dp", "-4"], "--dp: must be at least 1"),
-    (ARGS + ["--dp", "eight"], "--dp: 'eight' is not a whole number"),
-    (ARGS + ["--dp", "10000000"], "--dp: must be at most"),
-    (ARGS + ["--zero", "1"], "--zero 1 with dp 1: there is only one copy of the pipeline, no other to shard the optimizer state over: give --dp 2 or more, or --zero 0"),
-    (ARGS + ["--recompute", "some"], "--recompute: 'some' is not a recompute choice (choose "
-                                     "from auto, none, full, selective)"),
-    (ARGS + ["--keep", "partition"], "--keep needs a --from plan"),
-    (ARGS + ["--keep", "placement"], "--keep: a placement is of the plan's stages: keep the "
-                                     "partition too"),
-    (ARGS + ["--keep", "cuts"], "--keep: 'cuts': write partition or partition,placement"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["tune", "-p", "4", "-m", "8"], "--model is required"),
+        (ARGS + ["--budget", "soon"], "--budget"),
+        (ARGS + ["--evaluations", "0"], "--evaluations: must be at least 1"),
+        (ARGS + ["--evaluations", "many"], "--evaluations: 'many' is not a whole number"),
+        (ARGS + ["--evaluations", "10000000000"], "--evaluations: must be at most"),
+        (ARGS + ["--compare", "annealing"], "--compare: unknown annealing"),
+        (["tune", "--model", "no-such-model", "-p", "2", "-m", "2"], "no-such-model"),
+        (ARGS + ["--zero", "3"], "--zero: must be at most 2"),
+        (ARGS + ["--zero", "-1"], "--zero: must be at least 0"),
+        (ARGS + ["--dp", "0"], "--dp: must be at least 1"),
+        (ARGS + ["--dp", "-4"], "--dp: must be at least 1"),
+        (ARGS + ["--dp", "eight"], "--dp: 'eight' is not a whole number"),
+        (ARGS + ["--dp", "10000000"], "--dp: must be at most"),
+        (
+            ARGS + ["--zero", "1"],
+            "--zero 1 with dp 1: there is only one copy of the pipeline, no other to shard the optimizer state over: give --dp 2 or more, or --zero 0",
+        ),
+        (
+            ARGS + ["--recompute", "some"],
+            "--recompute: 'some' is not a recompute choice (choose "
+            "from auto, none, full, selective)",
+        ),
+        (ARGS + ["--keep", "partition"], "--keep needs a --from plan"),
+        (
+            ARGS + ["--keep", "placement"],
+            "--keep: a placement is of the plan's stages: keep the partition too",
+        ),
+        (ARGS + ["--keep", "cuts"], "--keep: 'cuts': write partition or partition,placement"),
+    ],
+)
 def test_user_errors(tmp_path, capsys, args, message):
     assert main(args + ["-o", str(tmp_path / "t.octo")]) == 2
     assert message in capsys.readouterr().err
@@ -85,16 +103,51 @@ def test_user_errors(tmp_path, capsys, args, message):
 
 def test_recompute_fits_what_does_not_fit_without(tmp_path, capsys):
     out = tmp_path / "t.octo"  # the 100 MiB case above, with the tuner picking recompute
-    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", "-p", "4", *SEARCH,
-                 "--memory", "100MiB", "-o", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                "nemotron-h-tiny",
+                "-m",
+                "8",
+                "-p",
+                "4",
+                *SEARCH,
+                "--memory",
+                "100MiB",
+                "-o",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert max(data["peak_memory"]) <= 100 * 2**20 and set(data["tuned_recompute"]) != {"none"}
 
 
 def test_zero_dp_and_recompute_reach_every_plan(tmp_path, capsys):
     out = tmp_path / "t.octo"
-    assert main(ARGS + ["-o", str(out), "--json", "--memory", "80GiB", "--dp", "4", "--zero",
-                        "1", "--recompute", "selective"]) == 0
+    assert (
+        main(
+            ARGS
+            + [
+                "-o",
+                str(out),
+                "--json",
+                "--memory",
+                "80GiB",
+                "--dp",
+                "4",
+                "--zero",
+                "1",
+                "--recompute",
+                "selective",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert (data["dp"], data["zero"], data["recompute"]) == (4, 1, "selective")
     assert set(data["tuned_recompute"]) == {"selective"}
@@ -108,11 +161,15 @@ def test_zero_dp_and_recompute_reach_every_plan(tmp_path, capsys):
 @pytest.mark.parametrize("keep", ["partition", "partition,placement"])
 def test_keep_keeps_the_cuts_and_the_placement(tmp_path, capsys, keep):
     start = tmp_path / "zbv.octo"
-    assert main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny",
-                 "-o", str(start)]) == 0
+    assert (
+        main(["gen", "zb-v", "-p", "4", "-m", "8", "--model", "nemotron-h-tiny", "-o", str(start)])
+        == 0
+    )
     out = tmp_path / "t.octo"
-    assert main(["tune", "--from", str(start), *SEARCH, "-o", str(out), "--keep",
-                 keep, "--explain"]) == 0
+    assert (
+        main(["tune", "--from", str(start), *SEARCH, "-o", str(out), "--keep", keep, "--explain"])
+        == 0
+    )
     given = lint_source(start.read_text(), str(start))[0]
     tuned = lint_source(out.read_text(), str(out))[0]
     assert [s.bounds for s in tuned.stages] == [s.bounds for s in given.stages]
@@ -125,27 +182,63 @@ def test_keep_keeps_the_cuts_and_the_placement(tmp_path, capsys, keep):
 def test_an_abstract_start_plan_is_refused(tmp_path, capsys):
     start = tmp_path / "abstract.octo"
     assert main(["gen", "1f1b", "-p", "2", "-m", "2", "-o", str(start)]) == 0
-    assert main(["tune", "--from", str(start), "--model", "nemotron-h-tiny",
-                 "-o", str(tmp_path / "t.octo")]) == 2
+    assert (
+        main(
+            [
+                "tune",
+                "--from",
+                str(start),
+                "--model",
+                "nemotron-h-tiny",
+                "-o",
+                str(tmp_path / "t.octo"),
+            ]
+        )
+        == 2
+    )
     assert "names no layers" in capsys.readouterr().err
 
 
 # nemotron-h-tiny on 4 devices: 60.1 MiB of static bytes per device and 38.6 MiB of one
 # micro-batch's activations; its LM head holds 49.0 MiB with one micro-batch.
-@pytest.mark.parametrize("args,message", [
-    (["-p", "4", "--memory", "65MiB", "--recompute", "none"],
-     "take 60.1 MiB per device (zero 0, dp 1) and one micro-batch's activations 38.6 MiB "
-     "more; use ZeRO (`--zero 2 --dp 4` leaves 26.3 MiB static per device, more copies less), "
-     "recompute (`--recompute auto`), tensor parallelism (`--tp 2` splits every layer over 2 "
-     "GPUs), at least 7 devices"),
-    (["-p", "16", "--memory", "45MiB"], "layer 23 (lm_head_loss) alone holds 49.0 MiB with one "
-                                        "micro-batch's activations (zero 0, dp 1); use ZeRO"),
-    (["-p", "4", "--memory", "100MiB", "--recompute", "none"],
-     "no plan found fits in 100.0 MiB per device (zero 0, dp 1, recompute none)"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["-p", "4", "--memory", "65MiB", "--recompute", "none"],
+            "take 60.1 MiB per device (zero 0, dp 1) and one micro-batch's activations 38.6 MiB "
+            "more; use ZeRO (`--zero 2 --dp 4` leaves 26.3 MiB static per device, more copies less), "
+            "recompute (`--recompute auto`), tensor parallelism (`--tp 2` splits every layer over 2 "
+            "GPUs), at least 7 devices",
+        ),
+        (
+            ["-p", "16", "--memory", "45MiB"],
+            "layer 23 (lm_head_loss) alone holds 49.0 MiB with one "
+            "micro-batch's activations (zero 0, dp 1); use ZeRO",
+        ),
+        (
+            ["-p", "4", "--memory", "100MiB", "--recompute", "none"],
+            "no plan found fits in 100.0 MiB per device (zero 0, dp 1, recompute none)",
+        ),
+    ],
+)
 def test_no_plan_fits_exits_1_and_says_why(tmp_path, capsys, args, message):
-    assert main(["tune", "--model", "nemotron-h-tiny", "-m", "8", *SEARCH, *args,
-                 "-o", str(tmp_path / "t.octo")]) == 1
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                "nemotron-h-tiny",
+                "-m",
+                "8",
+                *SEARCH,
+                *args,
+                "-o",
+                str(tmp_path / "t.octo"),
+            ]
+        )
+        == 1
+    )
     assert message in capsys.readouterr().err
     assert not (tmp_path / "t.octo").exists()
 
@@ -189,12 +282,49 @@ def test_evaluations_stop_the_tuner_by_count(tmp_path, capsys):
     runs = []
     for name in ("a.octo", "b.octo"):
         out = tmp_path / name
-        assert main(["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "10m",
-                     "--evaluations", "25", "--json", "-o", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "tune",
+                    "--model",
+                    "nemotron-h-tiny",
+                    "-p",
+                    "4",
+                    "-m",
+                    "8",
+                    "--budget",
+                    "10m",
+                    "--evaluations",
+                    "25",
+                    "--json",
+                    "-o",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         tuner = json.loads(capsys.readouterr().out)["tuner"]
         assert tuner["evaluations"] == 25 and not tuner["finished"]
         runs.append(out.read_text())
     assert runs[0] == runs[1]
-    assert main(["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "10m",
-                 "--evaluations", "25", "-o", str(tmp_path / "c.octo")]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                "nemotron-h-tiny",
+                "-p",
+                "4",
+                "-m",
+                "8",
+                "--budget",
+                "10m",
+                "--evaluations",
+                "25",
+                "-o",
+                str(tmp_path / "c.octo"),
+            ]
+        )
+        == 0
+    )
     assert "(stopped after 25 plans)" in capsys.readouterr().out

@@ -36,13 +36,20 @@ TOLERANCE = 1e-9
 def tight(model: str, gpus: int, global_batch: int, share: float) -> Cluster:
     """A cluster whose GPUs each hold `share` of the model's bytes (one sequence's
     activations): some configurations fit, some do not."""
-    return Cluster(model, gpus, global_batch, memory=int(share * model_bytes(model)),
-                   target=MEGATRON)  # the whole space, zero 2 in a pipeline included
+    return Cluster(
+        model, gpus, global_batch, memory=int(share * model_bytes(model)), target=MEGATRON
+    )  # the whole space, zero 2 in a pipeline included
 
 
-@pytest.fixture(scope="module", params=[("nemotron-h-tiny", 8, 8, 1 / 4),
-                                        ("jamba-tiny", 16, 16, 1 / 12),
-                                        ("qwen3-next-tiny", 8, 16, 1 / 5)], ids=lambda p: p[0])
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("nemotron-h-tiny", 8, 8, 1 / 4),
+        ("jamba-tiny", 16, 16, 1 / 12),
+        ("qwen3-next-tiny", 8, 16, 1 / 5),
+    ],
+    ids=lambda p: p[0],
+)
 def searched(request):
     """Infeasible, dominated, screened and tuned configurations, all in one search."""
     # Stopped by a count of plans per configuration, not the clock (the budget a backstop): the
@@ -76,8 +83,11 @@ def test_what_is_dominated_cannot_beat_the_best(searched):
     """A dominated configuration's bound is no shorter than the best plan, and no classic plan
     of it is faster (nor faster than its bound)."""
     best = searched.best.best.time
-    dominated = [(s.config, next(c for c in searched.candidates if c.config == s.config))
-                 for s in searched.skipped if s.why == DOMINATED]
+    dominated = [
+        (s.config, next(c for c in searched.candidates if c.config == s.config))
+        for s in searched.skipped
+        if s.why == DOMINATED
+    ]
     dominated += [(c.config, c) for c in searched.candidates if c.untuned.startswith(DOMINATED)]
     assert dominated
     for config, cand in dominated:
@@ -85,7 +95,8 @@ def test_what_is_dominated_cannot_beat_the_best(searched):
         for b in classic_baselines(cand.problem):
             if b.usable:
                 assert b.score.time >= cand.bound * (1 - TOLERANCE) >= best * (1 - TOLERANCE), (
-                    f"{config}: {b.name}")
+                    f"{config}: {b.name}"
+                )
 
 
 def test_the_best_is_never_slower_than_a_baseline(searched):
@@ -104,16 +115,18 @@ def test_tokens_per_gpu_is_the_simulators_throughput(searched):
     for c in searched.ranked():
         result = c.best.result
         assert result is not None and result.throughput is not None
-        assert searched.tokens_per_gpu(c.best.time) == pytest.approx(result.throughput,
-                                                                     rel=TOLERANCE)
+        assert searched.tokens_per_gpu(c.best.time) == pytest.approx(
+            result.throughput, rel=TOLERANCE
+        )
 
 
 TIGHT_JAMBA = tight("jamba-tiny", 32, 16, 1 / 20)
 """The recipe recomputes: without, no pipeline depth fits."""
 
 
-def recipe(cluster: Cluster, partition: str,
-           tp: int) -> tuple[tuple[float, int, Recompute] | None, bool]:
+def recipe(
+    cluster: Cluster, partition: str, tp: int
+) -> tuple[tuple[float, int, Recompute] | None, bool]:
     """The recipe by brute force: every pipeline depth from 2, its interleaved plan without
     recompute, else with full recompute; the fastest that fits (time, pp, recompute) or None,
     and whether any depth has a plan."""
@@ -123,8 +136,9 @@ def recipe(cluster: Cluster, partition: str,
         if cluster.gpus % (tp * pp) or cluster.global_batch % (cluster.gpus // (tp * pp)):
             continue
         dp = cluster.gpus // (tp * pp)
-        problem = problem_of(cluster, Config(tp, pp, dp, 1, cluster.global_batch // dp,
-                                             int(dp > 1)), tables)
+        problem = problem_of(
+            cluster, Config(tp, pp, dp, 1, cluster.global_batch // dp, int(dp > 1)), tables
+        )
         [(_, plan, _)] = classic_plans(problem, (RECIPE,), (partition,))
         if plan is None:
             continue
@@ -138,18 +152,24 @@ def recipe(cluster: Cluster, partition: str,
     return best, built
 
 
-@pytest.mark.parametrize("cluster,tp", [
-    (Cluster("jamba-tiny", 32, 16), 8),
-    (TIGHT_JAMBA, 8),
-    (tight("jamba-tiny", 32, 16, 1 / 30), 8),  # no depth fits, even with recompute
-    (tight("jamba-tiny", 32, 16, 1 / 40), 8),  # no depth fits the memory bound either
-    (Cluster("jamba-tiny", 12, 12), 4),  # 8 does not divide 12 GPUs
-    (Cluster("nemotron-h-tiny", 16, 8), 2),  # mamba2 groups 2 split over 2 at most
-    (Cluster("qwen3-next-tiny", 8, 8, gpus_per_node=1), 1),
-])
+@pytest.mark.parametrize(
+    "cluster,tp",
+    [
+        (Cluster("jamba-tiny", 32, 16), 8),
+        (TIGHT_JAMBA, 8),
+        (tight("jamba-tiny", 32, 16, 1 / 30), 8),  # no depth fits, even with recompute
+        (tight("jamba-tiny", 32, 16, 1 / 40), 8),  # no depth fits the memory bound either
+        (Cluster("jamba-tiny", 12, 12), 4),  # 8 does not divide 12 GPUs
+        (Cluster("nemotron-h-tiny", 16, 8), 2),  # mamba2 groups 2 split over 2 at most
+        (Cluster("qwen3-next-tiny", 8, 8, gpus_per_node=1), 1),
+    ],
+)
 def test_megatron_baselines_are_the_recipe_at_its_fastest_depth(cluster, tp):
-    assert tp == max(t for t in range(1, 9) if cluster.gpus_per_node % t == 0
-                     and cluster.gpus % t == 0 and splits(cluster.model, t))
+    assert tp == max(
+        t
+        for t in range(1, 9)
+        if cluster.gpus_per_node % t == 0 and cluster.gpus % t == 0 and splits(cluster.model, t)
+    )
     for m in megatron_baselines(cluster, Tables(cluster)):
         partition = m.name.removeprefix("megatron-")
         expected, built = recipe(cluster, partition, tp)
@@ -170,7 +190,8 @@ def test_megatron_baselines_are_the_recipe_at_its_fastest_depth(cluster, tp):
 
 def test_the_recipe_recomputes_where_nothing_fits_without():
     assert {m.recompute for m in megatron_baselines(TIGHT_JAMBA, Tables(TIGHT_JAMBA))} == {
-        Recompute.FULL}
+        Recompute.FULL
+    }
 
 
 class Interrupt:
@@ -187,10 +208,15 @@ class Interrupt:
             raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("when", [lambda what: what.startswith("screen 2/"),
-                                  lambda what: what.startswith("tune "),
-                                  lambda what: what.startswith("tune ") and ": " in what],
-                         ids=["screening", "before the tuner", "inside the tuner"])
+@pytest.mark.parametrize(
+    "when",
+    [
+        lambda what: what.startswith("screen 2/"),
+        lambda what: what.startswith("tune "),
+        lambda what: what.startswith("tune ") and ": " in what,
+    ],
+    ids=["screening", "before the tuner", "inside the tuner"],
+)
 def test_ctrl_c_keeps_the_best_plan_so_far(when):
     interrupt = Interrupt(when)
     result = search(Cluster("nemotron-h-tiny", 8, 8), budget=20, progress=interrupt)

@@ -82,12 +82,21 @@ def test_orders_are_the_recorded_ones():
     layers = [(0.11 + 0.07 * i, 0.13 + 0.05 * (i % 3), 0.05 + 0.031 * i) for i in range(8)]
     link = Link("odd", 0.013, 70.0)
     cases = {
-        "looped 3 devices, memory 6": (problem(layers, 3, 5, memory=6, link=link),
-                                       (0, 1, 2, 2, 1, 0, 1, 2), True),
-        "looped 3 devices, no w gap": (problem(layers, 3, 5, link=link), (0, 1, 2, 2, 1, 0, 1, 2),
-                                       False),
-        "v shape 2 devices, memory 5": (problem(layers, 2, 6, memory=5, act=1.3, link=link),
-                                        v_shape(2), True),
+        "looped 3 devices, memory 6": (
+            problem(layers, 3, 5, memory=6, link=link),
+            (0, 1, 2, 2, 1, 0, 1, 2),
+            True,
+        ),
+        "looped 3 devices, no w gap": (
+            problem(layers, 3, 5, link=link),
+            (0, 1, 2, 2, 1, 0, 1, 2),
+            False,
+        ),
+        "v shape 2 devices, memory 5": (
+            problem(layers, 2, 6, memory=5, act=1.3, link=link),
+            v_shape(2),
+            True,
+        ),
     }
     out = {}
     for name, (pr, devices, w_gap) in cases.items():
@@ -114,8 +123,9 @@ def test_orders_with_recompute_stay_within_the_limit(mode):
                 continue
             skel = pr.skeleton(layout)
             for w_gap in (False, True):
-                score = Evaluator(pr)(build_schedule(skel, pr.stage_costs(skel), pr.link,
-                                                     pr.memory, w_gap=w_gap))
+                score = Evaluator(pr)(
+                    build_schedule(skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap=w_gap)
+                )
                 assert score.plan.recompute() == [mode] * len(devices)
                 assert score.fits, (memory, devices, w_gap, score.peak.max() / 2**20)
                 checked += 1

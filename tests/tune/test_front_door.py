@@ -27,17 +27,24 @@ def one_line_error(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("args,cause,detail", [
-    (["--tp", "8"], "--tp 8 rules out every one", "mamba2 groups 2: not divisible by tp 8"),
-    (["--tp", "3"], "--tp 3 rules out every one", "tp must divide the 8 GPUs per node"),
-    (["--devices", "30"], "--devices 30 rules out every one", "pp at most the layer count"),
-    (["--microbatch-size", "3"], "--microbatch-size 3 rules out every one", "micro-batch size"),
-    (["--devices", "8", "--zero", "1"], "--devices 8 rules out every one", "ZeRO 1 or 2 only"),
-    (["--tp", "2", "--seq-len", "1001"], "--tp 2 rules out every one",
-     "its length 1001 is not a multiple of 2"),
-])
-def test_a_fixed_choice_that_rules_out_every_configuration_is_named(tmp_path, capsys, args,
-                                                                    cause, detail):
+@pytest.mark.parametrize(
+    "args,cause,detail",
+    [
+        (["--tp", "8"], "--tp 8 rules out every one", "mamba2 groups 2: not divisible by tp 8"),
+        (["--tp", "3"], "--tp 3 rules out every one", "tp must divide the 8 GPUs per node"),
+        (["--devices", "30"], "--devices 30 rules out every one", "pp at most the layer count"),
+        (["--microbatch-size", "3"], "--microbatch-size 3 rules out every one", "micro-batch size"),
+        (["--devices", "8", "--zero", "1"], "--devices 8 rules out every one", "ZeRO 1 or 2 only"),
+        (
+            ["--tp", "2", "--seq-len", "1001"],
+            "--tp 2 rules out every one",
+            "its length 1001 is not a multiple of 2",
+        ),
+    ],
+)
+def test_a_fixed_choice_that_rules_out_every_configuration_is_named(
+    tmp_path, capsys, args, cause, detail
+):
     assert main(ARGS + args + ["-o", str(tmp_path / "t.octo")]) == 1
     err = one_line_error(capsys)
     assert cause in err and detail in err
@@ -63,8 +70,24 @@ def test_by_default_every_configuration_proposed_runs_on_the_executor(tmp_path, 
 
 
 def test_target_needs_the_whole_cluster_search(tmp_path, capsys):
-    assert main(["tune", "--model", MODEL, "-p", "2", "-m", "4", "--target", "megatron",
-                 "-o", str(tmp_path / "t.octo")]) == 2
+    assert (
+        main(
+            [
+                "tune",
+                "--model",
+                MODEL,
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--target",
+                "megatron",
+                "-o",
+                str(tmp_path / "t.octo"),
+            ]
+        )
+        == 2
+    )
     assert "--target chooses the runtime" in one_line_error(capsys)
 
 
@@ -82,8 +105,25 @@ def test_a_sequence_tp_does_not_divide_is_refused_in_every_form(tmp_path, capsys
     assert main(plain + ["--tp", "2", "--seq-len", "1001", "-o", str(out)]) == 2
     assert "its length 1001 is not a multiple of 2" in one_line_error(capsys)
     start = tmp_path / "start.octo"
-    assert main(["gen", "1f1b", "--model", MODEL, "-p", "2", "-m", "4", "--seq-len", "1001",
-                 "-o", str(start)]) == 0
+    assert (
+        main(
+            [
+                "gen",
+                "1f1b",
+                "--model",
+                MODEL,
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--seq-len",
+                "1001",
+                "-o",
+                str(start),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["tune", "--from", str(start), "--tp", "2", "-o", str(out)]) == 2
     assert "its length 1001 is not a multiple of 2" in one_line_error(capsys)
@@ -97,8 +137,13 @@ def test_a_sequence_tp_does_not_divide_is_refused_in_every_form(tmp_path, capsys
 
 def test_sequence_parallel_false_is_honoured(tmp_path, capsys):
     out = tmp_path / "t.octo"
-    assert main(ARGS + ["--tp", "2", "--seq-len", "1001", "--sequence-parallel", "false",
-                        "-o", str(out)]) == 0
+    assert (
+        main(
+            ARGS
+            + ["--tp", "2", "--seq-len", "1001", "--sequence-parallel", "false", "-o", str(out)]
+        )
+        == 0
+    )
     capsys.readouterr()
     header = lint_source(out.read_text(), str(out))[0].header
     assert header.tp == 2 and header.sp is False
@@ -108,8 +153,12 @@ def test_sequence_parallel_false_is_honoured(tmp_path, capsys):
 
 def wall(args: list[str], tmp_path) -> float:
     began = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "octodsl", *args, "-o", str(tmp_path / "t.octo")],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "octodsl", *args, "-o", str(tmp_path / "t.octo")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     seconds = time.perf_counter() - began
     assert run.returncode in (0, 1), run.stderr
     assert "internal error" not in run.stderr
@@ -121,12 +170,15 @@ BUDGET = 5.0
 a loaded machine: before issue 27 they took 9.5 s at --budget 2s and 14.5 s at --budget 3s."""
 
 
-@pytest.mark.parametrize("args", [
-    # 12,288 ops per plan: the check of the written plan once took 6 s of 8.5 s at --budget 2s
-    ["tune", "--model", "nemotron-h-8b", "-p", "8", "-m", "512"],
-    # configurations of tens of thousands of sequences
-    ["tune", "--model", MODEL, "--gpus", "2", "--global-batch", "50000"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        # 12,288 ops per plan: the check of the written plan once took 6 s of 8.5 s at --budget 2s
+        ["tune", "--model", "nemotron-h-8b", "-p", "8", "-m", "512"],
+        # configurations of tens of thousands of sequences
+        ["tune", "--model", MODEL, "--gpus", "2", "--global-batch", "50000"],
+    ],
+)
 def test_the_budget_bounds_the_whole_command(tmp_path, args):
     seconds = wall(args + ["--budget", f"{BUDGET}s"], tmp_path)
     assert seconds <= max(1.1 * BUDGET, BUDGET + 1), f"{seconds:.1f} s for --budget {BUDGET}s"

@@ -26,7 +26,10 @@ def test_layout_rejects_bad_cuts_and_abstract_plans():
     with pytest.raises(ValueError):
         StageLayout((1, 4), (0,))
     from octodsl.plan import Header, Plan, Stage, placement_loop
-    abstract = Plan(Header(name="a", devices=1, microbatches=1), [Stage()], placement_loop(1, 1), [[]])
+
+    abstract = Plan(
+        Header(name="a", devices=1, microbatches=1), [Stage()], placement_loop(1, 1), [[]]
+    )
     with pytest.raises(PlanError):
         StageLayout.of(abstract)
 

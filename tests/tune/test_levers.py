@@ -48,8 +48,9 @@ stay, the optimizer state is divided by 8."""
 # they are 11 per device, and while the up stage's B runs a device holds the down stage's kept
 # bytes and the up stage's whole activations: 11 + 10 + 10 = 31 without recompute, 11 + 4 + 10
 # = 25 with selective.
-TIGHT = dict(work=[3.0] * 4, devices=2, microbatches=4, memory=26, act=10.0, sel_act=6.0,
-             static=16.0)
+TIGHT = dict(
+    work=[3.0] * 4, devices=2, microbatches=4, memory=26, act=10.0, sel_act=6.0, static=16.0
+)
 
 
 def test_static_bytes_are_sharded_once():
@@ -65,8 +66,12 @@ def test_static_bytes_are_sharded_once():
 
 def test_the_bubble_aware_estimate_counts_sharded_static_bytes_and_recompute():
     cuts = (0, 1, 2, 3, 4)
-    for zero, dp, mode, fits in ((0, 1, S, False), (1, 8, N, False), (1, 8, S, True),
-                                 (2, 8, N, False)):
+    for zero, dp, mode, fits in (
+        (0, 1, S, False),
+        (1, 8, N, False),
+        (1, 8, S, True),
+        (2, 8, N, False),
+    ):
         pr = problem(**TIGHT, dp=dp, zero=zero, recompute=AUTO)
         model = FillModel(pr, v_shape(2), (mode,) * 4)
         assert model.fits(model(cuts)) is fits, (zero, dp, mode)
@@ -81,8 +86,10 @@ def test_no_plan_fits_says_what_static_remains_and_which_levers_help():
     assert "take 32 B per device (zero 0, dp 1)" in reason
     # Without recompute a micro-batch keeps 40 bytes: ZeRO-1 leaves at least 4 x 16 x 4/16 = 16
     # static bytes whatever dp, 56 > 52 over both devices; ZeRO-2 over 16 copies leaves 11.5.
-    assert ("ZeRO (`--zero 2 --dp 16` leaves 5.75 B static per device" in reason
-            and "recompute (`--recompute auto`)" in reason)
+    assert (
+        "ZeRO (`--zero 2 --dp 16` leaves 5.75 B static per device" in reason
+        and "recompute (`--recompute auto`)" in reason
+    )
     # With ZeRO-1 over 8 copies the static bytes are 11 per device.
     reason = problem(**TIGHT, dp=8, zero=1, recompute=N).why_no_plan_fits()
     assert reason is not None and "take 11 B per device (zero 1, dp 8)" in reason
@@ -191,8 +198,7 @@ def test_the_joint_bound_weighs_recompute_time_against_memory():
 def test_partition_and_placement_moves_carry_each_stages_mode():
     lay = StageLayout((0, 2, 4, 6), (0, 1, 0), (S, N, F))
     assert lay.with_cuts((0, 1, 4, 6)).recompute == (S, N, F)
-    assert placement.disperse(lay, 0, 1) == StageLayout((0, 1, 2, 4, 6), (0, 1, 1, 0),
-                                                        (S, S, N, F))
+    assert placement.disperse(lay, 0, 1) == StageLayout((0, 1, 2, 4, 6), (0, 1, 1, 0), (S, S, N, F))
     merged = placement.merge(StageLayout((0, 1, 3, 4, 6), (0, 0, 1, 1), (N, S, F, N)))
     assert merged == StageLayout((0, 3, 6), (0, 1), (S, F))
     assert placement.swap(lay, 0, 1) == StageLayout(lay.cuts, (1, 0, 0), (S, N, F))
@@ -218,8 +224,10 @@ def test_with_auto_each_baseline_counts_with_its_best_mode():
     assert {b.recompute for b in baselines if b.score is not None} > {N}
     for b in baselines[:3]:
         assert b.score is not None
-        scores = [evaluate(Problem(pr.table, pr.header, pr.link, m).adopt(b.score.plan))
-                  for m in (N, S, F)]
+        scores = [
+            evaluate(Problem(pr.table, pr.header, pr.link, m).adopt(b.score.plan))
+            for m in (N, S, F)
+        ]
         best = min((s for s in scores if s.fits), key=lambda s: s.time, default=None)
         assert b.score.fits == (best is not None)
         if best is not None:

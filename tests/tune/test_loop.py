@@ -51,8 +51,15 @@ def test_tuned_plan_beats_every_classic_baseline(tiny, tuned):
 def test_rounds_explain_each_improvement(tuned):
     assert tuned.rounds[0].phase == "start"
     for r in tuned.rounds:
-        assert r.phase in ("start", "kick", "memory", "partition", "placement", "schedule",
-                           "restart")
+        assert r.phase in (
+            "start",
+            "kick",
+            "memory",
+            "partition",
+            "placement",
+            "schedule",
+            "restart",
+        )
         if r.phase in ("memory", "partition", "placement", "schedule"):
             # Score.better_than takes times within 1e-9 of each other as equal (then the lower
             # peak wins): a move may keep the time up to float noise.
@@ -71,7 +78,7 @@ def test_restarts_keep_the_best_of_the_searches(tiny):
     three = tune(tiny, budget=60, seed=3, restarts=3)
     assert one.finished and three.finished
     assert three.best.time <= one.best.time
-    assert [r.move for r in three.rounds[:len(one.rounds)]] == [r.move for r in one.rounds]
+    assert [r.move for r in three.rounds[: len(one.rounds)]] == [r.move for r in one.rounds]
     marks = [r for r in three.rounds if r.phase == "restart"]
     assert [r.move for r in marks] == ["search again, seed 4", "search again, seed 5"]
     assert [r.number for r in three.rounds] == list(range(len(three.rounds)))
@@ -128,9 +135,11 @@ def test_ctrl_c_keeps_the_best_plan_so_far(tiny):
 
 def test_ctrl_c_in_a_restart_keeps_the_earlier_searches(tiny):
     first = tune(tiny, budget=60, seed=3, restarts=1)
-    out = tune(tiny, budget=60, seed=3, restarts=3, progress=_interrupt_after(first.evaluations + 1))
+    out = tune(
+        tiny, budget=60, seed=3, restarts=3, progress=_interrupt_after(first.evaluations + 1)
+    )
     assert out.interrupted and out.best.time == first.best.time
-    assert [r.phase for r in out.rounds[len(first.rounds):]] == ["restart"]
+    assert [r.phase for r in out.rounds[len(first.rounds) :]] == ["restart"]
 
 
 def test_ctrl_c_before_any_plan_is_passed_on(tiny):

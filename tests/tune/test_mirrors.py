@@ -36,7 +36,8 @@ def test_the_estimates_recompute_rule_is_the_levers(mode, f, act, sel_f, sel_act
     # The same operations on the same floats: equal exactly.
     code = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}[mode]
     assert recomputed_code(code, f, act, sel_f, sel_act, input_bytes) == recomputed(
-        mode, f, act, sel_f, sel_act, input_bytes)
+        mode, f, act, sel_f, sel_act, input_bytes
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -46,14 +47,16 @@ def test_the_schedulers_memory_rule_is_the_levers(kind, act, act_w, act_b):
     # simulator's allocation less its release up to rounding (act_b added and taken away).
     assert construct.held_change(kind, act, act_w) == held_change(kind, act, act_w)
     alloc, release = op_bytes(np.array([act]), np.array([act_w]), np.array([act_b]))
-    assert alloc[0, kind] - release[0, kind] == pytest.approx(held_change(kind, act, act_w),
-                                                              rel=1e-12, abs=1e-3)
+    assert alloc[0, kind] - release[0, kind] == pytest.approx(
+        held_change(kind, act, act_w), rel=1e-12, abs=1e-3
+    )
 
 
 def test_zero_stages_shard_and_reduce_as_the_simulator_does():
     for stage in Zero:
-        run = problem([3.0] * 4, 2, 4, dp=2, zero=int(stage), static=16.0,
-                      link=Link("slow", 1e-3, 1e3))
+        run = problem(
+            [3.0] * 4, 2, 4, dp=2, zero=int(stage), static=16.0, link=Link("slow", 1e-3, 1e3)
+        )
         skeleton = run.skeleton(StageLayout((0, 2, 4), (0, 1)))
         plan = construct.build_schedule(skeleton, run.stage_costs(skeleton), run.link)
         dpc = Evaluator(run)(plan).result.dp_comm
@@ -73,13 +76,22 @@ def _model(name: str, zero: int) -> Problem:
 @st.composite
 def layouts(draw):
     """A built-in model's problem, and a layout of it: cuts, a placement, recompute modes."""
-    pr = _model(draw(st.sampled_from(["nemotron-h-tiny", "jamba-tiny"])),
-                draw(st.sampled_from([0, 1, 2])))
+    pr = _model(
+        draw(st.sampled_from(["nemotron-h-tiny", "jamba-tiny"])), draw(st.sampled_from([0, 1, 2]))
+    )
     devices = draw(st.sampled_from([tuple(range(4)), v_shape(4), looped(4, 2)]))
-    inner = sorted(draw(st.sets(st.integers(1, pr.num_layers - 1), min_size=len(devices) - 1,
-                                max_size=len(devices) - 1)))
-    modes = tuple(draw(st.lists(st.sampled_from(MODES), min_size=len(devices),
-                                max_size=len(devices))))
+    inner = sorted(
+        draw(
+            st.sets(
+                st.integers(1, pr.num_layers - 1),
+                min_size=len(devices) - 1,
+                max_size=len(devices) - 1,
+            )
+        )
+    )
+    modes = tuple(
+        draw(st.lists(st.sampled_from(MODES), min_size=len(devices), max_size=len(devices)))
+    )
     return pr, StageLayout((0, *inner, pr.num_layers), devices, modes)
 
 
@@ -110,8 +122,9 @@ def test_the_list_schedulers_order_respects_dag_producers(case, w_gap):
     plan = pr.skeleton(layout)
     order = construct._arrays(plan, pr.stage_costs(plan), pr.link, None, w_gap)
     done = set()
-    for kind, stage, mb in zip(order.kind.tolist(), order.stage.tolist(), order.mb.tolist(),
-                               strict=True):
+    for kind, stage, mb in zip(
+        order.kind.tolist(), order.stage.tolist(), order.mb.tolist(), strict=True
+    ):
         op = Op(KIND_OF_CODE[kind], stage, mb)
         for kinds, s, m in producers(op, layout.num_stages):
             assert any((k, s, m) in done for k in kinds), (op, kinds, s, m)
@@ -137,8 +150,9 @@ def test_the_estimates_first_trip_follows_dag_producers(case):
 
     seconds = {OpKind.F: sums.f, OpKind.B: sums.b}
     start: dict[tuple[OpKind, int], float] = {}
-    for op in [Op(OpKind.F, s, 0) for s in range(S)] + [Op(OpKind.B, s, 0)
-                                                         for s in reversed(range(S))]:
+    for op in [Op(OpKind.F, s, 0) for s in range(S)] + [
+        Op(OpKind.B, s, 0) for s in reversed(range(S))
+    ]:
         ready = 0.0
         for kinds, s, _ in producers(op, S):
             (kind,) = [k for k in kinds if k in seconds]  # every backward is split here

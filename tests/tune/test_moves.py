@@ -24,6 +24,7 @@ TWO = StageLayout((0, 1, 2), (0, 1))
 
 # -- partition ---------------------------------------------------------------------------------
 
+
 def test_shift_moves_a_cut_and_keeps_stages_non_empty():
     lay = StageLayout((0, 2, 4, 6), (0, 1, 2))
     assert partition.shift(lay, 1, 1).cuts == (0, 3, 4, 6)
@@ -38,17 +39,38 @@ def test_rebalance_reaches_the_time_balanced_optimum_when_fill_is_negligible():
     best = partition.rebalance(StageLayout((0, 1, 2, 10), looped(3, 1)), pr)
     # strict=False: consecutive pairs, cuts[1:] is one shorter
     loads = [sum(work[a:b]) for a, b in zip(best.cuts, best.cuts[1:], strict=False)]
-    optimum = max(sum(work[a:b + 1]) for a, b in balance_time(work, 3))
+    optimum = max(sum(work[a : b + 1]) for a, b in balance_time(work, 3))
     assert max(loads) == optimum
 
 
 def rebalanced() -> dict[int, tuple[int, ...]]:
     """Cuts that the random kicks find differently for different seeds."""
-    work = [1.5, 6.0, 5.2, 1.2, 2.3, 4.5, 4.4, 5.7, 2.8, 5.1, 4.2, 2.2, 3.7, 5.4, 5.2, 3.3, 3.7,
-            0.7, 1.8, 4.9]
+    work = [
+        1.5,
+        6.0,
+        5.2,
+        1.2,
+        2.3,
+        4.5,
+        4.4,
+        5.7,
+        2.8,
+        5.1,
+        4.2,
+        2.2,
+        3.7,
+        5.4,
+        5.2,
+        3.3,
+        3.7,
+        0.7,
+        1.8,
+        4.9,
+    ]
     start = StageLayout(even_cuts(len(work), 8), v_shape(4))
-    return {seed: partition.rebalance(start, problem(work, 4, 4), seed=seed).cuts
-            for seed in range(4)}
+    return {
+        seed: partition.rebalance(start, problem(work, 4, 4), seed=seed).cuts for seed in range(4)
+    }
 
 
 def test_rebalance_is_deterministic_for_a_seed():
@@ -59,9 +81,14 @@ def test_rebalance_is_deterministic_for_a_seed():
     assert len(set(here.values())) > 1, "the seed makes no difference on this problem"
     code = "from tests.tune.test_moves import rebalanced; print(repr(rebalanced()))"
     for hash_seed in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, cwd=REPO,
-                             env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        ).stdout
         assert ast.literal_eval(out) == here
 
 
@@ -89,8 +116,12 @@ def test_fitting_finds_the_only_cuts_that_fit():
 
 
 def test_fitting_says_none_when_no_cuts_fit_or_there_is_no_limit():
-    assert partition.fitting(StageLayout((0, 3, 6), (0, 1)), problem(**(HEAVY | {"devices": 2}),
-                                                                memory=100)) is None
+    assert (
+        partition.fitting(
+            StageLayout((0, 3, 6), (0, 1)), problem(**(HEAVY | {"devices": 2}), memory=100)
+        )
+        is None
+    )
     assert partition.fitting(StageLayout((0, 2, 4, 6), (0, 1, 2)), problem(**HEAVY)) is None
 
 
@@ -136,6 +167,7 @@ def test_families_need_enough_layers():
 
 # -- schedule ----------------------------------------------------------------------------------
 
+
 def _time(pr, plan):
     return Evaluator(pr)(plan).time
 
@@ -148,6 +180,7 @@ def test_fill_gaps_advances_a_ready_forward_into_a_gap():
     s = Evaluator(pr)(plan)
     assert s.time == 10
     from octodsl.plan import OpKind
+
     out = schedule.fill_gaps(plan, s.result, (OpKind.F, OpKind.B))
     assert min(_time(pr, p) for p in out) == 8
     assert all(not [d for d in lint_plan(p) if d.is_error] for p in out)
@@ -172,6 +205,7 @@ def test_rebuild_orders_by_list_scheduling():
 
 
 # -- memory ------------------------------------------------------------------------------------
+
 
 def test_advance_w_lowers_the_peak():
     # One device: F allocates 1, B frees half, W the rest. Peak 1.5 at F0:1; with W0:0 before

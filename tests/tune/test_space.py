@@ -41,19 +41,30 @@ def model_bytes(model: str) -> float:
 
 
 @st.composite
-def clusters(draw, max_gpus: int = 64, max_batch: int = 96, fixed: bool = True,
-             memory: tuple[float, float] = (-6.0, 0.5)) -> Cluster:
+def clusters(
+    draw,
+    max_gpus: int = 64,
+    max_batch: int = 96,
+    fixed: bool = True,
+    memory: tuple[float, float] = (-6.0, 0.5),
+) -> Cluster:
     """A small cluster of a tiny model: memory per GPU 2**e of the model's bytes for e in
     `memory`, or none; with `fixed`, now and then some choices fixed."""
     model = draw(st.sampled_from(MODELS))
     exponent = draw(st.none() | st.floats(*memory))
     fix = fixed and draw(st.integers(0, 3)) == 0
     pick = (lambda s: draw(st.none() | s)) if fix else (lambda s: None)
-    return Cluster(model, draw(st.integers(1, max_gpus)), draw(st.integers(1, max_batch)),
-                   gpus_per_node=draw(st.sampled_from((1, 2, 4, 8))),
-                   memory=None if exponent is None else int(2**exponent * model_bytes(model)),
-                   tp=pick(st.sampled_from((1, 2, 4, 8))), pp=pick(st.integers(1, 8)),
-                   microbatch_size=pick(st.integers(1, 4)), zero=pick(st.integers(0, 2)))
+    return Cluster(
+        model,
+        draw(st.integers(1, max_gpus)),
+        draw(st.integers(1, max_batch)),
+        gpus_per_node=draw(st.sampled_from((1, 2, 4, 8))),
+        memory=None if exponent is None else int(2**exponent * model_bytes(model)),
+        tp=pick(st.sampled_from((1, 2, 4, 8))),
+        pp=pick(st.integers(1, 8)),
+        microbatch_size=pick(st.integers(1, 4)),
+        zero=pick(st.integers(0, 2)),
+    )
 
 
 def splits(model: str, tp: int) -> bool:
@@ -77,9 +88,14 @@ def brute_force(c: Cluster) -> list[Config]:
                             continue
                         for zero in (0, 1, 2):
                             config = Config(tp, pp, dp, mbs, m, zero)
-                            if (zero == 0 or dp > 1) and admits(c.target, zero) and all(
+                            if (
+                                (zero == 0 or dp > 1)
+                                and admits(c.target, zero)
+                                and all(
                                     getattr(c, k) in (None, getattr(config, k))
-                                    for k in ("tp", "pp", "microbatch_size", "zero")):
+                                    for k in ("tp", "pp", "microbatch_size", "zero")
+                                )
+                            ):
                                 out.append(config)
     return out
 
@@ -89,15 +105,18 @@ def test_configurations_are_the_definitions(c):
     got = list(configurations(c, tp_degrees(c)[0]))
     assert len(got) == len(set(got)), "no configuration twice"
     assert sorted(got) == sorted(brute_force(c))
-    assert all(x.gpus == c.gpus and x.dp * x.microbatch_size * x.microbatches == c.global_batch
-               for x in got)
+    assert all(
+        x.gpus == c.gpus and x.dp * x.microbatch_size * x.microbatches == c.global_batch
+        for x in got
+    )
 
 
 @given(clusters())
 def test_tp_degrees_exclude_exactly_what_the_model_or_node_cannot_split(c):
     tps, why = tp_degrees(c)
-    in_node = [tp for tp in range(1, c.gpus_per_node + 1)
-               if c.gpus_per_node % tp == 0 and c.gpus % tp == 0]
+    in_node = [
+        tp for tp in range(1, c.gpus_per_node + 1) if c.gpus_per_node % tp == 0 and c.gpus % tp == 0
+    ]
     assert tps == [tp for tp in in_node if splits(c.model, tp) and c.tp in (None, tp)]
     assert sorted(why) == [tp for tp in in_node if not splits(c.model, tp)]
     for tp, message in why.items():
@@ -118,13 +137,15 @@ def test_fewest_gpus_is_the_fewest_that_fit(c):
     found = fewest_gpus(c, tables, above=c.gpus)
     if found is not None:
         assert found.gpus > c.gpus and feasible(replace(c, gpus=found.gpus), found, tables)
-        assert found in configurations(replace(c, gpus=found.gpus),
-                                       tp_degrees(replace(c, gpus=found.gpus))[0])
+        assert found in configurations(
+            replace(c, gpus=found.gpus), tp_degrees(replace(c, gpus=found.gpus))[0]
+        )
     end = found.gpus if found is not None else c.gpus + 16
     for gpus in range(c.gpus + 1, end):
         other = replace(c, gpus=gpus)
-        fits = [x for x in configurations(other, tp_degrees(other)[0])
-                if feasible(other, x, tables)]
+        fits = [
+            x for x in configurations(other, tp_degrees(other)[0]) if feasible(other, x, tables)
+        ]
         assert not fits, f"{fits[0]} on {gpus} GPUs fits, fewer than {found}"
 
 
@@ -152,8 +173,9 @@ def test_enumerate_splits_the_space_soundly(c):
             assert s.detail == why
     for x in candidates:
         assert x.bound == x.problem.tight_lower_bound() and feasible(c, x.config, tables)
-    assert [(x.bound, x.config) for x in candidates] == sorted((x.bound, x.config)
-                                                               for x in candidates)
+    assert [(x.bound, x.config) for x in candidates] == sorted(
+        (x.bound, x.config) for x in candidates
+    )
 
 
 def test_a_micro_batch_over_the_op_limit_does_not_rule_out_larger_ones():

@@ -25,8 +25,9 @@ def test_the_problem_at_tp_costs_one_gpu_s_share():
     four = Problem.create("nemotron-h-8b", 4, 8, tp=4)
     assert (four.header.tp, four.header.sp, four.table.meta["tp"]) == (4, True, 4)
     # Parameters split over the group but for the norms (and a vocabulary padded to tp).
-    assert float(four.layer_static().sum()) == pytest.approx(float(one.layer_static().sum()) / 4,
-                                                             rel=0.01)
+    assert float(four.layer_static().sum()) == pytest.approx(
+        float(one.layer_static().sum()) / 4, rel=0.01
+    )
     assert four.lower_bound() < one.lower_bound()
     # The baselines and the tuner's plans carry the problem's tp.
     evaluate = Evaluator(four)
@@ -42,8 +43,9 @@ def test_no_fit_names_the_smallest_tp_that_fits():
     at2 = Problem.create("llama3-70b", 4, 8, memory=80 * GIB, dp=2, zero=1, tp=2)
     assert "(zero 1, dp 2, tp 2)" in at2.why_no_plan_fits() and tp_that_fits(at2) == 4
     # Within a node only: 2 GPUs per node leave no larger tp to try.
-    narrow = Problem.create("llama3-70b", 4, 8, memory=80 * GIB, dp=2, zero=1, tp=2,
-                            gpus_per_node=2)
+    narrow = Problem.create(
+        "llama3-70b", 4, 8, memory=80 * GIB, dp=2, zero=1, tp=2, gpus_per_node=2
+    )
     assert tp_that_fits(narrow) is None and "--tp" not in narrow.why_no_plan_fits()
 
 
@@ -61,7 +63,10 @@ def test_bounds_hold_with_dp_groups_on_different_links(zero):
     # dp 3 on 8 GPUs per node: device 2's dp group (ranks 6, 7 | 8) spans two nodes, on the
     # slow link; the others stay in theirs.
     pr = Problem.create("nemotron-h-tiny", 4, 8, dp=3, zero=zero, inter_link=SLOW)
-    assert [link.latency for link in fastest_dp_links(pr)] == [pr.link.latency] * 2 + [SLOW.latency, pr.link.latency]
+    assert [link.latency for link in fastest_dp_links(pr)] == [pr.link.latency] * 2 + [
+        SLOW.latency,
+        pr.link.latency,
+    ]
     bound = pr.tight_lower_bound()
     assert dp_seconds(pr)[0 if zero < 2 else 1] > 0
     result = tune(pr, budget=30, max_evaluations=40, seed=0)

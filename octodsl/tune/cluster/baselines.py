@@ -47,8 +47,9 @@ def recipe_tp(cluster: Cluster, tps: list[int]) -> int | None:
     return max((t for t in tps if t <= RECIPE_TP), default=None)
 
 
-def megatron_baselines(cluster: Cluster, tables: Tables,
-                       deadline: float | None = None) -> list[MegatronBaseline]:
+def megatron_baselines(
+    cluster: Cluster, tables: Tables, deadline: float | None = None
+) -> list[MegatronBaseline]:
     """The recipe with each partition, at its fastest pipeline depth. Depths are tried by their
     lower bound, and one whose bound is no shorter than the partition's fastest plan so far is
     not simulated (it cannot be faster); with a `deadline` (time.perf_counter()), no depth
@@ -62,8 +63,9 @@ def megatron_baselines(cluster: Cluster, tables: Tables,
             continue
         config = Config(tp, pp, dp, 1, cluster.global_batch // dp, 1 if dp > 1 else 0)
         # over octodsl's limits (checked before the header, which would refuse it) or memory
-        problem = (None if over_limits(pp, config.microbatches) else
-                   problem_of(cluster, config, tables))
+        problem = (
+            None if over_limits(pp, config.microbatches) else problem_of(cluster, config, tables)
+        )
         if problem is None or problem.why_no_plan_fits() is not None:
             ruled_out += 1
         else:
@@ -93,10 +95,20 @@ def megatron_baselines(cluster: Cluster, tables: Tables,
         for name in best:
             best[name] = replace(best[name], depths=(i + 1, len(depths)))
     tried = built or ruled_out
-    return [best.get(name) or MegatronBaseline(
-        name, None, None, why=f"no pipeline depth at tp {chosen} fits" if tried else
-        "no configuration of the recipe can be built" if chosen else
-        "the model splits over no tp up to 8") for name in (f"megatron-{p}" for p in PARTITIONS)]
+    return [
+        best.get(name)
+        or MegatronBaseline(
+            name,
+            None,
+            None,
+            why=f"no pipeline depth at tp {chosen} fits"
+            if tried
+            else "no configuration of the recipe can be built"
+            if chosen
+            else "the model splits over no tp up to 8",
+        )
+        for name in (f"megatron-{p}" for p in PARTITIONS)
+    ]
 
 
 def _modes(cluster: Cluster) -> tuple[Recompute, ...]:

@@ -39,19 +39,38 @@ class Row:
     @classmethod
     def of(cls, result: ClusterResult, c: Candidate, score: Score, how: str) -> Row:
         modes = score.plan.recompute()
-        counts = [f"{modes.count(m)} {m.value[0]}" for m in (Recompute.SELECTIVE, Recompute.FULL)
-                  if modes.count(m)]
-        return cls(c.config, how, score.time, result.tokens_per_gpu(score.time),
-                   float(score.peak.max()), c.problem.lower_bound() / score.time,
-                   ", ".join(counts) or "none")
+        counts = [
+            f"{modes.count(m)} {m.value[0]}"
+            for m in (Recompute.SELECTIVE, Recompute.FULL)
+            if modes.count(m)
+        ]
+        return cls(
+            c.config,
+            how,
+            score.time,
+            result.tokens_per_gpu(score.time),
+            float(score.peak.max()),
+            c.problem.lower_bound() / score.time,
+            ", ".join(counts) or "none",
+        )
 
     def to_json(self) -> dict:
         c = self.config
-        return {"tp": c.tp, "pp": c.pp, "dp": c.dp, "microbatch_size": c.microbatch_size,
-                "microbatches": c.microbatches, "zero": c.zero, "plan": self.how,
-                "iteration_time": self.time, "tokens_per_gpu_per_s": self.throughput,
-                "peak_memory": self.peak, "efficiency": self.efficiency,
-                "recompute": self.recompute, "runtimes": list(runtimes(c.zero))}
+        return {
+            "tp": c.tp,
+            "pp": c.pp,
+            "dp": c.dp,
+            "microbatch_size": c.microbatch_size,
+            "microbatches": c.microbatches,
+            "zero": c.zero,
+            "plan": self.how,
+            "iteration_time": self.time,
+            "tokens_per_gpu_per_s": self.throughput,
+            "peak_memory": self.peak,
+            "efficiency": self.efficiency,
+            "recompute": self.recompute,
+            "runtimes": list(runtimes(c.zero)),
+        }
 
 
 def rows(result: ClusterResult) -> list[Row]:
@@ -78,17 +97,35 @@ def baselines(result: ClusterResult) -> list[tuple[str, Row | None, str]]:
             tried, depths = m.depths
             if tried < depths:  # the budget stopped the recipe before every depth
                 label += f" ({tried} of {depths} depths)"
-            out.append(("Megatron-style, " + ("equal layers" if m.name.endswith("equal") else
-                                              "time-balanced"), Row.of(result, cand, m.score, label), ""))
+            out.append(
+                (
+                    "Megatron-style, "
+                    + ("equal layers" if m.name.endswith("equal") else "time-balanced"),
+                    Row.of(result, cand, m.score, label),
+                    "",
+                )
+            )
     best = result.best
     classic = best.classic
-    out.append(("best classic schedule, same configuration",
-                Row.of(result, best, classic.score, classic.name)  # type: ignore[arg-type]
-                if classic is not None else None, "none fits"))
+    out.append(
+        (
+            "best classic schedule, same configuration",
+            Row.of(result, best, classic.score, classic.name)  # type: ignore[arg-type]
+            if classic is not None
+            else None,
+            "none fits",
+        )
+    )
     cand, b = result.classic_search()
-    out.append(("configuration search, classic only",
-                Row.of(result, cand, b.score, b.name)  # type: ignore[arg-type]
-                if cand is not None and b is not None else None, "none fits"))
+    out.append(
+        (
+            "configuration search, classic only",
+            Row.of(result, cand, b.score, b.name)  # type: ignore[arg-type]
+            if cand is not None and b is not None
+            else None,
+            "none fits",
+        )
+    )
     return out
 
 
@@ -96,20 +133,42 @@ def skipped_counts(result: ClusterResult) -> dict[str, int]:
     """Configurations per status: tuned; screened (its classic plans simulated) and not tuned;
     and each reason for leaving one out (INFEASIBLE, DOMINATED, NOT_SCREENED)."""
     counts = Counter(s.why for s in result.skipped)
-    return {"tuned": sum(c.tuned is not None for c in result.candidates),
-            "screened": sum(c.screened and c.tuned is None for c in result.candidates),
-            **{why: counts[why] for why in (INFEASIBLE, DOMINATED, NOT_SCREENED) if counts[why]}}
+    return {
+        "tuned": sum(c.tuned is not None for c in result.candidates),
+        "screened": sum(c.screened and c.tuned is None for c in result.candidates),
+        **{why: counts[why] for why in (INFEASIBLE, DOMINATED, NOT_SCREENED) if counts[why]},
+    }
 
 
 def cluster_table(result: ClusterResult) -> Table:
     c = result.cluster
-    table = Table(title=f"{c.model}: {c.gpus} GPUs, global batch {c.global_batch} "
-                  f"({result.cluster.tokens():,} tokens), {size(c.memory) if c.memory else 'no limit'}"
-                  " per GPU", header_style="bold", title_justify="left")
-    for col in ("tp", "pp", "dp", "mb size", "micro-b.", "zero", "recompute", "iteration",
-                "tok/GPU/s", "peak mem", "eff.", "plan", "runs on"):
-        table.add_column(col, justify="left" if col in ("recompute", "plan", "runs on") else "right",
-                         no_wrap=True)
+    table = Table(
+        title=f"{c.model}: {c.gpus} GPUs, global batch {c.global_batch} "
+        f"({result.cluster.tokens():,} tokens), {size(c.memory) if c.memory else 'no limit'}"
+        " per GPU",
+        header_style="bold",
+        title_justify="left",
+    )
+    for col in (
+        "tp",
+        "pp",
+        "dp",
+        "mb size",
+        "micro-b.",
+        "zero",
+        "recompute",
+        "iteration",
+        "tok/GPU/s",
+        "peak mem",
+        "eff.",
+        "plan",
+        "runs on",
+    ):
+        table.add_column(
+            col,
+            justify="left" if col in ("recompute", "plan", "runs on") else "right",
+            no_wrap=True,
+        )
     for i, r in enumerate(rows(result)[:ROWS]):
         table.add_row(*_cells(r), style="bold green" if i == 0 else "")
     return table
@@ -117,18 +176,38 @@ def cluster_table(result: ClusterResult) -> Table:
 
 def baselines_table(result: ClusterResult) -> Table:
     best = rows(result)[0]
-    table = Table(title="baselines (speed-up: the best plan's tokens per GPU per second over the "
-                  "baseline's)", header_style="bold", title_justify="left")
-    for col in ("baseline", "configuration", "plan", "iteration", "tok/GPU/s", "peak mem",
-                "speed-up"):  # configuration: tp, pp, dp, micro-batches x size, ZeRO
-        table.add_column(col, justify="left" if col in ("baseline", "configuration", "plan")
-                         else "right", no_wrap=True)
+    table = Table(
+        title="baselines (speed-up: the best plan's tokens per GPU per second over the baseline's)",
+        header_style="bold",
+        title_justify="left",
+    )
+    for col in (
+        "baseline",
+        "configuration",
+        "plan",
+        "iteration",
+        "tok/GPU/s",
+        "peak mem",
+        "speed-up",
+    ):  # configuration: tp, pp, dp, micro-batches x size, ZeRO
+        table.add_column(
+            col,
+            justify="left" if col in ("baseline", "configuration", "plan") else "right",
+            no_wrap=True,
+        )
     for what, r, why in baselines(result):
         if r is None:
             table.add_row(what, why, "", "", "", "", "")
         else:
-            table.add_row(what, r.config.short(), r.how, milliseconds(r.time), f"{r.throughput:,.0f}",
-                          size(r.peak), f"{best.throughput / r.throughput:.2f}x")
+            table.add_row(
+                what,
+                r.config.short(),
+                r.how,
+                milliseconds(r.time),
+                f"{r.throughput:,.0f}",
+                size(r.peak),
+                f"{best.throughput / r.throughput:.2f}x",
+            )
     return table
 
 
@@ -136,23 +215,47 @@ def to_json(result: ClusterResult, written: list[str]) -> dict:
     c = result.cluster
     out_rows = rows(result)
     return {
-        "model": c.model, "gpus": c.gpus, "global_batch": c.global_batch,
-        "tokens_per_iteration": c.tokens(), "memory_limit": c.memory,
-        "gpus_per_node": c.gpus_per_node, "device": c.device, "target": c.target,
+        "model": c.model,
+        "gpus": c.gpus,
+        "global_batch": c.global_batch,
+        "tokens_per_iteration": c.tokens(),
+        "memory_limit": c.memory,
+        "gpus_per_node": c.gpus_per_node,
+        "device": c.device,
+        "target": c.target,
         "plans": written,
         "best": out_rows[0].to_json(),
         "configurations": [r.to_json() for r in out_rows],
-        "baselines": {what: (r.to_json() | {"speedup": out_rows[0].throughput / r.throughput})
-                      if r is not None else None for what, r, _ in baselines(result)},
+        "baselines": {
+            what: (r.to_json() | {"speedup": out_rows[0].throughput / r.throughput})
+            if r is not None
+            else None
+            for what, r, _ in baselines(result)
+        },
         "counts": skipped_counts(result),
         "excluded_tp": {str(k): v for k, v in result.excluded_tps.items()},
-        "search": {"seconds": result.seconds, "interrupted": result.interrupted,
-                   "budget_short": result.budget_short},
+        "search": {
+            "seconds": result.seconds,
+            "interrupted": result.interrupted,
+            "budget_short": result.budget_short,
+        },
     }
 
 
 def _cells(r: Row) -> list[str]:
     c = r.config
-    return [str(c.tp), str(c.pp), str(c.dp), str(c.microbatch_size), str(c.microbatches),
-            str(c.zero), r.recompute, milliseconds(r.time), f"{r.throughput:,.0f}", size(r.peak),
-            f"{r.efficiency:.3f}", r.how, ", ".join(runtimes(c.zero))]
+    return [
+        str(c.tp),
+        str(c.pp),
+        str(c.dp),
+        str(c.microbatch_size),
+        str(c.microbatches),
+        str(c.zero),
+        r.recompute,
+        milliseconds(r.time),
+        f"{r.throughput:,.0f}",
+        size(r.peak),
+        f"{r.efficiency:.3f}",
+        r.how,
+        ", ".join(runtimes(c.zero)),
+    ]

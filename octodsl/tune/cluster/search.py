@@ -101,9 +101,14 @@ class Candidate:
     @property
     def best(self) -> Score | None:
         """Its fastest plan within the memory limit, tuned or classic."""
-        scores = [s for s in (self.tuned.best if self.tuned else None,
-                              self.classic.score if self.classic else None)
-                  if s is not None and s.fits]
+        scores = [
+            s
+            for s in (
+                self.tuned.best if self.tuned else None,
+                self.classic.score if self.classic else None,
+            )
+            if s is not None and s.fits
+        ]
         return min(scores, key=lambda s: s.time, default=None)
 
 
@@ -135,15 +140,25 @@ class ClusterResult:
         configuration screened (those left out are dominated by a classic plan or the
         Megatron-style ones, or not screened for the budget)."""
         scored = [(c, c.classic) for c in self.candidates if c.classic is not None]
-        return min(scored, key=lambda x: (x[1].score.time, x[0].config),  # type: ignore[union-attr]
-                   default=(None, None))
+        return min(
+            scored,
+            key=lambda x: (x[1].score.time, x[0].config),  # type: ignore[union-attr]
+            default=(None, None),
+        )
 
     def tokens_per_gpu(self, seconds: float) -> float:
         return self.cluster.tokens() / (seconds * self.cluster.gpus)
 
 
-def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
-           progress: Progress | None = None, max_evaluations: int | None = None) -> ClusterResult:
+def search(
+    cluster: Cluster,
+    *,
+    budget: float,
+    seed: int = 0,
+    top: int = 1,
+    progress: Progress | None = None,
+    max_evaluations: int | None = None,
+) -> ClusterResult:
     """The whole-cluster search within `budget` seconds (see the module's docstring);
     `max_evaluations`: the tuner stops after simulating that many plans of each configuration.
     Raises NoConfigurationFits when no configuration is feasible, OctoError for a space too
@@ -155,7 +170,7 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
     result = ClusterResult(cluster, [], [], [], excluded)
     result.candidates, result.skipped = _enumerate(cluster, tps, tables, excluded)
     # writing and checking the `top` plans comes out of the budget: the likely winners' size
-    likely = result.candidates[:max(TUNED, top)]
+    likely = result.candidates[: max(TUNED, top)]
     t0 = time.perf_counter()
     ops = max(plan_ops(c.config.pp, c.config.microbatches) for c in likely)
     budget = max(budget - (t0 - began) - check_reserve(ops, top), 1e-3)
@@ -165,16 +180,20 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
         state.show("Megatron-style recipe")
         result.megatron = megatron_baselines(cluster, tables, t0 + RECIPE_SHARE * budget)
         _adopt(result)
-        state.incumbent = min([m.score.time for m in result.megatron if m.score is not None],
-                              default=math.inf)
+        state.incumbent = min(
+            [m.score.time for m in result.megatron if m.score is not None], default=math.inf
+        )
         # Screen, tune, and while budget is left screen more (the tuning may have ended early:
         # every other configuration dominated, or the tuner finished).
         while True:
             now = time.perf_counter()
             screened = _screen(state, now + SCREEN_SHARE * (deadline - now))
             _tune(state, seed, max(TUNED, top), max_evaluations)
-            if not screened or time.perf_counter() >= deadline or not any(
-                    not c.screened and not state.beaten(c) for c in result.candidates):
+            if (
+                not screened
+                or time.perf_counter() >= deadline
+                or not any(not c.screened and not state.beaten(c) for c in result.candidates)
+            ):
                 break
     except KeyboardInterrupt:
         if not result.ranked():
@@ -182,9 +201,11 @@ def search(cluster: Cluster, *, budget: float, seed: int = 0, top: int = 1,
         result.interrupted = True
     result.seconds = time.perf_counter() - began
     if not result.ranked():
-        raise NoConfigurationFits(f"no plan simulated fits in {size(cluster.memory or 0)} per "
-                                  "GPU: the memory bounds allowed some, the plans simulated "
-                                  "none; try a longer --budget or more GPUs")
+        raise NoConfigurationFits(
+            f"no plan simulated fits in {size(cluster.memory or 0)} per "
+            "GPU: the memory bounds allowed some, the plans simulated "
+            "none; try a longer --budget or more GPUs"
+        )
     _finish(result)
     return result
 
@@ -196,15 +217,23 @@ def _finish(result: ClusterResult) -> None:
     assert best is not None, "a ranked candidate has a plan"
     for c in result.candidates:
         beaten = c.bound >= best.time
-        dominated = (f"{DOMINATED}: its lower bound {c.bound * 1e3:,.1f} ms is no shorter than "
-                     f"the best plan's {best.time * 1e3:,.1f} ms")
+        dominated = (
+            f"{DOMINATED}: its lower bound {c.bound * 1e3:,.1f} ms is no shorter than "
+            f"the best plan's {best.time * 1e3:,.1f} ms"
+        )
         if not c.screened:
-            result.skipped.append(Skipped(c.config, DOMINATED if beaten else NOT_SCREENED,
-                                          dominated if beaten else "the budget ran out before it"))
+            result.skipped.append(
+                Skipped(
+                    c.config,
+                    DOMINATED if beaten else NOT_SCREENED,
+                    dominated if beaten else "the budget ran out before it",
+                )
+            )
         elif c.tuned is None and c.config.pp > 1:
             c.untuned = dominated if beaten else "the budget ran out before it"
     result.budget_short = not any(c.tuned for c in result.candidates) and any(
-        c.untuned and not c.untuned.startswith(DOMINATED) for c in result.candidates)
+        c.untuned and not c.untuned.startswith(DOMINATED) for c in result.candidates
+    )
 
 
 @dataclass
@@ -224,8 +253,9 @@ class _State:
         return c.bound >= self.incumbent
 
 
-def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
-               excluded: dict[int, str]) -> tuple[list[Candidate], list[Skipped]]:
+def _enumerate(
+    cluster: Cluster, tps: list[int], tables: Tables, excluded: dict[int, str]
+) -> tuple[list[Candidate], list[Skipped]]:
     """The feasible configurations by lower bound (ties by configuration), and the infeasible
     ones with why. A larger micro-batch of a mesh and ZeRO stage whose smaller one does not fit
     does not fit either (it only adds activations): it is skipped without its own problem."""
@@ -235,14 +265,23 @@ def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
     # counted before any is costed, so that a huge space is refused at once
     configs = list(itertools.islice(configurations(cluster, tps), MAX_CONFIGS + 1))
     if len(configs) > MAX_CONFIGS:
-        raise OctoError(f"{cluster.gpus:,} GPUs and a global batch of {cluster.global_batch:,} "
-                        f"make more than {MAX_CONFIGS:,} configurations; fix some of the "
-                        "choices (--tp, --devices, --microbatch-size, --zero)")
+        raise OctoError(
+            f"{cluster.gpus:,} GPUs and a global batch of {cluster.global_batch:,} "
+            f"make more than {MAX_CONFIGS:,} configurations; fix some of the "
+            "choices (--tp, --devices, --microbatch-size, --zero)"
+        )
     for config in configs:
         key = (config.tp, config.pp, config.dp, config.zero)
         if key in too_big:
-            skipped.append(Skipped(config, INFEASIBLE, "a smaller micro-batch of the same mesh "
-                                   "and ZeRO stage does not fit in memory already", memory=True))
+            skipped.append(
+                Skipped(
+                    config,
+                    INFEASIBLE,
+                    "a smaller micro-batch of the same mesh "
+                    "and ZeRO stage does not fit in memory already",
+                    memory=True,
+                )
+            )
             continue
         why = over_limits(config.pp, config.microbatches)
         if why is not None:
@@ -261,31 +300,47 @@ def _enumerate(cluster: Cluster, tps: list[int], tables: Tables,
     return candidates, skipped
 
 
-def _no_configuration(cluster: Cluster, tps: list[int], tables: Tables, excluded: dict[int, str],
-                      skipped: list[Skipped]) -> str:
+def _no_configuration(
+    cluster: Cluster,
+    tps: list[int],
+    tables: Tables,
+    excluded: dict[int, str],
+    skipped: list[Skipped],
+) -> str:
     """Why no configuration is feasible, and the fewest GPUs for which one would be."""
     c = cluster
     what = f"{c.model} with a global batch of {c.global_batch} on {c.gpus} GPU{'s' * (c.gpus > 1)}"
     cause = fixed_cause(cluster) if not skipped else None
     if cause is not None:
-        return f"no configuration runs {what}: {cause} rules out every one ({_why_fixed(c, excluded)})"
+        return (
+            f"no configuration runs {what}: {cause} rules out every one ({_why_fixed(c, excluded)})"
+        )
     if not tps:
         why = "; ".join(f"tp {tp}: {m}" for tp, m in excluded.items()) or "none divides it"
-        return (f"no tp of {c.gpus_per_node} GPUs per node splits {what} ({why}); fix --tp to "
-                "a degree that does, or change --gpus-per-node")
+        return (
+            f"no tp of {c.gpus_per_node} GPUs per node splits {what} ({why}); fix --tp to "
+            "a degree that does, or change --gpus-per-node"
+        )
     more = fewest_gpus(cluster, tables, above=c.gpus)
-    hint = (f"the fewest GPUs above {c.gpus} that could is {more.gpus} ({more})" if more else
-            f"no GPU count above {c.gpus} would with this global batch")
+    hint = (
+        f"the fewest GPUs above {c.gpus} that could is {more.gpus} ({more})"
+        if more
+        else f"no GPU count above {c.gpus} would with this global batch"
+    )
     if not skipped:
         dps = [dp for _, _, dp in meshes(cluster, tps)]
-        batch = (f"use a global batch that is a multiple of {min(dps)}, or " if dps else "")
-        return (f"no configuration runs {what}: dp = GPUs / (tp x pp) must divide the global "
-                f"batch (tp dividing {c.gpus_per_node}, pp at most the model's "
-                f"{len(tables(tps[0], 1).layers)} layers); {batch}{hint}")
+        batch = f"use a global batch that is a multiple of {min(dps)}, or " if dps else ""
+        return (
+            f"no configuration runs {what}: dp = GPUs / (tp x pp) must divide the global "
+            f"batch (tp dividing {c.gpus_per_node}, pp at most the model's "
+            f"{len(tables(tps[0], 1).layers)} layers); {batch}{hint}"
+        )
     first = next((s for s in skipped if s.memory), None)
     if first is None:
-        return (f"no configuration of {what} fits: e.g. {skipped[0].config}: "
-                f"{skipped[0].detail}; {hint}")
+        return (
+            f"no configuration of {what} fits: e.g. {skipped[0].config}: "
+            f"{skipped[0].detail}; {hint}"
+        )
     # the memory bound's cause alone (its advice names devices and levers): then GPUs
     cause = problem_of(cluster, first.config, tables).why_no_plan_fits(advice=False)
     return f"no configuration of {what} fits: e.g. {first.config}: {cause}; {hint}"
@@ -297,8 +352,10 @@ def _why_fixed(c: Cluster, excluded: dict[int, str]) -> str:
         return f"tp {c.tp}: {excluded[c.tp]}"
     if c.tp is not None and (c.gpus_per_node % c.tp or c.gpus % c.tp):
         return f"tp must divide the {c.gpus_per_node} GPUs per node and the {c.gpus} GPUs"
-    return ("tp x pp x dp = the GPUs, pp at most the layer count, dp x micro-batch size dividing "
-            "the global batch, ZeRO 1 or 2 only with dp > 1")
+    return (
+        "tp x pp x dp = the GPUs, pp at most the layer count, dp x micro-batch size dividing "
+        "the global batch, ZeRO 1 or 2 only with dp > 1"
+    )
 
 
 def _adopt(result: ClusterResult) -> None:
@@ -325,8 +382,11 @@ def _screen(state: _State, until: float) -> int:
         state.show(f"screen {i + 1}/{len(r.candidates)}: {c.config.short()}")
         began = time.perf_counter()
         # the budget stops a screen too (its plans not run are NOT_RUN) after its first plan
-        c.baselines = classic_baselines(c.problem, schedules=SCHEDULES if c.config.pp > 1
-                                        else SCHEDULES[:1], deadline=state.deadline)
+        c.baselines = classic_baselines(
+            c.problem,
+            schedules=SCHEDULES if c.config.pp > 1 else SCHEDULES[:1],
+            deadline=state.deadline,
+        )
         c.screened, c.screen_seconds = True, time.perf_counter() - began
         count += 1
         if c.classic is not None:
@@ -345,8 +405,17 @@ def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -
         fits = c.classic
         return (0, fits.score.time, c.config) if fits and fits.score else (1, c.bound, c.config)
 
-    todo = sorted((c for c in r.candidates if c.screened and c.tuned is None and c.config.pp > 1
-                   and any(b.score for b in c.baselines)), key=order)
+    todo = sorted(
+        (
+            c
+            for c in r.candidates
+            if c.screened
+            and c.tuned is None
+            and c.config.pp > 1
+            and any(b.score for b in c.baselines)
+        ),
+        key=order,
+    )
     for i, c in enumerate(todo):
         if state.beaten(c):
             continue
@@ -357,8 +426,14 @@ def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -
         state.show(f"tune {c.config.short()}")
         start = best_of(b.score for b in c.baselines if b.score is not None)
         try:
-            c.tuned = tune(c.problem, budget=share, seed=seed, starts=[start.plan],
-                           progress=_within(state, c), max_evaluations=max_evaluations)
+            c.tuned = tune(
+                c.problem,
+                budget=share,
+                seed=seed,
+                starts=[start.plan],
+                progress=_within(state, c),
+                max_evaluations=max_evaluations,
+            )
         except BudgetTooShort:
             continue
         if c.tuned.best.fits:
@@ -372,9 +447,11 @@ def _within(state: _State, c: Candidate) -> Progress | None:
     if state.progress is None:
         return None
     show = state.progress
-    return lambda phase, best, left: show(f"tune {c.config.short()}: {phase}",
-                                          min(best, state.incumbent),
-                                          state.deadline - time.perf_counter())
+    return lambda phase, best, left: show(
+        f"tune {c.config.short()}: {phase}",
+        min(best, state.incumbent),
+        state.deadline - time.perf_counter(),
+    )
 
 
 def plan_of(c: Candidate) -> Plan:

@@ -53,12 +53,16 @@ class Config:
 
     def short(self) -> str:
         """'tp8 pp4 dp2 64x1 z1': tp, pp, dp, micro-batches x size, ZeRO."""
-        return (f"tp{self.tp} pp{self.pp} dp{self.dp} {self.microbatches}x{self.microbatch_size} "
-                f"z{self.zero}")
+        return (
+            f"tp{self.tp} pp{self.pp} dp{self.dp} {self.microbatches}x{self.microbatch_size} "
+            f"z{self.zero}"
+        )
 
     def __str__(self) -> str:
-        return (f"tp {self.tp} x pp {self.pp} x dp {self.dp}, {self.microbatches} x "
-                f"{self.microbatch_size} sequences, zero {self.zero}")
+        return (
+            f"tp {self.tp} x pp {self.pp} x dp {self.dp}, {self.microbatches} x "
+            f"{self.microbatch_size} sequences, zero {self.zero}"
+        )
 
 
 @dataclass(frozen=True)
@@ -94,12 +98,15 @@ class Cluster:
     """The runtime the configurations are for (octodsl.tune.target)."""
 
     def __post_init__(self) -> None:
-        for what, value, limit in (("GPUs", self.gpus, limits.MAX_GPUS),
-                                   ("sequences of global batch", self.global_batch,
-                                    limits.MAX_GLOBAL_BATCH)):
+        for what, value, limit in (
+            ("GPUs", self.gpus, limits.MAX_GPUS),
+            ("sequences of global batch", self.global_batch, limits.MAX_GLOBAL_BATCH),
+        ):
             if not 1 <= value <= limit:
-                raise OctoError(f"{value:,} {what}: the search takes at least 1 and "
-                                + limits.at_most(limit, ""))
+                raise OctoError(
+                    f"{value:,} {what}: the search takes at least 1 and "
+                    + limits.at_most(limit, "")
+                )
 
     @property
     def node_link(self) -> Link:
@@ -140,8 +147,15 @@ def tp_degrees(cluster: Cluster) -> tuple[list[int], dict[int, str]]:
         if cluster.gpus_per_node % tp or cluster.gpus % tp:
             continue
         fatal = [p.message for p in tp_problems(spec, tp) if p.fatal]
-        fatal += [m for m in [unsplit_sequence(cluster.seq_len or spec.seq_len, tp,
-                                               cluster.sequence_parallel is not False)] if m]
+        fatal += [
+            m
+            for m in [
+                unsplit_sequence(
+                    cluster.seq_len or spec.seq_len, tp, cluster.sequence_parallel is not False
+                )
+            ]
+            if m
+        ]
         if fatal:
             why[tp] = fatal[0]
         elif cluster.tp in (None, tp):
@@ -186,9 +200,15 @@ class Tables:
         key = (tp, microbatch_size)
         if key not in self._tables:
             c = self.cluster
-            self._tables[key] = cost_table(model=c.model, device=c.device,
-                                           microbatch_size=microbatch_size, seq_len=c.seq_len,
-                                           tp=tp, sp=c.sequence_parallel, tp_link=c.node_link)
+            self._tables[key] = cost_table(
+                model=c.model,
+                device=c.device,
+                microbatch_size=microbatch_size,
+                seq_len=c.seq_len,
+                tp=tp,
+                sp=c.sequence_parallel,
+                tp_link=c.node_link,
+            )
         return self._tables[key]
 
 
@@ -196,16 +216,30 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
     """The tuning problem of one configuration. OctoError for a header out of range."""
     c = cluster
     try:
-        header = Header(name=f"{c.model}-tp{config.tp}-pp{config.pp}-dp{config.dp}-"
-                        f"mb{config.microbatch_size}x{config.microbatches}-z{config.zero}",
-                        devices=config.pp, microbatches=config.microbatches, model=c.model,
-                        microbatch_size=config.microbatch_size, seq_len=c.seq_len,
-                        memory=c.memory, dp=config.dp, zero=config.zero, tp=config.tp,
-                        sequence_parallel=c.sequence_parallel, gpus_per_node=c.gpus_per_node)
+        header = Header(
+            name=f"{c.model}-tp{config.tp}-pp{config.pp}-dp{config.dp}-"
+            f"mb{config.microbatch_size}x{config.microbatches}-z{config.zero}",
+            devices=config.pp,
+            microbatches=config.microbatches,
+            model=c.model,
+            microbatch_size=config.microbatch_size,
+            seq_len=c.seq_len,
+            memory=c.memory,
+            dp=config.dp,
+            zero=config.zero,
+            tp=config.tp,
+            sequence_parallel=c.sequence_parallel,
+            gpus_per_node=c.gpus_per_node,
+        )
     except ValidationError as e:
         raise OctoError(f"{config}: {e.errors()[0]['msg']}") from None
-    return Problem(tables(config.tp, config.microbatch_size), header, c.node_link, c.recompute,
-                   inter_link=c.between_nodes)
+    return Problem(
+        tables(config.tp, config.microbatch_size),
+        header,
+        c.node_link,
+        c.recompute,
+        inter_link=c.between_nodes,
+    )
 
 
 ZEROS = (0, 1, 2)
@@ -233,8 +267,10 @@ def over_limits(pp: int, microbatches: int) -> str | None:
     plan has (`check_size`'s count; on one device F and a fused BW per micro-batch). Checked
     before the configuration's problem is built (its header would refuse it)."""
     if microbatches > limits.MAX_MICROBATCHES:
-        return (f"{microbatches:,} micro-batches per pipeline, over octodsl's limit of "
-                f"{limits.MAX_MICROBATCHES:,}")
+        return (
+            f"{microbatches:,} micro-batches per pipeline, over octodsl's limit of "
+            f"{limits.MAX_MICROBATCHES:,}"
+        )
     ops = plan_ops(pp, microbatches)
     if ops > limits.MAX_OPS:
         return f"at least {ops:,} ops per plan, over octodsl's limit of {limits.MAX_OPS:,}"
@@ -263,16 +299,24 @@ def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
     # is out, on 8 it is in)
     tps, _ = tp_degrees(replace(cluster, gpus=cluster.gpus_per_node))
     layers = len(load_model(cluster.model).layers)
-    meshes = sorted((tp * pp * dp, tp, pp, dp) for tp in tps for pp in range(1, layers + 1)
-                    for dp in divisors(cluster.global_batch)
-                    if above < tp * pp * dp <= limits.MAX_GPUS and cluster.pp in (None, pp))
+    meshes = sorted(
+        (tp * pp * dp, tp, pp, dp)
+        for tp in tps
+        for pp in range(1, layers + 1)
+        for dp in divisors(cluster.global_batch)
+        if above < tp * pp * dp <= limits.MAX_GPUS and cluster.pp in (None, pp)
+    )
     for _, tp, pp, dp in meshes:
         share = cluster.global_batch // dp
         # the fewest sequences per micro-batch that keep the plans within octodsl's limits
         mbs = cluster.microbatch_size or next(
-            (m for m in divisors(share) if over_limits(pp, share // m) is None), share)
-        zero = (max(z for z in ZEROS if admits(cluster.target, z)) if dp > 1 else 0) \
-            if cluster.zero is None else cluster.zero
+            (m for m in divisors(share) if over_limits(pp, share // m) is None), share
+        )
+        zero = (
+            (max(z for z in ZEROS if admits(cluster.target, z)) if dp > 1 else 0)
+            if cluster.zero is None
+            else cluster.zero
+        )
         if share % mbs or (zero > 0 and dp == 1) or over_limits(pp, share // mbs):
             continue
         config = Config(tp, pp, dp, mbs, share // mbs, zero)

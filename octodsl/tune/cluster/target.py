@@ -26,7 +26,9 @@ def refusal(target: str, zero: int) -> str | None:
     """Why `--zero` fixed to `zero` rules out every configuration of `target`, or None."""
     if admits(target, zero):
         return None
-    return (f"--zero {zero} rules out every configuration of --target {target}: octodsl's "
-            f"executor (deepspeed_ext, on DeepSpeed's pipeline engine) runs ZeRO 0 to "
-            f"{EXECUTOR_ZERO} only; --target {MEGATRON} admits it (Megatron's distributed "
-            "optimizer shards gradients in a pipeline)")
+    return (
+        f"--zero {zero} rules out every configuration of --target {target}: octodsl's "
+        f"executor (deepspeed_ext, on DeepSpeed's pipeline engine) runs ZeRO 0 to "
+        f"{EXECUTOR_ZERO} only; --target {MEGATRON} admits it (Megatron's distributed "
+        "optimizer shards gradients in a pipeline)"
+    )

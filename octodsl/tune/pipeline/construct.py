@@ -41,9 +41,14 @@ from ...sim.program import KIND_OF_CODE
 _INF = np.inf
 
 
-def build_schedule(plan: Plan, costs: Sequence[StageCost], link: Link,
-                   memory: float | None = None, w_gap: bool = True,
-                   inter_link: Link | None = None) -> Plan:
+def build_schedule(
+    plan: Plan,
+    costs: Sequence[StageCost],
+    link: Link,
+    memory: float | None = None,
+    w_gap: bool = True,
+    inter_link: Link | None = None,
+) -> Plan:
     """`plan` with every device's order built by list scheduling (its own schedule ignored).
 
     memory: per-device bytes the orders should stay within (None: no limit); static bytes of
@@ -51,8 +56,13 @@ def build_schedule(plan: Plan, costs: Sequence[StageCost], link: Link,
     static bytes and one micro-batch already exceed the limit gets an order over it."""
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
     orders: list[list[Slot]] = [[] for _ in range(plan.devices)]
-    for k, s, i, d in zip(order.kind.tolist(), order.stage.tolist(), order.mb.tolist(),
-                          order.device.tolist(), strict=True):
+    for k, s, i, d in zip(
+        order.kind.tolist(),
+        order.stage.tolist(),
+        order.mb.tolist(),
+        order.device.tolist(),
+        strict=True,
+    ):
         orders[d].append(_slot(k, s, i))
     return replace(plan, schedule=orders)
 
@@ -123,9 +133,14 @@ class _Order(NamedTuple):
     device: np.ndarray
 
 
-def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
-            memory: float | None = None, w_gap: bool = True,
-            inter_link: Link | None = None) -> _Order:
+def _arrays(
+    plan: Plan,
+    costs: Sequence[StageCost],
+    link: Link,
+    memory: float | None = None,
+    w_gap: bool = True,
+    inter_link: Link | None = None,
+) -> _Order:
     """The scheduler's inputs for `plan`, and the order it constructs."""
     sd = np.array(plan.stage_device(), np.int64)
     S, P, M = len(sd), plan.devices, plan.microbatches
@@ -133,18 +148,40 @@ def _arrays(plan: Plan, costs: Sequence[StageCost], link: Link,
     dev_ptr = np.zeros(P + 1, np.int64)
     dev_ptr[1:] = np.cumsum([len(x) for x in dev_stages])
     flat = np.concatenate(dev_stages) if S else np.zeros(0, np.int64)
-    col = {name: np.array([getattr(c, name) for c in costs], float)
-           for name in ("f", "b", "w", "act", "act_w", "act_b", "static")}
+    col = {
+        name: np.array([getattr(c, name) for c in costs], float)
+        for name in ("f", "b", "w", "act", "act_w", "act_b", "static")
+    }
     send = np.array([c.send_bytes for c in costs], float)
-    cut = (cut_times(send, cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
-           if inter_link is not None else link_times(link, send))
+    cut = (
+        cut_times(send, cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
+        if inter_link is not None
+        else link_times(link, send)
+    )
     delay = np.array([cut[s] if s + 1 < S and sd[s] != sd[s + 1] else 0.0 for s in range(S)])
     static = np.bincount(sd, weights=col["static"], minlength=P)
     transient = np.array([col["act_b"][stages].max(initial=0.0) for stages in dev_stages])
     cap = np.full(P, _INF) if memory is None else memory - static
     room = np.array([sum(col["act"][s] for s in stages[1:]) for stages in dev_stages], float)
-    return _walk(_Inputs(S, M, dev_ptr, flat, col["f"], col["b"], col["w"], col["act"],
-                         col["act_w"], col["act_b"], delay, cap - transient, cap, room, w_gap))
+    return _walk(
+        _Inputs(
+            S,
+            M,
+            dev_ptr,
+            flat,
+            col["f"],
+            col["b"],
+            col["w"],
+            col["act"],
+            col["act_w"],
+            col["act_b"],
+            delay,
+            cap - transient,
+            cap,
+            room,
+            w_gap,
+        )
+    )
 
 
 # _ready_f, _ready_b and the W after its B in _decide are the dependency rule: they mirror
@@ -185,8 +222,11 @@ def _decide(x, st, d):
         s = x.stages[i]
         r = max(_ready_b(x, st, s, b_done[s]), t0)
         # Earlier start wins; at the same start, the older micro-batch, then the deeper stage.
-        if r < tb or (r == tb and r < _INF and (b_done[s] < b_done[best_b] or
-                                                 (b_done[s] == b_done[best_b] and s > best_b))):
+        if r < tb or (
+            r == tb
+            and r < _INF
+            and (b_done[s] < b_done[best_b] or (b_done[s] == b_done[best_b] and s > best_b))
+        ):
             best_b, tb = s, r
         r = _ready_f(x, st, s, f_done[s])
         if r < _INF:
@@ -196,15 +236,22 @@ def _decide(x, st, d):
                     blocked = s
             else:
                 r = max(r, t0)
-                if r < tf or (r == tf and (f_done[s] < f_done[best_f] or
-                                            (f_done[s] == f_done[best_f] and s > best_f))):
+                if r < tf or (
+                    r == tf
+                    and (f_done[s] < f_done[best_f] or (f_done[s] == f_done[best_f] and s > best_f))
+                ):
                     best_f, tf = s, r
-        if w_done[s] < b_done[s] and (best_w < 0 or
-                                      st.b_end[s, w_done[s]] < st.b_end[best_w, w_done[best_w]]):
+        if w_done[s] < b_done[s] and (
+            best_w < 0 or st.b_end[s, w_done[s]] < st.b_end[best_w, w_done[best_w]]
+        ):
             best_w = s
     # a B whose recomputed part would not fit lets a held W free memory first, now or later
-    b_needs_w = (best_w >= 0 and best_b >= 0 and x.act_b[best_b] > 0
-                 and st.memory[d] + x.act_b[best_b] > x.cap[d])
+    b_needs_w = (
+        best_w >= 0
+        and best_b >= 0
+        and x.act_b[best_b] > 0
+        and st.memory[d] + x.act_b[best_b] > x.cap[d]
+    )
     if tb <= t0:
         if b_needs_w:
             return t0, 2, best_w, blocked
@@ -242,10 +289,18 @@ def _walk(x):
     S, M = x.num_stages, x.microbatches
     P = x.dev_ptr.shape[0] - 1
     N = 3 * S * M
-    out = _Order(np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64),
-                 np.zeros(N, np.int64))
-    st = _Progress(np.zeros(S, np.int64), np.zeros(S, np.int64), np.zeros(S, np.int64),
-                   np.zeros((S, M)), np.zeros((S, M)), np.zeros(P), np.zeros(P))
+    out = _Order(
+        np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64)
+    )
+    st = _Progress(
+        np.zeros(S, np.int64),
+        np.zeros(S, np.int64),
+        np.zeros(S, np.int64),
+        np.zeros((S, M)),
+        np.zeros((S, M)),
+        np.zeros(P),
+        np.zeros(P),
+    )
     for k in range(N):
         bt, bd, bk, bs = _INF, -1, -1, -1
         stuck_t, stuck_d, stuck_s = _INF, -1, -1

@@ -34,8 +34,11 @@ class Bottleneck:
         first when over the limit, else last with `memory_within` (recompute may pay: tried
         first when near the limit, it cost more rounds than it won on the benchmark)."""
         share = {"partition": self.imbalance, "placement": self.fill, "schedule": self.gaps}
-        return (["memory"] * over_memory + sorted(share, key=lambda k: -share[k])
-                + ["memory"] * (memory_within and not over_memory))
+        return (
+            ["memory"] * over_memory
+            + sorted(share, key=lambda k: -share[k])
+            + ["memory"] * (memory_within and not over_memory)
+        )
 
 
 def diagnose(result: SimResult) -> Bottleneck:
@@ -50,5 +53,10 @@ def diagnose(result: SimResult) -> Bottleneck:
             tail[d] = T - result.end[p.order_nodes[hi - 1]]
     gaps = result.idle - lead - tail
     busy = result.busy
-    return Bottleneck(float((busy.max() - busy.mean()) / T), float((lead + tail).mean() / T),
-                      float(gaps.mean() / T), lead, tail)
+    return Bottleneck(
+        float((busy.max() - busy.mean()) / T),
+        float((lead + tail).mean() / T),
+        float(gaps.mean() / T),
+        lead,
+        tail,
+    )

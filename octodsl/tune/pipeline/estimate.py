@@ -113,25 +113,46 @@ class FillModel:
     """`model(cuts)` -> the bound above for one placement (`devices[s]` per stage) and what
     each stage recomputes (`recompute[s]`, default none)."""
 
-    def __init__(self, problem: Problem, devices: tuple[int, ...],
-                 recompute: tuple[Recompute, ...] = ()) -> None:
+    def __init__(
+        self, problem: Problem, devices: tuple[int, ...], recompute: tuple[Recompute, ...] = ()
+    ) -> None:
         table = problem.table
         layers = table.layers
         fused = problem.header.grad_accumulation_fusion
-        rows = [[l.f for l in layers], [l.b for l in layers], [l.w_run(fused) for l in layers],
-                [l.act for l in layers], list(problem.layer_static()),
-                [l.sel_act for l in layers], [l.sel_f for l in layers]]
+        rows = [
+            [l.f for l in layers],
+            [l.b for l in layers],
+            [l.w_run(fused) for l in layers],
+            [l.act for l in layers],
+            list(problem.layer_static()),
+            [l.sel_act for l in layers],
+            [l.sel_f for l in layers],
+        ]
         sums = _LayerSums(*(np.concatenate([[0.0], np.cumsum(np.array(r, float))]) for r in rows))
         input_bytes = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
         out = np.array([l.message_bytes for l in layers], float)
         inter = cut_crosses_nodes(problem.mesh, devices)
         extra = float(table.meta.get("message_overhead", 0.0))
-        hop = np.array([link_times(problem.inter_link or problem.link if x else problem.link, out)
-                        for x in inter.tolist()]).reshape(len(devices), len(layers)) + extra
+        hop = (
+            np.array(
+                [
+                    link_times(problem.inter_link or problem.link if x else problem.link, out)
+                    for x in inter.tolist()
+                ]
+            ).reshape(len(devices), len(layers))
+            + extra
+        )
         limit = float(problem.memory) if problem.memory is not None else np.inf
-        self.inputs = _Inputs(np.array(devices, np.int64), np.zeros(len(devices), np.int64),
-                              problem.devices, problem.microbatches, limit, sums, input_bytes,
-                              hop)
+        self.inputs = _Inputs(
+            np.array(devices, np.int64),
+            np.zeros(len(devices), np.int64),
+            problem.devices,
+            problem.microbatches,
+            limit,
+            sums,
+            input_bytes,
+            hop,
+        )
         if recompute:
             self.set_modes(recompute)
 
@@ -194,14 +215,19 @@ def _stage_sums(c, x):
     gradient-accumulation pass)."""
     S = x.stage_device.shape[0]
     p = x.sums
-    out = _StageSums(np.empty(S), np.empty(S), np.empty(S), np.empty(S), np.empty(S),
-                     np.empty(S))
+    out = _StageSums(np.empty(S), np.empty(S), np.empty(S), np.empty(S), np.empty(S), np.empty(S))
     for s in range(S):
         a, b = c[s], c[s + 1]
         f = p.f[b] - p.f[a]
         act = p.act[b] - p.act[a]
-        again, kept = recomputed_code(x.mode[s], f, act, p.sel_f[b] - p.sel_f[a],
-                                      p.sel_act[b] - p.sel_act[a], x.input_bytes[a])
+        again, kept = recomputed_code(
+            x.mode[s],
+            f,
+            act,
+            p.sel_f[b] - p.sel_f[a],
+            p.sel_act[b] - p.sel_act[a],
+            x.input_bytes[a],
+        )
         out.f[s] = f
         out.b[s] = p.b[b] - p.b[a] + again
         out.act[s] = kept
@@ -237,8 +263,9 @@ def _first_trip(c, x, st):
 @njit
 def _device_sums(x, st):
     P = x.devices
-    out = _DeviceSums(np.full(P, -1, np.int64), np.full(P, -1, np.int64), np.zeros(P),
-                      np.zeros(P), np.zeros(P))
+    out = _DeviceSums(
+        np.full(P, -1, np.int64), np.full(P, -1, np.int64), np.zeros(P), np.zeros(P), np.zeros(P)
+    )
     static = np.zeros(P)
     brought = np.zeros(P)
     for s in range(x.stage_device.shape[0]):

@@ -85,6 +85,8 @@ class Evaluator:
 def check_plan(plan: Plan, problem: Problem) -> None:
     """Raise PlanError unless the plan is for the problem's devices, micro-batches and layers."""
     if plan.devices != problem.devices or plan.microbatches != problem.microbatches:
-        raise PlanError(f"the plan is for {plan.devices} devices and {plan.microbatches} "
-                        f"micro-batches, not {problem.devices} and {problem.microbatches}")
+        raise PlanError(
+            f"the plan is for {plan.devices} devices and {plan.microbatches} "
+            f"micro-batches, not {problem.devices} and {problem.microbatches}"
+        )
     problem.table.stage_costs(plan)

@@ -29,14 +29,18 @@ class StageLayout:
     """What each stage recomputes; () is none on every stage (and is stored as that)."""
 
     def __post_init__(self) -> None:
-        if len(self.cuts) != len(self.devices) + 1 or self.cuts[0] != 0 or any(
-                a >= b for a, b in pairwise(self.cuts)):
+        if (
+            len(self.cuts) != len(self.devices) + 1
+            or self.cuts[0] != 0
+            or any(a >= b for a, b in pairwise(self.cuts))
+        ):
             raise ValueError(f"bad layout: cuts {self.cuts} for {len(self.devices)} stages")
         if not self.recompute:  # one spelling per layout: equal layouts hash alike
             object.__setattr__(self, "recompute", (Recompute.NONE,) * len(self.devices))
         elif len(self.recompute) != len(self.devices):
-            raise ValueError(f"bad layout: {len(self.recompute)} recompute modes for "
-                             f"{len(self.devices)} stages")
+            raise ValueError(
+                f"bad layout: {len(self.recompute)} recompute modes for {len(self.devices)} stages"
+            )
 
     @property
     def num_stages(self) -> int:
@@ -51,16 +55,23 @@ class StageLayout:
         """The layout of a plan whose stages name their layers; PlanError otherwise."""
         if any(st.abstract for st in plan.stages):
             raise PlanError("the plan's partition names no layers (an abstract plan)")
-        return cls(tuple(st.bounds[0] for st in plan.stages) + (plan.stages[-1].bounds[1] + 1,),
-                   tuple(plan.stage_device()), tuple(plan.recompute()))
+        return cls(
+            tuple(st.bounds[0] for st in plan.stages) + (plan.stages[-1].bounds[1] + 1,),
+            tuple(plan.stage_device()),
+            tuple(plan.recompute()),
+        )
 
     def stages(self) -> list[Stage]:
-        return [Stage(a, b - 1, recompute=m)
-                for (a, b), m in zip(pairwise(self.cuts), self.recompute, strict=True)]
+        return [
+            Stage(a, b - 1, recompute=m)
+            for (a, b), m in zip(pairwise(self.cuts), self.recompute, strict=True)
+        ]
 
     def placement(self, num_devices: int) -> list[DevicePlacement]:
-        return [DevicePlacement(d, tuple(s for s, x in enumerate(self.devices) if x == d))
-                for d in range(num_devices)]
+        return [
+            DevicePlacement(d, tuple(s for s, x in enumerate(self.devices) if x == d))
+            for d in range(num_devices)
+        ]
 
     def device_stages(self, num_devices: int) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in range(num_devices)]

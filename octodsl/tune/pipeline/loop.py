@@ -91,9 +91,16 @@ class BudgetTooShort(OctoError):
     """The budget ran out before the tuner simulated one plan."""
 
 
-def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Sequence[Plan] = (),
-         max_evaluations: int | None = None, progress: Progress | None = None,
-         restarts: int = RESTARTS) -> TuneResult:
+def tune(
+    problem: Problem,
+    *,
+    budget: float = 60.0,
+    seed: int = 0,
+    starts: Sequence[Plan] = (),
+    max_evaluations: int | None = None,
+    progress: Progress | None = None,
+    restarts: int = RESTARTS,
+) -> TuneResult:
     """Search for the fastest plan that fits the problem's memory limit within `budget` seconds
     (and `max_evaluations` simulations, when given). `starts`: plans to refine, besides the
     tuner's own starting points. The searches share the budget; a later one runs only while
@@ -109,19 +116,32 @@ def tune(problem: Problem, *, budget: float = 60.0, seed: int = 0, starts: Seque
     out: TuneResult | None = None
     for k in range(restarts):
         if out is not None:
-            if not out.finished or time.perf_counter() >= deadline or (
-                    max_evaluations is not None and out.evaluations >= max_evaluations):
+            if (
+                not out.finished
+                or time.perf_counter() >= deadline
+                or (max_evaluations is not None and out.evaluations >= max_evaluations)
+            ):
                 break
-            out.rounds.append(Round(len(out.rounds), "restart", f"search again, seed {seed + k}",
-                                    out.best.time, out.best.time))
+            out.rounds.append(
+                Round(
+                    len(out.rounds),
+                    "restart",
+                    f"search again, seed {seed + k}",
+                    out.best.time,
+                    out.best.time,
+                )
+            )
         shown = _best_shown(progress, out.best.time if out else math.inf)
         try:
-            r = _Search(problem, evaluate, deadline, seed + k, max_evaluations, shown,
-                        fitted, step_cost).run(starts)
+            r = _Search(
+                problem, evaluate, deadline, seed + k, max_evaluations, shown, fitted, step_cost
+            ).run(starts)
         except _NothingSimulated:
             if out is None:
-                raise BudgetTooShort(f"the budget of {budget:.3g} s ran out before the tuner "
-                                     "could simulate one plan; give it more time") from None
+                raise BudgetTooShort(
+                    f"the budget of {budget:.3g} s ran out before the tuner "
+                    "could simulate one plan; give it more time"
+                ) from None
             out.finished = False
             break
         except KeyboardInterrupt:
@@ -147,8 +167,9 @@ def _merge(a: TuneResult, b: TuneResult) -> TuneResult:
     offset = len(a.rounds)
     rounds = a.rounds + [replace(r, number=r.number + offset) for r in b.rounds]
     best = b.best if b.best.better_than(a.best) else a.best
-    return TuneResult(best, rounds, a.evaluations + b.evaluations, b.finished, a.starts,
-                      b.interrupted)
+    return TuneResult(
+        best, rounds, a.evaluations + b.evaluations, b.finished, a.starts, b.interrupted
+    )
 
 
 def _modes_text(modes: tuple[Recompute, ...]) -> str:
@@ -163,10 +184,17 @@ def _order(a: Score, b: Score) -> int:
 
 
 class _Search:
-    def __init__(self, problem: Problem, evaluate: Evaluator, deadline: float, seed: int,
-                 max_evaluations: int | None, progress: Progress | None,
-                 fitted: dict[tuple[int, ...], StageLayout | None],
-                 step_cost: dict[str, float]) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        evaluate: Evaluator,
+        deadline: float,
+        seed: int,
+        max_evaluations: int | None,
+        progress: Progress | None,
+        fitted: dict[tuple[int, ...], StageLayout | None],
+        step_cost: dict[str, float],
+    ) -> None:
         self.problem = problem
         self.seed = seed
         self.deadline = deadline
@@ -207,7 +235,8 @@ class _Search:
         # Stop when the next simulation (and the moves around it) would likely end past the
         # deadline.
         if now + 2 * self.last_cost > self.deadline or (
-                self.max_evaluations is not None and self.evaluate.count >= self.max_evaluations):
+            self.max_evaluations is not None and self.evaluate.count >= self.max_evaluations
+        ):
             raise _OutOfBudget
         if self.progress:
             self.progress(phase, self.best.time if self.best else math.inf, self.deadline - now)
@@ -238,8 +267,14 @@ class _Search:
             finished, interrupted = False, True
         if self.best is None:
             raise _NothingSimulated
-        return TuneResult(self.best, self.rounds, self.evaluate.count - self.count0, finished,
-                          [(name, s) for name, s, _, _ in starts], interrupted)
+        return TuneResult(
+            self.best,
+            self.rounds,
+            self.evaluate.count - self.count0,
+            finished,
+            [(name, s) for name, s, _, _ in starts],
+            interrupted,
+        )
 
     def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, StageLayout, bool]]:
         p = self.problem
@@ -249,15 +284,27 @@ class _Search:
                 continue
             # The given order is kept; the schedule phase may rebuild it (w_gap=True makes its
             # first proposal the usually better rebuild without W held back).
-            out.append((f"given plan {plan.header.name!r}", self.score(plan, "start", True),
-                        StageLayout.of(plan), True))
+            out.append(
+                (
+                    f"given plan {plan.header.name!r}",
+                    self.score(plan, "start", True),
+                    StageLayout.of(plan),
+                    True,
+                )
+            )
         for name, layout, cuts in self._start_layouts(list(out)):
             for w_gap in (False, True):
                 self.ready("start")
                 self.tried.add((layout, w_gap))
                 plan = rebuild(p.skeleton(layout), p, w_gap)
-                out.append((f"{name}, {cuts}" + (", W held for gaps" if w_gap else ""),
-                            self.score(plan, "start", w_gap), layout, w_gap))
+                out.append(
+                    (
+                        f"{name}, {cuts}" + (", W held for gaps" if w_gap else ""),
+                        self.score(plan, "start", w_gap),
+                        layout,
+                        w_gap,
+                    )
+                )
         by_score = functools.cmp_to_key(_order)
         out.sort(key=lambda start: by_score(start[1]))
         return out
@@ -287,15 +334,17 @@ class _Search:
                     layout = fit_modes(StageLayout(p.keep.cuts, devices), p)
                     yield f"placement {name}", layout, "kept cuts" + _modes_text(p.modes_of(layout))
 
-    def _start_cuts(self, devices: tuple[int, ...],
-                    mode: Recompute | None = None) -> tuple[StageLayout, str]:
+    def _start_cuts(
+        self, devices: tuple[int, ...], mode: Recompute | None = None
+    ) -> tuple[StageLayout, str]:
         """Bubble-aware cuts for a family placement, and what they are: with `mode` on every
         stage; else when the tuner picks recompute, cuts and modes in turn (twice). Where
         shifts found none that fit in memory, from the cuts `fitting` finds."""
         p = self.problem
         even = StageLayout(even_cuts(p.num_layers, len(devices)), devices)
-        layout = rebalance(even if mode is None else even.with_recompute((mode,) * len(devices)),
-                           p, seed=self.seed)
+        layout = rebalance(
+            even if mode is None else even.with_recompute((mode,) * len(devices)), p, seed=self.seed
+        )
         for _ in range(2 if len(p.modes) > 1 and mode is None else 0):
             layout = rebalance(fit_modes(layout, p), p, seed=self.seed)
         model = FillModel(p, devices, p.modes_of(layout))
@@ -319,8 +368,14 @@ class _Search:
             # plan without a simulation is never better than another (Score.better_than)
             assert best is not None and best.result is not None
             self.ready("kick")
-            st = State(self.problem, best, StageLayout.of(best.plan), self.best_w_gap,
-                       diagnose(best.result), self.seed)
+            st = State(
+                self.problem,
+                best,
+                StageLayout.of(best.plan),
+                self.best_w_gap,
+                diagnose(best.result),
+                self.seed,
+            )
             prop = kick(st, rng)
             assert prop.layout is not None and prop.w_gap is not None, "a kick sets both"
             s = self.score(prop.build(), "kick", prop.w_gap)
@@ -331,8 +386,9 @@ class _Search:
     def _refine(self, cur: Score, layout: StageLayout, w_gap: bool) -> None:
         """Rounds from one start until no move of any phase improves it."""
         while cur.result is not None:  # a given plan may deadlock: nothing to refine
-            st = State(self.problem, cur, layout, w_gap, diagnose(cur.result),
-                       self.seed + len(self.rounds))
+            st = State(
+                self.problem, cur, layout, w_gap, diagnose(cur.result), self.seed + len(self.rounds)
+            )
             for phase in st.bottleneck.phases(not cur.fits, self.recompute_within):
                 found = self._round(phase, st)
                 if found is not None:
@@ -354,9 +410,11 @@ class _Search:
             w_gap = st.w_gap if prop.w_gap is None else prop.w_gap
             s = self.score(plan, phase, w_gap)
             if s.better_than(st.score):
-                peaks = ((float(st.score.peak.max()), float(s.peak.max()))
-                         if phase == "memory" else None)
-                self.rounds.append(Round(len(self.rounds), phase, prop.move, st.score.time, s.time,
-                                         peaks))
+                peaks = (
+                    (float(st.score.peak.max()), float(s.peak.max())) if phase == "memory" else None
+                )
+                self.rounds.append(
+                    Round(len(self.rounds), phase, prop.move, st.score.time, s.time, peaks)
+                )
                 return s, prop.layout or st.layout, w_gap
         return None

@@ -55,8 +55,12 @@ class State:
 
 
 def proposals(phase: str, st: State) -> Iterator[Proposal]:
-    return {"memory": _memory, "partition": _partition, "placement": _placement,
-            "schedule": _schedule}[phase](st)
+    return {
+        "memory": _memory,
+        "partition": _partition,
+        "placement": _placement,
+        "schedule": _schedule,
+    }[phase](st)
 
 
 def _rebuilt(st: State, layout: StageLayout) -> Callable[[], Plan]:
@@ -77,14 +81,18 @@ def _layout(st: State, move: str, layout: StageLayout | None) -> Iterator[Propos
 def _partition(st: State) -> Iterator[Proposal]:
     if st.problem.keep is not None:  # the cuts are kept
         return
-    yield from _layout(st, "rebalance: bubble-aware cuts",
-                       partition.rebalance(st.layout, st.problem, seed=st.seed))
+    yield from _layout(
+        st, "rebalance: bubble-aware cuts", partition.rebalance(st.layout, st.problem, seed=st.seed)
+    )
     busy = _finish_load(st.result)
     top = int(np.argmax(busy))
     for new in partition.relieve(st.layout, busy):
-        moved = [s for s, (a, b) in enumerate(zip(st.layout.cuts, new.cuts, strict=True)) if a != b][0]
-        yield from _layout(st, f"relieve device {top}: move cut {moved} to layer {new.cuts[moved]}",
-                           new)
+        moved = [
+            s for s, (a, b) in enumerate(zip(st.layout.cuts, new.cuts, strict=True)) if a != b
+        ][0]
+        yield from _layout(
+            st, f"relieve device {top}: move cut {moved} to layer {new.cuts[moved]}", new
+        )
 
 
 def _finish_load(result: SimResult) -> np.ndarray:
@@ -110,19 +118,29 @@ def _placement(st: State) -> Iterator[Proposal]:
         for s in range(min(3, st.layout.num_stages)):
             new = placement.disperse(st.layout, s, d)
             if new is not None:
-                yield from _layout(st, f"disperse stage {s} onto device {d}",
-                                   partition.rebalance(new, st.problem, seed=st.seed))
+                yield from _layout(
+                    st,
+                    f"disperse stage {s} onto device {d}",
+                    partition.rebalance(new, st.problem, seed=st.seed),
+                )
     for d in map(int, np.argsort(-idle, kind="stable")[:2]):
         for earlier in (True, False):
-            yield from _layout(st, f"exchange: device {d}'s work {'earlier' if earlier else 'later'}",
-                               placement.exchange(st.layout, d, earlier))
+            yield from _layout(
+                st,
+                f"exchange: device {d}'s work {'earlier' if earlier else 'later'}",
+                placement.exchange(st.layout, d, earlier),
+            )
     merged = placement.merge(st.layout)
-    yield from _layout(st, "merge neighbouring stages of one device",
-                       partition.rebalance(merged, st.problem, seed=st.seed))
+    yield from _layout(
+        st,
+        "merge neighbouring stages of one device",
+        partition.rebalance(merged, st.problem, seed=st.seed),
+    )
     for name, devices in placement.families(P, st.problem.num_layers):
         start = StageLayout(even_cuts(st.problem.num_layers, len(devices)), devices)
-        yield from _layout(st, f"placement {name}",
-                           partition.rebalance(start, st.problem, seed=st.seed))
+        yield from _layout(
+            st, f"placement {name}", partition.rebalance(start, st.problem, seed=st.seed)
+        )
 
 
 def _placement_of_kept_cuts(st: State, idle: np.ndarray) -> Iterator[Proposal]:
@@ -139,14 +157,19 @@ def _placement_of_kept_cuts(st: State, idle: np.ndarray) -> Iterator[Proposal]:
                 yield from _layout(st, f"swap stages {a} and {b}", placement.swap(lay, a, b))
     for name, devices in placement.families(st.problem.devices, st.problem.num_layers):
         if len(devices) == lay.num_stages:
-            yield from _layout(st, f"placement {name}",
-                               StageLayout(lay.cuts, devices, lay.recompute))
+            yield from _layout(
+                st, f"placement {name}", StageLayout(lay.cuts, devices, lay.recompute)
+            )
 
 
 def _schedule(st: State) -> Iterator[Proposal]:
     plan, result = st.score.plan, st.result
-    yield Proposal(f"rebuild the order, W {'not ' if st.w_gap else ''}held for gaps",
-                   lambda: schedule.rebuild(plan, st.problem, not st.w_gap), None, not st.w_gap)
+    yield Proposal(
+        f"rebuild the order, W {'not ' if st.w_gap else ''}held for gaps",
+        lambda: schedule.rebuild(plan, st.problem, not st.w_gap),
+        None,
+        not st.w_gap,
+    )
     for new in schedule.fill_gaps(plan, result, (OpKind.F, OpKind.B)):
         yield Proposal("advance an F/B into a gap", _given(new))
     for new in schedule.fill_gaps(plan, result, (OpKind.W,)):
@@ -166,8 +189,11 @@ def _memory(st: State) -> Iterator[Proposal]:
         fitted = recompute.fit_modes(st.layout, p)
         yield from _layout(st, "recompute as the bubble-aware model picks", fitted)
         if p.keep is None:
-            yield from _layout(st, "recompute as the bubble-aware model picks, cuts rebalanced",
-                               partition.rebalance(fitted, p, seed=st.seed))
+            yield from _layout(
+                st,
+                "recompute as the bubble-aware model picks, cuts rebalanced",
+                partition.rebalance(fitted, p, seed=st.seed),
+            )
         for move, new in recompute.moves(st.layout, result, limit, p.modes, over):
             yield from _layout(st, move, new)
     if not over:
@@ -176,8 +202,12 @@ def _memory(st: State) -> Iterator[Proposal]:
         new_plan = memory.advance_w(plan, result, d)
         if new_plan is not None:
             yield Proposal(f"advance a W before device {d}'s peak", _given(new_plan))
-    yield Proposal("rebuild the order within the memory limit",
-                   lambda: schedule.rebuild(plan, p, st.w_gap), None, st.w_gap)
+    yield Proposal(
+        "rebuild the order within the memory limit",
+        lambda: schedule.rebuild(plan, p, st.w_gap),
+        None,
+        st.w_gap,
+    )
 
 
 def kick(st: State, rng: random.Random) -> Proposal:
@@ -199,7 +229,9 @@ def kick(st: State, rng: random.Random) -> Proposal:
         if what == "disperse":
             new, move = placement.disperse(lay, s, d), f"kick: disperse stage {s} onto device {d}"
         elif what == "move":
-            new = StageLayout(lay.cuts, lay.devices[:s] + (d,) + lay.devices[s + 1:], lay.recompute)
+            new = StageLayout(
+                lay.cuts, lay.devices[:s] + (d,) + lay.devices[s + 1 :], lay.recompute
+            )
             move = f"kick: move stage {s} to device {d}"
         elif what == "swap":
             other = rng.randrange(lay.num_stages)

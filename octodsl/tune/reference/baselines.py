@@ -26,8 +26,14 @@ from ..pipeline.evaluate import Evaluator, Score
 from ..problem import Problem, recompute_everywhere
 
 SCHEDULES: tuple[tuple[str, int | None], ...] = (
-    ("1f1b", None), ("interleaved", 2), ("interleaved", 4), ("zb-h1", None), ("zb-h2", None),
-    ("zb-v", None), ("dualpipev", None))
+    ("1f1b", None),
+    ("interleaved", 2),
+    ("interleaved", 4),
+    ("zb-h1", None),
+    ("zb-h2", None),
+    ("zb-v", None),
+    ("dualpipev", None),
+)
 
 
 @dataclass(frozen=True)
@@ -62,15 +68,24 @@ def partition_stages(problem: Problem, method: str, num_stages: int) -> list[Sta
     (one GPU's costs: time and parameter balances at tp > 1 are of its share)."""
     h = problem.header
     assert h.model is not None, "Problem.create names the model in the header"
-    stages, _ = model_stages(h.model, num_stages, method, device=problem.table.meta["device"],
-                             microbatch_size=h.microbatch_size, seq_len=h.seq_len, tp=h.tp,
-                             sp=h.sp)
+    stages, _ = model_stages(
+        h.model,
+        num_stages,
+        method,
+        device=problem.table.meta["device"],
+        microbatch_size=h.microbatch_size,
+        seq_len=h.seq_len,
+        tp=h.tp,
+        sp=h.sp,
+    )
     return stages
 
 
-def classic_plans(problem: Problem, schedules: Sequence[tuple[str, int | None]] = SCHEDULES,
-                  partitions: Sequence[str] = PARTITIONS
-                  ) -> Iterator[tuple[str, Plan | None, str | None]]:
+def classic_plans(
+    problem: Problem,
+    schedules: Sequence[tuple[str, int | None]] = SCHEDULES,
+    partitions: Sequence[str] = PARTITIONS,
+) -> Iterator[tuple[str, Plan | None, str | None]]:
     """(name, plan, None) for each schedule and partition, or (name, None, why not)."""
     for schedule, chunks in schedules:
         try:
@@ -85,18 +100,29 @@ def classic_plans(problem: Problem, schedules: Sequence[tuple[str, int | None]] 
         for method in partitions:
             name = baseline_name(schedule, chunks, method)
             header = problem.header.model_copy(update={"name": name})
-            yield name, Plan(header, partition_stages(problem, method, phased.num_stages),
-                             phased.placement, orders), None
+            yield (
+                name,
+                Plan(
+                    header,
+                    partition_stages(problem, method, phased.num_stages),
+                    phased.placement,
+                    orders,
+                ),
+                None,
+            )
 
 
 NOT_RUN = "not run: the budget ran out"
 """The error of a baseline left out for the deadline."""
 
 
-def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
-                      on_each: Callable[[str], None] | None = None,
-                      deadline: float | None = None,
-                      schedules: Sequence[tuple[str, int | None]] = SCHEDULES) -> list[Baseline]:
+def classic_baselines(
+    problem: Problem,
+    evaluate: Evaluator | None = None,
+    on_each: Callable[[str], None] | None = None,
+    deadline: float | None = None,
+    schedules: Sequence[tuple[str, int | None]] = SCHEDULES,
+) -> list[Baseline]:
     """Every baseline of `schedules` (default all), in their order; with a `deadline`
     (time.perf_counter()), those that would likely end past it (by the slowest one so far, built
     and simulated) are not run; the first always runs."""
@@ -108,12 +134,14 @@ def classic_baselines(problem: Problem, evaluate: Evaluator | None = None,
     while len(out) < len(names):
         began = time.perf_counter()
         if deadline is not None and out and began + slowest > deadline:
-            out += [Baseline(name, None, NOT_RUN) for name in names[len(out):]]
+            out += [Baseline(name, None, NOT_RUN) for name in names[len(out) :]]
             break
         name, plan, error = next(plans)
         if on_each:
             on_each(name)
-        score, mode = _best_mode(problem, plan, evaluate) if plan is not None else (None, Recompute.NONE)
+        score, mode = (
+            _best_mode(problem, plan, evaluate) if plan is not None else (None, Recompute.NONE)
+        )
         seconds = time.perf_counter() - began
         out.append(Baseline(name, score, error, seconds, mode))
         slowest = max(slowest, seconds)

@@ -41,9 +41,16 @@ class Outcome:
     """Wall time of the baselines and the tuner (the other searches not included)."""
 
 
-def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: Plan | None = None,
-                     others: Sequence[str] = (), progress: Progress | None = None,
-                     max_evaluations: int | None = None) -> Outcome:
+def tune_and_compare(
+    problem: Problem,
+    *,
+    budget: float,
+    seed: int = 0,
+    start: Plan | None = None,
+    others: Sequence[str] = (),
+    progress: Progress | None = None,
+    max_evaluations: int | None = None,
+) -> Outcome:
     """The baselines and the tuner within `budget` seconds together (the baselines take at most
     half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own.
     `max_evaluations`: the tuner (and random search) stop after simulating that many plans, a
@@ -61,22 +68,32 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
     note("baselines")
     baselines = classic_baselines(problem, Evaluator(problem), deadline=t0 + budget / 2)
     best = best_baseline(baselines)
-    best_plan = best.score.plan if best is not None and best.score is not None else None  # usable: scored
+    best_plan = (
+        best.score.plan if best is not None and best.score is not None else None
+    )  # usable: scored
     starts = ([start] if start is not None else []) + ([best_plan] if best_plan is not None else [])
     left = t0 + budget - time.perf_counter()
     try:
         # A start of the tuner costs about what a baseline does: none fits in less time.
         if left <= 0 or (best is not None and left < max(b.seconds for b in baselines)):
             raise BudgetTooShort("no time left after the baselines")
-        tuned = tune(problem, budget=left, seed=seed, starts=starts, progress=progress,
-                     max_evaluations=max_evaluations)
+        tuned = tune(
+            problem,
+            budget=left,
+            seed=seed,
+            starts=starts,
+            progress=progress,
+            max_evaluations=max_evaluations,
+        )
     except BudgetTooShort:
         # The best baseline is the best plan found in time (the checks below say if it does
         # not fit).
         scored = [b.score for b in baselines if b.score is not None and b.score.result is not None]
         if not scored:
-            raise BudgetTooShort(f"the budget of {budget:.3g} s ran out before one plan was "
-                                 "simulated; give it more time") from None
+            raise BudgetTooShort(
+                f"the budget of {budget:.3g} s ran out before one plan was "
+                "simulated; give it more time"
+            ) from None
         first = best_of(scored)
         tuned = TuneResult(first, [], 0, finished=False)
     if tuned.interrupted and not tuned.best.fits:
@@ -85,18 +102,28 @@ def tune_and_compare(problem: Problem, *, budget: float, seed: int = 0, start: P
         assert problem.memory is not None, "only a memory limit makes a simulated plan not fit"
         peak = float(tuned.best.peak.max())
         counted = max_evaluations is not None and tuned.evaluations >= max_evaluations
-        more = ("" if tuned.finished else
-                f" (the search stopped after {max_evaluations} plans: more may)" if counted else
-                " (the budget stopped the search: a longer one may)")
+        more = (
+            ""
+            if tuned.finished
+            else f" (the search stopped after {max_evaluations} plans: more may)"
+            if counted
+            else " (the budget stopped the search: a longer one may)"
+        )
         h = problem.header
         tp = next((t for t, _ in larger_tps(problem)), None)
-        levers = ([f"ZeRO (`--zero {h.zero + 1} --dp {max(h.dp, 8)}`)"] if h.zero < 2 else []) + (
-            ["recompute (`--recompute auto`)"] if problem.recompute != AUTO else []) + (
-            [f"a larger tp (`--tp {tp}` or more)"] if tp is not None else [])
-        raise NoPlanFits(f"no plan found fits in {size(problem.memory)} per device "
-                         f"({sharding(problem)}, recompute {problem.recompute}): the best peaks "
-                         f"at {size(peak)}; use " + "".join(x + ", " for x in levers)
-                         + "more devices or a larger memory limit" + more)
+        levers = (
+            ([f"ZeRO (`--zero {h.zero + 1} --dp {max(h.dp, 8)}`)"] if h.zero < 2 else [])
+            + (["recompute (`--recompute auto`)"] if problem.recompute != AUTO else [])
+            + ([f"a larger tp (`--tp {tp}` or more)"] if tp is not None else [])
+        )
+        raise NoPlanFits(
+            f"no plan found fits in {size(problem.memory)} per device "
+            f"({sharding(problem)}, recompute {problem.recompute}): the best peaks "
+            f"at {size(peak)}; use "
+            + "".join(x + ", " for x in levers)
+            + "more devices or a larger memory limit"
+            + more
+        )
     out = Outcome(problem, tuned, baselines, seconds=time.perf_counter() - t0)
     if tuned.interrupted:  # the user wants the tuned plan now, not the other searches' budgets
         out.notes.update((name, "not run: interrupted") for name in others)

@@ -32,7 +32,7 @@ from ..pipeline.layout import StageLayout, looped, v_shape
 from ..problem import Problem
 
 _US = 1e6
-_MEMORY_STEPS = 2 ** 16
+_MEMORY_STEPS = 2**16
 """The memory limit in the model's units."""
 _SPLIT_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 
@@ -48,8 +48,13 @@ class CpsatResult:
     warm: bool
 
 
-def solve_cpsat(problem: Problem, budget: float, hint: Plan | None = None,
-               workers: int = 1, keep_partition: bool = False) -> CpsatResult:
+def solve_cpsat(
+    problem: Problem,
+    budget: float,
+    hint: Plan | None = None,
+    workers: int = 1,
+    keep_partition: bool = False,
+) -> CpsatResult:
     """Solve for `budget` seconds. The placement is the hint's when given (its partition and
     op start times are the warm start), else the V shape (looped for fewer layers than V
     stages). `keep_partition` (with a hint): the hint's partition too, so only the order is
@@ -75,10 +80,15 @@ def solve_cpsat(problem: Problem, budget: float, hint: Plan | None = None,
     static = [round(x / unit) for x in problem.layer_static()]
     largest = max(l.message_bytes for l in layers)
     inter = problem.inter_link or problem.link
-    hops = [_us((inter if x else problem.link).time(largest))
-            for x in cut_crosses_nodes(problem.mesh, devs).tolist()]
-    horizon = (_us(hint_score.time * 1.5) if hint_score and hint_score.result
-               else M * (sum(f) + sum(b) + sum(w)) + 2 * M * sum(hops))
+    hops = [
+        _us((inter if x else problem.link).time(largest))
+        for x in cut_crosses_nodes(problem.mesh, devs).tolist()
+    ]
+    horizon = (
+        _us(hint_score.time * 1.5)
+        if hint_score and hint_score.result
+        else M * (sum(f) + sum(b) + sum(w)) + 2 * M * sum(hops)
+    )
 
     m = cp_model.CpModel()
     # The model is built in one fixed order (CP-SAT's search depends on it): the partition,
@@ -108,8 +118,9 @@ def solve_cpsat(problem: Problem, budget: float, hint: Plan | None = None,
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return CpsatResult(None, name, None, hint is not None)
     plan = _solved_plan(problem, solver, devs, stage_of, start)
-    return CpsatResult(Evaluator(problem)(plan), name, solver.best_objective_bound / _US,
-                      hint is not None)
+    return CpsatResult(
+        Evaluator(problem)(plan), name, solver.best_objective_bound / _US, hint is not None
+    )
 
 
 def _partition(m, L: int, S: int, cuts: tuple[int, ...] | None):
@@ -132,8 +143,9 @@ def _partition(m, L: int, S: int, cuts: tuple[int, ...] | None):
     return x, stage_of
 
 
-def _intervals(m, devs, P: int, M: int, times: tuple[list[int], list[int], list[int]], x,
-               horizon: int):
+def _intervals(
+    m, devs, P: int, M: int, times: tuple[list[int], list[int], list[int]], x, horizon: int
+):
     """Each stage's F, B, W durations (its layers' sums), and the start, end and interval of
     every (kind, stage, micro-batch); the intervals by device."""
     L = len(x)
@@ -145,8 +157,11 @@ def _intervals(m, devs, P: int, M: int, times: tuple[list[int], list[int], list[
 
     f, b, w = times
     S = len(devs)
-    dur = {(k, s): stage_sum(vals, s, f"{k}{s}") for s in range(S)
-           for k, vals in (("F", f), ("B", b), ("W", w))}
+    dur = {
+        (k, s): stage_sum(vals, s, f"{k}{s}")
+        for s in range(S)
+        for k, vals in (("F", f), ("B", b), ("W", w))
+    }
     start: dict = {}
     end: dict = {}
     by_dev: list[list] = [[] for _ in range(P)]
@@ -184,11 +199,21 @@ def _precedences(m, devs, M: int, start: dict, end: dict, hops: list[int]) -> No
 def _solved_plan(problem: Problem, solver, devs, stage_of, start: dict) -> Plan:
     """The solution as a plan: its cuts, and each device's ops in the order of their starts."""
     P, M, L, S = problem.devices, problem.microbatches, problem.num_layers, len(devs)
-    cuts = [0] + [l for l in range(1, L) if solver.value(stage_of[l]) != solver.value(stage_of[l - 1])] + [L]
+    cuts = (
+        [0]
+        + [l for l in range(1, L) if solver.value(stage_of[l]) != solver.value(stage_of[l - 1])]
+        + [L]
+    )
     layout = StageLayout(tuple(cuts), devs)
-    ops = sorted(((solver.value(start[k.value, s, i]), devs[s], Op(k, s, i))
-                  for s in range(S) for i in range(M) for k in _SPLIT_KINDS),
-                 key=lambda t: (t[0], _SPLIT_KINDS.index(t[2].kind), t[2].stage))
+    ops = sorted(
+        (
+            (solver.value(start[k.value, s, i]), devs[s], Op(k, s, i))
+            for s in range(S)
+            for i in range(M)
+            for k in _SPLIT_KINDS
+        ),
+        key=lambda t: (t[0], _SPLIT_KINDS.index(t[2].kind), t[2].stage),
+    )
     schedule: list[list[Slot]] = [[] for _ in range(P)]
     for _, d, op in ops:
         schedule[d].append(Slot((op,)))
@@ -210,7 +235,9 @@ def _memory(m, problem, devs, x, start, end, held, held_w, static, horizon) -> N
             for i in range(problem.microbatches):
                 for until, demand in (("B", need), ("W", need_w)):
                     size = m.new_int_var(0, horizon, "")
-                    intervals.append(m.new_interval_var(start["F", s, i], size, end[until, s, i], ""))
+                    intervals.append(
+                        m.new_interval_var(start["F", s, i], size, end[until, s, i], "")
+                    )
                     demands.append(demand)
         m.add_cumulative(intervals, demands, _MEMORY_STEPS - dev_static)
 

@@ -30,15 +30,17 @@ def random_layout(problem: Problem, rng: random.Random) -> StageLayout:
     return StageLayout(cuts, devices)
 
 
-def random_search(problem: Problem, budget: float, seed: int = 0,
-                  max_evaluations: int | None = None) -> tuple[Score | None, int]:
+def random_search(
+    problem: Problem, budget: float, seed: int = 0, max_evaluations: int | None = None
+) -> tuple[Score | None, int]:
     """(the best plan found, evaluations made)."""
     rng = random.Random(seed)
     evaluate = Evaluator(problem)
     deadline = time.perf_counter() + budget
     best: Score | None = None
-    while time.perf_counter() < deadline and (max_evaluations is None
-                                              or evaluate.count < max_evaluations):
+    while time.perf_counter() < deadline and (
+        max_evaluations is None or evaluate.count < max_evaluations
+    ):
         layout = random_layout(problem, rng)
         s = evaluate(rebuild(problem.skeleton(layout), problem, w_gap=rng.random() < 0.5))
         if s.better_than(best):

@@ -37,12 +37,23 @@ class Figures:
     def of(cls, score: Score, problem: Problem) -> Figures:
         r = score.result
         assert r is not None, "a plan that deadlocks has no figures"
-        return cls(score.time, r.throughput, r.bubble_ratio, [float(x) for x in score.peak],
-                   problem.lower_bound() / score.time, score.fits)
+        return cls(
+            score.time,
+            r.throughput,
+            r.bubble_ratio,
+            [float(x) for x in score.peak],
+            problem.lower_bound() / score.time,
+            score.fits,
+        )
 
 
-def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan_path: str | None,
-            extra: dict[str, Score | None] | None = None) -> dict:
+def to_json(
+    problem: Problem,
+    tuned: TuneResult,
+    baselines: list[Baseline],
+    plan_path: str | None,
+    extra: dict[str, Score | None] | None = None,
+) -> dict:
     """At least: plan, iteration_time, lower_bound, efficiency, peak_memory (per device),
     baselines (name -> iteration time, null when the schedule could not be built, was not run
     for the budget (those are listed in not_run) or does not fit in memory)."""
@@ -64,10 +75,13 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
         "throughput": f.throughput,
         "bubble_ratio": f.bubble_ratio,
         "peak_memory": f.peak_memory,
-        "baselines": {name: (s.time if s is not None and s.fits else None)
-                      for name, s in others.items()},
-        "speedup": {name: (s.time / f.iteration_time if s is not None and s.fits else None)
-                    for name, s in others.items()},
+        "baselines": {
+            name: (s.time if s is not None and s.fits else None) for name, s in others.items()
+        },
+        "speedup": {
+            name: (s.time / f.iteration_time if s is not None and s.fits else None)
+            for name, s in others.items()
+        },
         "best_baseline": best.name if best else None,
         "baseline_recompute": {b.name: b.recompute.value for b in baselines if b.score is not None},
         "dp": problem.header.dp,
@@ -78,9 +92,13 @@ def to_json(problem: Problem, tuned: TuneResult, baselines: list[Baseline], plan
         "recompute": str(problem.recompute),
         "tuned_recompute": [m.value for m in tuned.best.plan.recompute()],
         "not_run": [b.name for b in baselines if b.error == NOT_RUN],
-        "tuner": {"seconds": tuned.seconds, "evaluations": tuned.evaluations,
-                  "finished": tuned.finished, "interrupted": tuned.interrupted,
-                  "rounds": len(tuned.rounds)},
+        "tuner": {
+            "seconds": tuned.seconds,
+            "evaluations": tuned.evaluations,
+            "finished": tuned.finished,
+            "interrupted": tuned.interrupted,
+            "rounds": len(tuned.rounds),
+        },
     }
 
 
@@ -92,21 +110,31 @@ def _others(baselines: list[Baseline], extra: dict[str, Score | None] | None) ->
 
 def _label(baselines: list[Baseline]) -> dict[str, str]:
     """A baseline's name in the table, with the recompute it ran with when not none."""
-    return {b.name: b.name + ("" if b.recompute is Recompute.NONE else f" ({b.recompute})")
-            for b in baselines}
+    return {
+        b.name: b.name + ("" if b.recompute is Recompute.NONE else f" ({b.recompute})")
+        for b in baselines
+    }
 
 
-def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseline],
-                     extra: dict[str, Score | None] | None = None) -> Table:
+def comparison_table(
+    problem: Problem,
+    tuned: TuneResult,
+    baselines: list[Baseline],
+    extra: dict[str, Score | None] | None = None,
+) -> Table:
     """One row for the tuned plan, one per baseline, fastest first; baselines that cannot run
     or do not fit at the bottom."""
     f_tuned = Figures.of(tuned.best, problem)
     h = problem.header
     mesh = f" (tp {h.tp} x pp {h.devices} x dp {h.dp})" if h.tp > 1 or h.dp > 1 else ""
-    table = Table(title=f"{problem.header.model}: {problem.devices} devices x "
-                  f"{problem.microbatches} micro-batches{mesh} (lower bound {_ms(problem.lower_bound())}"
-                  + _tight(problem) + ")",
-                  header_style="bold", title_justify="left")
+    table = Table(
+        title=f"{problem.header.model}: {problem.devices} devices x "
+        f"{problem.microbatches} micro-batches{mesh} (lower bound {_ms(problem.lower_bound())}"
+        + _tight(problem)
+        + ")",
+        header_style="bold",
+        title_justify="left",
+    )
     table.add_column("plan", no_wrap=True, min_width=20)
     for col in ("iteration", "tok/GPU/s", "bubble", "peak mem", "eff.", "speed-up"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -122,8 +150,11 @@ def comparison_table(problem: Problem, tuned: TuneResult, baselines: list[Baseli
             rows.append((s.time if s.fits else math.inf, name, Figures.of(s, problem)))
     for _, name, f in sorted(rows, key=lambda r: (r[0], r[1])):
         if f is None:
-            table.add_row(name, Text("not run (budget)" if name in not_run else "cannot be built",
-                                     style="dim"), *[""] * 5)
+            table.add_row(
+                name,
+                Text("not run (budget)" if name in not_run else "cannot be built", style="dim"),
+                *[""] * 5,
+            )
         else:
             table.add_row(*_cells(name, f, f_tuned))
     return table
@@ -134,17 +165,25 @@ def _tight(problem: Problem) -> str:
     tight = problem.tight_lower_bound()
     if tight <= problem.lower_bound() * 1.001:
         return ""
-    why = ("the activations the memory limit leaves room for"
-           if tight == memory_lower_bound(problem) else "each layer's wait for the first forward")
+    why = (
+        "the activations the memory limit leaves room for"
+        if tight == memory_lower_bound(problem)
+        else "each layer's wait for the first forward"
+    )
     return f"; {_ms(tight)} counting {why}"
 
 
 def _cells(name: str, f: Figures, tuned: Figures) -> list:
     peak = Text(size(max(f.peak_memory)), style="" if f.fits else "bold red")
-    return [name, _ms(f.iteration_time),
-            f"{f.throughput:,.0f}" if f.throughput is not None else "",
-            f"{f.bubble_ratio:.1%}", peak, f"{f.efficiency:.3f}",
-            f"{f.iteration_time / tuned.iteration_time:.2f}x" if f.fits else "over mem."]
+    return [
+        name,
+        _ms(f.iteration_time),
+        f"{f.throughput:,.0f}" if f.throughput is not None else "",
+        f"{f.bubble_ratio:.1%}",
+        peak,
+        f"{f.efficiency:.3f}",
+        f"{f.iteration_time / tuned.iteration_time:.2f}x" if f.fits else "over mem.",
+    ]
 
 
 def explain(rounds: list[Round]) -> list[str]:

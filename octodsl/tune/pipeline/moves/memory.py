@@ -16,7 +16,7 @@ def advance_w(plan: Plan, result: SimResult, device: int) -> Plan | None:
     """The plan with one W moved before `device`'s peak; None if no W can move there."""
     p = result.program
     peak_node = int(result.memory.peak_node[device])
-    nodes = p.order_nodes[p.order_ptr[device]:p.order_ptr[device + 1]].tolist()
+    nodes = p.order_nodes[p.order_ptr[device] : p.order_ptr[device + 1]].tolist()
     if peak_node not in nodes:
         return None
     at = nodes.index(peak_node)

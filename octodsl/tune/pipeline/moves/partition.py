@@ -33,8 +33,9 @@ def shift(layout: StageLayout, cut: int, delta: int) -> StageLayout | None:
     return layout.with_cuts(c)
 
 
-def rebalance(layout: StageLayout, problem: Problem, seed: int = 0,
-              rounds: int = 60) -> StageLayout:
+def rebalance(
+    layout: StageLayout, problem: Problem, seed: int = 0, rounds: int = 60
+) -> StageLayout:
     """The best cuts found for this placement: steepest descent over one-layer shifts from the
     current cuts, then `rounds` random kicks of a few cuts, each followed by descent, keeping
     the best. Over the memory limit, the result may not fit where some cuts do (`fitting`)."""
@@ -103,14 +104,26 @@ def fitting(layout: StageLayout, problem: Problem) -> StageLayout | None:
     layers = problem.table.layers
     n, S = len(layers), layout.num_stages
     # Bytes rounded up and seconds to whole microseconds: a solution fits the real limit.
-    room = np.concatenate([[0], np.cumsum(
-        [int(np.ceil((st + l.act) * _STEPS / problem.memory))
-         for st, l in zip(problem.layer_static(), layers, strict=True)])]).tolist()
-    work = np.concatenate([[0], np.cumsum(
-        [int(round((l.f + l.b + l.w) * 1e6)) for l in layers])]).tolist()
+    room = np.concatenate(
+        [
+            [0],
+            np.cumsum(
+                [
+                    int(np.ceil((st + l.act) * _STEPS / problem.memory))
+                    for st, l in zip(problem.layer_static(), layers, strict=True)
+                ]
+            ),
+        ]
+    ).tolist()
+    work = np.concatenate(
+        [[0], np.cumsum([int(round((l.f + l.b + l.w) * 1e6)) for l in layers])]
+    ).tolist()
     m = cp_model.CpModel()
-    cut = [m.new_constant(0)] + [m.new_int_var(1, n - 1, f"c{s}") for s in range(1, S)] + [
-        m.new_constant(n)]
+    cut = (
+        [m.new_constant(0)]
+        + [m.new_int_var(1, n - 1, f"c{s}") for s in range(1, S)]
+        + [m.new_constant(n)]
+    )
     at_room, at_work = [], []
     for s in range(S + 1):
         if s < S:

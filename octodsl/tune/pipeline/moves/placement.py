@@ -24,7 +24,8 @@ from .partition import shift
 def families(num_devices: int, num_layers: int) -> list[tuple[str, tuple[int, ...]]]:
     """Named regular placements whose stages the model's layers can fill."""
     out = [("v", v_shape(num_devices))] + [
-        (f"loop{v}", looped(num_devices, v)) for v in (1, 2, 3, 4)]
+        (f"loop{v}", looped(num_devices, v)) for v in (1, 2, 3, 4)
+    ]
     return [(name, devs) for name, devs in out if len(devs) <= num_layers]
 
 
@@ -34,9 +35,9 @@ def disperse(layout: StageLayout, stage: int, device: int) -> StageLayout | None
     a, b = layout.cuts[stage], layout.cuts[stage + 1]
     if b - a < 2 or layout.devices[stage] == device:
         return None
-    cuts = layout.cuts[:stage + 1] + ((a + b) // 2,) + layout.cuts[stage + 1:]
-    devices = layout.devices[:stage + 1] + (device,) + layout.devices[stage + 1:]
-    modes = layout.recompute[:stage + 1] + layout.recompute[stage:]
+    cuts = layout.cuts[: stage + 1] + ((a + b) // 2,) + layout.cuts[stage + 1 :]
+    devices = layout.devices[: stage + 1] + (device,) + layout.devices[stage + 1 :]
+    modes = layout.recompute[: stage + 1] + layout.recompute[stage:]
     return StageLayout(cuts, devices, modes)
 
 

@@ -41,15 +41,24 @@ def held(result: SimResult) -> np.ndarray:
     f_start, b_start, b_end = np.zeros((S, M)), np.zeros((S, M)), np.zeros((S, M))
     w_end = np.zeros((S, M))
     kind, stage, mb = p.op_kind, p.op_stage, p.op_mb
-    for code, where, times in ((0, f_start, start), (1, b_start, start), (3, b_start, start),
-                               (1, b_end, end), (3, b_end, end), (2, w_end, end)):
+    for code, where, times in (
+        (0, f_start, start),
+        (1, b_start, start),
+        (3, b_start, start),
+        (1, b_end, end),
+        (3, b_end, end),
+        (2, w_end, end),
+    ):
         k = kind == code
         where[stage[k], mb[k]] = times[k]
     w_end = np.maximum(w_end, b_end)  # a fused BW holds nothing past its end
-    act, act_b, act_w = (np.array([getattr(c, name) for c in costs], float)[:, None]
-                         for name in ("act", "act_b", "act_w"))
-    return (act * (b_end - f_start) + act_b * (b_end - b_start)
-            + act_w * (w_end - b_end)).sum(axis=1)
+    act, act_b, act_w = (
+        np.array([getattr(c, name) for c in costs], float)[:, None]
+        for name in ("act", "act_b", "act_w")
+    )
+    return (act * (b_end - f_start) + act_b * (b_end - b_start) + act_w * (w_end - b_end)).sum(
+        axis=1
+    )
 
 
 def ranked(layout: StageLayout, result: SimResult, devices: list[int]) -> list[int]:
@@ -85,8 +94,9 @@ def less(layout: StageLayout, stage: int, modes: tuple[Recompute, ...]) -> Itera
     return (m for m in reversed(modes) if SAVING.index(m) < now)
 
 
-def moves(layout: StageLayout, result: SimResult, limit: float, modes: tuple[Recompute, ...],
-          over: bool) -> Iterator[tuple[str, StageLayout]]:
+def moves(
+    layout: StageLayout, result: SimResult, limit: float, modes: tuple[Recompute, ...], over: bool
+) -> Iterator[tuple[str, StageLayout]]:
     """(what, layout) for each recompute move, most promising first. Over the limit: more
     recompute on the over-full devices' stages that hold the most, then on all of the worst
     device's stages. Within it: more recompute on the near-full devices' stages that hold the
@@ -95,8 +105,10 @@ def moves(layout: StageLayout, result: SimResult, limit: float, modes: tuple[Rec
     hot = hot_devices(result, limit, over)
     for s in ranked(layout, result, hot)[:STAGES]:
         for m in more(layout, s, modes):
-            yield (f"recompute stage {s} (device {layout.devices[s]}): "
-                   f"{layout.recompute[s]} -> {m}"), set_mode(layout, [s], m)
+            yield (
+                (f"recompute stage {s} (device {layout.devices[s]}): {layout.recompute[s]} -> {m}"),
+                set_mode(layout, [s], m),
+            )
     if over and hot:
         mine = [s for s, d in enumerate(layout.devices) if d == hot[0]]
         for m in modes[1:]:
@@ -104,19 +116,29 @@ def moves(layout: StageLayout, result: SimResult, limit: float, modes: tuple[Rec
     if not over:
         # Less recompute where it holds the least: one stage, then the 2, 4, 8 that hold the
         # least together (a device near the limit may still have room for a few).
-        done = [s for s in ranked(layout, result, list(range(len(result.peak_memory))))[::-1]
-                if layout.recompute[s] is not Recompute.NONE]
+        done = [
+            s
+            for s in ranked(layout, result, list(range(len(result.peak_memory))))[::-1]
+            if layout.recompute[s] is not Recompute.NONE
+        ]
         for s in done[:STAGES]:
             for m in less(layout, s, modes):
-                yield (f"recompute stage {s} (device {layout.devices[s]}): "
-                       f"{layout.recompute[s]} -> {m}"), set_mode(layout, [s], m)
+                yield (
+                    (
+                        f"recompute stage {s} (device {layout.devices[s]}): "
+                        f"{layout.recompute[s]} -> {m}"
+                    ),
+                    set_mode(layout, [s], m),
+                )
         for k in (2, 4, 8):
             if len(done) > k:
                 fewer = list(layout.recompute)
                 for s in done[:k]:
                     fewer[s] = next(less(layout, s, modes))
-                yield (f"less recompute on the {k} stages that hold the least",
-                       layout.with_recompute(fewer))
+                yield (
+                    f"less recompute on the {k} stages that hold the least",
+                    layout.with_recompute(fewer),
+                )
     for m in modes:
         yield f"recompute every stage: {m}", set_mode(layout, range(layout.num_stages), m)
 

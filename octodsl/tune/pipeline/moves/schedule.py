@@ -28,8 +28,14 @@ from ..construct import build_schedule
 def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
     """The plan with the list scheduler's order for its partition and placement, within the
     problem's memory limit."""
-    return build_schedule(plan, problem.stage_costs(plan), problem.link, problem.memory,
-                          w_gap=w_gap, inter_link=problem.inter_link)
+    return build_schedule(
+        plan,
+        problem.stage_costs(plan),
+        problem.link,
+        problem.memory,
+        w_gap=w_gap,
+        inter_link=problem.inter_link,
+    )
 
 
 def advance(plan: Plan, device: int, src: int, dst: int) -> Plan:
@@ -55,7 +61,7 @@ def ready_times(result: SimResult) -> np.ndarray:
 def gaps(result: SimResult, device: int) -> list[tuple[float, int]]:
     """(idle seconds, index of the slot after the gap) for each gap on a device, largest first."""
     p = result.program
-    nodes = p.order_nodes[p.order_ptr[device]:p.order_ptr[device + 1]]
+    nodes = p.order_nodes[p.order_ptr[device] : p.order_ptr[device + 1]]
     if not len(nodes):
         return []
     ends = np.concatenate([[0.0], result.end[nodes[:-1]]])
@@ -64,8 +70,9 @@ def gaps(result: SimResult, device: int) -> list[tuple[float, int]]:
     return sorted(((float(idle[i]), int(i)) for i in at), key=lambda g: (-g[0], g[1]))
 
 
-def fill_gaps(plan: Plan, result: SimResult, kinds: tuple[OpKind, ...], devices: int = 2,
-              per_device: int = 3) -> list[Plan]:
+def fill_gaps(
+    plan: Plan, result: SimResult, kinds: tuple[OpKind, ...], devices: int = 2, per_device: int = 3
+) -> list[Plan]:
     """Plans with one op of `kinds` advanced into one of the largest gaps of the `devices`
     busiest devices: the first later op that was ready when the gap opened and fits in it."""
     p = result.program
@@ -73,14 +80,17 @@ def fill_gaps(plan: Plan, result: SimResult, kinds: tuple[OpKind, ...], devices:
     out = []
     for d in np.argsort(-result.busy, kind="stable")[:devices]:
         d = int(d)
-        nodes = p.order_nodes[p.order_ptr[d]:p.order_ptr[d + 1]]
+        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
         for idle, i in gaps(result, d)[:per_device]:
             opened = float(result.end[nodes[i - 1]]) if i > 0 else 0.0
             for j in range(i + 1, len(nodes)):
                 n = nodes[j]
                 slot = plan.schedule[d][j]
-                if (ready[n] <= opened + 1e-12 and slot.ops[0].kind in kinds
-                        and result.end[n] - result.start[n] <= idle + 1e-12):
+                if (
+                    ready[n] <= opened + 1e-12
+                    and slot.ops[0].kind in kinds
+                    and result.end[n] - result.start[n] <= idle + 1e-12
+                ):
                     out.append(advance(plan, d, j, i))
                     break
     return out
@@ -91,7 +101,7 @@ def delay_w(plan: Plan, result: SimResult, limit: int = 4) -> list[Plan]:
     p = result.program
     where: dict[tuple[int, float], int] = {}  # (device, start time) -> index in the device's order
     for d in range(p.devices):
-        nodes = p.order_nodes[p.order_ptr[d]:p.order_ptr[d + 1]]
+        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
         where.update(((d, float(t)), j) for j, t in enumerate(result.start[nodes].tolist()))
     out = []
     for step in result.critical_path():
@@ -100,10 +110,11 @@ def delay_w(plan: Plan, result: SimResult, limit: int = 4) -> list[Plan]:
             continue
         d = step.device
         at = p.order_ptr[d] + j
-        if (plan.schedule[d][j - 1].ops[0].kind is OpKind.W
-                and result.pred[p.order_nodes[at]] == p.order_nodes[at - 1]):
+        if (
+            plan.schedule[d][j - 1].ops[0].kind is OpKind.W
+            and result.pred[p.order_nodes[at]] == p.order_nodes[at - 1]
+        ):
             out.append(advance(plan, d, j, j - 1))
             if len(out) == limit:
                 break
     return out
-
