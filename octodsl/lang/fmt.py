@@ -2,7 +2,9 @@
 
 Rules: two-space indents; one blank line between sections, at most one inside a block where the
 source had some; schedule items that shared a source line share an output line; every comment is
-kept, on its own line before the construct that follows it, or trailing on the line it ended.
+kept, on its own line before the construct that follows it, or trailing on the line it ended. A
+block written on one line that ends in a suppression comment stays on one line, whatever its
+width: split, the warnings the comment silences would point at lines it is not on.
 Idempotent, and parse(fmt(x)) states the same plan as parse(x).
 """
 
@@ -67,6 +69,17 @@ class _Writer:
             self.last_line = c.span.line
             self.trailable = False
 
+    def keeps_line(self, span: ast.Span) -> bool:
+        """Whether `span` is one source line that a suppression comment ends."""
+        if span.line != span.end_line:
+            return False
+        for c in self.pending:  # sorted; the comments before the block are still pending
+            if c.span.line > span.line:
+                break
+            if c.span.line == span.line and c.span.col >= span.end_col and c.suppresses:
+                return True
+        return False
+
     def line(self, text: str, depth: int, span: ast.Span) -> None:
         """Write one output line made from the source range `span`."""
         self.flush((span.line, span.col), depth)
@@ -94,11 +107,25 @@ class _Writer:
         return "\n".join(self.lines) + "\n"
 
 
+def _block(
+    out: _Writer, head: str, entries: list[tuple[str, ast.Span]], depth: int, span: ast.Span
+) -> None:
+    """A block of one entry per line, or all on one line where `out.keeps_line` says so."""
+    if out.keeps_line(span):
+        out.line(_one_line(head, [text for text, _ in entries]), depth, span)
+        return
+    out.open(head, depth, span)
+    for text, at in entries:
+        out.line(text, depth + 1, at)
+    out.close(depth, span)
+
+
+def _one_line(head: str, parts: list[str]) -> str:
+    return " ".join([head, "{", *parts, "}"])
+
+
 def _plan_block(out: _Writer, p: ast.PlanBlock) -> None:
-    out.open(f'plan "{p.name}"', 0, p.span)
-    for e in p.entries:
-        out.line(f"{e.key} {e.text}", 1, e.span)
-    out.close(0, p.span)
+    _block(out, f'plan "{p.name}"', [(f"{e.key} {e.text}", e.span) for e in p.entries], 0, p.span)
 
 
 def _section(out: _Writer, sec: ast.Section) -> None:
@@ -107,29 +134,35 @@ def _section(out: _Writer, sec: ast.Section) -> None:
     elif isinstance(sec, ast.PartitionPattern):
         out.line(f'partition "{sec.pattern}"', 0, sec.span)
     elif isinstance(sec, ast.PartitionLayers):
-        out.open("partition", 0, sec.span)
-        for s in sec.stages:
-            out.line(f"stage {s.index}: layers {s.first}..{s.last}", 1, s.span)
-        out.close(0, sec.span)
+        stages = [(f"stage {s.index}: layers {s.first}..{s.last}", s.span) for s in sec.stages]
+        _block(out, "partition", stages, 0, sec.span)
     elif isinstance(sec, ast.PlacementNamed):
         out.line(f"placement {sec.name}", 0, sec.span)
     elif isinstance(sec, ast.PlacementExplicit):
-        out.open("placement", 0, sec.span)
-        for e in sec.entries:
-            out.line(f"device {e.device}: stages " + ", ".join(map(str, e.stages)), 1, e.span)
-        out.close(0, sec.span)
+        entries = [
+            (f"device {e.device}: stages " + ", ".join(map(str, e.stages)), e.span)
+            for e in sec.entries
+        ]
+        _block(out, "placement", entries, 0, sec.span)
     elif isinstance(sec, ast.RecomputeBlock):
-        out.open("recompute", 0, sec.span)
-        for r in sec.entries:
-            out.line(f"stage {r.stage}: {r.mode}", 1, r.span)
-        out.close(0, sec.span)
+        modes = [(f"stage {r.stage}: {r.mode}", r.span) for r in sec.entries]
+        _block(out, "recompute", modes, 0, sec.span)
+    elif out.keeps_line(sec.span):
+        out.line(_one_line("schedule", [_device_line(b) for b in sec.devices]), 0, sec.span)
     else:
         out.open("schedule", 0, sec.span)
         for block in sec.devices:
+            if out.keeps_line(block.span):
+                out.line(_device_line(block), 1, block.span)
+                continue
             out.open(f"device {block.device}", 1, block.span)
             _items(out, block.items, 2)
             out.close(1, block.span)
         out.close(0, sec.span)
+
+
+def _device_line(block: ast.DeviceBlock) -> str:
+    return _one_line(f"device {block.device}", [_inline(i) for i in block.items])
 
 
 def _items(out: _Writer, items: list[ast.Item], depth: int) -> None:

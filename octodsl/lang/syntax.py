@@ -6,15 +6,25 @@ ends at its closing brace, so comments before the brace stay inside the block).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..plan import Span
+
+SUPPRESSION = re.compile(r"#\s*octodsl\s*:", re.I)
+"""How a suppression comment starts (`# octodsl: ignore[W401]`); any comment that starts so is
+read as one."""
 
 
 @dataclass(slots=True)
 class Comment:
     text: str
     span: Span
+
+    @property
+    def suppresses(self) -> bool:
+        """Whether this is a suppression comment, which acts on the line it ends."""
+        return SUPPRESSION.match(self.text) is not None
 
 
 # -- expressions (stage and micro-batch indices) ---------------------------------------------

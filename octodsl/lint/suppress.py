@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from ..lang.codes import CODES, Severity
 from ..lang.errors import BOM, Diagnostic
 from ..lang.parser import comment_matches, comment_positions
+from ..lang.syntax import SUPPRESSION
 from ..plan import Span
 
-_DIRECTIVE = re.compile(r"#\s*octodsl\s*:", re.I)
-"""How a suppression comment starts; any comment that starts so is read as one."""
 _FORM = re.compile(r"\s*(?P<kind>ignore-file|ignore)\s*\[(?P<codes>[^\]]*)\]", re.I)
 """What follows the start: which form, and the codes between the brackets (any text may follow:
 the reason)."""
@@ -46,7 +45,7 @@ def apply_suppressions(source: str, diags: list[Diagnostic]) -> list[Diagnostic]
     comments' own problems added. A suppression that silences nothing (W803) is reported only
     when no error is left: with errors, some checks do not run, so it may yet have work."""
     source = source.removeprefix(BOM)  # positions are counted without it, as the parser does
-    if _DIRECTIVE.search(source) is None:  # the common case: no comment to read
+    if SUPPRESSION.search(source) is None:  # the common case: no comment to read
         return diags
     problems: list[Diagnostic] = []
     by_line: dict[int, dict[str, _Named]] = {}
@@ -111,7 +110,7 @@ def _read(source: str, problems: list[Diagnostic]):
     preamble_end = _first_statement(source)
     for m, line, col in comment_positions(source):
         text = m.group(0).rstrip()
-        if not _DIRECTIVE.match(text):
+        if not SUPPRESSION.match(text):
             continue
         at = m.start()
         own_line = not source[at - col + 1 : at].strip()
@@ -123,7 +122,7 @@ def _directive(
 ):
     """The codes one suppression comment names, its problems in `problems`."""
     whole = Span(line, col, line, col + len(text))
-    start = _DIRECTIVE.match(text)
+    start = SUPPRESSION.match(text)
     assert start is not None, "only a comment that starts as a suppression is read as one"
     form = _FORM.match(text, start.end())
     if form is None:

@@ -67,6 +67,34 @@ def test_recompute_section_is_kept_in_place_in_canonical_form():
         assert "  dp 4\n  zero 1  # shard the optimizer state\n" in out
 
 
+def test_one_line_blocks_keep_their_suppression_comments_working():
+    # Split, each block's warnings would point at lines its comment is not on.
+    src = (
+        'plan "x" { devices 3 microbatches 2 }  # octodsl: ignore[W402]\n'
+        "partition { stage 0: layers 0..1 stage 1: layers 2..3 }\n"
+        "placement { device 0: stages 0 device 1: stages 1 }  # octodsl: ignore[W401]\n"
+        "schedule {\n"
+        "  device 0 { (F0:0 & F0:1) BW0:0 BW0:1 }  # octodsl: ignore[W403]\n"
+        "  device 1 { F1:0 BW1:0 F1:1 BW1:1 }\n"
+        "  device 2 { }  # why device 2 is empty\n"
+        "}\n"
+    )
+    assert lint_source(src)[1] == []
+    out = format_source(src)
+    assert lint_source(out)[1] == []
+    assert format_source(out) == out
+    assert "  device 0 { (F0:0 & F0:1) BW0:0 BW0:1 }  # octodsl: ignore[W403]\n" in out
+    assert "  device 1 {\n    F1:0 BW1:0 F1:1 BW1:1\n  }\n" in out  # no comment: split
+    assert "  device 2 {\n  }  # why device 2 is empty\n" in out  # not a suppression: split
+    one_line = "schedule { device 0 { (F0:0 & F0:1) BW0:0 BW0:1 } device 1 { } }"
+    src = (
+        'plan "x" { devices 2 microbatches 2 }\nstages 2\n'
+        + one_line
+        + "  # octodsl: ignore[W403]\n"
+    )
+    assert one_line + "  # octodsl: ignore[W403]\n" in format_source(src)
+
+
 # -- property tests: random plans in random layouts ---------------------------------------------
 
 ops = st.tuples(st.sampled_from(["F", "B", "W", "BW"]), st.integers(0, 3), st.integers(0, 7))
