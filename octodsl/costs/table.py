@@ -109,6 +109,11 @@ class StageCost:
     tp_hidden_b: float = 0.0
     tp_hidden_w: float = 0.0
 
+    @property
+    def fused_backward(self) -> float:
+        """A fused backward (BW) op's seconds: `bw` where calibration gave one, else b + w."""
+        return self.b + self.w if self.bw is None else self.bw
+
 
 @dataclass(frozen=True, slots=True)
 class ParamBytes:

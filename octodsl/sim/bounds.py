@@ -22,7 +22,7 @@ def lower_bound(
     (F + B + W, or the heaviest stage when layers are unknown) times the micro-batches, since a
     layer cannot be split; one micro-batch's longest path through the stages, messages between
     this plan's devices included."""
-    heaviest = layer_work if layer_work is not None else max(c.f + c.b + c.w for c in costs)
+    heaviest = layer_work if layer_work is not None else max(map(_work, costs, program.split))
     return max(
         total_work / program.devices,
         heaviest * program.microbatches,
@@ -44,11 +44,16 @@ def single_microbatch_path(
     longest = 0.0
     for s in range(S - 1, -1, -1):
         c = costs[s]
-        t += c.b if program.split[s] else c.b + c.w
+        t += c.b if program.split[s] else c.fused_backward
         longest = max(longest, t + (c.w if program.split[s] else 0.0))
         if s > 0:
             t += hop[s - 1]
     return longest
+
+
+def _work(c: StageCost, split: bool) -> float:
+    """A stage's seconds per micro-batch, its backward as it runs (split or fused)."""
+    return c.f + (c.b + c.w if split else c.fused_backward)
 
 
 def ring_time(

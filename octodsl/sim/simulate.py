@@ -62,7 +62,7 @@ def simulate(
     f = np.array([c.f for c in stage_costs], float)
     b = np.array([c.b for c in stage_costs], float)
     w = np.array([c.w for c in stage_costs], float)
-    bw = np.array([c.b + c.w if c.bw is None else c.bw for c in stage_costs], float)
+    bw = np.array([c.fused_backward for c in stage_costs], float)
     # Columns by kind code: F, B, W, BW.
     op_dur = np.stack([f, b, w, bw], axis=1)[p.op_stage, p.op_kind]
     work = p.per_node(op_dur)
