@@ -31,7 +31,7 @@ def lower_bound(
 
 
 # The path follows the dependency rule: it mirrors octodsl.dag.producers (F after the F before
-# it, B after its F and the B after it, W after its B).
+# it, B after its F and the B after it, W after its B); tests/sim/test_bounds.py checks it equal.
 def single_microbatch_path(
     program: SimProgram, costs: Sequence[StageCost], cut_time: np.ndarray
 ) -> float:

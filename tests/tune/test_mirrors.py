@@ -22,6 +22,7 @@ from octodsl.tune.pipeline.estimate import FillModel, recomputed_code
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout, looped, v_shape
 from octodsl.tune.problem import Problem
+from octodsl.tune.reference import cpsat
 
 from .helpers import problem
 
@@ -161,3 +162,54 @@ def test_the_estimates_first_trip_follows_dag_producers(case):
         start[op.kind, op.stage] = ready
     assert list(arrive) == pytest.approx([start[OpKind.F, s] for s in range(S)], rel=1e-12)
     assert list(back) == pytest.approx([start[OpKind.B, s] for s in range(S)], rel=1e-12)
+
+
+class _Term:
+    """A CP-SAT variable stand-in that records `start >= end + hop` as (start, end, hop)."""
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def __add__(self, hop: int) -> tuple[tuple, int]:
+        return self.key, hop
+
+    def __ge__(self, other: _Term | tuple[tuple, int]) -> tuple[tuple, tuple, int]:  # type: ignore[override]
+        key, hop = other if isinstance(other, tuple) else (other.key, 0)
+        return self.key, key, hop
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.constraints: list[tuple[tuple, tuple, int]] = []
+
+    def add(self, constraint: tuple[tuple, tuple, int]) -> None:
+        self.constraints.append(constraint)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 2), min_size=1, max_size=6),
+    st.integers(1, 3),
+    st.lists(st.integers(1, 50), min_size=6, max_size=6),
+)
+def test_the_cpsat_precedences_are_dag_producers(devs, M, hops):
+    # Every op waits for the end of each op it needs (one of the kinds producers lists; CP-SAT
+    # splits every backward), plus the cut's hop between stages of different devices, and for
+    # nothing else but the start of its stage's previous micro-batch of its kind.
+    S = len(devs)
+    keys = [(k, s, i) for k in "FBW" for s in range(S) for i in range(M)]
+    start = {key: _Term(("start", *key)) for key in keys}
+    end = {key: _Term(("end", *key)) for key in keys}
+    model = _Recorder()
+    cpsat._precedences(model, devs, M, start, end, hops)
+    waits = {(a, b, h) for a, b, h in model.constraints if b[0] == "end"}
+    expected = set()
+    for k, s, i in keys:
+        for kinds, ps, pm in producers(Op(OpKind(k), s, i), S):
+            (kind,) = [x for x in kinds if x.value in ("F", "B", "W")]
+            lo = min(s, ps)
+            hop = hops[lo] if ps != s and devs[lo] != devs[lo + 1] else 0
+            expected.add((("start", k, s, i), ("end", kind.value, ps, pm), hop))
+    assert waits == expected
+    in_order = {(a, b) for a, b, h in model.constraints if b[0] == "start"}
+    assert in_order == {(("start", k, s, i), ("start", k, s, i - 1)) for k, s, i in keys if i > 0}

@@ -182,8 +182,9 @@ def _precedences(m, devs, M: int, start: dict, end: dict, hops: list[int]) -> No
     for s in range(S):
         h_next = hops[s] if s + 1 < S and devs[s] != devs[s + 1] else 0
         h_prev = hops[s - 1] if s > 0 and devs[s] != devs[s - 1] else 0
-        # The dependency rule, as constraints: it mirrors octodsl.dag.producers (a solved plan
-        # simulates to its objective, tests/tune/test_cpsat.py).
+        # The dependency rule, as constraints: it mirrors octodsl.dag.producers
+        # (tests/tune/test_mirrors.py checks it equal; a solved plan simulates to its
+        # objective, tests/tune/test_cpsat.py).
         for i in range(M):
             if s > 0:
                 m.add(start["F", s, i] >= end["F", s - 1, i] + h_prev)
