@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 OUT = Path(__file__).resolve().parent / "published_before.json"
-NEW_FIELDS = r"overlap_\w+|grad_accumulation_fusion|scatter_gather_messages"
+NEW_FIELDS = r"overlap_\w+|grad_accumulation_fusion|scatter_gather_messages|reduce_scatter"
 
 
 def main() -> int:
