@@ -29,9 +29,9 @@ test: venv
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n auto --dist loadgroup
 
 # ruff (pyflakes, bugbear, complexity; `ruff format --check`: the code is as `ruff format` writes
-# it) and mypy, configured in pyproject.toml. mypy runs through
-# .ci/typecheck.py, which checks deepspeed_ext/ and grammar/ as octodsl.deepspeed_ext and
-# octodsl.grammar, the names setup.cfg's package_dir installs them under.
+# it) and mypy, configured in pyproject.toml. mypy runs through .ci/typecheck.py, which checks
+# deepspeed_ext/ and grammar/ as octodsl.deepspeed_ext and octodsl.grammar, the names setup.cfg's
+# package_dir installs them under.
 PYTHON_FILES = octodsl deepspeed_ext grammar tests benchmarks .ci
 
 check: venv
