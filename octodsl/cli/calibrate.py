@@ -29,9 +29,11 @@ from .common import (
     integer,
     output,
     print_json,
+    progress_bar,
     write_output,
     writing,
 )
+from .profile import TIMING, measure
 
 if TYPE_CHECKING:  # imported where used, to keep the command line quick to start
     from ..calibrate.fit import Run
@@ -162,7 +164,7 @@ def run(args) -> int:
         work.mkdir(parents=True, exist_ok=True)
     try:
         if base is None:
-            base = _profile(spec, console)
+            base = measure(spec, "cpu", TIMING, console, transient=True)
         base_path = work / "base.profile.json"
         with writing(base_path):
             write_profile(base, base_path)
@@ -255,36 +257,6 @@ def _ranks(text: str) -> list[int]:
         ) from None
 
 
-def _profile(spec, console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from ..costs.profiler import profile_model
-
-    with Progress(
-        TextColumn("profiling {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(spec.name, total=None)
-
-        def progress(done, total, label):
-            bar.update(task, completed=done, total=total, description=f"{spec.name}: {label}")
-
-        try:
-            return profile_model(spec, "cpu", 1, 2, 5, progress)
-        except (NotImplementedError, OctoError) as e:
-            raise UserError(str(e)) from None
-
-
 def _from_traces(args, base, base_path):
     from ..calibrate.fit import Run
     from ..calibrate.measured import as_ran, read_trace
@@ -315,14 +287,6 @@ def _from_traces(args, base, base_path):
 
 
 def _from_launches(args, base, base_path, model, ranks, work, console):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
     from ..calibrate.plans import calibration_plans
     from ..calibrate.runner import RunError, run_plans
 
@@ -335,14 +299,7 @@ def _from_launches(args, base, base_path, model, ranks, work, console):
     runs: list[Run] = []
     probe: list[tuple[int, float]] = []
     total = len(plans) * args.steps
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=not sys.stderr.isatty(),
-    ) as bar:
+    with progress_bar(console, "{task.description}", not sys.stderr.isatty()) as bar:
         task = bar.add_task("calibration runs", total=total)
 
         def progress(event, fields):

@@ -515,6 +515,21 @@ def stdout_console():
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
+def progress_bar(console, description: str, transient: bool):
+    """The bar of a long measuring run (profile, calibrate): `description` (a rich format of the
+    task), the bar, done of total and the time so far."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=transient,
+    )
+
+
 def link_named(name):
     """A built-in link by name or a link file by path (--link, --dp-link), or a Link as it is
     (a device file's own); a UserError for an unknown name, a bad file's own error (naming

@@ -19,8 +19,12 @@ from .common import (
     check_outputs,
     integer,
     output,
+    progress_bar,
     writing,
 )
+
+TIMING = (1, 2, 5)
+"""The defaults of --threads, --warmup and --repeats (calibrate's base profile uses them too)."""
 
 
 def register(sub) -> None:
@@ -49,15 +53,17 @@ def register(sub) -> None:
     p.add_argument(
         "--threads",
         type=integer(1, limits.MAX_THREADS),
-        default=1,
+        default=TIMING[0],
         metavar="N",
         help="CPU threads, as each executor rank will use (default 1: one rank per core)",
     )
-    p.add_argument("--warmup", type=WARMUP, default=2, metavar="N", help="untimed runs per layer")
+    p.add_argument(
+        "--warmup", type=WARMUP, default=TIMING[1], metavar="N", help="untimed runs per layer"
+    )
     p.add_argument(
         "--repeats",
         type=STEPS,
-        default=5,
+        default=TIMING[2],
         metavar="N",
         help="timed runs per layer; the median is kept (default 5)",
     )
@@ -68,6 +74,23 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def measure(spec, device: str, timing: tuple[int, int, int], console, transient: bool):
+    """Profile `spec` on `device` (`timing`: threads, warm-up runs, timed runs) behind a progress
+    bar; what the profiler cannot do is a UserError."""
+    from ..costs.profiler import profile_model
+
+    with progress_bar(console, "profiling {task.description}", transient) as bar:
+        task = bar.add_task(spec.name, total=None)
+
+        def progress(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{spec.name}: {label}")
+
+        try:
+            return profile_model(spec, device, *timing, progress)
+        except (NotImplementedError, OctoError) as e:
+            raise UserError(str(e)) from None
+
+
 def run(args) -> int:
     require("profile", "torch")
     try:
@@ -75,41 +98,21 @@ def run(args) -> int:
     except SpecError as e:
         raise UserError(str(e)) from None
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
 
     from ..costs.profile import write_profile
-    from ..costs.profiler import profile_model
 
     console = Console(stderr=True)
     output = args.output or check_output(
         f"{spec.name}.{args.device}.profile.json", (".json",), "-o/--output (default)"
     )
     check_outputs(args, "output", more=[("-o/--output (default)", output)])
-    with Progress(
-        TextColumn("profiling {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
+    profile = measure(
+        spec,
+        args.device,
+        (args.threads, args.warmup, args.repeats),
+        console,
         transient=not sys.stderr.isatty(),
-    ) as bar:
-        task = bar.add_task(spec.name, total=None)
-
-        def progress(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"{spec.name}: {label}")
-
-        try:
-            profile = profile_model(
-                spec, args.device, args.threads, args.warmup, args.repeats, progress
-            )
-        except (NotImplementedError, OctoError) as e:
-            raise UserError(str(e)) from None
+    )
     with writing(output):
         write_profile(profile, output)
     _print_summary(profile, output)
