@@ -22,7 +22,7 @@ is hidden (`LayerCost.tp_hidden_f`, ...), the rest stays on the op.
 
 from __future__ import annotations
 
-from ..models.spec import ModelSpec
+from ..models.spec import DTYPE_BYTES, ModelSpec, grad_accumulator_bytes
 from ..models.tp import local_params
 from .devices import Device, get_link
 from .table import CostTable, LayerCost, Link
@@ -39,9 +39,14 @@ the main parameter, m and v (16), write the main parameter, m and v (12), then c
 parameter into the model's bf16 one (read 4, write 2); the gradient's norm for clipping reads it
 once more (4): 16 + 12 + 6 + 4. Derived from the kernels, not measured."""
 
-ACCUMULATE_ELEMENTS = 3
-"""Elements per parameter an unfused gradient accumulation moves each micro-batch: autograd's
-in-place `grad += new` reads both and writes one."""
+
+def accumulate_bytes(dtype: str) -> int:
+    """Bytes per parameter an unfused gradient accumulation moves each micro-batch: it reads the
+    new gradient (the model's dtype) and reads and writes the accumulator
+    (`grad_accumulator_bytes`: fp32 for bf16, Megatron's `main_grad.add_(grad)`): 2 + 4 + 4 for
+    bf16, 2 + 2 + 2 for fp16, 4 + 4 + 4 for fp32."""
+    return DTYPE_BYTES[dtype] + 2 * grad_accumulator_bytes(dtype)
+
 
 _PASSES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
 
@@ -142,7 +147,7 @@ def analytical_costs(
                 tp_hidden_b=hidden[1],
                 tp_hidden_w=hidden[2],
                 update=params * OPTIMIZER_BYTES / device.bandwidth,
-                grad_acc=params * ACCUMULATE_ELEMENTS * spec.dtype_bytes / device.bandwidth,
+                grad_acc=params * accumulate_bytes(spec.dtype) / device.bandwidth,
                 host_f=device.overheads.f_seconds if work.elements else 0.0,
                 host_b=device.overheads.b_seconds if work.elements else 0.0,
                 msg_bytes=work.out / tp if scatter_gather else None,

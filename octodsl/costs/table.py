@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..models.spec import DTYPE_BYTES
+from ..models.spec import DTYPE_BYTES, grad_accumulator_bytes
 from ..partition import plan_partition
 from ..plan import Plan, Recompute
 from .levers import Zero, recomputed
@@ -237,10 +237,9 @@ class CostTable:
 
     @property
     def grad_reduce_bytes(self) -> int:
-        """Bytes per gradient the data-parallel collectives move: fp32 for a bf16 model
-        (Megatron-LM forces `accumulate_allreduce_grads_in_fp32` with bf16, and DeepSpeed's
-        BF16 optimizer accumulates them in fp32), else the model's dtype."""
-        return 4 if self.meta.get("dtype", "bf16") == "bf16" else self._dtype_bytes
+        """Bytes per gradient the data-parallel collectives move: the accumulation buffer's
+        (`grad_accumulator_bytes`: fp32 for a bf16 model)."""
+        return grad_accumulator_bytes(self.meta.get("dtype", "bf16"))
 
     def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
         """Gradient bytes of layers `first..last` (default: all) as the data-parallel

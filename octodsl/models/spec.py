@@ -21,6 +21,16 @@ Dtype = Literal["bf16", "fp16", "fp32"]
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of each dtype."""
 
+
+def grad_accumulator_bytes(dtype: str) -> int:
+    """Bytes per element of the buffer a runtime accumulates a model's gradients in over the
+    micro-batches and reduces them from: fp32 for a bf16 model (Megatron-LM's validate_args
+    forces `accumulate_allreduce_grads_in_fp32` with bf16, "bfloat16 requires gradient
+    accumulation and all-reduce to be done in fp32"; DeepSpeed's BF16 optimizer adds each
+    micro-batch's gradients into fp32 ones), else the model's dtype."""
+    return 4 if dtype == "bf16" else DTYPE_BYTES[dtype]
+
+
 Activation = Literal["swiglu", "relu2", "gelu"]
 
 Width = Annotated[int, Field(ge=1, le=limits.MAX_WIDTH)]

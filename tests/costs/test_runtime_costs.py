@@ -8,11 +8,7 @@ import dataclasses
 
 import pytest
 
-from octodsl.costs.analytical import (
-    ACCUMULATE_ELEMENTS,
-    OPTIMIZER_BYTES,
-    analytical_costs,
-)
+from octodsl.costs.analytical import OPTIMIZER_BYTES, analytical_costs
 from octodsl.costs.attention import AttentionCurve
 from octodsl.costs.devices import A100_ATTENTION, MEGATRON_A100_OVERHEADS, get_device
 from octodsl.costs.resolve import cost_table, header_costing
@@ -82,9 +78,21 @@ def test_the_accumulation_pass_is_in_w_unless_fused():
         )
     )
     layer = table.layers[5]
-    assert layer.grad_acc == pytest.approx(layer.params * ACCUMULATE_ELEMENTS * 2 / A100.bandwidth)
+    # bf16: read the new bf16 gradient (2), read and write the fp32 accumulator (4 + 4)
+    assert layer.grad_acc == pytest.approx(layer.params * 10 / A100.bandwidth)
     for a, b in zip(separate, fused, strict=True):
         assert a.w > b.w and a.f == b.f
+
+
+@pytest.mark.parametrize("dtype,nbytes", [("bf16", 2 + 4 + 4), ("fp16", 2 + 2 + 2), ("fp32", 12)])
+def test_the_accumulation_pass_moves_the_accumulators_bytes(dtype, nbytes):
+    # Megatron-LM accumulates (and reduces) a bf16 model's gradients in fp32, an fp16 model's in
+    # fp16: the pass and the data-parallel collectives read the same accumulator
+    spec = load_model("llama3-8b").model_copy(update={"dtype": dtype})
+    table = analytical_costs(spec, A100)
+    layer = table.layers[5]
+    assert layer.grad_acc == pytest.approx(layer.params * nbytes / A100.bandwidth)
+    assert table.grad_reduce_bytes == {"bf16": 4, "fp16": 2, "fp32": 4}[dtype]
 
 
 def test_unfused_attention_writes_the_scores():
