@@ -110,9 +110,7 @@ def _all_to_all(x: torch.Tensor, ep: EpGroup, send: list[int], recv: list[int]) 
     """send[i] consecutive rows of x to rank i; the recv[i] rows from rank i, in rank order."""
     x = x.contiguous()
     out = x.new_empty((sum(recv), *x.shape[1:]))
-    dist.all_to_all_single(
-        out, x, output_split_sizes=recv, input_split_sizes=send, group=ep.group
-    )
+    dist.all_to_all_single(out, x, output_split_sizes=recv, input_split_sizes=send, group=ep.group)
     return out
 
 
