@@ -14,8 +14,9 @@ tensor parallelism, `moe`): the outputs come back as partial sums, which the lay
 sums as at ep 1. The all-to-alls are in the forward and in the backward of the input path only,
 so a split backward's B does them and W none (`split_backward`).
 
-Weights: the layer draws the ep 1 init of every expert and keeps its own (`local_experts`), so
-an ep run starts from exactly the weights of the ep 1 run with the same seed.
+Weights: the layer draws the ep 1 init of every expert and keeps its own
+(`keep_local_experts`), so an ep run starts from exactly the weights of the ep 1 run with the
+same seed.
 
 Gradients (what the engine must do): a local expert's gradient is the sum over the ep group's
 tokens routed to it, so its data-parallel reduction is over the dp / ep copies that hold the same
@@ -24,8 +25,8 @@ dp group like the other parameters. The expert parameters are marked as DeepSpee
 its own (`deepspeed.moe.utils.is_moe_param`, Megatron's attribute too): `allreduce = False`,
 with `group_name` naming DeepSpeed's expert-data-parallel group of this ep size. The rank's
 experts differ from its ep peers', so a gradient norm sums them over the ep group (as it does a
-tp shard over the tp group). A rank no token reached leaves its experts' `.grad` None (DeepSpeed's
-reduction fills it with zeros).
+tp shard over the tp group). A rank no token reached leaves its experts' `.grad` None
+(DeepSpeed's reduction fills it with zeros).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def building(ep: EpGroup) -> Iterator[EpGroup]:
         _current = before
 
 
-def local_experts(module: nn.Module, name: str, ep: EpGroup) -> None:
+def keep_local_experts(module: nn.Module, name: str, ep: EpGroup) -> None:
     """Replace `module.<name>` (experts along dim 0) by this rank's experts (unmarked: tp may cut
     them next; `mark_expert` the final parameter)."""
     p = getattr(module, name)
@@ -151,9 +152,10 @@ def apply_experts(
     dist.all_to_all_single(received, counts, group=ep.group)
     sent, recv = torch.stack((counts, received)).view(2, ep.size, -1).tolist()  # one host sync
     send_rows, recv_rows = [sum(s) for s in sent], [sum(r) for r in recv]
+    by_expert = [list(col) for col in zip(*recv, strict=True)]  # by_expert[e][src]
+    # the rows arrive grouped by sender; each expert runs once on its rows from every rank
     mine = _transpose_chunks(_AllToAll.apply(rows, ep, send_rows, recv_rows), recv)
-    out = experts(mine, [sum(col) for col in zip(*recv, strict=True)])
-    out = _transpose_chunks(out, [list(col) for col in zip(*recv, strict=True)])
+    out = _transpose_chunks(experts(mine, [sum(e) for e in by_expert]), by_expert)
     return _AllToAll.apply(out, ep, recv_rows, send_rows)
 
 

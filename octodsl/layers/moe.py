@@ -98,8 +98,8 @@ class MoE(nn.Module):
         )
         self.last_aux_loss: torch.Tensor | None = None
         if ep.size > 1:  # before tp cuts each expert
-            epl.local_experts(self, "w_in", ep)
-            epl.local_experts(self, "w_out", ep)
+            epl.keep_local_experts(self, "w_in", ep)
+            epl.keep_local_experts(self, "w_out", ep)
         if tp.size > 1:
             tpl.shard_param(self, "w_in", 2, tp, [cfg.expert_ffn] * (width // cfg.expert_ffn))
             tpl.shard_param(self, "w_out", 1, tp)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from octodsl.models.load import SpecError
 from octodsl.models.spec import MoEConfig
 
 from .multiprocess import counting_collectives, record, reporting, spawned
-from .test_tensor_parallel import Shard, even, expected_shard
+from .test_tensor_parallel import expected_shard, moe_shards
 
 HIDDEN, BATCH, SEQ = 16, 2, 8
 TOL = 1e-10
@@ -103,11 +104,16 @@ def experts_used(layer: MoE, x: torch.Tensor) -> set[int]:
         return set(layer.router(layer.norm(x)).topk(layer.cfg.top_k).indices.unique().tolist())
 
 
-Reference = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
+class Reference(NamedTuple):
+    """The ep 1 layer on one copy's input."""
+
+    y: torch.Tensor
+    gx: torch.Tensor
+    grads: dict[str, torch.Tensor]
 
 
 def reference(layer: MoE, case: Case, copy: int) -> Reference:
-    """The ep 1 layer on copy `copy`: its output, input gradient and parameter gradients."""
+    """The ep 1 layer's output, input gradient and parameter gradients on copy `copy`."""
     x, gy = inputs(case, copy)
     if case.feature is not None:  # the steering works: the experts the case says
         assert experts_used(layer, x) == {0, 1 + case.feature(copy)}
@@ -115,22 +121,7 @@ def reference(layer: MoE, case: Case, copy: int) -> Reference:
     y = layer(x)
     names, params = zip(*layer.named_parameters(), strict=True)
     gx, *grads = torch.autograd.grad(y, [x, *params], gy)
-    return y.detach(), gx, dict(zip(names, grads, strict=True))
-
-
-def tp_shards(cfg: MoEConfig) -> dict[str, Shard]:
-    """How tp cuts the parameters (test_tensor_parallel's layouts)."""
-    halves = 2 if cfg.activation == "swiglu" else 1
-    shards = {
-        "w_in": Shard(2, even(*[cfg.expert_ffn] * halves)),
-        "w_out": Shard(1, even(cfg.expert_ffn)),
-    }
-    if cfg.shared_ffn:
-        shards |= {
-            "shared.up.weight": Shard(0, even(*[cfg.shared_ffn] * halves)),
-            "shared.down.weight": Shard(1, even(cfg.shared_ffn)),
-        }
-    return shards
+    return Reference(y.detach(), gx, dict(zip(names, grads, strict=True)))
 
 
 def run_case(
@@ -159,15 +150,18 @@ def run_case(
         yt.backward(gyt)
     tpl.all_reduce_sequence_parallel_grads(layer.parameters(), tp)
 
-    y, gx, grads = refs[copy]
-    diffs = [(yt - tpl.seq_slice(y, tp)).abs().max(), (xt.grad - tpl.seq_slice(gx, tp)).abs().max()]
+    own = refs[copy]
+    diffs = [
+        (yt - tpl.seq_slice(own.y, tp)).abs().max(),
+        (xt.grad - tpl.seq_slice(own.gx, tp)).abs().max(),
+    ]
     refs_params = dict(ref.named_parameters())
-    shards = tp_shards(case.cfg) if tp.size > 1 else {}
+    shards = moe_shards(case.cfg) if tp.size > 1 else {}
     for name, p in layer.named_parameters():
-        r, grad = refs_params[name], grads[name]
+        r, grad = refs_params[name], own.grads[name]
         if name in EXPERT_PARAMS:
             mine = ep.local_experts(case.cfg.experts)
-            r, grad = r[mine], sum(refs[d][2][name] for d in copies)[mine]
+            r, grad = r[mine], sum(refs[d].grads[name] for d in copies)[mine]
             assert (p.allreduce, p.group_name) == (False, f"ep_size_{ep.size}"), name
             if p.grad is None:  # no row reached this rank's experts
                 assert not grad.any(), f"{name} got no gradient"

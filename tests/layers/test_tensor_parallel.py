@@ -104,6 +104,21 @@ def attention_case(heads: int, kv_heads: int, **extra) -> Case:
     return Case(lambda: Attention(cfg, HIDDEN), shards)
 
 
+def moe_shards(cfg: MoEConfig) -> dict[str, Shard]:
+    """Each expert's inner size, and the shared expert's, split evenly (each SwiGLU half)."""
+    halves = 2 if cfg.activation == "swiglu" else 1
+    shards = {
+        "w_in": Shard(2, even(*[cfg.expert_ffn] * halves)),
+        "w_out": Shard(1, even(cfg.expert_ffn)),
+    }
+    if cfg.shared_ffn:
+        shards |= {
+            "shared.up.weight": Shard(0, even(*[cfg.shared_ffn] * halves)),
+            "shared.down.weight": Shard(1, even(cfg.shared_ffn)),
+        }
+    return shards
+
+
 def moe_case(activation: str, shared: int) -> Case:
     cfg = MoEConfig(
         experts=4,
@@ -113,14 +128,7 @@ def moe_case(activation: str, shared: int) -> Case:
         activation=activation,
         aux_loss_coef=0.1,
     )
-    halves = 2 if activation == "swiglu" else 1
-    shards = {"w_in": Shard(2, even(*[8] * halves)), "w_out": Shard(1, even(8))}
-    if shared:
-        shards |= {
-            "shared.up.weight": Shard(0, even(*[shared] * halves)),
-            "shared.down.weight": Shard(1, even(shared)),
-        }
-    return Case(lambda: MoE(cfg, HIDDEN), shards)
+    return Case(lambda: MoE(cfg, HIDDEN), moe_shards(cfg))
 
 
 def mamba2_case(heads: int, groups: int) -> Case:
