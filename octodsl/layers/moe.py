@@ -22,6 +22,11 @@ replicated routing path, which no collective sums over ranks: it is counted once
 every rank's router gradient is the whole one; with sp each rank's covers its slice and the
 router is marked `sequence_parallel`, its gradient summed over the group like the norm's).
 `last_aux_loss` is then the same on every rank: log one rank's.
+
+Expert parallelism (`expert_parallel`): each rank of an ep group holds experts / ep of the
+experts (with tp, 1/tp of each) and routes its own tokens as at ep 1; the sorted rows go to their
+experts' ranks and come back by all-to-all before the routing weights apply, so the router, the
+weights and the aux loss stay this rank's own (each rank's aux loss is that of its tokens).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from torch import nn
 
 from ..models.spec import MoEConfig
+from . import expert_parallel as epl
 from . import tensor_parallel as tpl
 from .common import INIT_STD, FeedForward, activate, ffn_width, wide_dtype
 from .recompute import recomputable
@@ -77,8 +83,10 @@ class MoE(nn.Module):
     def __init__(self, cfg: MoEConfig, hidden: int, norm_eps: float = 1e-5):
         super().__init__()
         self.tp = tp = tpl.current()
+        self.ep = ep = epl.current()
         self.cfg = cfg
         tpl.local_config(cfg, tp)  # it splits
+        ep.local_experts(cfg.experts)  # so does ep
         self.norm = nn.RMSNorm(hidden, eps=norm_eps)
         self.router = nn.Linear(hidden, cfg.experts, bias=False)
         nn.init.normal_(self.router.weight, std=INIT_STD)
@@ -89,6 +97,9 @@ class MoE(nn.Module):
             FeedForward(hidden, cfg.shared_ffn, cfg.activation) if cfg.shared_ffn else None
         )
         self.last_aux_loss: torch.Tensor | None = None
+        if ep.size > 1:  # before tp cuts each expert
+            epl.keep_local_experts(self, "w_in", ep)
+            epl.keep_local_experts(self, "w_out", ep)
         if tp.size > 1:
             tpl.shard_param(self, "w_in", 2, tp, [cfg.expert_ffn] * (width // cfg.expert_ffn))
             tpl.shard_param(self, "w_out", 1, tp)
@@ -96,6 +107,8 @@ class MoE(nn.Module):
                 self.shared.shard(tp)
         tpl.mark_sequence_parallel(self.norm, tp)
         tpl.mark_sequence_parallel(self.router, tp)
+        epl.mark_expert(self.w_in, ep)
+        epl.mark_expert(self.w_out, ep)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c, tp = self.cfg, self.tp
@@ -112,16 +125,8 @@ class MoE(nn.Module):
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=c.experts)
         token = order // c.top_k
-        rows = y[token]
-        # unbind once: indexing w_in[e] per expert would make backward fill a full-size zero
-        # gradient per expert
-        w_in, w_out = self.w_in.unbind(0), self.w_out.unbind(0)
-        outs = [
-            recomputable(activate, part @ w_in[e], c.activation) @ w_out[e]
-            for e, part in enumerate(rows.split(counts.tolist()))
-            if part.shape[0]
-        ]
-        routed = torch.cat(outs) * weight.reshape(-1)[order, None]
+        routed = epl.apply_experts(self._experts, y[token], counts, self.ep)
+        routed = routed * weight.reshape(-1)[order, None]
         out = torch.zeros_like(y).index_add(0, token, routed)
         if self.shared is not None:
             out = out + self.shared(y)
@@ -131,3 +136,18 @@ class MoE(nn.Module):
         if c.aux_loss_coef and torch.is_grad_enabled():
             out = _AuxLossGrad.apply(out, aux)
         return x + out
+
+    def _experts(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """This rank's experts, each on its `counts[e]` consecutive rows."""
+        act = self.cfg.activation
+        # unbind once: indexing w_in[e] per expert would make backward fill a full-size zero
+        # gradient per expert
+        w_in, w_out = self.w_in.unbind(0), self.w_out.unbind(0)
+        outs = [
+            recomputable(activate, part @ w_in[e], act) @ w_out[e]
+            for e, part in enumerate(rows.split(counts))
+            if part.shape[0]
+        ]
+        # no rows (an ep rank no token reached): the empty rows are the empty output, which
+        # keeps the backward's all-to-all in the graph
+        return torch.cat(outs) if outs else rows

@@ -13,17 +13,12 @@ layers' own slicing helpers.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import socket
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from octodsl.layers import MLP, Attention, Mamba1, Mamba2, MoE, recompute
@@ -39,6 +34,8 @@ from octodsl.models.spec import (
     MLPConfig,
     MoEConfig,
 )
+
+from .multiprocess import counting_collectives, record, reporting, spawned
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -107,6 +104,21 @@ def attention_case(heads: int, kv_heads: int, **extra) -> Case:
     return Case(lambda: Attention(cfg, HIDDEN), shards)
 
 
+def moe_shards(cfg: MoEConfig) -> dict[str, Shard]:
+    """Each expert's inner size, and the shared expert's, split evenly (each SwiGLU half)."""
+    halves = 2 if cfg.activation == "swiglu" else 1
+    shards = {
+        "w_in": Shard(2, even(*[cfg.expert_ffn] * halves)),
+        "w_out": Shard(1, even(cfg.expert_ffn)),
+    }
+    if cfg.shared_ffn:
+        shards |= {
+            "shared.up.weight": Shard(0, even(*[cfg.shared_ffn] * halves)),
+            "shared.down.weight": Shard(1, even(cfg.shared_ffn)),
+        }
+    return shards
+
+
 def moe_case(activation: str, shared: int) -> Case:
     cfg = MoEConfig(
         experts=4,
@@ -116,14 +128,7 @@ def moe_case(activation: str, shared: int) -> Case:
         activation=activation,
         aux_loss_coef=0.1,
     )
-    halves = 2 if activation == "swiglu" else 1
-    shards = {"w_in": Shard(2, even(*[8] * halves)), "w_out": Shard(1, even(8))}
-    if shared:
-        shards |= {
-            "shared.up.weight": Shard(0, even(*[shared] * halves)),
-            "shared.down.weight": Shard(1, even(shared)),
-        }
-    return Case(lambda: MoE(cfg, HIDDEN), shards)
+    return Case(lambda: MoE(cfg, HIDDEN), moe_shards(cfg))
 
 
 def mamba2_case(heads: int, groups: int) -> Case:
@@ -228,31 +233,6 @@ def expected_shard(t: torch.Tensor, shard: Shard, rank: int) -> torch.Tensor:
     )
 
 
-COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
-
-
-@contextlib.contextmanager
-def counting_collectives() -> Iterator[list[str]]:
-    """The torch.distributed collectives called inside the block, by name (still run)."""
-    calls: list[str] = []
-    real = {name: getattr(dist, name) for name in COLLECTIVES}
-
-    def counted(name: str) -> Callable:
-        def call(*args, **kwargs):
-            calls.append(name)
-            return real[name](*args, **kwargs)
-
-        return call
-
-    for name in COLLECTIVES:
-        setattr(dist, name, counted(name))
-    try:
-        yield calls
-    finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
-
-
 def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
     """The largest difference between the tp layer and the unsplit one, on this rank."""
     torch.manual_seed(SEED)
@@ -301,46 +281,17 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
     return float(torch.stack(diffs).max())
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
-    results: dict[str, object] = {}
-    try:
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    with reporting(rank, world, port, out) as results:
         for name, case in CASES.items():
             for variant in VARIANTS:
                 tp = tpl.TpGroup(TP, rank, dist.group.WORLD, sp=variant.startswith("sp"))
-                try:
-                    err = torch.tensor(run_case(case, tp, variant))
-                except Exception:
-                    results[f"{name}/{variant}"] = traceback.format_exc()
-                    err = torch.tensor(float("inf"))
-                dist.all_reduce(err, op=dist.ReduceOp.MAX)
-                results.setdefault(f"{name}/{variant}", float(err))
-    finally:
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump(results, f)
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+                record(results, f"{name}/{variant}", run_case, case, tp, variant)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, object]:
-    out = str(tmp_path_factory.mktemp("tp") / "results")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=TP, join=True)
-    merged: dict[str, object] = {}
-    for rank in range(TP):
-        with open(f"{out}.{rank}") as f:
-            for k, v in json.load(f).items():
-                if isinstance(v, str) or k not in merged:  # a traceback wins
-                    merged[k] = v
-    return merged
+    return spawned(_worker, TP, str(tmp_path_factory.mktemp("tp") / "results"))
 
 
 @pytest.mark.slow  # the two processes run every case: some 15 s on two cores
