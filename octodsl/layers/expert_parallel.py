@@ -31,8 +31,7 @@ tp shard over the tp group). A rank no token reached leaves its experts' `.grad`
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.load import SpecError
+from .scope import BuildScope
 
 
 @dataclass(frozen=True)
@@ -72,23 +72,11 @@ class EpGroup:
         return f"ep_size_{self.size}"
 
 
-_current = EpGroup()
-
-
-def current() -> EpGroup:
-    """The ep group MoE layers built now are for (size 1 outside `building`)."""
-    return _current
-
-
-@contextlib.contextmanager
-def building(ep: EpGroup) -> Iterator[EpGroup]:
-    """Build MoE layers for `ep` inside the block (with `tensor_parallel.building` for tp)."""
-    global _current
-    before, _current = _current, ep
-    try:
-        yield ep
-    finally:
-        _current = before
+_SCOPE = BuildScope(EpGroup())
+current = _SCOPE.current
+"""The ep group MoE layers built now are for (size 1 outside `building`)."""
+building = _SCOPE.building
+"""Build MoE layers for an ep group inside the block (with `tensor_parallel.building` for tp)."""
 
 
 def keep_local_experts(module: nn.Module, name: str, ep: EpGroup) -> None:

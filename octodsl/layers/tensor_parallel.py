@@ -32,8 +32,7 @@ the group (`all_reduce_sequence_parallel_grads`) before the optimizer step.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -44,6 +43,7 @@ from torch import nn
 from ..models.load import SpecError
 from ..models.spec import LayerConfig
 from ..models.tp import layer_problems, local_layer
+from .scope import BuildScope
 
 SEQ_DIM = 1
 """The sequence dimension of a [batch, seq, hidden] activation."""
@@ -66,25 +66,12 @@ class TpGroup:
         return slice(self.rank * part, (self.rank + 1) * part)
 
 
-_SINGLE = TpGroup()
 _Config = TypeVar("_Config", bound=LayerConfig)
-_current: TpGroup = _SINGLE
-
-
-def current() -> TpGroup:
-    """The tp group layers built now are for (size 1 outside `building`)."""
-    return _current
-
-
-@contextlib.contextmanager
-def building(tp: TpGroup) -> Iterator[TpGroup]:
-    """Build layers for `tp` inside the block."""
-    global _current
-    before, _current = _current, tp
-    try:
-        yield tp
-    finally:
-        _current = before
+_SCOPE = BuildScope(TpGroup())
+current = _SCOPE.current
+"""The tp group layers built now are for (size 1 outside `building`)."""
+building = _SCOPE.building
+"""Build layers for a tp group inside the block."""
 
 
 def local_config(cfg: _Config, tp: TpGroup) -> _Config:

@@ -15,6 +15,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from octodsl.layers import recompute
+from octodsl.layers import tensor_parallel as tpl
+from octodsl.layers.split_backward import backward_input, backward_weight
+
 from ..conftest import free_port
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
@@ -40,6 +44,28 @@ def counting_collectives() -> Iterator[list[str]]:
     finally:
         for name, fn in real.items():
             setattr(dist, name, fn)
+
+
+def run_layer(
+    layer: torch.nn.Module, xt: torch.Tensor, gyt: torch.Tensor, variant: str, tp: tpl.TpGroup
+) -> torch.Tensor:
+    """`layer`'s output on this rank's input `xt`, and its gradients for the output gradient
+    `gyt` as `variant` says (`recompute`: the forward under selective recompute; `split`: B, then
+    W, which must touch no weight before it and call no collective), the sequence-parallel
+    parameters' gradients summed over the tp group as the engine sums them."""
+    with recompute.dropping() if "recompute" in variant else contextlib.nullcontext():
+        yt = layer(xt)
+    if variant.endswith("split"):
+        (gx,), state = backward_input([yt], [gyt], [xt])
+        assert not any(p.grad is not None for p in layer.parameters()), "B touched a weight"
+        with counting_collectives() as calls:
+            backward_weight(state, list(layer.parameters()))
+        assert not calls, f"W communicated: {calls}"
+        xt.grad = gx
+    else:
+        yt.backward(gyt)
+    tpl.all_reduce_sequence_parallel_grads(layer.parameters(), tp)
+    return yt
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ to its peer, an expert receives no row and a rank receives none at all.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,14 +21,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from octodsl.layers import MoE, recompute
+from octodsl.layers import MoE
 from octodsl.layers import expert_parallel as epl
 from octodsl.layers import tensor_parallel as tpl
-from octodsl.layers.split_backward import backward_input, backward_weight
 from octodsl.models.load import SpecError
 from octodsl.models.spec import MoEConfig
 
-from .multiprocess import counting_collectives, record, reporting, spawned
+from .multiprocess import record, reporting, run_layer, spawned
 from .test_tensor_parallel import expected_shard, moe_shards
 
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -136,19 +134,7 @@ def run_case(
 
     x, gy = inputs(case, copy)
     xt = tpl.seq_slice(x, tp).clone().requires_grad_()
-    with recompute.dropping() if "recompute" in variant else contextlib.nullcontext():
-        yt = layer(xt)
-    gyt = tpl.seq_slice(gy, tp)
-    if variant.endswith("split"):
-        (gx,), state = backward_input([yt], [gyt], [xt])
-        assert not any(p.grad is not None for p in layer.parameters()), "B touched a weight"
-        with counting_collectives() as calls:
-            backward_weight(state, list(layer.parameters()))
-        assert not calls, f"W communicated: {calls}"
-        xt.grad = gx
-    else:
-        yt.backward(gyt)
-    tpl.all_reduce_sequence_parallel_grads(layer.parameters(), tp)
+    yt = run_layer(layer, xt, tpl.seq_slice(gy, tp), variant, tp)
 
     own = refs[copy]
     diffs = [

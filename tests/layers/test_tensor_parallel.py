@@ -12,7 +12,6 @@ layers' own slicing helpers.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,10 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from octodsl.layers import MLP, Attention, Mamba1, Mamba2, MoE, recompute
+from octodsl.layers import MLP, Attention, Mamba1, Mamba2, MoE
 from octodsl.layers import tensor_parallel as tpl
 from octodsl.layers.gated_deltanet import GatedDeltaNet
-from octodsl.layers.split_backward import backward_input, backward_weight
 from octodsl.models.load import SpecError
 from octodsl.models.spec import (
     AttentionConfig,
@@ -35,7 +33,7 @@ from octodsl.models.spec import (
     MoEConfig,
 )
 
-from .multiprocess import counting_collectives, record, reporting, spawned
+from .multiprocess import record, reporting, run_layer, spawned
 
 TP = 2
 HIDDEN, BATCH, SEQ = 16, 2, 8
@@ -247,19 +245,7 @@ def run_case(case: Case, tp: tpl.TpGroup, variant: str) -> float:
     yr = ref(xr)
     yr.backward(gy)
     xt = tpl.seq_slice(x, tp).clone().requires_grad_()
-    with recompute.dropping() if "recompute" in variant else contextlib.nullcontext():
-        yt = layer(xt)
-    gyt = tpl.seq_slice(gy, tp)
-    if variant.endswith("split"):
-        (gx,), state = backward_input([yt], [gyt], [xt])
-        assert not any(p.grad is not None for p in layer.parameters()), "B touched a weight"
-        with counting_collectives() as calls:
-            backward_weight(state, list(layer.parameters()))
-        assert not calls, f"W communicated: {calls}"
-        xt.grad = gx
-    else:
-        yt.backward(gyt)
-    tpl.all_reduce_sequence_parallel_grads(layer.parameters(), tp)
+    yt = run_layer(layer, xt, tpl.seq_slice(gy, tp), variant, tp)
 
     diffs = [
         (yt - tpl.seq_slice(yr, tp)).abs().max(),
