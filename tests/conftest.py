@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,25 @@ def pytest_collection_modifyitems(items):
         fixtures = item._fixtureinfo.name2fixturedefs.values()  # pytest's own record, no API
         if any(defs[-1].scope == "module" for defs in fixtures):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+STALE_BUILD_LOCK = 30 * 60
+"""Seconds after which a torch extension build's lock file is a leftover: DeepSpeed's CPU
+communication op builds in about 90 s. A run killed mid-build leaves the lock behind, and every
+later launch then waits on it forever (torch's FileBaton) with no message."""
+
+
+def pytest_sessionstart(session):
+    """Remove torch extension build locks a killed run left behind, saying so, so that the
+    DeepSpeed launches build instead of waiting forever."""
+    root = Path(
+        os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    )
+    for lock in root.glob("*/*/lock"):
+        try:
+            age = time.time() - lock.stat().st_mtime
+            if age > STALE_BUILD_LOCK:
+                lock.unlink()
+                print(f"removed {lock}: a build lock {age / 60:.0f} min old, left by a killed run")
+        except OSError:  # another worker removed it first, or it is not ours to remove
+            continue
