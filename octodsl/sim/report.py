@@ -180,7 +180,6 @@ def _mesh_json(result: SimResult) -> dict:
         "tp": m.tp,
         "pp": m.pp,
         "dp": m.dp,
-        "ep": m.ep,
         "world": m.world,
         "nodes": m.nodes,
         "gpus_per_node": m.gpus_per_node,
