@@ -57,9 +57,7 @@ def test_hostile_values_are_refused_in_one_line(value, code, says):
 def test_ep_must_divide_dp():
     d, _ = only('model "jamba-v0.1"', "dp 6", "ep 4")
     assert d.code == "E705"
-    assert d.message == (
-        "ep 4 does not divide dp 6: the ep group is carved out of the dp copies"
-    )
+    assert d.message == ("ep 4 does not divide dp 6: the ep group is carved out of the dp copies")
     assert d.hint == "with dp 6, ep 2 divides dp and every expert count"  # not 3 or 6: 16 experts
     d, _ = only("ep 4")  # no dp: 1
     assert d.code == "E705" and d.hint.startswith("with dp 1, only ep 1 fits: give a dp")
