@@ -51,6 +51,17 @@ class SimCosts:
         if pb is None:
             return None
         mine = pb.sharded(self.zero, self.dp)
+        if self.ep > 1 and self.expert_grad_bytes is not None and self.grad_bytes:
+            # the experts' parameters are sharded over their own dp / ep copies: the mix by part
+            x = (
+                self.expert_grad_bytes[stage] / self.grad_bytes[stage]
+                if self.grad_bytes[stage]
+                else 0.0
+            )
+            experts = pb.sharded(self.zero, max(1, self.dp // self.ep))
+            mine = ParamBytes(
+                *((1 - x) * a + x * b for a, b in zip(_parts(mine), _parts(experts), strict=True))
+            )
         scale = self.stages[stage].static / mine.total if mine.total > 0 else 0.0
         return ParamBytes(mine.weights * scale, mine.grads * scale, mine.optimizer * scale)
 
@@ -94,6 +105,10 @@ class SimCosts:
             expert,
             h.ep,
         )
+
+
+def _parts(pb: ParamBytes) -> tuple[float, float, float]:
+    return pb.weights, pb.grads, pb.optimizer
 
 
 class TpMismatch(PlanError):

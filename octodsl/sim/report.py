@@ -297,7 +297,7 @@ def summary(
             + (
                 f" ({pb.per_device(result.costs.zero, result.costs.dp):g} of "
                 f"{pb.total:g} bytes per parameter)"
-                if pb is not None
+                if pb is not None and result.costs.ep == 1  # with ep the experts' differ
                 else ""
             )
         )

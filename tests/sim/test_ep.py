@@ -132,3 +132,25 @@ def test_simulate_cli_takes_ep(tmp_path, capsys):
     assert main(["simulate", str(path), "--dp", "6", "--ep", "4"]) != 0
     err = capsys.readouterr().err.strip()
     assert "ep 4 does not divide dp 6" in err and len(err.splitlines()) == 1
+
+
+def test_static_parts_shard_the_experts_over_their_copies():
+    """zero 1, dp 8, ep 4, stage 0 three quarters experts: per parameter the dense part holds
+    2 + 2 + 12 / 8 bytes, the experts' 2 + 2 + 12 / 2."""
+    from octodsl.costs.table import ParamBytes
+
+    stages = (
+        StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 8875.0, 0.0),
+        StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 5500.0, 0.0),
+    )
+    costs = SimCosts(
+        stages,
+        grad_bytes=GRADS,
+        param_bytes=ParamBytes.of(16, 2),
+        zero=1,
+        dp=8,
+        expert_grad_bytes=EXPERT,
+        ep=4,
+    )
+    assert costs.static_parts(0) == ParamBytes(2000.0, 2000.0, 4875.0)
+    assert costs.static_parts(1) == ParamBytes(2000.0, 2000.0, 1500.0)  # no experts: dp's
