@@ -161,6 +161,12 @@ def check_launch(
             "the pipeline must run one"
         )
     _check_world(plan, world)
+    if plan.header.ep > 1:  # the ep MoE layer exists (octodsl.layers.expert_parallel); not wired
+        raise PlanLaunchError(
+            f"the plan runs ep {plan.header.ep}, which octodsl's executor does not run yet "
+            "(issue 29): run it at ep 1 (drop `ep`), or with Megatron-LM (`octodsl convert "
+            "--to megatron`)"
+        )
     _check_tp(plan, layers)
     plan_config(config, plan, microbatch_size, plan_name=plan_name, config_name=config_name)
     return stage_layers(plan, layers if isinstance(layers, int) else len(layers), layer_costs)

@@ -4,6 +4,11 @@ Rank order is Megatron-LM's (`parallel_state`): tp fastest, then dp, then pp, so
 r = (pp x dp + d) x tp + t for pipeline device pp, data-parallel copy d, tp rank t. Node of a rank:
 r // gpus_per_node. A tp group then sits inside one node whenever tp divides gpus_per_node, and
 the pipeline's neighbours sit in other nodes once tp x dp >= gpus_per_node.
+
+Expert parallelism (`ep`) is carved out of dp as Megatron-core orders it (tp, then ep, then the
+rest of dp: tp-cp-ep-dp-pp): an ep group is `ep` consecutive dp copies of one tp rank, ranks tp
+apart, so it stays inside a node when tp x ep divides gpus_per_node (<= 8 on DGX nodes) and
+crosses nodes otherwise.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ class Mesh:
     """Pipeline devices (the plan's `devices`); each is a tp group of GPUs."""
     dp: int
     gpus_per_node: int = 8
+    ep: int = 1
+    """Expert-parallel degree: consecutive dp copies per ep group (divides dp)."""
 
     @classmethod
     def of(cls, header: Header) -> Mesh:
-        return cls(header.tp, header.devices, header.dp, header.gpus_per_node)
+        return cls(header.tp, header.devices, header.dp, header.gpus_per_node, header.ep)
 
     @property
     def world(self) -> int:
@@ -78,6 +85,29 @@ class Mesh:
         first = self.rank(pp)
         end = (self.node(first) + 1) * self.gpus_per_node
         return max(1, min(self.dp, -(-(end - first) // self.tp)))
+
+    @property
+    def ep_spans_nodes(self) -> bool:
+        """Whether some ep group has GPUs in two nodes (its all-to-alls then leave NVLink): the
+        group of tp rank t and copies j..j + ep - 1 is ranks rank(pp, j) + t + i x tp, i < ep.
+        Nodes repeat every gpus_per_node ranks, so gpus_per_node first ranks and tp offsets
+        cover every group."""
+        if self.ep == 1:
+            return False
+        groups = self.pp * max(1, self.dp // self.ep)
+        span, step = (self.ep - 1) * self.tp, self.ep * self.tp
+        return any(
+            self._straddles(t, span, groups, step) for t in range(min(self.tp, self.gpus_per_node))
+        )
+
+    @property
+    def ep_ranks_per_node(self) -> int:
+        """GPUs of an ep group that share a node: all ep of them when it stays inside one, else
+        the group's ranks (tp apart) that fit in a node, gpus_per_node // tp (at least 1; a node
+        boundary inside a tp group is W702's case, costed as if aligned)."""
+        if not self.ep_spans_nodes:
+            return self.ep
+        return max(1, min(self.ep, self.gpus_per_node // self.tp))
 
     def crosses_nodes(self, a: int, b: int) -> bool:
         """Whether messages between pipeline devices `a` and `b` leave a node: for some

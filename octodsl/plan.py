@@ -186,6 +186,10 @@ class Header(BaseModel):
     sequence_parallel: bool | None = None
     """Megatron's sequence parallelism within the tp group (norms, residuals and the messages
     between stages split along the sequence); None: on when tp > 1 (`Header.sp`)."""
+    ep: int = Field(default=1, ge=1, le=limits.MAX_DP)
+    """Expert-parallel degree of every MoE layer: the experts spread over `ep` consecutive
+    data-parallel copies (Megatron-core carves the ep group out of dp), each holding 1/ep of
+    them; ep divides dp and every MoE layer's expert count (`octodsl.models.ep`)."""
     gpus_per_node: int = Field(default=8, ge=1, le=limits.MAX_GPUS_PER_NODE)
     """GPUs per node: which ranks share the intra-node link (octodsl.mesh)."""
     overlap_tp_comm: bool = False

@@ -80,6 +80,8 @@ SEQ_LEN = integer(1, limits.MAX_SEQ_LEN)
 DP = integer(1, limits.MAX_DP)
 ZERO = integer(0, 2)
 """--zero: a ZeRO stage (`Header.zero`)."""
+EP = integer(1, limits.MAX_DP)
+"""--ep: the expert-parallel degree (`Header.ep`)."""
 TP = integer(1, limits.MAX_TP)
 """--tp: the tensor-parallel degree (`Header.tp`)."""
 GPUS_PER_NODE = integer(1, limits.MAX_GPUS_PER_NODE)

@@ -1,8 +1,8 @@
 """`octodsl gen NAME --devices P --microbatches M [--chunks V] [--model SPEC [--partition HOW]
 [--device GPU] [--profile FILE] [--microbatch-size N] [--seq-len N]] [--costs F=..,B=..,W=..]
-[--tp N] [--sequence-parallel true|false] [--gpus-per-node N] [--overlap LIST] [-o FILE]`:
-write a classic schedule as a .octo plan (the last four go into its header as the plan language
-writes them)."""
+[--tp N] [--sequence-parallel true|false] [--gpus-per-node N] [--dp N] [--zero N] [--ep N]
+[--overlap LIST] [-o FILE]`: write a classic schedule as a .octo plan (the last seven go into its
+header as the plan language writes them)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ from .common import (
     DEVICE,
     DEVICE_HELP,
     DEVICES,
+    DP,
+    EP,
     GPUS_PER_NODE,
     MICROBATCH_SIZE,
     MICROBATCHES,
     SEQ_LEN,
     TP,
+    ZERO,
     UserError,
     add_overlap_option,
     check_outputs,
@@ -113,6 +116,23 @@ def register(sub) -> None:
         metavar="N",
         help="GPUs per node, which ranks share NVLink (default 8)",
     )
+    p.add_argument(
+        "--dp", type=DP, metavar="N", help="data-parallel copies of the pipeline (default 1)"
+    )
+    p.add_argument(
+        "--zero",
+        type=ZERO,
+        metavar="N",
+        help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
+        "the gradients); default 0",
+    )
+    p.add_argument(
+        "--ep",
+        type=EP,
+        metavar="N",
+        help="expert-parallel degree of the MoE layers: their experts spread over N of "
+        "the dp copies (divides --dp and the expert count; default 1)",
+    )
     add_overlap_option(p, "none")
     p.add_argument(
         "-o",
@@ -146,6 +166,9 @@ def run(args) -> int:
     mesh = {
         "tp": args.tp,
         "gpus_per_node": args.gpus_per_node,
+        "dp": args.dp,
+        "zero": args.zero,
+        "ep": args.ep,
         "sequence_parallel": args.sequence_parallel,
         **runtime_update(args),
     }

@@ -1,9 +1,9 @@
 """`octodsl simulate PLAN... [--model SPEC | --profile FILE | --costs F=1,B=1,W=1[,comm=0]]
-[--device H800] [--link nvlink] [--inter-node-link ib-ndr] [--dp N] [--zero 0|1|2] [--tp N]
+[--device H800] [--link nvlink] [--inter-node-link ib-ndr] [--dp N] [--zero 0|1|2] [--ep N] [--tp N]
 [--sequence-parallel true|false] [--gpus-per-node N] [--recompute none|full|selective]
 [--json] [--trace FILE] [--png FILE]`: iteration time, bubbles, overlap, memory, each link's
 busy time and the critical path of a plan, before renting any GPU. Several plans are compared
-side by side, one row each. --dp, --zero, --tp, --sequence-parallel, --gpus-per-node and
+side by side, one row each. --dp, --zero, --ep, --tp, --sequence-parallel, --gpus-per-node and
 --recompute override the plan's header and `recompute` section (--recompute: every stage), for
 the costs and the communication alike. Pipeline messages and data-parallel collectives take
 --link inside a node and --inter-node-link between nodes, by where the plan's ranks sit
@@ -32,6 +32,7 @@ from .common import (
     DEVICE,
     DEVICE_HELP,
     DP,
+    EP,
     INTER_NODE_LINK,
     LINK,
     LINK_HELP,
@@ -124,6 +125,13 @@ def register(sub) -> None:
         help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
         "the gradients); default: the plan's `zero`",
     )
+    p.add_argument(
+        "--ep",
+        type=EP,
+        metavar="N",
+        help="expert-parallel degree of the MoE layers: their experts spread over N of "
+        "the dp copies (divides dp and the expert count); default: the plan's `ep`",
+    )
     add_mesh_options(p, default_from="the plan's")
     p.add_argument(
         "--recompute",
@@ -161,7 +169,11 @@ def run(args) -> int:
         plan = load_plan_or_report(path)
         if plan is None:
             return 1
-        update = {k: v for k, v in (("dp", args.dp), ("zero", args.zero)) if v is not None}
+        update = {
+            k: v
+            for k, v in (("dp", args.dp), ("zero", args.zero), ("ep", args.ep))
+            if v is not None
+        }
         update.update(mesh_update(args, plan.header.tp, plan.header.sequence_parallel))
         plan = with_overrides(plan, update, args.recompute)
         warn_zero_without_copies(path, plan.header.zero, plan.header.dp)
@@ -252,6 +264,7 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
                 profile=args.profile,
                 device=args.device,
                 tp_link=given,
+                inter_link=args.inter_node_link,
                 **header_costing(h),
             )
             costs = SimCosts.from_table(table, plan)

@@ -18,13 +18,20 @@ them: Megatron runs them in line with the compute by default, so they are on the
 path. With `overlap_tp` (the plan's `overlap_tp_comm`, Megatron's `--tp-comm-overlap`) each
 op's collectives run under its GEMMs instead, as far as those last: `min(comm, gemms)` of them
 is hidden (`LayerCost.tp_hidden_f`, ...), the rest stays on the op.
+
+Under expert parallelism (`ep`, `octodsl.models.ep`) each MoE layer holds 1 / ep of the routed
+experts, runs its local experts' GEMMs at the busiest rank's rows (work.py), and its F and B each
+run a dispatch and a combine all-to-all on the ep group's links (`costs/expert.py`), in line like
+the tp collectives and kept apart as `LayerCost.ep_f`, `ep_b`.
 """
 
 from __future__ import annotations
 
+from ..models.ep import local_routed_params
 from ..models.spec import DTYPE_BYTES, ModelSpec, grad_accumulator_bytes
-from ..models.tp import local_params
+from ..models.tp import local_layer, local_params
 from .devices import Device, get_link
+from .expert import EpLinks, all_to_all_time
 from .table import CostTable, LayerCost, Link
 from .work import Collective, Gemm, Work, layer_work
 
@@ -105,33 +112,38 @@ def analytical_costs(
     tp_link: Link | None = None,
     overlap_tp: bool = False,
     scatter_gather: bool = False,
+    ep: int = 1,
+    ep_links: EpLinks | None = None,
 ) -> CostTable:
     """Per-layer costs of `spec` (at its micro-batch size and sequence length) on `device`, on
     one GPU of a tp group: `sp` sequence parallelism (default: on when tp > 1), the tp
     collectives on `tp_link` (default: the device's node link), hidden under the GEMMs with
     `overlap_tp`; without sp, each GPU sends 1/tp of a pipeline message with `scatter_gather`
-    (the whole activation otherwise). The model must split at this tp
-    (`octodsl.models.tp.tp_problems`)."""
+    (the whole activation otherwise); the MoE layers' experts spread over an `ep` group whose
+    all-to-alls take `ep_links` (default: all ranks in one node, on the tp link). The model must
+    split at this tp (`octodsl.models.tp.tp_problems`) and ep (`octodsl.models.ep.ep_problem`)."""
     sp = tp > 1 if sp is None else sp and tp > 1
     overlap_tp = overlap_tp and tp > 1
     scatter_gather = scatter_gather and tp > 1 and not sp
     link = tp_link or get_link(device.node_link)
+    a2a_links = ep_links or EpLinks(link, link, ep)
     layers = []
     for i, layer in enumerate(spec.layers):
-        work = layer_work(spec, layer, tp, sp)
+        work = layer_work(spec, layer, tp, sp, ep)
         (f, b, w), gemm, sel_f = _times(work, device, spec.dtype, spec.dtype_bytes)
         tp_f, tp_b, tp_w = (_comm(c, tp, link) for c in (work.tp_f, work.tp_b, work.tp_w))
+        a2a = sum(all_to_all_time(nbytes, ep, a2a_links) for nbytes in work.all_to_all)
         hidden = (
             tuple(min(c, g) for c, g in zip((tp_f, tp_b, tp_w), gemm, strict=True))
             if overlap_tp
             else (0.0, 0.0, 0.0)
         )
-        params = local_params(spec, i, tp)
+        params = local_params(spec, i, tp, ep)
         layers.append(
             LayerCost(
                 kind=layer.kind,
-                f=f + tp_f - hidden[0],
-                b=b + tp_b - hidden[1],
+                f=f + tp_f - hidden[0] + a2a,
+                b=b + tp_b - hidden[1] + a2a,
                 w=w + tp_w - hidden[2],
                 act=work.act,
                 act_w=work.act_w,
@@ -151,13 +163,16 @@ def analytical_costs(
                 host_f=device.overheads.f_seconds if work.elements else 0.0,
                 host_b=device.overheads.b_seconds if work.elements else 0.0,
                 msg_bytes=work.out / tp if scatter_gather else None,
+                ep_f=a2a,
+                ep_b=a2a,
+                expert_params=local_routed_params(local_layer(layer, tp), spec.hidden, ep),
             )
         )
     where = (
         f", tp {tp}{' sp' if sp else ''}{' overlapped' if overlap_tp else ''} on {link.name}"
         if tp > 1
         else ""
-    )
+    ) + (f", ep {ep} on {a2a_links.describe(ep)}" if ep > 1 else "")
     return CostTable(
         layers=layers,
         source=f"analytical {spec.name} on {device.name}{where}",
@@ -175,5 +190,6 @@ def analytical_costs(
             "overlap_tp_comm": overlap_tp,
             "message_overhead": device.overheads.message_seconds,
             "scatter_gather_messages": scatter_gather,
+            "ep": ep,
         },
     )

@@ -66,6 +66,15 @@ class LayerCost:
     msg_bytes: float | None = None
     """Bytes one GPU sends across a cut after this layer (None: `out_bytes`): 1/tp of it under
     Megatron's scatter/gather of pipeline messages (the plan's `scatter_gather_messages`)."""
+    ep_f: float = 0.0
+    """Of `f`, the seconds of the layer's expert-parallel all-to-alls (dispatch and combine, on
+    the ep group's links; 0 at ep 1 and for layers without experts)."""
+    ep_b: float = 0.0
+    """Of `b`, the seconds of the reverse all-to-alls (W has none)."""
+    expert_params: int = 0
+    """Of `params`, the routed experts' this GPU holds (1 / ep of them): their static bytes are
+    sharded over the dp / ep copies that hold the same experts, and their gradients reduced over
+    those (`CostTable.range_costs`, `expert_grad_bytes`)."""
 
     @property
     def message_bytes(self) -> float:
@@ -108,6 +117,10 @@ class StageCost:
     """Of `tp_f`, the seconds under the GEMMs (`overlap_tp_comm`), not in `f`."""
     tp_hidden_b: float = 0.0
     tp_hidden_w: float = 0.0
+    ep_f: float = 0.0
+    """Of `f`, seconds of expert-parallel all-to-alls (LayerCost.ep_f summed)."""
+    ep_b: float = 0.0
+    """Of `b`, seconds of expert-parallel all-to-alls (a full recompute's forward included)."""
 
     @property
     def fused_backward(self) -> float:
@@ -241,12 +254,25 @@ class CostTable:
         (`grad_accumulator_bytes`: fp32 for a bf16 model)."""
         return grad_accumulator_bytes(self.meta.get("dtype", "bf16"))
 
+    @property
+    def ep(self) -> int:
+        """The expert-parallel degree the table is costed at (meta `ep`, default 1)."""
+        return int(self.meta.get("ep", 1))
+
     def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
         """Gradient bytes of layers `first..last` (default: all) as the data-parallel
         collectives move them (`grad_reduce_bytes` each)."""
         stop = len(self.layers) if last is None else last + 1
         return float(
             sum(layer.params for layer in self.layers[first:stop]) * self.grad_reduce_bytes
+        )
+
+    def expert_grad_bytes(self, first: int = 0, last: int | None = None) -> float:
+        """Of `grad_bytes`, the routed experts' (`LayerCost.expert_params`), which under expert
+        parallelism are reduced over dp / ep copies only."""
+        stop = len(self.layers) if last is None else last + 1
+        return float(
+            sum(layer.expert_params for layer in self.layers[first:stop]) * self.grad_reduce_bytes
         )
 
     def pipelined(self) -> CostTable:
@@ -301,6 +327,10 @@ class CostTable:
         what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step;
         W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
         share = self.param_bytes.share(zero, dp)
+        ep = self.ep
+        # the experts' copies: the dp / ep ranks that hold the same experts (ZeRO shards over them)
+        expert_copies = max(1, dp // ep)
+        expert_share = self.param_bytes.share(zero, expert_copies)
         out = []
         for i, (first, last) in enumerate(ranges):
             ls = self.layers[first : last + 1]
@@ -326,11 +356,21 @@ class CostTable:
                 sum(l.sel_act for l in ls),
                 self.input_bytes(first),
             )
-            if mode is Recompute.FULL:  # the whole forward again, its tp collectives too
-                tp_b, hid_b = tp_b + tp_f, hid_b + hid_f
+            ep_f, ep_b = sum(l.ep_f for l in ls), sum(l.ep_b for l in ls)
+            if mode is Recompute.FULL:  # the whole forward again, its collectives too
+                tp_b, hid_b, ep_b = tp_b + tp_f, hid_b + hid_f, ep_b + ep_f
+            static = share * sum(l.static for l in ls)
+            sharded_update = sum(l.update for l in ls) / (dp if Zero(zero).shards_optimizer else 1)
+            if ep > 1:  # the experts' part sharded over their own copies
+                fraction = [l.expert_params / l.params if l.params else 0.0 for l in ls]
+                expert_static = sum(l.static * x for l, x in zip(ls, fraction, strict=True))
+                expert_update = sum(l.update * x for l, x in zip(ls, fraction, strict=True))
+                static += (expert_share - share) * expert_static
+                if Zero(zero).shards_optimizer:
+                    sharded_update += expert_update * (1 / expert_copies - 1 / dp)
             cal = self.calibration
             extra = {}
-            update = sum(l.update for l in ls)
+            update = sharded_update
             if cal is not None:
                 again = cal.scale.get("F", 1.0) * again
                 f, b, w, extra["bw"] = (
@@ -341,6 +381,7 @@ class CostTable:
                 )
                 extra["bw"] += again
                 update = cal.update_per_param * sum(l.params for l in ls)
+                update /= dp if Zero(zero).shards_optimizer else 1  # its shard
             out.append(
                 StageCost(
                     f=f,
@@ -348,16 +389,18 @@ class CostTable:
                     w=w,
                     act=kept,
                     act_w=act_w,
-                    static=share * sum(l.static for l in ls),
+                    static=static,
                     send_bytes=ls[-1].message_bytes,
                     act_b=act - kept,
                     tp_f=tp_f,
                     tp_b=tp_b,
                     tp_w=tp_w,
-                    update=update / (dp if Zero(zero).shards_optimizer else 1),  # its shard
+                    update=update,
                     tp_hidden_f=hid_f,
                     tp_hidden_b=hid_b,
                     tp_hidden_w=hid_w,
+                    ep_f=ep_f,
+                    ep_b=ep_b,
                     **extra,
                 )
             )

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from ..models.ep import busiest_share, dispatch_bytes, expert_rows
 from ..models.spec import (
     AttentionConfig,
     EmbeddingConfig,
@@ -126,6 +127,10 @@ class Work:
     elements: float = 0.0
     """Activation elements the layer's per-token kernels touch on this GPU (tokens x hidden /
     tp): what the device's per-op overheads scale with (0: none, the embedding and LM head)."""
+    all_to_all: tuple[float, ...] = ()
+    """The expert-parallel all-to-alls of F, each the bytes the busiest rank of the ep group
+    sends to (and receives from) its peers (`octodsl.models.ep`); B runs each again in reverse,
+    W none (none at ep 1)."""
 
     @property
     def gemm(self) -> float:
@@ -146,6 +151,8 @@ class _Shape:
     sp: bool = False
     dropout: bool = False
     """Whether dropout masks are drawn (ModelSpec.dropout > 0)."""
+    ep: int = 1
+    """Expert-parallel degree of the MoE layers (`octodsl.models.ep`)."""
 
     @property
     def held(self) -> float:
@@ -327,13 +334,20 @@ def _mlp(c: MLPConfig, s: _Shape) -> Work:
 
 
 def _moe(c: MoEConfig, s: _Shape) -> Work:
+    """Dropless top-k MoE. At ep 1 each expert gets routed / experts rows (grouped GEMMs over all
+    experts); under expert parallelism (`octodsl.models.ep`) the rank's experts / ep local experts
+    each get ep x routed / experts rows, times the busiest rank's share (the rank every other
+    waits for), and F runs the dispatch and combine all-to-alls of the routed rows."""
     T, e, h = s.tokens, s.e, s.hidden
     routed = c.top_k * T
-    # dropless and balanced: each expert gets routed / experts tokens (grouped GEMMs)
-    experts, first = _ffn(-(-routed // c.experts), h, c.expert_ffn, c.activation, c.experts)
+    local = c.experts // s.ep
+    rows = expert_rows(T, c.top_k, c.experts, s.ep, c.imbalance)
+    received = rows * local if s.ep > 1 else routed  # the busiest rank's rows (routed at ep 1)
+    experts, first = _ffn(rows, h, c.expert_ffn, c.activation, local)
     shared, shared_first = _ffn(T, h, c.shared_ffn, c.activation) if c.shared_ffn else ((), 0)
     gemms = (Gemm(T, c.experts, h),) + experts + shared  # the router first
-    expert_act = routed * e * (first + c.expert_ffn) + T * e * (shared_first + c.shared_ffn)
+    expert_act = received * e * (first + c.expert_ffn) + T * e * (shared_first + c.shared_ffn)
+    a2a = busiest_share(c.imbalance, s.ep) * dispatch_bytes(T, c.top_k, h, e, s.ep)
     # dispatched rows and expert outputs (for the weighted combine), fp32 router probabilities
     act = expert_act + routed * e * 2 * h + 4 * T * c.experts
     ew = 8 * T * c.experts + 4 * routed * h * e + expert_act
@@ -344,8 +358,9 @@ def _moe(c: MoEConfig, s: _Shape) -> Work:
         act,
         act,
         ew,
-        sel_act=routed * e * c.expert_ffn + T * e * c.shared_ffn,
+        sel_act=received * e * c.expert_ffn + T * e * c.shared_ffn,
         sel_ew=expert_act,
+        all_to_all=(a2a, a2a) if s.ep > 1 else (),  # dispatch, combine
     )
 
 
@@ -494,10 +509,12 @@ _WORK_OF_KIND: dict[str, Callable[[Any, _Shape], Work]] = {  # each takes its ki
 }
 
 
-def layer_work(spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = False) -> Work:
+def layer_work(
+    spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = False, ep: int = 1
+) -> Work:
     """The work of one of `spec`'s layers for one micro-batch of the spec's shape, on one GPU
-    of a tp group (sequence parallel or not). The layer must split at this tp
-    (`octodsl.models.tp.tp_problems`)."""
+    of a tp group (sequence parallel or not) and of an ep group. The layer must split at this
+    tp (`octodsl.models.tp.tp_problems`) and ep (`octodsl.models.ep.ep_problem`)."""
     shape = _Shape(
         spec.tokens,
         spec.seq_len,
@@ -508,6 +525,7 @@ def layer_work(spec: ModelSpec, layer: LayerConfig, tp: int = 1, sp: bool = Fals
         tp,
         sp and tp > 1,
         spec.dropout > 0,
+        ep,
     )
     work = _WORK_OF_KIND[layer.kind](local_layer(layer, tp), shape)
     if isinstance(layer, AttentionConfig) and kv_split(layer.kv_heads, tp).replicated:

@@ -42,7 +42,7 @@ _SINGLE: dict[str, Callable[[int, int], PhasedSchedule]] = {
     "zb-h2": zb_h2,
 }
 """Schedules with one stage per device."""
-MESH_FIELDS = ("tp", "sequence_parallel", "gpus_per_node", *RUNTIME_FIELDS)
+MESH_FIELDS = ("tp", "sequence_parallel", "gpus_per_node", "dp", "zero", "ep", *RUNTIME_FIELDS)
 """Header fields of the cluster a generated plan runs on (`generate_text(mesh=...)`)."""
 _V_SHAPE = ("zb-v", "dualpipev")
 """Schedules with two stages per device in a V."""
@@ -108,7 +108,7 @@ def generate_text(
     (balanced F+B+W time, the default), "parameters" or "equal"; `costs` go to the cost table
     (device, profile, microbatch_size, seq_len; the last two also into the header). `mesh`
     holds header fields of the cluster the plan runs on (tp, sequence_parallel,
-    gpus_per_node, the runtime fields), written into the header as given."""
+    gpus_per_node, dp, zero, ep, the runtime fields), written into the header as given."""
     phased = phased_schedule(name, devices, microbatches, chunks, times)
     v = chunks or 2
     plan_name = f"{name}-p{devices}-m{microbatches}" + (f"-v{v}" if name == "interleaved" else "")
@@ -130,7 +130,13 @@ def generate_text(
     if model is not None:
         try:
             stages, note = model_stages(
-                model, phased.num_stages, partition, **costs, tp=header.tp, sp=header.sp
+                model,
+                phased.num_stages,
+                partition,
+                **costs,
+                tp=header.tp,
+                sp=header.sp,
+                ep=header.ep,
             )
         except OctoError as e:
             raise ScheduleError(str(e)) from None

@@ -22,10 +22,12 @@ def model_stages(
     seq_len: int | None = None,
     tp: int = 1,
     sp: bool | None = None,
+    ep: int = 1,
 ) -> tuple[list[Stage], str]:
     """The stages (layer ranges, with the model's pattern symbols so the plan shows each
     stage's layer kinds) and one line saying how they were cut, the costs being one GPU's of a
-    `tp` group (`cost_table`). Raises an OctoError with a message for the user."""
+    `tp` group and an `ep` group (`cost_table`; its all-to-alls inside a node, which scales
+    every MoE layer alike). Raises an OctoError with a message for the user."""
     if method not in METHODS:
         raise OctoError(f"unknown partition method '{method}'; methods are {', '.join(METHODS)}")
     pattern = load_model(model).pattern
@@ -48,6 +50,7 @@ def model_stages(
             seq_len=seq_len,
             tp=tp,
             sp=sp,
+            ep=ep,
         )
         if method == "parameters":
             ranges = balance_parameters([layer.params for layer in table.layers], num_stages)

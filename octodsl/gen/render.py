@@ -67,6 +67,8 @@ def _header(h: Header) -> list[tuple[str, str]]:
         out.append(("dp", str(h.dp)))
     if h.zero != 0:
         out.append(("zero", str(h.zero)))
+    if h.ep != 1:
+        out.append(("ep", str(h.ep)))
     if h.memory is not None:
         out.append(("memory", exact_size(h.memory)))
     if h.gpus_per_node != Header.model_fields["gpus_per_node"].default:

@@ -25,7 +25,8 @@ What maps:
   Megatron equivalent (with split backwards, or any other order), Megatron then running the
   nearest, its 1F1B or interleaved 1F1B over the same stages.
 - Header. tp -> `--tensor-model-parallel-size` and `--sequence-parallel`; dp is what the world
-  size leaves (tp x P x dp GPUs); zero 1 -> `--use-distributed-optimizer` (zero 2 too, which
+  size leaves (tp x P x dp GPUs); ep -> `--expert-model-parallel-size` with the alltoall token
+  dispatcher (`--moe-token-dispatcher-type alltoall`); zero 1 -> `--use-distributed-optimizer` (zero 2 too, which
   shards the optimizer state only there); micro-batch size, seq_len and micro-batches ->
   `--micro-batch-size`, `--seq-length`, `--global-batch-size`.
 - Recompute. Every stage full -> `--recompute-granularity full --recompute-method uniform
@@ -296,6 +297,20 @@ class _Args:
             f"data-parallel size {h.dp}: Megatron takes it from the world size, "
             f"tp {h.tp} x pp {h.devices} x dp {h.dp} = {gpus} GPUs"
         )
+        if h.ep > 1:
+            self.flag(
+                "--expert-model-parallel-size",
+                h.ep,
+                comment=f"ep {h.ep}: each MoE layer's experts spread over {h.ep} of the "
+                f"{h.dp} data-parallel copies (the expert-tensor-parallel size is tp's, "
+                "Megatron's default)",
+            )
+            self.flag(
+                "--moe-token-dispatcher-type",
+                "alltoall",
+                comment="tokens to their experts' ranks and back by all-to-alls, as octodsl "
+                "costs them",
+            )
         if h.zero:
             self.flag(
                 "--use-distributed-optimizer",

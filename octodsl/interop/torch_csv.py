@@ -90,7 +90,7 @@ def write_csv(plan: Plan) -> str:
 
 def export_warnings(plan: Plan) -> list[Diagnostic]:
     """What write_csv drops of `plan` that changes how it runs: its `zero`, its mesh fields
-    (tp, sequence_parallel, gpus_per_node) and the stages of its recompute section that
+    (tp, sequence_parallel, ep, gpus_per_node) and the stages of its recompute section that
     recompute (W603, at where the plan states them)."""
     out = []
     if plan.header.zero:
@@ -127,6 +127,10 @@ _MESH_DROPPED = {
     "sequence_parallel": (
         "sequence parallelism",
         "set it up with the tp plan in the training script",
+    ),
+    "ep": (
+        "expert parallelism",
+        "spread the MoE layers' experts over the data-parallel ranks in the training script",
     ),
     "gpus_per_node": ("the cluster's shape", "the launcher places the ranks on the nodes"),
 }

@@ -6,8 +6,8 @@ A Diagnostic takes its severity from here, a lint rule declares the codes it rep
 (`python .ci/diagnostics_doc.py`). The letter of a code is its severity: E an error (lint exits
 1, and the plan reaches no command that runs it), W a warning. Numbering: E1xx the text and its
 header, E2xx the partition and placement, E3xx the schedule, W4xx/E4xx the runtime fields, E5xx
-memory, E6xx/W6xx PyTorch's action CSV, E7xx/W7xx tensor parallelism, W8xx the suppression
-comments themselves.
+memory, E6xx/W6xx PyTorch's action CSV, E7xx/W7xx tensor and expert parallelism, W8xx the
+suppression comments themselves.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ _TABLE = (
         "W603",
         "what a CSV has no place for is dropped",
         "written to a CSV (`octodsl convert plan.octo -o plan.csv`): the plan's `zero`, `tp`, "
-        "`sequence_parallel` or `gpus_per_node` (each when not its default) or the stages of "
+        "`sequence_parallel`, `ep` or `gpus_per_node` (each when not its default) or the stages of "
         "its recompute section, one warning each, at where the plan states them; a CSV read "
         "back states `tp 1`",
         _CSV,
@@ -269,6 +269,23 @@ _TABLE = (
         "W703",
         "`overlap_tp_comm true` with `tp 1`",
         "there are no tensor-parallel collectives to overlap",
+    ),
+    Code(
+        "E705",
+        "`ep` does not divide `dp`",
+        "the ep group is `ep` of the dp copies (Megatron-core carves expert parallelism out of "
+        "data parallelism); the hint names the ep that divide both dp and the model's expert "
+        "counts",
+    ),
+    Code(
+        "E706",
+        "`ep` does not divide the expert count of the plan's MoE layers",
+        "needs `model`; each rank of the ep group holds experts / ep of every MoE layer",
+    ),
+    Code(
+        "W704",
+        "`ep` greater than 1 for a model without MoE layers",
+        "needs `model`; there are no experts to spread, so ep changes nothing",
     ),
     # -- the suppression comments ----------------------------------------------------------------
     Code(

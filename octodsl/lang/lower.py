@@ -50,6 +50,7 @@ _FIELD_KINDS = {
     "seq_len": ("int",),
     "dp": ("int",),
     "zero": ("int",),
+    "ep": ("int",),
     "memory": ("int", "size"),
     "model": ("string", "name"),
     "tp": ("int",),

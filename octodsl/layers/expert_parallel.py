@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..models.ep import dispatch_bytes  # noqa: F401  (the rule lives there, torch-free)
 from ..models.load import SpecError
 from .scope import BuildScope
 
@@ -145,10 +146,3 @@ def apply_experts(
     mine = _transpose_chunks(_AllToAll.apply(rows, ep, send_rows, recv_rows), recv)
     out = _transpose_chunks(experts(mine, [sum(e) for e in by_expert]), by_expert)
     return _AllToAll.apply(out, ep, recv_rows, send_rows)
-
-
-def dispatch_bytes(tokens: int, top_k: int, hidden: int, dtype_bytes: int, ep: int) -> float:
-    """Bytes one rank sends in one all-to-all of a layer's pass (the dispatch; the combine, and
-    each of the two in the backward, move as many) when its `tokens` x `top_k` rows of `hidden`
-    values spread evenly over the experts: all but the 1 / ep staying on the rank."""
-    return tokens * top_k * hidden * dtype_bytes * (ep - 1) / ep

@@ -22,6 +22,7 @@ from ..lang.errors import Diagnostic, ranges_text
 from ..limits import MAX_SEQ_LEN
 from ..mesh import Mesh
 from ..models import ModelSpec
+from ..models.ep import ep_problem, eps_that_fit, moe_layers
 from ..models.tp import tp_problems
 from ..plan import Op, OpKind, Plan, Span, zero_without_copies
 from .memory import DEFAULT_DEVICE
@@ -654,6 +655,46 @@ class TpGroupSpansNodes(Rule):
             h.spans.get("tp"),
             hint=f"tp {_or_list(_node_tps(h.gpus_per_node))} stay inside a node of "
             f"{h.gpus_per_node} GPUs",
+        )
+
+
+# -- expert parallelism ------------------------------------------------------------------------
+
+
+@rule
+class EpSplits(Rule):
+    """`ep` spreads every MoE layer's experts over ep of the dp copies (octodsl.models.ep): it
+    must divide dp and the expert counts; on a model without experts it does nothing."""
+
+    codes = ("E705", "E706", "W704")
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h, spec = ctx.plan.header, ctx.spec
+        if h.ep == 1:
+            return
+        if spec is not None and not moe_layers(spec):
+            yield Diagnostic(
+                "W704",
+                f"ep {h.ep} for {spec.name}, which has no MoE layers: there are no experts "
+                "to spread, so ep changes nothing",
+                h.spans.get("ep"),
+                hint="drop 'ep', or name a model with MoE layers",
+            )
+            return
+        problem = ep_problem(spec, h.ep, h.dp)
+        if problem is None:
+            return
+        where, message = problem
+        fit = [e for e in eps_that_fit(spec, h.dp) if e > 1]
+        yield Diagnostic(
+            "E705" if where == "dp" else "E706",
+            message,
+            h.spans.get("ep"),
+            hint=f"with dp {h.dp}, ep {_or_list(fit)} divide{'s' * (len(fit) == 1)} "
+            f"{'dp and every expert count' if spec else 'dp'}"
+            if fit
+            else f"with dp {h.dp}, only ep 1 fits: give a dp that ep {h.ep} divides, "
+            f"such as dp {h.ep * max(1, -(-h.dp // h.ep))}",
         )
 
 

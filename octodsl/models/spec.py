@@ -34,6 +34,13 @@ def grad_accumulator_bytes(dtype: str) -> int:
 Activation = Literal["swiglu", "relu2", "gelu"]
 
 Width = Annotated[int, Field(ge=1, le=limits.MAX_WIDTH)]
+DEFAULT_IMBALANCE = 1.25
+"""`MoEConfig.imbalance` unless a spec says: the capacity factor Switch Transformer trained with
+(Fedus et al. 2022, 1.25 in its Table 1 runs; a capacity is the most tokens an expert takes, as a
+multiple of the mean, and dropping few tokens at 1.25 puts the busiest expert near it). One rank
+of an ep group pools E / ep experts, so its excess is at most its busiest expert's: a round,
+stated figure, not a measurement of any model here; set the spec's `imbalance` from a run's
+router statistics (max over mean tokens per ep rank) where you have them."""
 """A model's or a layer's dimension (hidden, heads, ffn, ...): bounded, so that no typo makes
 a cost model of 10^13-wide matrices."""
 
@@ -139,6 +146,11 @@ class MoEConfig(LayerConfig):
     activation: Activation = "swiglu"
     aux_loss_coef: float = Field(default=0.01, ge=0)
     """Weight of the load-balancing loss (Switch Transformer form)."""
+    imbalance: float = Field(default=DEFAULT_IMBALANCE, ge=1.0, le=limits.MAX_DP)
+    """Under expert parallelism, the rows the busiest rank of an ep group receives over the
+    mean (max over mean tokens per rank): every rank waits for it at the combine, so the
+    all-to-alls and the expert GEMMs are costed at its load (`octodsl.models.ep`). A property
+    of the router's balancing, so it lives with `aux_loss_coef`; no effect at ep 1."""
 
     @model_validator(mode="after")
     def _check(self):
@@ -148,6 +160,11 @@ class MoEConfig(LayerConfig):
 
     def _expert_params(self, hidden: int) -> int:
         return _ffn_matrices(self.activation) * hidden * self.expert_ffn
+
+    def routed_params(self, hidden: int) -> int:
+        """Parameters of the routed experts (all of them; not the router, norm or shared
+        expert): what expert parallelism divides."""
+        return self.experts * self._expert_params(hidden)
 
     def params(self, hidden, vocab, tied):
         shared = _ffn_matrices(self.activation) * hidden * self.shared_ffn

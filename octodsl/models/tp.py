@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from .ep import local_routed_params
 from .spec import LayerConfig, ModelSpec
 
 
@@ -147,11 +148,18 @@ def local_vocab(vocab: int, tp: int) -> int:
     return padded_vocab(vocab, tp) // tp
 
 
-def local_params(spec: ModelSpec, i: int, tp: int) -> int:
+def local_params(spec: ModelSpec, i: int, tp: int, ep: int = 1) -> int:
     """Parameters of layer i on one GPU of a tp group (replicated ones, such as norms and the
-    MoE router, counted whole)."""
-    return local_layer(spec.layers[i], tp).params(
-        spec.hidden, local_vocab(spec.vocab, tp), spec.tie_embeddings
+    MoE router, counted whole), and of an ep group: 1 / ep of the routed experts
+    (`octodsl.models.ep.local_routed_params`)."""
+    layer = local_layer(spec.layers[i], tp)
+    whole = layer.params(spec.hidden, local_vocab(spec.vocab, tp), spec.tie_embeddings)
+    if ep == 1:
+        return whole
+    return (
+        whole
+        - local_routed_params(layer, spec.hidden, 1)
+        + local_routed_params(layer, spec.hidden, ep)
     )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..costs.table import CostTable, ParamBytes, StageCost
+from ..models.ep import ep_problem
 from ..plan import Header, Plan, PlanError
 from .sharing import Sharing
 
@@ -37,6 +38,11 @@ class SimCosts:
     message_overhead: float = 0.0
     """Seconds each pipeline message costs beyond its link's time (the device's
     `Overheads.message_seconds`; 0 for measured costs, whose link is fitted)."""
+    expert_grad_bytes: tuple[float, ...] | None = None
+    """Per stage: of `grad_bytes`, the routed experts' (None: none), which under expert
+    parallelism are reduced over dp / ep copies (dpcomm.py)."""
+    ep: int = 1
+    """The expert-parallel degree the costs are for."""
 
     def static_parts(self, stage: int) -> ParamBytes | None:
         """The stage's static bytes on one copy split into weights, gradients and optimizer
@@ -45,6 +51,17 @@ class SimCosts:
         if pb is None:
             return None
         mine = pb.sharded(self.zero, self.dp)
+        if self.ep > 1 and self.expert_grad_bytes is not None and self.grad_bytes:
+            # the experts' parameters are sharded over their own dp / ep copies: the mix by part
+            x = (
+                self.expert_grad_bytes[stage] / self.grad_bytes[stage]
+                if self.grad_bytes[stage]
+                else 0.0
+            )
+            experts = pb.sharded(self.zero, max(1, self.dp // self.ep))
+            mine = ParamBytes(
+                *((1 - x) * a + x * b for a, b in zip(_parts(mine), _parts(experts), strict=True))
+            )
         scale = self.stages[stage].static / mine.total if mine.total > 0 else 0.0
         return ParamBytes(mine.weights * scale, mine.grads * scale, mine.optimizer * scale)
 
@@ -61,9 +78,11 @@ class SimCosts:
         degree (or sequence parallelism) than the plan's."""
         h = plan.header
         check_tp(table, h)
+        check_ep(table, h)
         ranges = table.stage_ranges(plan)
         stages = table.stage_costs(plan, ranges)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
+        expert = tuple(table.expert_grad_bytes(a, b) for a, b in ranges) if h.ep > 1 else None
         cal = table.calibration
         sharing = (
             None
@@ -83,11 +102,32 @@ class SimCosts:
             h.dp,
             float(table.grad_reduce_bytes),
             float(table.meta.get("message_overhead", 0.0)),
+            expert,
+            h.ep,
         )
 
 
+def _parts(pb: ParamBytes) -> tuple[float, float, float]:
+    return pb.weights, pb.grads, pb.optimizer
+
+
 class TpMismatch(PlanError):
-    """A cost table costed at another tensor-parallel degree than the plan runs."""
+    """A cost table costed at another tensor-parallel (or expert-parallel) degree than the plan
+    runs."""
+
+
+def check_ep(table: CostTable, h: Header) -> None:
+    """TpMismatch unless `table` is costed at the header's expert-parallel degree (meta "ep",
+    default 1), and that ep divides the header's dp (`octodsl.models.ep.ep_problem`)."""
+    if table.ep != h.ep:
+        raise TpMismatch(
+            f"the costs ({table.source or 'the cost table'}) are for ep {table.ep}, the plan "
+            f"runs ep {h.ep}: cost the plan with its own header (the analytical model, "
+            "--model, costs any ep)"
+        )
+    problem = ep_problem(None, h.ep, h.dp)
+    if problem is not None:
+        raise TpMismatch(problem[1])
 
 
 def check_tp(table: CostTable, h: Header) -> None:

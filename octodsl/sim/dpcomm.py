@@ -21,6 +21,10 @@ collectives' times are bounds.py's ring formulas.
   its ring passes), every copy then updating only its shard: DeepSpeed with
   `zero_optimization.reduce_scatter: false`, and DeepSpeed's BF16 optimizer in the pipeline
   engine (`_bf16_reduce_grads` all-reduces the fp32 gradients; BLOOM trained so).
+- expert parallelism (`ep` > 1): the routed experts' share of a stage's gradients (and, under
+  ZeRO, of its parameters) goes round a ring of the dp / ep copies that hold the same experts
+  (the expert-data-parallel group), the rest round all dp copies, one after the other on the
+  same stream and link (`_ring_seconds`; the expert group is a subset of the dp group's ranks).
 The optimizer step starts on every device at once, when the last compute op has ended and every
 device's gradients are reduced (DeepSpeed synchronises the pipeline there); each device's
 all-gather starts when its own step ends.
@@ -38,7 +42,7 @@ Megatron's overlaps (the plan's header, docs/models-and-costs.md "Overlaps"):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,22 +178,39 @@ def dp_comm(
     forward: np.ndarray | None = None,
     param_bytes: np.ndarray | None = None,
     reduce_scatter: bool = True,
+    expert_share: np.ndarray | None = None,
+    ep: int = 1,
 ) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
     device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
     module's model). With the overlaps, `stage_buckets` (per stage, `buckets`) and `forward`
     (per device, its F seconds) say how much of them hides. The all-gather moves `param_bytes`
     per stage (default: as many as the gradients). Under ZeRO the gradients are
-    reduce-scattered, or with `reduce_scatter` false all-reduced (the header's field)."""
+    reduce-scattered, or with `reduce_scatter` false all-reduced (the header's field).
+    `expert_share`: per stage, the fraction of its parameters that are routed experts spread
+    over an `ep` group, reduced (and gathered) over ranks / ep copies."""
     P = p.devices
     stage = Zero(zero)
     kind = stage.reduction(reduce_scatter)
     stage_links = [links[d] for d in p.stage_device.tolist()]
     device_bytes = np.bincount(p.stage_device, weights=grad_bytes, minlength=P)
     none = np.zeros(P)
+    share = expert_share if expert_share is not None and ep > 1 else None
 
     def split(whole: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return (none, whole) if kind == "reduce-scatter" else (whole, none)
+
+    def reduction(nbytes: np.ndarray, on: Sequence[Link], per_device: bool) -> np.ndarray:
+        """The gradient reduction of `nbytes` (per stage, or per device) on links `on`."""
+        expert = _expert_part(p, nbytes, share, grad_bytes, per_device)
+        return _split_ring(
+            lambda b, r, k: ring_reduction_time(b, r, k, zero, reduce_scatter),
+            nbytes,
+            expert,
+            ranks,
+            ep,
+            on,
+        )
 
     stage_buckets = np.ones(p.num_stages, np.int64) if stage_buckets is None else stage_buckets
     if overlap_grad and not stage.shards_gradients and ranks > 1:
@@ -197,7 +218,7 @@ def dp_comm(
             p,
             t.start,
             t.end,
-            ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter),
+            reduction(grad_bytes, stage_links, False),
             stage_buckets.astype(float),
         )
         dev = np.repeat(np.arange(P), np.diff(ptr))
@@ -212,7 +233,7 @@ def dp_comm(
             p.op_kind,
             p.op_stage,
             t.end,
-            ring_reduction_time(grad_bytes, ranks, stage_links, zero, reduce_scatter),
+            reduction(grad_bytes, stage_links, False),
         )
         dev = np.repeat(np.arange(P), np.diff(ptr))
         allreduce, scattered = split(np.bincount(dev, weights=end - start, minlength=P))
@@ -222,18 +243,26 @@ def dp_comm(
         # it is under the device's compute.
         ptr, dev = np.arange(P + 1), np.arange(P)
         start = np.maximum(t.dev_free, t.comm_free)
-        whole = ring_reduction_time(device_bytes, ranks, links, zero, reduce_scatter)
+        whole = reduction(device_bytes, links, True)
         end = start + whole
         op, held = np.full(P, -1), np.zeros(P, bool)
         allreduce, scattered = split(whole)
         hidden = none
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
-    gathered = (
-        device_bytes
-        if param_bytes is None
-        else np.bincount(p.stage_device, weights=param_bytes, minlength=P)
+    stage_params = grad_bytes if param_bytes is None else param_bytes
+    gathered = np.bincount(p.stage_device, weights=stage_params, minlength=P)
+    gather = (
+        _split_ring(
+            ring_all_gather_time,
+            gathered,
+            _expert_part(p, gathered, share, stage_params, True),
+            ranks,
+            ep,
+            links,
+        )
+        if stage.gathers_parameters
+        else none
     )
-    gather = ring_all_gather_time(gathered, ranks, links) if stage.gathers_parameters else none
     exposed = gather
     if overlap_param and stage.gathers_parameters:
         per_device = np.maximum(1, np.bincount(p.stage_device, weights=stage_buckets, minlength=P))
@@ -257,6 +286,39 @@ def dp_comm(
         exposed,
         kind,
     )
+
+
+def _expert_part(
+    p: SimProgram,
+    nbytes: np.ndarray,
+    share: np.ndarray | None,
+    stage_bytes: np.ndarray,
+    per_device: bool,
+) -> np.ndarray | None:
+    """Of `nbytes` (per stage, or per device summing `stage_bytes` over its stages), the routed
+    experts' bytes, each stage's `share` of them (None: no expert parallelism)."""
+    if share is None:
+        return None
+    if not per_device:
+        return nbytes * share
+    return np.bincount(p.stage_device, weights=stage_bytes * share, minlength=p.devices)
+
+
+def _split_ring(
+    seconds: Callable[[np.ndarray, int, Sequence[Link]], np.ndarray],
+    nbytes: np.ndarray,
+    expert: np.ndarray | None,
+    ranks: int,
+    ep: int,
+    links: Sequence[Link],
+) -> np.ndarray:
+    """`seconds(bytes, ranks, links)` of a ring collective over the dp copies, the routed
+    experts' part `expert` of `nbytes` going round the ranks / ep copies that hold the same
+    experts instead (one after the other on the device's stream); all of it over `ranks`
+    without expert parallelism (`expert` None)."""
+    if expert is None:
+        return seconds(nbytes, ranks, links)
+    return seconds(nbytes - expert, ranks, links) + seconds(expert, max(1, ranks // ep), links)
 
 
 @njit

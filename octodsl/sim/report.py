@@ -106,6 +106,7 @@ def to_json(
         "zero": result.zero,
         "tp": h.tp,
         "sequence_parallel": h.sp,
+        "ep": h.ep,
         "mesh": _mesh_json(result),
         "costs": result.costs.source,
         "link": link,
@@ -128,6 +129,7 @@ def to_json(
         "allreduce_time": result.allreduce.tolist(),
         "reduce_scatter_time": result.reduce_scatter.tolist(),
         "all_gather_time": result.all_gather.tolist(),
+        "all_to_all_time": result.all_to_all.tolist(),
         "dp_comm_exposed": result.dp_exposed.tolist(),
         "runtime": {name: getattr(h, name) for name in RUNTIME_FIELDS},
         "exposed": {kind: seconds.tolist() for kind, seconds in result.exposed().items()},
@@ -168,7 +170,7 @@ def to_json(
 
 def _mesh(result: SimResult) -> Mesh:
     h = result.program.plan.header
-    return Mesh(h.tp, result.devices, result.dp, h.gpus_per_node)
+    return Mesh(h.tp, result.devices, result.dp, h.gpus_per_node, h.ep)
 
 
 def _mesh_json(result: SimResult) -> dict:
@@ -239,6 +241,7 @@ def summary(
         f": {p.devices} devices x {p.microbatches} micro-batches"
         + (f", TP {h.tp}" + ("" if h.sp else " without sequence parallelism") if h.tp > 1 else "")
         + (f", DP {result.dp}" if result.dp > 1 else "")
+        + (f", EP {h.ep}" if h.ep > 1 else "")
         + (f", ZeRO {result.zero}" if result.zero else "")
         + "\n"
     )
@@ -247,7 +250,14 @@ def summary(
     if mesh.world > 1:
         head.append(
             f"mesh            tp {mesh.tp} x pp {mesh.pp} x dp {mesh.dp} = {mesh.world:,} "
-            f"GPUs on {mesh.nodes:,} node{'s' * (mesh.nodes > 1)} of {mesh.gpus_per_node}\n"
+            f"GPUs on {mesh.nodes:,} node{'s' * (mesh.nodes > 1)} of {mesh.gpus_per_node}"
+            + (
+                f"; ep {mesh.ep} of the dp copies, "
+                + ("across nodes" if mesh.ep_spans_nodes else "inside a node")
+                if mesh.ep > 1
+                else ""
+            )
+            + "\n"
         )
     links = _links_line(result)
     if links:
@@ -287,7 +297,7 @@ def summary(
             + (
                 f" ({pb.per_device(result.costs.zero, result.costs.dp):g} of "
                 f"{pb.total:g} bytes per parameter)"
-                if pb is not None
+                if pb is not None and result.costs.ep == 1  # with ep the experts' differ
                 else ""
             )
         )
@@ -353,6 +363,7 @@ def summary(
 
 _EXPOSED = {
     "tp": ("tp collectives", "overlap_tp_comm"),
+    "all_to_all": ("expert all-to-all", None),
     "pipeline": ("pipeline messages", "overlap_p2p_comm"),
     "grad_reduce": ("gradient reduction", "overlap_grad_reduce"),
     "param_gather": ("parameter all-gather", "overlap_param_gather"),
@@ -372,13 +383,15 @@ def _exposed_line(result: SimResult) -> str:
         if (
             kind == "tp"
             and h.tp == 1
+            or kind == "all_to_all"
+            and h.ep == 1
             or kind in ("grad_reduce", "param_gather")
             and (result.dp == 1 or kind == "param_gather" and result.zero == 0)
         ):
             continue
         parts.append(
             f"{name} {_time(float(seconds.max(initial=0.0)))} "
-            f"({'overlapped' if getattr(h, field) else 'in line'})"
+            f"({'overlapped' if field and getattr(h, field) else 'in line'})"
         )
     return ", ".join(parts)
 

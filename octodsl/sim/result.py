@@ -232,7 +232,8 @@ class SimResult:
         not under the device's compute; 'grad_reduce': the gradients' data-parallel reduction
         not under compute (`overlap_grad_reduce` runs it during the last backwards);
         'param_gather': the parameters' all-gather the iteration waits for
-        (`overlap_param_gather` hides it under the next forwards)."""
+        (`overlap_param_gather` hides it under the next forwards); 'all_to_all': the
+        expert-parallel dispatch and combine all-to-alls in the MoE layers' F and B (in line)."""
         tp = self._per_device(
             *(self._stage_field("tp_" + k) - self._stage_field("tp_hidden_" + k) for k in "fbw")
         )
@@ -240,10 +241,18 @@ class SimResult:
         pipeline = self.comm_exposed - dpc.exposed
         return {
             "tp": tp,
+            "all_to_all": self.all_to_all,
             "pipeline": np.maximum(pipeline, 0.0),
             "grad_reduce": dpc.reduction_exposed,
             "param_gather": dpc.gather_exposed,
         }
+
+    @property
+    def all_to_all(self) -> np.ndarray:
+        """Per device: seconds of expert-parallel all-to-alls in the ops it runs (StageCost.ep_f
+        of each F, ep_b of each B or fused BW; W has none)."""
+        ep_f = self._stage_field("ep_f")
+        return self._per_device(ep_f, self._stage_field("ep_b"), np.zeros_like(ep_f))
 
     def _stage_field(self, name: str) -> np.ndarray:
         """Per stage: that StageCost field."""

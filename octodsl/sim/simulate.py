@@ -134,6 +134,8 @@ def simulate(
         forward,
         params * weights,
         h.reduce_scatter,
+        _expert_share(costs, grads),
+        costs.ep,
     )
     iteration_time = dpc.update_start + (
         float((update + dpc.gather_exposed).max(initial=0.0)) + costs.step_overhead
@@ -175,6 +177,15 @@ def simulate(
         update=update,
         links=links,
     )
+
+
+def _expert_share(costs: SimCosts, grads: np.ndarray) -> np.ndarray | None:
+    """Per stage, the fraction of its gradient bytes that are routed experts' (None without
+    expert parallelism)."""
+    if costs.ep == 1 or costs.expert_grad_bytes is None:
+        return None
+    expert = np.asarray(costs.expert_grad_bytes, float)
+    return np.divide(expert, grads, out=np.zeros_like(expert), where=grads > 0)
 
 
 def _shared_durations(

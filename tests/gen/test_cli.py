@@ -112,8 +112,9 @@ def test_gen_refuses_bad_mesh_options(args, message, capsys):
 def test_generate_text_refuses_fields_that_are_no_mesh_fields():
     with pytest.raises(
         ScheduleError,
-        match="mesh fields are tp, sequence_parallel, gpus_per_node, overlap_tp_comm, .*, not dp",
+        match="mesh fields are tp, sequence_parallel, gpus_per_node, dp, zero, ep, "
+        "overlap_tp_comm, .*, not memory",
     ):
-        generate_text("1f1b", 2, 4, mesh={"dp": 2})
+        generate_text("1f1b", 2, 4, mesh={"memory": 2})
     with pytest.raises(ScheduleError, match="cannot write the header: tp"):
         generate_text("1f1b", 2, 4, mesh={"tp": 0})

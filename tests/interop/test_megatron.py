@@ -295,3 +295,19 @@ def test_qwen3_next_layout_and_linear_attention():
     assert value(args, "--pipeline-model-parallel-layout") == "Et*24|t*24L"
     assert value(args, "--experimental-attention-variant") == "gated_delta_net"
     assert value(args, "--linear-attention-freq") == "4"
+
+
+def test_ep_becomes_the_expert_model_parallel_size():
+    """The header's ep is Megatron's --expert-model-parallel-size, with the alltoall token
+    dispatcher octodsl costs; a plan without ep names neither."""
+    plan = generate("1f1b", 4, 8, model="qwen3-next-80b", partition="megatron", mesh={"dp": 8})
+    args = argv(megatron_args(plan).text)
+    assert "--expert-model-parallel-size" not in args
+    assert "--moe-token-dispatcher-type" not in args
+    ep = generate(
+        "1f1b", 4, 8, model="qwen3-next-80b", partition="megatron", mesh={"dp": 8, "ep": 4}
+    )
+    args = argv(megatron_args(ep).text)
+    assert value(args, "--expert-model-parallel-size") == "4"
+    assert value(args, "--moe-token-dispatcher-type") == "alltoall"
+    assert value(args, "--global-batch-size") == str(8 * 8)  # ep is carved from dp: no change
