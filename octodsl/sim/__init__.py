@@ -5,9 +5,9 @@
     result.iteration_time, result.bubble_ratio, result.peak_memory, result.critical_path()
 
 The model (after OctoPipe's simulator):
-- A node per slot of the plan (an op, or an overlap group whose ops run back to back in one
-  slot); data edges from octodsl.dag; each device runs its nodes in the plan's order on its
-  compute stream.
+- A node per slot of the plan (an op, or an overlap group whose ops share one slot: each op's
+  expert all-to-alls run under the others' compute, `SimProgram.per_slot`); data edges from
+  octodsl.dag; each device runs its nodes in the plan's order on its compute stream.
 - A data edge between devices is a message of the producing cut's `send_bytes` (activations
   forward, gradients of the same size backward), taking `link.time(bytes)` on the cut's link:
   the inter-node one when the two devices' ranks sit in different nodes (links.py, by the

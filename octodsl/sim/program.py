@@ -96,9 +96,30 @@ class SimProgram:
         """The arrays the walk reads, by name."""
         return WalkGraph(*(getattr(self, name) for name in WalkGraph._fields))
 
+    def per_op(self, f: np.ndarray, b: np.ndarray, w: np.ndarray, bw: np.ndarray) -> np.ndarray:
+        """Per op: the per-stage value of its kind (F, B, W or fused BW) at its stage."""
+        return np.stack([f, b, w, bw], axis=1)[self.op_stage, self.op_kind]
+
     def per_node(self, per_op: np.ndarray) -> np.ndarray:
         """Sum a per-op array over each node's ops."""
         return np.add.reduceat(per_op, self.op_ptr[:-1]) if self.grouped else per_op
+
+    def per_slot(self, seconds: np.ndarray, comm: np.ndarray) -> np.ndarray:
+        """Per node: the seconds its ops take together. An op's `seconds` include `comm` of
+        communication (its expert all-to-alls) that the other ops of an overlap group can hide,
+        but not the op itself, whose compute waits for it: the group shares one compute stream
+        and one communication stream, so it takes the longest of its compute summed, its
+        communication summed and its longest op (DualPipe's rule: one micro-batch's all-to-all
+        under another's compute, DeepSeek-V3 report, Sec. 3.2.1). Never more than the sum; a lone
+        op takes its seconds."""
+        if not self.grouped:
+            return seconds
+        starts = self.op_ptr[:-1]
+        compute = np.add.reduceat(seconds - comm, starts)
+        return np.maximum(
+            np.maximum(compute, np.add.reduceat(comm, starts)),
+            np.maximum.reduceat(seconds, starts),
+        )
 
     def op(self, k: int) -> Op:
         """Op k, in the numbering of op_ptr."""

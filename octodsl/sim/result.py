@@ -233,7 +233,8 @@ class SimResult:
         not under compute (`overlap_grad_reduce` runs it during the last backwards);
         'param_gather': the parameters' all-gather the iteration waits for
         (`overlap_param_gather` hides it under the next forwards); 'all_to_all': the
-        expert-parallel dispatch and combine all-to-alls in the MoE layers' F and B (in line)."""
+        expert-parallel dispatch and combine all-to-alls in the MoE layers' F and B, but what
+        an overlap group hides under its other ops (`all_to_all_hidden`)."""
         tp = self._per_device(
             *(self._stage_field("tp_" + k) - self._stage_field("tp_hidden_" + k) for k in "fbw")
         )
@@ -241,7 +242,7 @@ class SimResult:
         pipeline = self.comm_exposed - dpc.exposed
         return {
             "tp": tp,
-            "all_to_all": self.all_to_all,
+            "all_to_all": self.all_to_all - self.all_to_all_hidden,
             "pipeline": np.maximum(pipeline, 0.0),
             "grad_reduce": dpc.reduction_exposed,
             "param_gather": dpc.gather_exposed,
@@ -254,6 +255,20 @@ class SimResult:
         ep_f = self._stage_field("ep_f")
         return self._per_device(ep_f, self._stage_field("ep_b"), np.zeros_like(ep_f))
 
+    @property
+    def all_to_all_hidden(self) -> np.ndarray:
+        """Per device: seconds of its all-to-alls that overlap groups hide under their other
+        ops' compute (`SimProgram.per_slot`: what a group saves on its ops' sum is all-to-all
+        run under another op)."""
+        p = self.program
+        if not p.grouped:
+            return np.zeros(p.devices)
+        f, b, w = (self._stage_field(k) for k in "fbw")
+        seconds = p.per_op(f, b, w, np.array([c.fused_backward for c in self.costs.stages]))
+        ep_f, ep_b = self._stage_field("ep_f"), self._stage_field("ep_b")
+        saved = p.per_node(seconds) - p.per_slot(seconds, p.per_op(ep_f, ep_b, 0 * ep_f, ep_b))
+        return np.bincount(p.node_dev, weights=saved, minlength=p.devices)
+
     def _stage_field(self, name: str) -> np.ndarray:
         """Per stage: that StageCost field."""
         return np.array([getattr(c, name) for c in self.costs.stages], float)
@@ -262,7 +277,7 @@ class SimResult:
         """Per device: per-stage seconds of F, B and W summed over the ops it runs (a fused BW
         both B's and W's)."""
         p = self.program
-        per_op = np.stack([f, b, w, b + w], axis=1)[p.op_stage, p.op_kind]
+        per_op = p.per_op(f, b, w, b + w)
         return np.bincount(
             np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=p.devices
         )
