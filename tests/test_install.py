@@ -46,7 +46,7 @@ def test_setup_cfg_extras_are_the_ones_the_commands_name():
     (everything,) = extras["all"]
     assert everything.name == "octodsl" and everything.extras == set(EXTRAS)
     core = {Requirement(line).name.lower() for line in _core()}
-    assert core == {"lark", "pydantic", "jinja2", "rich", "numpy", "pyyaml"}
+    assert core == {"lark", "pydantic", "jinja2", "rich", "numpy", "scipy", "pyyaml"}
     assert not core & set(OPTIONAL)
 
 

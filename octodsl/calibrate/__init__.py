@@ -2,7 +2,7 @@
 
     trace = read_trace("measured.json")                   # measured.py: steps, busy, memory
     c = compare(plan, SimCosts.from_table(table, plan), link, trace)   # compare.py
-    cal = fit(profile_table, [Run(plan, trace), ...], probe=...)        # fit.py
+    cal = fit(profile_table, [Run(plan, trace), ...], probe=...)        # fit/
     launch = run_plans(spec, [(name, text), ...], processes=4, workdir=...)  # runner.py
 
 The fitted parameters go into the profile (`Profile.calibration`) and reach the simulator only

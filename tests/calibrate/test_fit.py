@@ -66,7 +66,8 @@ def test_reproduces_its_runs(exact):
 def test_the_iteration_match_restores_op_costs_that_simulate_short(tmp_path):
     """Step 9 on its own: op costs 5% low against exact traces of the true costs come back by
     the factor on the grid nearest 1 / 0.95 (step 0.005)."""
-    from octodsl.calibrate.fit import FitReport, _fit_timeline
+    from octodsl.calibrate.fit import FitReport
+    from octodsl.calibrate.fit.iteration import fit_timeline
     from octodsl.sim import compile
 
     runs = _runs(tmp_path, CASES[:3])
@@ -77,7 +78,7 @@ def test_the_iteration_match_restores_op_costs_that_simulate_short(tmp_path):
         }
     )
     report = FitReport()
-    cal = _fit_timeline(
+    cal = fit_timeline(
         syn.profile().cost_table("<syn>"), runs, [compile(r.plan) for r in runs], low, report
     )
     assert report.timeline == pytest.approx(1 / 0.95, abs=0.005)
