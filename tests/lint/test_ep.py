@@ -8,26 +8,8 @@ import pytest
 
 from octodsl.cli import main
 from octodsl.lang import parse_plan
-from octodsl.lint import lint_source
 
-BODY = """stages 2
-placement loop
-schedule {
-  device 0 { F0:0 F0:1 BW0:0 BW0:1 }
-  device 1 { F1:0 BW1:0 F1:1 BW1:1 }
-}
-"""
-
-
-def lint(*entries: str):
-    src = (
-        'plan "t" {\n  devices 2\n  microbatches 2\n'
-        + "".join(f"  {e}\n" for e in entries)
-        + "}\n"
-        + BODY
-    )
-    _, diags = lint_source(src, "t.octo")
-    return diags, src
+from .header_plans import lint
 
 
 def only(*entries: str):

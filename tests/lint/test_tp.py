@@ -8,31 +8,13 @@ import pytest
 
 from octodsl.costs import devices
 from octodsl.costs.devices import INTER_NODE_LINK, get_device
-from octodsl.lint import lint_source
 from octodsl.lint.memory import DEFAULT_DEVICE
 from octodsl.models import load_model
 from octodsl.models.tp import tp_problems
 
+from .header_plans import lint
+
 INTRA_NODE_LINK = get_device(DEFAULT_DEVICE).node_link
-
-BODY = """stages 2
-placement loop
-schedule {
-  device 0 { F0:0 F0:1 BW0:0 BW0:1 }
-  device 1 { F1:0 BW1:0 F1:1 BW1:1 }
-}
-"""
-
-
-def lint(*entries: str):
-    src = (
-        'plan "t" {\n  devices 2\n  microbatches 2\n'
-        + "".join(f"  {e}\n" for e in entries)
-        + "}\n"
-        + BODY
-    )
-    _, diags = lint_source(src, "t.octo")
-    return diags, src
 
 
 def codes(*entries: str) -> list[str]:
