@@ -24,6 +24,17 @@ _I = np.int64
 
 
 @dataclass(frozen=True, eq=False)
+class SlotNodes:
+    """The node of each slot of the plan a program was compiled from, by the slot's identity:
+    the tuner's plans share their slot objects, so `compile(plan, like=...)` finds a reordered
+    plan's nodes without hashing thousands of slots. `slots` keeps those objects alive, so no
+    other object can take one of their ids."""
+
+    by_id: dict[int, int]
+    slots: list[Slot]
+
+
+@dataclass(frozen=True, eq=False)
 class SimProgram:
     """Nodes are the graph's nodes (one per slot; an overlap group's ops start together).
     Arrays ending in _ptr are CSR offsets: device d's nodes are
@@ -70,6 +81,8 @@ class SimProgram:
     """Per device: True when its data-parallel group spans nodes (links.py)."""
     dp_rails: np.ndarray
     """Per device: its data-parallel group's GPUs per node (links.py)."""
+    slot_nodes: SlotNodes
+    """Of the plan compiled from scratch; programs reordered from it share it."""
 
     @property
     def devices(self) -> int:
@@ -138,6 +151,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     order_ptr[1:] = np.cumsum([len(o) for o in g.order])
     order_nodes = np.fromiter((n for o in g.order for n in o), _I, N)
     node_dev = np.fromiter(g.node_device, _I, N)
+    slots = [slot for order in plan.schedule for slot in order]  # one per node, as g.order
 
     op_ptr = np.zeros(N + 1, _I)
     op_ptr[1:] = np.cumsum([len(ops) for ops in g.node_ops])
@@ -208,6 +222,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         cut_inter=cut_crosses_nodes(mesh, stage_device),
         dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
+        slot_nodes=SlotNodes(dict(zip(map(id, slots), order_nodes.tolist(), strict=True)), slots),
     )
 
 
@@ -227,6 +242,7 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         or len(plan.schedule) != len(old.schedule)
     ):
         return None
+    by_id = like.slot_nodes.by_id
     order_nodes = like.order_nodes.copy()
     for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
         if slots is old_slots:
@@ -234,12 +250,15 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
         if len(slots) != hi - lo:
             return None
-        node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))
-        try:
-            ids = [node_of[s] for s in slots]
-        except KeyError:
+        ids = [by_id.get(id(s), -1) for s in slots]
+        if -1 in ids:  # slots made elsewhere (a parsed plan's): by value
+            node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))
+            try:
+                ids = [node_of[s] for s in slots]
+            except KeyError:
+                return None
+        new = np.array(ids, _I)
+        if len(set(ids)) != len(ids) or (like.node_dev[new] != d).any():
             return None
-        if len(set(ids)) != len(ids):
-            return None
-        order_nodes[lo:hi] = ids
+        order_nodes[lo:hi] = new
     return replace(like, plan=plan, order_nodes=order_nodes)

@@ -55,22 +55,24 @@ def build_schedule(
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it."""
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
-    orders: list[list[Slot]] = [[] for _ in range(plan.devices)]
-    for k, s, i, d in zip(
-        order.kind.tolist(),
-        order.stage.tolist(),
-        order.mb.tolist(),
-        order.device.tolist(),
-        strict=True,
-    ):
-        orders[d].append(_slot(k, s, i))
-    return replace(plan, schedule=orders)
+    by_device = np.argsort(order.device, kind="stable")
+    slots = _slots(plan.num_stages, plan.microbatches)[
+        order.kind[by_device], order.stage[by_device], order.mb[by_device]
+    ]
+    ends = np.cumsum(np.bincount(order.device, minlength=plan.devices))
+    return replace(plan, schedule=[part.tolist() for part in np.split(slots, ends[:-1])])
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _slot(kind: int, stage: int, mb: int) -> Slot:
-    """Slots are immutable: the tuner's thousands of plans share them."""
-    return Slot((Op(KIND_OF_CODE[kind], stage, mb),))
+@functools.lru_cache(maxsize=64)
+def _slots(num_stages: int, microbatches: int) -> np.ndarray:
+    """[kind code, stage, micro-batch] -> its Slot. Slots are immutable: the tuner's thousands
+    of plans share them (and the simulator's compiled programs know them by identity)."""
+    out = np.empty((len(KIND_OF_CODE), num_stages, microbatches), object)
+    for k, kind in enumerate(KIND_OF_CODE):
+        for s in range(num_stages):
+            for i in range(microbatches):
+                out[k, s, i] = Slot((Op(kind, s, i),))
+    return out
 
 
 class _Inputs(NamedTuple):
