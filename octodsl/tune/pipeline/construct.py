@@ -303,11 +303,28 @@ def _walk(x):
         np.zeros(P),
         np.zeros(P),
     )
+    # Each device's decision is kept until the op just run may have changed it: an op of
+    # stage s changes only its device's clock and memory and stage s's progress, which the
+    # devices of s - 1 (B's ready time) and s + 1 (F's) read besides its own.
+    owner = np.zeros(S, np.int64)
+    for d in range(P):
+        for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+            owner[x.stages[i]] = d
+    when, what, which, held = (
+        np.zeros(P),
+        np.zeros(P, np.int64),
+        np.zeros(P, np.int64),
+        np.zeros(P, np.int64),
+    )
+    stale = np.ones(P, np.bool_)
     for k in range(N):
         bt, bd, bk, bs = _INF, -1, -1, -1
         stuck_t, stuck_d, stuck_s = _INF, -1, -1
         for d in range(P):
-            t, kind, s, blocked = _decide(x, st, d)
+            if stale[d]:
+                when[d], what[d], which[d], held[d] = _decide(x, st, d)
+                stale[d] = False
+            t, kind, s, blocked = when[d], what[d], which[d], held[d]
             if kind >= 0 and t < bt:
                 bt, bd, bk, bs = t, d, kind, s
             if blocked >= 0:
@@ -338,6 +355,11 @@ def _walk(x):
             st.w_done[s] += 1
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
+        stale[bd] = True
+        if s > 0:
+            stale[owner[s - 1]] = True
+        if s + 1 < S:
+            stale[owner[s + 1]] = True
         out.kind[k] = bk
         out.stage[k] = s
         out.mb[k] = i
