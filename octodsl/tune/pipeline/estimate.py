@@ -223,6 +223,8 @@ def _stage_arrays(num_stages: int) -> _StageSums:
 # without reference counting (octodsl.sim.jit).
 @njit(refcounts=False)
 def _descend(c, x, w):
+    """Steepest descent from `c`. A shift of cut i changes only stages i - 1 and i, so each
+    neighbour re-sums those two stages and their devices (and sums them back after)."""
     cur = _bound(c, x, w)
     while True:
         best, best_i, best_d = cur, -1, 0
@@ -230,14 +232,25 @@ def _descend(c, x, w):
             for d in (-1, 1):
                 if c[i - 1] < c[i] + d < c[i + 1]:
                     c[i] += d
-                    v = _bound(c, x, w)
+                    _resum(c, x, w, i)
+                    v = _rest(c, x, w)
                     c[i] -= d
+                    _resum(c, x, w, i)
                     if v < best:
                         best, best_i, best_d = v, i, d
         if best_i < 0:
             return cur
         cur = best
         c[best_i] += best_d
+        _resum(c, x, w, best_i)
+
+
+@njit(refcounts=False)
+def _resum(c, x, w, i):
+    """The sums of stages i - 1 and i (either side of cut i) and of their devices, again."""
+    for s in (i - 1, i):
+        _stage_sum(c, x, s, w.st)
+        _device_sum(x, w, x.stage_device[s])
 
 
 @njit(refcounts=False)
@@ -255,25 +268,30 @@ def recomputed_code(mode, f, act, sel_f, sel_act, input_bytes):
 def _stage_sums(c, x, out):
     """The layers' sums over each stage into `out`, as `CostTable.range_costs` sums them (W
     without the gradient-accumulation pass)."""
-    p = x.sums
     for s in range(x.stage_device.shape[0]):
-        a, b = c[s], c[s + 1]
-        f = p.f[b] - p.f[a]
-        act = p.act[b] - p.act[a]
-        again, kept = recomputed_code(
-            x.mode[s],
-            f,
-            act,
-            p.sel_f[b] - p.sel_f[a],
-            p.sel_act[b] - p.sel_act[a],
-            x.input_bytes[a],
-        )
-        out.f[s] = f
-        out.b[s] = p.b[b] - p.b[a] + again
-        out.act[s] = kept
-        out.static[s] = p.static[b] - p.static[a]
-        out.load[s] = f + out.b[s] + p.w[b] - p.w[a]
-        out.brought[s] = act - kept
+        _stage_sum(c, x, s, out)
+
+
+@njit(refcounts=False)
+def _stage_sum(c, x, s, out):
+    p = x.sums
+    a, b = c[s], c[s + 1]
+    f = p.f[b] - p.f[a]
+    act = p.act[b] - p.act[a]
+    again, kept = recomputed_code(
+        x.mode[s],
+        f,
+        act,
+        p.sel_f[b] - p.sel_f[a],
+        p.sel_act[b] - p.sel_act[a],
+        x.input_bytes[a],
+    )
+    out.f[s] = f
+    out.b[s] = p.b[b] - p.b[a] + again
+    out.act[s] = kept
+    out.static[s] = p.static[b] - p.static[a]
+    out.load[s] = f + out.b[s] + p.w[b] - p.w[a]
+    out.brought[s] = act - kept
 
 
 # Micro-batch 0's path follows the dependency rule: it mirrors octodsl.dag.producers (F after
@@ -295,19 +313,18 @@ def _first_trip(c, x, w):
 
 
 @njit(refcounts=False)
-def _device_sums(x, w):
+def _device_sum(x, w, d):
     st, dev = w.st, w.dev
-    for d in range(x.devices):
-        load, act, static, brought = 0.0, 0.0, 0.0, 0.0
-        for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
-            s = x.dev_stages[i]
-            load += st.load[s]
-            act += st.act[s]
-            static += st.static[s]
-            brought = max(brought, st.brought[s])
-        dev.load[d] = load
-        dev.act[d] = act
-        dev.held[d] = static + brought
+    load, act, static, brought = 0.0, 0.0, 0.0, 0.0
+    for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+        s = x.dev_stages[i]
+        load += st.load[s]
+        act += st.act[s]
+        static += st.static[s]
+        brought = max(brought, st.brought[s])
+    dev.load[d] = load
+    dev.act[d] = act
+    dev.held[d] = static + brought
 
 
 @njit(refcounts=False)
@@ -341,11 +358,18 @@ def _device_bound(d, x, w):
 
 @njit(refcounts=False)
 def _bound(c, x, w):
+    _stage_sums(c, x, w.st)
+    for d in range(x.devices):
+        _device_sum(x, w, d)
+    return _rest(c, x, w)
+
+
+@njit(refcounts=False)
+def _rest(c, x, w):
+    """The bound from the stage and device sums in `w`."""
     S, P, limit = x.stage_device.shape[0], x.devices, x.limit
     st, dev, pace = w.st, w.dev, w.pace
-    _stage_sums(c, x, st)
     _first_trip(c, x, w)
-    _device_sums(x, w)
     overflow = 0.0
     for d in range(P):
         overflow += max(0.0, dev.held[d] + dev.act[d] - limit)
