@@ -27,11 +27,25 @@ _I = np.int64
 class SlotNodes:
     """The node of each slot of the plan a program was compiled from, by the slot's identity:
     the tuner's plans share their slot objects, so `compile(plan, like=...)` finds a reordered
-    plan's nodes without hashing thousands of slots. `slots` keeps those objects alive, so no
-    other object can take one of their ids."""
+    plan's nodes with a few array operations instead of hashing thousands of slots. `slots`
+    keeps those objects alive, so no other object can take one of their ids."""
 
-    by_id: dict[int, int]
+    ids: np.ndarray
+    """id() of each slot, sorted, and below the node of each."""
+    nodes: np.ndarray
     slots: list[Slot]
+
+    @classmethod
+    def of(cls, slots: list[Slot], nodes: np.ndarray) -> SlotNodes:
+        ids = np.fromiter(map(id, slots), _I, len(slots))
+        by_id = np.argsort(ids)
+        return cls(ids[by_id], nodes[by_id], slots)
+
+    def find(self, slots: list[Slot]) -> np.ndarray | None:
+        """The node of each of `slots`; None when some slot is none of these objects."""
+        want = np.fromiter(map(id, slots), _I, len(slots))
+        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
+        return self.nodes[at] if len(self.ids) and (self.ids[at] == want).all() else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,7 +236,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         cut_inter=cut_crosses_nodes(mesh, stage_device),
         dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
-        slot_nodes=SlotNodes(dict(zip(map(id, slots), order_nodes.tolist(), strict=True)), slots),
+        slot_nodes=SlotNodes.of(slots, order_nodes),
     )
 
 
@@ -242,7 +256,6 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         or len(plan.schedule) != len(old.schedule)
     ):
         return None
-    by_id = like.slot_nodes.by_id
     order_nodes = like.order_nodes.copy()
     for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
         if slots is old_slots:
@@ -250,15 +263,15 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
         if len(slots) != hi - lo:
             return None
-        ids = [by_id.get(id(s), -1) for s in slots]
-        if -1 in ids:  # slots made elsewhere (a parsed plan's): by value
+        nodes = like.slot_nodes.find(slots)
+        if nodes is None:  # slots made elsewhere (a parsed plan's): by value
             node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))
             try:
-                ids = [node_of[s] for s in slots]
+                nodes = np.array([node_of[s] for s in slots], _I)
             except KeyError:
                 return None
-        new = np.array(ids, _I)
-        if len(set(ids)) != len(ids) or (like.node_dev[new] != d).any():
+        # the device's own nodes, each once
+        if (like.node_dev[nodes] != d).any() or len(np.unique(nodes)) != len(nodes):
             return None
-        order_nodes[lo:hi] = new
+        order_nodes[lo:hi] = nodes
     return replace(like, plan=plan, order_nodes=order_nodes)
