@@ -256,22 +256,21 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         or len(plan.schedule) != len(old.schedule)
     ):
         return None
-    order_nodes = like.order_nodes.copy()
-    for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
-        if slots is old_slots:
-            continue
-        lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
-        if len(slots) != hi - lo:
-            return None
-        nodes = like.slot_nodes.find(slots)
-        if nodes is None:  # slots made elsewhere (a parsed plan's): by value
+    if [len(slots) for slots in plan.schedule] != np.diff(like.order_ptr).tolist():
+        return None
+    order_nodes = like.slot_nodes.find([slot for slots in plan.schedule for slot in slots])
+    if order_nodes is None:  # slots made elsewhere (a parsed plan's): by value
+        order_nodes = like.order_nodes.copy()
+        for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
+            lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
             node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))
             try:
-                nodes = np.array([node_of[s] for s in slots], _I)
+                order_nodes[lo:hi] = [node_of[s] for s in slots]
             except KeyError:
                 return None
-        # the device's own nodes, each once
-        if (like.node_dev[nodes] != d).any() or len(np.unique(nodes)) != len(nodes):
-            return None
-        order_nodes[lo:hi] = nodes
+    # every node once, on its own device
+    if (like.node_dev[order_nodes] != like.node_dev[like.order_nodes]).any() or (
+        np.bincount(order_nodes, minlength=like.num_nodes) != 1
+    ).any():
+        return None
     return replace(like, plan=plan, order_nodes=order_nodes)

@@ -26,7 +26,7 @@ GIB = 2**30
 
 
 def _steepest_descent(model: FillModel, cuts: np.ndarray) -> float:
-    """The descent of FillModel.descend, each neighbour valued by the whole bound."""
+    """The descent of FillModel.search, each neighbour valued by the whole bound."""
     cur = model(cuts)
     while True:
         best, move = cur, None
@@ -45,8 +45,8 @@ def _steepest_descent(model: FillModel, cuts: np.ndarray) -> float:
 
 
 @settings(max_examples=40, deadline=None)
-@given(layouts(), st.sampled_from([None, 2.0, 0.5]))
-def test_the_descent_equals_one_that_values_every_neighbour_whole(case, room):
+@given(layouts(), st.sampled_from([None, 2.0, 0.5]), st.integers(0, 2**16))
+def test_the_search_equals_one_that_values_every_neighbour_whole(case, room, seed):
     # A stage's sums are the same operations on the same prefix sums whichever way they are
     # reached, so the cuts and the value are equal exactly (`room`: a memory limit, in units of
     # the static bytes per device, that some layouts overflow).
@@ -57,9 +57,22 @@ def test_the_descent_equals_one_that_values_every_neighbour_whole(case, room):
             pr, header=pr.header.model_copy(update={"memory": int(room * static) + 1})
         )
     model = FillModel(pr, layout.devices, layout.recompute)
-    fast, plain = np.array(layout.cuts, np.int64), np.array(layout.cuts, np.int64)
-    assert model.descend(fast) == _steepest_descent(model, plain)
-    assert list(fast) == list(plain)
+    S = layout.num_stages
+    kicks = np.random.default_rng(seed).integers(-2, 3, (4, 3, 2))
+    kicks[:, :, 0] = np.abs(kicks[:, :, 0]) % S  # cut 0: no shift
+    fast, best = np.array(layout.cuts, np.int64), np.array(layout.cuts, np.int64)
+    value = model.search(fast, kicks)
+    best_v = _steepest_descent(model, best)
+    for kick in kicks:
+        trial = best.copy()
+        for i, d in kick:
+            if i > 0 and trial[i - 1] < trial[i] + d < trial[i + 1]:
+                trial[i] += d
+        v = _steepest_descent(model, trial)
+        if v < best_v:
+            best, best_v = trial, v
+    assert value == best_v
+    assert list(fast) == list(best)
 
 
 def _full_scan_walk(x):

@@ -67,8 +67,9 @@ def build_schedule(
 def _slots(num_stages: int, microbatches: int) -> np.ndarray:
     """[kind code, stage, micro-batch] -> its Slot. Slots are immutable: the tuner's thousands
     of plans share them (and the simulator's compiled programs know them by identity)."""
-    out = np.empty((len(KIND_OF_CODE), num_stages, microbatches), object)
-    for k, kind in enumerate(KIND_OF_CODE):
+    kinds = KIND_OF_CODE[:3]  # F, B and W: the backward is always split
+    out = np.empty((len(kinds), num_stages, microbatches), object)
+    for k, kind in enumerate(kinds):
         for s in range(num_stages):
             for i in range(microbatches):
                 out[k, s, i] = Slot((Op(kind, s, i),))

@@ -210,9 +210,12 @@ class FillModel:
         bytes and one micro-batch's activations within the limit."""
         return value < _UNFIT
 
-    def descend(self, cuts: np.ndarray) -> float:
-        """Steepest descent over one-layer shifts of single cuts, in place; the final value."""
-        return _descend(cuts, self.inputs, self.scratch)
+    def search(self, cuts: np.ndarray, kicks: np.ndarray) -> float:
+        """Steepest descent over one-layer shifts of single cuts from `cuts`, then from each
+        kick of the best cuts so far, keeping the best (in `cuts`, in place); its value.
+        kicks[k] lists the kick's (cut, layers) shifts, (0, 0) for none; a shift that would
+        empty a stage is skipped."""
+        return _search(cuts, np.empty_like(cuts), kicks, self.inputs, self.scratch)
 
 
 def _stage_arrays(num_stages: int) -> _StageSums:
@@ -243,6 +246,25 @@ def _descend(c, x, w):
         cur = best
         c[best_i] += best_d
         _resum(c, x, w, best_i)
+
+
+@njit(refcounts=False)
+def _search(best, trial, kicks, x, w):
+    best_v = _descend(best, x, w)
+    n = best.shape[0]
+    for k in range(kicks.shape[0]):
+        for i in range(n):
+            trial[i] = best[i]
+        for j in range(kicks.shape[1]):
+            i, d = kicks[k, j, 0], kicks[k, j, 1]
+            if i > 0 and trial[i - 1] < trial[i] + d < trial[i + 1]:
+                trial[i] += d
+        v = _descend(trial, x, w)
+        if v < best_v:
+            for i in range(n):
+                best[i] = trial[i]
+            best_v = v
+    return best_v
 
 
 @njit(refcounts=False)
