@@ -224,6 +224,10 @@ class CostTable:
     meta: dict = field(default_factory=dict)
     calibration: Calibration | None = None
     """Fitted against real runs (a calibrated profile); None for plain per-layer costs."""
+    _ranges: dict[tuple, StageCost] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """`range_cost` by its arguments (the layers are never changed in place)."""
 
     @property
     def param_bytes(self) -> ParamBytes:
@@ -301,68 +305,93 @@ class CostTable:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
         what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step;
         W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
-        share = self.param_bytes.share(zero, dp)
-        out = []
-        for i, (first, last) in enumerate(ranges):
-            ls = self.layers[first : last + 1]
-            f, b = sum(l.f for l in ls), sum(l.b for l in ls)
-            w = sum(l.w_run(fused_accumulation) for l in ls)
-            act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
-            mode = recompute[i] if i < len(recompute) else Recompute.NONE
-            tp_f, tp_b, tp_w = (
-                sum(l.tp_f for l in ls),
-                sum(l.tp_b for l in ls),
-                sum(l.tp_w for l in ls),
+        return [
+            self.range_cost(
+                first,
+                last,
+                recompute[i] if i < len(recompute) else Recompute.NONE,
+                zero,
+                dp,
+                fused_accumulation,
             )
-            hid_f, hid_b, hid_w = (
-                sum(l.tp_hidden_f for l in ls),
-                sum(l.tp_hidden_b for l in ls),
-                sum(l.tp_hidden_w for l in ls),
+            for i, (first, last) in enumerate(ranges)
+        ]
+
+    def range_cost(
+        self,
+        first: int,
+        last: int,
+        mode: Recompute = Recompute.NONE,
+        zero: int = 0,
+        dp: int = 1,
+        fused_accumulation: bool = False,
+    ) -> StageCost:
+        """One range of `range_costs`, remembered: a tuner's layouts share most of their
+        stages (a moved cut changes two)."""
+        key = (first, last, mode, zero, dp, fused_accumulation)
+        cost = self._ranges.get(key)
+        if cost is None:
+            cost = self._ranges[key] = self._sum_range(*key)
+        return cost
+
+    def _sum_range(
+        self, first: int, last: int, mode: Recompute, zero: int, dp: int, fused_accumulation: bool
+    ) -> StageCost:
+        ls = self.layers[first : last + 1]
+        f, b = sum(l.f for l in ls), sum(l.b for l in ls)
+        w = sum(l.w_run(fused_accumulation) for l in ls)
+        act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
+        tp_f, tp_b, tp_w = (
+            sum(l.tp_f for l in ls),
+            sum(l.tp_b for l in ls),
+            sum(l.tp_w for l in ls),
+        )
+        hid_f, hid_b, hid_w = (
+            sum(l.tp_hidden_f for l in ls),
+            sum(l.tp_hidden_b for l in ls),
+            sum(l.tp_hidden_w for l in ls),
+        )
+        again, kept = recomputed(
+            mode,
+            f,
+            act,
+            sum(l.sel_f for l in ls),
+            sum(l.sel_act for l in ls),
+            self.input_bytes(first),
+        )
+        if mode is Recompute.FULL:  # the whole forward again, its tp collectives too
+            tp_b, hid_b = tp_b + tp_f, hid_b + hid_f
+        cal = self.calibration
+        extra = {}
+        update = sum(l.update for l in ls)
+        if cal is not None:
+            again = cal.scale.get("F", 1.0) * again
+            f, b, w, extra["bw"] = (
+                cal.op_seconds("F", f),
+                cal.op_seconds("B", b),
+                cal.op_seconds("W", w),
+                cal.op_seconds("BW", b + w),
             )
-            again, kept = recomputed(
-                mode,
-                f,
-                act,
-                sum(l.sel_f for l in ls),
-                sum(l.sel_act for l in ls),
-                self.input_bytes(first),
-            )
-            if mode is Recompute.FULL:  # the whole forward again, its tp collectives too
-                tp_b, hid_b = tp_b + tp_f, hid_b + hid_f
-            cal = self.calibration
-            extra = {}
-            update = sum(l.update for l in ls)
-            if cal is not None:
-                again = cal.scale.get("F", 1.0) * again
-                f, b, w, extra["bw"] = (
-                    cal.op_seconds("F", f),
-                    cal.op_seconds("B", b),
-                    cal.op_seconds("W", w),
-                    cal.op_seconds("BW", b + w),
-                )
-                extra["bw"] += again
-                update = cal.update_per_param * sum(l.params for l in ls)
-            out.append(
-                StageCost(
-                    f=f,
-                    b=b + again,
-                    w=w,
-                    act=kept,
-                    act_w=act_w,
-                    static=share * sum(l.static for l in ls),
-                    send_bytes=ls[-1].message_bytes,
-                    act_b=act - kept,
-                    tp_f=tp_f,
-                    tp_b=tp_b,
-                    tp_w=tp_w,
-                    update=update / (dp if Zero(zero).shards_optimizer else 1),  # its shard
-                    tp_hidden_f=hid_f,
-                    tp_hidden_b=hid_b,
-                    tp_hidden_w=hid_w,
-                    **extra,
-                )
-            )
-        return out
+            extra["bw"] += again
+            update = cal.update_per_param * sum(l.params for l in ls)
+        return StageCost(
+            f=f,
+            b=b + again,
+            w=w,
+            act=kept,
+            act_w=act_w,
+            static=self.param_bytes.share(zero, dp) * sum(l.static for l in ls),
+            send_bytes=ls[-1].message_bytes,
+            act_b=act - kept,
+            tp_f=tp_f,
+            tp_b=tp_b,
+            tp_w=tp_w,
+            update=update / (dp if Zero(zero).shards_optimizer else 1),  # its shard
+            tp_hidden_f=hid_f,
+            tp_hidden_b=hid_b,
+            tp_hidden_w=hid_w,
+            **extra,
+        )
 
 
 def uniform_stage_costs(
