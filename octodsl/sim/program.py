@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -157,35 +158,41 @@ def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: 
         return _compile(plan, stage_device)
 
 
+class _Graph(NamedTuple):
+    """The dependency graph's arrays. Nodes are numbered in device order (device 0's slots,
+    then device 1's, ...); edges run consumer node by consumer node, each node's producers in
+    `dag.producers`' order, and messages are numbered in edge order (as `Graph.messages`)."""
+
+    op_ptr: np.ndarray
+    op_kind: np.ndarray
+    op_stage: np.ndarray
+    op_mb: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    edge_msg: np.ndarray
+    msg_kind: np.ndarray
+    msg_stage: np.ndarray
+    msg_mb: np.ndarray
+    msg_boundary: np.ndarray
+
+
 def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
-    g = build_graph(plan)
-    N = g.num_nodes
     P = plan.devices
     order_ptr = np.zeros(P + 1, _I)
-    order_ptr[1:] = np.cumsum([len(o) for o in g.order])
-    order_nodes = np.fromiter((n for o in g.order for n in o), _I, N)
-    node_dev = np.fromiter(g.node_device, _I, N)
-    slots = [slot for order in plan.schedule for slot in order]  # one per node, as g.order
-
-    op_ptr = np.zeros(N + 1, _I)
-    op_ptr[1:] = np.cumsum([len(ops) for ops in g.node_ops])
-    flat = [op for ops in g.node_ops for op in ops]
-    K = len(flat)
-    op_kind = np.fromiter((KIND_CODE[op.kind] for op in flat), _I, K)
-    op_stage = np.fromiter((op.stage for op in flat), _I, K)
-
-    # Edges in the graph's order (consumer node by node); messages numbered as Graph.messages.
-    edges = [e for es in g.deps for e in es]
-    E = len(edges)
-    src = np.fromiter((e.src for e in edges), _I, E)
-    dst = np.fromiter((e.dst for e in edges), _I, E)
-    edge_msg = np.fromiter((e.msg for e in edges), _I, E)
+    order_ptr[1:] = np.cumsum([len(o) for o in plan.schedule])
+    N = int(order_ptr[-1])
+    order_nodes = np.arange(N, dtype=_I)
+    node_dev = np.repeat(np.arange(P, dtype=_I), np.diff(order_ptr))
+    slots = [slot for order in plan.schedule for slot in order]  # one per node
+    g = _graph_of_ops(plan, slots, node_dev)
+    if g is None:
+        g = _graph(plan)
+    src, dst, edge_msg = g.src, g.dst, g.edge_msg
     by_src = np.argsort(src, kind="stable")
     out_ptr = np.zeros(N + 1, _I)
     out_ptr[1:] = np.cumsum(np.bincount(src, minlength=N))
 
-    messages = g.messages
-    M = len(messages)
+    M = len(g.msg_kind)
     is_msg = edge_msg >= 0  # in edge order, as the messages are numbered
     msg_src_node, msg_dst_node = src[is_msg], dst[is_msg]
     msg_src_dev, msg_dst_dev = node_dev[msg_src_node], node_dev[msg_dst_node]
@@ -205,7 +212,8 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         msg_hold = after[msg_src_node]
         in_deg += np.bincount(msg_hold[msg_hold >= 0], minlength=N).astype(_I)
     split = np.zeros(plan.num_stages, bool)
-    split[op_stage[op_kind == KIND_CODE[OpKind.W]]] = True  # as Plan.split_stages, from the arrays
+    # as Plan.split_stages, from the arrays
+    split[g.op_stage[g.op_kind == KIND_CODE[OpKind.W]]] = True
     mesh = Mesh.of(plan.header)
     return SimProgram(
         plan=plan,
@@ -214,11 +222,11 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         order_ptr=order_ptr,
         order_nodes=order_nodes,
         node_dev=node_dev,
-        op_ptr=op_ptr,
-        grouped=K > N,
-        op_kind=op_kind,
-        op_stage=op_stage,
-        op_mb=np.fromiter((op.mb for op in flat), _I, K),
+        op_ptr=g.op_ptr,
+        grouped=len(g.op_kind) > N,
+        op_kind=g.op_kind,
+        op_stage=g.op_stage,
+        op_mb=g.op_mb,
         in_deg=in_deg,
         out_ptr=out_ptr,
         out_dst=dst[by_src],
@@ -228,15 +236,94 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         msg_src_dev=msg_src_dev,
         msg_dst_dev=msg_dst_dev,
         msg_hold=msg_hold,
-        msg_kind=np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
-        msg_stage=np.fromiter((m.producer.stage for m in messages), _I, M),
-        msg_mb=np.fromiter((m.producer.mb for m in messages), _I, M),
-        msg_boundary=np.fromiter((m.boundary for m in messages), _I, M),
+        msg_kind=g.msg_kind,
+        msg_stage=g.msg_stage,
+        msg_mb=g.msg_mb,
+        msg_boundary=g.msg_boundary,
         stream_ptr=stream_ptr,
         cut_inter=cut_crosses_nodes(mesh, stage_device),
         dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
         slot_nodes=SlotNodes.of(slots, order_nodes),
+    )
+
+
+def _graph(plan: Plan) -> _Graph:
+    """The arrays of `dag.build_graph`'s graph: any plan (overlap groups, missing or repeated
+    ops)."""
+    g = build_graph(plan)
+    N = g.num_nodes
+    op_ptr = np.zeros(N + 1, _I)
+    op_ptr[1:] = np.cumsum([len(ops) for ops in g.node_ops])
+    flat = [op for ops in g.node_ops for op in ops]
+    K = len(flat)
+    edges = [e for es in g.deps for e in es]
+    E = len(edges)
+    messages = g.messages
+    M = len(messages)
+    return _Graph(
+        op_ptr,
+        np.fromiter((KIND_CODE[op.kind] for op in flat), _I, K),
+        np.fromiter((op.stage for op in flat), _I, K),
+        np.fromiter((op.mb for op in flat), _I, K),
+        np.fromiter((e.src for e in edges), _I, E),
+        np.fromiter((e.dst for e in edges), _I, E),
+        np.fromiter((e.msg for e in edges), _I, E),
+        np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
+        np.fromiter((m.producer.stage for m in messages), _I, M),
+        np.fromiter((m.producer.mb for m in messages), _I, M),
+        np.fromiter((m.boundary for m in messages), _I, M),
+    )
+
+
+_F, _B, _W, _BW = (KIND_CODE[k] for k in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW))
+
+
+def _graph_of_ops(plan: Plan, slots: list[Slot], node_dev: np.ndarray) -> _Graph | None:
+    """`_graph` for a plan whose every slot is one op, each op of its stages and micro-batches
+    once (every plan the tuner makes), from arrays: thirty times faster than building the
+    graph's objects. None for any other plan. It mirrors `dag._producer_keys` (F after the F
+    of the stage before, W after its B, B after its F and the input gradient of the stage
+    after; tests/sim/test_program.py holds the two equal)."""
+    if any(len(slot.ops) != 1 for slot in slots):
+        return None
+    N, S, M = len(slots), plan.num_stages, plan.microbatches
+    code = np.array([(KIND_CODE[op.kind], op.stage, op.mb) for (op,) in (s.ops for s in slots)], _I)
+    kind, stage, mb = code.reshape(N, 3).T
+    if N and ((stage < 0) | (stage >= S) | (mb < 0) | (mb >= M)).any():
+        return None
+    node_of = np.full((len(KIND_CODE), S + 1, M), -1, _I)  # stage S: none, for s + 1 below
+    node_of[kind, stage, mb] = np.arange(N)
+    if np.count_nonzero(node_of >= 0) != N:  # some op twice
+        return None
+    # Each node's first producer, then its second (a backward's input gradient from s + 1).
+    first_kind = np.where(kind == _W, _B, _F)
+    first_stage = np.where(kind == _F, stage - 1, stage)
+    first = np.where(first_stage >= 0, node_of[first_kind, np.maximum(first_stage, 0), mb], -1)
+    later_b = node_of[_B, stage + 1, mb]
+    second_kind = np.where(later_b >= 0, _B, _BW)
+    backward = ((kind == _B) | (kind == _BW)) & (stage + 1 < S)
+    second = np.where(backward, np.where(later_b >= 0, later_b, node_of[_BW, stage + 1, mb]), -1)
+    srcs = np.stack([first, second], axis=1).ravel()
+    keep = srcs >= 0
+    src = srcs[keep]
+    dst = np.repeat(np.arange(N, dtype=_I), 2)[keep]
+    p_kind = np.stack([first_kind, second_kind], axis=1).ravel()[keep]
+    p_stage = np.stack([first_stage, stage + 1], axis=1).ravel()[keep]
+    cross = node_dev[src] != node_dev[dst]
+    edge_msg = np.where(cross, np.cumsum(cross) - 1, -1).astype(_I)
+    return _Graph(
+        np.arange(N + 1, dtype=_I),
+        kind.copy(),
+        stage.copy(),
+        mb.copy(),
+        src,
+        dst,
+        edge_msg,
+        p_kind[cross],
+        p_stage[cross],
+        mb[dst][cross],
+        np.minimum(p_stage, stage[dst])[cross],
     )
 
 
