@@ -43,16 +43,16 @@ def worker(case: str, evaluations: int) -> dict:
     from octodsl.tune.problem import Problem
 
     model, devices, microbatches = case.split(":")
-    problem = Problem.create(
-        model, int(devices), int(microbatches), memory=80 * GIB, dp=8, zero=1
-    )
+
+    def problem() -> Problem:
+        return Problem.create(model, int(devices), int(microbatches), memory=80 * GIB, dp=8, zero=1)
+
     warm_up()
-    tune(problem, budget=600, seed=0, max_evaluations=2)  # compiles the tuner's kernels
-    problem = Problem.create(  # a fresh problem: nothing remembered from the warm-up
-        model, int(devices), int(microbatches), memory=80 * GIB, dp=8, zero=1
-    )
+    tune(problem(), budget=600, seed=0, max_evaluations=2)  # compiles the tuner's kernels
+    # a fresh problem for the timed search: nothing remembered from the warm-up
+    search = problem()
     t0 = time.perf_counter()
-    r = tune(problem, budget=3600, seed=0, max_evaluations=evaluations)
+    r = tune(search, budget=3600, seed=0, max_evaluations=evaluations)
     seconds = time.perf_counter() - t0
     best = r.best.plan
     shape = repr((best.stages, best.placement, best.schedule))
