@@ -24,7 +24,6 @@ is the order of an actual execution, so it never deadlocks.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
@@ -63,17 +62,31 @@ def build_schedule(
     return replace(plan, schedule=[part.tolist() for part in np.split(slots, ends[:-1])])
 
 
-@functools.lru_cache(maxsize=64)
 def _slots(num_stages: int, microbatches: int) -> np.ndarray:
-    """[kind code, stage, micro-batch] -> its Slot. Slots are immutable: the tuner's thousands
-    of plans share them (and the simulator's compiled programs know them by identity)."""
+    """[kind code, stage, micro-batch] -> its Slot, for stages 0 .. num_stages - 1 at least.
+    Slots are immutable: the tuner's thousands of plans share them (and the simulator's
+    compiled programs know them by identity), whatever their number of stages, so a table
+    grows by the stages it lacks and keeps the slots it has."""
+    have = _SLOTS.get(microbatches)
+    if have is not None and have.shape[1] >= num_stages:
+        return have
     kinds = KIND_OF_CODE[:3]  # F, B and W: the backward is always split
-    out = np.empty((len(kinds), num_stages, microbatches), object)
+    start = 0 if have is None else have.shape[1]
+    more = np.empty((len(kinds), num_stages - start, microbatches), object)
     for k, kind in enumerate(kinds):
-        for s in range(num_stages):
+        for s in range(start, num_stages):
             for i in range(microbatches):
-                out[k, s, i] = Slot((Op(kind, s, i),))
-    return out
+                more[k, s - start, i] = Slot((Op(kind, s, i),))
+    table = more if have is None else np.concatenate([have, more], axis=1)
+    if len(_SLOTS) >= _SLOT_TABLES and microbatches not in _SLOTS:
+        _SLOTS.pop(next(iter(_SLOTS)))
+    _SLOTS[microbatches] = table
+    return table
+
+
+_SLOTS: dict[int, np.ndarray] = {}
+"""`_slots`' tables by micro-batches."""
+_SLOT_TABLES = 8
 
 
 class _Inputs(NamedTuple):
