@@ -8,6 +8,7 @@ ops on some devices changed, the tuner's most common move, without rebuilding th
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -28,25 +29,28 @@ _I = np.int64
 class SlotNodes:
     """The node of each slot of the plan a program was compiled from, by the slot's identity:
     the tuner's plans share their slot objects, so `compile(plan, like=...)` finds a reordered
-    plan's nodes with a few array operations instead of hashing thousands of slots. `slots`
-    keeps those objects alive, so no other object can take one of their ids."""
+    plan's nodes in one pass of C loops instead of hashing thousands of slots. `slots` keeps
+    those objects alive, so no other object can take one of their ids."""
 
-    ids: np.ndarray
-    """id() of each slot, sorted, and below the node of each."""
-    nodes: np.ndarray
+    by_id: dict[int, int]
     slots: list[Slot]
 
     @classmethod
-    def of(cls, slots: list[Slot], nodes: np.ndarray) -> SlotNodes:
-        ids = np.fromiter(map(id, slots), _I, len(slots))
-        by_id = np.argsort(ids)
-        return cls(ids[by_id], nodes[by_id], slots)
+    def of(cls, slots: list[Slot]) -> SlotNodes:
+        """For the slots of nodes 0, 1, ... in order."""
+        return cls({id(s): n for n, s in enumerate(slots)}, slots)
 
-    def find(self, slots: list[Slot]) -> np.ndarray | None:
-        """The node of each of `slots`; None when some slot is none of these objects."""
-        want = np.fromiter(map(id, slots), _I, len(slots))
-        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
-        return self.nodes[at] if len(self.ids) and (self.ids[at] == want).all() else None
+    def find(self, schedule: list[list[Slot]], count: int) -> np.ndarray | None:
+        """The node of each of the schedule's `count` slots, device by device; None when some
+        slot is none of these objects."""
+        try:
+            return np.fromiter(
+                map(self.by_id.__getitem__, map(id, itertools.chain.from_iterable(schedule))),
+                _I,
+                count,
+            )
+        except KeyError:
+            return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -244,7 +248,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         cut_inter=cut_crosses_nodes(mesh, stage_device),
         dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
-        slot_nodes=SlotNodes.of(slots, order_nodes),
+        slot_nodes=SlotNodes.of(slots),
     )
 
 
@@ -345,7 +349,7 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         return None
     if [len(slots) for slots in plan.schedule] != np.diff(like.order_ptr).tolist():
         return None
-    order_nodes = like.slot_nodes.find([slot for slots in plan.schedule for slot in slots])
+    order_nodes = like.slot_nodes.find(plan.schedule, like.num_nodes)
     if order_nodes is None:  # slots made elsewhere (a parsed plan's): by value
         order_nodes = like.order_nodes.copy()
         for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
