@@ -300,6 +300,21 @@ def held_change(kind, act, act_w):
     return -act
 
 
+class _Choices(NamedTuple):
+    """Per device, its last decision (`_decide`'s time, kind, stage and stage held back by
+    memory), kept until the op just run may have changed it: an op of stage s changes only its
+    device's clock and memory and stage s's progress, which the devices of s - 1 (B's ready
+    time) and s + 1 (F's) read besides its own."""
+
+    when: np.ndarray
+    what: np.ndarray
+    which: np.ndarray
+    held: np.ndarray
+    stale: np.ndarray
+    owner: np.ndarray
+    """Per stage: its device."""
+
+
 @njit
 def _walk(x):
     S, M = x.num_stages, x.microbatches
@@ -317,28 +332,37 @@ def _walk(x):
         np.zeros(P),
         np.zeros(P),
     )
-    # Each device's decision is kept until the op just run may have changed it: an op of
-    # stage s changes only its device's clock and memory and stage s's progress, which the
-    # devices of s - 1 (B's ready time) and s + 1 (F's) read besides its own.
-    owner = np.zeros(S, np.int64)
-    for d in range(P):
-        for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
-            owner[x.stages[i]] = d
-    when, what, which, held = (
+    c = _Choices(
         np.zeros(P),
         np.zeros(P, np.int64),
         np.zeros(P, np.int64),
         np.zeros(P, np.int64),
+        np.ones(P, np.bool_),
+        np.zeros(S, np.int64),
     )
-    stale = np.ones(P, np.bool_)
-    for k in range(N):
+    for d in range(P):
+        for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+            c.owner[x.stages[i]] = d
+    if not _run(x, st, c, out):
+        raise RuntimeError("list scheduling stalled with no op held back")
+    return out
+
+
+# The walk's loop allocates nothing: compiled without reference counting (octodsl.sim.jit), as
+# numba would otherwise count a reference for every array it reads out of the state's tuples.
+@njit(refcounts=False)
+def _run(x, st, c, out):
+    """Schedules every op into `out`; False when it stalls."""
+    S = x.num_stages
+    P = x.dev_ptr.shape[0] - 1
+    for k in range(out.kind.shape[0]):
         bt, bd, bk, bs = _INF, -1, -1, -1
         stuck_t, stuck_d, stuck_s = _INF, -1, -1
         for d in range(P):
-            if stale[d]:
-                when[d], what[d], which[d], held[d] = _decide(x, st, d)
-                stale[d] = False
-            t, kind, s, blocked = when[d], what[d], which[d], held[d]
+            if c.stale[d]:
+                c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
+                c.stale[d] = False
+            t, kind, s, blocked = c.when[d], c.what[d], c.which[d], c.held[d]
             if kind >= 0 and t < bt:
                 bt, bd, bk, bs = t, d, kind, s
             if blocked >= 0:
@@ -349,7 +373,7 @@ def _walk(x):
             # Every device waits and some forward is held back by memory alone: run the first
             # to be ready over the budget rather than stall (the simulator reports the peak).
             if stuck_d < 0:
-                raise RuntimeError("list scheduling stalled with no op held back")
+                return False
             bt, bd, bk, bs = stuck_t, stuck_d, 0, stuck_s
         s = bs
         if bk == 0:
@@ -369,13 +393,13 @@ def _walk(x):
             st.w_done[s] += 1
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
-        stale[bd] = True
+        c.stale[bd] = True
         if s > 0:
-            stale[owner[s - 1]] = True
+            c.stale[c.owner[s - 1]] = True
         if s + 1 < S:
-            stale[owner[s + 1]] = True
+            c.stale[c.owner[s + 1]] = True
         out.kind[k] = bk
         out.stage[k] = s
         out.mb[k] = i
         out.device[k] = bd
-    return out
+    return True
