@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, replace
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -38,7 +39,7 @@ class SlotNodes:
     @classmethod
     def of(cls, slots: list[Slot]) -> SlotNodes:
         """For the slots of nodes 0, 1, ... in order."""
-        return cls({id(s): n for n, s in enumerate(slots)}, slots)
+        return cls(dict(zip(map(id, slots), range(len(slots)), strict=True)), slots)
 
     def find(self, schedule: list[list[Slot]], count: int) -> np.ndarray | None:
         """The node of each of the schedule's `count` slots, device by device; None when some
@@ -289,11 +290,14 @@ def _graph_of_ops(plan: Plan, slots: list[Slot], node_dev: np.ndarray) -> _Graph
     graph's objects. None for any other plan. It mirrors `dag._producer_keys` (F after the F
     of the stage before, W after its B, B after its F and the input gradient of the stage
     after; tests/sim/test_program.py holds the two equal)."""
-    if any(len(slot.ops) != 1 for slot in slots):
-        return None
     N, S, M = len(slots), plan.num_stages, plan.microbatches
-    code = np.array([(KIND_CODE[op.kind], op.stage, op.mb) for (op,) in (s.ops for s in slots)], _I)
-    kind, stage, mb = code.reshape(N, 3).T
+    ops = list(map(attrgetter("ops"), slots))
+    if (np.fromiter(map(len, ops), _I, N) != 1).any():
+        return None
+    single = list(map(itemgetter(0), ops))
+    kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), single)), _I, N)
+    stage = np.fromiter(map(attrgetter("stage"), single), _I, N)
+    mb = np.fromiter(map(attrgetter("mb"), single), _I, N)
     if N and ((stage < 0) | (stage >= S) | (mb < 0) | (mb >= M)).any():
         return None
     node_of = np.full((len(KIND_CODE), S + 1, M), -1, _I)  # stage S: none, for s + 1 below
@@ -318,9 +322,9 @@ def _graph_of_ops(plan: Plan, slots: list[Slot], node_dev: np.ndarray) -> _Graph
     edge_msg = np.where(cross, np.cumsum(cross) - 1, -1).astype(_I)
     return _Graph(
         np.arange(N + 1, dtype=_I),
-        kind.copy(),
-        stage.copy(),
-        mb.copy(),
+        kind,
+        stage,
+        mb,
         src,
         dst,
         edge_msg,
