@@ -1,8 +1,9 @@
 """The tuner's fast paths against the plain computation they stand for, on random layouts and
-moves: the fill model's descent that re-sums only the stages a shift changes, the list
-scheduler that re-decides only the devices an op concerns, the stage costs a problem remembers
-and a program reused by slot identity for a reordered plan. The tuned plan is the same for a
-seed and an evaluation count whatever the caches hold."""
+moves: the fill model's descent that re-sums only the stages a shift changes and its compiled
+fitting of recompute modes, the list scheduler that re-decides only the devices an op
+concerns, the stage costs a problem remembers and a program reused by slot identity for a
+reordered plan. The tuned plan is the same for a seed and an evaluation count whatever the
+caches hold."""
 
 from __future__ import annotations
 
@@ -73,6 +74,38 @@ def test_the_search_equals_one_that_values_every_neighbour_whole(case, room, see
             best, best_v = trial, v
     assert value == best_v
     assert list(fast) == list(best)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), st.sampled_from([None, 2.0, 0.5]))
+def test_compiled_mode_fitting_equals_the_descent_it_stands_for(case, room):
+    # The same bound on the same cuts and modes, compared the same way: equal exactly.
+    pr, layout = case
+    if room is not None:
+        static = float(pr.layer_static().sum()) / pr.devices
+        memory = int(room * static) + 1
+        pr = dataclasses.replace(pr, header=pr.header.model_copy(update={"memory": memory}))
+    model = FillModel(pr, layout.devices, layout.recompute)
+    modes, cuts = list(layout.recompute), np.array(layout.cuts, np.int64)
+    cur = model(cuts)
+    while True:
+        best, change = cur, None
+        for s in range(layout.num_stages):
+            was = modes[s]
+            for m in pr.modes:
+                if m is not was:
+                    modes[s] = m
+                    model.set_modes(modes)
+                    v = model(cuts)
+                    if v < best * (1 - 1e-9):
+                        best, change = v, (s, m)
+            modes[s] = was
+        if change is None:
+            break
+        modes[change[0]] = change[1]
+        cur = best
+    fitted = FillModel(pr, layout.devices, layout.recompute).fit_modes(layout.cuts, pr.modes)
+    assert list(fitted) == modes
 
 
 def _full_scan_walk(x):

@@ -113,9 +113,8 @@ class _DeviceSums(NamedTuple):
 
 
 class _Scratch(NamedTuple):
-    """The arrays one evaluation of the bound fills, allocated once per descent: the bound runs
-    hundreds of times per descent, and allocating its dozen arrays each time took longer than
-    the arithmetic."""
+    """The arrays an evaluation of the bound fills, allocated once per model: a search values
+    thousands of cuts, and allocating a dozen arrays for each took longer than the arithmetic."""
 
     st: _StageSums
     dev: _DeviceSums
@@ -217,6 +216,18 @@ class FillModel:
         empty a stage is skipped."""
         return _search(cuts, np.empty_like(cuts), kicks, self.inputs, self.scratch)
 
+    def fit_modes(self, cuts, modes: tuple[Recompute, ...]) -> tuple[Recompute, ...]:
+        """Steepest descent over single stages' recompute modes (of `modes`) for `cuts`, from
+        the model's own; a change counts when it lowers the bound by more than a relative 1e-9,
+        the lower stage and the earlier mode of `modes` on ties. The model keeps the modes it
+        ends with, and returns them."""
+        allowed = np.array([RECOMPUTE_CODE[m] for m in modes], np.int64)
+        _fit_modes(np.asarray(cuts, np.int64), allowed, self.inputs, self.scratch)
+        return tuple(_MODE_OF_CODE[int(k)] for k in self.inputs.mode)
+
+
+_MODE_OF_CODE = {code: mode for mode, code in RECOMPUTE_CODE.items()}
+
 
 def _stage_arrays(num_stages: int) -> _StageSums:
     return _StageSums(*(np.zeros(num_stages) for _ in _StageSums._fields))
@@ -265,6 +276,27 @@ def _search(best, trial, kicks, x, w):
                 best[i] = trial[i]
             best_v = v
     return best_v
+
+
+@njit(refcounts=False)
+def _fit_modes(c, allowed, x, w):
+    cur = _bound(c, x, w)
+    while True:
+        best, best_s, best_m = cur, -1, -1
+        for s in range(x.mode.shape[0]):
+            was = x.mode[s]
+            for m in allowed:
+                if m == was:
+                    continue
+                x.mode[s] = m
+                v = _bound(c, x, w)
+                if v < best * (1 - 1e-9):
+                    best, best_s, best_m = v, s, m
+            x.mode[s] = was
+        if best_s < 0:
+            return
+        x.mode[best_s] = best_m
+        cur = best
 
 
 @njit(refcounts=False)
