@@ -237,6 +237,10 @@ class CostTable:
     meta: dict = field(default_factory=dict)
     calibration: Calibration | None = None
     """Fitted against real runs (a calibrated profile); None for plain per-layer costs."""
+    _ranges: dict[tuple, StageCost] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """`range_cost` by its arguments (the layers are never changed in place)."""
 
     @property
     def param_bytes(self) -> ParamBytes:
@@ -324,87 +328,112 @@ class CostTable:
         fused_accumulation: bool = False,
     ) -> list[StageCost]:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
-        what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step;
-        W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
+        what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step (the
+        routed experts' over their dp / ep copies); W adds each layer's gradient-accumulation
+        pass unless `fused_accumulation`."""
+        return [
+            self.range_cost(
+                first,
+                last,
+                recompute[i] if i < len(recompute) else Recompute.NONE,
+                zero,
+                dp,
+                fused_accumulation,
+            )
+            for i, (first, last) in enumerate(ranges)
+        ]
+
+    def range_cost(
+        self,
+        first: int,
+        last: int,
+        mode: Recompute = Recompute.NONE,
+        zero: int = 0,
+        dp: int = 1,
+        fused_accumulation: bool = False,
+    ) -> StageCost:
+        """One range of `range_costs`, remembered: a tuner's layouts share most of their
+        stages (a moved cut changes two)."""
+        key = (first, last, mode, zero, dp, fused_accumulation)
+        cost = self._ranges.get(key)
+        if cost is None:
+            cost = self._ranges[key] = self._sum_range(*key)
+        return cost
+
+    def _sum_range(
+        self, first: int, last: int, mode: Recompute, zero: int, dp: int, fused_accumulation: bool
+    ) -> StageCost:
+        ls = self.layers[first : last + 1]
+        f, b = sum(l.f for l in ls), sum(l.b for l in ls)
+        w = sum(l.w_run(fused_accumulation) for l in ls)
+        act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
+        tp_f, tp_b, tp_w = (
+            sum(l.tp_f for l in ls),
+            sum(l.tp_b for l in ls),
+            sum(l.tp_w for l in ls),
+        )
+        hid_f, hid_b, hid_w = (
+            sum(l.tp_hidden_f for l in ls),
+            sum(l.tp_hidden_b for l in ls),
+            sum(l.tp_hidden_w for l in ls),
+        )
+        again, kept = recomputed(
+            mode,
+            f,
+            act,
+            sum(l.sel_f for l in ls),
+            sum(l.sel_act for l in ls),
+            self.input_bytes(first),
+        )
+        ep_f, ep_b = sum(l.ep_f for l in ls), sum(l.ep_b for l in ls)
+        if mode is Recompute.FULL:  # the whole forward again, its collectives too
+            tp_b, hid_b, ep_b = tp_b + tp_f, hid_b + hid_f, ep_b + ep_f
         share = self.param_bytes.share(zero, dp)
+        static = share * sum(l.static for l in ls)
+        sharded_update = sum(l.update for l in ls) / (dp if Zero(zero).shards_optimizer else 1)
         ep = self.ep
-        # the experts' copies: the dp / ep ranks that hold the same experts (ZeRO shards over them)
-        expert_copies = max(1, dp // ep)
-        expert_share = self.param_bytes.share(zero, expert_copies)
-        out = []
-        for i, (first, last) in enumerate(ranges):
-            ls = self.layers[first : last + 1]
-            f, b = sum(l.f for l in ls), sum(l.b for l in ls)
-            w = sum(l.w_run(fused_accumulation) for l in ls)
-            act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
-            mode = recompute[i] if i < len(recompute) else Recompute.NONE
-            tp_f, tp_b, tp_w = (
-                sum(l.tp_f for l in ls),
-                sum(l.tp_b for l in ls),
-                sum(l.tp_w for l in ls),
+        if ep > 1:  # the experts' part sharded over their own copies, the dp / ep that hold them
+            expert_copies = max(1, dp // ep)
+            fraction = [l.expert_params / l.params if l.params else 0.0 for l in ls]
+            expert_static = sum(l.static * x for l, x in zip(ls, fraction, strict=True))
+            expert_update = sum(l.update * x for l, x in zip(ls, fraction, strict=True))
+            static += (self.param_bytes.share(zero, expert_copies) - share) * expert_static
+            if Zero(zero).shards_optimizer:
+                sharded_update += expert_update * (1 / expert_copies - 1 / dp)
+        cal = self.calibration
+        extra = {}
+        update = sharded_update
+        if cal is not None:
+            again = cal.scale.get("F", 1.0) * again
+            f, b, w, extra["bw"] = (
+                cal.op_seconds("F", f),
+                cal.op_seconds("B", b),
+                cal.op_seconds("W", w),
+                cal.op_seconds("BW", b + w),
             )
-            hid_f, hid_b, hid_w = (
-                sum(l.tp_hidden_f for l in ls),
-                sum(l.tp_hidden_b for l in ls),
-                sum(l.tp_hidden_w for l in ls),
-            )
-            again, kept = recomputed(
-                mode,
-                f,
-                act,
-                sum(l.sel_f for l in ls),
-                sum(l.sel_act for l in ls),
-                self.input_bytes(first),
-            )
-            ep_f, ep_b = sum(l.ep_f for l in ls), sum(l.ep_b for l in ls)
-            if mode is Recompute.FULL:  # the whole forward again, its collectives too
-                tp_b, hid_b, ep_b = tp_b + tp_f, hid_b + hid_f, ep_b + ep_f
-            static = share * sum(l.static for l in ls)
-            sharded_update = sum(l.update for l in ls) / (dp if Zero(zero).shards_optimizer else 1)
-            if ep > 1:  # the experts' part sharded over their own copies
-                fraction = [l.expert_params / l.params if l.params else 0.0 for l in ls]
-                expert_static = sum(l.static * x for l, x in zip(ls, fraction, strict=True))
-                expert_update = sum(l.update * x for l, x in zip(ls, fraction, strict=True))
-                static += (expert_share - share) * expert_static
-                if Zero(zero).shards_optimizer:
-                    sharded_update += expert_update * (1 / expert_copies - 1 / dp)
-            cal = self.calibration
-            extra = {}
-            update = sharded_update
-            if cal is not None:
-                again = cal.scale.get("F", 1.0) * again
-                f, b, w, extra["bw"] = (
-                    cal.op_seconds("F", f),
-                    cal.op_seconds("B", b),
-                    cal.op_seconds("W", w),
-                    cal.op_seconds("BW", b + w),
-                )
-                extra["bw"] += again
-                update = cal.update_per_param * sum(l.params for l in ls)
-                update /= dp if Zero(zero).shards_optimizer else 1  # its shard
-            out.append(
-                StageCost(
-                    f=f,
-                    b=b + again,
-                    w=w,
-                    act=kept,
-                    act_w=act_w,
-                    static=static,
-                    send_bytes=ls[-1].message_bytes,
-                    act_b=act - kept,
-                    tp_f=tp_f,
-                    tp_b=tp_b,
-                    tp_w=tp_w,
-                    update=update,
-                    tp_hidden_f=hid_f,
-                    tp_hidden_b=hid_b,
-                    tp_hidden_w=hid_w,
-                    ep_f=ep_f,
-                    ep_b=ep_b,
-                    **extra,
-                )
-            )
-        return out
+            extra["bw"] += again
+            update = cal.update_per_param * sum(l.params for l in ls)
+            update /= dp if Zero(zero).shards_optimizer else 1  # its shard
+        return StageCost(
+            f=f,
+            b=b + again,
+            w=w,
+            act=kept,
+            act_w=act_w,
+            static=static,
+            send_bytes=ls[-1].message_bytes,
+            act_b=act - kept,
+            tp_f=tp_f,
+            tp_b=tp_b,
+            tp_w=tp_w,
+            update=update,
+            tp_hidden_f=hid_f,
+            tp_hidden_b=hid_b,
+            tp_hidden_w=hid_w,
+            ep_f=ep_f,
+            ep_b=ep_b,
+            **extra,
+        )
 
 
 def uniform_stage_costs(

@@ -8,7 +8,10 @@ ops on some devices changed, the tuner's most common move, without rebuilding th
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, replace
+from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,6 +24,34 @@ from .core import WalkGraph
 from .links import cut_crosses_nodes, dp_rails, dp_spans_nodes
 
 _I = np.int64
+
+
+@dataclass(frozen=True, eq=False)
+class SlotNodes:
+    """The node of each slot of the plan a program was compiled from, by the slot's identity:
+    the tuner's plans share their slot objects, so `compile(plan, like=...)` finds a reordered
+    plan's nodes in one pass of C loops instead of hashing thousands of slots. `slots` keeps
+    those objects alive, so no other object can take one of their ids."""
+
+    by_id: dict[int, int]
+    slots: list[Slot]
+
+    @classmethod
+    def of(cls, slots: list[Slot]) -> SlotNodes:
+        """For the slots of nodes 0, 1, ... in order."""
+        return cls(dict(zip(map(id, slots), range(len(slots)), strict=True)), slots)
+
+    def find(self, schedule: list[list[Slot]], count: int) -> np.ndarray | None:
+        """The node of each of the schedule's `count` slots, device by device; None when some
+        slot is none of these objects."""
+        try:
+            return np.fromiter(
+                map(self.by_id.__getitem__, map(id, itertools.chain.from_iterable(schedule))),
+                _I,
+                count,
+            )
+        except KeyError:
+            return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,6 +101,8 @@ class SimProgram:
     """Per device: True when its data-parallel group spans nodes (links.py)."""
     dp_rails: np.ndarray
     """Per device: its data-parallel group's GPUs per node (links.py)."""
+    slot_nodes: SlotNodes
+    """Of the plan compiled from scratch; programs reordered from it share it."""
 
     @property
     def devices(self) -> int:
@@ -151,34 +184,41 @@ def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: 
         return _compile(plan, stage_device)
 
 
+class _Graph(NamedTuple):
+    """The dependency graph's arrays. Nodes are numbered in device order (device 0's slots,
+    then device 1's, ...); edges run consumer node by consumer node, each node's producers in
+    `dag.producers`' order, and messages are numbered in edge order (as `Graph.messages`)."""
+
+    op_ptr: np.ndarray
+    op_kind: np.ndarray
+    op_stage: np.ndarray
+    op_mb: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    edge_msg: np.ndarray
+    msg_kind: np.ndarray
+    msg_stage: np.ndarray
+    msg_mb: np.ndarray
+    msg_boundary: np.ndarray
+
+
 def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
-    g = build_graph(plan)
-    N = g.num_nodes
     P = plan.devices
     order_ptr = np.zeros(P + 1, _I)
-    order_ptr[1:] = np.cumsum([len(o) for o in g.order])
-    order_nodes = np.fromiter((n for o in g.order for n in o), _I, N)
-    node_dev = np.fromiter(g.node_device, _I, N)
-
-    op_ptr = np.zeros(N + 1, _I)
-    op_ptr[1:] = np.cumsum([len(ops) for ops in g.node_ops])
-    flat = [op for ops in g.node_ops for op in ops]
-    K = len(flat)
-    op_kind = np.fromiter((KIND_CODE[op.kind] for op in flat), _I, K)
-    op_stage = np.fromiter((op.stage for op in flat), _I, K)
-
-    # Edges in the graph's order (consumer node by node); messages numbered as Graph.messages.
-    edges = [e for es in g.deps for e in es]
-    E = len(edges)
-    src = np.fromiter((e.src for e in edges), _I, E)
-    dst = np.fromiter((e.dst for e in edges), _I, E)
-    edge_msg = np.fromiter((e.msg for e in edges), _I, E)
+    order_ptr[1:] = np.cumsum([len(o) for o in plan.schedule])
+    N = int(order_ptr[-1])
+    order_nodes = np.arange(N, dtype=_I)
+    node_dev = np.repeat(np.arange(P, dtype=_I), np.diff(order_ptr))
+    slots = [slot for order in plan.schedule for slot in order]  # one per node
+    g = _graph_of_ops(plan, slots, node_dev)
+    if g is None:
+        g = _graph(plan)
+    src, dst, edge_msg = g.src, g.dst, g.edge_msg
     by_src = np.argsort(src, kind="stable")
     out_ptr = np.zeros(N + 1, _I)
     out_ptr[1:] = np.cumsum(np.bincount(src, minlength=N))
 
-    messages = g.messages
-    M = len(messages)
+    M = len(g.msg_kind)
     is_msg = edge_msg >= 0  # in edge order, as the messages are numbered
     msg_src_node, msg_dst_node = src[is_msg], dst[is_msg]
     msg_src_dev, msg_dst_dev = node_dev[msg_src_node], node_dev[msg_dst_node]
@@ -198,7 +238,8 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         msg_hold = after[msg_src_node]
         in_deg += np.bincount(msg_hold[msg_hold >= 0], minlength=N).astype(_I)
     split = np.zeros(plan.num_stages, bool)
-    split[op_stage[op_kind == KIND_CODE[OpKind.W]]] = True  # as Plan.split_stages, from the arrays
+    # as Plan.split_stages, from the arrays
+    split[g.op_stage[g.op_kind == KIND_CODE[OpKind.W]]] = True
     mesh = Mesh.of(plan.header)
     return SimProgram(
         plan=plan,
@@ -207,11 +248,11 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         order_ptr=order_ptr,
         order_nodes=order_nodes,
         node_dev=node_dev,
-        op_ptr=op_ptr,
-        grouped=K > N,
-        op_kind=op_kind,
-        op_stage=op_stage,
-        op_mb=np.fromiter((op.mb for op in flat), _I, K),
+        op_ptr=g.op_ptr,
+        grouped=len(g.op_kind) > N,
+        op_kind=g.op_kind,
+        op_stage=g.op_stage,
+        op_mb=g.op_mb,
         in_deg=in_deg,
         out_ptr=out_ptr,
         out_dst=dst[by_src],
@@ -221,14 +262,97 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         msg_src_dev=msg_src_dev,
         msg_dst_dev=msg_dst_dev,
         msg_hold=msg_hold,
-        msg_kind=np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
-        msg_stage=np.fromiter((m.producer.stage for m in messages), _I, M),
-        msg_mb=np.fromiter((m.producer.mb for m in messages), _I, M),
-        msg_boundary=np.fromiter((m.boundary for m in messages), _I, M),
+        msg_kind=g.msg_kind,
+        msg_stage=g.msg_stage,
+        msg_mb=g.msg_mb,
+        msg_boundary=g.msg_boundary,
         stream_ptr=stream_ptr,
         cut_inter=cut_crosses_nodes(mesh, stage_device),
         dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
+        slot_nodes=SlotNodes.of(slots),
+    )
+
+
+def _graph(plan: Plan) -> _Graph:
+    """The arrays of `dag.build_graph`'s graph: any plan (overlap groups, missing or repeated
+    ops)."""
+    g = build_graph(plan)
+    N = g.num_nodes
+    op_ptr = np.zeros(N + 1, _I)
+    op_ptr[1:] = np.cumsum([len(ops) for ops in g.node_ops])
+    flat = [op for ops in g.node_ops for op in ops]
+    K = len(flat)
+    edges = [e for es in g.deps for e in es]
+    E = len(edges)
+    messages = g.messages
+    M = len(messages)
+    return _Graph(
+        op_ptr,
+        np.fromiter((KIND_CODE[op.kind] for op in flat), _I, K),
+        np.fromiter((op.stage for op in flat), _I, K),
+        np.fromiter((op.mb for op in flat), _I, K),
+        np.fromiter((e.src for e in edges), _I, E),
+        np.fromiter((e.dst for e in edges), _I, E),
+        np.fromiter((e.msg for e in edges), _I, E),
+        np.fromiter((KIND_CODE[m.producer.kind] for m in messages), _I, M),
+        np.fromiter((m.producer.stage for m in messages), _I, M),
+        np.fromiter((m.producer.mb for m in messages), _I, M),
+        np.fromiter((m.boundary for m in messages), _I, M),
+    )
+
+
+_F, _B, _W, _BW = (KIND_CODE[k] for k in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW))
+
+
+def _graph_of_ops(plan: Plan, slots: list[Slot], node_dev: np.ndarray) -> _Graph | None:
+    """`_graph` for a plan whose every slot is one op, each op of its stages and micro-batches
+    once (every plan the tuner makes), from arrays: thirty times faster than building the
+    graph's objects. None for any other plan. It mirrors `dag._producer_keys` (F after the F
+    of the stage before, W after its B, B after its F and the input gradient of the stage
+    after; tests/sim/test_program.py holds the two equal)."""
+    N, S, M = len(slots), plan.num_stages, plan.microbatches
+    ops = list(map(attrgetter("ops"), slots))
+    if (np.fromiter(map(len, ops), _I, N) != 1).any():
+        return None
+    single = list(map(itemgetter(0), ops))
+    kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), single)), _I, N)
+    stage = np.fromiter(map(attrgetter("stage"), single), _I, N)
+    mb = np.fromiter(map(attrgetter("mb"), single), _I, N)
+    if N and ((stage < 0) | (stage >= S) | (mb < 0) | (mb >= M)).any():
+        return None
+    node_of = np.full((len(KIND_CODE), S + 1, M), -1, _I)  # stage S: none, for s + 1 below
+    node_of[kind, stage, mb] = np.arange(N)
+    if np.count_nonzero(node_of >= 0) != N:  # some op twice
+        return None
+    # Each node's first producer, then its second (a backward's input gradient from s + 1).
+    first_kind = np.where(kind == _W, _B, _F)
+    first_stage = np.where(kind == _F, stage - 1, stage)
+    first = np.where(first_stage >= 0, node_of[first_kind, np.maximum(first_stage, 0), mb], -1)
+    later_b = node_of[_B, stage + 1, mb]
+    second_kind = np.where(later_b >= 0, _B, _BW)
+    backward = ((kind == _B) | (kind == _BW)) & (stage + 1 < S)
+    second = np.where(backward, np.where(later_b >= 0, later_b, node_of[_BW, stage + 1, mb]), -1)
+    srcs = np.stack([first, second], axis=1).ravel()
+    keep = srcs >= 0
+    src = srcs[keep]
+    dst = np.repeat(np.arange(N, dtype=_I), 2)[keep]
+    p_kind = np.stack([first_kind, second_kind], axis=1).ravel()[keep]
+    p_stage = np.stack([first_stage, stage + 1], axis=1).ravel()[keep]
+    cross = node_dev[src] != node_dev[dst]
+    edge_msg = np.where(cross, np.cumsum(cross) - 1, -1).astype(_I)
+    return _Graph(
+        np.arange(N + 1, dtype=_I),
+        kind,
+        stage,
+        mb,
+        src,
+        dst,
+        edge_msg,
+        p_kind[cross],
+        p_stage[cross],
+        mb[dst][cross],
+        np.minimum(p_stage, stage[dst])[cross],
     )
 
 
@@ -248,19 +372,21 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         or len(plan.schedule) != len(old.schedule)
     ):
         return None
-    order_nodes = like.order_nodes.copy()
-    for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
-        if slots is old_slots:
-            continue
-        lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
-        if len(slots) != hi - lo:
-            return None
-        node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))
-        try:
-            ids = [node_of[s] for s in slots]
-        except KeyError:
-            return None
-        if len(set(ids)) != len(ids):
-            return None
-        order_nodes[lo:hi] = ids
+    if [len(slots) for slots in plan.schedule] != np.diff(like.order_ptr).tolist():
+        return None
+    order_nodes = like.slot_nodes.find(plan.schedule, like.num_nodes)
+    if order_nodes is None:  # slots made elsewhere (a parsed plan's): by value
+        order_nodes = like.order_nodes.copy()
+        for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
+            lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
+            node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))
+            try:
+                order_nodes[lo:hi] = [node_of[s] for s in slots]
+            except KeyError:
+                return None
+    # every node once, on its own device
+    if (like.node_dev[order_nodes] != like.node_dev[like.order_nodes]).any() or (
+        np.bincount(order_nodes, minlength=like.num_nodes) != 1
+    ).any():
+        return None
     return replace(like, plan=plan, order_nodes=order_nodes)

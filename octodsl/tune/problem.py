@@ -20,7 +20,11 @@ from ..errors import OctoError
 from ..mesh import Mesh
 from ..models import load_model
 from ..plan import Header, Plan, Recompute, Slot
+from ..sim.costs import SimCosts
 from .pipeline.layout import SAVING, StageLayout
+
+_COSTS_KEPT = 1 << 14
+"""Layouts whose costs `Problem.sim_costs` keeps (a few MB); it starts again when full."""
 
 AUTO: Literal["auto"] = "auto"
 """`--recompute auto`: the tuner picks each stage's mode."""
@@ -93,6 +97,8 @@ class Problem:
     """Between nodes: pipeline messages and dp collectives that leave a node (None: `link`)."""
     work: np.ndarray = field(init=False, repr=False)
     """F + B + W seconds of each layer."""
+    _costs: dict[tuple, SimCosts] = field(init=False, repr=False, default_factory=dict)
+    """`sim_costs` by partition, recompute modes and header."""
 
     def __post_init__(self) -> None:
         # A pipeline's ops wait for messages, so each pays the host's launch time: in the
@@ -256,7 +262,22 @@ class Problem:
         )
 
     def stage_costs(self, plan: Plan) -> list[StageCost]:
-        return self.table.stage_costs(plan)
+        return list(self.sim_costs(plan).stages)
+
+    def sim_costs(self, plan: Plan) -> SimCosts:
+        """`SimCosts.from_table` of the problem's costs for `plan`: remembered, since a search
+        costs the same few hundred layouts thousands of times (summing a stage's layers took
+        longer than simulating it). Raises PlanError as from_table does."""
+        key = (
+            tuple((s.first, s.last, s.symbols, s.recompute) for s in plan.stages),
+            plan.header.model_dump_json(exclude={"name"}),
+        )
+        costs = self._costs.get(key)
+        if costs is None:
+            if len(self._costs) >= _COSTS_KEPT:
+                self._costs.clear()
+            costs = self._costs[key] = SimCosts.from_table(self.table, plan)
+        return costs
 
     def with_schedule(self, plan: Plan, schedule: list[list[Slot]]) -> Plan:
         return replace(plan, schedule=schedule)

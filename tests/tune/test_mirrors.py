@@ -143,7 +143,9 @@ def test_the_estimates_first_trip_follows_dag_producers(case):
     model = FillModel(pr, layout.devices, layout.recompute)
     cuts = np.asarray(layout.cuts, np.int64)
     sums = model.stage_sums(cuts)
-    arrive, back = estimate._first_trip(cuts, model.inputs, sums)
+    scratch = model.scratch._replace(st=sums)
+    estimate._first_trip(cuts, model.inputs, scratch)
+    arrive, back = scratch.arrive, scratch.back
     S, devices = layout.num_stages, layout.devices
 
     def hop(a: int, b: int) -> float:  # between stages a and b = a + 1

@@ -24,7 +24,6 @@ is the order of an actual execution, so it never deadlocks.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
@@ -55,22 +54,39 @@ def build_schedule(
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it."""
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
-    orders: list[list[Slot]] = [[] for _ in range(plan.devices)]
-    for k, s, i, d in zip(
-        order.kind.tolist(),
-        order.stage.tolist(),
-        order.mb.tolist(),
-        order.device.tolist(),
-        strict=True,
-    ):
-        orders[d].append(_slot(k, s, i))
-    return replace(plan, schedule=orders)
+    by_device = np.argsort(order.device, kind="stable")
+    slots = _slots(plan.num_stages, plan.microbatches)[
+        order.kind[by_device], order.stage[by_device], order.mb[by_device]
+    ]
+    ends = np.cumsum(np.bincount(order.device, minlength=plan.devices))
+    return replace(plan, schedule=[part.tolist() for part in np.split(slots, ends[:-1])])
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _slot(kind: int, stage: int, mb: int) -> Slot:
-    """Slots are immutable: the tuner's thousands of plans share them."""
-    return Slot((Op(KIND_OF_CODE[kind], stage, mb),))
+def _slots(num_stages: int, microbatches: int) -> np.ndarray:
+    """[kind code, stage, micro-batch] -> its Slot, for stages 0 .. num_stages - 1 at least.
+    Slots are immutable: the tuner's thousands of plans share them (and the simulator's
+    compiled programs know them by identity), whatever their number of stages, so a table
+    grows by the stages it lacks and keeps the slots it has."""
+    have = _SLOTS.get(microbatches)
+    if have is not None and have.shape[1] >= num_stages:
+        return have
+    kinds = KIND_OF_CODE[:3]  # F, B and W: the backward is always split
+    start = 0 if have is None else have.shape[1]
+    more = np.empty((len(kinds), num_stages - start, microbatches), object)
+    for k, kind in enumerate(kinds):
+        for s in range(start, num_stages):
+            for i in range(microbatches):
+                more[k, s - start, i] = Slot((Op(kind, s, i),))
+    table = more if have is None else np.concatenate([have, more], axis=1)
+    if len(_SLOTS) >= _SLOT_TABLES and microbatches not in _SLOTS:
+        _SLOTS.pop(next(iter(_SLOTS)))
+    _SLOTS[microbatches] = table
+    return table
+
+
+_SLOTS: dict[int, np.ndarray] = {}
+"""`_slots`' tables by micro-batches."""
+_SLOT_TABLES = 8
 
 
 class _Inputs(NamedTuple):
@@ -284,6 +300,21 @@ def held_change(kind, act, act_w):
     return -act
 
 
+class _Choices(NamedTuple):
+    """Per device, its last decision (`_decide`'s time, kind, stage and stage held back by
+    memory), kept until the op just run may have changed it: an op of stage s changes only its
+    device's clock and memory and stage s's progress, which the devices of s - 1 (B's ready
+    time) and s + 1 (F's) read besides its own."""
+
+    when: np.ndarray
+    what: np.ndarray
+    which: np.ndarray
+    held: np.ndarray
+    stale: np.ndarray
+    owner: np.ndarray
+    """Per stage: its device."""
+
+
 @njit
 def _walk(x):
     S, M = x.num_stages, x.microbatches
@@ -301,11 +332,37 @@ def _walk(x):
         np.zeros(P),
         np.zeros(P),
     )
-    for k in range(N):
+    c = _Choices(
+        np.zeros(P),
+        np.zeros(P, np.int64),
+        np.zeros(P, np.int64),
+        np.zeros(P, np.int64),
+        np.ones(P, np.bool_),
+        np.zeros(S, np.int64),
+    )
+    for d in range(P):
+        for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+            c.owner[x.stages[i]] = d
+    if not _run(x, st, c, out):
+        raise RuntimeError("list scheduling stalled with no op held back")
+    return out
+
+
+# The walk's loop allocates nothing: compiled without reference counting (octodsl.sim.jit), as
+# numba would otherwise count a reference for every array it reads out of the state's tuples.
+@njit(refcounts=False)
+def _run(x, st, c, out):
+    """Schedules every op into `out`; False when it stalls."""
+    S = x.num_stages
+    P = x.dev_ptr.shape[0] - 1
+    for k in range(out.kind.shape[0]):
         bt, bd, bk, bs = _INF, -1, -1, -1
         stuck_t, stuck_d, stuck_s = _INF, -1, -1
         for d in range(P):
-            t, kind, s, blocked = _decide(x, st, d)
+            if c.stale[d]:
+                c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
+                c.stale[d] = False
+            t, kind, s, blocked = c.when[d], c.what[d], c.which[d], c.held[d]
             if kind >= 0 and t < bt:
                 bt, bd, bk, bs = t, d, kind, s
             if blocked >= 0:
@@ -316,7 +373,7 @@ def _walk(x):
             # Every device waits and some forward is held back by memory alone: run the first
             # to be ready over the budget rather than stall (the simulator reports the peak).
             if stuck_d < 0:
-                raise RuntimeError("list scheduling stalled with no op held back")
+                return False
             bt, bd, bk, bs = stuck_t, stuck_d, 0, stuck_s
         s = bs
         if bk == 0:
@@ -336,8 +393,13 @@ def _walk(x):
             st.w_done[s] += 1
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
+        c.stale[bd] = True
+        if s > 0:
+            c.stale[c.owner[s - 1]] = True
+        if s + 1 < S:
+            c.stale[c.owner[s + 1]] = True
         out.kind[k] = bk
         out.stage[k] = s
         out.mb[k] = i
         out.device[k] = bd
-    return out
+    return True

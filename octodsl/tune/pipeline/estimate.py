@@ -80,6 +80,12 @@ class _Inputs(NamedTuple):
     hop: np.ndarray
     """[stage, layer c]: a message of layer c's output across the cut after the stage, on the
     link the cut's ranks take (octodsl.sim.links)."""
+    dev_ptr: np.ndarray
+    """Device d holds stages dev_stages[dev_ptr[d]:dev_ptr[d + 1]], in stage order."""
+    dev_stages: np.ndarray
+    first: np.ndarray
+    """Per device: its first stage, and below its deepest (-1 for none)."""
+    deepest: np.ndarray
 
 
 class _StageSums(NamedTuple):
@@ -100,13 +106,23 @@ class _StageSums(NamedTuple):
 class _DeviceSums(NamedTuple):
     """Per device, over its stages."""
 
-    first: np.ndarray
-    """Its first stage, and below its deepest (-1 for none)."""
-    deepest: np.ndarray
     load: np.ndarray
     act: np.ndarray
     held: np.ndarray
     """Static bytes plus the most one of its B's brings back."""
+
+
+class _Scratch(NamedTuple):
+    """The arrays an evaluation of the bound fills, allocated once per model: a search values
+    thousands of cuts, and allocating a dozen arrays for each took longer than the arithmetic."""
+
+    st: _StageSums
+    dev: _DeviceSums
+    hop: np.ndarray
+    """Per stage: the message time after it (0 within a device)."""
+    arrive: np.ndarray
+    back: np.ndarray
+    pace: np.ndarray
 
 
 class FillModel:
@@ -143,15 +159,32 @@ class FillModel:
             + extra
         )
         limit = float(problem.memory) if problem.memory is not None else np.inf
+        sd = np.array(devices, np.int64)
+        S, P = len(devices), problem.devices
+        dev_stages = np.argsort(sd, kind="stable")
+        dev_ptr = np.concatenate([[0], np.cumsum(np.bincount(sd, minlength=P))])
+        held = np.diff(dev_ptr) > 0
+        first, deepest = np.full(P, -1, np.int64), np.full(P, -1, np.int64)
+        first[held] = dev_stages[dev_ptr[:-1][held]]
+        deepest[held] = dev_stages[dev_ptr[1:][held] - 1]
         self.inputs = _Inputs(
-            np.array(devices, np.int64),
-            np.zeros(len(devices), np.int64),
-            problem.devices,
+            sd,
+            np.zeros(S, np.int64),
+            P,
             problem.microbatches,
             limit,
             sums,
             input_bytes,
             hop,
+            dev_ptr,
+            dev_stages,
+            first,
+            deepest,
+        )
+        self.scratch = _Scratch(
+            _stage_arrays(S),
+            _DeviceSums(*(np.zeros(P) for _ in _DeviceSums._fields)),
+            *(np.zeros(S) for _ in range(4)),
         )
         if recompute:
             self.set_modes(recompute)
@@ -161,12 +194,14 @@ class FillModel:
         self.inputs.mode[:] = [RECOMPUTE_CODE[m] for m in recompute]
 
     def __call__(self, cuts) -> float:
-        return _bound(np.asarray(cuts, np.int64), self.inputs)
+        return _bound(np.asarray(cuts, np.int64), self.inputs, self.scratch)
 
     def stage_sums(self, cuts) -> _StageSums:
         """Per stage of `cuts`, the sums the bound is made of (for the tests that hold them
         equal to `CostTable.stage_costs`)."""
-        return _stage_sums(np.asarray(cuts, np.int64), self.inputs)
+        out = _stage_arrays(len(cuts) - 1)
+        _stage_sums(np.asarray(cuts, np.int64), self.inputs, out)
+        return out
 
     @staticmethod
     def fits(value: float) -> bool:
@@ -174,31 +209,105 @@ class FillModel:
         bytes and one micro-batch's activations within the limit."""
         return value < _UNFIT
 
-    def descend(self, cuts: np.ndarray) -> float:
-        """Steepest descent over one-layer shifts of single cuts, in place; the final value."""
-        return _descend(cuts, self.inputs)
+    def search(self, cuts: np.ndarray, kicks: np.ndarray) -> float:
+        """Steepest descent over one-layer shifts of single cuts from `cuts`, then from each
+        kick of the best cuts so far, keeping the best (in `cuts`, in place); its value.
+        kicks[k] lists the kick's (cut, layers) shifts, (0, 0) for none; a shift that would
+        empty a stage is skipped."""
+        return _search(cuts, np.empty_like(cuts), kicks, self.inputs, self.scratch)
+
+    def fit_modes(self, cuts, modes: tuple[Recompute, ...]) -> tuple[Recompute, ...]:
+        """Steepest descent over single stages' recompute modes (of `modes`) for `cuts`, from
+        the model's own; a change counts when it lowers the bound by more than a relative 1e-9,
+        the lower stage and the earlier mode of `modes` on ties. The model keeps the modes it
+        ends with, and returns them."""
+        allowed = np.array([RECOMPUTE_CODE[m] for m in modes], np.int64)
+        _fit_modes(np.asarray(cuts, np.int64), allowed, self.inputs, self.scratch)
+        return tuple(_MODE_OF_CODE[int(k)] for k in self.inputs.mode)
 
 
-@njit
-def _descend(c, x):
-    cur = _bound(c, x)
+_MODE_OF_CODE = {code: mode for mode, code in RECOMPUTE_CODE.items()}
+
+
+def _stage_arrays(num_stages: int) -> _StageSums:
+    return _StageSums(*(np.zeros(num_stages) for _ in _StageSums._fields))
+
+
+# The bound's kernels allocate nothing (they fill the model's scratch arrays), so they compile
+# without reference counting (octodsl.sim.jit).
+@njit(refcounts=False)
+def _descend(c, x, w):
+    """Steepest descent from `c`. A shift of cut i changes only stages i - 1 and i, so each
+    neighbour re-sums those two stages and their devices (and sums them back after)."""
+    cur = _bound(c, x, w)
     while True:
         best, best_i, best_d = cur, -1, 0
         for i in range(1, c.shape[0] - 1):
             for d in (-1, 1):
                 if c[i - 1] < c[i] + d < c[i + 1]:
                     c[i] += d
-                    v = _bound(c, x)
+                    _resum(c, x, w, i)
+                    v = _rest(c, x, w)
                     c[i] -= d
+                    _resum(c, x, w, i)
                     if v < best:
                         best, best_i, best_d = v, i, d
         if best_i < 0:
             return cur
         cur = best
         c[best_i] += best_d
+        _resum(c, x, w, best_i)
 
 
-@njit
+@njit(refcounts=False)
+def _search(best, trial, kicks, x, w):
+    best_v = _descend(best, x, w)
+    n = best.shape[0]
+    for k in range(kicks.shape[0]):
+        for i in range(n):
+            trial[i] = best[i]
+        for j in range(kicks.shape[1]):
+            i, d = kicks[k, j, 0], kicks[k, j, 1]
+            if i > 0 and trial[i - 1] < trial[i] + d < trial[i + 1]:
+                trial[i] += d
+        v = _descend(trial, x, w)
+        if v < best_v:
+            for i in range(n):
+                best[i] = trial[i]
+            best_v = v
+    return best_v
+
+
+@njit(refcounts=False)
+def _fit_modes(c, allowed, x, w):
+    cur = _bound(c, x, w)
+    while True:
+        best, best_s, best_m = cur, -1, -1
+        for s in range(x.mode.shape[0]):
+            was = x.mode[s]
+            for m in allowed:
+                if m == was:
+                    continue
+                x.mode[s] = m
+                v = _bound(c, x, w)
+                if v < best * (1 - 1e-9):
+                    best, best_s, best_m = v, s, m
+            x.mode[s] = was
+        if best_s < 0:
+            return
+        x.mode[best_s] = best_m
+        cur = best
+
+
+@njit(refcounts=False)
+def _resum(c, x, w, i):
+    """The sums of stages i - 1 and i (either side of cut i) and of their devices, again."""
+    for s in (i - 1, i):
+        _stage_sum(c, x, s, w.st)
+        _device_sum(x, w, x.stage_device[s])
+
+
+@njit(refcounts=False)
 def recomputed_code(mode, f, act, sel_f, sel_act, input_bytes):
     """octodsl.costs.levers.recomputed for a mode's code, compiled: (seconds B runs again,
     bytes F keeps until B). It mirrors that rule (tests/tune/test_mirrors.py holds them equal)."""
@@ -209,127 +318,127 @@ def recomputed_code(mode, f, act, sel_f, sel_act, input_bytes):
     return 0.0, act
 
 
-@njit
-def _stage_sums(c, x):
-    """The layers' sums over each stage, as `CostTable.range_costs` sums them (W without the
-    gradient-accumulation pass)."""
-    S = x.stage_device.shape[0]
+@njit(refcounts=False)
+def _stage_sums(c, x, out):
+    """The layers' sums over each stage into `out`, as `CostTable.range_costs` sums them (W
+    without the gradient-accumulation pass)."""
+    for s in range(x.stage_device.shape[0]):
+        _stage_sum(c, x, s, out)
+
+
+@njit(refcounts=False)
+def _stage_sum(c, x, s, out):
     p = x.sums
-    out = _StageSums(np.empty(S), np.empty(S), np.empty(S), np.empty(S), np.empty(S), np.empty(S))
-    for s in range(S):
-        a, b = c[s], c[s + 1]
-        f = p.f[b] - p.f[a]
-        act = p.act[b] - p.act[a]
-        again, kept = recomputed_code(
-            x.mode[s],
-            f,
-            act,
-            p.sel_f[b] - p.sel_f[a],
-            p.sel_act[b] - p.sel_act[a],
-            x.input_bytes[a],
-        )
-        out.f[s] = f
-        out.b[s] = p.b[b] - p.b[a] + again
-        out.act[s] = kept
-        out.static[s] = p.static[b] - p.static[a]
-        out.load[s] = f + out.b[s] + p.w[b] - p.w[a]
-        out.brought[s] = act - kept
-    return out
+    a, b = c[s], c[s + 1]
+    f = p.f[b] - p.f[a]
+    act = p.act[b] - p.act[a]
+    again, kept = recomputed_code(
+        x.mode[s],
+        f,
+        act,
+        p.sel_f[b] - p.sel_f[a],
+        p.sel_act[b] - p.sel_act[a],
+        x.input_bytes[a],
+    )
+    out.f[s] = f
+    out.b[s] = p.b[b] - p.b[a] + again
+    out.act[s] = kept
+    out.static[s] = p.static[b] - p.static[a]
+    out.load[s] = f + out.b[s] + p.w[b] - p.w[a]
+    out.brought[s] = act - kept
 
 
 # Micro-batch 0's path follows the dependency rule: it mirrors octodsl.dag.producers (F after
 # the F before it, B after its F and the B after it; tests/tune/test_mirrors.py holds it to it).
-@njit
-def _first_trip(c, x, st):
-    """When micro-batch 0's forward reaches each stage, and when its input gradient can start
-    there (messages only between stages of different devices)."""
-    sd = x.stage_device
+@njit(refcounts=False)
+def _first_trip(c, x, w):
+    """When micro-batch 0's forward reaches each stage (w.arrive), and when its input gradient
+    can start there (w.back); messages only between stages of different devices."""
+    sd, st, h, arrive, back = x.stage_device, w.st, w.hop, w.arrive, w.back
     S = sd.shape[0]
-    # Message time after each stage (none between stages of one device).
-    h = np.zeros(S)
     for s in range(S - 1):
-        if sd[s] != sd[s + 1]:
-            h[s] = x.hop[s, c[s + 1] - 1]
-    arrive = np.zeros(S)  # micro-batch 0's forward reaches stage s
+        h[s] = x.hop[s, c[s + 1] - 1] if sd[s] != sd[s + 1] else 0.0
+    arrive[0] = 0.0
     for s in range(1, S):
         arrive[s] = arrive[s - 1] + st.f[s - 1] + h[s - 1]
-    back = np.zeros(S)  # micro-batch 0's input gradient can start on stage s
     back[S - 1] = arrive[S - 1] + st.f[S - 1]
     for s in range(S - 2, -1, -1):
         back[s] = back[s + 1] + st.b[s + 1] + h[s]
-    return arrive, back
 
 
-@njit
-def _device_sums(x, st):
-    P = x.devices
-    out = _DeviceSums(
-        np.full(P, -1, np.int64), np.full(P, -1, np.int64), np.zeros(P), np.zeros(P), np.zeros(P)
-    )
-    static = np.zeros(P)
-    brought = np.zeros(P)
-    for s in range(x.stage_device.shape[0]):
-        d = x.stage_device[s]
-        if out.first[d] < 0:
-            out.first[d] = s
-        out.deepest[d] = s
-        out.load[d] += st.load[s]
-        out.act[d] += st.act[s]
-        static[d] += st.static[s]
-        brought[d] = max(brought[d], st.brought[s])
-    out.held[:] = static + brought
-    return out
+@njit(refcounts=False)
+def _device_sum(x, w, d):
+    st, dev = w.st, w.dev
+    load, act, static, brought = 0.0, 0.0, 0.0, 0.0
+    for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+        s = x.dev_stages[i]
+        load += st.load[s]
+        act += st.act[s]
+        static += st.static[s]
+        brought = max(brought, st.brought[s])
+    dev.load[d] = load
+    dev.act[d] = act
+    dev.held[d] = static + brought
 
 
-@njit
-def _device_bound(d, x, st, dev, arrive, back, pace):
+@njit(refcounts=False)
+def _device_bound(d, x, w):
     """The module docstring's a_d + max(M * load_d + fill_d, M * pace_d) for device d, whose
     stages run from its first to its deepest."""
-    M, limit, sd = x.microbatches, x.limit, x.stage_device
-    first, hs = dev.first[d], dev.deepest[d]
+    M, limit, st, dev = x.microbatches, x.limit, w.st, w.dev
+    arrive, back, pace = w.arrive, w.back, w.pace
+    first, hs = x.first[d], x.deepest[d]
     act, held_static = dev.act[d], dev.held[d]
     cap = float(M)
     if limit < np.inf and act > 0:
         cap = min(cap, float(np.floor((limit - held_static) / act)))
     a = arrive[first]
     early = 0.0
-    for s in range(first, hs + 1):
-        if sd[s] == d:
-            reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
-            early += st.f[s] * min(cap, reach)
+    for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+        s = x.dev_stages[i]
+        reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
+        early += st.f[s] * min(cap, reach)
     fill = max(0.0, back[hs] - a - early)
     # Memory throttle: stage s holds a micro-batch's activations for its round trip, so
     # at one micro-batch per `pace` it holds about trip / pace of them; the fastest pace
     # whose activations fit beside the static bytes.
     held = 0.0
-    for s in range(first, hs + 1):
-        if sd[s] == d:
-            held += st.act[s] * (back[s] + st.b[s] - arrive[s])
+    for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
+        s = x.dev_stages[i]
+        held += st.act[s] * (back[s] + st.b[s] - arrive[s])
     throttle = held / (limit - held_static)
     return a + max(M * dev.load[d] + fill, M * throttle)
 
 
-@njit
-def _bound(c, x):
+@njit(refcounts=False)
+def _bound(c, x, w):
+    _stage_sums(c, x, w.st)
+    for d in range(x.devices):
+        _device_sum(x, w, d)
+    return _rest(c, x, w)
+
+
+@njit(refcounts=False)
+def _rest(c, x, w):
+    """The bound from the stage and device sums in `w`."""
     S, P, limit = x.stage_device.shape[0], x.devices, x.limit
-    st = _stage_sums(c, x)
-    arrive, back = _first_trip(c, x, st)
-    dev = _device_sums(x, st)
+    st, dev, pace = w.st, w.dev, w.pace
+    _first_trip(c, x, w)
     overflow = 0.0
     for d in range(P):
         overflow += max(0.0, dev.held[d] + dev.act[d] - limit)
     if overflow > 0:
         return _UNFIT * (1.0 + overflow / limit)
     # Forwards reach stage s no faster than the slowest forward before it lets them through.
-    pace = np.zeros(S)
+    pace[0] = 0.0
     for s in range(1, S):
         pace[s] = max(pace[s - 1], st.f[s - 1])
     worst = 0.0
     total = 0.0
     for d in range(P):
-        if dev.first[d] < 0:
+        if x.first[d] < 0:
             continue
-        t = _device_bound(d, x, st, dev, arrive, back, pace)
+        t = _device_bound(d, x, w)
         worst = max(worst, t)
         total += t
     return worst + _TIE_BREAK * total / P

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...plan import Plan, PlanError
-from ...sim import SimCosts, SimDeadlock, SimProgram, SimResult, compile, simulate
+from ...sim import SimDeadlock, SimProgram, SimResult, compile, simulate
 from ..problem import Problem
 
 
@@ -67,7 +67,7 @@ class Evaluator:
     def __call__(self, plan: Plan) -> Score:
         self.count += 1
         p = self.problem
-        costs = SimCosts.from_table(p.table, plan)
+        costs = p.sim_costs(plan)
         key = tuple(plan.stage_device())
         program = compile(plan, like=self._programs.pop(key, None))
         self._programs[key] = program

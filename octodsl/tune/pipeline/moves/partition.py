@@ -43,19 +43,15 @@ def rebalance(
     if S < 2:
         return layout
     model = FillModel(problem, layout.devices, problem.modes_of(layout))
+    # The kicks are drawn before the search (they do not depend on it), which then runs
+    # compiled from start to end.
     rng = random.Random(seed)
+    kicks = np.zeros((rounds, 3, 2), np.int64)
+    for k in range(rounds):
+        for j in range(rng.randint(1, 3)):
+            kicks[k, j] = rng.randrange(1, S), rng.choice((-2, -1, 1, 2))
     best = np.array(layout.cuts, np.int64)
-    best_v = model.descend(best)
-    for _ in range(rounds):
-        c = best.copy()
-        for _ in range(rng.randint(1, 3)):
-            i = rng.randrange(1, S)
-            d = rng.choice((-2, -1, 1, 2))
-            if c[i - 1] < c[i] + d < c[i + 1]:
-                c[i] += d
-        v = model.descend(c)
-        if v < best_v:
-            best, best_v = c, v
+    model.search(best, kicks)
     return layout.with_cuts(best)
 
 

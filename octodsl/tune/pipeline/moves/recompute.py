@@ -150,24 +150,4 @@ def fit_modes(layout: StageLayout, problem: Problem) -> StageLayout:
     if len(problem.modes) < 2:
         return layout
     model = FillModel(problem, layout.devices, layout.recompute)
-    modes = list(layout.recompute)
-    cuts = np.array(layout.cuts, np.int64)
-    cur = model(cuts)
-    while True:
-        best, change = cur, None
-        for s in range(layout.num_stages):
-            was = modes[s]
-            for m in problem.modes:
-                if m is was:
-                    continue
-                modes[s] = m
-                model.set_modes(modes)
-                v = model(cuts)
-                if v < best * (1 - 1e-9):
-                    best, change = v, (s, m)
-            modes[s] = was
-        model.set_modes(modes)
-        if change is None:
-            return layout.with_recompute(modes)
-        modes[change[0]] = change[1]
-        cur = best
+    return layout.with_recompute(model.fit_modes(layout.cuts, problem.modes))

@@ -15,6 +15,7 @@ before any op it now overtakes started, so they never depend on those ops.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -102,7 +103,7 @@ def delay_w(plan: Plan, result: SimResult, limit: int = 4) -> list[Plan]:
     where: dict[tuple[int, float], int] = {}  # (device, start time) -> index in the device's order
     for d in range(p.devices):
         nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
-        where.update(((d, float(t)), j) for j, t in enumerate(result.start[nodes].tolist()))
+        where.update(zip(zip(itertools.repeat(d), result.start[nodes].tolist()), itertools.count()))
     out = []
     for step in result.critical_path():
         j = where.get((step.device, step.start)) if step.kind == "compute" else None

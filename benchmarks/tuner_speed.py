@@ -1,0 +1,165 @@
+"""The tuner's speed, old code against new, in one run: writes benchmarks/tuner_speed.md.
+
+    .venv/bin/python benchmarks/tuner_speed.py [--base d40dbce] [--evaluations 300]
+        [--repeats 2] [--cases nemotron-h-56b:16:32 ...] [-o benchmarks/tuner_speed.md]
+
+The old code is the commit `--base`, unpacked with `git archive` into a temporary folder. Each
+case (tuner_levers.md's levers: H800 costs, 80 GiB, dp 8, ZeRO 1, recompute auto, seed 0) runs
+the tuner for a fixed number of simulated plans, once with each code, each in its own
+single-threaded process that first compiles its kernels (numba) and warms up, so that only
+the search is timed; old and new alternate (old, new, new, old, ...), so a machine that others
+load slows both alike, and each side counts with its fastest run. The search stops at the same
+evaluation count on both sides, so the tuned plans should be the same (the table says whether
+they are, for every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from machine import ROOT, commit, cpu_model
+
+GIB = 2**30
+CASES = tuple(
+    f"{m}:{p}:{k * p}"
+    for p in (16, 8)
+    for m in ("nemotron-h-8b", "nemotron-h-56b", "jamba-v0.1", "qwen3-next-80b")
+    for k in ((2, 4) if p == 16 else (2,))
+)
+"""The 16-device cases of tuner_levers.md (M 32 and 64), and each model at 8 x 16."""
+
+
+def worker(case: str, evaluations: int) -> dict:
+    """Tune one case with whichever octodsl is on the path; the search alone is timed."""
+    from octodsl.sim.simulate import warm_up
+    from octodsl.tune.pipeline.loop import tune
+    from octodsl.tune.problem import Problem
+
+    model, devices, microbatches = case.split(":")
+
+    def problem() -> Problem:
+        return Problem.create(model, int(devices), int(microbatches), memory=80 * GIB, dp=8, zero=1)
+
+    warm_up()
+    tune(problem(), budget=600, seed=0, max_evaluations=2)  # compiles the tuner's kernels
+    # a fresh problem for the timed search: nothing remembered from the warm-up
+    search = problem()
+    t0 = time.perf_counter()
+    r = tune(search, budget=3600, seed=0, max_evaluations=evaluations)
+    seconds = time.perf_counter() - t0
+    best = r.best.plan
+    shape = repr((best.stages, best.placement, best.schedule))
+    return {
+        "evaluations": r.evaluations,
+        "seconds": seconds,
+        "tuned": r.best.time,
+        "plan": hashlib.sha1(shape.encode()).hexdigest(),
+    }
+
+
+def run(code: Path, case: str, evaluations: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(code), NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", case, "--evaluations", str(evaluations)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict]) -> list[str]:
+    out = [
+        "| case (model P x M) | evaluations | old plans/s | new plans/s | speed-up | old s | new s "
+        "| old tuned ms | new tuned ms | same plan |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        o, n = r["old"], r["new"]
+        rate_o, rate_n = o["evaluations"] / o["seconds"], n["evaluations"] / n["seconds"]
+        model, p, m = r["case"].split(":")
+        same = len({x["plan"] for side in r["runs"].values() for x in side}) == 1
+        out.append(
+            f"| {model} {p} x {m} | {n['evaluations']} | {rate_o:.1f} | {rate_n:.1f} "
+            f"| {rate_n / rate_o:.1f}x | {o['seconds']:.1f} | {n['seconds']:.1f} "
+            f"| {o['tuned'] * 1e3:,.1f} | {n['tuned'] * 1e3:,.1f} "
+            f"| {'yes' if same else 'no'} |"
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="d40dbce", help="the old code's commit")
+    ap.add_argument("--evaluations", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each side per case")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), help="model:devices:microbatches")
+    ap.add_argument("-o", "--output", type=Path, default=None)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.evaluations)))
+        return 0
+    t0 = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory() as old:
+        archive = subprocess.run(
+            ["git", "archive", args.base], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+        for i, case in enumerate(args.cases):
+            sides = [("old", Path(old)), ("new", ROOT)]
+            runs: dict[str, list[dict]] = {"old": [], "new": []}
+            for k in range(args.repeats):  # old new new old ..., new first every other case
+                for name, code in sides if (i + k) % 2 == 0 else sides[::-1]:
+                    runs[name].append(run(code, case, args.evaluations))
+            row: dict = {"case": case, "runs": runs}
+            row.update((name, min(r, key=lambda x: x["seconds"])) for name, r in runs.items())
+            rows.append(row)
+            print("\n".join(table([row])[2:]), flush=True)
+    lines = table(rows)
+    if args.output is not None:
+        command = "python benchmarks/tuner_speed.py " + " ".join(sys.argv[1:])
+        speedups = [
+            (r["new"]["evaluations"] / r["new"]["seconds"])
+            / (r["old"]["evaluations"] / r["old"]["seconds"])
+            for r in rows
+            if r["case"].split(":")[1] == "16"
+        ]
+        head = [
+            "# Tuner speed: the old code against the new",
+            "",
+            f"Made by `{command}` on {cpu_model()} ({os.cpu_count()} cores, shared with other "
+            f"work), commit {commit()} against {args.base}, in {time.perf_counter() - t0:.0f} s.",
+            "",
+            "Each case: tuner_levers.md's levers (H800 costs, 80 GiB per device, dp 8, ZeRO 1, "
+            "recompute auto), seed 0, the search stopped after the same number of simulated "
+            "plans on both sides; each side in its own single-threaded process, kernels "
+            "compiled and warmed up before the timed search, old and new alternating, "
+            f"{args.repeats} runs of each side per case, each side counted with its fastest. "
+            "`plans/s` is simulated plans per second of the search's wall time (`old s`, "
+            "`new s`); `tuned ms` the best plan's simulated iteration time; `same plan` whether "
+            "every run of both sides ended with the identical plan (partition, placement, "
+            "recompute and every device's order).",
+            "",
+            *lines,
+            "",
+            f"Speed-up on the 16-device cases: min {min(speedups, default=0):.1f}x, max "
+            f"{max(speedups, default=0):.1f}x.",
+        ]
+        args.output.write_text("\n".join(head) + "\n")
+        args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

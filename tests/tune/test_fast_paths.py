@@ -1,0 +1,247 @@
+"""The tuner's fast paths against the plain computation they stand for, on random layouts and
+moves: the fill model's descent that re-sums only the stages a shift changes and its compiled
+fitting of recompute modes, the list scheduler that re-decides only the devices an op
+concerns, the stage costs a problem remembers and a program reused by slot identity for a
+reordered plan. The tuned plan is the same for a seed and an evaluation count whatever the
+caches hold."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from octodsl.plan import Slot
+from octodsl.sim import SimCosts, compile, simulate
+from octodsl.tune.pipeline import construct
+from octodsl.tune.pipeline.estimate import FillModel
+from octodsl.tune.pipeline.loop import tune
+from octodsl.tune.pipeline.moves.schedule import advance, rebuild
+from octodsl.tune.problem import Problem
+
+from .test_mirrors import layouts
+
+GIB = 2**30
+
+
+def _steepest_descent(model: FillModel, cuts: np.ndarray) -> float:
+    """The descent of FillModel.search, each neighbour valued by the whole bound."""
+    cur = model(cuts)
+    while True:
+        best, move = cur, None
+        for i in range(1, len(cuts) - 1):
+            for d in (-1, 1):
+                if cuts[i - 1] < cuts[i] + d < cuts[i + 1]:
+                    cuts[i] += d
+                    v = model(cuts)
+                    cuts[i] -= d
+                    if v < best:
+                        best, move = v, (i, d)
+        if move is None:
+            return cur
+        cur = best
+        cuts[move[0]] += move[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), st.sampled_from([None, 2.0, 0.5]), st.integers(0, 2**16))
+def test_the_search_equals_one_that_values_every_neighbour_whole(case, room, seed):
+    # A stage's sums are the same operations on the same prefix sums whichever way they are
+    # reached, so the cuts and the value are equal exactly (`room`: a memory limit, in units of
+    # the static bytes per device, that some layouts overflow).
+    pr, layout = case
+    if room is not None:
+        static = float(pr.layer_static().sum()) / pr.devices
+        pr = dataclasses.replace(
+            pr, header=pr.header.model_copy(update={"memory": int(room * static) + 1})
+        )
+    model = FillModel(pr, layout.devices, layout.recompute)
+    S = layout.num_stages
+    kicks = np.random.default_rng(seed).integers(-2, 3, (4, 3, 2))
+    kicks[:, :, 0] = np.abs(kicks[:, :, 0]) % S  # cut 0: no shift
+    fast, best = np.array(layout.cuts, np.int64), np.array(layout.cuts, np.int64)
+    value = model.search(fast, kicks)
+    best_v = _steepest_descent(model, best)
+    for kick in kicks:
+        trial = best.copy()
+        for i, d in kick:
+            if i > 0 and trial[i - 1] < trial[i] + d < trial[i + 1]:
+                trial[i] += d
+        v = _steepest_descent(model, trial)
+        if v < best_v:
+            best, best_v = trial, v
+    assert value == best_v
+    assert list(fast) == list(best)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), st.sampled_from([None, 2.0, 0.5]))
+def test_compiled_mode_fitting_equals_the_descent_it_stands_for(case, room):
+    # The same bound on the same cuts and modes, compared the same way: equal exactly.
+    pr, layout = case
+    if room is not None:
+        static = float(pr.layer_static().sum()) / pr.devices
+        memory = int(room * static) + 1
+        pr = dataclasses.replace(pr, header=pr.header.model_copy(update={"memory": memory}))
+    model = FillModel(pr, layout.devices, layout.recompute)
+    modes, cuts = list(layout.recompute), np.array(layout.cuts, np.int64)
+    cur = model(cuts)
+    while True:
+        best, change = cur, None
+        for s in range(layout.num_stages):
+            was = modes[s]
+            for m in pr.modes:
+                if m is not was:
+                    modes[s] = m
+                    model.set_modes(modes)
+                    v = model(cuts)
+                    if v < best * (1 - 1e-9):
+                        best, change = v, (s, m)
+            modes[s] = was
+        if change is None:
+            break
+        modes[change[0]] = change[1]
+        cur = best
+    fitted = FillModel(pr, layout.devices, layout.recompute).fit_modes(layout.cuts, pr.modes)
+    assert list(fitted) == modes
+
+
+def _full_scan_walk(x):
+    """construct._walk deciding every device before every op (the compiled walk keeps a
+    device's decision until an op of its own or a neighbouring stage runs)."""
+    S, M = x.num_stages, x.microbatches
+    P = len(x.dev_ptr) - 1
+    st_ = construct._Progress(
+        np.zeros(S, np.int64),
+        np.zeros(S, np.int64),
+        np.zeros(S, np.int64),
+        np.zeros((S, M)),
+        np.zeros((S, M)),
+        np.zeros(P),
+        np.zeros(P),
+    )
+    order = []
+    for _ in range(3 * S * M):
+        picks = [construct._decide(x, st_, d) for d in range(P)]
+        ready = [(t, d) for d, (t, kind, _, _) in enumerate(picks) if kind >= 0]
+        if ready:
+            t, d = min(ready)
+            _, kind, s, _ = picks[d]
+        else:
+            stuck = [
+                (max(st_.device_free[d], construct._ready_f(x, st_, b, st_.f_done[b])), d)
+                for d, (_, _, _, b) in enumerate(picks)
+                if b >= 0
+            ]
+            t, d = min(stuck)
+            kind, s = 0, picks[d][3]
+        done, end, span = {
+            0: (st_.f_done, st_.f_end, x.f),
+            1: (st_.b_done, st_.b_end, x.b),
+            2: (st_.w_done, None, x.w),
+        }[kind]
+        i = done[s]
+        if end is not None:
+            end[s, i] = t + span[s]
+        done[s] += 1
+        st_.memory[d] += construct.held_change(kind, x.act[s], x.act_w[s])
+        st_.device_free[d] = t + span[s]
+        order.append((kind, s, i, d))
+    return order
+
+
+@settings(max_examples=25, deadline=None)
+@given(layouts(), st.booleans(), st.sampled_from([None, 1.5, 3.0]))
+def test_the_list_scheduler_equals_a_full_scan_of_the_devices(case, w_gap, room):
+    pr, layout = case
+    skeleton = pr.skeleton(layout)
+    costs = pr.stage_costs(skeleton)
+    memory = None
+    if room is not None:  # some forwards held back by memory
+        memory = max(c.static for c in costs) * 4 + room * max(c.act for c in costs)
+    captured = {}
+    walk = construct._walk
+
+    def keep_inputs(x):
+        captured["x"] = x
+        return walk(x)
+
+    construct._walk = keep_inputs
+    try:
+        out = construct._arrays(skeleton, costs, pr.link, memory, w_gap, pr.inter_link)
+    finally:
+        construct._walk = walk
+    fast = list(zip(*(a.tolist() for a in out), strict=True))
+    # Ties between devices ready at the same time go to the lowest device in both (`t < bt`).
+    assert fast == _full_scan_walk(captured["x"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts())
+def test_remembered_stage_costs_are_the_cost_tables(case):
+    pr, layout = case
+    plan = pr.skeleton(layout)
+    first = pr.sim_costs(plan)
+    assert first == SimCosts.from_table(pr.table, plan)
+    assert pr.sim_costs(pr.skeleton(layout)) is first  # the same layout again: remembered
+    other = dataclasses.replace(plan, header=plan.header.model_copy(update={"zero": 1, "dp": 2}))
+    assert pr.sim_costs(other) == SimCosts.from_table(pr.table, other)
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts(), st.data())
+def test_a_program_reused_by_slot_identity_is_the_one_found_by_value(case, data):
+    # List-scheduled plans share their slot objects; a reordered plan's program is looked up
+    # by identity. The same plan made of copies of its slots goes the way by value: the two
+    # programs are the same arrays, and simulate as a program compiled from scratch does.
+    pr, layout = case
+    base = rebuild(pr.skeleton(layout), pr, w_gap=True)
+    program = compile(base)
+    moved = base
+    for _ in range(data.draw(st.integers(1, 4))):
+        d = data.draw(st.integers(0, pr.devices - 1))
+        n = len(moved.schedule[d])
+        src = data.draw(st.integers(1, n - 1))
+        moved = advance(moved, d, src, data.draw(st.integers(0, src - 1)))
+    copied = dataclasses.replace(
+        moved, schedule=[[Slot(tuple(s.ops)) for s in order] for order in moved.schedule]
+    )
+    by_id, by_value = compile(moved, like=program), compile(copied, like=program)
+    assert by_id.out_dst is program.out_dst and by_value.out_dst is program.out_dst
+    assert list(by_id.order_nodes) == list(by_value.order_nodes)
+    costs = pr.sim_costs(moved)
+    try:
+        fast = simulate(by_id, costs, pr.link, inter_link=pr.inter_link)
+    except Exception as e:  # an advance may deadlock: both ways say so
+        full_error = None
+        try:
+            simulate(compile(moved), costs, pr.link, inter_link=pr.inter_link)
+        except Exception as f:
+            full_error = f
+        assert type(full_error) is type(e)
+        return
+    full = simulate(compile(moved), costs, pr.link, inter_link=pr.inter_link)
+    # Node and message numbers differ from a fresh compile's, which only orders messages that
+    # become ready at the same instant differently: equal up to rounding.
+    assert abs(fast.iteration_time - full.iteration_time) <= 1e-12 * full.iteration_time
+    assert list(fast.peak_memory) == list(full.peak_memory)
+
+
+def test_the_same_seed_and_evaluations_give_the_same_plan_whatever_the_caches_hold():
+    # The second search on one problem finds its stage costs, slot tables and kernels ready;
+    # a fresh problem starts with none: the same plan and the same rounds.
+    problem = Problem.create("jamba-tiny", 4, 8, memory=80 * GIB, dp=2, zero=1)
+    warm = tune(problem, budget=60, seed=3, max_evaluations=150)
+    again = tune(problem, budget=60, seed=3, max_evaluations=150)
+    fresh = tune(
+        Problem.create("jamba-tiny", 4, 8, memory=80 * GIB, dp=2, zero=1),
+        budget=60,
+        seed=3,
+        max_evaluations=150,
+    )
+    for other in (again, fresh):
+        assert other.best.plan.same_as(warm.best.plan)
+        assert other.best.time == warm.best.time
+        assert [(r.move, r.after) for r in other.rounds] == [(r.move, r.after) for r in warm.rounds]
