@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-CHECK_SECONDS_PER_OP = 8e-4
-"""Rendering, parsing and linting a written plan, per op: a tuned plan compacts little, and 54
-layers x 512 micro-batches on 8 devices (12,288 ops) took 7-10 s on the 2 shared cores of the
-development machine (0.6-0.8 ms per op), the parse most of it."""
+CHECK_SECONDS_PER_OP = 1e-4
+"""Rendering, parsing and linting a written plan, per op, with room for a loaded machine: a tuned
+plan compacts little, and benchmarks/write_check.md measures 32 us per op for a tuned
+nemotron-h-8b plan of 8 devices x 512 micro-batches (36,864 ops, 274 KB written) on the 2 shared
+cores of the development machine. (0.8 ms per op before lint's fast parser and array deadlock
+walk of issue 27, which left the cluster search no budget for plans of 10^5 ops.)"""
 
 
 def process_start() -> float:
