@@ -113,15 +113,7 @@ def _full_scan_walk(x):
     device's decision until an op of its own or a neighbouring stage runs)."""
     S, M = x.num_stages, x.microbatches
     P = len(x.dev_ptr) - 1
-    st_ = construct._Progress(
-        np.zeros(S, np.int64),
-        np.zeros(S, np.int64),
-        np.zeros(S, np.int64),
-        np.zeros((S, M)),
-        np.zeros((S, M)),
-        np.zeros(P),
-        np.zeros(P),
-    )
+    st_ = construct._start(S, M, P)
     order = []
     for _ in range(3 * S * M):
         picks = [construct._decide(x, st_, d) for d in range(P)]

@@ -139,6 +139,20 @@ class _Progress(NamedTuple):
     """Per device: activation bytes held."""
 
 
+@njit
+def _start(S, M, P):
+    """The scheduler's state before any op: nothing run, every device free and empty."""
+    return _Progress(
+        np.zeros(S, np.int64),
+        np.zeros(S, np.int64),
+        np.zeros(S, np.int64),
+        np.zeros((S, M)),
+        np.zeros((S, M)),
+        np.zeros(P),
+        np.zeros(P),
+    )
+
+
 class _Order(NamedTuple):
     """The constructed schedule in run order, one entry per op."""
 
@@ -323,15 +337,7 @@ def _walk(x):
     out = _Order(
         np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64)
     )
-    st = _Progress(
-        np.zeros(S, np.int64),
-        np.zeros(S, np.int64),
-        np.zeros(S, np.int64),
-        np.zeros((S, M)),
-        np.zeros((S, M)),
-        np.zeros(P),
-        np.zeros(P),
-    )
+    st = _start(S, M, P)
     c = _Choices(
         np.zeros(P),
         np.zeros(P, np.int64),
