@@ -187,6 +187,36 @@ def add_mesh_options(p: argparse.ArgumentParser, *, default_from: str) -> None:
     add_overlap_option(p, default_from)
 
 
+def add_data_parallel_options(p: argparse.ArgumentParser, *, default_from: str | None) -> None:
+    """--dp, --zero and --ep: the plan header's data-parallel copies, ZeRO stage and
+    expert-parallel degree (`default_from`: whose fields they default to when not given; None:
+    the header's own defaults, 1, 0 and 1)."""
+
+    def default(field: str, value: int) -> str:
+        return f"default {value}" if default_from is None else f"default: {default_from} `{field}`"
+
+    p.add_argument(
+        "--dp",
+        type=DP,
+        metavar="N",
+        help=f"data-parallel copies of the pipeline ({default('dp', 1)})",
+    )
+    p.add_argument(
+        "--zero",
+        type=ZERO,
+        metavar="N",
+        help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
+        f"the gradients); {default('zero', 0)}",
+    )
+    p.add_argument(
+        "--ep",
+        type=EP,
+        metavar="N",
+        help="expert-parallel degree of the MoE layers: their experts spread over N of "
+        f"the dp copies (divides dp and the expert count); {default('ep', 1)}",
+    )
+
+
 def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
     """--overlap, --scatter-gather-messages, --grad-accumulation-fusion and --reduce-scatter:
     what the runtime does beside the plan's ops (the header's runtime fields)."""

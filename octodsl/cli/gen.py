@@ -14,15 +14,13 @@ from .common import (
     DEVICE,
     DEVICE_HELP,
     DEVICES,
-    DP,
-    EP,
     GPUS_PER_NODE,
     MICROBATCH_SIZE,
     MICROBATCHES,
     SEQ_LEN,
     TP,
-    ZERO,
     UserError,
+    add_data_parallel_options,
     add_overlap_option,
     check_outputs,
     integer,
@@ -116,23 +114,7 @@ def register(sub) -> None:
         metavar="N",
         help="GPUs per node, which ranks share NVLink (default 8)",
     )
-    p.add_argument(
-        "--dp", type=DP, metavar="N", help="data-parallel copies of the pipeline (default 1)"
-    )
-    p.add_argument(
-        "--zero",
-        type=ZERO,
-        metavar="N",
-        help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
-        "the gradients); default 0",
-    )
-    p.add_argument(
-        "--ep",
-        type=EP,
-        metavar="N",
-        help="expert-parallel degree of the MoE layers: their experts spread over N of "
-        "the dp copies (divides --dp and the expert count; default 1)",
-    )
+    add_data_parallel_options(p, default_from=None)
     add_overlap_option(p, "none")
     p.add_argument(
         "-o",

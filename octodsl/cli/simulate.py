@@ -31,13 +31,11 @@ from ..sim.costs import TpMismatch
 from .common import (
     DEVICE,
     DEVICE_HELP,
-    DP,
-    EP,
     INTER_NODE_LINK,
     LINK,
     LINK_HELP,
-    ZERO,
     UserError,
+    add_data_parallel_options,
     add_mesh_options,
     check_outputs,
     link_named,
@@ -115,23 +113,7 @@ def register(sub) -> None:
         f"collective, {LINK_HELP} (default: --inter-node-link for a dp group that "
         "spans nodes, else --link)",
     )
-    p.add_argument(
-        "--dp", type=DP, metavar="N", help="data-parallel copies (default: the plan's `dp`)"
-    )
-    p.add_argument(
-        "--zero",
-        type=ZERO,
-        metavar="N",
-        help="ZeRO stage over the dp copies: 0, 1 (shard the optimizer state), 2 (and "
-        "the gradients); default: the plan's `zero`",
-    )
-    p.add_argument(
-        "--ep",
-        type=EP,
-        metavar="N",
-        help="expert-parallel degree of the MoE layers: their experts spread over N of "
-        "the dp copies (divides dp and the expert count); default: the plan's `ep`",
-    )
+    add_data_parallel_options(p, default_from="the plan's")
     add_mesh_options(p, default_from="the plan's")
     p.add_argument(
         "--recompute",
