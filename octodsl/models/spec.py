@@ -34,15 +34,16 @@ def grad_accumulator_bytes(dtype: str) -> int:
 Activation = Literal["swiglu", "relu2", "gelu"]
 
 Width = Annotated[int, Field(ge=1, le=limits.MAX_WIDTH)]
+"""A model's or a layer's dimension (hidden, heads, ffn, ...): bounded, so that no typo makes
+a cost model of 10^13-wide matrices."""
+
 DEFAULT_IMBALANCE = 1.25
-"""`MoEConfig.imbalance` unless a spec says: the capacity factor Switch Transformer trained with
-(Fedus et al. 2022, 1.25 in its Table 1 runs; a capacity is the most tokens an expert takes, as a
+"""`MoEConfig.imbalance` unless a spec says: a capacity factor Switch Transformer trains with
+(Fedus et al. 2022, whose Table 1 compares 1.0, 1.25 and 2.0; a capacity is the most tokens an expert takes, as a
 multiple of the mean, and dropping few tokens at 1.25 puts the busiest expert near it). One rank
 of an ep group pools E / ep experts, so its excess is at most its busiest expert's: a round,
 stated figure, not a measurement of any model here; set the spec's `imbalance` from a run's
 router statistics (max over mean tokens per ep rank) where you have them."""
-"""A model's or a layer's dimension (hidden, heads, ffn, ...): bounded, so that no typo makes
-a cost model of 10^13-wide matrices."""
 
 
 def _ffn_matrices(activation: str) -> int:
