@@ -203,7 +203,7 @@ def main() -> int:
     try:
         write_atomic(args.output, text)
     except OSError as e:
-        print(f"expert_parallel.py: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+        print(f"expert_parallel.py: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(re.sub(r"\n+$", "", text))
     return 0

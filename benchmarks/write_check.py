@@ -93,7 +93,7 @@ def main() -> int:
     try:
         write_atomic(args.output, text)
     except OSError as e:
-        print(f"write_check.py: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+        print(f"write_check.py: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(text, end="")
     return 0
