@@ -102,6 +102,9 @@ class SimResult:
     """When the last compute op ends."""
     busy: np.ndarray
     """Per device: compute seconds."""
+    all_to_all_hidden: np.ndarray
+    """Per device: seconds of its all-to-alls that overlap groups hide under their other ops'
+    compute (`SimProgram.per_slot`: what a group saves on its ops in turn)."""
     idle: np.ndarray
     """Per device: iteration_time - busy (the bubble)."""
     comm: np.ndarray
@@ -254,20 +257,6 @@ class SimResult:
         of each F, ep_b of each B or fused BW; W has none)."""
         ep_f = self._stage_field("ep_f")
         return self._per_device(ep_f, self._stage_field("ep_b"), np.zeros_like(ep_f))
-
-    @property
-    def all_to_all_hidden(self) -> np.ndarray:
-        """Per device: seconds of its all-to-alls that overlap groups hide under their other
-        ops' compute (`SimProgram.per_slot`: what a group saves on its ops' sum is all-to-all
-        run under another op)."""
-        p = self.program
-        if not p.grouped:
-            return np.zeros(p.devices)
-        f, b, w = (self._stage_field(k) for k in "fbw")
-        seconds = p.per_op(f, b, w, np.array([c.fused_backward for c in self.costs.stages]))
-        ep_f, ep_b = self._stage_field("ep_f"), self._stage_field("ep_b")
-        saved = p.per_node(seconds) - p.per_slot(seconds, p.per_op(ep_f, ep_b, 0 * ep_f, ep_b))
-        return np.bincount(p.node_dev, weights=saved, minlength=p.devices)
 
     def _stage_field(self, name: str) -> np.ndarray:
         """Per stage: that StageCost field."""

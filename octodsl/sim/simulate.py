@@ -68,6 +68,8 @@ def simulate(
     ep_b = np.array([c.ep_b for c in stage_costs], float)
     op_comm = p.per_op(ep_f, ep_b, np.zeros_like(ep_f), ep_b)
     work = p.per_slot(op_dur, op_comm)
+    # what an overlap group saves on its ops in turn is all-to-all under another op's compute
+    a2a_hidden = np.bincount(p.node_dev, weights=p.per_node(op_dur) - work, minlength=p.devices)
     ranks = dp if dp is not None else p.plan.header.dp
     cut_inter, dp_inter, rails = p.cut_inter, p.dp_inter, p.dp_rails
     if ranks != p.plan.header.dp:  # another mesh than the one compiled: place its ranks
@@ -166,6 +168,7 @@ def simulate(
         iteration_time=iteration_time,
         pipeline_time=pipeline_time,
         busy=busy,
+        all_to_all_hidden=a2a_hidden,
         idle=idle,
         comm=comm,
         comm_exposed=comm - hidden,
