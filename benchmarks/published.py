@@ -177,11 +177,14 @@ def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
     args += ["--overlap", ",".join(runtime.get("overlap", [])) or "none"]
     for field, value in switches(runtime).items():
         args += ["--" + field.replace("_", "-"), "true" if value else "false"]
+    # In the plan, not only on simulate's command line: the overlaps lint against ZeRO.
+    args += ["--dp", str(row["dp"]), "--zero", str(runtime.get("zero", 0))]
     return name, args
 
 
 def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
-    """The row's plan: `octodsl gen` with its header fields, then --dp, --zero, --recompute."""
+    """The row's plan: `octodsl gen` with its header fields (--dp and --zero among them), then
+    --recompute."""
     from octodsl.gen import generate
     from octodsl.plan import OVERLAPS, Recompute
 
@@ -211,8 +214,8 @@ def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
 
 
 def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
-    """The simulation of the row as octodsl's CLI runs it (gen, then simulate with --dp,
-    --zero, --recompute, --device, --inter-node-link)."""
+    """The simulation of the row as octodsl's CLI runs it (gen with --dp and --zero, then
+    simulate with --recompute, --device, --inter-node-link)."""
     from octodsl.costs.devices import get_device, get_link
     from octodsl.costs.resolve import cost_table, header_costing
     from octodsl.sim import SimCosts, compile, simulate
@@ -269,10 +272,6 @@ def run_row(row: dict, before: dict[str, float]) -> dict:
         row["device"],
         "--inter-node-link",
         row["inter_node_link"],
-        "--dp",
-        str(row["dp"]),
-        "--zero",
-        str(row["runtime"].get("zero", 0)),
         "--recompute",
         mode,
     ]

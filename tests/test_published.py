@@ -33,7 +33,14 @@ def test_every_row_cites_its_source(rows):
 
 
 @pytest.mark.parametrize(
-    "row_id", ["zb2024-t4-1.5b-m24-zb-2p", "bloom-176b-production-384", "narayanan2021-t1-39.1b"]
+    "row_id",
+    [
+        "zb2024-t4-1.5b-m24-zb-2p",
+        "bloom-176b-production-384",
+        "narayanan2021-t1-39.1b",
+        # ZeRO 1 with Megatron's param-gather overlap: the plan gen writes must say zero 1
+        "megatron-readme-h100-weak-1.7b",
+    ],
 )
 def test_the_printed_commands_give_the_reported_figure(row_id, rows, tmp_path, capsys, monkeypatch):
     result = published.run_row(rows[row_id], {})
