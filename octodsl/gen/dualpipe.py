@@ -8,7 +8,9 @@ gradient inside the backward (the reference DualPipe defers some), so every back
 fused BW here too.
 
 M >= 2P, as DeepSpeed and the reference require. With uniform chunk times and free messages
-the makespan is 2M(F+B+W) + (P-2)F + 2(P-1)(B+W) (F = B = W and B = 2F = 2W, tested), above
+the makespan is 2M(F+B+W) + (P-2)F + 2(P-1)(B+W) (F = B = W and B = 2F = 2W, tested): DeepSeek's
+published bubble (PP/2-1)(F&B + B - 3W) with the full backward B + W, a pair F&B = F + B + W,
+no W deferred, less the one F of the turn-around pair DeepSpeed does not overlap; above
 the lower bound (P 4, M 8, F = B = W = 1: 62 against 57): the order is DeepSpeed's, made to
 hide communication under the overlapped pairs; the simulator hides each op's expert all-to-alls
 under the other op of its pair (`SimProgram.per_slot`) and runs the rest back to back."""

@@ -189,6 +189,24 @@ def test_dualpipev_overlaps_the_two_phases_in_its_steady_phase():
             assert f.kind is K.F and b.kind is K.BW and {f.stage, b.stage} == {d, 2 * p - 1 - d}
 
 
+def test_dualpipev_bubble_is_deepseeks_formula_less_the_turnaround_forward():
+    """DeepSeek's DualPipe README (github.com/deepseek-ai/DualPipe, 'Pipeline Bubbles and Memory
+    Usage Comparison'): DualPipeV on PP/2 devices idles (PP/2 - 1)(F&B + B - 3W), F and B a
+    forward and a full backward chunk, F&B two overlapped chunks, W a deferred weight-gradient
+    chunk. DeepSpeed's order, which gen writes, defers no W (each is fused into its backward:
+    the 3W term is 0) and runs the turn-around's first pair one op after the other, one F less
+    idle; with nothing to hide, a pair takes F + B (SimProgram.per_slot sums the compute).
+    Times are multiples of 0.5: the sums are exact, compared with ==."""
+    for f, b, w in TIMES.values():
+        full = b + w
+        for p in range(2, 9):
+            deepseek = (p - 1) * ((f + full) + full - 3 * 0.0)
+            for m in (2 * p, 2 * p + 3):
+                plan = as_plan("dualpipev", p, m)
+                bubble = simulated(plan, (f, b, w)) - 2 * m * (f + full)
+                assert bubble == deepseek - f, (p, m)
+
+
 # -- makespans: the bound or the best known, for every M ---------------------------------------
 # Op times here are small multiples of 0.5 and every makespan a sum of them, exact in floating
 # point, so makespans are compared with ==.
