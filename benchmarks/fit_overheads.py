@@ -37,10 +37,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import commit  # noqa: E402
+from machine import commit, write_outputs  # noqa: E402
 from published import load, rows, spec_of  # noqa: E402
-
-from octodsl.fileio import write_atomic  # noqa: E402
 
 PROFILE = {
     # model: [(m, T_F, T_B, T_W, T_comm), ...] in ms, Table 6 of arXiv 2401.10241.
@@ -188,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for flash in (False, True):
         text += report(flash) + [""]
-    try:
-        write_atomic(args.output, "\n".join(text))
-    except OSError as e:
-        print(f"fit_overheads.py: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+    if not write_outputs("fit_overheads.py", {args.output: "\n".join(text)}):
         return 2
     print("\n".join(text))
     return 0

@@ -30,7 +30,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import commit, cpu_model  # noqa: E402
+from machine import commit, cpu_model, write_outputs  # noqa: E402
 
 DATA = REPO / "benchmarks" / "published_runs.yaml"
 SPECS = REPO / "benchmarks" / "published"
@@ -569,16 +569,14 @@ def main() -> int:
         return 0
     out = Path(args.output)
     command = ".venv/bin/python benchmarks/published.py"
-    from octodsl.fileio import write_atomic
-
-    try:
-        write_atomic(out, report(results, ranks, data, command, time.perf_counter() - t0))
-        write_atomic(
-            out.with_suffix(".json"),
-            json.dumps({"rows": results, "ablations": ranks}, indent=1, default=float) + "\n",
+    tables = {
+        out: report(results, ranks, data, command, time.perf_counter() - t0),
+        out.with_suffix(".json"): json.dumps(
+            {"rows": results, "ablations": ranks}, indent=1, default=float
         )
-    except OSError as e:
-        print(f"published.py: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        + "\n",
+    }
+    if not write_outputs("published.py", tables):
         return 2
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return 0

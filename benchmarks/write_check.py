@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import commit, cpu_model  # noqa: E402
+from machine import commit, cpu_model, write_outputs  # noqa: E402
 
 CASES = ((8, 512), (16, 256), (8, 128))
 """(devices, micro-batches) of nemotron-h-8b, tuned for 60 plans."""
@@ -88,12 +88,7 @@ def main() -> int:
             f"{r['chars'] / 1000:,.0f} KB | {r['s']:.2f} | {r['s'] / r['ops'] * 1e6:.0f} us |"
         )
     text = "\n".join(lines) + "\n"
-    from octodsl.fileio import write_atomic
-
-    try:
-        write_atomic(args.output, text)
-    except OSError as e:
-        print(f"write_check.py: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+    if not write_outputs("write_check.py", {args.output: text}):
         return 2
     print(text, end="")
     return 0

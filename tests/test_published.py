@@ -68,3 +68,16 @@ def test_the_a100_overheads_are_the_fit_benchmarks_fit_overheads_makes():
     fs, bs, fb, bb, msg = fit_overheads.fit(fit_overheads.points(flash=False))
     assert (fs, bs, msg) == pytest.approx((o.f_seconds, o.b_seconds, o.message_seconds), rel=5e-3)
     assert (fb, bb) == pytest.approx((o.f_bytes, o.b_bytes), abs=0.06)
+
+
+def test_a_benchmark_names_a_file_it_cannot_write_in_one_line(tmp_path, capsys):
+    # benchmarks/machine.write_outputs: every benchmark's tables go through it.
+    from machine import write_outputs
+
+    good = tmp_path / "table.md"
+    assert write_outputs("x.py", {good: "ok\n"})
+    assert good.read_text() == "ok\n"
+    assert not write_outputs("x.py", {tmp_path / "no" / "such" / "t.md": "lost\n"})
+    err = capsys.readouterr().err
+    assert err.startswith("x.py: cannot write ") and err.count("\n") == 1
+    assert "Traceback" not in err
