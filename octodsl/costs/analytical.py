@@ -128,7 +128,13 @@ def analytical_costs(
     link = tp_link or get_link(device.node_link)
     a2a_links = ep_links or EpLinks(link, link, ep)
     layers = []
+    # A model repeats a few layer configurations (frozen, hashable) many times: each is costed
+    # once (LayerCost is frozen, so the layers share it).
+    costed: dict[object, LayerCost] = {}
     for i, layer in enumerate(spec.layers):
+        if layer in costed:
+            layers.append(costed[layer])
+            continue
         work = layer_work(spec, layer, tp, sp, ep)
         (f, b, w), gemm, sel_f = _times(work, device, spec.dtype, spec.dtype_bytes)
         tp_f, tp_b, tp_w = (_comm(c, tp, link) for c in (work.tp_f, work.tp_b, work.tp_w))
@@ -168,6 +174,7 @@ def analytical_costs(
                 expert_params=local_routed_params(local_layer(layer, tp), spec.hidden, ep),
             )
         )
+        costed[layer] = layers[-1]
     where = (
         f", tp {tp}{' sp' if sp else ''}{' overlapped' if overlap_tp else ''} on {link.name}"
         if tp > 1

@@ -8,6 +8,7 @@ its rule by a property test (tests/tune/test_mirrors.py)."""
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TypeVar
 
 import numpy as np
 
@@ -56,6 +57,9 @@ class Zero(IntEnum):
         return 1 if self.reduction(reduce_scatter) == "reduce-scatter" else 2
 
 
+Layers = TypeVar("Layers", float, np.ndarray)
+"""One layer's (or stage's) figure, or an array of them, one per layer."""
+
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = 0, 1, 2
 """Recompute modes as the compiled kernels read them (`RECOMPUTE_CODE`)."""
 
@@ -67,15 +71,15 @@ RECOMPUTE_CODE = {
 
 
 def recomputed(
-    mode: Recompute, f: float, act: float, sel_f: float, sel_act: float, input_bytes: float
-) -> tuple[float, float]:
+    mode: Recompute, f: Layers, act: Layers, sel_f: Layers, sel_act: Layers, input_bytes: float
+) -> tuple[Layers | float, Layers]:
     """(seconds B runs again, bytes F keeps until B) of layers of forward seconds `f` and
     activation bytes `act` recomputing `mode`: full runs the whole forward again and keeps only
     the input (`input_bytes`, at most `act`); selective runs again the parts it drops
     (`sel_f` seconds, `sel_act` bytes); none keeps everything. What F does not keep, B brings
-    back when it starts (`StageCost.act_b = act - kept`)."""
+    back when it starts (`StageCost.act_b = act - kept`). Elementwise on arrays of layers too."""
     if mode is Recompute.FULL:
-        return f, min(act, input_bytes)
+        return f, np.minimum(act, input_bytes)
     if mode is Recompute.SELECTIVE:
         return sel_f, act - sel_act
     return 0.0, act

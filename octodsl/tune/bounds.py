@@ -44,11 +44,10 @@ def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarr
     """Per layer, the seconds B runs again and the bytes a micro-batch keeps from F to B under
     `mode` (`levers.recomputed` layer by layer; full keeps the stage's input, counted as none
     of any layer's)."""
-    again, kept = zip(
-        *(recomputed(mode, l.f, l.act, l.sel_f, l.sel_act, 0.0) for l in problem.table.layers),
-        strict=True,
-    )
-    return np.array(again, float), np.array(kept, float)
+    f, act, sel_f, sel_act = (problem.column(k) for k in ("f", "act", "sel_f", "sel_act"))
+    again, kept = recomputed(mode, f, act, sel_f, sel_act, 0.0)
+    zero = np.zeros(len(f))  # a mode's scalar (none's 0 seconds) as one per layer
+    return zero + again, zero + kept
 
 
 def lower_bound(problem: Problem) -> float:
@@ -83,7 +82,7 @@ def tight_lower_bound(problem: Problem) -> float:
     under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
     mode costs against the bytes it saves. The data-parallel collectives no plan avoids
     count too (dp_seconds(), dp_stream_bound())."""
-    f, b, w = (np.array([getattr(l, k) for l in problem.table.layers]) for k in "fbw")
+    f, b, w = (problem.column(k) for k in "fbw")
     before_f = np.cumsum(f) - f
     before_b = np.cumsum(b) - b
     m = problem.microbatches

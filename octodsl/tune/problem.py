@@ -99,12 +99,24 @@ class Problem:
     """F + B + W seconds of each layer."""
     _costs: dict[tuple, SimCosts] = field(init=False, repr=False, default_factory=dict)
     """`sim_costs` by partition, recompute modes and header."""
+    _columns: dict[str, np.ndarray] = field(init=False, repr=False, default_factory=dict)
+    """`column` by field."""
 
     def __post_init__(self) -> None:
         # A pipeline's ops wait for messages, so each pays the host's launch time: in the
         # layers' F and B here, for the bounds and estimates as for the simulator
         self.table = self.table.pipelined()
         self.work = np.array([l.f + l.b + l.w for l in self.table.layers])
+
+    def column(self, name: str) -> np.ndarray:
+        """Each layer's `name` (a LayerCost field) as a read-only array, built once: the bounds
+        read the same columns for every configuration a search ranks."""
+        a = self._columns.get(name)
+        if a is None:
+            a = np.array([getattr(l, name) for l in self.table.layers], float)
+            a.flags.writeable = False
+            self._columns[name] = a
+        return a
 
     @classmethod
     def create(

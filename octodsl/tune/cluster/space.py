@@ -200,6 +200,7 @@ class Tables:
         key = (tp, microbatch_size)
         if key not in self._tables:
             c = self.cluster
+            # pipelined once here, not in each of the many problems that share the table
             self._tables[key] = cost_table(
                 model=c.model,
                 device=c.device,
@@ -208,7 +209,7 @@ class Tables:
                 tp=tp,
                 sp=c.sequence_parallel,
                 tp_link=c.node_link,
-            )
+            ).pipelined()
         return self._tables[key]
 
 
