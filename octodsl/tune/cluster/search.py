@@ -8,10 +8,11 @@ iteration is the most tokens per GPU per second. The search, within one budget:
    infeasible; the rest are ranked by their lower bound (`Problem.tight_lower_bound`, a bound
    over every plan of the configuration);
 2. the Megatron-style recipe (baselines.py): its plans are the first to beat;
-3. screen: in order of lower bound, the classic schedules of each configuration (every
-   generator, every partition, with the recompute that fits), until `SCREEN_SHARE` of the
-   budget left is spent; a configuration whose lower bound is no shorter than the best plan
-   simulated so far is dominated and not screened;
+3. screen: in order of the layout estimate (estimate.py: about a millisecond per
+   configuration, so every one the bounds leave in is estimated), the classic schedules of each
+   configuration (every generator, every partition, with the recompute that fits), until
+   `SCREEN_SHARE` of the budget left is spent; a configuration whose lower bound is no shorter
+   than the best plan simulated so far is dominated and not screened;
 4. tune: in order of the best classic time, the pipeline tuner refines each configuration that
    can still win (its lower bound below the best plan so far), the budget left shared among at
    most `TUNED` of them at a time;
@@ -37,6 +38,7 @@ from ..pipeline.loop import BudgetTooShort, TuneResult, tune
 from ..problem import Problem
 from ..reference.baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
 from .baselines import MegatronBaseline, megatron_baselines
+from .estimate import layout_estimate
 from .space import (
     DOMINATED,
     INFEASIBLE,
@@ -84,6 +86,8 @@ class Candidate:
     problem: Problem
     bound: float
     """No plan of this configuration runs faster (`Problem.tight_lower_bound`)."""
+    estimate: float
+    """What an iteration may take (`layout_estimate`): the order of screening."""
     baselines: list[Baseline] = field(default_factory=list)
     """The classic plans it was screened with (empty: not screened)."""
     screened: bool = False
@@ -170,7 +174,7 @@ def search(
     result = ClusterResult(cluster, [], [], [], excluded)
     result.candidates, result.skipped = _enumerate(cluster, tps, tables, excluded)
     # writing and checking the `top` plans comes out of the budget: the likely winners' size
-    likely = result.candidates[: max(TUNED, top)]
+    likely = sorted(result.candidates, key=_screening_order)[: max(TUNED, top)]
     t0 = time.perf_counter()
     ops = max(plan_ops(c.config.pp, c.config.microbatches) for c in likely)
     budget = max(budget - (t0 - began) - check_reserve(ops, top), 1e-3)
@@ -226,7 +230,9 @@ def _finish(result: ClusterResult) -> None:
                 Skipped(
                     c.config,
                     DOMINATED if beaten else NOT_SCREENED,
-                    dominated if beaten else "the budget ran out before it",
+                    dominated
+                    if beaten
+                    else f"estimated {c.estimate * 1e3:,.1f} ms; the budget ran out before it",
                 )
             )
         elif c.tuned is None and c.config.pp > 1:
@@ -293,7 +299,9 @@ def _enumerate(
             too_big.add(key)
             skipped.append(Skipped(config, INFEASIBLE, why, memory=True))
             continue
-        candidates.append(Candidate(config, problem, problem.tight_lower_bound()))
+        candidates.append(
+            Candidate(config, problem, problem.tight_lower_bound(), layout_estimate(problem))
+        )
     if not candidates:
         raise NoConfigurationFits(_no_configuration(cluster, tps, tables, excluded, skipped))
     candidates.sort(key=lambda c: (c.bound, c.config))
@@ -369,12 +377,13 @@ def _adopt(result: ClusterResult) -> None:
 
 
 def _screen(state: _State, until: float) -> int:
-    """The classic plans of the candidates not screened yet that can still win, by lower bound,
-    until `until` (the first of the search whatever the time); how many it screened."""
+    """The classic plans of the candidates not screened yet that can still win, by layout
+    estimate, until `until` (the first of the search whatever the time); how many it
+    screened."""
     r = state.result
     first = not any(c.screened for c in r.candidates)
     count = 0
-    for i, c in enumerate(r.candidates):
+    for i, c in enumerate(sorted(r.candidates, key=_screening_order)):
         if c.screened or state.beaten(c):
             continue
         if (count or not first) and time.perf_counter() >= until:
@@ -393,6 +402,10 @@ def _screen(state: _State, until: float) -> int:
             assert c.classic.score is not None, "a usable baseline is scored"
             state.incumbent = min(state.incumbent, c.classic.score.time)
     return count
+
+
+def _screening_order(c: Candidate) -> tuple:
+    return (c.estimate, c.bound, c.config)
 
 
 def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -> None:
