@@ -15,6 +15,8 @@ from octodsl.tune.bounds import layout_lower_bound, memory_lower_bound
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout
 from octodsl.tune.pipeline.loop import tune
+from octodsl.tune.problem import Problem
+from octodsl.tune.reference.baselines import classic_baselines
 from octodsl.tune.reference.random_search import random_search
 
 from .helpers import problem
@@ -213,6 +215,21 @@ def test_no_plan_beats_its_layouts_bound(layers, statics, devices, microbatches,
     bound = pr.tight_lower_bound()
     fitting = [s for s in seen if s.fits]
     assert [s.time for s in fitting if s.time < bound * (1 - 1e-9)] == []
+    assert [
+        s.time
+        for s in fitting
+        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
+    ] == []
+
+
+def test_every_classic_baseline_meets_its_layouts_bound():
+    # Fused backwards (1F1B), several stages per device, V shapes and DualPipeV's overlap groups,
+    # on nemotron-h-tiny with 100 MiB per device (60 MiB static): only recompute fits.
+    pr = Problem.create("nemotron-h-tiny", 4, 8, memory=100 * 2**20)
+    scores = [b.score for b in classic_baselines(pr, Evaluator(pr)) if b.score is not None]
+    fitting = [s for s in scores if s.fits]
+    assert fitting and all(s.plan.recompute()[0] is not Recompute.NONE for s in fitting)
+    assert any(s.plan.num_stages > pr.devices for s in fitting)
     assert [
         s.time
         for s in fitting
