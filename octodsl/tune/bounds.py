@@ -1,7 +1,8 @@
 """The lower bounds on every plan of a `Problem` (tune/problem.py): whatever its partition,
 placement, schedule and recompute choice, no plan the tuner may produce runs faster. The tuner
 reports its plans' efficiency against `lower_bound`; the whole-cluster search ranks and prunes
-configurations by `tight_lower_bound`, the largest of the others."""
+configurations by `tight_lower_bound`, the largest of the others. `layout_lower_bound` holds
+for the plans of one layout only (benchmarks/tuner_gap.py: how much of a gap is the order's)."""
 
 from __future__ import annotations
 
@@ -233,18 +234,22 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
 def layout_lower_bound(problem: Problem, layout: StageLayout) -> float:
     """No plan of this layout (partition, placement and recompute modes) runs faster,
     whatever its schedule: tight_lower_bound(), and per device its own compute with its
-    waits, and its own memory. The compute, as tight_lower_bound()'s wait per layer but per
-    device: its first op waits for the forwards of the stages before its first stage s
-    (for that micro-batch); every F and B of its stages (with their recompute; less the
-    expert all-to-alls an overlap group may hide) ends by the last B of s, after which come
-    either its remaining Ws or the backwards of the stages before s. The memory, as memory_lower_bound() but kept
-    apart per device and per stage as the simulator holds it (octodsl.sim.memory): F's
-    kept bytes from F's start through the forwards and backwards of every later stage and
-    the stage's own backward; what the backward brings back by recompute for its whole
-    seconds, recompute included; the part for W through W; all of it in the device's own
-    memory beside its own static bytes (inf when none is left for activations a stage
-    holds). Where the pooled bounds let a device with little room borrow another's, or
-    let a stage's recompute cost nothing in bytes, this bound does not."""
+    waits, and its own memory.
+
+    The compute, as tight_lower_bound()'s wait per layer but per device: its first op waits
+    for the forwards of the stages before its first stage s (for that micro-batch); every F
+    and B of its stages (with their recompute; less the expert all-to-alls an overlap group
+    may hide) ends by the last B of s, after which come either its remaining Ws or the
+    backwards of the stages before s.
+
+    The memory, as memory_lower_bound() but kept apart per device and per stage as the
+    simulator holds it (octodsl.sim.memory): F's kept bytes from F's start through the
+    forwards and backwards of every later stage and the stage's own backward; what the
+    backward brings back by recompute for its whole seconds, recompute included; the part
+    for W through W; all of it in the device's own memory beside its own static bytes (inf
+    when none is left for activations a stage holds). Where the pooled bounds let a device
+    with little room borrow another's, or let a stage's recompute cost nothing in bytes,
+    this bound does not. Messages count as free, as in the other bounds."""
     costs = problem.sim_costs(problem.skeleton(layout)).stages
     f, b, w, bw, act, act_b, act_w, ep_f, ep_b, static = (
         np.array([getattr(c, k) for c in costs], float)
