@@ -1,7 +1,8 @@
 """The lower bounds on every plan of a `Problem` (tune/problem.py): whatever its partition,
 placement, schedule and recompute choice, no plan the tuner may produce runs faster. The tuner
 reports its plans' efficiency against `lower_bound`; the whole-cluster search ranks and prunes
-configurations by `tight_lower_bound`, the largest of the others."""
+configurations by `tight_lower_bound`, the largest of the others. `layout_lower_bound` holds
+for the plans of one layout only (benchmarks/tuner_gap.py: how much of a gap is the order's)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..sim.bounds import ring_all_gather_time, ring_reduction_time
 from ..sim.links import dp_links, dp_rails, dp_spans_nodes
 
 if TYPE_CHECKING:
+    from .pipeline.layout import StageLayout
     from .problem import Problem
 
 
@@ -152,8 +154,9 @@ def memory_lower_bound(problem: Problem) -> float:
     throttles the micro-batches in flight (nemotron-h-56b on 16 devices of 80 GiB).
 
     With recompute, a micro-batch keeps `least_kept()` of a layer from F to B, holds the
-    rest only while its stage's B runs (at least the layer's B), and the part for W until
-    W as before; static bytes are ZeRO-sharded (`share`)."""
+    rest only while its stage's B runs (at least the layer's B and the forward it runs again:
+    a recompute costs its bytes for its seconds), and the part for W until W as before;
+    static bytes are ZeRO-sharded (`share`)."""
     if problem.memory is None:
         return 0.0
     _, held = _per_mode(problem)
@@ -211,10 +214,77 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     again, kept = zip(*(_recomputed(problem, m) for m in problem.modes), strict=True)
     M = problem.microbatches
     extra = np.array([M * a / problem.devices for a in again])
-    bytes_s = np.array([M * (k * later + (act - k) * b + act_w * w) for k in kept])
+    # what F does not keep, B brings back when it starts and holds to its end: through the
+    # layer's B and the forward it runs again, which the B of the layer's stage includes
+    bytes_s = np.array(
+        [
+            M * (k * later + (act - k) * (b + a) + act_w * w)
+            for a, k in zip(again, kept, strict=True)
+        ]
+    )
     if problem.memory is None:
         return extra, np.zeros_like(bytes_s)
     room = problem.devices * float(problem.memory) - float(problem.layer_static().sum())
     if room <= 0:
         return extra, np.where(bytes_s > 0, math.inf, 0.0)
     return extra, bytes_s / room
+
+
+def layout_lower_bound(problem: Problem, layout: StageLayout) -> float:
+    """No plan of this layout (partition, placement and recompute modes) runs faster,
+    whatever its schedule: tight_lower_bound(), and per device its own compute with its
+    waits, and its own memory.
+
+    The compute, as tight_lower_bound()'s wait per layer but per device: its first op waits
+    for the forwards of the stages before its first stage s (for that micro-batch); every F
+    and B of its stages (with their recompute; less the expert all-to-alls an overlap group
+    may hide) ends by the last B of s, after which come either its remaining Ws or the
+    backwards of the stages before s.
+
+    The memory, as memory_lower_bound() but kept apart per device and per stage as the
+    simulator holds it (octodsl.sim.memory): F's kept bytes from F's start through the
+    forwards and backwards of every later stage and the stage's own backward; what the
+    backward brings back by recompute for its whole seconds, recompute included; the part
+    for W through W; all of it in the device's own memory beside its own static bytes (inf
+    when none is left for activations a stage holds). Where the pooled bounds let a device
+    with little room borrow another's, or let a stage's recompute cost nothing in bytes,
+    this bound does not. Messages count as free, as in the other bounds."""
+    costs = problem.sim_costs(problem.skeleton(layout)).stages
+    f, b, w, bw, act, act_b, act_w, ep_f, ep_b, static = (
+        np.array([getattr(c, k) for c in costs], float)
+        for k in (
+            "f",
+            "b",
+            "w",
+            "fused_backward",
+            "act",
+            "act_b",
+            "act_w",
+            "ep_f",
+            "ep_b",
+            "static",
+        )
+    )
+    back = np.minimum(b, bw)  # the backward's seconds, run split (B) or fused (BW)
+    after_back = np.minimum(w, bw - back)  # and after it, the part for W still held
+    later = np.cumsum((f + back)[::-1])[::-1]  # F + backward of each stage and all after it
+    held = act * later + act_b * back + np.minimum(act_w, act + act_b) * after_back
+    M, P = problem.microbatches, problem.devices
+    dev = np.asarray(layout.devices)
+    first = np.full(P, len(costs))  # each device's first stage in the pipeline's order
+    np.minimum.at(first, dev, np.arange(len(costs)))
+    used = first < len(costs)
+    fb = M * np.bincount(dev, weights=f - ep_f + back - ep_b, minlength=P)[used]
+    wait_f = (np.cumsum(f) - f)[first[used]]
+    wait_b = (np.cumsum(back) - back)[first[used]]
+    rest = M * np.bincount(dev, weights=after_back, minlength=P)[used]
+    pipeline = float(np.max(wait_f + fb + np.maximum(rest, wait_b)))
+    if problem.memory is not None:
+        room = problem.memory - np.bincount(dev, weights=static, minlength=P)
+        need = M * np.bincount(dev, weights=held, minlength=P)
+        if ((room <= 0) & (need > 0)).any():
+            return math.inf
+        pipeline = max(
+            pipeline, float(np.max(np.divide(need, room, where=room > 0, out=np.zeros(P))))
+        )
+    return max(tight_lower_bound(problem), pipeline + dp_seconds(problem)[1])

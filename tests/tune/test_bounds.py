@@ -10,9 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octodsl.tune.bounds import memory_lower_bound
+from octodsl.plan import Recompute
+from octodsl.tune.bounds import layout_lower_bound, memory_lower_bound
 from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout
 from octodsl.tune.pipeline.loop import tune
+from octodsl.tune.problem import Problem
+from octodsl.tune.reference.baselines import classic_baselines
 from octodsl.tune.reference.random_search import random_search
 
 from .helpers import problem
@@ -89,16 +93,8 @@ def test_no_plan_within_the_limit_beats_the_tight_bound(layers, devices, microba
     # memory bound is the largest in about 4 of 10 such problems.
     share = -(-len(layers) // devices)
     pr = problem(layers, devices, microbatches, memory=room * 100 * share, act=100.0)
-    seen = []
-    evaluate = Evaluator.__call__
-
-    def recording(self, plan):
-        seen.append(evaluate(self, plan))
-        return seen[-1]
-
-    with mock.patch.object(Evaluator, "__call__", recording):  # every plan the searches simulate
-        random_search(pr, budget=30, seed=seed, max_evaluations=5)
-        tuned = tune(pr, budget=30, max_evaluations=40, seed=seed).best
+    seen: list = []
+    tuned = _searched(pr, seed, seen)
     # The precondition: a device's even share of the layers has room for a micro-batch, so the
     # tuner finds plans within the limit; each of them, and each random one, obeys the bound.
     assert tuned.fits
@@ -132,3 +128,110 @@ def test_a_problem_said_to_fit_has_a_finite_memory_bound(statics, act, devices, 
         statics
     ) + act > int(memory)
     assert (reason is not None) == over
+
+
+def _searched(pr, seed, seen):
+    """The tuner's best plan of a short random search and a short tuner run, every plan
+    either simulates appended to `seen`."""
+    evaluate = Evaluator.__call__
+
+    def recording(self, plan):
+        seen.append(evaluate(self, plan))
+        return seen[-1]
+
+    with mock.patch.object(Evaluator, "__call__", recording):  # every plan the searches simulate
+        random_search(pr, budget=30, seed=seed, max_evaluations=5)
+        return tune(pr, budget=30, max_evaluations=40, seed=seed).best
+
+
+def test_a_recompute_holds_its_bytes_for_its_seconds():
+    # MEMORY_BOUND with full recompute: a layer keeps nothing from F to B, but B brings its 100
+    # bytes back for its own 1 s and the 1 s of forward it runs again, and keeps 50 for W's
+    # 1 s: 250 byte-seconds per layer, 8 layers x 8 micro-batches over 800 bytes: 20 s (12 s
+    # if the recompute held its bytes for nothing).
+    pr = problem(**MEMORY_BOUND, recompute=Recompute.FULL)
+    assert memory_lower_bound(pr) == pytest.approx(20.0)
+
+
+# Two devices of 1,000 bytes, four layers of F = B = W = 1 and 100 activation bytes (50 kept
+# for W); the first two hold 400 static bytes each. With them on one device (cuts 0, 2, 4) it
+# has 200 bytes left: its stage keeps 200 bytes through the 8 s of both stages' F and B and 100
+# through its W's 2 s, 1,800 byte-seconds a micro-batch, 4 of them: 36 s. Pooled, the 1,200
+# bytes both devices have left allow 7.3 s; all work over the devices is 24 s.
+LOPSIDED = dict(work=[3.0] * 4, devices=2, microbatches=4, memory=1000, act=100.0)
+LOPSIDED_STATIC = [400.0, 400.0, 0.0, 0.0]
+
+
+def test_layout_bound_keeps_each_devices_memory_apart():
+    pr = problem(**LOPSIDED, static=LOPSIDED_STATIC)
+    assert memory_lower_bound(pr) == pytest.approx(8800 / 1200)
+    assert pr.tight_lower_bound() == pytest.approx(24.0)
+    assert layout_lower_bound(pr, StageLayout((0, 2, 4), (0, 1))) == pytest.approx(36.0)
+    # no static bytes: the devices' 1,000 bytes leave the layout's compute and waits to bind
+    # (device 1 waits 2 s for stage 0's forward: 2 + 4 x (2 + 2) + max(4 x 2, 2) = 26 s)
+    free = problem(**LOPSIDED)
+    assert layout_lower_bound(free, StageLayout((0, 2, 4), (0, 1))) == pytest.approx(26.0)
+    assert layout_lower_bound(
+        problem(**(LOPSIDED | {"memory": 700}), static=LOPSIDED_STATIC),
+        StageLayout((0, 2, 4), (0, 1)),
+    ) == float("inf")
+
+
+def test_a_plan_of_the_layout_meets_its_bound():
+    pr = problem(**LOPSIDED)
+    found, _ = random_search(pr, budget=30, seed=0, max_evaluations=20)
+    assert found.time >= layout_lower_bound(pr, StageLayout.of(found.plan)) * (1 - 1e-9)
+
+
+@settings(max_examples=20)  # an example tunes up to 10 layers, checking every plan (~0.2 s)
+@given(
+    st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=6, max_size=10),
+    st.lists(st.floats(0.0, 200.0), min_size=10, max_size=10),
+    st.sampled_from([2, 4]),
+    st.sampled_from([4, 8]),
+    st.floats(1.0, 3.0),
+    st.integers(0, 100),
+)
+def test_no_plan_beats_its_layouts_bound(layers, statics, devices, microbatches, room, seed):
+    # Uneven static bytes, recompute chosen per stage, room beside the heaviest layers' static
+    # bytes for `room` micro-batches' activations of a device's even share: every plan the
+    # searches simulate within the limit, the tuned one included, obeys the tight bound and
+    # its own layout's bound.
+    static = statics[: len(layers)]
+    share = -(-len(layers) // devices)
+    memory = sum(sorted(static)[-share:]) + room * 100 * share
+    pr = problem(
+        layers,
+        devices,
+        microbatches,
+        memory=memory,
+        act=100.0,
+        static=static,
+        recompute="auto",
+        sel_act=50.0,
+    )
+    seen: list = []
+    _searched(pr, seed, seen)
+    bound = pr.tight_lower_bound()
+    fitting = [s for s in seen if s.fits]
+    assert [s.time for s in fitting if s.time < bound * (1 - 1e-9)] == []
+    assert [
+        s.time
+        for s in fitting
+        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
+    ] == []
+
+
+def test_every_classic_baseline_meets_its_layouts_bound():
+    # Fused backwards (1F1B), several stages per device, V shapes and DualPipeV's overlap groups,
+    # on nemotron-h-tiny with 100 MiB per device (60 MiB static): only recompute fits.
+    pr = Problem.create("nemotron-h-tiny", 4, 8, memory=100 * 2**20)
+    scores = [b.score for b in classic_baselines(pr, Evaluator(pr)) if b.score is not None]
+    fitting = [s for s in scores if s.fits]
+    assert fitting and all(s.plan.recompute()[0] is not Recompute.NONE for s in fitting)
+    assert any(s.plan.num_stages > pr.devices for s in fitting)
+    assert [
+        s.time
+        for s in fitting
+        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
+    ] == []
