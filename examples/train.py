@@ -144,6 +144,9 @@ def build_engine(args, plan: Plan, spec):
     if args.stock and plan.header.tp > 1:
         raise OctoError(f"--stock runs DeepSpeed's own PipelineEngine, which has no tensor-parallel "
                         f"layers; the plan's `tp {plan.header.tp}` needs the octodsl executor")
+    if args.stock and plan.header.ep > 1:
+        raise OctoError(f"--stock runs DeepSpeed's own PipelineEngine, whose layers are not "
+                        f"expert-parallel; the plan's `ep {plan.header.ep}` needs the octodsl executor")
     common = dict(loss_fn=lm_loss, seed_layers=True, base_seed=args.seed)
     if not args.stock:
         costs = default_layer_costs(spec) if all(st.abstract for st in plan.stages) else None
