@@ -33,12 +33,12 @@ SEQ = 64  # a whole chunk of the DeltaNet layers
 SPEC = load_model("qwen3-next-tiny").model_copy(update={"seq_len": SEQ, "microbatch_size": 1})
 
 
-def mesh_plan(name: str, devices: int, dp: int, ep: int = 1) -> Plan:
+def mesh_plan(name: str, devices: int, dp: int, ep: int = 1, tp: int = 1) -> Plan:
     """A generated plan with the layers split evenly over its stages, on dp copies with ep."""
     plan = generate(name, devices=devices, microbatches=M)
     stages = len(plan.stage_device())
     bounds = [SPEC.num_layers * i // stages for i in range(stages + 1)]
-    header = plan.header.model_copy(update={"dp": dp, "ep": ep})
+    header = plan.header.model_copy(update={"dp": dp, "ep": ep, "tp": tp})
     return Plan(
         header,
         [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)],
@@ -111,7 +111,7 @@ def compare(name: str, ref: dict, mine: dict) -> dict:
 def case_ep(out_dir: Path) -> dict:
     """4 processes: pp 2 x dp 2 at ep 2 against ep 1 (zb-h1: B and W split); pp 1 x dp 4 at ep 2
     and ep 4 against ep 1, with gradient clipping that cuts every step (DeepSpeed's own at ep 1,
-    the engine's at ep > 1)."""
+    the engine's at ep > 1); tp 2 x dp 2 at ep 2 against ep 1."""
     results = []
     ref = run(mesh_plan("zb-h1", 2, 2))
     results.append(compare("zb-h1/pp2/dp2/ep2", ref, run(mesh_plan("zb-h1", 2, 2, ep=2))))
@@ -120,6 +120,9 @@ def case_ep(out_dir: Path) -> dict:
     for ep in (2, 4):
         mine = run(mesh_plan("1f1b", 1, 4, ep=ep), **clip)
         results.append(compare(f"1f1b/pp1/dp4/ep{ep}/clip", ref, mine))
+    # tp 2 x dp 2 at ep 2 (each local expert split over the tp group too) against ep 1
+    ref = run(mesh_plan("1f1b", 1, 2, tp=2))
+    results.append(compare("1f1b/tp2/dp2/ep2", ref, run(mesh_plan("1f1b", 1, 2, ep=2, tp=2))))
     return {"results": results}
 
 

@@ -1,6 +1,7 @@
 """Expert parallelism in the executor on real processes (gloo, 4 CPU processes): qwen3-next-tiny
-at ep 2 and ep 4 trains as at ep 1, from the same weights (each rank keeps its slice of the ep 1
-init of every expert) on the same data (every data-parallel copy its own).
+at ep 2 and ep 4 (also with tp 2) trains as at ep 1 at the same tp, from the same weights (each
+rank keeps its slice of the ep 1 init of every expert) on the same data (every data-parallel
+copy its own).
 
 Not bit for bit in general: a routed expert's gradient sums its rows in one matmul over the ep
 group's tokens, then over the dp / ep copies, where at ep 1 each copy sums its own and the dp
@@ -31,7 +32,12 @@ def results(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "plan,ep",
-    [("zb-h1/pp2/dp2/ep2", 2), ("1f1b/pp1/dp4/ep2/clip", 2), ("1f1b/pp1/dp4/ep4/clip", 4)],
+    [
+        ("zb-h1/pp2/dp2/ep2", 2),
+        ("1f1b/pp1/dp4/ep2/clip", 2),
+        ("1f1b/pp1/dp4/ep4/clip", 4),
+        ("1f1b/tp2/dp2/ep2", 2),
+    ],
 )
 def test_ep_trains_like_ep_1(results, plan, ep):
     r = results[plan]
