@@ -14,9 +14,13 @@ group shows far above the 1e-8 asserted.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from .test_executor import run_case
+from octodsl.cli import main as main_cli
+
+from .test_executor import launch, run_case
 
 pytestmark = pytest.mark.slow
 LOSS_REL = 1e-5
@@ -62,3 +66,37 @@ def test_an_ep_checkpoint_resumes_and_names_its_ep(tmp_path_factory):
         r["files"]
     )
     assert {"layer_01-ep_00-model_states.pt", "layer_01-ep_01-model_states.pt"} <= set(r["files"])
+
+
+def test_train_py_runs_an_ep_plan_as_users_launch_it(tmp_path):
+    # a plan written by `octodsl gen --dp 2 --ep 2`, against the same plan without its `ep 2`
+    # line, both on 4 processes with examples/ds_config.json (clipping at 1.0, warm-up)
+    ep2 = tmp_path / "ep2.octo"
+    args = ["gen", "zb-h1", "--devices", "2", "--microbatches", "4", "--model", "qwen3-next-tiny"]
+    shape = ["--microbatch-size", "1", "--seq-len", "64", "--dp", "2", "--ep", "2"]
+    assert main_cli([*args, *shape, "-o", str(ep2)]) == 0
+    ep1 = tmp_path / "ep1.octo"
+    ep1.write_text(ep2.read_text().replace("  ep 2\n", ""))
+    runs = {}
+    for plan in (ep2, ep1):
+        proc = launch(
+            4,
+            "examples/train.py",
+            "--deepspeed_config",
+            "examples/ds_config.json",
+            "--schedule",
+            str(plan),
+            "--steps",
+            "3",
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[plan.name] = [
+            json.loads(line)["loss"]
+            for line in proc.stdout.splitlines()
+            if line.startswith('{"step"')
+        ]
+        assert ("experts spread over ep 2" in proc.stdout) == (plan == ep2)
+    assert len(runs["ep2.octo"]) == 3
+    assert all(
+        abs(a - b) <= LOSS_REL * b for a, b in zip(runs["ep2.octo"], runs["ep1.octo"], strict=True)
+    ), runs
