@@ -34,6 +34,7 @@ from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from ..layers import expert_parallel
 from ..layers.recompute import dropping
 from ..layers.split_backward import (
     CannotSplit,
@@ -99,6 +100,13 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self._probed: set[int] = set()
         self._fused_in_b: set[int] = set()
         self.tp, self.ep = module.tp, module.ep
+        self._ep_peers = (
+            "a rank of its ep group (ranks "
+            + ", ".join(map(str, torch.distributed.get_process_group_ranks(self.ep.group)))
+            + ")"
+            if self.ep.size > 1
+            else ""
+        )
         self._sequence_parallel = sequence_parallel_params(module.parameters())
         self._train_sched = program.PlanSchedule(plan, self.stage_id, train=True)
         self._eval_sched: program.PlanSchedule | None = None
@@ -238,7 +246,10 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _exec_run(self, op: Op):
         meter = self._active_meter()
         start = time.time()
-        with torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing():
+        with (
+            torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing(),
+            self._watched_all_to_alls(op),
+        ):
             {
                 OpKind.F: self._forward,
                 OpKind.B: self._backward_input,
@@ -253,6 +264,14 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
             )
             self.p2p.poll()
         self.watchdog.last_done = str(op)
+
+    def _watched_all_to_alls(self, op: Op):
+        """With ep, the op's expert all-to-alls wait through the watchdog: one that outlasts the
+        timeout, or whose peer died, stops the job naming the op and the ep group."""
+        if self.ep.size == 1:
+            return _nothing()
+        what, peer = f"an expert all-to-all of {op}", self._ep_peers
+        return expert_parallel.waiting(lambda work: self.watchdog.wait(work, what, peer))
 
     # Compute.
     def _forward(self, op: Op):

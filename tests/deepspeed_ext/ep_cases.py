@@ -154,7 +154,20 @@ def case_checkpoint(out_dir: Path) -> dict:
     return {"continued": continued, "resumed": resumed, "other": refused, "files": files}
 
 
-CASES = {"ep": case_ep, "checkpoint": case_checkpoint}
+def case_killed(out_dir: Path) -> dict:
+    """2 processes, dp 2 at ep 2: rank 1 is killed between two micro-batches of a step, so rank
+    0 waits in the next forward's expert all-to-all; its watchdog must name the op."""
+    from launch_cases import _dying
+
+    engine = build(mesh_plan("1f1b", 1, 2, ep=2))
+    data = step_data(SEED, 0, engine.grid.data_parallel_id, M, 1, SEQ, SPEC.vocab)
+    if torch.distributed.get_rank() == 1:
+        data = _dying(data)
+    engine.train_batch(data)
+    return {"finished": True}
+
+
+CASES = {"ep": case_ep, "checkpoint": case_checkpoint, "killed": case_killed}
 
 
 if __name__ == "__main__":

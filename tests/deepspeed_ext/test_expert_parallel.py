@@ -20,7 +20,7 @@ import pytest
 
 from octodsl.cli import main as main_cli
 
-from .test_executor import launch, run_case
+from .test_executor import HERE, launch, run_case
 
 pytestmark = pytest.mark.slow
 LOSS_REL = 1e-5
@@ -100,3 +100,15 @@ def test_train_py_runs_an_ep_plan_as_users_launch_it(tmp_path):
     assert all(
         abs(a - b) <= LOSS_REL * b for a, b in zip(runs["ep2.octo"], runs["ep1.octo"], strict=True)
     ), runs
+
+
+def test_a_peer_lost_in_an_expert_all_to_all_is_named_with_the_op(tmp_path):
+    out = tmp_path / "result.json"
+    proc = launch(2, str(HERE / "ep_cases.py"), "killed", str(out))
+    assert proc.returncode != 0 and not out.exists()
+    assert (
+        "octodsl watchdog: rank 0 (device 0, data-parallel copy 0) lost a rank of its ep group "
+        "(ranks 0, 1): its connection closed (the process ended) while this rank waited for an "
+        "expert all-to-all of F0:1; last op done: BW0:0. Exiting." in proc.stderr
+    ), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
