@@ -10,6 +10,10 @@
 - `load_checkpoint` refuses, before it reads any weights, a folder without a checkpoint and a
   checkpoint of another layout (the message names both layouts): DeepSpeed would train from
   scratch, or fail deep in the optimizer's state.
+- With ep, the ranks of data-parallel copies 0 .. ep - 1 hold every expert between them: each
+  writes its own files, the layers' (`layer_XX-ep_YY-...`, module.py) and its optimizer state's
+  (`ep_rank_YY_mp_rank_...`; ep rank 0 keeps DeepSpeed's name, so the layout of a checkpoint of
+  any ep is read from the same file), and loads its own. The layout records ep.
 
 Each check gathers every rank's verdict (`agree`), so all ranks raise together and none is left
 waiting in a collective.
@@ -17,6 +21,7 @@ waiting in a collective.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -51,13 +56,29 @@ class Checkpoints(_Engine):
 
     def layout(self) -> dict:
         """What a checkpoint's files depend on: the layers of each stage and their devices, and
-        the tp degree (each tp rank saves its shards; absent at tp 1, as before tp existed)."""
-        tp = self.plan.header.tp
+        the tp and ep degrees (each tp rank saves its shards, each ep rank its experts; absent at
+        1, as before tp and ep existed)."""
+        tp, ep = self.plan.header.tp, self.plan.header.ep
         return {
             "stages": [[r.start, r.stop - 1] for r in self.module.stage_ranges],
             "devices": list(self.module.stage_device),
             **({"tp": tp} if tp > 1 else {}),
+            **({"ep": ep} if ep > 1 else {}),
         }
+
+    def _configure_checkpointing(self):
+        super()._configure_checkpointing()
+        ep = self.module.ep  # copies 0 .. ep - 1 hold different experts and optimizer states
+        if ep.size > 1 and self.mpu.get_data_parallel_rank() < ep.size:
+            self.save_non_zero_checkpoint = True
+
+    def _get_ckpt_name(self, checkpoints_path, tag, mp_placeholder=None, pp_placeholder=None):
+        name = super()._get_ckpt_name(checkpoints_path, tag, mp_placeholder, pp_placeholder)
+        ep = self.module.ep
+        if ep.rank == 0:
+            return name
+        folder, file = os.path.split(name)
+        return os.path.join(folder, f"ep_rank_{ep.rank:02d}_{file}")
 
     def check_save_dir(self, path: str | os.PathLike) -> None:
         """Collective: CheckpointError on every rank unless every rank can create the folder and
@@ -117,7 +138,8 @@ class Checkpoints(_Engine):
         tag = str(tag)
         if not (load_dir / tag).is_dir():
             return f"checkpoint {tag} is not there (no folder {load_dir / tag})", tag
-        files = self._get_all_ckpt_names(str(load_dir), tag)
+        # ep rank 0's files, DeepSpeed's names, which a checkpoint of every ep has
+        files = sorted(glob.glob(super()._get_ckpt_name(str(load_dir), tag, mp_placeholder="*")))
         if not files:
             return f"checkpoint {tag} has no model-state files (mp_rank_*_model_states.pt)", tag
         try:
@@ -142,14 +164,16 @@ class Checkpoints(_Engine):
 
 
 def describe_layout(layout: dict) -> str:
-    """'2 stages (layers 0..11, 12..23) on devices 0, 1' (', each a tp group of 2')."""
+    """'2 stages (layers 0..11, 12..23) on devices 0, 1' (', each a tp group of 2', ', experts
+    over ep 2')."""
     stages = layout["stages"]
-    tp = layout.get("tp", 1)
+    tp, ep = layout.get("tp", 1), layout.get("ep", 1)
     return (
         f"{len(stages)} stage{'s' if len(stages) != 1 else ''} (layers "
         f"{', '.join(f'{a}..{b}' for a, b in stages)}) on devices "
         f"{', '.join(map(str, layout['devices']))}"
         + (f", each a tp group of {tp}" if tp > 1 else "")
+        + (f", experts over ep {ep}" if ep > 1 else "")
     )
 
 

@@ -212,6 +212,39 @@ def zero_config(
     }
 
 
+def check_ep_precision(
+    config: dict, plan: Plan, *, plan_name: str | None = None, config_name: str | None = None
+) -> None:
+    """ep > 1 runs in fp32 at ZeRO stage 0: DeepSpeed's ZeRO-1, bf16 and fp16 optimizers keep
+    gradient copies of their own, which they reduce and take norms of over the whole
+    data-parallel group, where the executor reduces a routed expert's gradient over its
+    expert-data-parallel group and counts it once per ep group (engine.py, mesh.py).
+    PlanLaunchError naming what to change otherwise."""
+    h = plan.header
+    if h.ep == 1:
+        return
+    plan_name = plan_name or f'the plan "{h.name}"'
+    config_name = config_name or "the DeepSpeed config"
+    if h.zero:
+        raise PlanLaunchError(
+            f"{plan_name} runs ep {h.ep} with `zero {h.zero}`, which octodsl's executor does not "
+            "run (DeepSpeed's ZeRO optimizer reduces every gradient over the whole data-parallel "
+            f"group, not a routed expert's over its dp / ep copies): drop `zero` or `ep`"
+        )
+    half = [
+        key
+        for key in ("fp16", "bf16", "bfloat16")
+        if isinstance(config.get(key), dict) and config[key].get("enabled")
+    ]
+    if half:
+        raise PlanLaunchError(
+            f"{plan_name} runs ep {h.ep}, which octodsl's executor runs in fp32 only, but "
+            f'{config_name} enables "{half[0]}" (its optimizer reduces every gradient over the '
+            "whole data-parallel group, not a routed expert's over its dp / ep copies): disable "
+            f"it or drop `ep`"
+        )
+
+
 def plan_config(
     config: dict,
     plan: Plan,
@@ -220,10 +253,11 @@ def plan_config(
     plan_name: str | None = None,
     config_name: str | None = None,
 ) -> dict:
-    """`config` with the plan's batch sizes (`batch_config`) and ZeRO stage (`zero_config`);
-    with tp, DeepSpeed's partitioning of pipeline messages over the tp group turned off (the
+    """`config` with the plan's batch sizes (`batch_config`) and ZeRO stage (`zero_config`),
+    refused with ep when it runs ZeRO or half precision (`check_ep_precision`); with tp, DeepSpeed's partitioning of pipeline messages over the tp group turned off (the
     executor's messages are whole activations, or under sp each rank's sequence slice)."""
     names = {"plan_name": plan_name, "config_name": config_name}
+    check_ep_precision(config, plan, **names)
     config = zero_config(
         batch_config(config, plan, default_microbatch_size, **names), plan, **names
     )

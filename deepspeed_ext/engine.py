@@ -34,6 +34,7 @@ from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
+from ..layers import expert_parallel
 from ..layers.recompute import dropping
 from ..layers.split_backward import (
     CannotSplit,
@@ -46,6 +47,7 @@ from ..trace import COMPUTE, TimedSpan, op_span, write_trace
 from . import memory, program
 from .checkpoint import Checkpoints
 from .mesh import (
+    expert_params,
     global_rank,
     grad_norm,
     reduce_sequence_parallel_grads,
@@ -97,7 +99,14 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         self._recompute = plan.recompute()
         self._probed: set[int] = set()
         self._fused_in_b: set[int] = set()
-        self.tp = module.tp
+        self.tp, self.ep = module.tp, module.ep
+        self._ep_peers = (
+            "a rank of its ep group (ranks "
+            + ", ".join(map(str, torch.distributed.get_process_group_ranks(self.ep.group)))
+            + ")"
+            if self.ep.size > 1
+            else ""
+        )
         self._sequence_parallel = sequence_parallel_params(module.parameters())
         self._train_sched = program.PlanSchedule(plan, self.stage_id, train=True)
         self._eval_sched: program.PlanSchedule | None = None
@@ -237,7 +246,10 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _exec_run(self, op: Op):
         meter = self._active_meter()
         start = time.time()
-        with torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing():
+        with (
+            torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing(),
+            self._watched_all_to_alls(op),
+        ):
             {
                 OpKind.F: self._forward,
                 OpKind.B: self._backward_input,
@@ -252,6 +264,14 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
             )
             self.p2p.poll()
         self.watchdog.last_done = str(op)
+
+    def _watched_all_to_alls(self, op: Op):
+        """With ep, the op's expert all-to-alls wait through the watchdog: one that outlasts the
+        timeout, or whose peer died, stops the job naming the op and the ep group."""
+        if self.ep.size == 1:
+            return _nothing()
+        what, peer = f"an expert all-to-all of {op}", self._ep_peers
+        return expert_parallel.waiting(lambda work: self.watchdog.wait(work, what, peer))
 
     # Compute.
     def _forward(self, op: Op):
@@ -465,13 +485,22 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
     def _exec_reduce_grads(self):
         # the norms' gradients under sp are partial sums over the tp group (each rank's slice)
         reduce_sequence_parallel_grads(self._sequence_parallel, self.tp, self.using_bf16_optimizer)
-        super()._exec_reduce_grads()
+        # DeepSpeed's reduction (buffered_allreduce_fallback) all-reduces a routed expert's
+        # gradient (`allreduce = False`) over the expert-data-parallel group its `group_name`
+        # names, divided by the whole dp size as the dense ones are (each copy's loss is a mean
+        # over dp), but only once it has found its own MoE layers (`has_moe_layers`), a flag it
+        # also reads for checkpoint files and optimizer groups: so it is set for this alone.
+        self.has_moe_layers = bool(expert_params(self.module.parameters()))
+        try:
+            super()._exec_reduce_grads()
+        finally:
+            self.has_moe_layers = False
 
     def clip_fp32_gradients(self):
-        if self.tp.size == 1:  # stock's clipping, unchanged (see mesh.py)
+        if self.tp.size == 1 and self.ep.size == 1:  # stock's clipping, unchanged (see mesh.py)
             return super().clip_fp32_gradients()
         params = [p for p in self.module.parameters() if p.grad is not None]
-        norm = grad_norm(params, self.grid, self.tp, self._tied_copies(), self.device)
+        norm = grad_norm(params, self.grid, self.tp, self._tied_copies(), self.device, self.ep)
         coef = torch.clamp(self.gradient_clipping() / (norm + 1e-6), max=1.0)
         for p in params:
             p.grad.detach().mul_(coef.to(p.grad.dtype))

@@ -21,7 +21,8 @@ from pathlib import Path
 from ..lang import PlanSyntaxError, load_plan
 from ..lint import lint_plan
 from ..mesh import Mesh
-from ..models.spec import LayerConfig
+from ..models.ep import split_experts_problem
+from ..models.spec import LayerConfig, MoEConfig
 from ..models.tp import layer_problems
 from ..plan import Plan
 from .config import octo_section, plan_config, read_config
@@ -147,7 +148,8 @@ def check_launch(
     """The layers of each stage, once the plan is known to lint clean and to fit a launch of
     `world` processes (tp x devices x dp) with this DeepSpeed config (its batch sizes and ZeRO
     stage: `config.plan_config`) and the model's `layers` (its LayerSpecs, or their number),
-    whose layers the plan's tp can split (`octodsl.models.tp`)."""
+    whose layers the plan's tp can split (`octodsl.models.tp`) and whose experts its ep can
+    (`octodsl.models.ep`)."""
     errors = [d for d in lint_plan(plan) if d.is_error]
     if errors:
         raise PlanLaunchError(
@@ -161,13 +163,8 @@ def check_launch(
             "the pipeline must run one"
         )
     _check_world(plan, world)
-    if plan.header.ep > 1:  # the ep MoE layer exists (octodsl.layers.expert_parallel); not wired
-        raise PlanLaunchError(
-            f"the plan runs ep {plan.header.ep}, which octodsl's executor does not run yet "
-            "(issue 29): run it at ep 1 (drop `ep`), or with Megatron-LM (`octodsl convert "
-            "--to megatron`)"
-        )
     _check_tp(plan, layers)
+    _check_ep(plan, layers)
     plan_config(config, plan, microbatch_size, plan_name=plan_name, config_name=config_name)
     return stage_layers(plan, layers if isinstance(layers, int) else len(layers), layer_costs)
 
@@ -195,21 +192,48 @@ def _check_world(plan: Plan, world: int) -> None:
     )
 
 
+def _layer_configs(layers: Sequence) -> list[LayerConfig]:
+    """The configs the model's LayerSpecs are built from (as `octodsl.layers.pipeline_specs`
+    makes them)."""
+    return [
+        arg
+        for spec in layers
+        for arg in getattr(spec, "module_args", ())
+        if isinstance(arg, LayerConfig)
+    ]
+
+
 def _check_tp(plan: Plan, layers: Sequence | int) -> None:
     """Refuse a tp the model's layers cannot be split by (octodsl.models.tp: what each layer
-    kind splits); the layers are known by the config each LayerSpec is built from (as
-    `octodsl.layers.pipeline_specs` makes them)."""
+    kind splits)."""
     tp = plan.header.tp
     if tp == 1 or isinstance(layers, int):
         return
     problems: dict[str, None] = {}
-    for spec in layers:
-        for arg in getattr(spec, "module_args", ()):
-            if isinstance(arg, LayerConfig):
-                problems.update((p.message, None) for p in layer_problems(arg, tp) if p.fatal)
+    for config in _layer_configs(layers):
+        problems.update((p.message, None) for p in layer_problems(config, tp) if p.fatal)
     if problems:
         raise PlanLaunchError(
             f"the model's layers cannot be split over tp {tp}: "
             + "; ".join(problems)
             + " (choose a tp that divides them)"
         )
+
+
+def _check_ep(plan: Plan, layers: Sequence | int) -> None:
+    """Refuse an ep that does not divide the expert count of every MoE layer
+    (octodsl.models.ep), or meets a model without MoE layers; lint has checked that it divides
+    dp. Layers not built from a LayerConfig (a user's own) are theirs to judge, as for tp."""
+    ep = plan.header.ep
+    configs = [] if ep == 1 or isinstance(layers, int) else _layer_configs(layers)
+    if not configs:
+        return
+    moes = [c for c in configs if isinstance(c, MoEConfig)]
+    if not moes:
+        raise PlanLaunchError(
+            f"the plan runs ep {ep}, but the model has no MoE layers: there are no experts to "
+            "spread (drop `ep`)"
+        )
+    problem = split_experts_problem(moes, ep, "the model's")
+    if problem:
+        raise PlanLaunchError(problem)

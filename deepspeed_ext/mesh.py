@@ -1,5 +1,5 @@
-"""The plan's tp x pp x dp mesh in DeepSpeed: its topology, the tp group layers are built for, and
-what the gradients need across the tp group (sequence-parallel sums, a norm that counts each
+"""The plan's tp x pp x dp mesh in DeepSpeed: its topology, the tp and ep groups layers are built
+for, and what the gradients need across them (sequence-parallel sums, a norm that counts each
 parameter once).
 
 DeepSpeed's `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)` has the axes
@@ -20,9 +20,20 @@ copies of tied weights (`ds_pipe_replicated`): with the layers' marks that count
 parameter once. DeepSpeed's plain fp32 clipping (`clip_grad_norm_`) instead keeps the
 unmarked parameters of the rank whose pipe x tp index is 0 only, which at tp > 1 drops every
 replicated parameter but the first stage's; the engine then clips with `grad_norm` here.
+
+Expert parallelism (`ep N`) is carved out of the data-parallel copies as `octodsl.mesh` lays it
+out (Megatron-core's order): the ep group of a rank is the `ep` consecutive dp copies of its
+pipeline device and tp rank that include it (copies b x ep .. b x ep + ep - 1), and its
+expert-data-parallel group the dp / ep copies holding the same experts (copies i, i + ep, ...).
+`expert_groups` creates both (every rank creates every group, in the same order) and registers
+this rank's in DeepSpeed's own tables (`deepspeed.utils.groups`, under DeepSpeed MoE's name
+`ep_size_N`), where DeepSpeed looks an expert parameter's group up by its `group_name`: the
+engine's broadcast of the initial weights and its expert-gradient reduction then use them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from deepspeed.runtime.pipe.topology import (
@@ -33,6 +44,7 @@ from deepspeed.runtime.pipe.topology import (
 from torch import nn
 
 from ..layers import tensor_parallel
+from ..layers.expert_parallel import EpGroup
 from ..layers.tensor_parallel import TpGroup
 from ..plan import Plan
 
@@ -61,6 +73,68 @@ def tp_group(grid, sp: bool) -> TpGroup:
     return TpGroup(size, grid.get_slice_parallel_rank(), grid.get_slice_parallel_group(), sp)
 
 
+def expert_rank_groups(
+    pipe: int, dp: int, tp: int, ep: int, rank_of: Callable[[int, int, int], int]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The ranks of every ep group and of every expert-data-parallel group of a pipe x dp x tp
+    mesh (`rank_of(pipe, data, tp)`: a coordinate's rank), in the order every rank creates them:
+    per pipeline device and tp rank, the ep groups of consecutive copies (b x ep + i, i < ep),
+    then the copies holding the same experts (i + b x ep, b < dp / ep)."""
+    blocks = [
+        [[rank_of(p, b * ep + i, t) for i in range(ep)] for b in range(dp // ep)]
+        for p in range(pipe)
+        for t in range(tp)
+    ]
+    return (
+        [ranks for block in blocks for ranks in block],
+        [list(ranks) for block in blocks for ranks in zip(*block, strict=True)],
+    )
+
+
+def expert_groups(grid, ep: int) -> EpGroup:
+    """This rank's ep group (size 1 without ep), after creating every ep and expert-data-parallel
+    group of the grid and registering this rank's in DeepSpeed's tables (see above)."""
+    from deepspeed.utils import groups
+
+    tables = (
+        groups._EXPERT_PARALLEL_GROUP,
+        groups._EXPERT_PARALLEL_GROUP_RANKS,
+        groups._EXPERT_DATA_PARALLEL_GROUP,
+        groups._EXPERT_DATA_PARALLEL_GROUP_RANKS,
+    )
+    for table in tables:  # an earlier engine's groups (released_groups destroys them)
+        table.clear()
+    if ep == 1:
+        return EpGroup()
+    ep_ranks, data_ranks = expert_rank_groups(
+        grid.get_pipe_parallel_world_size(),
+        grid.get_data_parallel_world_size(),
+        grid.get_slice_parallel_world_size(),
+        ep,
+        lambda p, d, t: global_rank(grid, p, d, t),
+    )
+    me, name = torch.distributed.get_rank(), EpGroup(ep).group_name
+    mine = EpGroup()
+    for ranks in ep_ranks:
+        group = torch.distributed.new_group(ranks)
+        if me in ranks:
+            mine = EpGroup(ep, ranks.index(me), group)
+            groups._EXPERT_PARALLEL_GROUP[name] = group
+            groups._EXPERT_PARALLEL_GROUP_RANKS[name] = ranks
+    for ranks in data_ranks:
+        group = torch.distributed.new_group(ranks)
+        if me in ranks:
+            groups._EXPERT_DATA_PARALLEL_GROUP[name] = group
+            groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = ranks
+    return mine
+
+
+def expert_params(params) -> list[nn.Parameter]:
+    """The routed-expert parameters (marked by the ep MoE layer as DeepSpeed MoE marks its own:
+    `allreduce = False`), which differ between the ranks of an ep group."""
+    return [p for p in params if getattr(p, "allreduce", True) is False]
+
+
 def sequence_parallel_params(params) -> list[nn.Parameter]:
     """The replicated parameters that under sp see only this rank's sequence slice (marked
     `sequence_parallel` by the layers): their gradients are partial sums over the tp group."""
@@ -81,17 +155,34 @@ def reduce_sequence_parallel_grads(params: list[nn.Parameter], tp: TpGroup, bf16
 
 
 def grad_norm(
-    params: list[nn.Parameter], grid, tp: TpGroup, tied_copies: set[int], device: torch.device
+    params: list[nn.Parameter],
+    grid,
+    tp: TpGroup,
+    tied_copies: set[int],
+    device: torch.device,
+    ep: EpGroup | None = None,
 ) -> torch.Tensor:
     """The 2-norm of the whole model's gradient, on every rank of the data-parallel copy: each
     parameter counted once, a shard (`tensor_model_parallel`) on every tp rank, a replicated
     parameter on tp rank 0, a tied weight on the first rank that holds it (`tied_copies`: the
-    ids of the other ranks' copies held here), summed over pipe x tp in float64."""
+    ids of the other ranks' copies held here), summed over pipe x tp in float64; with `ep`, the
+    routed experts (`expert_params`) summed over the ep group first, whose ranks hold different
+    experts (the copies of an ep group then agree, as every copy's gradients are reduced)."""
     total = torch.zeros((), dtype=torch.float64, device=device)
+    experts = torch.zeros((), dtype=torch.float64, device=device)
+    expert_ids = {id(p) for p in expert_params(params)} if ep is not None and ep.size > 1 else ()
     for p in params:
         if p.grad is None or id(p) in tied_copies:
             continue
         if tp.rank == 0 or getattr(p, "tensor_model_parallel", False):
-            total += p.grad.detach().double().square().sum()
+            part = p.grad.detach().double().square().sum()
+            if id(p) in expert_ids:
+                experts += part
+            else:
+                total += part
+    if expert_ids:
+        assert ep is not None
+        torch.distributed.all_reduce(experts, group=ep.group)
+        total += experts
     torch.distributed.all_reduce(total, group=grid.get_model_parallel_group())
     return total.sqrt()

@@ -7,6 +7,8 @@ one-stage-per-rank module with given boundaries, for stock comparisons.
 
 from __future__ import annotations
 
+import glob
+import os
 from contextlib import contextmanager
 from functools import partial
 from types import SimpleNamespace
@@ -16,9 +18,10 @@ from deepspeed.runtime import utils as ds_utils
 from deepspeed.runtime.pipe.module import PipelineModule
 from torch import nn
 
-from ..layers import tensor_parallel
+from ..layers import expert_parallel, tensor_parallel
+from ..layers.expert_parallel import EpGroup
 from ..plan import Plan
-from .mesh import tp_group
+from .mesh import expert_groups, tp_group
 
 
 def as_leaf(value):
@@ -58,10 +61,12 @@ class OctoPipeModule(PipelineModule):
         raise IndexError(f"layer {layer_idx} is in no stage")
 
     def _build(self):
-        # the layers read the tp group at construction (octodsl.layers.tensor_parallel)
+        # the layers read the tp and ep groups at construction (octodsl.layers.tensor_parallel,
+        # expert_parallel); an ep MoE layer draws every expert's init and keeps its own
         self.tp = tp_group(self._grid, self.plan.header.sp)
+        self.ep = expert_groups(self._grid, self.plan.header.ep)
         self.stage_funcs: dict[int, list] = {}
-        with tensor_parallel.building(self.tp):
+        with tensor_parallel.building(self.tp), expert_parallel.building(self.ep):
             for s in self.local_stages:
                 self._set_bounds(self.stage_ranges[s].start, self.stage_ranges[s].stop)
                 super()._build()
@@ -117,8 +122,32 @@ class OctoPipeModule(PipelineModule):
     def save_state_dict(self, *args, **kwargs):
         for s in self.local_stages:
             self.activate(s)
-            with self._tied_uses_as_modules():
+            with self._tied_uses_as_modules(), self._ep_writer():
                 super().save_state_dict(*args, **kwargs)
+
+    @contextmanager
+    def _ep_writer(self):
+        """With ep, the first ep data-parallel copies hold every expert between them (the other
+        copies repeat them): each of those ranks writes its layers, as DeepSpeed has copy 0 do
+        (`data_parallel_id == 0`), into files named with its ep rank (`ckpt_layer_path`)."""
+        dp_id = self._grid.data_parallel_id
+        if self.ep.size > 1 and dp_id < self.ep.size:
+            self._grid.data_parallel_id = 0
+        try:
+            yield
+        finally:
+            self._grid.data_parallel_id = dp_id
+
+    def ckpt_layer_path(self, ckpt_dir, local_layer_idx):
+        return _ep_layer_file(super().ckpt_layer_path(ckpt_dir, local_layer_idx), self.ep)
+
+    def ckpt_layer_path_list(self, ckpt_dir, local_layer_idx):
+        if self.ep.size == 1:
+            return super().ckpt_layer_path_list(ckpt_dir, local_layer_idx)
+        idx = local_layer_idx + self._local_start
+        # DeepSpeed's pattern (every tp rank's file of the layer) for this ep rank
+        pattern = os.path.join(ckpt_dir, f"layer_{idx:02d}-*model_states.pt")
+        return sorted(glob.glob(_ep_layer_file(pattern, self.ep)))
 
     @contextmanager
     def _tied_uses_as_modules(self):
@@ -166,6 +195,16 @@ def parameters_parts(layers, num_stages: int) -> list[int]:
     own are numpy ints, which its `seed_layers` cannot seed with)."""
     counts = PipelineModule._count_layer_params(SimpleNamespace(_layer_specs=list(layers)))
     return [int(x) for x in ds_utils.partition_balanced(weights=counts, num_parts=num_stages)]
+
+
+def _ep_layer_file(path: str, ep: EpGroup) -> str:
+    """DeepSpeed's layer file name `layer_XX-...model_states.pt` with the ep rank after the
+    layer, `layer_XX-ep_YY-...` (unchanged at ep 1)."""
+    if ep.size == 1:
+        return path
+    folder, name = os.path.split(path)
+    layer, rest = name.split("-", 1)
+    return os.path.join(folder, f"{layer}-ep_{ep.rank:02d}-{rest}")
 
 
 def layer_name(spec) -> str:

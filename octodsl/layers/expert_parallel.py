@@ -80,6 +80,21 @@ building = _SCOPE.building
 """Build MoE layers for an ep group inside the block (with `tensor_parallel.building` for tp)."""
 
 
+Wait = Callable[[dist.Work], None]
+"""How a layer waits for one of its all-to-alls (issued asynchronously)."""
+
+
+def _wait(work: dist.Work) -> None:
+    work.wait()
+
+
+_WAIT = BuildScope[Wait](_wait)
+waiting = _WAIT.building
+"""Wait for the all-to-alls run inside the block with `wait(work)` (the executor's watchdog,
+which stops a wait that outlasts its timeout or whose peer died, naming the op); outside one,
+`work.wait()`."""
+
+
 def keep_local_experts(module: nn.Module, name: str, ep: EpGroup) -> None:
     """Replace `module.<name>` (experts along dim 0) by this rank's experts (unmarked: tp may cut
     them next; `mark_expert` the final parameter)."""
@@ -100,7 +115,11 @@ def _all_to_all(x: torch.Tensor, ep: EpGroup, send: list[int], recv: list[int]) 
     """send[i] consecutive rows of x to rank i; the recv[i] rows from rank i, in rank order."""
     x = x.contiguous()
     out = x.new_empty((sum(recv), *x.shape[1:]))
-    dist.all_to_all_single(out, x, output_split_sizes=recv, input_split_sizes=send, group=ep.group)
+    _WAIT.current()(
+        dist.all_to_all_single(
+            out, x, output_split_sizes=recv, input_split_sizes=send, group=ep.group, async_op=True
+        )
+    )
     return out
 
 
@@ -138,7 +157,7 @@ def apply_experts(
     # counts[e] rows of expert e go to its owner: each owner learns how many rows of each of its
     # experts every rank sends (recv[src][e]) before the rows themselves
     received = torch.empty_like(counts)
-    dist.all_to_all_single(received, counts, group=ep.group)
+    _WAIT.current()(dist.all_to_all_single(received, counts, group=ep.group, async_op=True))
     sent, recv = torch.stack((counts, received)).view(2, ep.size, -1).tolist()  # one host sync
     send_rows, recv_rows = [sum(s) for s in sent], [sum(r) for r in recv]
     by_expert = [list(col) for col in zip(*recv, strict=True)]  # by_expert[e][src]

@@ -46,11 +46,16 @@ def ep_problem(spec: ModelSpec | None, ep: int, dp: int) -> tuple[str, str] | No
 def experts_problem(spec: ModelSpec, ep: int) -> str | None:
     """Why `ep` cannot spread `spec`'s experts (None: it can): the first expert count of its MoE
     layers that ep does not divide. What the cost model refuses (lint's E706)."""
-    bad = sorted({layer.experts for layer in moe_layers(spec) if layer.experts % ep})
+    return split_experts_problem(moe_layers(spec), ep, f"{spec.name}'s")
+
+
+def split_experts_problem(moes: list[MoEConfig], ep: int, whose: str) -> str | None:
+    """`experts_problem` for the MoE layers `moes` of `whose` model."""
+    bad = sorted({layer.experts for layer in moes if layer.experts % ep})
     if not bad:
         return None
     return (
-        f"ep {ep} does not divide the {bad[0]} experts of {spec.name}'s MoE layers: each rank "
+        f"ep {ep} does not divide the {bad[0]} experts of {whose} MoE layers: each rank "
         "holds experts / ep of them"
     )
 

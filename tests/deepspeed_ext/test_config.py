@@ -289,17 +289,3 @@ def test_the_launch_check_refuses_zero_2_and_a_mismatch_before_any_communication
             microbatch_size=1,
             layer_costs=[1.0] * layers,
         )
-
-
-def test_the_launch_check_refuses_ep_until_the_executor_runs_it():
-    from octodsl.deepspeed_ext.launch import check_launch
-
-    plan = generate("zb-h1", devices=2, microbatches=4)
-    ep = PLAN.__class__(
-        plan.header.model_copy(update={"dp": 2, "ep": 2}),
-        plan.stages,
-        plan.placement,
-        plan.schedule,
-    )
-    with pytest.raises(PlanLaunchError, match="ep 2, which octodsl's executor does not run yet"):
-        check_launch(ep, 4, {}, 24, microbatch_size=1, layer_costs=[1.0] * 24)

@@ -192,3 +192,22 @@ def test_stock_deepspeed_cannot_run_tp():
         train.OctoError, match="has no tensor-parallel layers; the plan's `tp 2` needs"
     ):
         train.build_engine(args, tp, train.model_spec(tp, None))
+
+
+def test_the_start_up_line_says_the_ep_and_stock_deepspeed_cannot_run_it():
+    plan = generate("1f1b", devices=2, microbatches=4, model="qwen3-next-tiny")
+    ep = plan.__class__(
+        plan.header.model_copy(update={"ep": 2, "dp": 2}),
+        plan.stages,
+        plan.placement,
+        plan.schedule,
+    )
+    spec = train.model_spec(ep, None)
+    assert (
+        "on each of 2 data-parallel copies, each MoE layer's experts spread over ep 2 of the "
+        "copies (" in train.startup_line(ep, spec)
+    )
+    assert "ep 2" not in train.startup_line(plan, spec)
+    args = train.parse_args(["--deepspeed_config", "c.json", "--schedule", "p.octo", "--stock"])
+    with pytest.raises(train.OctoError, match="are not expert-parallel; the plan's `ep 2` needs"):
+        train.build_engine(args, ep, spec)

@@ -13,6 +13,7 @@ to its peer, an expert receives no row and a rank receives none at all.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -230,3 +231,34 @@ def test_dispatch_bytes_by_hand():
     assert epl.dispatch_bytes(4096, 2, 1024, 2, ep=4) == 12 * 2**20
     assert epl.dispatch_bytes(4096, 2, 1024, 2, ep=1) == 0
     assert epl.dispatch_bytes(10, 1, 3, 4, ep=2) == 60
+
+
+def _waiting_worker(rank: int, world: int, port: int, out: str) -> None:
+    with reporting(rank, world, port, out) as results:
+        ep = epl.EpGroup(2, rank, dist.new_group([0, 1]))
+        case = CASES["swiglu-shared"]
+        with epl.building(ep):
+            layer = make(case)
+        x, gy = inputs(case, rank)
+        runs = []
+        works: list[dist.Work] = []
+
+        def wait(work: dist.Work) -> None:
+            works.append(work)
+            work.wait()
+
+        for waited in (False, True):
+            xt = x.clone().requires_grad_()
+            with epl.waiting(wait) if waited else contextlib.nullcontext():
+                layer(xt).backward(gy)
+            runs.append((xt.grad, len(works)))
+        results[f"waits{rank}"] = runs[1][1]
+        results[f"same{rank}"] = bool(torch.equal(runs[0][0], runs[1][0]))
+
+
+@pytest.mark.slow  # 2 processes
+def test_the_all_to_alls_wait_through_the_waiter_the_executor_sets(tmp_path):
+    got = spawned(_waiting_worker, 2, str(tmp_path / "results"))
+    # forward: the counts, the rows out, the outputs back; backward: the last two reversed
+    assert [got["waits0"], got["waits1"]] == [5, 5], got
+    assert got["same0"] and got["same1"], got

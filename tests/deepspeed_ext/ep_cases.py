@@ -1,0 +1,174 @@
+"""Multi-process checks of expert parallelism in the executor, run under the deepspeed launcher by
+test_expert_parallel.py:
+
+    deepspeed --num_gpus 4 tests/deepspeed_ext/ep_cases.py CASE OUT.json
+
+Each run trains qwen3-next-tiny (gated DeltaNet, gated attention, MoE layers of 16 experts, top-4,
+with a shared expert) from the same seeds on the same data as its ep 1 reference (every
+data-parallel copy on its own data, so the ep all-to-alls carry different tokens), and rank 0
+writes the losses of both and the gradient norm of the first step to OUT.json.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from harness import SEED, M, config, main  # noqa: E402
+from train import step_data  # noqa: E402
+
+from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
+from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
+from octodsl.gen import generate  # noqa: E402
+from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
+from octodsl.layers.moe import MoE  # noqa: E402
+from octodsl.models import load_model  # noqa: E402
+from octodsl.plan import Plan, Stage  # noqa: E402
+
+SEQ = 64  # a whole chunk of the DeltaNet layers
+SPEC = load_model("qwen3-next-tiny").model_copy(update={"seq_len": SEQ, "microbatch_size": 1})
+
+
+def mesh_plan(name: str, devices: int, dp: int, ep: int = 1, tp: int = 1) -> Plan:
+    """A generated plan with the layers split evenly over its stages, on dp copies with ep."""
+    plan = generate(name, devices=devices, microbatches=M)
+    stages = len(plan.stage_device())
+    bounds = [SPEC.num_layers * i // stages for i in range(stages + 1)]
+    header = plan.header.model_copy(update={"dp": dp, "ep": ep, "tp": tp})
+    return Plan(
+        header,
+        [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)],
+        plan.placement,
+        plan.schedule,
+    )
+
+
+def build(plan: Plan, **extra):
+    engine, *_ = initialize(
+        pipeline_specs(SPEC),
+        plan,
+        config=config(**extra),
+        loss_fn=lm_loss,
+        seed_layers=True,
+        base_seed=SEED,
+    )
+    return engine
+
+
+def train(engine, first: int, steps: int) -> list[float]:
+    """Losses of `steps` steps from step `first`, each data-parallel copy on its own data."""
+    dp = engine.grid.data_parallel_id
+    return [
+        engine.train_batch(step_data(SEED, s, dp, M, 1, SEQ, SPEC.vocab)).item()
+        for s in range(first, first + steps)
+    ]
+
+
+def run(plan: Plan, steps: int = 3, **extra) -> dict:
+    """The losses, the gradient norm of each step (mesh.grad_norm before clipping and the
+    optimizer step, routed experts summed over the ep group), and each rank's local expert
+    counts."""
+    with released_groups():
+        engine = build(plan, **extra)
+        norms: list[float] = []
+        take_step = engine._take_model_step
+
+        def recorded(*args, **kwargs):  # the gradients are reduced, not yet clipped or applied
+            params = [p for p in engine.module.parameters() if p.grad is not None]
+            tied = engine._tied_copies()
+            norms.append(
+                grad_norm(params, engine.grid, engine.tp, tied, engine.device, engine.ep).item()
+            )
+            return take_step(*args, **kwargs)
+
+        engine._take_model_step = recorded
+        losses = train(engine, 0, steps)
+        local = sorted({m.w_in.shape[0] for m in engine.module.modules() if isinstance(m, MoE)})
+        everyone: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(everyone, local)
+    return {"losses": losses, "norm": norms[0], "norms": norms, "local_experts": everyone}
+
+
+def compare(name: str, ref: dict, mine: dict) -> dict:
+    return {
+        "plan": name,
+        "losses": mine["losses"],
+        "ref_losses": ref["losses"],
+        "loss_rel": max(
+            abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"], strict=True)
+        ),
+        "norm": mine["norm"],
+        "ref_norm": ref["norm"],
+        "local_experts": mine["local_experts"],
+        "ref_local_experts": ref["local_experts"],
+    }
+
+
+def case_ep(out_dir: Path) -> dict:
+    """4 processes: pp 2 x dp 2 at ep 2 against ep 1 (zb-h1: B and W split); pp 1 x dp 4 at ep 2
+    and ep 4 against ep 1, with gradient clipping that cuts every step (DeepSpeed's own at ep 1,
+    the engine's at ep > 1); tp 2 x dp 2 at ep 2 against ep 1."""
+    results = []
+    ref = run(mesh_plan("zb-h1", 2, 2))
+    results.append(compare("zb-h1/pp2/dp2/ep2", ref, run(mesh_plan("zb-h1", 2, 2, ep=2))))
+    clip = {"gradient_clipping": 0.5}
+    ref = run(mesh_plan("1f1b", 1, 4), **clip)
+    for ep in (2, 4):
+        mine = run(mesh_plan("1f1b", 1, 4, ep=ep), **clip)
+        results.append(compare(f"1f1b/pp1/dp4/ep{ep}/clip", ref, mine))
+    # tp 2 x dp 2 at ep 2 (each local expert split over the tp group too) against ep 1
+    ref = run(mesh_plan("1f1b", 1, 2, tp=2))
+    results.append(compare("1f1b/tp2/dp2/ep2", ref, run(mesh_plan("1f1b", 1, 2, ep=2, tp=2))))
+    return {"results": results}
+
+
+def case_checkpoint(out_dir: Path) -> dict:
+    """4 processes, pp 2 x dp 2 at ep 2: saved after 2 steps, a new engine loads and trains 2
+    more as the first continued; the same plan at ep 1 refuses the checkpoint."""
+    from harness import TORCH_ADAMW
+    from launch_cases import error_of
+
+    folder = [str(out_dir / "ck") if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(folder, src=0)
+    plan = mesh_plan("zb-h1", 2, 2, ep=2)
+    with released_groups():
+        engine = build(plan, optimizer=TORCH_ADAMW)
+        train(engine, 0, 2)
+        engine.save_checkpoint(folder[0], tag="t")
+        continued = train(engine, 2, 2)
+    with released_groups():
+        again = build(plan, optimizer=TORCH_ADAMW)
+        again.load_checkpoint(folder[0], tag="t")
+        resumed = train(again, 2, 2)
+    with released_groups():
+        refused = error_of(
+            lambda: build(mesh_plan("zb-h1", 2, 2), optimizer=TORCH_ADAMW).load_checkpoint(
+                folder[0], tag="t"
+            )
+        )
+    files = sorted(p.name for p in (Path(folder[0]) / "t").iterdir())
+    return {"continued": continued, "resumed": resumed, "other": refused, "files": files}
+
+
+def case_killed(out_dir: Path) -> dict:
+    """2 processes, dp 2 at ep 2: rank 1 is killed between two micro-batches of a step, so rank
+    0 waits in the next forward's expert all-to-all; its watchdog must name the op."""
+    from launch_cases import _dying
+
+    engine = build(mesh_plan("1f1b", 1, 2, ep=2))
+    data = step_data(SEED, 0, engine.grid.data_parallel_id, M, 1, SEQ, SPEC.vocab)
+    if torch.distributed.get_rank() == 1:
+        data = _dying(data)
+    engine.train_batch(data)
+    return {"finished": True}
+
+
+CASES = {"ep": case_ep, "checkpoint": case_checkpoint, "killed": case_killed}
+
+
+if __name__ == "__main__":
+    main(CASES)
