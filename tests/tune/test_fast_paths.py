@@ -13,12 +13,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octodsl.plan import Slot
-from octodsl.sim import SimCosts, compile, simulate
+from octodsl.plan import OpKind, Slot
+from octodsl.sim import SimCosts, SimDeadlock, compile, simulate
 from octodsl.tune.pipeline import construct
 from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.loop import tune
-from octodsl.tune.pipeline.moves.schedule import advance, rebuild
+from octodsl.tune.pipeline.moves.schedule import advance, delay_w, rebuild
 from octodsl.tune.problem import Problem
 
 from .test_mirrors import layouts
@@ -239,3 +239,49 @@ def test_the_same_seed_and_evaluations_give_the_same_plan_whatever_the_caches_ho
         assert other.best.plan.same_as(warm.best.plan)
         assert other.best.time == warm.best.time
         assert [(r.move, r.after) for r in other.rounds] == [(r.move, r.after) for r in warm.rounds]
+
+
+def _delay_w_by_start(plan, result, limit):
+    """schedule.delay_w finding each critical step's slot in a dict of every slot's (device,
+    start), the later slot of a device on a tie: what delay_w's search of the starts stands for."""
+    p = result.program
+    where = {}
+    for d in range(p.devices):
+        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
+        where.update({(d, t): j for j, t in enumerate(result.start[nodes].tolist())})
+    out = []
+    for step in result.critical_path():
+        j = where.get((step.device, step.start)) if step.kind == "compute" else None
+        if not j:
+            continue
+        d = step.device
+        at = p.order_ptr[d] + j
+        if (
+            plan.schedule[d][j - 1].ops[0].kind is OpKind.W
+            and result.pred[p.order_nodes[at]] == p.order_nodes[at - 1]
+        ):
+            out.append(advance(plan, d, j, j - 1))
+            if len(out) == limit:
+                break
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts(), st.booleans(), st.data())
+def test_delay_w_finds_the_slots_a_dict_of_starts_finds(case, w_gap, data):
+    # The same starts compared for equality: the same plans, in the same order. Ws moved
+    # earlier put some on the critical path.
+    pr, layout = case
+    plan = rebuild(pr.skeleton(layout), pr, w_gap)
+    for _ in range(data.draw(st.integers(0, 4))):
+        d = data.draw(st.integers(0, pr.devices - 1))
+        ws = [j for j, s in enumerate(plan.schedule[d]) if s.ops[0].kind is OpKind.W and j > 0]
+        if ws:
+            j = data.draw(st.sampled_from(ws))
+            plan = advance(plan, d, j, data.draw(st.integers(0, j - 1)))
+    try:
+        result = simulate(plan, pr.sim_costs(plan), pr.link, inter_link=pr.inter_link)
+    except SimDeadlock:
+        return
+    fast = delay_w(plan, result, limit=100)
+    assert [q.schedule for q in fast] == [q.schedule for q in _delay_w_by_start(plan, result, 100)]
