@@ -109,7 +109,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.evaluations)))
         return 0
+    from octodsl.fileio import write_atomic  # here: a worker imports the octodsl it times
+
     t0 = time.perf_counter()
+    load_before = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory() as old:
         archive = subprocess.run(
@@ -139,7 +142,10 @@ def main() -> int:
             "# Tuner speed: the old code against the new",
             "",
             f"Made by `{command}` on {cpu_model()} ({os.cpu_count()} cores, shared with other "
-            f"work), commit {commit()} against {args.base}, in {time.perf_counter() - t0:.0f} s.",
+            f"work), commit {commit()} against {args.base}, in {time.perf_counter() - t0:.0f} s; "
+            f"the machine's 1-minute load average was {load_before:.1f} at the start and "
+            f"{os.getloadavg()[0]:.1f} at the end (other jobs' processes on its "
+            f"{os.cpu_count()} cores: both sides ran slower than alone, alike).",
             "",
             "Each case: tuner_levers.md's levers (H800 costs, 80 GiB per device, dp 8, ZeRO 1, "
             "recompute auto), seed 0, the search stopped after the same number of simulated "
@@ -156,8 +162,8 @@ def main() -> int:
             f"Speed-up on the 16-device cases: min {min(speedups, default=0):.1f}x, max "
             f"{max(speedups, default=0):.1f}x.",
         ]
-        args.output.write_text("\n".join(head) + "\n")
-        args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+        write_atomic(args.output, "\n".join(head) + "\n")
+        write_atomic(args.output.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
     return 0
 
 

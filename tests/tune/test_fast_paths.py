@@ -18,6 +18,7 @@ from octodsl.sim import SimCosts, SimDeadlock, compile, simulate
 from octodsl.tune.pipeline import construct
 from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.loop import tune
+from octodsl.tune.pipeline.moves import partition
 from octodsl.tune.pipeline.moves.schedule import advance, delay_w, rebuild
 from octodsl.tune.problem import Problem
 
@@ -285,3 +286,20 @@ def test_delay_w_finds_the_slots_a_dict_of_starts_finds(case, w_gap, data):
         return
     fast = delay_w(plan, result, limit=100)
     assert [q.schedule for q in fast] == [q.schedule for q in _delay_w_by_start(plan, result, 100)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(layouts(), st.integers(0, 2**16))
+def test_a_remembered_rebalance_is_the_search_run_again(case, seed):
+    # The search is a function of the layout, the seed, the rounds and the problem: what the
+    # problem remembers is what a search of its own finds; another header is searched again.
+    pr, layout = case
+    pr = dataclasses.replace(pr)  # its own: the strategy's problems are shared
+    found = partition.rebalance(layout, pr, seed=seed)
+    assert found == partition._rebalance(layout, pr, seed, 60)
+    assert partition.rebalance(layout, pr, seed=seed) is found
+    static = float(pr.layer_static().sum()) / pr.devices
+    pr.header = pr.header.model_copy(update={"memory": int(2 * static) + 1})
+    again = partition.rebalance(layout, pr, seed=seed)
+    assert again is not found
+    assert again == partition._rebalance(layout, pr, seed, 60)

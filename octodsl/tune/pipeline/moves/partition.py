@@ -42,6 +42,23 @@ def rebalance(
     S = layout.num_stages
     if S < 2:
         return layout
+    header, kept = problem.rebalanced
+    if header is not problem.header or len(kept) >= _KEPT:
+        kept = {}
+        problem.rebalanced = (problem.header, kept)
+    key = (layout, seed, rounds)
+    found = kept.get(key)
+    if found is None:
+        found = kept[key] = _rebalance(layout, problem, seed, rounds)
+    return found
+
+
+_KEPT = 1 << 12
+"""Results `rebalance` keeps per problem (a few hundred kB); it starts again when full."""
+
+
+def _rebalance(layout: StageLayout, problem: Problem, seed: int, rounds: int) -> StageLayout:
+    S = layout.num_stages
     model = FillModel(problem, layout.devices, problem.modes_of(layout))
     # The kicks are drawn before the search (they do not depend on it), which then runs
     # compiled from start to end.
