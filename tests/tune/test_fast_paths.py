@@ -206,6 +206,13 @@ def test_a_program_reused_by_slot_identity_is_the_one_found_by_value(case, data)
     by_id, by_value = compile(moved, like=program), compile(copied, like=program)
     assert by_id.out_dst is program.out_dst and by_value.out_dst is program.out_dst
     assert list(by_id.order_nodes) == list(by_value.order_nodes)
+    # the labels the base program remembered are the reordered plan's slots, in its order
+    assert [program.node_label(n) for n in program.order_nodes] == [
+        str(s) for order in base.schedule for s in order
+    ]
+    assert [by_id.node_label(n) for n in by_id.order_nodes] == [
+        str(s) for order in moved.schedule for s in order
+    ]
     costs = pr.sim_costs(moved)
     try:
         fast = simulate(by_id, costs, pr.link, inter_link=pr.inter_link)
