@@ -52,14 +52,15 @@ def worker(case: str, evaluations: int) -> dict:
     tune(problem(), budget=600, seed=0, max_evaluations=2)  # compiles the tuner's kernels
     # a fresh problem for the timed search: nothing remembered from the warm-up
     search = problem()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     r = tune(search, budget=3600, seed=0, max_evaluations=evaluations)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     best = r.best.plan
     shape = repr((best.stages, best.placement, best.schedule))
     return {
         "evaluations": r.evaluations,
         "seconds": seconds,
+        "cpu": cpu,
         "tuned": r.best.time,
         "plan": hashlib.sha1(shape.encode()).hexdigest(),
     }
@@ -74,14 +75,16 @@ def run(code: Path, case: str, evaluations: int) -> dict:
         text=True,
         check=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["load"] = os.getloadavg()[0]
+    return got
 
 
 def table(rows: list[dict]) -> list[str]:
     out = [
         "| case (model P x M) | evaluations | old plans/s | new plans/s | speed-up | old s | new s "
-        "| old tuned ms | new tuned ms | same plan |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| old tuned ms | new tuned ms | same plan | CPU speed-up |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         o, n = r["old"], r["new"]
@@ -92,9 +95,18 @@ def table(rows: list[dict]) -> list[str]:
             f"| {model} {p} x {m} | {n['evaluations']} | {rate_o:.1f} | {rate_n:.1f} "
             f"| {rate_n / rate_o:.1f}x | {o['seconds']:.1f} | {n['seconds']:.1f} "
             f"| {o['tuned'] * 1e3:,.1f} | {n['tuned'] * 1e3:,.1f} "
-            f"| {'yes' if same else 'no'} |"
+            f"| {'yes' if same else 'no'} | {_cpu_speedup(r)} |"
         )
     return out
+
+
+def _cpu_speedup(row: dict) -> str:
+    """The speed-up in the searches' CPU seconds (each side's least), which the machine's other
+    jobs change far less than its wall time; '-' for runs that did not record it."""
+    cpu = [min((x.get("cpu") for x in row["runs"][side]), default=None) for side in ("old", "new")]
+    if None in cpu or not cpu[1]:
+        return "-"
+    return f"{cpu[0] / cpu[1]:.1f}x"
 
 
 def main() -> int:
@@ -109,7 +121,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.evaluations)))
         return 0
+    from octodsl.fileio import write_atomic  # here: a worker imports the octodsl it times
+
     t0 = time.perf_counter()
+    loads = [os.getloadavg()[0]]
     rows = []
     with tempfile.TemporaryDirectory() as old:
         archive = subprocess.run(
@@ -122,6 +137,7 @@ def main() -> int:
             for k in range(args.repeats):  # old new new old ..., new first every other case
                 for name, code in sides if (i + k) % 2 == 0 else sides[::-1]:
                     runs[name].append(run(code, case, args.evaluations))
+            loads += [x["load"] for side in runs.values() for x in side]
             row: dict = {"case": case, "runs": runs}
             row.update((name, min(r, key=lambda x: x["seconds"])) for name, r in runs.items())
             rows.append(row)
@@ -139,7 +155,11 @@ def main() -> int:
             "# Tuner speed: the old code against the new",
             "",
             f"Made by `{command}` on {cpu_model()} ({os.cpu_count()} cores, shared with other "
-            f"work), commit {commit()} against {args.base}, in {time.perf_counter() - t0:.0f} s.",
+            f"work), commit {commit()} against {args.base}, in {time.perf_counter() - t0:.0f} s; "
+            f"the machine's 1-minute load average was {min(loads):.1f} to {max(loads):.1f} "
+            f"(at the start and after each run: other jobs' processes on its "
+            f"{os.cpu_count()} cores, which slow both sides alike but make wall times noisy; "
+            "`CPU speed-up` compares the searches' CPU seconds instead).",
             "",
             "Each case: tuner_levers.md's levers (H800 costs, 80 GiB per device, dp 8, ZeRO 1, "
             "recompute auto), seed 0, the search stopped after the same number of simulated "
@@ -149,15 +169,19 @@ def main() -> int:
             "`plans/s` is simulated plans per second of the search's wall time (`old s`, "
             "`new s`); `tuned ms` the best plan's simulated iteration time; `same plan` whether "
             "every run of both sides ended with the identical plan (partition, placement, "
-            "recompute and every device's order).",
+            "recompute and every device's order); the costs and the simulator changed between "
+            f"{args.base} and this commit's code (CHANGELOG.md, [Unreleased]), so two sides "
+            "that value plans differently may end with different plans.",
             "",
             *lines,
             "",
             f"Speed-up on the 16-device cases: min {min(speedups, default=0):.1f}x, max "
-            f"{max(speedups, default=0):.1f}x.",
+            f"{max(speedups, default=0):.1f}x (in CPU seconds: "
+            + ", ".join(_cpu_speedup(r) for r in rows if r["case"].split(":")[1] == "16")
+            + ").",
         ]
-        args.output.write_text("\n".join(head) + "\n")
-        args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+        write_atomic(args.output, "\n".join(head) + "\n")
+        write_atomic(args.output.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
@@ -35,18 +35,21 @@ class SlotNodes:
 
     by_id: dict[int, int]
     slots: list[Slot]
+    labels: dict[int, str] = field(default_factory=dict)
+    """`SimProgram.node_label` of the nodes labelled so far: a node's ops are the same in
+    every program reordered from one compile, and critical paths label thousands."""
 
     @classmethod
     def of(cls, slots: list[Slot]) -> SlotNodes:
         """For the slots of nodes 0, 1, ... in order."""
         return cls(dict(zip(map(id, slots), range(len(slots)), strict=True)), slots)
 
-    def find(self, schedule: list[list[Slot]], count: int) -> np.ndarray | None:
-        """The node of each of the schedule's `count` slots, device by device; None when some
-        slot is none of these objects."""
+    def find(self, orders: list[list[Slot]], count: int) -> np.ndarray | None:
+        """The node of each of the `count` slots of `orders` (device orders), one order after
+        the other; None when some slot is none of these objects."""
         try:
             return np.fromiter(
-                map(self.by_id.__getitem__, map(id, itertools.chain.from_iterable(schedule))),
+                map(self.by_id.__getitem__, map(id, itertools.chain.from_iterable(orders))),
                 _I,
                 count,
             )
@@ -164,13 +167,20 @@ class SimProgram:
 
     def node_label(self, n: int) -> str:
         """'F3:5', or '(F0:7 & B7:3)' for an overlap group: the node's slot as plans write it."""
-        return str(Slot(tuple(self.op(k) for k in range(self.op_ptr[n], self.op_ptr[n + 1]))))
+        labels = self.slot_nodes.labels
+        label = labels.get(n)
+        if label is None:
+            ops = tuple(self.op(k) for k in range(self.op_ptr[n], self.op_ptr[n + 1]))
+            label = labels[n] = str(Slot(ops))
+        return label
 
 
 def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: A001 - the API's name
     """Compile a plan that lints clean (structure-wise; a deadlock is reported by `simulate`).
     With `like`, reuse it when the plan differs from like.plan only in the order of ops within
-    devices; otherwise build from scratch."""
+    devices; otherwise build from scratch. A plan is a value: its device orders are not edited
+    in place once compiled (a reordered plan's order that is like.plan's very list keeps its
+    nodes)."""
     if like is not None:
         reused = _reorder(plan, like)
         if reused is not None:
@@ -374,9 +384,23 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
         return None
     if [len(slots) for slots in plan.schedule] != np.diff(like.order_ptr).tolist():
         return None
-    order_nodes = like.slot_nodes.find(plan.schedule, like.num_nodes)
-    if order_nodes is None:  # slots made elsewhere (a parsed plan's): by value
-        order_nodes = like.order_nodes.copy()
+    # A device whose order is the very list of like.plan keeps its nodes (a schedule move
+    # edits one device's order and shares the others').
+    changed = [
+        d for d, (a, b) in enumerate(zip(plan.schedule, old.schedule, strict=True)) if a is not b
+    ]
+    order_nodes = like.order_nodes.copy()
+    found = like.slot_nodes.find(
+        [plan.schedule[d] for d in changed],
+        int(sum(like.order_ptr[d + 1] - like.order_ptr[d] for d in changed)),
+    )
+    if found is not None:
+        at = 0
+        for d in changed:
+            lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
+            order_nodes[lo:hi] = found[at : at + hi - lo]
+            at += hi - lo
+    else:  # slots made elsewhere (a parsed plan's): by value
         for d, (slots, old_slots) in enumerate(zip(plan.schedule, old.schedule, strict=True)):
             lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
             node_of = dict(zip(old_slots, like.order_nodes[lo:hi].tolist(), strict=True))

@@ -101,6 +101,13 @@ class Problem:
     """`sim_costs` by partition, recompute modes and header."""
     _columns: dict[str, np.ndarray] = field(init=False, repr=False, default_factory=dict)
     """`column` by field."""
+    rebalanced: tuple[Header | None, dict[tuple, StageLayout]] = field(
+        init=False, repr=False, default_factory=lambda: (None, {})
+    )
+    """`partition.rebalance`'s results by layout, seed and rounds (a function of them for the
+    problem), and the header they were found under (a problem given another header starts
+    again): the rounds of one state value a layout in several phases, and each search of a
+    tune starts from the same layouts with seeds an earlier one used."""
 
     def __post_init__(self) -> None:
         # A pipeline's ops wait for messages, so each pays the host's launch time: in the

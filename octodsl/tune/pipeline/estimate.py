@@ -123,6 +123,15 @@ class _Scratch(NamedTuple):
     arrive: np.ndarray
     back: np.ndarray
     pace: np.ndarray
+    seen: np.ndarray
+    """[slot, cut]: the cuts a search has descended from, an open-addressing hash set (`_visit`);
+    `seen[slot, 0]` is -1 for an empty slot (cut 0 is always 0)."""
+    filled: np.ndarray
+    """[0]: the slots of `seen` in use."""
+
+
+_SEEN_SLOTS = 2048
+"""Slots of the set of cuts a search has descended from; it stops growing at half full."""
 
 
 class FillModel:
@@ -184,7 +193,12 @@ class FillModel:
         self.scratch = _Scratch(
             _stage_arrays(S),
             _DeviceSums(*(np.zeros(P) for _ in _DeviceSums._fields)),
-            *(np.zeros(S) for _ in range(4)),
+            hop=np.zeros(S),
+            arrive=np.zeros(S),
+            back=np.zeros(S),
+            pace=np.zeros(S),
+            seen=np.empty((_SEEN_SLOTS, S + 1), np.int64),
+            filled=np.zeros(1, np.int64),
         )
         if recompute:
             self.set_modes(recompute)
@@ -214,6 +228,8 @@ class FillModel:
         kick of the best cuts so far, keeping the best (in `cuts`, in place); its value.
         kicks[k] lists the kick's (cut, layers) shifts, (0, 0) for none; a shift that would
         empty a stage is skipped."""
+        self.scratch.seen[:, 0] = -1
+        self.scratch.filled[0] = 0
         return _search(cuts, np.empty_like(cuts), kicks, self.inputs, self.scratch)
 
     def fit_modes(self, cuts, modes: tuple[Recompute, ...]) -> tuple[Recompute, ...]:
@@ -236,9 +252,41 @@ def _stage_arrays(num_stages: int) -> _StageSums:
 # The bound's kernels allocate nothing (they fill the model's scratch arrays), so they compile
 # without reference counting (octodsl.sim.jit).
 @njit(refcounts=False)
+def _visit(seen, filled, c):
+    """Add cuts `c` to the set `seen` (`filled[0]` slots in use); False when they were in it
+    already. The set stops growing at half full (then cuts not in it count as new: only a
+    saving is lost), so a probe always ends at an empty slot."""
+    n = c.shape[0]
+    h = 0
+    for i in range(n):
+        h = (h * 1000003 + c[i]) & 0xFFFFFFFF
+    slots = seen.shape[0]
+    k = h % slots
+    while seen[k, 0] >= 0:
+        same = True
+        for i in range(n):
+            if seen[k, i] != c[i]:
+                same = False
+                break
+        if same:
+            return False
+        k = (k + 1) % slots
+    if 2 * filled[0] < slots:
+        for i in range(n):
+            seen[k, i] = c[i]
+        filled[0] += 1
+    return True
+
+
+@njit(refcounts=False)
 def _descend(c, x, w):
     """Steepest descent from `c`. A shift of cut i changes only stages i - 1 and i, so each
-    neighbour re-sums those two stages and their devices (and sums them back after)."""
+    neighbour re-sums those two stages and their devices (and sums them back after).
+    The value depends on the cuts alone, so the descent from cuts an earlier descent of the
+    search passed through ends where that one ended, at a value no better than the search's
+    best so far: it stops there and returns inf."""
+    if not _visit(w.seen, w.filled, c):
+        return np.inf
     cur = _bound(c, x, w)
     while True:
         best, best_i, best_d = cur, -1, 0
@@ -256,6 +304,8 @@ def _descend(c, x, w):
             return cur
         cur = best
         c[best_i] += best_d
+        if not _visit(w.seen, w.filled, c):
+            return np.inf
         _resum(c, x, w, best_i)
 
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 
@@ -42,17 +43,41 @@ def rebalance(
     S = layout.num_stages
     if S < 2:
         return layout
+    header, kept = problem.rebalanced
+    if header is not problem.header or len(kept) >= _KEPT:
+        kept = {}
+        problem.rebalanced = (problem.header, kept)
+    key = (layout, seed, rounds)
+    found = kept.get(key)
+    if found is None:
+        found = kept[key] = _rebalance(layout, problem, seed, rounds)
+    return found
+
+
+_KEPT = 1 << 12
+"""Results `rebalance` keeps per problem (a few hundred kB); it starts again when full."""
+
+
+def _rebalance(layout: StageLayout, problem: Problem, seed: int, rounds: int) -> StageLayout:
+    S = layout.num_stages
     model = FillModel(problem, layout.devices, problem.modes_of(layout))
-    # The kicks are drawn before the search (they do not depend on it), which then runs
-    # compiled from start to end.
+    best = np.array(layout.cuts, np.int64)
+    model.search(best, _kicks(seed, S, rounds))
+    return layout.with_cuts(best)
+
+
+@functools.lru_cache(maxsize=256)
+def _kicks(seed: int, num_stages: int, rounds: int) -> np.ndarray:
+    """The search's kicks for a seed, drawn before it (they do not depend on it, and it then
+    runs compiled from start to end): per round, up to three (cut, layers) shifts. Read-only,
+    since a round of moves searches several layouts with one seed."""
     rng = random.Random(seed)
     kicks = np.zeros((rounds, 3, 2), np.int64)
     for k in range(rounds):
         for j in range(rng.randint(1, 3)):
-            kicks[k, j] = rng.randrange(1, S), rng.choice((-2, -1, 1, 2))
-    best = np.array(layout.cuts, np.int64)
-    model.search(best, kicks)
-    return layout.with_cuts(best)
+            kicks[k, j] = rng.randrange(1, num_stages), rng.choice((-2, -1, 1, 2))
+    kicks.flags.writeable = False
+    return kicks
 
 
 def relieve(layout: StageLayout, busy: Sequence[float] | np.ndarray) -> list[StageLayout]:

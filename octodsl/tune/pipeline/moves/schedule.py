@@ -15,7 +15,6 @@ before any op it now overtakes started, so they never depend on those ops.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -100,16 +99,19 @@ def fill_gaps(
 def delay_w(plan: Plan, result: SimResult, limit: int = 4) -> list[Plan]:
     """Plans with one W on the critical path moved after the op it held up."""
     p = result.program
-    where: dict[tuple[int, float], int] = {}  # (device, start time) -> index in the device's order
-    for d in range(p.devices):
-        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
-        where.update(zip(zip(itertools.repeat(d), result.start[nodes].tolist()), itertools.count()))
+    starts: dict[int, np.ndarray] = {}  # per device met: its nodes' starts, in its order
     out = []
     for step in result.critical_path():
-        j = where.get((step.device, step.start)) if step.kind == "compute" else None
-        if not j:
+        if step.kind != "compute":
             continue
         d = step.device
+        if d not in starts:
+            starts[d] = result.start[p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]]
+        # A device's starts never decrease along its order: the last slot that starts when
+        # the step does (a zero-second op may share its start) is at j.
+        j = int(np.searchsorted(starts[d], step.start, side="right")) - 1
+        if j <= 0 or starts[d][j] != step.start:
+            continue
         at = p.order_ptr[d] + j
         if (
             plan.schedule[d][j - 1].ops[0].kind is OpKind.W
