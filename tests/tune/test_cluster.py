@@ -6,7 +6,12 @@ of a few seconds."""
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from octodsl.models import load_model
 from octodsl.plan import Recompute
@@ -304,3 +309,19 @@ def test_more_micro_batches_than_a_plan_may_have_is_a_skip_not_an_error():
     limit = [s for s in result.skipped if s.why == INFEASIBLE and "micro-batches per" in s.detail]
     assert limit and all(s.config.microbatches > 65_536 for s in limit)
     assert result.best.config.microbatches <= 65_536
+
+
+@given(
+    st.lists(st.floats(0.0, 1e3, allow_nan=False), min_size=1, max_size=60),
+    st.integers(1, 60),
+)
+def test_share_cuts_give_every_stage_a_layer_and_balance_uniform_work(weights, stages):
+    from octodsl.tune.cluster.estimate import share_cuts
+
+    n = len(weights)
+    stages = min(stages, n)
+    cuts = share_cuts(np.array(weights), stages)
+    assert cuts[0] == 0 and cuts[-1] == n and len(cuts) == stages + 1
+    assert all(a < b for a, b in itertools.pairwise(cuts))
+    even = share_cuts(np.ones(n * stages), stages)  # stages of n layers each
+    assert even == tuple(range(0, n * stages + 1, n))

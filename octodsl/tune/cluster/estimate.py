@@ -2,20 +2,25 @@
 
 Screening simulates a configuration's classic plans, seconds each on a large cluster (GPT-175B
 on 384 GPUs: up to 440,000 ops per plan), so within a minute a search screens a few of the
-hundreds its lower bounds leave in. The estimate ranks all of them first, in about a
-millisecond each: the pipeline tuner's partition objective (`FillModel`,
-tune/pipeline/estimate.py: each device's fill, drain and memory throttle in closed form) of the
-placements of the classic schedules (1F1B's, interleaved's with 2 and 4 chunks, the V) at even, time-balanced and parameter-balanced cuts (the classic plans'
-partitions), each with one recompute mode on every stage, the least of them, plus the data-parallel collectives no plan avoids (`bounds.dp_seconds`).
+hundreds its lower bounds leave in. The estimate ranks all of them first, in milliseconds
+each: the pipeline tuner's partition objective (`FillModel`, tune/pipeline/estimate.py: each
+device's fill, drain and memory throttle in closed form) of the classic schedules' placements
+(1F1B's, interleaved's with 2 and 4 chunks, the V) at even cuts, at cuts near-balanced on
+time, and at those that put the fewest parameters on a stage (as the classic plans'
+partitions), each with one recompute mode on every stage, the least of them, plus the
+data-parallel collectives no plan avoids (`bounds.dp_seconds`).
 
 It is not a bound: a tuned plan may beat it and a classic one take longer. So it only orders
 the screening; the lower bounds alone rule configurations out."""
 
 from __future__ import annotations
 
+import functools
 import math
 
-from ...partition import balance_parameters, balance_time
+import numpy as np
+
+from ...partition import balance_time
 from ..bounds import dp_seconds
 from ..pipeline.estimate import FillModel
 from ..pipeline.layout import even_cuts, looped, v_shape
@@ -25,17 +30,19 @@ from ..problem import Problem
 def layout_estimate(problem: Problem) -> float:
     """Seconds an iteration of the problem's configuration may take (see the module)."""
     P, layers = problem.devices, problem.num_layers
-    params = [l.params for l in problem.table.layers]
+    params = problem.column("params")
     best = math.inf
     for devices in (looped(P, 1), looped(P, 2), looped(P, 4), v_shape(P)):
         S = len(devices)
         if S > layers:
             continue
         model = FillModel(problem, devices)
+        # even, near time-balanced, and the fewest parameters on a stage (what fits where
+        # memory is tight)
         for cuts in {
             even_cuts(layers, S),
-            _cuts(balance_time(problem.work.tolist(), S)),
-            _cuts(balance_parameters(params, S)),  # what fits where memory is tight
+            share_cuts(problem.work, S),
+            _fewest_params_cuts(tuple(params.tolist()), S),
         }:
             for mode in problem.modes:
                 model.set_modes((mode,) * S)
@@ -43,5 +50,22 @@ def layout_estimate(problem: Problem) -> float:
     return best + sum(dp_seconds(problem))
 
 
-def _cuts(ranges: list[tuple[int, int]]) -> tuple[int, ...]:
-    return tuple(a for a, _ in ranges) + (ranges[-1][1] + 1,)
+def share_cuts(weights: np.ndarray, num_stages: int) -> tuple[int, ...]:
+    """Cuts where the running total of `weights` crosses each 1 / num_stages of the whole, a
+    layer or more per stage: near-balanced in O(layers), where the exact balances
+    (octodsl.partition) take milliseconds to a second for a hundred layers and stages."""
+    n = len(weights)
+    prefix = np.cumsum(weights)
+    marks = np.searchsorted(prefix, prefix[-1] * np.arange(1, num_stages) / num_stages) + 1
+    cuts = [0]
+    for k, mark in enumerate(marks.tolist(), start=1):
+        cuts.append(min(max(mark, cuts[-1] + 1), n - (num_stages - k)))
+    return (*cuts, n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fewest_params_cuts(params: tuple[float, ...], num_stages: int) -> tuple[int, ...]:
+    """The cuts whose largest stage holds the fewest parameters (exact, milliseconds: the
+    configurations of one tp and micro-batch size share them)."""
+    ranges = balance_time(params, num_stages)
+    return (*(a for a, _ in ranges), len(params))
