@@ -2,7 +2,8 @@
 benchmarks/cluster_scaling.png.
 
     .venv/bin/python benchmarks/cluster.py [--paper-budget 150] [--budget 60] [--jobs 2]
-        [--seed 0] [--sims 20] [--quick] [-o benchmarks/cluster.md]
+        [--seed 0] [--sims 20] [--quick] [--parts PART ...]
+        [-o benchmarks/cluster.md]
     .venv/bin/python benchmarks/cluster.py --from-json benchmarks/cluster.json  # tables again
 
 `octodsl.tune.cluster.search` on H800s (analytical costs), the device's 80 GB per GPU (as the
@@ -15,7 +16,10 @@ CLI takes it), 8 GPUs per node, each model's own sequence length, recompute auto
    against its budget, and the simulator's time per plan at that scale (the Evaluator on the
    best plan and on the best Megatron-style plan);
 3. scaling of nemotron-h-56b: strong (global batch 1024, 64 to 8192 GPUs), weak (one sequence
-   per GPU) and against the global batch (256 to 4096 at 1024 GPUs), as a PNG.
+   per GPU) and against the global batch (256 to 4096 at 1024 GPUs), as a PNG;
+4. wide: a 96-layer model on 384 GPUs (issue 30): GPT-175B (benchmarks/published/
+   gpt-175b-v64k.yaml, MegaScale's) on A100s of 80 GB, global batch 1536, the others' budget:
+   what the search screens and tunes, and the best plan against the Megatron-style recipe.
 Each case (model, GPUs, global batch; one case may serve several parts) runs in its own
 single-threaded process, `--jobs` at once.
 """
@@ -32,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import commit, cpu_model  # noqa: E402
+from machine import commit, cpu_model, write_outputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_MODELS = ("nemotron-h-56b", "nemotron-h-8b", "jamba-v0.1", "llama3-70b")
@@ -42,6 +46,9 @@ SCALE_MODEL, SCALE_BATCH, SCALE_GPUS = "nemotron-h-56b", 1024, (1024, 8192)
 CURVE_GPUS = tuple(64 << i for i in range(8))  # 64 ... 8192
 CURVE_BATCHES, CURVE_BATCH_GPUS = (256, 512, 1024, 2048, 4096), 1024
 DEVICE, GPUS_PER_NODE = "H800", 8
+WIDE = ("benchmarks/published/gpt-175b-v64k.yaml", 384, 1536)
+WIDE_DEVICE, WIDE_TUNED = "A100", 4
+"""The wide case's device, and the configurations its search must tune (issue 30)."""
 TARGET_HYBRID, TARGET_56B = 1.15, 1.3
 MEGATRON = ("Megatron-style, equal layers", "Megatron-style, time-balanced")
 CLASSIC_SAME = "best classic schedule, same configuration"
@@ -56,7 +63,12 @@ SHORT = {
 STATUSES = ("tuned", "screened", "infeasible", "dominated", "not screened")
 
 
-def cases(quick: bool) -> dict[tuple[str, int, int, str], list[str]]:
+PARTS = ("paper", "scale", "strong", "weak", "batch", "wide")
+
+
+def cases(
+    quick: bool, parts: tuple[str, ...] = PARTS
+) -> dict[tuple[str, int, int, str], list[str]]:
     """(model, GPUs, global batch, PAPER or CURVE: its budget) -> the parts it serves, in the
     order they run (the paper's long cases first, so that the pool's two workers end together).
     A paper case that is also a curve's point runs again with the curves' budget, so that every
@@ -68,19 +80,25 @@ def cases(quick: bool) -> dict[tuple[str, int, int, str], list[str]]:
         paper = [(m, PAPER_GPUS, b) for m in PAPER_MODELS for b in PAPER_BATCHES]
         gpus, batches = CURVE_GPUS, CURVE_BATCHES
     out: dict[tuple[str, int, int, str], list[str]] = {}
-    parts = (
+    todo = (
         [("paper", k) for k in paper]
         + [("scale", (SCALE_MODEL, g, SCALE_BATCH)) for g in SCALE_GPUS]
         + [("strong", (SCALE_MODEL, g, SCALE_BATCH)) for g in gpus]
         + [("weak", (SCALE_MODEL, g, g)) for g in gpus]
         + [("batch", (SCALE_MODEL, CURVE_BATCH_GPUS, b)) for b in batches]
+        + [("wide", WIDE)]
     )
-    for part, key in parts:
-        out.setdefault((*key, PAPER if part == "paper" else CURVE), []).append(part)
+    for part, key in todo:
+        if part in parts:
+            out.setdefault((*key, PAPER if part == "paper" else CURVE), []).append(part)
     return out
 
 
 PAPER, CURVE = "paper", "curve"
+
+
+def device_of(model: str) -> str:
+    return WIDE_DEVICE if model == WIDE[0] else DEVICE
 
 
 def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int, sims: int) -> dict:
@@ -91,6 +109,7 @@ def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
     from octodsl.tune.cluster.space import Cluster
 
     out: dict = {"model": model, "gpus": gpus, "global_batch": global_batch, "budget": budget}
+    device = device_of(model)
     t = time.perf_counter()
     warm_up()
     out["warm_up_seconds"] = time.perf_counter() - t
@@ -98,9 +117,9 @@ def run_case(model: str, gpus: int, global_batch: int, budget: float, seed: int,
         model,
         gpus,
         global_batch,
-        device=DEVICE,
+        device=device,
         gpus_per_node=GPUS_PER_NODE,
-        memory=get_device(DEVICE).memory,
+        memory=get_device(device).memory,
     )
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -270,6 +289,42 @@ def search_table(results: list[dict]) -> list[str]:
             "yes" if seconds <= r["budget"] else f"no, +{seconds - r['budget']:.1f} s",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def wide_lines(wide: list[dict], verdict: bool = False) -> list[str]:
+    """What the wide case's search did and found (`verdict`: against issue 30's target)."""
+    lines = []
+    for r in wide:
+        if "error" in r:
+            lines.append(f"- {r['model']} on {r['gpus']} GPUs: {_fail(r)}")
+            continue
+        c = r["counts"]
+        tuned, screened = c.get("tuned", 0), c.get("screened", 0)
+        left = r["candidates"]
+        if verdict:
+            lines.append(
+                f"- wide ({r['gpus']} GPUs, {left} configurations the memory bound leaves): "
+                f"estimated all {left}, {tuned + screened} screened, {tuned} tuned; target "
+                f">= {WIDE_TUNED} tuned: " + ("met" if tuned >= WIDE_TUNED else "not met")
+            )
+            continue
+        b, m = r["best"], megatron_best(r)
+        lines.append(
+            f"Of the {left} configurations the memory bound leaves, every one is estimated "
+            f"(the screening order, docs/cluster.md), {tuned + screened} had their classic "
+            f"plans simulated and {tuned} were tuned; {c.get('dominated', 0)} are dominated by "
+            f"their lower bound, {c.get('not screened', 0)} were left for the budget. The best "
+            f"plan: {_config(b)}, {b['plan']}, {b['iteration_time']:,.1f} s per iteration, "
+            f"{_tok(b['tokens_per_gpu_per_s'])} tokens per GPU per second"
+            + (
+                ""
+                if m is None
+                else f", {m['speedup']:.3f}x the better Megatron-style plan ({_config(m)}; "
+                f"{m['plan']}, {m['iteration_time']:,.1f} s)"
+            )
+            + "."
+        )
     return lines
 
 
@@ -546,6 +601,7 @@ def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
     plot(curves, png)
     paper = part("paper")
     scale = sorted(part("scale"), key=lambda r: r["gpus"])
+    wide = part("wide")
     m = data["meta"]
     text = [
         "# Whole-cluster search (`tune --gpus`) benchmark",
@@ -612,16 +668,29 @@ def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
         "",
         *curve_table(curves["batch"]),
         "",
+        f"## Wide: a 96-layer model on {WIDE[1]} GPUs",
+        "",
+        f"GPT-175B as MegaScale ran it ({WIDE[0]}: 96 layers, vocabulary 64,000) on "
+        f"{WIDE[1]} {WIDE_DEVICE}s of 80 GB, global batch {WIDE[2]} sequences of 2048 "
+        f"tokens, budget {m['budget']:.0f} s (issue 30: the search screens every configuration "
+        "its bounds do not rule out and tunes at least the best four).",
+        "",
+        *search_table(wide),
+        "",
+        *wide_lines(wide),
+        "",
         "## Against the targets",
         "",
         *targets(paper, results, scale),
+        *wide_lines(wide, verdict=True),
         "",
         "## Notes",
         "",
         *findings(paper, curves),
         "",
     ]
-    md.write_text("\n".join(text))
+    if not write_outputs("cluster.py", {md: "\n".join(text)}):
+        raise SystemExit(2)
     return "\n".join(text)
 
 
@@ -633,6 +702,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="cases run at once, one core each")
     ap.add_argument("--sims", type=int, default=20, help="simulations timed per plan")
     ap.add_argument("--quick", action="store_true", help="a few cases of each part (a smoke run)")
+    ap.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=PARTS, help="the parts to run (default all)"
+    )
     ap.add_argument("--from-json", type=Path, help="only re-make the md and the PNG from this")
     ap.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "cluster.md")
     args = ap.parse_args()
@@ -647,7 +719,7 @@ def main() -> int:
         return 0
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
-    todo = cases(args.quick)
+    todo = cases(args.quick, tuple(args.parts))
     t0, load = time.perf_counter(), os.getloadavg()[0]
     results = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -690,7 +762,8 @@ def main() -> int:
         "memory": get_device(DEVICE).memory,
     }
     data = {"meta": meta, "results": results}
-    md.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    if not write_outputs("cluster.py", {md.with_suffix(".json"): json.dumps(data, indent=1)}):
+        return 2
     print(report(data, md, png))
     return 0
 
