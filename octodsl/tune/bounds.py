@@ -44,8 +44,12 @@ def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarr
     """Per layer, the seconds B runs again and the bytes a micro-batch keeps from F to B under
     `mode` (`levers.recomputed` layer by layer; full keeps the stage's input, counted as none
     of any layer's)."""
+    # the forward run again, its all-to-alls left out as in `Problem.work` (a group may hide them)
     again, kept = zip(
-        *(recomputed(mode, l.f, l.act, l.sel_f, l.sel_act, 0.0) for l in problem.table.layers),
+        *(
+            recomputed(mode, l.f - l.ep_f, l.act, l.sel_f, l.sel_act, 0.0)
+            for l in problem.table.layers
+        ),
         strict=True,
     )
     return np.array(again, float), np.array(kept, float)
@@ -83,11 +87,16 @@ def tight_lower_bound(problem: Problem) -> float:
     under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
     mode costs against the bytes it saves. The data-parallel collectives no plan avoids
     count too (dp_seconds(), dp_stream_bound())."""
-    f, b, w = (np.array([getattr(l, k) for l in problem.table.layers]) for k in "fbw")
+    f, b, w, ep_f, ep_b = (
+        np.array([getattr(l, k) for l in problem.table.layers])
+        for k in ("f", "b", "w", "ep_f", "ep_b")
+    )
     before_f = np.cumsum(f) - f
     before_b = np.cumsum(b) - b
     m = problem.microbatches
-    layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
+    # the layer's M forwards and backwards less their all-to-alls, which overlap groups of them
+    # may hide (`Problem.work`); one micro-batch's chain of ops takes each op's whole time
+    layer = before_f + m * (f - ep_f + b - ep_b) + np.maximum(m * w, before_b)
     before, after = dp_seconds(problem)
     return max(
         max(lower_bound(problem), float(layer.max()), memory_lower_bound(problem)) + after,

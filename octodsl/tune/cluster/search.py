@@ -1,5 +1,5 @@
 """`tune --gpus`: the fastest way to train a global batch on a GPU count, searched over the whole
-configuration (tp x pp x dp, micro-batching, ZeRO) and, inside the most promising
+configuration (tp x pp x dp, micro-batching, ZeRO, expert parallelism) and, inside the most promising
 configurations, over plans (partition, placement, schedule, recompute) by the pipeline tuner.
 
 Every configuration runs the same global batch on the same GPUs, so the shortest simulated
@@ -46,6 +46,7 @@ from .space import (
     Skipped,
     Tables,
     configurations,
+    ep_refusal,
     fewest_gpus,
     fixed_cause,
     meshes,
@@ -164,6 +165,9 @@ def search(
     Raises NoConfigurationFits when no configuration is feasible, OctoError for a space too
     large."""
     began = time.perf_counter()
+    why = ep_refusal(cluster)
+    if why is not None:
+        raise OctoError(why)
     warm_up()  # loading the compiled simulator: within the budget, as all start-up is
     tables = Tables(cluster)
     tps, excluded = tp_degrees(cluster)
@@ -257,28 +261,28 @@ def _enumerate(
     cluster: Cluster, tps: list[int], tables: Tables, excluded: dict[int, str]
 ) -> tuple[list[Candidate], list[Skipped]]:
     """The feasible configurations by lower bound (ties by configuration), and the infeasible
-    ones with why. A larger micro-batch of a mesh and ZeRO stage whose smaller one does not fit
-    does not fit either (it only adds activations): it is skipped without its own problem."""
+    ones with why. A larger micro-batch of a mesh, ZeRO stage and ep whose smaller one does not
+    fit does not fit either (it only adds activations): it is skipped without its own problem."""
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
-    too_big: set[tuple[int, int, int, int]] = set()
+    too_big: set[tuple[int, int, int, int, int]] = set()
     # counted before any is costed, so that a huge space is refused at once
     configs = list(itertools.islice(configurations(cluster, tps), MAX_CONFIGS + 1))
     if len(configs) > MAX_CONFIGS:
         raise OctoError(
             f"{cluster.gpus:,} GPUs and a global batch of {cluster.global_batch:,} "
             f"make more than {MAX_CONFIGS:,} configurations; fix some of the "
-            "choices (--tp, --devices, --microbatch-size, --zero)"
+            "choices (--tp, --devices, --microbatch-size, --zero, --ep)"
         )
     for config in configs:
-        key = (config.tp, config.pp, config.dp, config.zero)
+        key = (config.tp, config.pp, config.dp, config.zero, config.ep)
         if key in too_big:
             skipped.append(
                 Skipped(
                     config,
                     INFEASIBLE,
-                    "a smaller micro-batch of the same mesh "
-                    "and ZeRO stage does not fit in memory already",
+                    "a smaller micro-batch of the same mesh, "
+                    "ZeRO stage and ep does not fit in memory already",
                     memory=True,
                 )
             )
@@ -354,7 +358,7 @@ def _why_fixed(c: Cluster, excluded: dict[int, str]) -> str:
         return f"tp must divide the {c.gpus_per_node} GPUs per node and the {c.gpus} GPUs"
     return (
         "tp x pp x dp = the GPUs, pp at most the layer count, dp x micro-batch size dividing "
-        "the global batch, ZeRO 1 or 2 only with dp > 1"
+        "the global batch, ZeRO 1 or 2 only with dp > 1, ep dividing dp"
     )
 
 
