@@ -86,12 +86,20 @@ def test_the_memory_proof_shards_the_experts_as_the_simulator_does(zero):
     assert layers.sum() < 0.6 * one.layer_static().sum()
 
 
-@pytest.mark.parametrize("pp,ep", [(1, 2), (2, 4), (2, 8)])
-def test_no_classic_plan_beats_the_bound_when_groups_hide_all_to_alls(pp, ep):
+@pytest.mark.parametrize(
+    "model,gpus,config",
+    [
+        (HEAVY, 8, Config(1, 1, 8, 1, 8, 1, 8)),
+        (HEAVY, 16, Config(1, 2, 8, 1, 8, 1, 4)),
+        ("jamba-tiny", 16, Config(8, 1, 2, 1, 8, 1, 2)),
+    ],
+)
+def test_no_classic_plan_beats_the_bound_when_groups_hide_all_to_alls(model, gpus, config):
     """DualPipeV's overlap groups run the expert all-to-alls under the other op's compute: the
-    lower bound leaves them out of the work, so no plan, grouped or not, is faster."""
-    c = Cluster(HEAVY, 8 * pp, 64)
-    problem = problem_of(c, Config(1, pp, 8, 1, 8, 1, ep), Tables(c))
+    lower bound leaves them out of the work, so no plan, grouped or not, is faster (with them
+    in, DualPipeV on one device beat the first and third cases' bounds)."""
+    c = Cluster(model, gpus, config.dp * config.microbatches)
+    problem = problem_of(c, config, Tables(c))
     bound = problem.tight_lower_bound()
     evaluate = Evaluator(problem)
     grouped = 0
