@@ -17,7 +17,13 @@ from octodsl.gen import render_plan
 from octodsl.lint import lint_source
 from octodsl.plan import Recompute
 from octodsl.tune.cluster.report import cluster_table, to_json
-from octodsl.tune.cluster.search import NoConfigurationFits, plan_of, search
+from octodsl.tune.cluster.search import (
+    Candidate,
+    NoConfigurationFits,
+    plan_of,
+    screen_order,
+    search,
+)
 from octodsl.tune.cluster.space import (
     Cluster,
     Config,
@@ -139,3 +145,14 @@ def test_hostile_ep_of_a_single_plan(tmp_path, capsys, args, message):
     base = ["tune", "--model", "jamba-tiny", "-p", "2", "-m", "4"]
     assert main(base + args + ["-o", str(tmp_path / "t.octo")]) == 2
     assert message in one_line_error(capsys)
+
+
+def test_each_ep_is_screened_in_turn_and_a_dense_model_by_bound():
+    def cand(ep: int, bound: float) -> Candidate:
+        return Candidate(Config(1, 2, 8, 1, 2, 1, ep), None, bound)  # type: ignore[arg-type]
+
+    by_bound = [cand(1, 1.0), cand(1, 2.0), cand(1, 3.0), cand(4, 4.0), cand(2, 5.0), cand(4, 6.0)]
+    order = [(c.config.ep, c.bound) for c in screen_order(by_bound)]
+    assert order == [(1, 1.0), (4, 4.0), (2, 5.0), (1, 2.0), (4, 6.0), (1, 3.0)]
+    dense = [c for c in by_bound if c.config.ep == 1]
+    assert screen_order(dense) == dense

@@ -8,9 +8,9 @@ iteration is the most tokens per GPU per second. The search, within one budget:
    infeasible; the rest are ranked by their lower bound (`Problem.tight_lower_bound`, a bound
    over every plan of the configuration);
 2. the Megatron-style recipe (baselines.py): its plans are the first to beat;
-3. screen: in order of lower bound, the classic schedules of each configuration (every
-   generator, every partition, with the recompute that fits), until `SCREEN_SHARE` of the
-   budget left is spent; a configuration whose lower bound is no shorter than the best plan
+3. screen: in order of lower bound (taking each ep's in turn: `screen_order`), the classic
+   schedules of each configuration (every generator, every partition, with the recompute that
+   fits), until `SCREEN_SHARE` of the budget left is spent; a configuration whose lower bound is no shorter than the best plan
    simulated so far is dominated and not screened;
 4. tune: in order of the best classic time, the pipeline tuner refines each configuration that
    can still win (its lower bound below the best plan so far), the budget left shared among at
@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -372,13 +373,29 @@ def _adopt(result: ClusterResult) -> None:
             c.baselines.append(Baseline(m.plan_name, m.score, recompute=m.recompute))
 
 
+def screen_order(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates (by lower bound) in the order they are screened: by their rank among
+    those of the same ep, then by bound, so that each ep's most promising configurations come
+    early. The bounds of different eps are loose by different amounts (at ep > 1 the work
+    terms leave out the all-to-alls an overlap group may hide, while the expert GEMMs of fewer,
+    fuller experts run faster), and a space with several eps has several times the
+    configurations a budget can screen. With one ep (a dense model), the order of the bounds."""
+    rank: Counter[int] = Counter()
+    keyed = []
+    for c in candidates:
+        keyed.append((rank[c.config.ep], c.bound, c.config, c))
+        rank[c.config.ep] += 1
+    return [k[-1] for k in sorted(keyed, key=lambda k: k[:3])]
+
+
 def _screen(state: _State, until: float) -> int:
-    """The classic plans of the candidates not screened yet that can still win, by lower bound,
-    until `until` (the first of the search whatever the time); how many it screened."""
+    """The classic plans of the candidates not screened yet that can still win, in
+    `screen_order`, until `until` (the first of the search whatever the time); how many it
+    screened."""
     r = state.result
     first = not any(c.screened for c in r.candidates)
     count = 0
-    for i, c in enumerate(r.candidates):
+    for i, c in enumerate(screen_order(r.candidates)):
         if c.screened or state.beaten(c):
             continue
         if (count or not first) and time.perf_counter() >= until:
