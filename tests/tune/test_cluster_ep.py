@@ -156,3 +156,13 @@ def test_each_ep_is_screened_in_turn_and_a_dense_model_by_bound():
     assert order == [(1, 1.0), (4, 4.0), (2, 5.0), (1, 2.0), (4, 6.0), (1, 3.0)]
     dense = [c for c in by_bound if c.config.ep == 1]
     assert screen_order(dense) == dense
+
+
+def test_a_single_plan_is_tuned_at_the_ep_given(tmp_path, capsys):
+    out = tmp_path / "t.octo"
+    args = ["tune", "--model", "jamba-tiny", "-p", "2", "-m", "4", "--dp", "4", "--ep", "4"]
+    assert main(args + ["--evaluations", "10", "--budget", "10m", "-o", str(out)]) == 0
+    capsys.readouterr()
+    plan, diags = lint_source(out.read_text(), str(out))
+    assert plan.header.ep == 4 and plan.header.dp == 4
+    assert not [d for d in diags if d.is_error]
