@@ -68,17 +68,19 @@ def dualpipev(candidate) -> tuple[float, float] | None:
 
 
 def run(model: str, gpus: int, budget: float) -> dict:
-    from octodsl.tune.cluster.report import rows
+    from octodsl.tune.cluster.report import rows, skipped_counts
 
     out: dict = {"model": model, "gpus": gpus}
     for side, ep in (("ep", None), ("ep 1", 1)):
         result = search(model, gpus, budget, ep)
         best = rows(result)[0]
+        counts = skipped_counts(result)
         out[side] = {
             "config": best.config.short(),
             "plan": best.how,
             "tok": best.throughput,
-            "searched": len(result.candidates) + len(result.skipped),
+            "space": sum(counts.values()),
+            "screened": counts["tuned"] + counts["screened"],
         }
         if ep is None:
             out["dualpipev"] = dualpipev(result.best)
@@ -121,9 +123,11 @@ def report(results: list[dict], command: str, seconds: float, budget: float) -> 
         )
     lines += [
         "",
-        "Configurations in each side's space (searched / ep 1): "
+        "Configurations screened (their classic plans simulated, some then tuned) of the space, "
+        "ep searched and ep 1: "
         + "; ".join(
-            f"{r['model']} {r['gpus']}: {r['ep']['searched']:,} / {r['ep 1']['searched']:,}"
+            f"{r['model']} {r['gpus']}: {r['ep']['screened']:,} of {r['ep']['space']:,} and "
+            f"{r['ep 1']['screened']:,} of {r['ep 1']['space']:,}"
             for r in results
         )
         + ".",
