@@ -1,15 +1,16 @@
-"""Expert parallelism for the MoE hybrids (issue 29): what ep buys on H800 clusters, and what
-DualPipeV's overlap groups buy over the same orders run op by op.
+"""Expert parallelism for the MoE hybrids (issue 29): what letting `tune --gpus` choose ep buys on
+H800 clusters, and what DualPipeV's overlap groups buy over the same orders run op by op.
 
-For each model and GPU count, every configuration of a grid (tp, pp, dp = GPUs / tp / pp, ep
-dividing dp and the expert count, ZeRO 1, micro-batch 1, recompute none or full, schedules 1F1B,
-ZB-H1 and DualPipeV) is generated with `octodsl gen` and simulated with the analytical H800
-costs; a configuration counts when its peak memory fits the H800's 80 GB. The table gives the
-fastest with ep 1 and with any ep, and, for the fastest DualPipeV, its time with its overlap
-groups and with each group's ops run in turn (the all-to-alls then in line). A grid of classic
-schedules, not the tuner: what `tune --gpus` would add on top is not measured here.
+For each model and GPU count, the whole-cluster search (`octodsl tune --gpus`, octodsl.tune.cluster)
+runs twice with the same budget: once with ep searched beside tp, pp, dp, micro-batching and
+ZeRO, once with ep fixed at 1 (`--ep 1`). The table gives each side's best configuration and
+plan, and the speed-up of the first over the second. For the configuration the search with ep
+chose, the fastest DualPipeV plan of it (its classic plan, each partition and recompute tried)
+is simulated with its overlap groups and with each group's ops run in turn (the all-to-alls
+then in line). Both sides' searches are stopped by the clock, so a rerun on a faster or less
+loaded machine may screen and tune more configurations.
 
-    .venv/bin/python benchmarks/expert_parallel.py [-o benchmarks/expert_parallel.md]
+    .venv/bin/python benchmarks/expert_parallel.py [--budget 120] [-o benchmarks/expert_parallel.md]
 """
 
 from __future__ import annotations
@@ -22,60 +23,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import commit, cpu_model  # noqa: E402
+from machine import commit, cpu_model, write_outputs  # noqa: E402
 
 MODELS = ("jamba-v0.1", "qwen3-next-80b")
 GPUS = (64, 128, 256)
 GLOBAL_BATCH = 1024
 """Sequences per iteration (4096 tokens each): 4M tokens, the order of a large MoE run's batch."""
-TP = (1, 2, 4, 8)
-PP = (2, 4, 8, 16)
-SCHEDULES = ("1f1b", "zb-h1", "dualpipev")
-RECOMPUTE = ("none", "full")
 DEVICE = "H800"
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    tp: int
-    pp: int
-    dp: int
-    ep: int
-    schedule: str
-    recompute: str
-
-    def __str__(self) -> str:
-        return (
-            f"tp {self.tp} x pp {self.pp} x dp {self.dp}, ep {self.ep}, {self.schedule}, "
-            f"recompute {self.recompute}"
-        )
-
-
-def experts(model: str) -> int:
-    from octodsl.models import load_model
-
-    spec = load_model(model)
-    return max(getattr(layer, "experts", 0) for layer in spec.layers)
-
-
-def grid(model: str, gpus: int) -> list[Config]:
-    e = experts(model)
-    out = []
-    for tp in TP:
-        for pp in PP:
-            if gpus % (tp * pp):
-                continue
-            dp = gpus // (tp * pp)
-            if GLOBAL_BATCH % dp:
-                continue
-            m = GLOBAL_BATCH // dp
-            for ep in (k for k in range(1, dp + 1) if dp % k == 0 and e % k == 0):
-                for schedule in SCHEDULES:
-                    if m < (2 * pp if schedule == "dualpipev" else pp):
-                        continue
-                    for recompute in RECOMPUTE:
-                        out.append(Config(tp, pp, dp, ep, schedule, recompute))
-    return out
+BUDGET = 120.0
+"""Seconds per search (each side of each row): `tune --budget`."""
 
 
 def split_groups(plan):
@@ -86,124 +42,123 @@ def split_groups(plan):
     return dataclasses.replace(plan, schedule=schedule)
 
 
-def simulate(model: str, c: Config, tables: dict, grouped: bool = True):
-    """(iteration seconds, peak bytes) of configuration `c`."""
-    from octodsl.costs.devices import get_device, get_link
-    from octodsl.costs.resolve import cost_table, header_costing
-    from octodsl.gen import generate
-    from octodsl.plan import Recompute
-    from octodsl.sim import SimCosts, simulate
-
-    m = GLOBAL_BATCH // c.dp
-    plan = generate(
-        c.schedule,
-        c.pp,
-        m,
-        model=model,
-        mesh={"tp": c.tp, "dp": c.dp, "ep": c.ep, "zero": 1},
-    )
-    stages = [dataclasses.replace(s, recompute=Recompute(c.recompute)) for s in plan.stages]
-    plan = dataclasses.replace(plan, stages=stages)
-    if not grouped:
-        plan = split_groups(plan)
-    key = tuple(sorted(header_costing(plan.header).items()))
-    if key not in tables:
-        tables[key] = cost_table(model=model, device=DEVICE, **dict(key))
-    device = get_device(DEVICE)
-    r = simulate(
-        plan,
-        SimCosts.from_table(tables[key], plan),
-        get_link(device.node_link),
-        inter_link=get_link(device.inter_node_link),
-    )
-    return r.iteration_time, float(r.peak_memory.max())
-
-
-def run(model: str, gpus: int) -> dict:
+def search(model: str, gpus: int, budget: float, ep: int | None):
     from octodsl.costs.devices import get_device
+    from octodsl.tune.cluster.search import search as cluster_search
+    from octodsl.tune.cluster.space import Cluster
 
-    limit = get_device(DEVICE).memory
-    tables: dict = {}
-    fits: list[tuple[float, Config]] = []
-    configs = grid(model, gpus)
-    for c in configs:
-        seconds, peak = simulate(model, c, tables)
-        if peak <= limit:
-            fits.append((seconds, c))
-    best = {
-        "ep 1": min((f for f in fits if f[1].ep == 1), default=None, key=lambda f: f[0]),
-        "any ep": min(fits, default=None, key=lambda f: f[0]),
-    }
-    dpv = min((f for f in fits if f[1].schedule == "dualpipev"), default=None, key=lambda f: f[0])
-    split = simulate(model, dpv[1], tables, grouped=False)[0] if dpv else None
-    return {
-        "model": model,
-        "gpus": gpus,
-        "configs": len(configs),
-        "fit": len(fits),
-        "best": best,
-        "dualpipev": dpv,
-        "dualpipev_split": split,
-    }
+    cluster = Cluster(
+        model, gpus, GLOBAL_BATCH, device=DEVICE, memory=get_device(DEVICE).memory, ep=ep
+    )
+    return cluster_search(cluster, budget=budget)
 
 
-def tokens(seconds: float, gpus: int) -> str:
-    return f"{GLOBAL_BATCH * 4096 / seconds / gpus:,.0f}"
+def dualpipev(candidate) -> tuple[float, float] | None:
+    """(overlapped, in turn) seconds of the candidate's fastest DualPipeV plan that fits, or None."""
+    from octodsl.tune.pipeline.evaluate import Evaluator
+    from octodsl.tune.reference.baselines import best_baseline, classic_baselines
+
+    evaluate = Evaluator(candidate.problem)
+    best = best_baseline(
+        classic_baselines(candidate.problem, evaluate, schedules=(("dualpipev", None),))
+    )
+    if best is None or best.score is None:
+        return None
+    return best.score.time, evaluate(split_groups(best.score.plan)).time
 
 
-def report(results: list[dict], command: str, seconds: float) -> str:
+def run(model: str, gpus: int, budget: float) -> dict:
+    from octodsl.tune.cluster.report import rows, skipped_counts
+
+    out: dict = {"model": model, "gpus": gpus}
+    for side, ep in (("ep", None), ("ep 1", 1)):
+        result = search(model, gpus, budget, ep)
+        best = rows(result)[0]
+        counts = skipped_counts(result)
+        out[side] = {
+            "config": best.config.short(),
+            "plan": best.how,
+            "tok": best.throughput,
+            "space": sum(counts.values()),
+            "screened": counts["tuned"] + counts["screened"],
+        }
+        if ep is None:
+            out["dualpipev"] = dualpipev(result.best)
+    return out
+
+
+def report(results: list[dict], command: str, seconds: float, budget: float) -> str:
     lines = [
-        "# Expert parallelism on H800 clusters",
+        "# Expert parallelism on H800 clusters: `tune --gpus` with ep searched and with ep 1",
         "",
         f"Made by `{command}` at commit {commit()} on {cpu_model()} in {seconds:.0f} s "
         "(benchmarks/expert_parallel.py's docstring says what it compares).",
         "",
         f"Global batch {GLOBAL_BATCH} sequences of 4096 tokens; analytical {DEVICE} costs, NVLink "
-        "inside a node of 8, NDR InfiniBand between; ZeRO 1, micro-batch 1; a configuration "
-        "counts when its peak memory fits 80 GB. Throughput in tokens per GPU per second.",
+        "inside a node of 8, NDR InfiniBand between, 80 GB per GPU; target deepspeed (ZeRO 0 "
+        f"and 1). Each search had a budget of {budget:.0f} s of wall time on this 2-core machine "
+        "shared with other jobs (the same on both sides; the configurations' enumeration "
+        "counts in it), so each side screened and tuned only the most promising "
+        "configurations by their lower bound. Configurations are `Config.short()`: tp, pp, dp, "
+        "ep (when over 1), micro-batches x sequences each, ZeRO stage. Throughput in tokens "
+        "per GPU per second.",
         "",
-        "| model | GPUs | configurations (fit) | best with ep 1 | tok/GPU/s | best with ep | "
-        "tok/GPU/s | speed-up | DualPipeV overlapped / in turn |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | GPUs | ep searched: best | plan | tok/GPU/s | ep 1: best | plan | "
+        "tok/GPU/s | speed-up | DualPipeV at the ep-searched configuration: overlapped / in "
+        "turn |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        one, anyep = r["best"]["ep 1"], r["best"]["any ep"]
-        g = r["gpus"]
-        speed = f"{one[0] / anyep[0]:.2f}x" if one and anyep else "-"
-        dpv = r["dualpipev"]
-        dual = (
-            f"{dpv[0]:.3f} s / {r['dualpipev_split']:.3f} s ({str(dpv[1])})"
-            if dpv and r["dualpipev_split"]
-            else "-"
+        a, b = r["ep"], r["ep 1"]
+        dual = r["dualpipev"]
+        dpv = (
+            f"{dual[0]:.3f} s / {dual[1]:.3f} s ({dual[1] / dual[0]:.2f}x)"
+            if dual
+            else "no DualPipeV plan fits"
         )
         lines.append(
-            f"| {r['model']} | {g} | {r['configs']} ({r['fit']}) | "
-            f"{one[1] if one else 'none fits'} | {tokens(one[0], g) if one else '-'} | "
-            f"{anyep[1] if anyep else 'none fits'} | {tokens(anyep[0], g) if anyep else '-'} | "
-            f"{speed} | {dual} |"
+            f"| {r['model']} | {r['gpus']} | {a['config']} | {a['plan']} | {a['tok']:,.0f} | "
+            f"{b['config']} | {b['plan']} | {b['tok']:,.0f} | {a['tok'] / b['tok']:.2f}x | "
+            f"{dpv} |"
         )
+    lines += [
+        "",
+        "Configurations screened (their classic plans simulated, some then tuned) of the space, "
+        "ep searched and ep 1: "
+        + "; ".join(
+            f"{r['model']} {r['gpus']}: {r['ep']['screened']:,} of {r['ep']['space']:,} and "
+            f"{r['ep 1']['screened']:,} of {r['ep 1']['space']:,}"
+            for r in results
+        )
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", type=Path, default=Path("benchmarks/expert_parallel.md"))
+    ap.add_argument(
+        "--budget", type=float, default=BUDGET, help="seconds per search (default %(default)s)"
+    )
     args = ap.parse_args()
+    if not 1 <= args.budget <= 3600:
+        print("expert_parallel.py: --budget takes 1 to 3600 seconds", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     results = []
     for model in MODELS:
         for gpus in GPUS:
-            r = run(model, gpus)
-            print(f"{model} {gpus}: {r['fit']} of {r['configs']} fit", flush=True)
+            r = run(model, gpus, args.budget)
+            print(
+                f"{model} {gpus}: ep {r['ep']['config']} {r['ep']['tok']:,.0f}, "
+                f"ep 1 {r['ep 1']['config']} {r['ep 1']['tok']:,.0f} tok/GPU/s",
+                flush=True,
+            )
             results.append(r)
     command = " ".join(["benchmarks/expert_parallel.py", *sys.argv[1:]])
-    text = report(results, f".venv/bin/python {command}", time.perf_counter() - t0)
-    from octodsl.fileio import write_atomic
-
-    try:
-        write_atomic(args.output, text)
-    except OSError as e:
-        print(f"expert_parallel.py: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+    text = report(results, f".venv/bin/python {command}", time.perf_counter() - t0, args.budget)
+    if not write_outputs("expert_parallel.py", {args.output: text}):
         return 2
     print(re.sub(r"\n+$", "", text))
     return 0

@@ -1,20 +1,20 @@
 """`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
-[--dp N] [--zero 0|1|2] [--tp N] [--sequence-parallel true|false] [--gpus-per-node N]
+[--dp N] [--zero 0|1|2] [--ep N] [--tp N] [--sequence-parallel true|false] [--gpus-per-node N]
 [--link NAME] [--inter-node-link NAME] [--recompute auto|none|full|selective] [--budget 60s]
 [--evaluations N] [--seed N] [--from PLAN [--keep partition|partition,placement]]
 [--compare random,milp,milp-warm] [--explain] [--json]`: search partition, placement, schedule
 and recompute together for the fastest plan that fits in memory, and show it next to the
 classic schedules (with the same levers) on the same simulator.
 
-`--dp`, `--zero`, `--tp`, `--sequence-parallel` and `--gpus-per-node` go into the header of
-every plan the tuner proposes and writes (ZeRO shards the optimizer state, and with 2 the
-gradients, over the dp copies; at tp N every layer is one GPU's share of a tp group, costed with
+`--dp`, `--zero`, `--ep`, `--tp`, `--sequence-parallel` and `--gpus-per-node` go into the header
+of every plan the tuner proposes and writes (ZeRO shards the optimizer state, and with 2 the
+gradients, over the dp copies; ep spreads the MoE layers' experts over ep of them; at tp N every layer is one GPU's share of a tp group, costed with
 its collectives). `--recompute auto` lets the tuner pick each stage's mode; a mode makes every
 stage recompute that way (`none`: never). `--keep` keeps the `--from` plan's cuts (and
 placement) exactly.
 
 `octodsl tune --model SPEC --gpus N --global-batch B -o PLAN [--top K]` searches the whole
-configuration instead (tp x pp x dp, micro-batching, ZeRO; `octodsl.cli.tune_cluster`)."""
+configuration instead (tp x pp x dp, micro-batching, ZeRO, ep; `octodsl.cli.tune_cluster`)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from .common import (
     DEVICE_HELP,
     DEVICES,
     DP,
+    EP,
     LINK,
     LINK_HELP,
     MICROBATCH_SIZE,
@@ -109,6 +110,14 @@ def register(sub) -> None:
         help="ZeRO stage over the dp copies: "
         "1 shards the optimizer state, 2 the gradients too; in every plan's header "
         "(default: the --from plan's, else 0)",
+    )
+    p.add_argument(
+        "--ep",
+        type=EP,
+        metavar="N",
+        help="expert-parallel degree of the MoE layers: their experts spread over N of the dp "
+        "copies (divides dp and the expert count); in every plan's header (default: the --from "
+        "plan's, else 1); with --gpus it fixes ep instead of searching it",
     )
     add_mesh_options(p, default_from="the --from plan's, else tp 1 and 8 GPUs per node")
     p.add_argument(
@@ -311,6 +320,8 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     """The options given, else the --from plan's header (micro-batch shape, memory limit, data
     parallelism), else the defaults."""
     from ..costs.devices import get_device
+    from ..models import load_model
+    from ..models.ep import ep_problem
     from ..plan import zero_without_copies
     from ..tune.problem import Problem
 
@@ -322,6 +333,10 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
         pointless = zero_without_copies(zero, dp)
         if pointless:  # lint warns of it in a plan; a search that shards nothing is refused
             raise UserError(f"--{pointless}: give --dp 2 or more, or --zero 0")
+        ep = args.ep if args.ep is not None else own.ep if own is not None else 1
+        why = ep_problem(load_model(model), ep, dp)
+        if why is not None:  # lint's E705 / E706 on every plan the tuner would write
+            raise UserError(f"--ep {ep}: {why[1]}")
         mesh = (
             {
                 "tp": own.tp,
@@ -331,7 +346,7 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
             if own is not None
             else {}
         )
-        mesh.update(mesh_update(args, mesh.get("tp", 1), mesh.get("sequence_parallel")))
+        mesh.update(mesh_update(args, mesh.get("tp", 1), mesh.get("sequence_parallel")), ep=ep)
         problem = Problem.create(
             model,
             devices,

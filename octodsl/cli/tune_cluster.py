@@ -1,7 +1,7 @@
 """`octodsl tune --model SPEC --gpus N --global-batch B -o PLAN [--top K] [--seq-len N]
 [--device H800] [--gpus-per-node 8] [--memory 80GiB] [--budget 60s] [--evaluations N]
 [--json]`: the fastest configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
-`--devices` (pp), `--microbatch-size`, `--zero` and `--recompute` fix those choices instead of
+`--devices` (pp), `--microbatch-size`, `--zero`, `--ep` and `--recompute` fix those choices instead of
 searching them; `--sequence-parallel false` keeps sequence parallelism off; `--target` chooses
 the runtime the configurations are for (octodsl.tune.target). Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
 and on."""
@@ -41,8 +41,8 @@ def add_cluster_options(p) -> None:
         type=GPUS,
         metavar="N",
         help="search the whole configuration for "
-        "this many GPUs: tp x pp x dp, micro-batching, ZeRO (with --global-batch; "
-        "--tp, --devices, --microbatch-size and --zero fix those choices; "
+        "this many GPUs: tp x pp x dp, micro-batching, ZeRO, ep (with --global-batch; "
+        "--tp, --devices, --microbatch-size, --zero and --ep fix those choices; "
         "docs/cluster.md)",
     )
     p.add_argument(
@@ -111,6 +111,7 @@ def run_cluster(args, began: float) -> int:
             pp=args.devices,
             microbatch_size=args.microbatch_size,
             zero=args.zero,
+            ep=args.ep,
             sequence_parallel=args.sequence_parallel,
             target=target,
         )

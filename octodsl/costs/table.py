@@ -77,6 +77,11 @@ class LayerCost:
     those (`CostTable.range_costs`, `expert_grad_bytes`)."""
 
     @property
+    def expert_fraction(self) -> float:
+        """Of the layer's parameters on this GPU, the routed experts' share."""
+        return self.expert_params / self.params if self.params else 0.0
+
+    @property
     def message_bytes(self) -> float:
         """Bytes one GPU sends across a cut after this layer."""
         return self.out_bytes if self.msg_bytes is None else self.msg_bytes
@@ -263,6 +268,16 @@ class CostTable:
         """The expert-parallel degree the table is costed at (meta `ep`, default 1)."""
         return int(self.meta.get("ep", 1))
 
+    def layer_statics(self, zero: int, dp: int) -> list[float]:
+        """Each layer's static bytes under ZeRO over `dp` copies: its routed experts' part
+        sharded over the dp / ep copies that hold the same experts only (as `range_costs`
+        shards a stage)."""
+        share = self.param_bytes.share(zero, dp)
+        if self.ep == 1:
+            return [share * l.static for l in self.layers]
+        experts = self.param_bytes.share(zero, max(1, dp // self.ep)) - share
+        return [(share + experts * l.expert_fraction) * l.static for l in self.layers]
+
     def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
         """Gradient bytes of layers `first..last` (default: all) as the data-parallel
         collectives move them (`grad_reduce_bytes` each)."""
@@ -394,7 +409,7 @@ class CostTable:
         ep = self.ep
         if ep > 1:  # the experts' part sharded over their own copies, the dp / ep that hold them
             expert_copies = max(1, dp // ep)
-            fraction = [l.expert_params / l.params if l.params else 0.0 for l in ls]
+            fraction = [l.expert_fraction for l in ls]
             expert_static = sum(l.static * x for l, x in zip(ls, fraction, strict=True))
             expert_update = sum(l.update * x for l, x in zip(ls, fraction, strict=True))
             static += (self.param_bytes.share(zero, expert_copies) - share) * expert_static

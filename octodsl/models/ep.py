@@ -61,8 +61,14 @@ def split_experts_problem(moes: list[MoEConfig], ep: int, whose: str) -> str | N
 
 
 def eps_that_fit(spec: ModelSpec | None, dp: int) -> list[int]:
-    """The ep that divide dp and every MoE layer's expert count (1 always does), ascending."""
-    experts = {layer.experts for layer in moe_layers(spec)} if spec else set()
+    """The ep that divide dp and every MoE layer's expert count (1 always does), ascending;
+    1 alone for a spec without MoE layers (a larger ep has no experts to spread: W704), every
+    divisor of dp when the spec is unknown (None)."""
+    if spec is None:
+        return _divisors(dp)
+    experts = {layer.experts for layer in moe_layers(spec)}
+    if not experts:
+        return [1]
     return [e for e in _divisors(dp) if all(n % e == 0 for n in experts)]
 
 

@@ -46,8 +46,11 @@ def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarr
     """Per layer, the seconds B runs again and the bytes a micro-batch keeps from F to B under
     `mode` (`levers.recomputed` layer by layer; full keeps the stage's input, counted as none
     of any layer's)."""
-    f, act, sel_f, sel_act = (problem.column(k) for k in ("f", "act", "sel_f", "sel_act"))
-    again, kept = recomputed(mode, f, act, sel_f, sel_act, 0.0)
+    # the forward run again, its all-to-alls left out as in `Problem.work` (a group may hide them)
+    f, ep_f, act, sel_f, sel_act = (
+        problem.column(k) for k in ("f", "ep_f", "act", "sel_f", "sel_act")
+    )
+    again, kept = recomputed(mode, f - ep_f, act, sel_f, sel_act, 0.0)
     zero = np.zeros(len(f))  # a mode's scalar (none's 0 seconds) as one per layer
     return zero + again, zero + kept
 
@@ -84,11 +87,13 @@ def tight_lower_bound(problem: Problem) -> float:
     under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
     mode costs against the bytes it saves. The data-parallel collectives no plan avoids
     count too (dp_seconds(), dp_stream_bound())."""
-    f, b, w = (problem.column(k) for k in "fbw")
+    f, b, w, ep_f, ep_b = (problem.column(k) for k in ("f", "b", "w", "ep_f", "ep_b"))
     before_f = np.cumsum(f) - f
     before_b = np.cumsum(b) - b
     m = problem.microbatches
-    layer = before_f + m * (f + b) + np.maximum(m * w, before_b)
+    # the layer's M forwards and backwards less their all-to-alls, which overlap groups of them
+    # may hide (`Problem.work`); one micro-batch's chain of ops takes each op's whole time
+    layer = before_f + m * (f - ep_f + b - ep_b) + np.maximum(m * w, before_b)
     before, after = dp_seconds(problem)
     return max(
         max(lower_bound(problem), float(layer.max()), memory_lower_bound(problem)) + after,

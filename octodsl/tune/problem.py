@@ -96,7 +96,9 @@ class Problem:
     inter_link: Link | None = None
     """Between nodes: pipeline messages and dp collectives that leave a node (None: `link`)."""
     work: np.ndarray = field(init=False, repr=False)
-    """F + B + W seconds of each layer."""
+    """F + B + W seconds of each layer, less its expert all-to-alls (`LayerCost.ep_f`, `ep_b`):
+    the least its ops keep a device busy, since an overlap group may run them under another
+    op's compute (`SimProgram.per_slot`)."""
     _costs: dict[tuple, SimCosts] = field(init=False, repr=False, default_factory=dict)
     """`sim_costs` by partition, recompute modes and header."""
     _columns: dict[str, np.ndarray] = field(init=False, repr=False, default_factory=dict)
@@ -113,7 +115,7 @@ class Problem:
         # A pipeline's ops wait for messages, so each pays the host's launch time: in the
         # layers' F and B here, for the bounds and estimates as for the simulator
         self.table = self.table.pipelined()
-        self.work = np.array([l.f + l.b + l.w for l in self.table.layers])
+        self.work = np.array([l.f + l.b + l.w - l.ep_f - l.ep_b for l in self.table.layers])
 
     def column(self, name: str) -> np.ndarray:
         """Each layer's `name` (a LayerCost field) as a read-only array, built once: the bounds
@@ -203,16 +205,12 @@ class Problem:
     def memory(self) -> int | None:
         return self.header.memory
 
-    @property
-    def share(self) -> float:
-        """The factor ZeRO over the header's dp copies puts on a layer's static bytes. Only what
-        reads `LayerCost.static` itself applies it: `CostTable.stage_costs` shards by the
-        plan's header already."""
-        return self.table.param_bytes.share(self.header.zero, self.header.dp)
-
     def layer_static(self) -> np.ndarray:
-        """Each layer's static bytes on its device, ZeRO applied."""
-        return self.share * np.array([l.static for l in self.table.layers], float)
+        """Each layer's static bytes on its device, ZeRO applied over the header's dp copies
+        (the routed experts' over dp / ep: `CostTable.layer_statics`). Only what reads
+        `LayerCost.static` itself applies it: `CostTable.stage_costs` shards by the plan's
+        header already."""
+        return np.array(self.table.layer_statics(self.header.zero, self.header.dp), float)
 
     @property
     def modes(self) -> tuple[Recompute, ...]:

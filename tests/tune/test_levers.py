@@ -55,7 +55,6 @@ TIGHT = dict(
 
 def test_static_bytes_are_sharded_once():
     pr = problem(**TIGHT, dp=8, zero=1)
-    assert pr.share == pytest.approx(SHARE_Z1_DP8)
     assert pr.layer_static() == pytest.approx([16 * SHARE_Z1_DP8] * 4)
     # The simulator gets the sharding from the plan's header (CostTable.stage_costs): the
     # tuner must not shard the table too. 16 x 2 layers x share = 11 bytes per device.

@@ -1,10 +1,11 @@
 """The search space of `tune --gpus` (octodsl.tune.space): checked against brute force over
-every (tp, pp, dp, micro-batch size, micro-batches, ZeRO) of the definition in space.py's
+every (tp, pp, dp, micro-batch size, micro-batches, ZeRO, ep) of the definition in space.py's
 docstring, on small clusters of the tiny models, with memory limits from a few percent of the
 model's bytes to none, so that both feasible and infeasible configurations occur."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from functools import cache
 
@@ -64,6 +65,7 @@ def clusters(
         pp=pick(st.integers(1, 8)),
         microbatch_size=pick(st.integers(1, 4)),
         zero=pick(st.integers(0, 2)),
+        ep=pick(st.sampled_from((1, 2, 3, 4, 16))),
     )
 
 
@@ -71,9 +73,14 @@ def splits(model: str, tp: int) -> bool:
     return not any(p.fatal for p in tp_problems(load_model(model), tp))
 
 
+def expert_counts(model: str) -> set[int]:
+    return {getattr(layer, "experts", 0) for layer in load_model(model).layers} - {0}
+
+
 def brute_force(c: Cluster) -> list[Config]:
     """Every configuration of the definition, by trying every number in range."""
     layers = len(load_model(c.model).layers)
+    experts = expert_counts(c.model)
     out = []
     for tp in range(1, c.gpus_per_node + 1):
         if c.gpus_per_node % tp or not splits(c.model, tp):
@@ -86,14 +93,16 @@ def brute_force(c: Cluster) -> list[Config]:
                     for m in range(1, c.global_batch + 1):
                         if dp * mbs * m != c.global_batch:
                             continue
-                        for zero in (0, 1, 2):
-                            config = Config(tp, pp, dp, mbs, m, zero)
+                        for zero, ep in itertools.product((0, 1, 2), range(1, dp + 1)):
+                            config = Config(tp, pp, dp, mbs, m, zero, ep)
                             if (
                                 (zero == 0 or dp > 1)
+                                and (ep == 1 or (experts and dp % ep == 0))
+                                and all(n % ep == 0 for n in experts)
                                 and admits(c.target, zero)
                                 and all(
                                     getattr(c, k) in (None, getattr(config, k))
-                                    for k in ("tp", "pp", "microbatch_size", "zero")
+                                    for k in ("tp", "pp", "microbatch_size", "zero", "ep")
                                 )
                             ):
                                 out.append(config)

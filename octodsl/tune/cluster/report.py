@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from ...models import load_model
+from ...models.ep import moe_layers
 from ...plan import Recompute
 from ...units import milliseconds, size
 from ..pipeline.evaluate import Score
@@ -60,6 +62,7 @@ class Row:
             "tp": c.tp,
             "pp": c.pp,
             "dp": c.dp,
+            "ep": c.ep,
             "microbatch_size": c.microbatch_size,
             "microbatches": c.microbatches,
             "zero": c.zero,
@@ -149,10 +152,12 @@ def cluster_table(result: ClusterResult) -> Table:
         header_style="bold",
         title_justify="left",
     )
+    experts = has_experts(result)
     for col in (
         "tp",
         "pp",
         "dp",
+        *(("ep",) if experts else ()),
         "mb size",
         "micro-b.",
         "zero",
@@ -170,7 +175,7 @@ def cluster_table(result: ClusterResult) -> Table:
             no_wrap=True,
         )
     for i, r in enumerate(rows(result)[:ROWS]):
-        table.add_row(*_cells(r), style="bold green" if i == 0 else "")
+        table.add_row(*_cells(r, experts), style="bold green" if i == 0 else "")
     return table
 
 
@@ -189,7 +194,7 @@ def baselines_table(result: ClusterResult) -> Table:
         "tok/GPU/s",
         "peak mem",
         "speed-up",
-    ):  # configuration: tp, pp, dp, micro-batches x size, ZeRO
+    ):  # configuration: tp, pp, dp, ep (when over 1), micro-batches x size, ZeRO
         table.add_column(
             col,
             justify="left" if col in ("baseline", "configuration", "plan") else "right",
@@ -242,12 +247,18 @@ def to_json(result: ClusterResult, written: list[str]) -> dict:
     }
 
 
-def _cells(r: Row) -> list[str]:
+def has_experts(result: ClusterResult) -> bool:
+    """Whether the model has MoE layers, whose configurations have an ep to show."""
+    return bool(moe_layers(load_model(result.cluster.model)))
+
+
+def _cells(r: Row, experts: bool) -> list[str]:
     c = r.config
     return [
         str(c.tp),
         str(c.pp),
         str(c.dp),
+        *((str(c.ep),) if experts else ()),
         str(c.microbatch_size),
         str(c.microbatches),
         str(c.zero),

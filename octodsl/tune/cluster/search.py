@@ -1,5 +1,5 @@
 """`tune --gpus`: the fastest way to train a global batch on a GPU count, searched over the whole
-configuration (tp x pp x dp, micro-batching, ZeRO) and, inside the most promising
+configuration (tp x pp x dp, micro-batching, ZeRO, expert parallelism) and, inside the most promising
 configurations, over plans (partition, placement, schedule, recompute) by the pipeline tuner.
 
 Every configuration runs the same global batch on the same GPUs, so the shortest simulated
@@ -8,11 +8,12 @@ iteration is the most tokens per GPU per second. The search, within one budget:
    infeasible; the rest are ranked by their lower bound (`Problem.tight_lower_bound`, a bound
    over every plan of the configuration);
 2. the Megatron-style recipe (baselines.py): its plans are the first to beat;
-3. screen: in order of the layout estimate (estimate.py: about a millisecond per
-   configuration, so every one the bounds leave in is estimated), the classic schedules of each
-   configuration (every generator, every partition, with the recompute that fits), until
-   `SCREEN_SHARE` of the budget left is spent; a configuration whose lower bound is no shorter
-   than the best plan simulated so far is dominated and not screened;
+3. screen: in `screen_order` (by the layout estimate, estimate.py: milliseconds per
+   configuration, so every one the bounds leave in is estimated; each ep's in turn), the
+   classic schedules of each configuration (every generator, every partition, with the
+   recompute that fits), until `SCREEN_SHARE` of the budget left is spent; a configuration
+   whose lower bound is no shorter than the best plan simulated so far is dominated and not
+   screened;
 4. tune: in order of the best classic time, the pipeline tuner refines each configuration that
    can still win (its lower bound below the best plan so far), the budget left shared among at
    most `TUNED` of them at a time;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -48,6 +50,7 @@ from .space import (
     Skipped,
     Tables,
     configurations,
+    ep_refusal,
     fewest_gpus,
     fixed_cause,
     meshes,
@@ -168,13 +171,16 @@ def search(
     Raises NoConfigurationFits when no configuration is feasible, OctoError for a space too
     large."""
     began = time.perf_counter()
+    why = ep_refusal(cluster)
+    if why is not None:
+        raise OctoError(why)
     warm_up()  # loading the compiled simulator: within the budget, as all start-up is
     tables = Tables(cluster)
     tps, excluded = tp_degrees(cluster)
     result = ClusterResult(cluster, [], [], [], excluded)
     result.candidates, result.skipped = _enumerate(cluster, tps, tables, excluded)
     # writing and checking the `top` plans comes out of the budget: the likely winners' size
-    likely = sorted(result.candidates, key=_screening_order)[: max(TUNED, top)]
+    likely = screen_order(result.candidates)[: max(TUNED, top)]
     t0 = time.perf_counter()
     ops = max(plan_ops(c.config.pp, c.config.microbatches) for c in likely)
     budget = max(budget - (t0 - began) - check_reserve(ops, top), 1e-3)
@@ -263,28 +269,28 @@ def _enumerate(
     cluster: Cluster, tps: list[int], tables: Tables, excluded: dict[int, str]
 ) -> tuple[list[Candidate], list[Skipped]]:
     """The feasible configurations by lower bound (ties by configuration), and the infeasible
-    ones with why. A larger micro-batch of a mesh and ZeRO stage whose smaller one does not fit
-    does not fit either (it only adds activations): it is skipped without its own problem."""
+    ones with why. A larger micro-batch of a mesh, ZeRO stage and ep whose smaller one does not
+    fit does not fit either (it only adds activations): it is skipped without its own problem."""
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
-    too_big: set[tuple[int, int, int, int]] = set()
+    too_big: set[tuple[int, int, int, int, int]] = set()
     # counted before any is costed, so that a huge space is refused at once
     configs = list(itertools.islice(configurations(cluster, tps), MAX_CONFIGS + 1))
     if len(configs) > MAX_CONFIGS:
         raise OctoError(
             f"{cluster.gpus:,} GPUs and a global batch of {cluster.global_batch:,} "
             f"make more than {MAX_CONFIGS:,} configurations; fix some of the "
-            "choices (--tp, --devices, --microbatch-size, --zero)"
+            "choices (--tp, --devices, --microbatch-size, --zero, --ep)"
         )
     for config in configs:
-        key = (config.tp, config.pp, config.dp, config.zero)
+        key = (config.tp, config.pp, config.dp, config.zero, config.ep)
         if key in too_big:
             skipped.append(
                 Skipped(
                     config,
                     INFEASIBLE,
-                    "a smaller micro-batch of the same mesh "
-                    "and ZeRO stage does not fit in memory already",
+                    "a smaller micro-batch of the same mesh, "
+                    "ZeRO stage and ep does not fit in memory already",
                     memory=True,
                 )
             )
@@ -362,7 +368,7 @@ def _why_fixed(c: Cluster, excluded: dict[int, str]) -> str:
         return f"tp must divide the {c.gpus_per_node} GPUs per node and the {c.gpus} GPUs"
     return (
         "tp x pp x dp = the GPUs, pp at most the layer count, dp x micro-batch size dividing "
-        "the global batch, ZeRO 1 or 2 only with dp > 1"
+        "the global batch, ZeRO 1 or 2 only with dp > 1, ep dividing dp"
     )
 
 
@@ -376,14 +382,29 @@ def _adopt(result: ClusterResult) -> None:
             c.baselines.append(Baseline(m.plan_name, m.score, recompute=m.recompute))
 
 
+def screen_order(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates in the order they are screened: by their rank among those of the same
+    ep, then by layout estimate (then bound), so that each ep's most promising configurations
+    come early. The estimates of different eps err by different amounts (at ep > 1 they count
+    every all-to-all, which an overlap group may hide), and a space with several eps has
+    several times the configurations a budget can screen. With one ep (a dense model), the order of
+    the estimates."""
+    rank: Counter[int] = Counter()
+    keyed = []
+    for c in sorted(candidates, key=lambda c: (c.estimate, c.bound, c.config)):
+        keyed.append((rank[c.config.ep], c.estimate, c.bound, c.config, c))
+        rank[c.config.ep] += 1
+    return [k[-1] for k in sorted(keyed, key=lambda k: k[:4])]
+
+
 def _screen(state: _State, until: float) -> int:
-    """The classic plans of the candidates not screened yet that can still win, by layout
-    estimate, until `until` (the first of the search whatever the time); how many it
+    """The classic plans of the candidates not screened yet that can still win, in
+    `screen_order`, until `until` (the first of the search whatever the time); how many it
     screened."""
     r = state.result
     first = not any(c.screened for c in r.candidates)
     count = 0
-    for i, c in enumerate(sorted(r.candidates, key=_screening_order)):
+    for i, c in enumerate(screen_order(r.candidates)):
         if c.screened or state.beaten(c):
             continue
         if (count or not first) and time.perf_counter() >= until:
@@ -402,10 +423,6 @@ def _screen(state: _State, until: float) -> int:
             assert c.classic.score is not None, "a usable baseline is scored"
             state.incumbent = min(state.incumbent, c.classic.score.time)
     return count
-
-
-def _screening_order(c: Candidate) -> tuple:
-    return (c.estimate, c.bound, c.config)
 
 
 def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -> None:

@@ -1,13 +1,15 @@
 """The configurations `tune --gpus` chooses among: every way to run a global batch on a GPU count
-as tp x pp x dp, micro-batch size x micro-batches and a ZeRO stage, each with its tuning problem,
-and the proof that each one left out cannot work.
+as tp x pp x dp, micro-batch size x micro-batches, a ZeRO stage and an expert-parallel degree,
+each with its tuning problem, and the proof that each one left out cannot work.
 
 The space (docs/cluster.md):
 - tp divides the GPUs per node (a tp group inside one node, as Megatron places it) and splits
   every size of the model (`octodsl.models.tp`); sequence parallelism on when tp > 1;
 - pp from 1 to the model's layer count, tp x pp x dp = the GPU count;
 - dp divides the global batch, and the micro-batch size divides each copy's share of it;
-- ZeRO 0, 1 and 2 (0 alone when dp is 1), those the target runs (octodsl.tune.target).
+- ZeRO 0, 1 and 2 (0 alone when dp is 1), those the target runs (octodsl.tune.target);
+- ep, for a model with MoE layers, each that divides dp and every MoE layer's expert count
+  (`octodsl.models.ep.eps_that_fit`); 1 alone for a model without.
 A configuration of the space is infeasible when no plan of it fits in memory
 (`Problem.why_no_plan_fits`, a lower bound on any plan's bytes) or its plans exceed octodsl's
 limits (micro-batches, ops)."""
@@ -26,7 +28,9 @@ from ...costs.devices import get_device, get_link
 from ...costs.resolve import cost_table
 from ...costs.table import CostTable, Link
 from ...errors import OctoError
+from ...mesh import Mesh
 from ...models import load_model
+from ...models.ep import eps_that_fit, experts_problem, moe_layers
 from ...models.tp import tp_problems
 from ...plan import Header
 from ..problem import AUTO, Problem, RecomputeChoice, unsplit_sequence
@@ -46,23 +50,31 @@ class Config:
     microbatches: int
     """Micro-batches per pipeline and iteration: global batch / (dp x micro-batch size)."""
     zero: int
+    ep: int = 1
+    """Expert-parallel degree of the MoE layers (`Header.ep`): their experts spread over ep of
+    the dp copies."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
 
     def short(self) -> str:
-        """'tp8 pp4 dp2 64x1 z1': tp, pp, dp, micro-batches x size, ZeRO."""
+        """'tp8 pp4 dp2 64x1 z1': tp, pp, dp, micro-batches x size, ZeRO; 'tp1 pp4 dp16 ep8
+        64x1 z1' with expert parallelism."""
         return (
-            f"tp{self.tp} pp{self.pp} dp{self.dp} {self.microbatches}x{self.microbatch_size} "
-            f"z{self.zero}"
+            f"tp{self.tp} pp{self.pp} dp{self.dp}{self._ep(' ep')} "
+            f"{self.microbatches}x{self.microbatch_size} z{self.zero}"
         )
 
     def __str__(self) -> str:
         return (
-            f"tp {self.tp} x pp {self.pp} x dp {self.dp}, {self.microbatches} x "
+            f"tp {self.tp} x pp {self.pp} x dp {self.dp}{self._ep(', ep ')}, {self.microbatches} x "
             f"{self.microbatch_size} sequences, zero {self.zero}"
         )
+
+    def _ep(self, label: str) -> str:
+        """`label` and ep when the experts are spread (ep 1 is every dense configuration's)."""
+        return f"{label}{self.ep}" if self.ep > 1 else ""
 
 
 @dataclass(frozen=True)
@@ -88,10 +100,11 @@ class Cluster:
     """Between nodes (None: the device's inter-node link)."""
     recompute: RecomputeChoice = AUTO
     tp: int | None = None
-    """Fixed tp (None: searched); likewise pp, microbatch_size and zero."""
+    """Fixed tp (None: searched); likewise pp, microbatch_size, zero and ep."""
     pp: int | None = None
     microbatch_size: int | None = None
     zero: int | None = None
+    ep: int | None = None
     sequence_parallel: bool | None = None
     """None: on at tp > 1."""
     target: str = DEEPSPEED
@@ -107,6 +120,11 @@ class Cluster:
                     f"{value:,} {what}: the search takes at least 1 and "
                     + limits.at_most(limit, "")
                 )
+        if self.ep is not None and not 1 <= self.ep <= limits.MAX_DP:
+            raise OctoError(
+                f"ep {self.ep:,}: the search takes at least 1 and "
+                + limits.at_most(limits.MAX_DP, "")
+            )
 
     @property
     def node_link(self) -> Link:
@@ -175,29 +193,36 @@ def meshes(cluster: Cluster, tps: list[int]) -> Iterator[tuple[int, int, int]]:
 
 def configurations(cluster: Cluster, tps: list[int]) -> Iterator[Config]:
     """Every configuration of the space, by mesh, then micro-batch size (smallest first), then
-    ZeRO stage."""
+    ZeRO stage, then ep (smallest first)."""
+    spec = load_model(cluster.model)
     for tp, pp, dp in meshes(cluster, tps):
         if cluster.global_batch % dp:
             continue
         share = cluster.global_batch // dp
+        eps = [e for e in eps_that_fit(spec, dp) if cluster.ep in (None, e)]
         for mbs in divisors(share):
             if mbs > limits.MAX_MICROBATCH_SIZE or cluster.microbatch_size not in (None, mbs):
                 continue
             for zero in ZEROS if dp > 1 else (0,):
                 if cluster.zero in (None, zero) and admits(cluster.target, zero):
-                    yield Config(tp, pp, dp, mbs, share // mbs, zero)
+                    for ep in eps:
+                        yield Config(tp, pp, dp, mbs, share // mbs, zero, ep)
 
 
 class Tables:
-    """Cost tables per (tp, micro-batch size): every configuration of one tp and micro-batch
-    size has the same per-layer costs."""
+    """Cost tables per (tp, micro-batch size, ep, ep ranks per node): every configuration with
+    the same four has the same per-layer costs."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self._tables: dict[tuple[int, int], CostTable] = {}
+        self._tables: dict[tuple[int, int, int, int], CostTable] = {}
 
-    def __call__(self, tp: int, microbatch_size: int) -> CostTable:
-        key = (tp, microbatch_size)
+    def __call__(
+        self, tp: int, microbatch_size: int, ep: int = 1, ep_node_ranks: int = 1
+    ) -> CostTable:
+        """`ep_node_ranks`: of an ep group's GPUs, those that share a node
+        (`Mesh.ep_ranks_per_node`)."""
+        key = (tp, microbatch_size, ep, min(ep_node_ranks, ep))
         if key not in self._tables:
             c = self.cluster
             # pipelined once here, not in each of the many problems that share the table
@@ -209,6 +234,9 @@ class Tables:
                 tp=tp,
                 sp=c.sequence_parallel,
                 tp_link=c.node_link,
+                ep=ep,
+                ep_node_ranks=key[3],
+                inter_link=c.between_nodes,
             ).pipelined()
         return self._tables[key]
 
@@ -219,7 +247,8 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
     try:
         header = Header(
             name=f"{c.model}-tp{config.tp}-pp{config.pp}-dp{config.dp}-"
-            f"mb{config.microbatch_size}x{config.microbatches}-z{config.zero}",
+            f"mb{config.microbatch_size}x{config.microbatches}-z{config.zero}"
+            + (f"-ep{config.ep}" if config.ep > 1 else ""),
             devices=config.pp,
             microbatches=config.microbatches,
             model=c.model,
@@ -231,11 +260,12 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
             tp=config.tp,
             sequence_parallel=c.sequence_parallel,
             gpus_per_node=c.gpus_per_node,
+            ep=config.ep,
         )
     except ValidationError as e:
         raise OctoError(f"{config}: {e.errors()[0]['msg']}") from None
     return Problem(
-        tables(config.tp, config.microbatch_size),
+        tables(config.tp, config.microbatch_size, config.ep, Mesh.of(header).ep_ranks_per_node),
         header,
         c.node_link,
         c.recompute,
@@ -244,8 +274,26 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
 
 
 ZEROS = (0, 1, 2)
-FIXED = {"tp": "--tp", "pp": "--devices", "microbatch_size": "--microbatch-size", "zero": "--zero"}
+FIXED = {
+    "tp": "--tp",
+    "pp": "--devices",
+    "microbatch_size": "--microbatch-size",
+    "zero": "--zero",
+    "ep": "--ep",
+}
 """The choices a command line may fix, and their options."""
+
+
+def ep_refusal(cluster: Cluster) -> str | None:
+    """Why the fixed ep cannot spread the model's experts at any dp (None: it can, or ep is
+    searched or 1): the model has no MoE layers, or ep does not divide their expert count."""
+    if cluster.ep in (None, 1):
+        return None
+    spec = load_model(cluster.model)
+    if not moe_layers(spec):
+        return f"--ep {cluster.ep}: {spec.name} has no MoE layers, so no experts to spread; give --ep 1"
+    why = experts_problem(spec, cluster.ep)
+    return None if why is None else f"--ep {cluster.ep}: {why}"
 
 
 def fixed_cause(cluster: Cluster) -> str | None:
@@ -295,11 +343,13 @@ def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
     may fit, or None: each mesh at the micro-batch size and ZeRO stage that need the least
     memory (the fewest sequences within octodsl's limits, or the fixed size; the highest stage, or
     the fixed one), since a larger micro-batch only adds activations and a lower stage only
-    static bytes."""
+    static bytes, with each ep (or the fixed one): a wider ep holds fewer experts but, routed
+    imperfectly, more rows on the busiest rank (`octodsl.models.ep.busiest_share`)."""
     # every tp of the node, not only those dividing the cluster's own GPU count (on 6 GPUs tp 4
     # is out, on 8 it is in)
     tps, _ = tp_degrees(replace(cluster, gpus=cluster.gpus_per_node))
-    layers = len(load_model(cluster.model).layers)
+    spec = load_model(cluster.model)
+    layers = len(spec.layers)
     meshes = sorted(
         (tp * pp * dp, tp, pp, dp)
         for tp in tps
@@ -320,9 +370,13 @@ def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:
         )
         if share % mbs or (zero > 0 and dp == 1) or over_limits(pp, share // mbs):
             continue
-        config = Config(tp, pp, dp, mbs, share // mbs, zero)
-        if problem_of(cluster, config, tables).why_no_plan_fits() is None:
-            return config
+        for ep in eps_that_fit(spec, dp):
+            config = Config(tp, pp, dp, mbs, share // mbs, zero, ep)
+            if (
+                cluster.ep in (None, ep)
+                and problem_of(cluster, config, tables).why_no_plan_fits() is None
+            ):
+                return config
     return None
 
 

@@ -18,7 +18,7 @@ For device d, with its stages' per-micro-batch work `load_d`, the bound is
 A layout whose static bytes and one micro-batch overflow some device scores above any that
 fits, the more the larger the overflow, so a search is led toward layouts that fit.
 
-Static bytes are ZeRO-sharded as the problem's header says (`Problem.share`). A stage that
+Static bytes are ZeRO-sharded as the problem's header says (`Problem.layer_static`). A stage that
 recomputes keeps less from F to B (full: its input; selective: all but `sel_act`), its B takes
 longer (full: + its F; selective: + `sel_f`), and while one of its B's runs the device holds
 what it brings back as well: so a device's room is the limit less its static bytes and the
