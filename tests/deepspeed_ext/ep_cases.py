@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from harness import SEED, M, config, main  # noqa: E402
+from harness import SEED, M, compare_runs, config, main  # noqa: E402
 from train import step_data  # noqa: E402
 
 from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
@@ -94,18 +94,7 @@ def run(plan: Plan, steps: int = 3, **extra) -> dict:
 
 
 def compare(name: str, ref: dict, mine: dict) -> dict:
-    return {
-        "plan": name,
-        "losses": mine["losses"],
-        "ref_losses": ref["losses"],
-        "loss_rel": max(
-            abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"], strict=True)
-        ),
-        "norm": mine["norm"],
-        "ref_norm": ref["norm"],
-        "local_experts": mine["local_experts"],
-        "ref_local_experts": ref["local_experts"],
-    }
+    return compare_runs(name, ref, mine, "local_experts")
 
 
 def case_ep(out_dir: Path) -> dict:

@@ -225,6 +225,23 @@ def max_diff(a: dict, b: dict) -> float:
     return max((x[k] - y[k]).abs().max().item() for i in a for x, y in [(a[i], b[i])] for k in x)
 
 
+def compare_runs(name: str, ref: dict, mine: dict, *also: str) -> dict:
+    """Two runs' losses (and the largest relative difference) and first-step gradient norms,
+    with each run's fields `also`."""
+    return {
+        "plan": name,
+        "losses": mine["losses"],
+        "ref_losses": ref["losses"],
+        "loss_rel": max(
+            abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"], strict=True)
+        ),
+        "norm": mine["norm"],
+        "ref_norm": ref["norm"],
+        **{k: mine[k] for k in also},
+        **{f"ref_{k}": ref[k] for k in also},
+    }
+
+
 def compare(name: str, engine, ref_losses, ref_weights, ref_eval, steps=STEPS) -> dict:
     start = time.time()
     losses = train(engine, steps)

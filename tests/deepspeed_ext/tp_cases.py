@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from harness import SEED, SEQ, M, config, main, micro_spec  # noqa: E402
+from harness import SEED, SEQ, M, compare_runs, config, main, micro_spec  # noqa: E402
 from train import step_data  # noqa: E402
 
 from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
@@ -109,19 +109,6 @@ def run(plan: Plan, same_data: bool, steps: int = 3, spec=SPEC, **extra) -> dict
     return {"losses": losses, "norm": norms[0]}
 
 
-def compare(name: str, ref: dict, mine: dict) -> dict:
-    return {
-        "plan": name,
-        "losses": mine["losses"],
-        "ref_losses": ref["losses"],
-        "loss_rel": max(
-            abs(a - b) / abs(b) for a, b in zip(mine["losses"], ref["losses"], strict=True)
-        ),
-        "norm": mine["norm"],
-        "ref_norm": ref["norm"],
-    }
-
-
 def case_tp(out_dir: Path) -> dict:
     """4 processes: tp 2 x pp 2 against tp 1 x pp 2 (run as dp 2 on the same data) for 1f1b,
     zb-h1 and zb-v, sp on and (1f1b) off; tp 2 x pp 1 x dp 2 against tp 1 x pp 2 x dp 2; and
@@ -129,22 +116,26 @@ def case_tp(out_dir: Path) -> dict:
     results = []
     for name in ("1f1b", "zb-h1", "zb-v"):
         ref = run(mesh_plan(name, 2, dp=2), same_data=True)
-        results.append(compare(name, ref, run(mesh_plan(name, 2, tp=2), same_data=True)))
+        results.append(compare_runs(name, ref, run(mesh_plan(name, 2, tp=2), same_data=True)))
         if name == "1f1b":
-            results.append(compare("1f1b/nosp", ref, run(mesh_plan(name, 2, tp=2, sp=False), True)))
+            results.append(
+                compare_runs("1f1b/nosp", ref, run(mesh_plan(name, 2, tp=2, sp=False), True))
+            )
     ref = run(mesh_plan("1f1b", 2, dp=2), same_data=False)
-    results.append(compare("1f1b/pp1/dp2", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), False)))
+    results.append(compare_runs("1f1b/pp1/dp2", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), False)))
     # gradient clipping that cuts every step (the norm is above 1): DeepSpeed's own clipping on
     # one stage (dp 4 on the same data) against the engine's at tp 2 (dp 2 on the same data)
     clip = {"gradient_clipping": 0.5}
     ref = run(mesh_plan("1f1b", 1, dp=4), same_data=True, **clip)
     results.append(
-        compare("1f1b/pp1/clip", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), True, **clip))
+        compare_runs("1f1b/pp1/clip", ref, run(mesh_plan("1f1b", 1, tp=2, dp=2), True, **clip))
     )
     jamba = jamba_spec()
     ref = run(mesh_plan("zb-h1", 2, dp=2, spec=jamba), True, spec=jamba)
     results.append(
-        compare("jamba/zb-h1", ref, run(mesh_plan("zb-h1", 2, tp=2, spec=jamba), True, spec=jamba))
+        compare_runs(
+            "jamba/zb-h1", ref, run(mesh_plan("zb-h1", 2, tp=2, spec=jamba), True, spec=jamba)
+        )
     )
     return {"results": results}
 
