@@ -180,10 +180,11 @@ def _tok(x: float | None) -> str:
 
 
 def _config(b: dict) -> str:
-    """'tp8 pp4 dp4, 64 x 1, z1' of a row of to_json."""
+    """'tp8 pp4 dp4, 64 x 1, z1' of a row of to_json ('dp16 ep8' at ep > 1)."""
+    ep = f" ep{b['ep']}" if b.get("ep", 1) > 1 else ""
     return (
-        f"tp{b['tp']} pp{b['pp']} dp{b['dp']}, {b['microbatches']} x {b['microbatch_size']}, "
-        f"z{b['zero']}"
+        f"tp{b['tp']} pp{b['pp']} dp{b['dp']}{ep}, {b['microbatches']} x "
+        f"{b['microbatch_size']}, z{b['zero']}"
     )
 
 
@@ -201,7 +202,7 @@ def paper_tables(results: list[dict]) -> list[str]:
     head = [
         "model",
         "batch",
-        "best: tp pp dp, M x mbs, zero",
+        "best: tp pp dp (ep), M x mbs, zero",
         "recompute",
         "plan",
         "iteration ms",
@@ -364,7 +365,7 @@ def curve_table(results: list[dict]) -> list[str]:
     head = [
         "GPUs",
         "batch",
-        "best: tp pp dp, M x mbs, zero",
+        "best: tp pp dp (ep), M x mbs, zero",
         "recompute",
         "tok/GPU/s",
         "Megatron-style best",
