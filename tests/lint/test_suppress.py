@@ -4,7 +4,6 @@ silence, what they never silence, what is reported of them, and that fmt keeps t
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -184,15 +183,10 @@ def test_the_docs_example_lints_clean_and_without_its_suppressions_warns():
     assert found(bare) == [("W402", 4), ("W401", 9), ("W401", 9)]
 
 
-# -- hostile comments: every one bounded in time and output --------------------------------------
+# -- hostile comments: every one bounded in output (and, at this size, in time: a pass quadratic
+# in the codes would run for hours, which the suite's own time shows; no clock in a unit test) ---
 
 N = 100_000
-
-
-def timed(src: str) -> tuple[list[Diagnostic], float]:
-    start = time.perf_counter()
-    diags = lint(src)
-    return diags, time.perf_counter() - start
 
 
 @pytest.mark.parametrize(
@@ -209,26 +203,22 @@ def timed(src: str) -> tuple[list[Diagnostic], float]:
     ],
 )
 def test_a_comment_of_a_hundred_thousand_codes(codes, code, count):
-    diags, seconds = timed(plan(placement=f"  # octodsl: ignore[{codes}]"))
+    diags = lint(plan(placement=f"  # octodsl: ignore[{codes}]"))
     of_code = [d for d in diags if d.code == code]
     assert len(of_code) == MAX_PER_LINE and sum(d.count for d in of_code) == count
-    assert seconds < 10
     assert all(len(d.render("t.octo", "x")) < 400 for d in diags)
 
 
 def test_a_hundred_thousand_suppression_comments():
     # apply_suppressions alone: the parser's own reading of so many comments is the parser's cost
     head = "# octodsl: ignore-file[W402]\n" * N + "# octodsl: ignore[W401]\n" * N
-    start = time.perf_counter()
     diags = apply_suppressions(plan(head), [])
-    seconds = time.perf_counter() - start
     assert sorted({d.code for d in diags}) == ["W803", "W804"]
     assert [sum(d.code == c for d in diags) for c in ("W803", "W804")] == [
         N,
         N,
     ]  # N - 1 twice, 1 unused
     assert sum(d.code == "W803" and d.span.line == 1 for d in diags) == 1
-    assert seconds < 10
 
 
 @pytest.mark.parametrize(
