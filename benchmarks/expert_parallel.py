@@ -99,7 +99,7 @@ def report(results: list[dict], command: str, seconds: float, budget: float) -> 
         f"and 1). Each search had a budget of {budget:.0f} s of wall time on this 2-core machine "
         "shared with other jobs (the same on both sides; the configurations' enumeration "
         "counts in it), so each side screened and tuned only the most promising "
-        "configurations by their lower bound. Configurations are `Config.short()`: tp, pp, dp, "
+        "configurations (`screen_order`: by layout estimate, each ep in turn). Configurations are `Config.short()`: tp, pp, dp, "
         "ep (when over 1), micro-batches x sequences each, ZeRO stage. Throughput in tokens "
         "per GPU per second.",
         "",
