@@ -11,23 +11,21 @@ writes the losses of both and the gradient norm of the first step to OUT.json.
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from harness import SEED, M, compare_runs, config, main  # noqa: E402
+from harness import SEED, M, compare_runs, config, even_mesh_plan, main  # noqa: E402
 from train import step_data  # noqa: E402
 
 from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
 from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
-from octodsl.gen import generate  # noqa: E402
 from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
 from octodsl.layers.moe import MoE  # noqa: E402
 from octodsl.models import load_model  # noqa: E402
-from octodsl.plan import Plan, Stage  # noqa: E402
+from octodsl.plan import Plan  # noqa: E402
 
 SEQ = 64  # a whole chunk of the DeltaNet layers
 SPEC = load_model("qwen3-next-tiny").model_copy(update={"seq_len": SEQ, "microbatch_size": 1})
@@ -35,16 +33,7 @@ SPEC = load_model("qwen3-next-tiny").model_copy(update={"seq_len": SEQ, "microba
 
 def mesh_plan(name: str, devices: int, dp: int, ep: int = 1, tp: int = 1) -> Plan:
     """A generated plan with the layers split evenly over its stages, on dp copies with ep."""
-    plan = generate(name, devices=devices, microbatches=M)
-    stages = len(plan.stage_device())
-    bounds = [SPEC.num_layers * i // stages for i in range(stages + 1)]
-    header = plan.header.model_copy(update={"dp": dp, "ep": ep, "tp": tp})
-    return Plan(
-        header,
-        [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)],
-        plan.placement,
-        plan.schedule,
-    )
+    return even_mesh_plan(name, devices, SPEC.num_layers, dp, ep=ep, tp=tp)
 
 
 def build(plan: Plan, **extra):

@@ -73,10 +73,20 @@ def config(**extra) -> dict:
     return c
 
 
-def with_partition(plan: Plan, bounds: list[int], dp: int = 1) -> Plan:
+def with_partition(plan: Plan, bounds: list[int], dp: int = 1, **header) -> Plan:
+    """The plan cut at `bounds`, on `dp` copies, with the other `header` fields given."""
     # strict=False: consecutive pairs, bounds[1:] is one shorter
     stages = [Stage(a, b - 1) for a, b in zip(bounds, bounds[1:], strict=False)]
-    return Plan(plan.header.model_copy(update={"dp": dp}), stages, plan.placement, plan.schedule)
+    update = {"dp": dp, **header}
+    return Plan(plan.header.model_copy(update=update), stages, plan.placement, plan.schedule)
+
+
+def even_mesh_plan(name: str, devices: int, layers: int, dp: int = 1, **header) -> Plan:
+    """A generated plan with its `layers` split evenly over its stages (2 per device for V
+    plans), on `dp` copies, with the other `header` fields (the mesh) given."""
+    plan = generate(name, devices=devices, microbatches=M)
+    stages = len(plan.stage_device())
+    return with_partition(plan, [layers * i // stages for i in range(stages + 1)], dp, **header)
 
 
 def with_zero(plan: Plan, zero: int) -> Plan:

@@ -11,23 +11,21 @@ model is the hybrid harness.py trains (`tp_spec`).
 from __future__ import annotations
 
 import copy
-import itertools
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from harness import SEED, SEQ, M, compare_runs, config, main, micro_spec  # noqa: E402
+from harness import SEED, SEQ, M, compare_runs, config, even_mesh_plan, main, micro_spec  # noqa: E402
 from train import step_data  # noqa: E402
 
 from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
 from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
-from octodsl.gen import generate  # noqa: E402
 from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
 from octodsl.models import parse_model  # noqa: E402
 from octodsl.models.builtin import BUILTINS  # noqa: E402
-from octodsl.plan import Plan, Stage  # noqa: E402
+from octodsl.plan import Plan  # noqa: E402
 
 
 def tp_spec():
@@ -63,16 +61,7 @@ def mesh_plan(
     name: str, devices: int, tp: int = 1, dp: int = 1, sp: bool | None = None, spec=SPEC
 ) -> Plan:
     """A generated plan (2 stages per device for V plans) with layers split evenly, on the mesh."""
-    plan = generate(name, devices=devices, microbatches=M)
-    stages = len(plan.stage_device())
-    bounds = [spec.num_layers * i // stages for i in range(stages + 1)]
-    header = plan.header.model_copy(update={"tp": tp, "dp": dp, "sequence_parallel": sp})
-    return Plan(
-        header,
-        [Stage(a, b - 1) for a, b in itertools.pairwise(bounds)],
-        plan.placement,
-        plan.schedule,
-    )
+    return even_mesh_plan(name, devices, spec.num_layers, dp, tp=tp, sequence_parallel=sp)
 
 
 def run(plan: Plan, same_data: bool, steps: int = 3, spec=SPEC, **extra) -> dict:
