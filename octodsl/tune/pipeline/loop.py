@@ -1,7 +1,8 @@
 """The tuner's loop (OctoPipe's iterative, bubble-aware search).
 
 1. Starts: each regular placement (V, looped with 1-4 chunks) with bubble-aware cuts and a list
-   scheduled order, plus any plans given (a hand-written one, a baseline); best first.
+   scheduled order, plus any plans given (a hand-written one, a baseline), and on every such
+   layout of one stage per device ZeroBubble's own greedy order too (zb_auto.py); best first.
 2. Rounds: simulate the current plan, find where it loses time (diagnose.py), and try that
    phase's moves (propose.py), most promising first; the first move that shortens the iteration
    (or, over the memory limit, lowers the peak) is kept and the next round starts. When no move
@@ -41,6 +42,7 @@ from .moves.placement import families
 from .moves.recompute import fit_modes
 from .moves.schedule import rebuild
 from .propose import State, kick, proposals
+from .zb_auto import zb_starts
 
 PATIENCE = 8
 """Kicks in a row without a better plan before the search ends."""
@@ -292,6 +294,7 @@ class _Search:
                     True,
                 )
             )
+        given_starts = len(out)
         for name, layout, cuts in self._start_layouts(list(out)):
             for w_gap in (False, True):
                 self.ready("start")
@@ -305,7 +308,16 @@ class _Search:
                         w_gap,
                     )
                 )
+        given_layouts = [layout for _, _, layout, _ in out[:given_starts]]
         by_score = functools.cmp_to_key(_order)
+        out.sort(key=lambda start: by_score(start[1]))
+        # ZeroBubble's greedy orders the given plans' layouts (under --keep, the kept one) and
+        # the best start's, when one stage per device: where its order beats the list
+        # scheduler's, the search starts from it
+        for layout in dict.fromkeys([*given_layouts, *(out[0][2:3] if out else ())]):
+            for name, plan in zb_starts(p, layout):
+                self.ready("start")
+                out.append((name, self.score(plan, "start", True), layout, True))
         out.sort(key=lambda start: by_score(start[1]))
         return out
 
