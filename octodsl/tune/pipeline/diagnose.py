@@ -2,7 +2,8 @@
 
 Per device the idle time splits into the lead (before its first op), the tail (after its last)
 and the gaps between. Stage imbalance shows as the busiest device's excess over the mean; fill
-and drain as lead and tail; scheduling as gaps. Memory over the limit comes before all; within
+and drain as lead and tail; scheduling as gaps, and as expert all-to-alls run in line (which
+the schedule phase's overlap groups may hide). Memory over the limit comes before all; within
 it, the memory phase (recompute traded for micro-batches in flight) comes after all when asked.
 """
 
@@ -25,6 +26,8 @@ class Bottleneck:
     """Mean lead + tail idle / iteration time."""
     gaps: float
     """Mean idle between ops / iteration time."""
+    all_to_all: float
+    """Mean expert all-to-all seconds not hidden by overlap groups / iteration time."""
     lead: np.ndarray
     tail: np.ndarray
     """Per device, seconds."""
@@ -33,7 +36,11 @@ class Bottleneck:
         """Phases by the share of time each could win back, the paper's order on ties; memory
         first when over the limit, else last with `memory_within` (recompute may pay: tried
         first when near the limit, it cost more rounds than it won on the benchmark)."""
-        share = {"partition": self.imbalance, "placement": self.fill, "schedule": self.gaps}
+        share = {
+            "partition": self.imbalance,
+            "placement": self.fill,
+            "schedule": self.gaps + self.all_to_all,
+        }
         return (
             ["memory"] * over_memory
             + sorted(share, key=lambda k: -share[k])
@@ -57,6 +64,7 @@ def diagnose(result: SimResult) -> Bottleneck:
         float((busy.max() - busy.mean()) / T),
         float((lead + tail).mean() / T),
         float(gaps.mean() / T),
+        float((result.all_to_all - result.all_to_all_hidden).mean() / T),
         lead,
         tail,
     )

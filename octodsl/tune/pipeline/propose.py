@@ -24,7 +24,7 @@ from ..problem import AUTO, Problem
 from .diagnose import Bottleneck
 from .evaluate import Score
 from .layout import StageLayout, even_cuts
-from .moves import memory, partition, placement, recompute, schedule
+from .moves import memory, overlap, partition, placement, recompute, schedule
 
 
 @dataclass(frozen=True)
@@ -170,12 +170,78 @@ def _schedule(st: State) -> Iterator[Proposal]:
         None,
         not st.w_gap,
     )
+    pairs, waits = overlap.candidates(result), overlap.waits(result)
+    yield from _overlap_many(st, pairs, waits)
     for new in schedule.fill_gaps(plan, result, (OpKind.F, OpKind.B)):
         yield Proposal("advance an F/B into a gap", _given(new))
     for new in schedule.fill_gaps(plan, result, (OpKind.W,)):
         yield Proposal("run a W while waiting on a message", _given(new))
     for new in schedule.delay_w(plan, result):
         yield Proposal("delay a W that held up the critical path", _given(new))
+    yield from _overlap_few(st, pairs, waits)
+
+
+def _overlap_many(
+    st: State, pairs: list[overlap.Pair], waits: list[tuple[float, int, int]]
+) -> Iterator[Proposal]:
+    """Overlap groups formed or split many at once: every candidate pair (the most hidden
+    first, sharing no op); near the memory limit, those that run no forward earlier; every
+    group split, when the groups wait longer than they hide."""
+    plan = st.score.plan
+    every = overlap.disjoint(pairs)
+    yield from _pairs(plan, every, "every forward and backward that can")
+    if st.problem.memory is not None and pairs:
+        near = set(recompute.hot_devices(st.result, st.problem.memory, over=False))
+        fewer = overlap.disjoint(overlap.held_back(plan, pairs, near))
+        if fewer != every:
+            yield from _pairs(
+                plan, fewer, "those that run no forward earlier near the memory limit"
+            )
+    if sum(w for w, _, _ in waits) > 0:
+        for first in ("forward", "backward"):
+            yield Proposal(
+                f"run every overlap group's ops in turn, the {first} first",
+                _lazy(overlap.unpair, plan, [(d, i) for _, d, i in waits], first == "forward"),
+            )
+
+
+def _overlap_few(
+    st: State, pairs: list[overlap.Pair], waits: list[tuple[float, int, int]]
+) -> Iterator[Proposal]:
+    """Overlap groups formed or split one device or one group at a time: the pairs of the
+    device with the most all-to-all in line, the pairs that hide the most, the groups that
+    wait the longest for what they hide."""
+    plan, result = st.score.plan, st.result
+    every = overlap.disjoint(pairs)
+    if len({c.device for c in every}) > 1:
+        d = int(np.argmax(result.all_to_all - result.all_to_all_hidden))
+        yield from _pairs(plan, overlap.disjoint(pairs, d), f"those of device {d}")
+    for c in pairs[: overlap.SINGLES] if len(every) > 1 else ():
+        yield from _pairs(plan, [c], "")
+    for _, d, i in (w for w in waits[: overlap.SINGLES] if w[0] > 0):
+        for first in ("forward", "backward"):
+            yield Proposal(
+                f"run {plan.schedule[d][i]} on device {d} in turn, the {first} first",
+                _lazy(overlap.unpair, plan, [(d, i)], first == "forward"),
+            )
+
+
+def _pairs(plan: Plan, pairs: list[overlap.Pair], which: str) -> Iterator[Proposal]:
+    """Pair `pairs` (disjoint) in overlap groups, if any."""
+    if not pairs:
+        return
+    if len(pairs) == 1:
+        c = pairs[0]
+        order = plan.schedule[c.device]
+        what = f"{order[c.first]} and {order[c.second]} on device {c.device}"
+    else:
+        what = f"{which} ({len(pairs)} groups)"
+    yield Proposal(f"overlap group: pair {what}", _lazy(overlap.pair, plan, pairs))
+
+
+def _lazy(move: Callable[..., Plan], *args) -> Callable[[], Plan]:
+    """Builds `move(*args)`: an edit of the current order, made when tried."""
+    return lambda: move(*args)
 
 
 def _memory(st: State) -> Iterator[Proposal]:
