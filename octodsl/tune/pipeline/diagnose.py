@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...sim import SimResult
+from .moves.overlap import exposed_all_to_all
 
 PHASES = ("memory", "partition", "placement", "schedule")
 
@@ -59,12 +60,13 @@ def diagnose(result: SimResult) -> Bottleneck:
             lead[d] = result.start[p.order_nodes[lo]]
             tail[d] = T - result.end[p.order_nodes[hi - 1]]
     gaps = result.idle - lead - tail
+    exposed = exposed_all_to_all(result)
     busy = result.busy
     return Bottleneck(
         float((busy.max() - busy.mean()) / T),
         float((lead + tail).mean() / T),
         float(gaps.mean() / T),
-        float((result.all_to_all - result.all_to_all_hidden).mean() / T),
+        0.0 if exposed is None else float(exposed.mean() / T),
         lead,
         tail,
     )

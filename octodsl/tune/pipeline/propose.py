@@ -213,8 +213,9 @@ def _overlap_few(
     wait the longest for what they hide."""
     plan, result = st.score.plan, st.result
     every = overlap.disjoint(pairs)
-    if len({c.device for c in every}) > 1:
-        d = int(np.argmax(result.all_to_all - result.all_to_all_hidden))
+    exposed = overlap.exposed_all_to_all(result)
+    if exposed is not None and len({c.device for c in every}) > 1:
+        d = int(np.argmax(exposed))
         yield from _pairs(plan, overlap.disjoint(pairs, d), f"those of device {d}")
     for c in pairs[: overlap.SINGLES] if len(every) > 1 else ():
         yield from _pairs(plan, [c], "")

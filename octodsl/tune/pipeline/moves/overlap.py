@@ -50,6 +50,14 @@ class Pair(NamedTuple):
     second: int
 
 
+def exposed_all_to_all(result: SimResult) -> np.ndarray | None:
+    """Per device: the expert all-to-all seconds no overlap group hides; None when the plan's
+    stages have none (no `ep` or no MoE layers: the common case, answered without arrays)."""
+    if not any(c.ep_f or c.ep_b for c in result.costs.stages):
+        return None
+    return result.all_to_all - result.all_to_all_hidden
+
+
 def op_seconds(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
     """Per op of the program: its seconds and the expert all-to-all seconds among them, as the
     simulator costs them (an F's `ep_f`, a B's or fused BW's `ep_b`, a W none)."""
@@ -77,9 +85,9 @@ def candidates(result: SimResult) -> list[Pair]:
     apart, the later one ready when the earlier one started and the earlier one taking time
     (so the group cannot deadlock), whose group would hide some all-to-all: the most hidden
     first (then by device and place)."""
-    seconds, comm = op_seconds(result)
-    if not comm.any():
+    if exposed_all_to_all(result) is None:
         return []
+    seconds, comm = op_seconds(result)
     p = result.program
     seq = p.order_nodes
     dev = np.repeat(np.arange(p.devices), np.diff(p.order_ptr))
@@ -186,6 +194,8 @@ def waits(result: SimResult) -> list[tuple[float, int, int]]:
     less the all-to-all it hides; the largest first. A group waits for both ops' inputs: where
     it waits longer than it hides, running the ready op first may pay."""
     p = result.program
+    if not p.grouped:
+        return []
     seconds, _ = op_seconds(result)
     size = np.diff(p.op_ptr)
     out = []
