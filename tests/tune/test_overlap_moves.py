@@ -51,6 +51,13 @@ def generated(pr: Problem, name: str, chunks: int | None):
     return pr.with_schedule(pr.skeleton(layout), phased.orders()[0])
 
 
+def groups(plan) -> list[tuple[int, int]]:
+    """(device, index in its order) of each overlap group."""
+    return [
+        (d, i) for d, o in enumerate(plan.schedule) for i, slot in enumerate(o) if len(slot.ops) > 1
+    ]
+
+
 def clean(plan) -> bool:
     """No lint error (a deadlock among them) and no group of one direction (W403)."""
     return not [d for d in lint_plan(plan) if d.is_error or d.code == "W403"]
@@ -82,13 +89,13 @@ def test_pairs_and_splits_lint_clean(work, devices, microbatches, share, which, 
     chosen = overlap.disjoint(rng.sample(cands, rng.randint(0, len(cands))))
     paired = overlap.pair(plan, chosen)
     assert clean(paired)
-    assert len(overlap.groups(paired)) == len(overlap.groups(plan)) + len(chosen)
+    assert len(groups(paired)) == len(groups(plan)) + len(chosen)
     for c in chosen:  # each group is an F and a backward that took the earlier one's place
         slot = paired.schedule[c.device][
             c.first - sum(x.device == c.device and x.second < c.first for x in chosen)
         ]
         assert [op.kind is OpKind.F for op in slot.ops] == [True, False]
-    grouped = overlap.groups(paired)
+    grouped = groups(paired)
     split = overlap.unpair(
         paired, rng.sample(grouped, rng.randint(0, len(grouped))), rng.random() < 0.5
     )
@@ -135,12 +142,12 @@ def jamba():
 def test_splitting_then_pairing_dualpipev_gives_back_its_groups(qwen):
     ev = Evaluator(qwen)
     dual = ev(generated(qwen, "dualpipev", None))
-    before = {(d, tuple(dual.plan.schedule[d][i].ops)) for d, i in overlap.groups(dual.plan)}
+    before = {(d, tuple(dual.plan.schedule[d][i].ops)) for d, i in groups(dual.plan)}
     assert before
-    split = ev(overlap.unpair(dual.plan, overlap.groups(dual.plan), forward_first=True))
-    assert not overlap.groups(split.plan) and split.time > dual.time
+    split = ev(overlap.unpair(dual.plan, groups(dual.plan), forward_first=True))
+    assert not groups(split.plan) and split.time > dual.time
     again = overlap.pair(split.plan, overlap.disjoint(overlap.candidates(split.result)))
-    after = {(d, tuple(again.schedule[d][i].ops)) for d, i in overlap.groups(again)}
+    after = {(d, tuple(again.schedule[d][i].ops)) for d, i in groups(again)}
     assert after & before
     assert ev(again).time < split.time
 
@@ -156,20 +163,20 @@ def test_splitting_the_groups_pays_where_all_to_alls_are_short(jamba):
     ev = Evaluator(jamba)
     dual = ev(generated(jamba, "dualpipev", None))
     assert dual.result.all_to_all_hidden.sum() > 0
-    split = [ev(overlap.unpair(dual.plan, overlap.groups(dual.plan), f)) for f in (True, False)]
+    split = [ev(overlap.unpair(dual.plan, groups(dual.plan), f)) for f in (True, False)]
     assert min(s.time for s in split) < dual.time
 
 
 def without_overlap_moves(monkeypatch):
     monkeypatch.setattr(overlap, "candidates", lambda result: [])
-    monkeypatch.setattr(overlap, "groups", lambda plan: [])
+    monkeypatch.setattr(overlap, "waits", lambda result: [])
 
 
 def test_the_tuner_reaches_a_faster_plan_with_the_moves(qwen, monkeypatch):
     """The same search (seed, evaluations) with and without them: simulated seconds."""
     kw = dict(budget=1e9, seed=0, max_evaluations=400, restarts=1)
     on = loop.tune(qwen, **kw)
-    assert overlap.groups(on.best.plan) and clean(on.best.plan)
+    assert groups(on.best.plan) and clean(on.best.plan)
     assert any(r.move.startswith("overlap group: pair") for r in on.rounds)
     without_overlap_moves(monkeypatch)
     off = loop.tune(qwen, **kw)
@@ -196,7 +203,7 @@ def test_the_schedule_phase_keeps_groups_that_hide_more_than_they_wait(qwen):
     ev, dual, props = schedule_moves(qwen, generated(qwen, "dualpipev", None))
     assert not [p for p in props if p.move.startswith("run every overlap group")]
     # and the split it leaves out would be slower
-    grouped = overlap.groups(dual.plan)
+    grouped = groups(dual.plan)
     assert ev(overlap.unpair(dual.plan, grouped, forward_first=True)).time > dual.time
 
 

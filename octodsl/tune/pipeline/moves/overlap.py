@@ -162,16 +162,6 @@ def pair(plan: Plan, pairs: list[Pair]) -> Plan:
     return replace(plan, schedule=schedule)
 
 
-def groups(plan: Plan) -> list[tuple[int, int]]:
-    """(device, index in its order) of each overlap group, in device order."""
-    return [
-        (d, i)
-        for d, order in enumerate(plan.schedule)
-        for i, slot in enumerate(order)
-        if len(slot.ops) > 1
-    ]
-
-
 def unpair(plan: Plan, where: list[tuple[int, int]], forward_first: bool) -> Plan:
     """The plan with the groups at `where` ((device, index) pairs) split into their ops in
     turn at their place: the forward first, or the backward first."""
