@@ -57,6 +57,12 @@ class SlotNodes:
             return None
 
 
+def group_seconds(compute, comm, longest):
+    """An overlap group's seconds from its ops' compute summed, their communication summed and
+    its longest op (`SimProgram.per_slot`'s rule, in one place). Arrays or floats."""
+    return np.maximum(np.maximum(compute, comm), longest)
+
+
 @dataclass(frozen=True, eq=False)
 class SimProgram:
     """Nodes are the graph's nodes (one per slot; an overlap group's ops start together).
@@ -151,9 +157,9 @@ class SimProgram:
         if not self.grouped:
             return seconds
         starts = self.op_ptr[:-1]
-        compute = np.add.reduceat(seconds - comm, starts)
-        return np.maximum(
-            np.maximum(compute, np.add.reduceat(comm, starts)),
+        return group_seconds(
+            np.add.reduceat(seconds - comm, starts),
+            np.add.reduceat(comm, starts),
             np.maximum.reduceat(seconds, starts),
         )
 

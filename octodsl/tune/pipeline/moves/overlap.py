@@ -30,6 +30,7 @@ import numpy as np
 from ....optable import KIND_CODE
 from ....plan import OpKind, Plan, Slot
 from ....sim import SimResult
+from ....sim.program import group_seconds
 from .schedule import ready_times
 
 WINDOW = 4
@@ -74,10 +75,8 @@ def op_seconds(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
 
 def hidden(s1, a1, s2, a2):
     """What a group of two ops of s1 and s2 seconds, a1 and a2 of them all-to-alls, saves on
-    the two in turn: `SimProgram.per_slot`'s rule for two ops (the longest of the compute
-    summed, the all-to-alls summed and the longer op; tests hold the two equal). Arrays or
-    floats."""
-    return s1 + s2 - np.maximum(np.maximum(s1 - a1 + s2 - a2, a1 + a2), np.maximum(s1, s2))
+    the two in turn (the simulator's `group_seconds`). Arrays or floats."""
+    return s1 + s2 - group_seconds(s1 - a1 + s2 - a2, a1 + a2, np.maximum(s1, s2))
 
 
 def candidates(result: SimResult) -> list[Pair]:
