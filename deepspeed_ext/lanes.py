@@ -38,7 +38,10 @@ The lane's stream first waits for the rank's stream (what produced the inputs), 
 recorded on it and the forward's outputs on the rank's stream (so that the caching allocator does
 not hand their memory to another stream while one still reads them), and the rank's stream waits
 for the lane's before anything after the group. Not exercised here (no GPU in the tests):
-benchmarks/gpu_check.sh runs it on GPUs.
+benchmarks/gpu_check.sh runs it on GPUs. There the two ep groups are two NCCL communicators
+whose kernels may run at the same time; NCCL warns that concurrent communicators can deadlock
+when their kernels cannot all be resident on the GPU at once (its documentation, "Using
+multiple NCCL communicators concurrently"), which the gpu_check run is there to rule out.
 """
 
 from __future__ import annotations
