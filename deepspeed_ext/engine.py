@@ -46,7 +46,7 @@ from ..plan import Op, OpKind, Plan, Recompute, Slot
 from ..trace import COMPUTE, TimedSpan, op_span, write_trace
 from . import memory, program
 from .checkpoint import Checkpoints
-from .lanes import Lane, in_turn_reason
+from .lanes import Lane, in_turn_note, in_turn_reason
 from .mesh import (
     expert_lane_group,
     expert_params,
@@ -166,19 +166,9 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         first group of this device that runs in turn is named, with the reason."""
         groups = [slot.ops for slots in self.plan.schedule for slot in slots if slot.overlapped]
         mine = [slot.ops for slot in self.plan.schedule[self.stage_id] if slot.overlapped]
-        in_turn = [
-            (ops, reason)
-            for ops in mine
-            if (reason := in_turn_reason(ops, self._recompute, self.ep.size, self.tp.size))
-        ]
-        if self.ep.size > 1 and in_turn and self.grid.data_parallel_id == 0 and self.tp.rank == 0:
-            (ops, reason), more = in_turn[0], len(in_turn) - 1
-            print(
-                f"octodsl: device {self.stage_id}: overlap group {Slot(ops)} runs its ops in "
-                f"turn: {reason}" + (f" ({more} more groups in turn)" if more else ""),
-                file=sys.stderr,
-                flush=True,
-            )
+        note = in_turn_note(self.stage_id, mine, self._recompute, self.ep.size, self.tp.size)
+        if note and self.grid.data_parallel_id == 0 and self.tp.rank == 0:
+            print(note, file=sys.stderr, flush=True)
         if not any(self._at_once(ops) for ops in groups):
             return None
         return Lane(expert_lane_group(self.grid, self.ep.size), self.device, self.local_stages)

@@ -31,9 +31,10 @@ sequence of all-to-alls on every rank (the lane group: the groups' forwards in p
 the layers' group: every other op's), and neither lane waits for the other inside a group: no
 cross-lane deadlock.
 
-On CUDA each local stage's forwards in a lane run on a stream of that stage's: its backward
-then runs on the same stream (autograd runs a backward op on its forward op's stream), so a
-group's forward and backward (other stages, or a later micro-batch's) are on different streams.
+On CUDA each local stage's forwards in a lane run on a stream of that stage's, and their
+backward later runs on the same stream (autograd runs a backward op on its forward op's stream):
+a group's backward, of another stage, thus computes on another stream than its forward (a
+backward of the same stage shares the stream, and its kernels queue behind the forward's).
 The lane's stream first waits for the rank's stream (what produced the inputs), the inputs are
 recorded on it and the forward's outputs on the rank's stream (so that the caching allocator does
 not hand their memory to another stream while one still reads them), and the rank's stream waits
@@ -54,7 +55,7 @@ from typing import Any
 import torch
 
 from ..layers import expert_parallel
-from ..plan import Op, OpKind, Recompute
+from ..plan import Op, OpKind, Recompute, Slot
 
 
 def in_turn_reason(
@@ -75,6 +76,18 @@ def in_turn_reason(
         if recompute[op.stage] is not Recompute.NONE:
             return f"stage {op.stage} recomputes (recompute's scope is process-wide)"
     return None
+
+
+def in_turn_note(device: int, groups: Sequence[tuple[Op, ...]], recompute, ep: int, tp: int):
+    """At ep > 1, the line naming the first of a device's overlap groups that runs in turn and
+    why (None when every group runs at once, or at ep 1, where none do by design)."""
+    in_turn = [(ops, why) for ops in groups if (why := in_turn_reason(ops, recompute, ep, tp))]
+    if ep == 1 or not in_turn:
+        return None
+    (ops, why), more = in_turn[0], len(in_turn) - 1
+    return f"octodsl: device {device}: overlap group {Slot(ops)} runs its ops in turn: {why}" + (
+        f" (and {more} more)" if more else ""
+    )
 
 
 class Lane:

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from octodsl.deepspeed_ext.errors import PlanLaunchError  # noqa: E402
-from octodsl.deepspeed_ext.lanes import in_turn_reason  # noqa: E402
+from octodsl.deepspeed_ext.lanes import in_turn_note, in_turn_reason  # noqa: E402
 from octodsl.deepspeed_ext.launch import check_launch  # noqa: E402
 from octodsl.deepspeed_ext.partition import stage_layers  # noqa: E402
 from octodsl.deepspeed_ext.program import (  # noqa: E402
@@ -125,6 +125,18 @@ def test_which_groups_run_at_once():
     full = [Recompute.NONE, Recompute.NONE, Recompute.NONE, Recompute.FULL]
     assert in_turn_reason((f, bw), full, 2, 1) == (
         "stage 3 recomputes (recompute's scope is process-wide)"
+    )
+
+
+def test_a_group_in_turn_is_named_with_the_reason_at_ep_above_1():
+    f, bw, f2 = Op(OpKind.F, 0, 3), Op(OpKind.BW, 3, 1), Op(OpKind.F, 3, 2)
+    none = [Recompute.NONE] * 4
+    assert in_turn_note(0, [(f, bw)], none, 2, 1) is None
+    assert in_turn_note(0, [(f, f2)], none, 1, 1) is None  # ep 1: in turn by design, unsaid
+    assert in_turn_note(0, [(f, bw), (f, f2), (f2, bw, f)], none, 2, 1) == (
+        "octodsl: device 0: overlap group (F0:3 & F3:2) runs its ops in turn: it does not pair "
+        "one forward with one backward (two forwards share the module's active stage; two "
+        "backwards add into the same gradients) (and 1 more)"
     )
 
 
