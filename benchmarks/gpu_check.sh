@@ -6,8 +6,10 @@
 # 1. The executor equivalence runs over NCCL, as many ranks as GPUs (at most 4):
 #    4 GPUs: tests/deepspeed_ext/tp_cases.py tp (tp 2 x pp 2 against tp 1 for 1f1b, zb-h1, zb-v,
 #    sp on and off; tp 2 x pp 1 x dp 2; clipping; a Jamba), harness.py dp (dp 2 x pp 2 against
-#    stock DeepSpeed) and ep_cases.py ep (qwen3-next-tiny at ep 2 and 4 against ep 1, the
-#    all-to-alls over NCCL); 2 or 3 GPUs: harness.py plans (every classic plan against stock on 2);
+#    stock DeepSpeed), ep_cases.py ep (qwen3-next-tiny at ep 2 and 4 against ep 1, the
+#    all-to-alls over NCCL) and ep_cases.py overlap (dualpipev at ep 2 with its overlap groups
+#    run at once, each group's forward on its own thread and stream, against the groups in turn
+#    and against ep 1); 2 or 3 GPUs: harness.py plans (every classic plan against stock on 2);
 #    1 GPU: harness.py single (tp 1 x pp 1 against stock). Judged by gpu_check.py executor.
 # 2. `octodsl profile --device cuda` of nemotron-h-8b (its real layer shapes: hidden 4096,
 #    4096 tokens, bf16) and of nemotron-h-tiny; per distinct layer, the analytical F, B, W on
@@ -83,7 +85,8 @@ cd "$ROOT"
 results=()
 case $RANKS in
   4) launch 4 tp_cases.py tp; launch 4 harness.py dp; launch 4 ep_cases.py ep
-     results=("$OUT/tp.json" "$OUT/dp.json" "$OUT/ep.json") ;;
+     launch 4 ep_cases.py overlap
+     results=("$OUT/tp.json" "$OUT/dp.json" "$OUT/ep.json" "$OUT/overlap.json") ;;
   2) launch 2 harness.py plans; results=("$OUT/plans.json") ;;
   1) launch 1 harness.py single; results=("$OUT/single.json") ;;
 esac

@@ -8,8 +8,9 @@ Modules, one job each: launch (the entry point and the plan-vs-launch checks), c
 DeepSpeed config's "octo" section and batch sizes), partition (layers per stage), module
 (several stages per rank), program (the plan's DAG compiled into one rank's instructions), p2p
 (message streams between any two ranks), engine (DeepSpeed's PipelineEngine running the
-program; B and W by octodsl.layers.split_backward), checkpoint (saves and loads checked on every rank),
-watchdog (hangs and lost peers), distributed (init_distributed, released_groups, shutdown);
+program; B and W by octodsl.layers.split_backward), lanes (an overlap group's ops at once),
+checkpoint (saves and loads checked on every rank), watchdog (hangs and lost peers),
+distributed (init_distributed, released_groups, shutdown);
 Chrome traces are written in octodsl.trace's format.
 """
 

@@ -42,11 +42,13 @@ from ..layers.split_backward import (
     backward_input,
     backward_weight,
 )
-from ..plan import Op, OpKind, Plan, Recompute
+from ..plan import Op, OpKind, Plan, Recompute, Slot
 from ..trace import COMPUTE, TimedSpan, op_span, write_trace
 from . import memory, program
 from .checkpoint import Checkpoints
+from .lanes import Lane, in_turn_note, in_turn_reason
 from .mesh import (
+    expert_lane_group,
     expert_params,
     global_rank,
     grad_norm,
@@ -108,7 +110,9 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
             else ""
         )
         self._sequence_parallel = sequence_parallel_params(module.parameters())
-        self._train_sched = program.PlanSchedule(plan, self.stage_id, train=True)
+        self._train_sched = program.PlanSchedule(
+            plan, self.stage_id, train=True, at_once=self._at_once
+        )
         self._eval_sched: program.PlanSchedule | None = None
         dp_id, tp_id = self.grid.data_parallel_id, self.tp.rank
         one_per_device = self.grid.data_parallel_size == 1 and self.tp.size == 1
@@ -126,6 +130,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
             self.watchdog,
             self._trace_pid,
         )
+        self._lane = self._second_lane()
         self._op_spans: list[TimedSpan] = []
         # a traced run also meters memory in its first step and times each optimizer update
         self._meter = memory.MemoryMeter(self) if trace else None
@@ -150,6 +155,23 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
                     if (dp, tp) == (self.grid.data_parallel_id, self.tp.rank):
                         mine[(a, b)] = group
         return mine
+
+    def _at_once(self, ops: tuple[Op, ...]) -> bool:
+        """Whether the overlap group `ops` runs its ops at once (lanes.py says when)."""
+        return in_turn_reason(ops, self._recompute, self.ep.size, self.tp.size) is None
+
+    def _second_lane(self) -> Lane | None:
+        """The lane a group's forward runs on, when some group of the plan runs at once (on any
+        device: every rank creates the lane's ep groups, in the same order). With ep > 1, the
+        first group of this device that runs in turn is named, with the reason."""
+        groups = [slot.ops for slots in self.plan.schedule for slot in slots if slot.overlapped]
+        mine = [slot.ops for slot in self.plan.schedule[self.stage_id] if slot.overlapped]
+        note = in_turn_note(self.stage_id, mine, self._recompute, self.ep.size, self.tp.size)
+        if note and self.grid.data_parallel_id == 0 and self.tp.rank == 0:
+            print(note, file=sys.stderr, flush=True)
+        if not any(self._at_once(ops) for ops in groups):
+            return None
+        return Lane(expert_lane_group(self.grid, self.ep.size), self.device, self.local_stages)
 
     def _reset_buffers(self) -> None:
         self._inputs: dict[int, object] = {}
@@ -244,11 +266,39 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         return self._meter if self._meter is not None and self._meter.active else None
 
     def _exec_run(self, op: Op):
+        self._run(op, self._watched_all_to_alls(op))
+        self._ran()
+
+    def _exec_run_group(self, ops: tuple[Op, ...]):
+        """An overlap group at once: its forward on the second lane, its backward here
+        (lanes.py); both ops' spans are traced, overlapping in time."""
+        fwd, bwd = sorted(ops, key=lambda op: op.kind is not OpKind.F)
+        assert self._lane is not None, "a group runs at once only where the lane exists"
+        s, m = fwd.stage, fwd.mb
+        x = self._inputs.get(m) if s == 0 else self._inbox.get((s, m))
+        labels = self._labels.get(m) if s == self.loss_stage else None
+        inputs = flat(x) + (flat(labels) if labels is not None else [])
+        group = str(Slot(ops))
+        self._lane.run(
+            s,
+            inputs,
+            lambda: self._run(fwd, _nothing()),
+            lambda: self._run(bwd, self._watched_all_to_alls(bwd, group)),
+            self._all_to_all_wait(fwd, group),
+        )
+        if s != self.loss_stage:  # what the forward handed on (`_deliver`)
+            out = self._outbox.get(fwd.key(), self._inbox.get((s + 1, m)))
+            self._lane.handed_out(flat(out) if out is not None else [])
+        self._ran()
+
+    def _run(self, op: Op, all_to_alls) -> None:
+        """Compute `op` inside `all_to_alls` (how its expert all-to-alls are waited for), metered
+        and traced."""
         meter = self._active_meter()
         start = time.time()
         with (
             torch.autograd.graph.saved_tensors_hooks(meter.pack, _same) if meter else _nothing(),
-            self._watched_all_to_alls(op),
+            all_to_alls,
         ):
             {
                 OpKind.F: self._forward,
@@ -256,22 +306,32 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
                 OpKind.W: self._backward_weight,
                 OpKind.BW: self._backward,
             }[op.kind](op)
-        if meter is not None:
-            meter.sample()
         if self._trace_pid is not None:
             self._op_spans.append(
                 op_span(self._trace_pid, op.kind.value, op.stage, op.mb, start, time.time())
             )
-            self.p2p.poll()
         self.watchdog.last_done = str(op)
 
-    def _watched_all_to_alls(self, op: Op):
+    def _ran(self) -> None:
+        """After an op or a group: the memory sample, the messages' spans."""
+        meter = self._active_meter()
+        if meter is not None:
+            meter.sample()
+        if self._trace_pid is not None:
+            self.p2p.poll()
+
+    def _watched_all_to_alls(self, op: Op, group: str = ""):
         """With ep, the op's expert all-to-alls wait through the watchdog: one that outlasts the
-        timeout, or whose peer died, stops the job naming the op and the ep group."""
+        timeout, or whose peer died, stops the job naming the op (and its overlap group) and the
+        ep group."""
         if self.ep.size == 1:
             return _nothing()
-        what, peer = f"an expert all-to-all of {op}", self._ep_peers
-        return expert_parallel.waiting(lambda work: self.watchdog.wait(work, what, peer))
+        return expert_parallel.waiting(self._all_to_all_wait(op, group))
+
+    def _all_to_all_wait(self, op: Op, group: str) -> expert_parallel.Wait:
+        what = f"an expert all-to-all of {op}" + (f" in the overlap group {group}" if group else "")
+        peer = self._ep_peers
+        return lambda work: self.watchdog.wait(work, what, peer)
 
     # Compute.
     def _forward(self, op: Op):
@@ -604,6 +664,7 @@ class OctoPipeEngine(Checkpoints, PipelineEngine):
         program.Recv: _exec_recv,
         program.Send: _exec_send,
         program.RunOp: _exec_run,
+        program.RunGroup: _exec_run_group,
         program.FinishSends: _exec_finish_sends,
         schedule.ReduceTiedGrads: _exec_reduce_tied_grads,
         schedule.ReduceGrads: _exec_reduce_grads,

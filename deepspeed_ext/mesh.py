@@ -34,6 +34,7 @@ engine's broadcast of the initial weights and its expert-gradient reduction then
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from deepspeed.runtime.pipe.topology import (
@@ -106,13 +107,7 @@ def expert_groups(grid, ep: int) -> EpGroup:
         table.clear()
     if ep == 1:
         return EpGroup()
-    ep_ranks, data_ranks = expert_rank_groups(
-        grid.get_pipe_parallel_world_size(),
-        grid.get_data_parallel_world_size(),
-        grid.get_slice_parallel_world_size(),
-        ep,
-        lambda p, d, t: global_rank(grid, p, d, t),
-    )
+    ep_ranks, data_ranks = _grid_expert_rank_groups(grid, ep)
     me, name = torch.distributed.get_rank(), EpGroup(ep).group_name
     mine = EpGroup()
     for ranks in ep_ranks:
@@ -126,6 +121,28 @@ def expert_groups(grid, ep: int) -> EpGroup:
         if me in ranks:
             groups._EXPERT_DATA_PARALLEL_GROUP[name] = group
             groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = ranks
+    return mine
+
+
+def _grid_expert_rank_groups(grid, ep: int) -> tuple[list[list[int]], list[list[int]]]:
+    return expert_rank_groups(
+        grid.get_pipe_parallel_world_size(),
+        grid.get_data_parallel_world_size(),
+        grid.get_slice_parallel_world_size(),
+        ep,
+        lambda p, d, t: global_rank(grid, p, d, t),
+    )
+
+
+def expert_lane_group(grid, ep: int) -> Any:
+    """This rank's second ep group (the same ranks as its ep group), after creating one for every
+    ep group of the grid in the same order on every rank: the group the forward lane of an
+    overlap group issues its all-to-alls on (deepspeed_ext/lanes.py)."""
+    me, mine = torch.distributed.get_rank(), None
+    for ranks in _grid_expert_rank_groups(grid, ep)[0]:
+        group = torch.distributed.new_group(ranks)
+        if me in ranks:
+            mine = group
     return mine
 
 

@@ -11,12 +11,15 @@ deadlock, for any plan whose DAG admits an execution (what lint checks):
 - a rank blocks only waiting for a message its next op needs, whose producer comes earlier
   in the DAG's execution order. A cycle of such waits would be a cycle in the DAG plus the
   devices' orders, which lint has ruled out.
+An overlap group whose ops run at once (RunGroup, lanes.py) is one node of the DAG: its
+messages are all received before it starts and sent once both ops end, so the same holds.
 Posting receives a few slots ahead and sending at once overlaps communication with compute
 and keeps each message's span short.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deepspeed.runtime.pipe import schedule as ds
@@ -83,6 +86,10 @@ class RunOp(ds.PipeInstruction):
     """Compute `op`: F, B, W or BW of one stage and micro-batch."""
 
 
+class RunGroup(ds.PipeInstruction):
+    """Compute the ops of an overlap group at once (`ops`: a forward and a backward; lanes.py)."""
+
+
 class FinishSends(ds.PipeInstruction):
     """Wait until every send of the step has completed."""
 
@@ -107,14 +114,23 @@ class PlanSchedule(ds.PipeSchedule):
     Each slot: post the receives of the next LOOKAHEAD slots, wait for this slot's messages,
     draw the micro-batches its forwards need, run its ops and send their results. After the
     last slot: wait for the sends; in training, reduce tied and data-parallel gradients and
-    step the optimizer."""
+    step the optimizer. An overlap group that `at_once` accepts is one RunGroup, after the
+    micro-batches of its forwards are drawn and before its ops' sends; any other group runs its
+    ops in turn, each op as a slot of its own would."""
 
-    def __init__(self, plan: Plan, device: int, train: bool):
+    def __init__(
+        self,
+        plan: Plan,
+        device: int,
+        train: bool,
+        at_once: Callable[[tuple[Op, ...]], bool] = lambda ops: False,
+    ):
         super().__init__(micro_batches=plan.microbatches, stages=plan.num_stages, stage_id=device)
         self.plan = plan if train else forward_only(plan)
         self.graph = build_graph(self.plan)
         self.messages = plan_messages(self.graph)
         self.train = train
+        self._at_once = at_once
         self._steps = self._compile(device)
 
     def num_pipe_buffers(self) -> int:
@@ -142,14 +158,20 @@ class PlanSchedule(ds.PipeSchedule):
             if ahead:
                 cmds.append(PostRecvs(ids=tuple(ahead)))
             cmds += [Recv(msg=m) for m in recv_at.get(node, ())]
-            for op in g.node_ops[node]:
+            ops = g.node_ops[node]
+            at_once = len(ops) > 1 and self._at_once(ops)
+            for op in ops:
                 if op.kind is OpKind.F and op.stage in (0, last):
                     while drawn <= op.mb:  # micro-batches come from the iterator in order
                         cmds.append(LoadMicroBatch(mb=drawn))
                         drawn += 1
-                cmds.append(RunOp(op=op))
-                if op.key() in send_of:
-                    cmds.append(Send(msg=send_of[op.key()]))
+                if not at_once:
+                    cmds.append(RunOp(op=op))
+                    if op.key() in send_of:
+                        cmds.append(Send(msg=send_of[op.key()]))
+            if at_once:
+                cmds.append(RunGroup(ops=ops))
+                cmds += [Send(msg=send_of[op.key()]) for op in ops if op.key() in send_of]
             steps.append(cmds)
         cmds = [FinishSends()]
         if self.train:

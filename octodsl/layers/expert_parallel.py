@@ -31,7 +31,9 @@ tp shard over the tp group). A rank no token reached leaves its experts' `.grad`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +97,42 @@ which stops a wait that outlasts its timeout or whose peer died, naming the op);
 `work.wait()`."""
 
 
+class _Lane(threading.local):
+    """What the all-to-alls issued on this thread use instead of the layer's group and of
+    `waiting`'s wait (unset: those)."""
+
+    group: Any = None
+    wait: Wait | None = None
+
+
+_LANE = _Lane()
+
+
+@contextmanager
+def lane(group: Any, wait: Wait) -> Iterator[None]:
+    """On this thread, inside the block: issue the all-to-alls on `group` (a process group of
+    the same ranks as the layers' ep group) and wait for each with `wait(work)`. The executor
+    runs one op of an overlap group on a second thread with a group of its own, so that the two
+    ops' all-to-alls never share a group: collectives on one group must be issued in the same
+    order on every rank, which two threads sharing it would not guarantee. Thread-local on
+    purpose: a backward that autograd runs on its own worker thread (CUDA) keeps the layer's
+    group, so only forwards run in a lane (deepspeed_ext/lanes.py)."""
+    before = _LANE.group, _LANE.wait
+    _LANE.group, _LANE.wait = group, wait
+    try:
+        yield
+    finally:
+        _LANE.group, _LANE.wait = before
+
+
+def _issue(out: torch.Tensor, x: torch.Tensor, ep: EpGroup, **splits: Any) -> None:
+    """all_to_all_single of x into out over this thread's lane group (else the layer's), waited
+    for as the lane (else `waiting`) says."""
+    group = ep.group if _LANE.group is None else _LANE.group
+    wait = _LANE.wait or _WAIT.current()
+    wait(dist.all_to_all_single(out, x, group=group, async_op=True, **splits))
+
+
 def keep_local_experts(module: nn.Module, name: str, ep: EpGroup) -> None:
     """Replace `module.<name>` (experts along dim 0) by this rank's experts (unmarked: tp may cut
     them next; `mark_expert` the final parameter)."""
@@ -115,11 +153,7 @@ def _all_to_all(x: torch.Tensor, ep: EpGroup, send: list[int], recv: list[int]) 
     """send[i] consecutive rows of x to rank i; the recv[i] rows from rank i, in rank order."""
     x = x.contiguous()
     out = x.new_empty((sum(recv), *x.shape[1:]))
-    _WAIT.current()(
-        dist.all_to_all_single(
-            out, x, output_split_sizes=recv, input_split_sizes=send, group=ep.group, async_op=True
-        )
-    )
+    _issue(out, x, ep, output_split_sizes=recv, input_split_sizes=send)
     return out
 
 
@@ -157,7 +191,7 @@ def apply_experts(
     # counts[e] rows of expert e go to its owner: each owner learns how many rows of each of its
     # experts every rank sends (recv[src][e]) before the rows themselves
     received = torch.empty_like(counts)
-    _WAIT.current()(dist.all_to_all_single(received, counts, group=ep.group, async_op=True))
+    _issue(received, counts, ep)
     sent, recv = torch.stack((counts, received)).view(2, ep.size, -1).tolist()  # one host sync
     send_rows, recv_rows = [sum(s) for s in sent], [sum(r) for r in recv]
     by_expert = [list(col) for col in zip(*recv, strict=True)]  # by_expert[e][src]

@@ -16,16 +16,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import os  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+
 import torch  # noqa: E402
 from harness import SEED, M, compare_runs, config, even_mesh_plan, main  # noqa: E402
 from train import step_data  # noqa: E402
 
 from octodsl.deepspeed_ext import initialize, released_groups  # noqa: E402
 from octodsl.deepspeed_ext.mesh import grad_norm  # noqa: E402
+from octodsl.layers import expert_parallel as epl  # noqa: E402
 from octodsl.layers import lm_loss, pipeline_specs  # noqa: E402
 from octodsl.layers.moe import MoE  # noqa: E402
 from octodsl.models import load_model  # noqa: E402
-from octodsl.plan import Plan  # noqa: E402
+from octodsl.plan import Plan, Slot  # noqa: E402
+from octodsl.trace import COMPUTE  # noqa: E402
 
 SEQ = 64  # a whole chunk of the DeltaNet layers
 SPEC = load_model("qwen3-next-tiny").model_copy(update={"seq_len": SEQ, "microbatch_size": 1})
@@ -57,10 +66,10 @@ def train(engine, first: int, steps: int) -> list[float]:
     ]
 
 
-def run(plan: Plan, steps: int = 3, **extra) -> dict:
+def run(plan: Plan, steps: int = 3, watch=None, **extra) -> dict:
     """The losses, the gradient norm of each step (mesh.grad_norm before clipping and the
     optimizer step, routed experts summed over the ep group), and each rank's local expert
-    counts."""
+    counts; with `watch`, the steps run inside `watch(engine)`, whose `report()` joins these."""
     with released_groups():
         engine = build(plan, **extra)
         norms: list[float] = []
@@ -75,11 +84,19 @@ def run(plan: Plan, steps: int = 3, **extra) -> dict:
             return take_step(*args, **kwargs)
 
         engine._take_model_step = recorded
-        losses = train(engine, 0, steps)
+        with watch(engine) if watch else nullcontext() as seen:
+            losses = train(engine, 0, steps)
         local = sorted({m.w_in.shape[0] for m in engine.module.modules() if isinstance(m, MoE)})
         everyone: list = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(everyone, local)
-    return {"losses": losses, "norm": norms[0], "norms": norms, "local_experts": everyone}
+        seen_all = seen.report() if seen is not None else {}
+    return {
+        "losses": losses,
+        "norm": norms[0],
+        "norms": norms,
+        "local_experts": everyone,
+        **seen_all,
+    }
 
 
 def compare(name: str, ref: dict, mine: dict) -> dict:
@@ -145,7 +162,138 @@ def case_killed(out_dir: Path) -> dict:
     return {"finished": True}
 
 
-CASES = {"ep": case_ep, "checkpoint": case_checkpoint, "killed": case_killed}
+def ungrouped(plan: Plan) -> Plan:
+    """The plan with each overlap group's ops as consecutive slots: what a group run in turn
+    does."""
+    schedule = [[Slot((op,)) for slot in slots for op in slot.ops] for slots in plan.schedule]
+    return Plan(plan.header, plan.stages, plan.placement, schedule)
+
+
+class rendezvous:
+    """While training: each op of an overlap group that runs at once waits, as it starts, until
+    the other op of its group has started too (a group run in turn breaks the barrier, and the
+    run fails); and every expert all-to-all is noted with its thread and whether it went on the
+    lane's group."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        groups = [slot.ops for slot in engine.plan.schedule[engine.stage_id] if slot.overlapped]
+        # one barrier per group, shared by its two ops
+        self.barrier = {
+            op: barrier
+            for ops in groups
+            for barrier in [threading.Barrier(2, timeout=120)]
+            for op in ops
+        }
+        self.issued: Counter = Counter()
+
+    def __enter__(self):
+        engine, barrier, issued = self.engine, self.barrier, self.issued
+        lane_group = engine._lane.group
+        forward, backward, issue = engine._forward, engine._backward, epl.dist.all_to_all_single
+
+        def met(run):
+            def run_when_met(op):
+                if op in barrier:
+                    barrier[op].wait()
+                return run(op)
+
+            return run_when_met
+
+        def noted(*args, group=None, **kwargs):
+            lane = threading.current_thread().name.startswith("octodsl-lane")
+            issued[
+                f"{'lane' if lane else 'rank'} thread, {'lane' if group is lane_group else 'layer'} group"
+            ] += 1
+            return issue(*args, group=group, **kwargs)
+
+        engine._forward, engine._backward = met(forward), met(backward)
+        epl.dist.all_to_all_single = noted
+        self._restore = lambda: (
+            delattr(engine, "_forward"),
+            delattr(engine, "_backward"),
+            setattr(epl.dist, "all_to_all_single", issue),
+        )
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+        return False
+
+    def report(self) -> dict:
+        """Every rank's op spans, all-to-alls by thread and group, and RunGroup count (collective)."""
+        engine = self.engine
+        spans = [
+            (s.name, s.start, s.end)
+            for s in engine.trace_spans()
+            if s.tid == COMPUTE and "mb" in s.args
+        ]
+        steps = [type(c).__name__ for slot in engine._train_sched.steps() for c in slot]
+        mine = {
+            "device": engine.stage_id,
+            "spans": spans,
+            "issued": dict(self.issued),
+            "run_groups": steps.count("RunGroup"),
+        }
+        everyone: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(everyone, mine)
+        return {"ranks": everyone}
+
+
+def case_overlap(out_dir: Path) -> dict:
+    """4 processes, pp 2 x dp 2: dualpipev (overlap groups of a forward and a fused backward)
+    at ep 2, its groups run at once (traced, each group's ops meeting at a barrier), against the
+    same plan with every group's ops in turn at ep 2 and against ep 1."""
+    grouped = mesh_plan("dualpipev", 2, 2, ep=2)
+    ref = run(mesh_plan("dualpipev", 2, 2))
+    in_turn = run(ungrouped(grouped))
+    at_once = run(grouped, watch=rendezvous, octo={"trace": True})
+    groups = {
+        d: [[str(op) for op in slot.ops] for slot in slots if slot.overlapped]
+        for d, slots in enumerate(grouped.schedule)
+    }
+    return {
+        # the rows benchmarks/gpu_check.py tabulates: against ep 1, and against the groups in turn
+        "results": [
+            compare("dualpipev/pp2/dp2/ep2/at-once vs ep 1", ref, at_once),
+            {
+                **compare("dualpipev/pp2/dp2/ep2/at-once vs in turn", in_turn, at_once),
+                "exact": at_once["losses"] == in_turn["losses"],
+                "norm_exact": at_once["norms"] == in_turn["norms"],
+            },
+        ],
+        "groups": groups,
+        "ranks": at_once["ranks"],
+    }
+
+
+def case_overlap_killed(out_dir: Path) -> dict:
+    """4 processes, dualpipev at pp 2 x dp 2, ep 2: device 0's second data-parallel copy is
+    killed as it draws micro-batch 3, the forward of device 0's first overlap group
+    (F0:3 & BW3:1), so device 0's first copy waits in that group's all-to-alls: its watchdog
+    must name the op and the group."""
+    engine = build(mesh_plan("dualpipev", 2, 2, ep=2))
+    data = step_data(SEED, 0, engine.grid.data_parallel_id, M, 1, SEQ, SPEC.vocab)
+    if torch.distributed.get_rank() == 1:  # device 0, data-parallel copy 1
+        data = _dying_after(data, 3)
+    engine.train_batch(data)
+    return {"finished": True}
+
+
+def _dying_after(it, n: int):
+    for _ in range(n):
+        yield next(it)
+    time.sleep(1)  # rank 0 is waiting for this rank by now
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+CASES = {
+    "ep": case_ep,
+    "checkpoint": case_checkpoint,
+    "killed": case_killed,
+    "overlap": case_overlap,
+    "overlap_killed": case_overlap_killed,
+}
 
 
 if __name__ == "__main__":

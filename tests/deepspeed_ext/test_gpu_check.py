@@ -66,7 +66,7 @@ def test_bad_arguments_are_one_line():
     [
         (1, ["harness.py single"], 1),
         (2, ["harness.py plans"], 2),
-        (8, ["tp_cases.py tp", "harness.py dp", "ep_cases.py ep"], 2),
+        (8, ["tp_cases.py tp", "harness.py dp", "ep_cases.py ep", "ep_cases.py overlap"], 2),
     ],
 )
 def test_the_dry_run_shows_every_command_for_the_gpus(gpus, cases, pipe, tmp_path):

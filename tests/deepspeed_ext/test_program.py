@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from octodsl.deepspeed_ext.errors import PlanLaunchError  # noqa: E402
+from octodsl.deepspeed_ext.lanes import in_turn_note, in_turn_reason  # noqa: E402
 from octodsl.deepspeed_ext.launch import check_launch  # noqa: E402
 from octodsl.deepspeed_ext.partition import stage_layers  # noqa: E402
 from octodsl.deepspeed_ext.program import (  # noqa: E402
@@ -16,13 +17,14 @@ from octodsl.deepspeed_ext.program import (  # noqa: E402
     PlanSchedule,
     PostRecvs,
     Recv,
+    RunGroup,
     RunOp,
     Send,
     forward_only,
 )
 from octodsl.gen import SCHEDULES, generate  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
-from octodsl.plan import OpKind  # noqa: E402
+from octodsl.plan import Op, OpKind, Recompute  # noqa: E402
 
 IRREGULAR = """
 plan "irregular" { devices 3 microbatches 2 }
@@ -36,11 +38,12 @@ schedule {
 """
 
 
-def run_all(plan, train=True) -> dict[int, list]:
+def run_all(plan, train=True, at_once=lambda ops: False) -> dict[int, list]:
     """Run every rank's program; a Recv waits until its message was sent. Returns, per rank,
     the ops in the order run; fails on a deadlock or a send out of stream order."""
     progs = {
-        d: [c for step in PlanSchedule(plan, d, train) for c in step] for d in range(plan.devices)
+        d: [c for step in PlanSchedule(plan, d, train, at_once) for c in step]
+        for d in range(plan.devices)
     }
     sent: set[int] = set()
     last_sent: dict[tuple[int, int], int] = {}
@@ -66,6 +69,8 @@ def run_all(plan, train=True) -> dict[int, list]:
                     sent.add(cmd.msg.id)
                 elif isinstance(cmd, RunOp):
                     ran[d].append(cmd.op)
+                elif isinstance(cmd, RunGroup):
+                    ran[d].extend(cmd.ops)
                 pos[d] += 1
                 moved = True
         assert moved, (
@@ -89,6 +94,50 @@ def test_programs_complete_in_stream_order(name, plan):
     }
     forward = run_all(plan, train=False)
     assert all(op.kind is OpKind.F for ops in forward.values() for op in ops)
+
+
+@pytest.mark.parametrize("devices,mbs", [(2, 4), (3, 6), (4, 8)])
+def test_groups_run_at_once_complete_in_stream_order(devices, mbs):
+    plan = generate("dualpipev", devices=devices, microbatches=mbs)
+    assert run_all(plan, at_once=lambda ops: True) == run_all(plan)
+    steps = [step for step in PlanSchedule(plan, 0, True, lambda ops: True)]
+    grouped = [step for step in steps if any(isinstance(c, RunGroup) for c in step)]
+    assert len(grouped) == sum(slot.overlapped for slot in plan.schedule[0]) > 0
+    for step in grouped:  # one RunGroup: its micro-batches drawn before it, its results sent after
+        kinds = [type(c) for c in step]
+        assert RunOp not in kinds and kinds.count(RunGroup) == 1
+        i = kinds.index(RunGroup)
+        assert all(k is not Send for k in kinds[:i]) and all(k is Send for k in kinds[i + 1 :])
+        assert {c.msg.producer for c in step[i + 1 :]} <= set(step[i].ops)
+    assert not any(isinstance(c, RunGroup) for step in PlanSchedule(plan, 0, False) for c in step)
+
+
+def test_which_groups_run_at_once():
+    f, bw, b, w = Op(OpKind.F, 0, 3), Op(OpKind.BW, 3, 1), Op(OpKind.B, 3, 1), Op(OpKind.W, 3, 1)
+    none = [Recompute.NONE] * 4
+    assert all(in_turn_reason(ops, none, 2, 1) is None for ops in ((f, bw), (bw, f), (b, f)))
+    assert in_turn_reason((f, Op(OpKind.BW, 0, 1)), none, 2, 1) is None  # the same stage
+    assert in_turn_reason((f, w), none, 2, 1) is None
+    assert in_turn_reason((f, bw), none, 1, 1) == "ep 1: no expert all-to-alls to hide"
+    assert "tp collectives" in in_turn_reason((f, bw), none, 2, 2)
+    for ops in ((f, Op(OpKind.F, 3, 1)), (bw, w), (f, bw, w)):
+        assert "does not pair one forward with one backward" in in_turn_reason(ops, none, 2, 1)
+    full = [Recompute.NONE, Recompute.NONE, Recompute.NONE, Recompute.FULL]
+    assert in_turn_reason((f, bw), full, 2, 1) == (
+        "stage 3 recomputes (recompute's scope is process-wide)"
+    )
+
+
+def test_a_group_in_turn_is_named_with_the_reason_at_ep_above_1():
+    f, bw, f2 = Op(OpKind.F, 0, 3), Op(OpKind.BW, 3, 1), Op(OpKind.F, 3, 2)
+    none = [Recompute.NONE] * 4
+    assert in_turn_note(0, [(f, bw)], none, 2, 1) is None
+    assert in_turn_note(0, [(f, f2)], none, 1, 1) is None  # ep 1: in turn by design, unsaid
+    assert in_turn_note(0, [(f, bw), (f, f2), (f2, bw, f)], none, 2, 1) == (
+        "octodsl: device 0: overlap group (F0:3 & F3:2) runs its ops in turn: it does not pair "
+        "one forward with one backward (two forwards share the module's active stage; two "
+        "backwards add into the same gradients) (and 1 more)"
+    )
 
 
 def test_messages_follow_the_dag():

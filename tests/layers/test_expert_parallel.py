@@ -14,6 +14,7 @@ to its peer, an expert receives no row and a rank receives none at all.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -254,6 +255,40 @@ def _waiting_worker(rank: int, world: int, port: int, out: str) -> None:
             runs.append((xt.grad, len(works)))
         results[f"waits{rank}"] = runs[1][1]
         results[f"same{rank}"] = bool(torch.equal(runs[0][0], runs[1][0]))
+        # an executor lane: the forward on another thread inside `lane` issues on the lane's
+        # group and waits with the lane's wait; the backward, on this thread, as before
+        lane_group, lane_works, issued = dist.new_group([0, 1]), [], []
+        issue = epl.dist.all_to_all_single
+
+        def noted(*args, group=None, **kwargs):
+            issued.append(("lane" if group is lane_group else "layer", threading.current_thread()))
+            return issue(*args, group=group, **kwargs)
+
+        def lane_wait(work: dist.Work) -> None:
+            lane_works.append(work)
+            work.wait()
+
+        xt, box = x.clone().requires_grad_(), []
+
+        def forward() -> None:
+            with epl.lane(lane_group, lane_wait):
+                box.append(layer(xt))
+
+        epl.dist.all_to_all_single = noted
+        try:
+            thread = threading.Thread(target=forward)
+            thread.start()
+            thread.join()
+            with epl.waiting(wait):
+                box[0].backward(gy)
+        finally:
+            epl.dist.all_to_all_single = issue
+        here = threading.current_thread()
+        results[f"lane{rank}"] = [
+            (where, "this thread" if t is here else "the lane") for where, t in issued
+        ]
+        results[f"lane_waits{rank}"] = [len(lane_works), len(works) - runs[1][1]]
+        results[f"lane_same{rank}"] = bool(torch.equal(runs[0][0], xt.grad))
 
 
 @pytest.mark.slow  # 2 processes
@@ -262,3 +297,8 @@ def test_the_all_to_alls_wait_through_the_waiter_the_executor_sets(tmp_path):
     # forward: the counts, the rows out, the outputs back; backward: the last two reversed
     assert [got["waits0"], got["waits1"]] == [5, 5], got
     assert got["same0"] and got["same1"], got
+    # in a lane: the forward's three on the lane's group and wait, the backward's two not
+    lane = [["lane", "the lane"]] * 3 + [["layer", "this thread"]] * 2
+    assert got["lane0"] == got["lane1"] == lane, got
+    assert got["lane_waits0"] == got["lane_waits1"] == [3, 2], got
+    assert got["lane_same0"] and got["lane_same1"], got
