@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from operator import attrgetter, itemgetter
 from typing import NamedTuple
@@ -26,6 +27,25 @@ from .links import cut_crosses_nodes, dp_rails, dp_spans_nodes
 _I = np.int64
 
 
+class CodedOrders(list):
+    """A plan's device orders (`Plan.schedule`) that also hold each slot's op as arrays, as a
+    list scheduler builds them: `codes` is (kind code, stage, micro-batch), device 0's slots,
+    then device 1's, ... `compile(plan, like=...)` then finds the nodes of a plan whose every
+    device order changed by indexing, instead of looking up each of its thousands of slots.
+    Only for orders of single-op slots; never edited in place (no plan's order is, once
+    compiled)."""
+
+    codes: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    def __init__(self, orders, codes: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        super().__init__(orders)
+        self.codes = codes
+
+
+_ORDERS = 512
+"""Device orders `SlotNodes.remember` keeps per compiled plan's slots (a few MB)."""
+
+
 @dataclass(frozen=True, eq=False)
 class SlotNodes:
     """The node of each slot of the plan a program was compiled from, by the slot's identity:
@@ -38,6 +58,26 @@ class SlotNodes:
     labels: dict[int, str] = field(default_factory=dict)
     """`SimProgram.node_label` of the nodes labelled so far: a node's ops are the same in
     every program reordered from one compile, and critical paths label thousands."""
+    by_op: dict[str, np.ndarray] = field(default_factory=dict)
+    """'table': [kind code, stage, micro-batch] -> node (-1: none), once `node_of` built it."""
+    orders: OrderedDict[int, tuple[list[Slot], np.ndarray]] = field(default_factory=OrderedDict)
+    """The device orders of the latest programs, by identity, with their nodes: a schedule
+    move copies a plan's orders but one, so a candidate shares most of its orders with a plan
+    compiled before it (not always the last one, which `compile`'s `like` compares with).
+    Holds the lists, so no other object can take one of their ids."""
+
+    def remember(self, orders: list[list[Slot]], order_ptr: np.ndarray, nodes: np.ndarray) -> None:
+        """Keep each device order of a compiled plan with its nodes (the latest `_ORDERS`)."""
+        for d, order in enumerate(orders):
+            self.orders[id(order)] = (order, nodes[order_ptr[d] : order_ptr[d + 1]])
+            self.orders.move_to_end(id(order))
+        while len(self.orders) > _ORDERS:
+            self.orders.popitem(last=False)
+
+    def known(self, order: list[Slot]) -> np.ndarray | None:
+        """The nodes of a device order `remember` kept, by identity; else None."""
+        hit = self.orders.get(id(order))
+        return hit[1] if hit is not None and hit[0] is order else None
 
     @classmethod
     def of(cls, slots: list[Slot]) -> SlotNodes:
@@ -55,6 +95,29 @@ class SlotNodes:
             )
         except KeyError:
             return None
+
+    def node_of(self, program: SimProgram, codes: tuple[np.ndarray, ...]) -> np.ndarray | None:
+        """The node of each op of `codes` (CodedOrders.codes) in a program of single-op nodes
+        (compiled from the plan these slots came from); None when some op is not one of its."""
+        table = self.by_op.get("table")
+        if table is None:
+            table = np.full((len(KIND_CODE), program.num_stages, program.microbatches), -1, _I)
+            table[program.op_kind, program.op_stage, program.op_mb] = np.arange(
+                program.num_nodes, dtype=_I
+            )
+            self.by_op["table"] = table
+        kind, stage, mb = codes
+        if len(kind) and (
+            kind.min() < 0
+            or kind.max() >= table.shape[0]
+            or stage.min() < 0
+            or stage.max() >= table.shape[1]
+            or mb.min() < 0
+            or mb.max() >= table.shape[2]
+        ):
+            return None
+        nodes = table[kind, stage, mb]
+        return None if len(nodes) and nodes.min() < 0 else nodes
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,6 +314,8 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     # as Plan.split_stages, from the arrays
     split[g.op_stage[g.op_kind == KIND_CODE[OpKind.W]]] = True
     mesh = Mesh.of(plan.header)
+    slot_nodes = SlotNodes.of(slots)
+    slot_nodes.remember(plan.schedule, order_ptr, order_nodes)
     return SimProgram(
         plan=plan,
         stage_device=stage_device,
@@ -280,7 +345,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         cut_inter=cut_crosses_nodes(mesh, stage_device),
         dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
-        slot_nodes=SlotNodes.of(slots),
+        slot_nodes=slot_nodes,
     )
 
 
@@ -322,13 +387,19 @@ def _graph_of_ops(plan: Plan, slots: list[Slot], node_dev: np.ndarray) -> _Graph
     of the stage before, W after its B, B after its F and the input gradient of the stage
     after; tests/sim/test_program.py holds the two equal)."""
     N, S, M = len(slots), plan.num_stages, plan.microbatches
-    ops = list(map(attrgetter("ops"), slots))
-    if (np.fromiter(map(len, ops), _I, N) != 1).any():
+    codes = getattr(plan.schedule, "codes", None)
+    if codes is not None and all(len(c) == N for c in codes):
+        kind, stage, mb = codes  # a list scheduler's (CodedOrders): single ops, at hand
+    else:
+        ops = list(map(attrgetter("ops"), slots))
+        if (np.fromiter(map(len, ops), _I, N) != 1).any():
+            return None
+        single = list(map(itemgetter(0), ops))
+        kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), single)), _I, N)
+        stage = np.fromiter(map(attrgetter("stage"), single), _I, N)
+        mb = np.fromiter(map(attrgetter("mb"), single), _I, N)
+    if N and ((kind < 0) | (kind >= len(KIND_CODE))).any():
         return None
-    single = list(map(itemgetter(0), ops))
-    kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), single)), _I, N)
-    stage = np.fromiter(map(attrgetter("stage"), single), _I, N)
-    mb = np.fromiter(map(attrgetter("mb"), single), _I, N)
     if N and ((stage < 0) | (stage >= S) | (mb < 0) | (mb >= M)).any():
         return None
     node_of = np.full((len(KIND_CODE), S + 1, M), -1, _I)  # stage S: none, for s + 1 below
@@ -389,14 +460,29 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
     changed = [
         d for d, (a, b) in enumerate(zip(plan.schedule, old.schedule, strict=True)) if a is not b
     ]
+    codes = getattr(plan.schedule, "codes", None)
+    if codes is not None and not like.grouped and len(changed) == plan.devices:
+        # a list scheduler's orders: every device's changed, and the ops are at hand
+        order_nodes = like.slot_nodes.node_of(like, codes)
+        if order_nodes is None or len(order_nodes) != like.num_nodes:
+            return None
+        return _checked(plan, like, order_nodes)
     order_nodes = like.order_nodes.copy()
+    known = like.slot_nodes.known
+    unknown = []
+    for d in changed:
+        nodes = known(plan.schedule[d])
+        if nodes is None or len(nodes) != like.order_ptr[d + 1] - like.order_ptr[d]:
+            unknown.append(d)
+        else:
+            order_nodes[like.order_ptr[d] : like.order_ptr[d + 1]] = nodes
     found = like.slot_nodes.find(
-        [plan.schedule[d] for d in changed],
-        int(sum(like.order_ptr[d + 1] - like.order_ptr[d] for d in changed)),
+        [plan.schedule[d] for d in unknown],
+        int(sum(like.order_ptr[d + 1] - like.order_ptr[d] for d in unknown)),
     )
     if found is not None:
         at = 0
-        for d in changed:
+        for d in unknown:
             lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
             order_nodes[lo:hi] = found[at : at + hi - lo]
             at += hi - lo
@@ -408,9 +494,15 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
                 order_nodes[lo:hi] = [node_of[s] for s in slots]
             except KeyError:
                 return None
-    # every node once, on its own device
+    return _checked(plan, like, order_nodes)
+
+
+def _checked(plan: Plan, like: SimProgram, order_nodes: np.ndarray) -> SimProgram | None:
+    """`like` with `plan` and its device orders `order_nodes`, when they run every node once,
+    each on its own device."""
     if (like.node_dev[order_nodes] != like.node_dev[like.order_nodes]).any() or (
         np.bincount(order_nodes, minlength=like.num_nodes) != 1
     ).any():
         return None
+    like.slot_nodes.remember(plan.schedule, like.order_ptr, order_nodes)
     return replace(like, plan=plan, order_nodes=order_nodes)

@@ -111,6 +111,11 @@ class Problem:
     again): the rounds of one state value a layout in several phases, and each search of a
     tune starts from the same layouts with seeds an earlier one used."""
 
+    fill_layers: tuple[Header | None, object] = field(
+        init=False, repr=False, default_factory=lambda: (None, None)
+    )
+    """`estimate._layer_part`'s arrays, and the header they were built under."""
+
     def __post_init__(self) -> None:
         # A pipeline's ops wait for messages, so each pays the host's launch time: in the
         # layers' F and B here, for the bounds and estimates as for the simulator

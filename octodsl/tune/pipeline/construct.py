@@ -35,7 +35,7 @@ from ...mesh import Mesh
 from ...plan import Op, Plan, Slot
 from ...sim.jit import njit
 from ...sim.links import cut_crosses_nodes, cut_times, link_times
-from ...sim.program import KIND_OF_CODE
+from ...sim.program import KIND_OF_CODE, CodedOrders
 
 _INF = np.inf
 
@@ -54,12 +54,31 @@ def build_schedule(
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it."""
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
-    by_device = np.argsort(order.device, kind="stable")
-    slots = _slots(plan.num_stages, plan.microbatches)[
-        order.kind[by_device], order.stage[by_device], order.mb[by_device]
-    ]
-    ends = np.cumsum(np.bincount(order.device, minlength=plan.devices))
-    return replace(plan, schedule=[part.tolist() for part in np.split(slots, ends[:-1])])
+    by_device, ends = _by_device(order.device, plan.devices)
+    codes = order.kind[by_device], order.stage[by_device], order.mb[by_device]
+    slots = _slots(plan.num_stages, plan.microbatches)[codes]
+    orders = [part.tolist() for part in np.split(slots, ends[:-1])]
+    return replace(plan, schedule=CodedOrders(orders, codes))
+
+
+@njit
+def _by_device(device, devices):
+    """The ops in device order, each device's in run order (a stable sort by device, by
+    counting), and where each device's ops end in it."""
+    ends = np.zeros(devices, np.int64)
+    for d in device:
+        ends[d] += 1
+    at = np.zeros(devices, np.int64)
+    total = 0
+    for d in range(devices):
+        at[d] = total
+        total += ends[d]
+        ends[d] = total
+    out = np.empty(device.shape[0], np.int64)
+    for k in range(device.shape[0]):
+        out[at[device[k]]] = k
+        at[device[k]] += 1
+    return out, ends
 
 
 def _slots(num_stages: int, microbatches: int) -> np.ndarray:
@@ -317,8 +336,9 @@ def held_change(kind, act, act_w):
 class _Choices(NamedTuple):
     """Per device, its last decision (`_decide`'s time, kind, stage and stage held back by
     memory), kept until the op just run may have changed it: an op of stage s changes only its
-    device's clock and memory and stage s's progress, which the devices of s - 1 (B's ready
-    time) and s + 1 (F's) read besides its own."""
+    device's clock and memory and stage s's progress of its kind, which besides its own device
+    only the device of s + 1 reads for an F (its F's ready time) and that of s - 1 for a B (its
+    B's)."""
 
     when: np.ndarray
     what: np.ndarray
@@ -363,21 +383,22 @@ def _run(x, st, c, out):
     P = x.dev_ptr.shape[0] - 1
     for k in range(out.kind.shape[0]):
         bt, bd, bk, bs = _INF, -1, -1, -1
-        stuck_t, stuck_d, stuck_s = _INF, -1, -1
         for d in range(P):
             if c.stale[d]:
                 c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
                 c.stale[d] = False
-            t, kind, s, blocked = c.when[d], c.what[d], c.which[d], c.held[d]
-            if kind >= 0 and t < bt:
-                bt, bd, bk, bs = t, d, kind, s
-            if blocked >= 0:
-                r = max(st.device_free[d], _ready_f(x, st, blocked, st.f_done[blocked]))
-                if r < stuck_t:
-                    stuck_t, stuck_d, stuck_s = r, d, blocked
+            if c.what[d] >= 0 and c.when[d] < bt:
+                bt, bd, bk, bs = c.when[d], d, c.what[d], c.which[d]
         if bd < 0:
             # Every device waits and some forward is held back by memory alone: run the first
             # to be ready over the budget rather than stall (the simulator reports the peak).
+            stuck_t, stuck_d, stuck_s = _INF, -1, -1
+            for d in range(P):
+                blocked = c.held[d]
+                if blocked >= 0:
+                    r = max(st.device_free[d], _ready_f(x, st, blocked, st.f_done[blocked]))
+                    if r < stuck_t:
+                        stuck_t, stuck_d, stuck_s = r, d, blocked
             if stuck_d < 0:
                 return False
             bt, bd, bk, bs = stuck_t, stuck_d, 0, stuck_s
@@ -400,9 +421,9 @@ def _run(x, st, c, out):
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
         c.stale[bd] = True
-        if s > 0:
+        if bk == 1 and s > 0:
             c.stale[c.owner[s - 1]] = True
-        if s + 1 < S:
+        elif bk == 0 and s + 1 < S:
             c.stale[c.owner[s + 1]] = True
         out.kind[k] = bk
         out.stage[k] = s
