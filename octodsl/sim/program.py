@@ -233,8 +233,13 @@ class SimProgram:
         labels = self.slot_nodes.labels
         label = labels.get(n)
         if label is None:
-            ops = tuple(self.op(k) for k in range(self.op_ptr[n], self.op_ptr[n + 1]))
-            label = labels[n] = str(Slot(ops))
+            first, end = int(self.op_ptr[n]), int(self.op_ptr[n + 1])
+            if end - first == 1:  # Op.label, without making the op
+                kind = KIND_OF_CODE[self.op_kind[first]].value
+                label = f"{kind}{int(self.op_stage[first])}:{int(self.op_mb[first])}"
+            else:
+                label = str(Slot(tuple(self.op(k) for k in range(first, end))))
+            labels[n] = label
         return label
 
 

@@ -7,6 +7,7 @@ bounds.py, what it tells the user when no plan fits in advice.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -25,6 +26,9 @@ from .pipeline.layout import SAVING, StageLayout
 
 _COSTS_KEPT = 1 << 14
 """Layouts whose costs `Problem.sim_costs` keeps (a few MB); it starts again when full."""
+
+_STAGE_KEY = attrgetter("first", "last", "symbols", "recompute")
+"""What of a stage its costs depend on (`Problem.sim_costs`' key)."""
 
 AUTO: Literal["auto"] = "auto"
 """`--recompute auto`: the tuner picks each stage's mode."""
@@ -291,7 +295,7 @@ class Problem:
         costs the same few hundred layouts thousands of times (summing a stage's layers took
         longer than simulating it). Raises PlanError as from_table does."""
         key = (
-            tuple((s.first, s.last, s.symbols, s.recompute) for s in plan.stages),
+            tuple(map(_STAGE_KEY, plan.stages)),
             plan.header.model_dump_json(exclude={"name"}),
         )
         costs = self._costs.get(key)
