@@ -32,14 +32,42 @@ class CodedOrders(list):
     list scheduler builds them: `codes` is (kind code, stage, micro-batch), device 0's slots,
     then device 1's, ... `compile(plan, like=...)` then finds the nodes of a plan whose every
     device order changed by indexing, instead of looking up each of its thousands of slots.
-    Only for orders of single-op slots; never edited in place (no plan's order is, once
-    compiled)."""
+    Only for orders of single-op slots. A device's order is never edited in place (no plan's
+    is, once compiled); a change to the list of orders itself drops `codes` (None)."""
 
-    codes: tuple[np.ndarray, np.ndarray, np.ndarray]
+    codes: tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
     def __init__(self, orders, codes: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         super().__init__(orders)
         self.codes = codes
+
+
+def _forgetting(name: str):
+    """list's method `name`, dropping the orders' codes first."""
+    method = getattr(list, name)
+
+    def forget(self, *args, **kwargs):
+        self.codes = None
+        return method(self, *args, **kwargs)
+
+    return forget
+
+
+for _name in (
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+    "__imul__",
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "reverse",
+    "sort",
+    "clear",
+):
+    setattr(CodedOrders, _name, _forgetting(_name))
 
 
 _ORDERS = 512

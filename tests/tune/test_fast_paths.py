@@ -256,6 +256,9 @@ def test_programs_of_list_scheduled_plans_found_by_their_ops_are_those_found_by_
     coded = rebuild(pr.skeleton(layout), pr, w_gap)
     other = rebuild(pr.skeleton(layout), pr, not w_gap)
     assert isinstance(coded.schedule, CodedOrders)
+    edited = CodedOrders(coded.schedule, coded.schedule.codes)
+    edited[0] = list(edited[0])  # the list of orders changed: its codes are dropped
+    assert edited.codes is None
     plain = dataclasses.replace(
         coded, schedule=[[Slot(tuple(s.ops)) for s in order] for order in coded.schedule]
     )
