@@ -87,7 +87,8 @@ class SlotNodes:
     """`SimProgram.node_label` of the nodes labelled so far: a node's ops are the same in
     every program reordered from one compile, and critical paths label thousands."""
     by_op: dict[str, np.ndarray] = field(default_factory=dict)
-    """'table': [kind code, stage, micro-batch] -> node (-1: none), once `node_of` built it."""
+    """'table': [kind code, stage, micro-batch] -> node (-1: none), once `node_of` built it;
+    'per_op': each op's place in `SimProgram.per_op`'s table, once it was built."""
     orders: OrderedDict[int, tuple[list[Slot], np.ndarray]] = field(default_factory=OrderedDict)
     """The device orders of the latest programs, by identity, with their nodes: a schedule
     move copies a plan's orders but one, so a candidate shares most of its orders with a plan
@@ -225,7 +226,10 @@ class SimProgram:
 
     def per_op(self, f: np.ndarray, b: np.ndarray, w: np.ndarray, bw: np.ndarray) -> np.ndarray:
         """Per op: the per-stage value of its kind (F, B, W or fused BW) at its stage."""
-        return np.stack([f, b, w, bw], axis=1)[self.op_stage, self.op_kind]
+        at = self.slot_nodes.by_op.get("per_op")
+        if at is None:  # the ops' places in the flat table below, the same for every reorder
+            at = self.slot_nodes.by_op["per_op"] = self.op_stage * 4 + self.op_kind
+        return np.stack([f, b, w, bw], axis=1).ravel().take(at)
 
     def per_node(self, per_op: np.ndarray) -> np.ndarray:
         """Sum a per-op array over each node's ops."""

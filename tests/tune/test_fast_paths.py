@@ -113,13 +113,16 @@ def test_compiled_mode_fitting_equals_the_descent_it_stands_for(case, room):
 
 
 def _full_scan_walk(x):
-    """construct._walk deciding every device before every op (the compiled walk keeps a
-    device's decision until an op of its own or a neighbouring stage runs)."""
+    """construct._walk deciding every device before every op from every stage's ready times
+    found anew (the compiled walk keeps a device's decision until an op changes what it
+    reads, and each stage's ready times until an op of it or of a neighbour runs)."""
     S, M = x.num_stages, x.microbatches
     P = len(x.dev_ptr) - 1
-    st_ = construct._start(S, M, P)
+    st_ = construct._start(x)
     order = []
     for _ in range(3 * S * M):
+        for s in range(S):
+            construct._refresh(x, st_, s)
         picks = [construct._decide(x, st_, d) for d in range(P)]
         ready = [(t, d) for d, (t, kind, _, _) in enumerate(picks) if kind >= 0]
         if ready:

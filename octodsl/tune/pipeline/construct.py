@@ -156,12 +156,18 @@ class _Progress(NamedTuple):
     """Per device: when its last op ends."""
     memory: np.ndarray
     """Per device: activation bytes held."""
+    ready_b: np.ndarray
+    """When each stage's next B can start (`_ready_b`), and below its next F (`_ready_f`):
+    kept up to date as ops run (`_refresh`), since a device's decision reads them for each
+    of its stages and an op changes at most three."""
+    ready_f: np.ndarray
 
 
 @njit
-def _start(S, M, P):
+def _start(x):
     """The scheduler's state before any op: nothing run, every device free and empty."""
-    return _Progress(
+    S, M, P = x.num_stages, x.microbatches, x.dev_ptr.shape[0] - 1
+    st = _Progress(
         np.zeros(S, np.int64),
         np.zeros(S, np.int64),
         np.zeros(S, np.int64),
@@ -169,7 +175,19 @@ def _start(S, M, P):
         np.zeros((S, M)),
         np.zeros(P),
         np.zeros(P),
+        np.zeros(S),
+        np.zeros(S),
     )
+    for s in range(S):
+        _refresh(x, st, s)
+    return st
+
+
+@njit(refcounts=False)
+def _refresh(x, st, s):
+    """Stage s's ready times from the progress so far."""
+    st.ready_b[s] = _ready_b(x, st, s, st.b_done[s])
+    st.ready_f[s] = _ready_f(x, st, s, st.f_done[s])
 
 
 class _Order(NamedTuple):
@@ -269,7 +287,7 @@ def _decide(x, st, d):
     best_b, tb, best_f, tf, blocked, best_w = -1, _INF, -1, _INF, -1, -1
     for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
         s = x.stages[i]
-        r = max(_ready_b(x, st, s, b_done[s]), t0)
+        r = max(st.ready_b[s], t0)
         # Earlier start wins; at the same start, the older micro-batch, then the deeper stage.
         if r < tb or (
             r == tb
@@ -277,11 +295,11 @@ def _decide(x, st, d):
             and (b_done[s] < b_done[best_b] or (b_done[s] == b_done[best_b] and s > best_b))
         ):
             best_b, tb = s, r
-        r = _ready_f(x, st, s, f_done[s])
+        r = st.ready_f[s]
         if r < _INF:
             need = x.act[s] + (x.room[d] if s == x.stages[x.dev_ptr[d]] else 0.0)
             if st.memory[d] + need > x.budget[d]:
-                if blocked < 0 or r < _ready_f(x, st, blocked, f_done[blocked]):
+                if blocked < 0 or r < st.ready_f[blocked]:
                     blocked = s
             else:
                 r = max(r, t0)
@@ -308,7 +326,7 @@ def _decide(x, st, d):
     if tf <= t0:
         return t0, 0, best_f, blocked
     nxt = min(tb, tf)
-    held = blocked >= 0 and _ready_f(x, st, blocked, f_done[blocked]) <= t0
+    held = blocked >= 0 and st.ready_f[blocked] <= t0
     if best_w >= 0 and (held or not x.w_gap or nxt == _INF or nxt - t0 >= x.w[best_w]):
         return t0, 2, best_w, blocked
     if nxt == _INF:
@@ -357,7 +375,7 @@ def _walk(x):
     out = _Order(
         np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64)
     )
-    st = _start(S, M, P)
+    st = _start(x)
     c = _Choices(
         np.zeros(P),
         np.zeros(P, np.int64),
@@ -396,7 +414,7 @@ def _run(x, st, c, out):
             for d in range(P):
                 blocked = c.held[d]
                 if blocked >= 0:
-                    r = max(st.device_free[d], _ready_f(x, st, blocked, st.f_done[blocked]))
+                    r = max(st.device_free[d], st.ready_f[blocked])
                     if r < stuck_t:
                         stuck_t, stuck_d, stuck_s = r, d, blocked
             if stuck_d < 0:
@@ -421,9 +439,14 @@ def _run(x, st, c, out):
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
         c.stale[bd] = True
+        # what the op changed: its stage's ready times and a neighbour's (the dependency rule)
+        if bk != 2:
+            _refresh(x, st, s)
         if bk == 1 and s > 0:
+            _refresh(x, st, s - 1)
             c.stale[c.owner[s - 1]] = True
         elif bk == 0 and s + 1 < S:
+            _refresh(x, st, s + 1)
             c.stale[c.owner[s + 1]] = True
         out.kind[k] = bk
         out.stage[k] = s
