@@ -25,6 +25,8 @@ from .core import WalkGraph
 from .links import cut_crosses_nodes, dp_rails, dp_spans_nodes
 
 _I = np.int64
+_KIND_TEXT = tuple(kind.value for kind in KIND_OF_CODE)
+"""Each kind code's text in op labels."""
 
 
 class CodedOrders(list):
@@ -267,7 +269,7 @@ class SimProgram:
         if label is None:
             first, end = int(self.op_ptr[n]), int(self.op_ptr[n + 1])
             if end - first == 1:  # Op.label, without making the op
-                kind = KIND_OF_CODE[self.op_kind[first]].value
+                kind = _KIND_TEXT[self.op_kind[first]]
                 label = f"{kind}{int(self.op_stage[first])}:{int(self.op_mb[first])}"
             else:
                 label = str(Slot(tuple(self.op(k) for k in range(first, end))))

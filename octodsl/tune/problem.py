@@ -6,6 +6,7 @@ bounds.py, what it tells the user when no plan fits in advice.py."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Literal
@@ -115,6 +116,11 @@ class Problem:
     again): the rounds of one state value a layout in several phases, and each search of a
     tune starts from the same layouts with seeds an earlier one used."""
 
+    fill_models: tuple[Header | None, OrderedDict] = field(
+        init=False, repr=False, default_factory=lambda: (None, OrderedDict())
+    )
+    """`partition._model`'s fill models by placement and recompute modes, and the header they
+    were built under."""
     fill_layers: tuple[Header | None, object] = field(
         init=False, repr=False, default_factory=lambda: (None, None)
     )
