@@ -72,8 +72,8 @@ for _name in (
     setattr(CodedOrders, _name, _forgetting(_name))
 
 
-_ORDERS = 512
-"""Device orders `SlotNodes.remember` keeps per compiled plan's slots (a few MB)."""
+_PLANS = 4
+"""Plans whose device orders `SlotNodes.remember` keeps."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,11 +98,13 @@ class SlotNodes:
     Holds the lists, so no other object can take one of their ids."""
 
     def remember(self, orders: list[list[Slot]], order_ptr: np.ndarray, nodes: np.ndarray) -> None:
-        """Keep each device order of a compiled plan with its nodes (the latest `_ORDERS`)."""
+        """Keep each device order of a compiled plan with its nodes: those of the latest
+        `_PLANS` plans (orders a candidate shares with its parent come back with each of its
+        siblings)."""
         for d, order in enumerate(orders):
             self.orders[id(order)] = (order, nodes[order_ptr[d] : order_ptr[d + 1]])
             self.orders.move_to_end(id(order))
-        while len(self.orders) > _ORDERS:
+        while len(self.orders) > _PLANS * len(orders):
             self.orders.popitem(last=False)
 
     def known(self, order: list[Slot]) -> np.ndarray | None:
