@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -200,6 +201,11 @@ class _Order(NamedTuple):
     device: np.ndarray
 
 
+_COLUMN_NAMES = ("f", "b", "w", "act", "act_w", "act_b", "static", "send_bytes")
+_COLUMNS = attrgetter(*_COLUMN_NAMES)
+"""The stage costs the list scheduler reads, one row per stage."""
+
+
 def _arrays(
     plan: Plan,
     costs: Sequence[StageCost],
@@ -211,25 +217,27 @@ def _arrays(
     """The scheduler's inputs for `plan`, and the order it constructs."""
     sd = np.array(plan.stage_device(), np.int64)
     S, P, M = len(sd), plan.devices, plan.microbatches
-    dev_stages = [np.flatnonzero(sd == d) for d in range(P)]
+    flat = np.argsort(sd, kind="stable")  # each device's stages, in stage order
+    counts = np.bincount(sd, minlength=P)
     dev_ptr = np.zeros(P + 1, np.int64)
-    dev_ptr[1:] = np.cumsum([len(x) for x in dev_stages])
-    flat = np.concatenate(dev_stages) if S else np.zeros(0, np.int64)
-    col = {
-        name: np.array([getattr(c, name) for c in costs], float)
-        for name in ("f", "b", "w", "act", "act_w", "act_b", "static")
-    }
-    send = np.array([c.send_bytes for c in costs], float)
+    dev_ptr[1:] = np.cumsum(counts)
+    table = np.array(list(map(_COLUMNS, costs)), float).reshape(S, len(_COLUMN_NAMES)).T.copy()
+    col = dict(zip(_COLUMN_NAMES, table, strict=True))
     cut = (
-        cut_times(send, cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
+        cut_times(col["send_bytes"], cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
         if inter_link is not None
-        else link_times(link, send)
+        else link_times(link, col["send_bytes"])
     )
-    delay = np.array([cut[s] if s + 1 < S and sd[s] != sd[s + 1] else 0.0 for s in range(S)])
+    delay = np.zeros(S)
+    delay[:-1] = np.where(sd[1:] != sd[:-1], cut[:-1], 0.0)
     static = np.bincount(sd, weights=col["static"], minlength=P)
-    transient = np.array([col["act_b"][stages].max(initial=0.0) for stages in dev_stages])
+    transient = np.zeros(P)
+    np.maximum.at(transient, sd, col["act_b"])
     cap = np.full(P, _INF) if memory is None else memory - static
-    room = np.array([sum(col["act"][s] for s in stages[1:]) for stages in dev_stages], float)
+    # all but each device's first stage, summed in stage order from 0 (as `sum` would)
+    later = col["act"].copy()
+    later[flat[dev_ptr[:-1][counts > 0]]] = 0.0
+    room = np.bincount(sd, weights=later, minlength=P)
     return _walk(
         _Inputs(
             S,
