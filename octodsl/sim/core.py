@@ -87,7 +87,7 @@ def msg_pred_code(m):
     return -2 - m
 
 
-@njit
+@njit(refcounts=False)
 def _heap_push(ht, hm, n, t, m):
     i = n
     while i > 0:
@@ -102,7 +102,7 @@ def _heap_push(ht, hm, n, t, m):
     return n + 1
 
 
-@njit
+@njit(refcounts=False)
 def _heap_pop(ht, hm, n):
     """Removes the root; returns the new size (the caller reads the root before)."""
     n -= 1
@@ -125,7 +125,7 @@ def _heap_pop(ht, hm, n):
     return n
 
 
-@njit
+@njit(refcounts=False)
 def _arrive(g, n, m, e, remaining, ready, ready_by, pos, stack, sn):
     """Message m, ended at e, is one of node n's waits: count it, and queue n's device when n
     is its next node and has nothing left to wait for. Returns the stack's new size."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from operator import attrgetter, itemgetter
 from typing import NamedTuple
@@ -24,6 +25,55 @@ from .core import WalkGraph
 from .links import cut_crosses_nodes, dp_rails, dp_spans_nodes
 
 _I = np.int64
+_KIND_TEXT = tuple(kind.value for kind in KIND_OF_CODE)
+"""Each kind code's text in op labels."""
+
+
+class CodedOrders(list):
+    """A plan's device orders (`Plan.schedule`) that also hold each slot's op as arrays, as a
+    list scheduler builds them: `codes` is (kind code, stage, micro-batch), device 0's slots,
+    then device 1's, ... `compile(plan, like=...)` then finds the nodes of a plan whose every
+    device order changed by indexing, instead of looking up each of its thousands of slots.
+    Only for orders of single-op slots. A device's order is never edited in place (no plan's
+    is, once compiled); a change to the list of orders itself drops `codes` (None)."""
+
+    codes: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+
+    def __init__(self, orders, codes: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        super().__init__(orders)
+        self.codes = codes
+
+
+def _forgetting(name: str):
+    """list's method `name`, dropping the orders' codes first."""
+    method = getattr(list, name)
+
+    def forget(self, *args, **kwargs):
+        self.codes = None
+        return method(self, *args, **kwargs)
+
+    return forget
+
+
+for _name in (
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+    "__imul__",
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "reverse",
+    "sort",
+    "clear",
+):
+    setattr(CodedOrders, _name, _forgetting(_name))
+
+
+_PLANS = 4
+"""Plans whose device orders `SlotNodes.remember` keeps."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +88,29 @@ class SlotNodes:
     labels: dict[int, str] = field(default_factory=dict)
     """`SimProgram.node_label` of the nodes labelled so far: a node's ops are the same in
     every program reordered from one compile, and critical paths label thousands."""
+    by_op: dict[str, np.ndarray] = field(default_factory=dict)
+    """'table': [kind code, stage, micro-batch] -> node (-1: none), once `node_of` built it;
+    'per_op': each op's place in `SimProgram.per_op`'s table, once it was built."""
+    orders: OrderedDict[int, tuple[list[Slot], np.ndarray]] = field(default_factory=OrderedDict)
+    """The device orders of the latest programs, by identity, with their nodes: a schedule
+    move copies a plan's orders but one, so a candidate shares most of its orders with a plan
+    compiled before it (not always the last one, which `compile`'s `like` compares with).
+    Holds the lists, so no other object can take one of their ids."""
+
+    def remember(self, orders: list[list[Slot]], order_ptr: np.ndarray, nodes: np.ndarray) -> None:
+        """Keep each device order of a compiled plan with its nodes: those of the latest
+        `_PLANS` plans (orders a candidate shares with its parent come back with each of its
+        siblings)."""
+        for d, order in enumerate(orders):
+            self.orders[id(order)] = (order, nodes[order_ptr[d] : order_ptr[d + 1]])
+            self.orders.move_to_end(id(order))
+        while len(self.orders) > _PLANS * len(orders):
+            self.orders.popitem(last=False)
+
+    def known(self, order: list[Slot]) -> np.ndarray | None:
+        """The nodes of a device order `remember` kept, by identity; else None."""
+        hit = self.orders.get(id(order))
+        return hit[1] if hit is not None and hit[0] is order else None
 
     @classmethod
     def of(cls, slots: list[Slot]) -> SlotNodes:
@@ -55,6 +128,29 @@ class SlotNodes:
             )
         except KeyError:
             return None
+
+    def node_of(self, program: SimProgram, codes: tuple[np.ndarray, ...]) -> np.ndarray | None:
+        """The node of each op of `codes` (CodedOrders.codes) in a program of single-op nodes
+        (compiled from the plan these slots came from); None when some op is not one of its."""
+        table = self.by_op.get("table")
+        if table is None:
+            table = np.full((len(KIND_CODE), program.num_stages, program.microbatches), -1, _I)
+            table[program.op_kind, program.op_stage, program.op_mb] = np.arange(
+                program.num_nodes, dtype=_I
+            )
+            self.by_op["table"] = table
+        kind, stage, mb = codes
+        if len(kind) and (
+            kind.min() < 0
+            or kind.max() >= table.shape[0]
+            or stage.min() < 0
+            or stage.max() >= table.shape[1]
+            or mb.min() < 0
+            or mb.max() >= table.shape[2]
+        ):
+            return None
+        nodes = table[kind, stage, mb]
+        return None if len(nodes) and nodes.min() < 0 else nodes
 
 
 def group_seconds(compute, comm, longest):
@@ -140,7 +236,10 @@ class SimProgram:
 
     def per_op(self, f: np.ndarray, b: np.ndarray, w: np.ndarray, bw: np.ndarray) -> np.ndarray:
         """Per op: the per-stage value of its kind (F, B, W or fused BW) at its stage."""
-        return np.stack([f, b, w, bw], axis=1)[self.op_stage, self.op_kind]
+        at = self.slot_nodes.by_op.get("per_op")
+        if at is None:  # the ops' places in the flat table below, the same for every reorder
+            at = self.slot_nodes.by_op["per_op"] = self.op_stage * 4 + self.op_kind
+        return np.stack([f, b, w, bw], axis=1).ravel().take(at)
 
     def per_node(self, per_op: np.ndarray) -> np.ndarray:
         """Sum a per-op array over each node's ops."""
@@ -176,8 +275,13 @@ class SimProgram:
         labels = self.slot_nodes.labels
         label = labels.get(n)
         if label is None:
-            ops = tuple(self.op(k) for k in range(self.op_ptr[n], self.op_ptr[n + 1]))
-            label = labels[n] = str(Slot(ops))
+            first, end = int(self.op_ptr[n]), int(self.op_ptr[n + 1])
+            if end - first == 1:  # Op.label, without making the op
+                kind = _KIND_TEXT[self.op_kind[first]]
+                label = f"{kind}{int(self.op_stage[first])}:{int(self.op_mb[first])}"
+            else:
+                label = str(Slot(tuple(self.op(k) for k in range(first, end))))
+            labels[n] = label
         return label
 
 
@@ -257,6 +361,8 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
     # as Plan.split_stages, from the arrays
     split[g.op_stage[g.op_kind == KIND_CODE[OpKind.W]]] = True
     mesh = Mesh.of(plan.header)
+    slot_nodes = SlotNodes.of(slots)
+    slot_nodes.remember(plan.schedule, order_ptr, order_nodes)
     return SimProgram(
         plan=plan,
         stage_device=stage_device,
@@ -286,7 +392,7 @@ def _compile(plan: Plan, stage_device: np.ndarray) -> SimProgram:
         cut_inter=cut_crosses_nodes(mesh, stage_device),
         dp_inter=dp_spans_nodes(mesh),
         dp_rails=dp_rails(mesh),
-        slot_nodes=SlotNodes.of(slots),
+        slot_nodes=slot_nodes,
     )
 
 
@@ -328,13 +434,19 @@ def _graph_of_ops(plan: Plan, slots: list[Slot], node_dev: np.ndarray) -> _Graph
     of the stage before, W after its B, B after its F and the input gradient of the stage
     after; tests/sim/test_program.py holds the two equal)."""
     N, S, M = len(slots), plan.num_stages, plan.microbatches
-    ops = list(map(attrgetter("ops"), slots))
-    if (np.fromiter(map(len, ops), _I, N) != 1).any():
+    codes = getattr(plan.schedule, "codes", None)
+    if codes is not None and all(len(c) == N for c in codes):
+        kind, stage, mb = codes  # a list scheduler's (CodedOrders): single ops, at hand
+    else:
+        ops = list(map(attrgetter("ops"), slots))
+        if (np.fromiter(map(len, ops), _I, N) != 1).any():
+            return None
+        single = list(map(itemgetter(0), ops))
+        kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), single)), _I, N)
+        stage = np.fromiter(map(attrgetter("stage"), single), _I, N)
+        mb = np.fromiter(map(attrgetter("mb"), single), _I, N)
+    if N and ((kind < 0) | (kind >= len(KIND_CODE))).any():
         return None
-    single = list(map(itemgetter(0), ops))
-    kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), single)), _I, N)
-    stage = np.fromiter(map(attrgetter("stage"), single), _I, N)
-    mb = np.fromiter(map(attrgetter("mb"), single), _I, N)
     if N and ((stage < 0) | (stage >= S) | (mb < 0) | (mb >= M)).any():
         return None
     node_of = np.full((len(KIND_CODE), S + 1, M), -1, _I)  # stage S: none, for s + 1 below
@@ -395,14 +507,29 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
     changed = [
         d for d, (a, b) in enumerate(zip(plan.schedule, old.schedule, strict=True)) if a is not b
     ]
+    codes = getattr(plan.schedule, "codes", None)
+    if codes is not None and not like.grouped and len(changed) == plan.devices:
+        # a list scheduler's orders: every device's changed, and the ops are at hand
+        order_nodes = like.slot_nodes.node_of(like, codes)
+        if order_nodes is None or len(order_nodes) != like.num_nodes:
+            return None
+        return _checked(plan, like, order_nodes)
     order_nodes = like.order_nodes.copy()
+    known = like.slot_nodes.known
+    unknown = []
+    for d in changed:
+        nodes = known(plan.schedule[d])
+        if nodes is None or len(nodes) != like.order_ptr[d + 1] - like.order_ptr[d]:
+            unknown.append(d)
+        else:
+            order_nodes[like.order_ptr[d] : like.order_ptr[d + 1]] = nodes
     found = like.slot_nodes.find(
-        [plan.schedule[d] for d in changed],
-        int(sum(like.order_ptr[d + 1] - like.order_ptr[d] for d in changed)),
+        [plan.schedule[d] for d in unknown],
+        int(sum(like.order_ptr[d + 1] - like.order_ptr[d] for d in unknown)),
     )
     if found is not None:
         at = 0
-        for d in changed:
+        for d in unknown:
             lo, hi = like.order_ptr[d], like.order_ptr[d + 1]
             order_nodes[lo:hi] = found[at : at + hi - lo]
             at += hi - lo
@@ -414,9 +541,15 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
                 order_nodes[lo:hi] = [node_of[s] for s in slots]
             except KeyError:
                 return None
-    # every node once, on its own device
+    return _checked(plan, like, order_nodes)
+
+
+def _checked(plan: Plan, like: SimProgram, order_nodes: np.ndarray) -> SimProgram | None:
+    """`like` with `plan` and its device orders `order_nodes`, when they run every node once,
+    each on its own device."""
     if (like.node_dev[order_nodes] != like.node_dev[like.order_nodes]).any() or (
         np.bincount(order_nodes, minlength=like.num_nodes) != 1
     ).any():
         return None
+    like.slot_nodes.remember(plan.schedule, like.order_ptr, order_nodes)
     return replace(like, plan=plan, order_nodes=order_nodes)

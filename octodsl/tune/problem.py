@@ -6,7 +6,9 @@ bounds.py, what it tells the user when no plan fits in advice.py."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -25,6 +27,9 @@ from .pipeline.layout import SAVING, StageLayout
 
 _COSTS_KEPT = 1 << 14
 """Layouts whose costs `Problem.sim_costs` keeps (a few MB); it starts again when full."""
+
+_STAGE_KEY = attrgetter("first", "last", "symbols", "recompute")
+"""What of a stage its costs depend on (`Problem.sim_costs`' key)."""
 
 AUTO: Literal["auto"] = "auto"
 """`--recompute auto`: the tuner picks each stage's mode."""
@@ -110,6 +115,16 @@ class Problem:
     problem), and the header they were found under (a problem given another header starts
     again): the rounds of one state value a layout in several phases, and each search of a
     tune starts from the same layouts with seeds an earlier one used."""
+
+    fill_models: tuple[Header | None, OrderedDict] = field(
+        init=False, repr=False, default_factory=lambda: (None, OrderedDict())
+    )
+    """`partition._model`'s fill models by placement and recompute modes, and the header they
+    were built under."""
+    fill_layers: tuple[Header | None, object] = field(
+        init=False, repr=False, default_factory=lambda: (None, None)
+    )
+    """`estimate._layer_part`'s arrays, and the header they were built under."""
 
     def __post_init__(self) -> None:
         # A pipeline's ops wait for messages, so each pays the host's launch time: in the
@@ -286,7 +301,7 @@ class Problem:
         costs the same few hundred layouts thousands of times (summing a stage's layers took
         longer than simulating it). Raises PlanError as from_table does."""
         key = (
-            tuple((s.first, s.last, s.symbols, s.recompute) for s in plan.stages),
+            tuple(map(_STAGE_KEY, plan.stages)),
             plan.header.model_dump_json(exclude={"name"}),
         )
         costs = self._costs.get(key)

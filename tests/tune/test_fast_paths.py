@@ -1,8 +1,8 @@
 """The tuner's fast paths against the plain computation they stand for, on random layouts and
 moves: the fill model's descent that re-sums only the stages a shift changes and its compiled
 fitting of recompute modes, the list scheduler that re-decides only the devices an op
-concerns, the stage costs a problem remembers and a program reused by slot identity for a
-reordered plan. The tuned plan is the same for a seed and an evaluation count whatever the
+concerns, the stage costs a problem remembers, a program reused by slot identity for a
+reordered plan and by op codes for a list-scheduled one. The tuned plan is the same for a seed and an evaluation count whatever the
 caches hold."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from octodsl.plan import OpKind, Slot
 from octodsl.sim import SimCosts, SimDeadlock, compile, simulate
+from octodsl.sim.program import CodedOrders
 from octodsl.tune.pipeline import construct
 from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.loop import tune
@@ -112,13 +113,16 @@ def test_compiled_mode_fitting_equals_the_descent_it_stands_for(case, room):
 
 
 def _full_scan_walk(x):
-    """construct._walk deciding every device before every op (the compiled walk keeps a
-    device's decision until an op of its own or a neighbouring stage runs)."""
+    """construct._walk deciding every device before every op from every stage's ready times
+    found anew (the compiled walk keeps a device's decision until an op changes what it
+    reads, and each stage's ready times until an op of it or of a neighbour runs)."""
     S, M = x.num_stages, x.microbatches
     P = len(x.dev_ptr) - 1
-    st_ = construct._start(S, M, P)
+    st_ = construct._start(x)
     order = []
     for _ in range(3 * S * M):
+        for s in range(S):
+            construct._refresh(x, st_, s)
         picks = [construct._decide(x, st_, d) for d in range(P)]
         ready = [(t, d) for d, (t, kind, _, _) in enumerate(picks) if kind >= 0]
         if ready:
@@ -229,6 +233,53 @@ def test_a_program_reused_by_slot_identity_is_the_one_found_by_value(case, data)
     # become ready at the same instant differently: equal up to rounding.
     assert abs(fast.iteration_time - full.iteration_time) <= 1e-12 * full.iteration_time
     assert list(fast.peak_memory) == list(full.peak_memory)
+
+
+def _arrays_of(program) -> dict[str, list]:
+    """Every array of a compiled program, as lists."""
+    return {
+        f.name: getattr(program, f.name).tolist()
+        for f in dataclasses.fields(program)
+        if isinstance(getattr(program, f.name), np.ndarray)
+    }
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts(), st.booleans(), st.data())
+def test_programs_of_list_scheduled_plans_found_by_their_ops_are_those_found_by_slot(
+    case, w_gap, data
+):
+    # A list-scheduled plan carries its ops as arrays (CodedOrders): compiling it from scratch
+    # reads them instead of its slots, and compiling it like another program of the layout
+    # indexes a table of that program's nodes instead of looking up every slot. The same plan
+    # with plain lists of copied slots goes the ways by slot: the same arrays. A schedule move
+    # from it shares all of its device orders but one, which compiling like a third program
+    # (the other rebuild's) finds remembered by identity: the nodes found by value.
+    pr, layout = case
+    coded = rebuild(pr.skeleton(layout), pr, w_gap)
+    other = rebuild(pr.skeleton(layout), pr, not w_gap)
+    assert isinstance(coded.schedule, CodedOrders)
+    edited = CodedOrders(coded.schedule, coded.schedule.codes)
+    edited[0] = list(edited[0])  # the list of orders changed: its codes are dropped
+    assert edited.codes is None
+    plain = dataclasses.replace(
+        coded, schedule=[[Slot(tuple(s.ops)) for s in order] for order in coded.schedule]
+    )
+    assert _arrays_of(compile(coded)) == _arrays_of(compile(plain))
+    like = compile(other)
+    assert _arrays_of(compile(coded, like=like)) == _arrays_of(compile(plain, like=like))
+    d = data.draw(st.integers(0, pr.devices - 1))
+    n = len(coded.schedule[d])
+    src = data.draw(st.integers(1, n - 1))
+    moved = advance(coded, d, src, data.draw(st.integers(0, src - 1)))
+    moved_plain = dataclasses.replace(
+        moved, schedule=[[Slot(tuple(s.ops)) for s in order] for order in moved.schedule]
+    )
+    third = compile(rebuild(pr.skeleton(layout), pr, w_gap), like=like)
+    assert not any(a is b for a, b in zip(moved.schedule, third.plan.schedule, strict=True))
+    by_identity = compile(moved, like=third)
+    assert by_identity.out_dst is like.out_dst  # reused, not compiled again
+    assert _arrays_of(by_identity) == _arrays_of(compile(moved_plain, like=third))
 
 
 def test_the_same_seed_and_evaluations_give_the_same_plan_whatever_the_caches_hold():

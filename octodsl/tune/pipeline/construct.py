@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -35,7 +36,7 @@ from ...mesh import Mesh
 from ...plan import Op, Plan, Slot
 from ...sim.jit import njit
 from ...sim.links import cut_crosses_nodes, cut_times, link_times
-from ...sim.program import KIND_OF_CODE
+from ...sim.program import KIND_OF_CODE, CodedOrders
 
 _INF = np.inf
 
@@ -54,12 +55,31 @@ def build_schedule(
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it."""
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
-    by_device = np.argsort(order.device, kind="stable")
-    slots = _slots(plan.num_stages, plan.microbatches)[
-        order.kind[by_device], order.stage[by_device], order.mb[by_device]
-    ]
-    ends = np.cumsum(np.bincount(order.device, minlength=plan.devices))
-    return replace(plan, schedule=[part.tolist() for part in np.split(slots, ends[:-1])])
+    by_device, ends = _by_device(order.device, plan.devices)
+    codes = order.kind[by_device], order.stage[by_device], order.mb[by_device]
+    slots = _slots(plan.num_stages, plan.microbatches)[codes]
+    orders = [part.tolist() for part in np.split(slots, ends[:-1])]
+    return replace(plan, schedule=CodedOrders(orders, codes))
+
+
+@njit
+def _by_device(device, devices):
+    """The ops in device order, each device's in run order (a stable sort by device, by
+    counting), and where each device's ops end in it."""
+    ends = np.zeros(devices, np.int64)
+    for d in device:
+        ends[d] += 1
+    at = np.zeros(devices, np.int64)
+    total = 0
+    for d in range(devices):
+        at[d] = total
+        total += ends[d]
+        ends[d] = total
+    out = np.empty(device.shape[0], np.int64)
+    for k in range(device.shape[0]):
+        out[at[device[k]]] = k
+        at[device[k]] += 1
+    return out, ends
 
 
 def _slots(num_stages: int, microbatches: int) -> np.ndarray:
@@ -137,12 +157,18 @@ class _Progress(NamedTuple):
     """Per device: when its last op ends."""
     memory: np.ndarray
     """Per device: activation bytes held."""
+    ready_b: np.ndarray
+    """When each stage's next B can start (`_ready_b`), and below its next F (`_ready_f`):
+    kept up to date as ops run (`_refresh`), since a device's decision reads them for each
+    of its stages and an op changes at most three."""
+    ready_f: np.ndarray
 
 
 @njit
-def _start(S, M, P):
+def _start(x):
     """The scheduler's state before any op: nothing run, every device free and empty."""
-    return _Progress(
+    S, M, P = x.num_stages, x.microbatches, x.dev_ptr.shape[0] - 1
+    st = _Progress(
         np.zeros(S, np.int64),
         np.zeros(S, np.int64),
         np.zeros(S, np.int64),
@@ -150,7 +176,19 @@ def _start(S, M, P):
         np.zeros((S, M)),
         np.zeros(P),
         np.zeros(P),
+        np.zeros(S),
+        np.zeros(S),
     )
+    for s in range(S):
+        _refresh(x, st, s)
+    return st
+
+
+@njit(refcounts=False)
+def _refresh(x, st, s):
+    """Stage s's ready times from the progress so far."""
+    st.ready_b[s] = _ready_b(x, st, s, st.b_done[s])
+    st.ready_f[s] = _ready_f(x, st, s, st.f_done[s])
 
 
 class _Order(NamedTuple):
@@ -161,6 +199,11 @@ class _Order(NamedTuple):
     stage: np.ndarray
     mb: np.ndarray
     device: np.ndarray
+
+
+_COLUMN_NAMES = ("f", "b", "w", "act", "act_w", "act_b", "static", "send_bytes")
+_COLUMNS = attrgetter(*_COLUMN_NAMES)
+"""The stage costs the list scheduler reads, one row per stage."""
 
 
 def _arrays(
@@ -174,25 +217,27 @@ def _arrays(
     """The scheduler's inputs for `plan`, and the order it constructs."""
     sd = np.array(plan.stage_device(), np.int64)
     S, P, M = len(sd), plan.devices, plan.microbatches
-    dev_stages = [np.flatnonzero(sd == d) for d in range(P)]
+    flat = np.argsort(sd, kind="stable")  # each device's stages, in stage order
+    counts = np.bincount(sd, minlength=P)
     dev_ptr = np.zeros(P + 1, np.int64)
-    dev_ptr[1:] = np.cumsum([len(x) for x in dev_stages])
-    flat = np.concatenate(dev_stages) if S else np.zeros(0, np.int64)
-    col = {
-        name: np.array([getattr(c, name) for c in costs], float)
-        for name in ("f", "b", "w", "act", "act_w", "act_b", "static")
-    }
-    send = np.array([c.send_bytes for c in costs], float)
+    dev_ptr[1:] = np.cumsum(counts)
+    table = np.array(list(map(_COLUMNS, costs)), float).reshape(S, len(_COLUMN_NAMES)).T.copy()
+    col = dict(zip(_COLUMN_NAMES, table, strict=True))
     cut = (
-        cut_times(send, cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
+        cut_times(col["send_bytes"], cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
         if inter_link is not None
-        else link_times(link, send)
+        else link_times(link, col["send_bytes"])
     )
-    delay = np.array([cut[s] if s + 1 < S and sd[s] != sd[s + 1] else 0.0 for s in range(S)])
+    delay = np.zeros(S)
+    delay[:-1] = np.where(sd[1:] != sd[:-1], cut[:-1], 0.0)
     static = np.bincount(sd, weights=col["static"], minlength=P)
-    transient = np.array([col["act_b"][stages].max(initial=0.0) for stages in dev_stages])
+    transient = np.zeros(P)
+    np.maximum.at(transient, sd, col["act_b"])
     cap = np.full(P, _INF) if memory is None else memory - static
-    room = np.array([sum(col["act"][s] for s in stages[1:]) for stages in dev_stages], float)
+    # all but each device's first stage, summed in stage order from 0 (as `sum` would)
+    later = col["act"].copy()
+    later[flat[dev_ptr[:-1][counts > 0]]] = 0.0
+    room = np.bincount(sd, weights=later, minlength=P)
     return _walk(
         _Inputs(
             S,
@@ -250,7 +295,7 @@ def _decide(x, st, d):
     best_b, tb, best_f, tf, blocked, best_w = -1, _INF, -1, _INF, -1, -1
     for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
         s = x.stages[i]
-        r = max(_ready_b(x, st, s, b_done[s]), t0)
+        r = max(st.ready_b[s], t0)
         # Earlier start wins; at the same start, the older micro-batch, then the deeper stage.
         if r < tb or (
             r == tb
@@ -258,11 +303,11 @@ def _decide(x, st, d):
             and (b_done[s] < b_done[best_b] or (b_done[s] == b_done[best_b] and s > best_b))
         ):
             best_b, tb = s, r
-        r = _ready_f(x, st, s, f_done[s])
+        r = st.ready_f[s]
         if r < _INF:
             need = x.act[s] + (x.room[d] if s == x.stages[x.dev_ptr[d]] else 0.0)
             if st.memory[d] + need > x.budget[d]:
-                if blocked < 0 or r < _ready_f(x, st, blocked, f_done[blocked]):
+                if blocked < 0 or r < st.ready_f[blocked]:
                     blocked = s
             else:
                 r = max(r, t0)
@@ -289,7 +334,7 @@ def _decide(x, st, d):
     if tf <= t0:
         return t0, 0, best_f, blocked
     nxt = min(tb, tf)
-    held = blocked >= 0 and _ready_f(x, st, blocked, f_done[blocked]) <= t0
+    held = blocked >= 0 and st.ready_f[blocked] <= t0
     if best_w >= 0 and (held or not x.w_gap or nxt == _INF or nxt - t0 >= x.w[best_w]):
         return t0, 2, best_w, blocked
     if nxt == _INF:
@@ -317,8 +362,9 @@ def held_change(kind, act, act_w):
 class _Choices(NamedTuple):
     """Per device, its last decision (`_decide`'s time, kind, stage and stage held back by
     memory), kept until the op just run may have changed it: an op of stage s changes only its
-    device's clock and memory and stage s's progress, which the devices of s - 1 (B's ready
-    time) and s + 1 (F's) read besides its own."""
+    device's clock and memory and stage s's progress of its kind, which besides its own device
+    only the device of s + 1 reads for an F (its F's ready time) and that of s - 1 for a B (its
+    B's)."""
 
     when: np.ndarray
     what: np.ndarray
@@ -337,7 +383,7 @@ def _walk(x):
     out = _Order(
         np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64), np.zeros(N, np.int64)
     )
-    st = _start(S, M, P)
+    st = _start(x)
     c = _Choices(
         np.zeros(P),
         np.zeros(P, np.int64),
@@ -363,21 +409,22 @@ def _run(x, st, c, out):
     P = x.dev_ptr.shape[0] - 1
     for k in range(out.kind.shape[0]):
         bt, bd, bk, bs = _INF, -1, -1, -1
-        stuck_t, stuck_d, stuck_s = _INF, -1, -1
         for d in range(P):
             if c.stale[d]:
                 c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
                 c.stale[d] = False
-            t, kind, s, blocked = c.when[d], c.what[d], c.which[d], c.held[d]
-            if kind >= 0 and t < bt:
-                bt, bd, bk, bs = t, d, kind, s
-            if blocked >= 0:
-                r = max(st.device_free[d], _ready_f(x, st, blocked, st.f_done[blocked]))
-                if r < stuck_t:
-                    stuck_t, stuck_d, stuck_s = r, d, blocked
+            if c.what[d] >= 0 and c.when[d] < bt:
+                bt, bd, bk, bs = c.when[d], d, c.what[d], c.which[d]
         if bd < 0:
             # Every device waits and some forward is held back by memory alone: run the first
             # to be ready over the budget rather than stall (the simulator reports the peak).
+            stuck_t, stuck_d, stuck_s = _INF, -1, -1
+            for d in range(P):
+                blocked = c.held[d]
+                if blocked >= 0:
+                    r = max(st.device_free[d], st.ready_f[blocked])
+                    if r < stuck_t:
+                        stuck_t, stuck_d, stuck_s = r, d, blocked
             if stuck_d < 0:
                 return False
             bt, bd, bk, bs = stuck_t, stuck_d, 0, stuck_s
@@ -400,9 +447,14 @@ def _run(x, st, c, out):
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
         c.stale[bd] = True
-        if s > 0:
+        # what the op changed: its stage's ready times and a neighbour's (the dependency rule)
+        if bk != 2:
+            _refresh(x, st, s)
+        if bk == 1 and s > 0:
+            _refresh(x, st, s - 1)
             c.stale[c.owner[s - 1]] = True
-        if s + 1 < S:
+        elif bk == 0 and s + 1 < S:
+            _refresh(x, st, s + 1)
             c.stale[c.owner[s + 1]] = True
         out.kind[k] = bk
         out.stage[k] = s

@@ -141,32 +141,9 @@ class FillModel:
     def __init__(
         self, problem: Problem, devices: tuple[int, ...], recompute: tuple[Recompute, ...] = ()
     ) -> None:
-        table = problem.table
-        layers = table.layers
-        fused = problem.header.grad_accumulation_fusion
-        rows = [
-            [l.f for l in layers],
-            [l.b for l in layers],
-            [l.w_run(fused) for l in layers],
-            [l.act for l in layers],
-            list(problem.layer_static()),
-            [l.sel_act for l in layers],
-            [l.sel_f for l in layers],
-        ]
-        sums = _LayerSums(*(np.concatenate([[0.0], np.cumsum(np.array(r, float))]) for r in rows))
-        input_bytes = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
-        out = np.array([l.message_bytes for l in layers], float)
+        sums, input_bytes, hop_intra, hop_inter = _layer_part(problem)
         inter = cut_crosses_nodes(problem.mesh, devices)
-        extra = float(table.meta.get("message_overhead", 0.0))
-        hop = (
-            np.array(
-                [
-                    link_times(problem.inter_link or problem.link if x else problem.link, out)
-                    for x in inter.tolist()
-                ]
-            ).reshape(len(devices), len(layers))
-            + extra
-        )
+        hop = np.where(inter[:, None], hop_inter, hop_intra).reshape(len(devices), -1)
         limit = float(problem.memory) if problem.memory is not None else np.inf
         sd = np.array(devices, np.int64)
         S, P = len(devices), problem.devices
@@ -245,6 +222,49 @@ class FillModel:
 _MODE_OF_CODE = {code: mode for mode, code in RECOMPUTE_CODE.items()}
 
 
+class _LayerPart(NamedTuple):
+    """What a FillModel reads of the problem's layers, whatever the placement (shared by every
+    model of the problem, which only reads them)."""
+
+    sums: _LayerSums
+    input_bytes: np.ndarray
+    hop_intra: np.ndarray
+    """Per layer c: a message of its output inside a node, and below between nodes."""
+    hop_inter: np.ndarray
+
+
+def _layer_part(problem: Problem) -> _LayerPart:
+    """The problem's `_LayerPart`, built once per header: a search builds a model for each
+    placement and recompute modes it rebalances, hundreds per tune."""
+    header, part = problem.fill_layers
+    if header is problem.header and isinstance(part, _LayerPart):
+        return part
+    table = problem.table
+    layers = table.layers
+    fused = problem.header.grad_accumulation_fusion
+    rows = [
+        [l.f for l in layers],
+        [l.b for l in layers],
+        [l.w_run(fused) for l in layers],
+        [l.act for l in layers],
+        list(problem.layer_static()),
+        [l.sel_act for l in layers],
+        [l.sel_f for l in layers],
+    ]
+    sums = _LayerSums(*(np.concatenate([[0.0], np.cumsum(np.array(r, float))]) for r in rows))
+    input_bytes = np.array([table.input_bytes(c) for c in range(len(layers))] + [0.0])
+    out = np.array([l.message_bytes for l in layers], float)
+    extra = float(table.meta.get("message_overhead", 0.0))
+    part = _LayerPart(
+        sums,
+        input_bytes,
+        link_times(problem.link, out) + extra,
+        link_times(problem.inter_link or problem.link, out) + extra,
+    )
+    problem.fill_layers = (problem.header, part)
+    return part
+
+
 def _stage_arrays(num_stages: int) -> _StageSums:
     return _StageSums(*(np.zeros(num_stages) for _ in _StageSums._fields))
 
@@ -284,7 +304,8 @@ def _descend(c, x, w):
     neighbour re-sums those two stages and their devices (and sums them back after).
     The value depends on the cuts alone, so the descent from cuts an earlier descent of the
     search passed through ends where that one ended, at a value no better than the search's
-    best so far: it stops there and returns inf."""
+    best so far: it stops there and returns inf. A neighbour is valued only as far as it
+    could beat the best neighbour so far (`_rest`'s `below`), which picks the same one."""
     if not _visit(w.seen, w.filled, c):
         return np.inf
     cur = _bound(c, x, w)
@@ -295,7 +316,7 @@ def _descend(c, x, w):
                 if c[i - 1] < c[i] + d < c[i + 1]:
                     c[i] += d
                     _resum(c, x, w, i)
-                    v = _rest(c, x, w)
+                    v = _rest(c, x, w, best)
                     c[i] -= d
                     _resum(c, x, w, i)
                     if v < best:
@@ -465,20 +486,29 @@ def _bound(c, x, w):
     _stage_sums(c, x, w.st)
     for d in range(x.devices):
         _device_sum(x, w, d)
-    return _rest(c, x, w)
+    return _rest(c, x, w, np.inf)
 
 
 @njit(refcounts=False)
-def _rest(c, x, w):
-    """The bound from the stage and device sums in `w`."""
+def _rest(c, x, w, below):
+    """The bound from the stage and device sums in `w`; or inf as soon as it is sure to be at
+    least `below` (a descent needs only the neighbours that beat its best so far). Sure
+    because a fitting layout's bound is its slowest device's plus a non-negative tie-break,
+    and device d's is at least M * load_d (arrival, fill and throttle are non-negative: sums
+    of seconds and bytes): so it is inf only where the full value is >= `below`, or NaN,
+    which compares as not below either."""
     S, P, limit = x.stage_device.shape[0], x.devices, x.limit
     st, dev, pace = w.st, w.dev, w.pace
-    _first_trip(c, x, w)
     overflow = 0.0
     for d in range(P):
         overflow += max(0.0, dev.held[d] + dev.act[d] - limit)
     if overflow > 0:
         return _UNFIT * (1.0 + overflow / limit)
+    M = x.microbatches
+    for d in range(P):
+        if x.first[d] >= 0 and M * dev.load[d] >= below:
+            return np.inf
+    _first_trip(c, x, w)
     # Forwards reach stage s no faster than the slowest forward before it lets them through.
     pace[0] = 0.0
     for s in range(1, S):
@@ -490,5 +520,7 @@ def _rest(c, x, w):
             continue
         t = _device_bound(d, x, w)
         worst = max(worst, t)
+        if worst >= below:
+            return np.inf
         total += t
     return worst + _TIE_BREAK * total / P

@@ -69,8 +69,8 @@ class StageLayout:
 
     def placement(self, num_devices: int) -> list[DevicePlacement]:
         return [
-            DevicePlacement(d, tuple(s for s, x in enumerate(self.devices) if x == d))
-            for d in range(num_devices)
+            DevicePlacement(d, tuple(stages))
+            for d, stages in enumerate(self.device_stages(num_devices))
         ]
 
     def device_stages(self, num_devices: int) -> list[list[int]]:

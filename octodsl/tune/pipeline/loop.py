@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ...errors import OctoError
+from ...gcpause import paused_collection
 from ...plan import Plan, Recompute
 from ..problem import AUTO, Problem
 from .diagnose import diagnose
@@ -135,9 +136,14 @@ def tune(
             )
         shown = _best_shown(progress, out.best.time if out else math.inf)
         try:
-            r = _Search(
-                problem, evaluate, deadline, seed + k, max_evaluations, shown, fitted, step_cost
-            ).run(starts)
+            # The cyclic collector paused: a search makes hundreds of thousands of short-lived
+            # objects, which reference counting frees, and next to no cycles (7 objects left
+            # after 3,000 evaluations of nemotron-h-8b on 16 devices); the collector's passes
+            # over them and the problem's live tables and programs took about 5% of it.
+            with paused_collection():
+                r = _Search(
+                    problem, evaluate, deadline, seed + k, max_evaluations, shown, fitted, step_cost
+                ).run(starts)
         except _NothingSimulated:
             if out is None:
                 raise BudgetTooShort(

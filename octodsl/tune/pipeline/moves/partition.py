@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,10 +61,32 @@ _KEPT = 1 << 12
 
 def _rebalance(layout: StageLayout, problem: Problem, seed: int, rounds: int) -> StageLayout:
     S = layout.num_stages
-    model = FillModel(problem, layout.devices, problem.modes_of(layout))
+    model = _model(problem, layout)
     best = np.array(layout.cuts, np.int64)
     model.search(best, _kicks(seed, S, rounds))
     return layout.with_cuts(best)
+
+
+def _model(problem: Problem, layout: StageLayout) -> FillModel:
+    """The fill model of the layout's placement and recompute modes, kept per problem (the
+    latest `_MODELS`): a search rebalances the same few again and again, with other seeds or
+    from other cuts. Only `rebalance` uses these, and its search leaves the modes as they are."""
+    key = (layout.devices, problem.modes_of(layout))
+    header, models = problem.fill_models
+    if header is not problem.header:
+        models = OrderedDict()
+        problem.fill_models = (problem.header, models)
+    model = models.pop(key, None)
+    if model is None:
+        model = FillModel(problem, *key)
+    models[key] = model
+    if len(models) > _MODELS:
+        models.popitem(last=False)
+    return model
+
+
+_MODELS = 16
+"""Fill models `_model` keeps per problem (up to about a MB each: their search's scratch)."""
 
 
 @functools.lru_cache(maxsize=256)
