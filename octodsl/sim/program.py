@@ -84,7 +84,6 @@ class SlotNodes:
     plan's nodes in one pass of C loops instead of hashing thousands of slots. `slots` keeps
     those objects alive, so no other object can take one of their ids."""
 
-    by_id: dict[int, int]
     slots: list[Slot]
     labels: dict[int, str] = field(default_factory=dict)
     """`SimProgram.node_label` of the nodes labelled so far: a node's ops are the same in
@@ -116,7 +115,13 @@ class SlotNodes:
     @classmethod
     def of(cls, slots: list[Slot]) -> SlotNodes:
         """For the slots of nodes 0, 1, ... in order."""
-        return cls(dict(zip(map(id, slots), range(len(slots)), strict=True)), slots)
+        return cls(slots)
+
+    @functools.cached_property
+    def by_id(self) -> dict[int, int]:
+        """Slot identity -> node, made when `find` first needs it: a list-scheduled plan's
+        nodes are found by their ops (`op_table`), so many programs never need it."""
+        return dict(zip(map(id, self.slots), range(len(self.slots)), strict=True))
 
     def find(self, orders: list[list[Slot]], count: int) -> np.ndarray | None:
         """The node of each of the `count` slots of `orders` (device orders), one order after

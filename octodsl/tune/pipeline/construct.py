@@ -58,7 +58,9 @@ def build_schedule(
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
     by_device, ends = _by_device(order.device, plan.devices)
     codes = order.kind[by_device], order.stage[by_device], order.mb[by_device]
-    slots = _slots(plan.num_stages, plan.microbatches)[codes]
+    table = _slots(plan.num_stages, plan.microbatches)
+    # a flat take: half the time of indexing the object table by three arrays
+    slots = table.ravel().take((codes[0] * table.shape[1] + codes[1]) * table.shape[2] + codes[2])
     # slices, not np.split, whose Python loop took a tenth of this function
     bounds = [0, *ends.tolist()]
     orders = [slots[a:b].tolist() for a, b in zip(bounds, bounds[1:], strict=False)]
