@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/tuner_speed.py [--base d40dbce] [--evaluations 300]
         [--repeats 2] [--cases nemotron-h-56b:16:32 ...] [-o benchmarks/tuner_speed.md]
+    .venv/bin/python benchmarks/tuner_speed.py --same-as COMMIT [--cases ...]
 
 The old code is the commit `--base`, unpacked with `git archive` into a temporary folder. Each
 case (tuner_levers.md's levers: H800 costs, 80 GiB, dp 8, ZeRO 1, recompute auto, seed 0) runs
@@ -10,12 +11,14 @@ single-threaded process that first compiles its kernels (numba) and warms up, so
 the search is timed; old and new alternate (old, new, new, old, ...), so a machine that others
 load slows both alike, and each side counts with its fastest run. The search stops at the same
 evaluation count on both sides, so the tuned plans should be the same (the table says whether
-they are, for every run).
+they are, for every run). `--same-as COMMIT` instead checks that a change kept the plans:
+each case once with each code, the tuned plan and time compared.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from machine import ROOT, commit, cpu_model
@@ -109,6 +113,36 @@ def _cpu_speedup(row: dict) -> str:
     return f"{cpu[0] / cpu[1]:.1f}x"
 
 
+@contextlib.contextmanager
+def unpacked(commit_: str) -> Iterator[Path]:
+    """The code of `commit_`, unpacked with `git archive` into a temporary folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        archive = subprocess.run(
+            ["git", "archive", commit_], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        yield Path(folder)
+
+
+def same_as(base: str, cases: list[str], evaluations: int) -> int:
+    """Print, per case, whether this code's tuned plan (the hash of its partition, placement,
+    recompute and orders) and simulated time are `base`'s; 1 when some case differs."""
+    differ = 0
+    with unpacked(base) as old:
+        for case in cases:
+            a, b = run(old, case, evaluations), run(ROOT, case, evaluations)
+            same = (a["plan"], a["tuned"]) == (b["plan"], b["tuned"])
+            differ += not same
+            print(
+                f"{case}: {'same' if same else 'DIFFERENT'} plan {b['plan'][:12]} "
+                f"time {b['tuned']!r} (base: {a['plan'][:12]} {a['tuned']!r}); "
+                f"CPU s {a['cpu']:.2f} -> {b['cpu']:.2f}",
+                flush=True,
+            )
+    print(f"{len(cases) - differ} of {len(cases)} cases the same as {base}")
+    return 1 if differ else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="d40dbce", help="the old code's commit")
@@ -116,21 +150,25 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each side per case")
     ap.add_argument("--cases", nargs="+", default=list(CASES), help="model:devices:microbatches")
     ap.add_argument("-o", "--output", type=Path, default=None)
+    ap.add_argument(
+        "--same-as",
+        metavar="COMMIT",
+        help="instead of timing: whether each case ends with the plan and time of COMMIT's "
+        "code (one run each; exit status 1 when some differ)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.evaluations)))
         return 0
+    if args.same_as:
+        return same_as(args.same_as, args.cases, args.evaluations)
     from octodsl.fileio import write_atomic  # here: a worker imports the octodsl it times
 
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
     rows = []
-    with tempfile.TemporaryDirectory() as old:
-        archive = subprocess.run(
-            ["git", "archive", args.base], cwd=ROOT, capture_output=True, check=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+    with unpacked(args.base) as old:
         for i, case in enumerate(args.cases):
             sides = [("old", Path(old)), ("new", ROOT)]
             runs: dict[str, list[dict]] = {"old": [], "new": []}

@@ -246,6 +246,9 @@ class CostTable:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """`range_cost` by its arguments (the layers are never changed in place)."""
+    _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """`grad_bytes` and `expert_grad_bytes` by their name and layers, likewise: a tuner costs
+    hundreds of new layouts, each stage a range of layers it has mostly summed before."""
 
     @property
     def param_bytes(self) -> ParamBytes:
@@ -281,18 +284,25 @@ class CostTable:
     def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
         """Gradient bytes of layers `first..last` (default: all) as the data-parallel
         collectives move them (`grad_reduce_bytes` each)."""
-        stop = len(self.layers) if last is None else last + 1
-        return float(
-            sum(layer.params for layer in self.layers[first:stop]) * self.grad_reduce_bytes
-        )
+        return self._summed("params", first, last)
 
     def expert_grad_bytes(self, first: int = 0, last: int | None = None) -> float:
         """Of `grad_bytes`, the routed experts' (`LayerCost.expert_params`), which under expert
         parallelism are reduced over dp / ep copies only."""
+        return self._summed("expert_params", first, last)
+
+    def _summed(self, name: str, first: int, last: int | None) -> float:
+        """LayerCost's `name` summed over layers `first..last` (default: to the end), times
+        `grad_reduce_bytes`; remembered."""
         stop = len(self.layers) if last is None else last + 1
-        return float(
-            sum(layer.expert_params for layer in self.layers[first:stop]) * self.grad_reduce_bytes
-        )
+        key = (name, first, stop)
+        got = self._sums.get(key)
+        if got is None:
+            got = self._sums[key] = float(
+                sum(getattr(layer, name) for layer in self.layers[first:stop])
+                * self.grad_reduce_bytes
+            )
+        return got
 
     def pipelined(self) -> CostTable:
         """This table for a pipeline's ops, which wait for messages: each layer's host launch

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..costs.table import CostTable, ParamBytes, StageCost
 from ..models.ep import ep_problem
@@ -43,6 +45,21 @@ class SimCosts:
     parallelism are reduced over dp / ep copies (dpcomm.py)."""
     ep: int = 1
     """The expert-parallel degree the costs are for."""
+    _columns: dict[str, np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """`column` by name (the costs are frozen; `replace` starts a new one)."""
+
+    def column(self, name: str) -> np.ndarray:
+        """Per stage, StageCost's `name` (a field, or `fused_backward`) as a read-only array:
+        built once per costs, which the tuner simulates many times (`Problem.sim_costs` keeps
+        each layout's)."""
+        got = self._columns.get(name)
+        if got is None:
+            got = np.array([getattr(c, name) for c in self.stages], float)
+            got.flags.writeable = False
+            self._columns[name] = got
+        return got
 
     def static_parts(self, stage: int) -> ParamBytes | None:
         """The stage's static bytes on one copy split into weights, gradients and optimizer

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..costs.levers import op_bytes
 from ..costs.table import StageCost
+from .costs import SimCosts
 from .jit import njit
 from .program import SimProgram
 
@@ -35,15 +36,12 @@ class Memory:
     """Per device: the first node at which the level reaches the peak (-1 for an idle device)."""
 
 
-def memory(program: SimProgram, costs: Sequence[StageCost]) -> Memory:
-    alloc, release = op_bytes(
-        *(np.array([getattr(c, k) for c in costs], float) for k in ("act", "act_w", "act_b"))
-    )
-    static = np.bincount(
-        program.stage_device, weights=[c.static for c in costs], minlength=program.devices
-    )
-    node_alloc = program.per_node(alloc[program.op_stage, program.op_kind])
-    node_release = program.per_node(release[program.op_stage, program.op_kind])
+def memory(program: SimProgram, costs: SimCosts | Sequence[StageCost]) -> Memory:
+    column = SimCosts.of(costs).column
+    alloc, release = op_bytes(*(column(k) for k in ("act", "act_w", "act_b")))
+    static = np.bincount(program.stage_device, weights=column("static"), minlength=program.devices)
+    node_alloc = program.per_node(program.of_kind(alloc))
+    node_release = program.per_node(program.of_kind(release))
     at_start, at_end, peak, peak_node = _levels(
         program.order_ptr, program.order_nodes, static, node_alloc, node_release
     )

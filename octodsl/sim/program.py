@@ -22,6 +22,7 @@ from ..mesh import Mesh
 from ..optable import KIND_CODE, KIND_OF_CODE
 from ..plan import Op, OpKind, Plan, PlanError, Slot
 from .core import WalkGraph
+from .jit import njit
 from .links import cut_crosses_nodes, dp_rails, dp_spans_nodes
 
 _I = np.int64
@@ -83,14 +84,13 @@ class SlotNodes:
     plan's nodes in one pass of C loops instead of hashing thousands of slots. `slots` keeps
     those objects alive, so no other object can take one of their ids."""
 
-    by_id: dict[int, int]
     slots: list[Slot]
     labels: dict[int, str] = field(default_factory=dict)
     """`SimProgram.node_label` of the nodes labelled so far: a node's ops are the same in
     every program reordered from one compile, and critical paths label thousands."""
     by_op: dict[str, np.ndarray] = field(default_factory=dict)
-    """'table': [kind code, stage, micro-batch] -> node (-1: none), once `node_of` built it;
-    'per_op': each op's place in `SimProgram.per_op`'s table, once it was built."""
+    """'table': [kind code, stage, micro-batch] -> node (-1: none), once `op_table` built it;
+    'per_op': each op's place in `SimProgram.of_kind`'s table, once it was built."""
     orders: OrderedDict[int, tuple[list[Slot], np.ndarray]] = field(default_factory=OrderedDict)
     """The device orders of the latest programs, by identity, with their nodes: a schedule
     move copies a plan's orders but one, so a candidate shares most of its orders with a plan
@@ -115,7 +115,13 @@ class SlotNodes:
     @classmethod
     def of(cls, slots: list[Slot]) -> SlotNodes:
         """For the slots of nodes 0, 1, ... in order."""
-        return cls(dict(zip(map(id, slots), range(len(slots)), strict=True)), slots)
+        return cls(slots)
+
+    @functools.cached_property
+    def by_id(self) -> dict[int, int]:
+        """Slot identity -> node, made when `find` first needs it: a list-scheduled plan's
+        nodes are found by their ops (`op_table`), so many programs never need it."""
+        return dict(zip(map(id, self.slots), range(len(self.slots)), strict=True))
 
     def find(self, orders: list[list[Slot]], count: int) -> np.ndarray | None:
         """The node of each of the `count` slots of `orders` (device orders), one order after
@@ -129,9 +135,9 @@ class SlotNodes:
         except KeyError:
             return None
 
-    def node_of(self, program: SimProgram, codes: tuple[np.ndarray, ...]) -> np.ndarray | None:
-        """The node of each op of `codes` (CodedOrders.codes) in a program of single-op nodes
-        (compiled from the plan these slots came from); None when some op is not one of its."""
+    def op_table(self, program: SimProgram) -> np.ndarray:
+        """[kind code, stage, micro-batch] -> the node of that op in a program of single-op
+        nodes compiled from the plan these slots came from (-1: none)."""
         table = self.by_op.get("table")
         if table is None:
             table = np.full((len(KIND_CODE), program.num_stages, program.microbatches), -1, _I)
@@ -139,18 +145,30 @@ class SlotNodes:
                 program.num_nodes, dtype=_I
             )
             self.by_op["table"] = table
-        kind, stage, mb = codes
-        if len(kind) and (
-            kind.min() < 0
-            or kind.max() >= table.shape[0]
-            or stage.min() < 0
-            or stage.max() >= table.shape[1]
-            or mb.min() < 0
-            or mb.max() >= table.shape[2]
-        ):
-            return None
-        nodes = table[kind, stage, mb]
-        return None if len(nodes) and nodes.min() < 0 else nodes
+        return table
+
+
+@njit
+def _coded_nodes(table, kind, stage, mb, node_dev, old_nodes):
+    """(ok, the node of each op of `kind`, `stage`, `mb` by `table` (SlotNodes.op_table)): ok
+    when every op is one of the table's, and they run every node once, each in the place of a
+    node of its device in `old_nodes` (a program's device orders)."""
+    n = kind.shape[0]
+    out = np.empty(n, np.int64)
+    if n != old_nodes.shape[0]:
+        return False, out
+    seen = np.zeros(n, np.bool_)
+    K, S, M = table.shape
+    for i in range(n):
+        k, s, m = kind[i], stage[i], mb[i]
+        if k < 0 or k >= K or s < 0 or s >= S or m < 0 or m >= M:
+            return False, out
+        v = table[k, s, m]
+        if v < 0 or seen[v] or node_dev[v] != node_dev[old_nodes[i]]:
+            return False, out
+        seen[v] = True
+        out[i] = v
+    return True, out
 
 
 def group_seconds(compute, comm, longest):
@@ -236,10 +254,15 @@ class SimProgram:
 
     def per_op(self, f: np.ndarray, b: np.ndarray, w: np.ndarray, bw: np.ndarray) -> np.ndarray:
         """Per op: the per-stage value of its kind (F, B, W or fused BW) at its stage."""
+        return self.of_kind(np.stack([f, b, w, bw], axis=1))
+
+    def of_kind(self, table: np.ndarray) -> np.ndarray:
+        """Per op: table[its stage, its kind code], of a table with a row per stage and a
+        column per kind (F, B, W, BW)."""
         at = self.slot_nodes.by_op.get("per_op")
-        if at is None:  # the ops' places in the flat table below, the same for every reorder
+        if at is None:  # the ops' places in the flat table, the same for every reorder
             at = self.slot_nodes.by_op["per_op"] = self.op_stage * 4 + self.op_kind
-        return np.stack([f, b, w, bw], axis=1).ravel().take(at)
+        return table.ravel().take(at)
 
     def per_node(self, per_op: np.ndarray) -> np.ndarray:
         """Sum a per-op array over each node's ops."""
@@ -262,6 +285,23 @@ class SimProgram:
             np.maximum.reduceat(seconds, starts),
         )
 
+    def node_labels(self, nodes: np.ndarray) -> list[str]:
+        """`node_label` of each of `nodes`, the single ops' made together (a critical path
+        labels hundreds)."""
+        if self.grouped:
+            return [self.node_label(n) for n in nodes.tolist()]
+        labels = self.slot_nodes.labels
+        ops = self.op_ptr[nodes]
+        made = op_labels(self.op_kind[ops], self.op_stage[ops], self.op_mb[ops])
+        out = []
+        for n, label in zip(nodes.tolist(), made, strict=True):
+            out.append(labels.setdefault(n, label))
+        return out
+
+    def msg_labels(self, msgs: np.ndarray) -> list[str]:
+        """The label of each message's producer (`msg_producer`), of each of `msgs`."""
+        return op_labels(self.msg_kind[msgs], self.msg_stage[msgs], self.msg_mb[msgs])
+
     def op(self, k: int) -> Op:
         """Op k, in the numbering of op_ptr."""
         return Op(KIND_OF_CODE[self.op_kind[k]], int(self.op_stage[k]), int(self.op_mb[k]))
@@ -276,13 +316,22 @@ class SimProgram:
         label = labels.get(n)
         if label is None:
             first, end = int(self.op_ptr[n]), int(self.op_ptr[n + 1])
-            if end - first == 1:  # Op.label, without making the op
-                kind = _KIND_TEXT[self.op_kind[first]]
-                label = f"{kind}{int(self.op_stage[first])}:{int(self.op_mb[first])}"
+            if end - first == 1:
+                label = op_labels(
+                    self.op_kind[first:end], self.op_stage[first:end], self.op_mb[first:end]
+                )[0]
             else:
                 label = str(Slot(tuple(self.op(k) for k in range(first, end))))
             labels[n] = label
         return label
+
+
+def op_labels(kind: np.ndarray, stage: np.ndarray, mb: np.ndarray) -> list[str]:
+    """Op.label of each op (kind codes, stages, micro-batches), without making the ops."""
+    return [
+        f"{_KIND_TEXT[k]}{s}:{m}"
+        for k, s, m in zip(kind.tolist(), stage.tolist(), mb.tolist(), strict=True)
+    ]
 
 
 def compile(plan: Plan, like: SimProgram | None = None) -> SimProgram:  # noqa: A001 - the API's name
@@ -510,10 +559,10 @@ def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:
     codes = getattr(plan.schedule, "codes", None)
     if codes is not None and not like.grouped and len(changed) == plan.devices:
         # a list scheduler's orders: every device's changed, and the ops are at hand
-        order_nodes = like.slot_nodes.node_of(like, codes)
-        if order_nodes is None or len(order_nodes) != like.num_nodes:
-            return None
-        return _checked(plan, like, order_nodes)
+        ok, order_nodes = _coded_nodes(
+            like.slot_nodes.op_table(like), *codes, like.node_dev, like.order_nodes
+        )
+        return _reordered(plan, like, order_nodes) if ok else None
     order_nodes = like.order_nodes.copy()
     known = like.slot_nodes.known
     unknown = []
@@ -551,5 +600,10 @@ def _checked(plan: Plan, like: SimProgram, order_nodes: np.ndarray) -> SimProgra
         np.bincount(order_nodes, minlength=like.num_nodes) != 1
     ).any():
         return None
+    return _reordered(plan, like, order_nodes)
+
+
+def _reordered(plan: Plan, like: SimProgram, order_nodes: np.ndarray) -> SimProgram:
+    """`like` with `plan` and its device orders `order_nodes` (checked)."""
     like.slot_nodes.remember(plan.schedule, like.order_ptr, order_nodes)
     return replace(like, plan=plan, order_nodes=order_nodes)

@@ -16,6 +16,7 @@ from ..plan import Op, OpKind
 from .core import NO_PRED, msg_pred_code, send_stream
 from .costs import SimCosts
 from .dpcomm import CollectiveSpan, DpComm
+from .jit import njit
 from .links import Links
 from .memory import Memory
 from .program import KIND_OF_CODE, SimProgram
@@ -379,35 +380,54 @@ class SimResult:
     def _path_to(self, node: int, msg: int) -> list[Step]:
         """The pipeline's chain ending at `node` (or message `msg`), last step first."""
         p = self.program
-        steps: list[Step] = []
-        while node >= 0 or msg >= 0:
-            if node >= 0:
-                steps.append(
-                    Step(
-                        "compute",
-                        p.node_label(node),
-                        int(p.node_dev[node]),
-                        float(self.start[node]),
-                        float(self.end[node]),
-                    )
-                )
-                before = int(self.pred[node])
-                node = msg = -1
-                if before >= 0:
-                    node = before
-                elif before != NO_PRED:
-                    msg = int(msg_pred_code(before))
+        is_msg, at = _chain(self.pred, self.msg_pred, p.msg_src_node, node, msg)
+        # whole arrays to Python at once: a path of hundreds of steps made one element at a time
+        # took longer than the simulation
+        nodes, msgs = at[~is_msg], at[is_msg]
+        compute = zip(
+            p.node_labels(nodes),
+            p.node_dev[nodes].tolist(),
+            self.start[nodes].tolist(),
+            self.end[nodes].tolist(),
+            strict=True,
+        )
+        sent = zip(
+            p.msg_labels(msgs),
+            p.msg_src_dev[msgs].tolist(),
+            self.msg_start[msgs].tolist(),
+            self.msg_end[msgs].tolist(),
+            p.msg_dst_dev[msgs].tolist(),
+            strict=True,
+        )
+        return [
+            Step("message", *next(sent)) if m else Step("compute", *next(compute))
+            for m in is_msg.tolist()
+        ]
+
+
+@njit
+def _chain(pred, msg_pred, msg_src_node, node, msg):
+    """The chain of a walk's predecessors ending at `node` (or message `msg`, node -1), last
+    first: per step whether it is a message, and its node or message."""
+    is_msg = np.zeros(pred.shape[0] + msg_pred.shape[0], np.bool_)
+    at = np.zeros(pred.shape[0] + msg_pred.shape[0], np.int64)
+    k = 0
+    while node >= 0 or msg >= 0:
+        if node >= 0:
+            at[k] = node
+            before = pred[node]
+            node = msg = -1
+            if before >= 0:
+                node = before
+            elif before != NO_PRED:
+                msg = msg_pred_code(before)
+        else:
+            is_msg[k] = True
+            at[k] = msg
+            before = msg_pred[msg]
+            if before < 0:
+                node, msg = msg_src_node[msg], -1
             else:
-                steps.append(
-                    Step(
-                        "message",
-                        p.msg_producer(msg).label,
-                        int(p.msg_src_dev[msg]),
-                        float(self.msg_start[msg]),
-                        float(self.msg_end[msg]),
-                        int(p.msg_dst_dev[msg]),
-                    )
-                )
-                before = int(self.msg_pred[msg])
-                node, msg = (int(p.msg_src_node[msg]), -1) if before < 0 else (-1, before)
-        return steps
+                node, msg = -1, before
+        k += 1
+    return is_msg[:k], at[:k]

@@ -59,13 +59,9 @@ def simulate(
     stage_costs = costs.stages
     if len(stage_costs) != p.num_stages:
         raise ValueError(f"{len(stage_costs)} stage costs for {p.num_stages} stages")
-    f = np.array([c.f for c in stage_costs], float)
-    b = np.array([c.b for c in stage_costs], float)
-    w = np.array([c.w for c in stage_costs], float)
-    bw = np.array([c.fused_backward for c in stage_costs], float)
-    op_dur = p.per_op(f, b, w, bw)
-    ep_f = np.array([c.ep_f for c in stage_costs], float)
-    ep_b = np.array([c.ep_b for c in stage_costs], float)
+    column = costs.column
+    op_dur = p.per_op(column("f"), column("b"), column("w"), column("fused_backward"))
+    ep_f, ep_b = column("ep_f"), column("ep_b")
     op_comm = p.per_op(ep_f, ep_b, np.zeros_like(ep_f), ep_b)
     work = p.per_slot(op_dur, op_comm)
     # what an overlap group saves on its ops in turn is all-to-all under another op's compute
@@ -77,10 +73,7 @@ def simulate(
         cut_inter, dp_inter = cut_crosses_nodes(mesh, p.stage_device), dp_spans_nodes(mesh)
         rails = dp_rails(mesh)
     links = Links.of(cut_inter, dp_inter, rails, link, inter_link, dp_link)
-    cut_time = (
-        links.cut_times(np.array([c.send_bytes for c in stage_costs], float))
-        + costs.message_overhead
-    )
+    cut_time = links.cut_times(column("send_bytes")) + costs.message_overhead
     msg_dur = cut_time[p.msg_boundary]
 
     sharing = costs.sharing if costs.sharing is not None and costs.sharing.active else None
@@ -111,7 +104,7 @@ def simulate(
         np.zeros(p.num_stages) if costs.grad_bytes is None else np.asarray(costs.grad_bytes, float)
     )
     update = shared_phase(
-        np.bincount(p.stage_device, weights=[c.update for c in stage_costs], minlength=p.devices),
+        np.bincount(p.stage_device, weights=column("update"), minlength=p.devices),
         sharing,
     )
     h = p.plan.header
@@ -178,7 +171,7 @@ def simulate(
         if iteration_time > 0
         else 0.0,
         overlap_rate=float(hidden.sum()) / total_comm if total_comm > 0 else 1.0,
-        memory=memory(p, stage_costs),
+        memory=memory(p, costs),
         lower_bound=bound,
         efficiency=bound / iteration_time if iteration_time > 0 else 1.0,
         seconds=time.perf_counter() - t0,

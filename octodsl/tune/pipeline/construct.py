@@ -24,6 +24,7 @@ is the order of an actual execution, so it never deadlocks.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from operator import attrgetter
@@ -57,8 +58,12 @@ def build_schedule(
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
     by_device, ends = _by_device(order.device, plan.devices)
     codes = order.kind[by_device], order.stage[by_device], order.mb[by_device]
-    slots = _slots(plan.num_stages, plan.microbatches)[codes]
-    orders = [part.tolist() for part in np.split(slots, ends[:-1])]
+    table = _slots(plan.num_stages, plan.microbatches)
+    # a flat take: half the time of indexing the object table by three arrays
+    slots = table.ravel().take((codes[0] * table.shape[1] + codes[1]) * table.shape[2] + codes[2])
+    # slices, not np.split, whose Python loop took a tenth of this function
+    bounds = [0, *ends.tolist()]
+    orders = [slots[a:b].tolist() for a, b in zip(bounds, bounds[1:], strict=False)]
     return replace(plan, schedule=CodedOrders(orders, codes))
 
 
@@ -215,7 +220,8 @@ def _arrays(
     inter_link: Link | None = None,
 ) -> _Order:
     """The scheduler's inputs for `plan`, and the order it constructs."""
-    sd = np.array(plan.stage_device(), np.int64)
+    devices = tuple(plan.stage_device())
+    sd = np.array(devices, np.int64)
     S, P, M = len(sd), plan.devices, plan.microbatches
     flat = np.argsort(sd, kind="stable")  # each device's stages, in stage order
     counts = np.bincount(sd, minlength=P)
@@ -224,7 +230,7 @@ def _arrays(
     table = np.array(list(map(_COLUMNS, costs)), float).reshape(S, len(_COLUMN_NAMES)).T.copy()
     col = dict(zip(_COLUMN_NAMES, table, strict=True))
     cut = (
-        cut_times(col["send_bytes"], cut_crosses_nodes(Mesh.of(plan.header), sd), link, inter_link)
+        cut_times(col["send_bytes"], _crossings(Mesh.of(plan.header), devices), link, inter_link)
         if inter_link is not None
         else link_times(link, col["send_bytes"])
     )
@@ -257,6 +263,15 @@ def _arrays(
             w_gap,
         )
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _crossings(mesh: Mesh, stage_device: tuple[int, ...]) -> np.ndarray:
+    """`cut_crosses_nodes`, read-only and remembered: the tuner list-schedules hundreds of
+    layouts on a few placements."""
+    out = cut_crosses_nodes(mesh, stage_device)
+    out.flags.writeable = False
+    return out
 
 
 # _ready_f, _ready_b and the W after its B in _decide are the dependency rule: they mirror
