@@ -42,7 +42,7 @@ from octodsl.tune.pipeline import loop  # noqa: E402
 from octodsl.tune.pipeline.evaluate import Evaluator  # noqa: E402
 from octodsl.tune.pipeline.layout import StageLayout  # noqa: E402
 from octodsl.tune.pipeline.loop import tune  # noqa: E402
-from octodsl.tune.pipeline.zb_auto import ZbCosts, zb_auto, zb_auto_plan  # noqa: E402
+from octodsl.tune.pipeline.zb_auto import zb_starts  # noqa: E402
 from octodsl.tune.problem import Keep, Problem  # noqa: E402
 
 ACT = 2**30
@@ -90,29 +90,15 @@ def problem(
     return Problem(CostTable(layers, "zb-auto"), header, Link("message", comm, 0.0), Recompute.NONE)
 
 
-def zb_side(pr: Problem, skeleton, comm: float, forwards: int):
-    """ZeroBubble's order (per-stage costs, and the runtime's medians), the faster by
-    octodsl's simulator, as (score, which)."""
-    costs = pr.stage_costs(skeleton)
-    zc = ZbCosts(
-        f=[c.f for c in costs],
-        b=[c.b for c in costs],
-        w=[c.w for c in costs],
-        comm=comm,
-        mem_f=[c.act for c in costs],
-        mem_b=[c.act_w - c.act for c in costs],
-        mem_w=[-c.act_w for c in costs],
-        max_mem=[forwards * ACT] * len(costs),
-    )
+def zb_side(pr: Problem, layout: StageLayout):
+    """ZeroBubble's orders as the tuner starts from them (`zb_starts`: the per-stage costs and
+    the runtime's medians), the faster by octodsl's simulator, as (score, which)."""
     evaluate = Evaluator(pr)
     best = None
-    for which, given in (("per-stage", zc), ("medians", zc.uniform())):
-        orders = zb_auto(given, pr.microbatches)
-        if orders is None:
-            continue
-        score = evaluate(zb_auto_plan(skeleton, orders))
+    for name, plan in zb_starts(pr, layout):
+        score = evaluate(plan)
         if score.fits and (best is None or score.time < best[0].time):
-            best = (score, which)
+            best = (score, name.removeprefix("ZeroBubble's greedy on "))
     return best
 
 
@@ -143,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             pr = problem(d, m, stages, comm, forwards)
             layout = StageLayout(tuple(range(d + 1)), tuple(range(d)))
             skeleton = pr.skeleton(layout)
-            zb = zb_side(pr, skeleton, comm, forwards)
+            zb = zb_side(pr, layout)
             start = pr.with_schedule(skeleton, generate("1f1b", d, m, None).schedule)
             kept = Problem(
                 pr.table, pr.header, pr.link, Recompute.NONE, keep=Keep.of(start, placement=True)
@@ -209,8 +195,8 @@ def report(rows, args, seconds: float) -> str:
     lines += [
         "",
         "Times are simulated iteration seconds (the ZeroBubble profiles' in ms). `its costs`: "
-        "which of ZeroBubble's calls gave its faster order, the per-stage costs or the medians "
-        "its runtime passes. `tuned, own starts only`: the same search with ZeroBubble's "
+        "which of ZeroBubble's calls gave its faster order, on its per-stage costs or on the "
+        "medians its runtime passes. `tuned, own starts only`: the same search with ZeroBubble's "
         "orders left out of its starts (the tuner before they were added). With as many "
         "micro-batches as devices no order holds more than P forwards, so ZB-1p and ZB-2p "
         "coincide there.",

@@ -40,13 +40,14 @@ from itertools import product
 
 import numpy as np
 
+from ...optable import KIND_OF_CODE
+from ...optable import B as _B
+from ...optable import F as _F
+from ...optable import W as _W
 from ...plan import Op, OpKind, Plan, Slot, placement_loop
 from ...sim.links import cut_crosses_nodes, cut_times
 from ..problem import Problem
 from .layout import StageLayout
-
-_F, _B, _W = 0, 1, 2
-_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 
 
 class CannotFit(Exception):
@@ -104,7 +105,7 @@ class _Greedy:
         self.order: list[list[tuple[int, int]]] = [[] for _ in range(p)]
 
     def put(self, j: int, k: int) -> None:
-        i = int(self.done[k][j])
+        i = self.done[k][j]
         cost = self.cost[k][j]
         end = self.end[j] + cost
         busy = end
@@ -244,7 +245,7 @@ def zb_auto(costs: ZbCosts, microbatches: int) -> list[list[tuple[OpKind, int]]]
             best = (span, order)
     if best is None:
         return None
-    return [[(_KINDS[k], i) for k, i in stage] for stage in best[1]]
+    return [[(KIND_OF_CODE[k], i) for k, i in stage] for stage in best[1]]
 
 
 def zb_auto_plan(plan: Plan, orders: list[list[tuple[OpKind, int]]]) -> Plan:
