@@ -208,7 +208,7 @@ class SimResult:
         group sits)."""
         p, links = self.program, self.links
         P = p.devices
-        tp = self._per_device(*(self._stage_field("tp_" + k) for k in "fbw"))
+        tp = self._per_device(*(self.costs.column("tp_" + k) for k in "fbw"))
         out = {"tp": LinkBusy(links.intra.name, tp, float(tp.sum()))}
         seconds = self.msg_end - self.msg_start
         inter = links.cut_inter[p.msg_boundary]
@@ -240,7 +240,7 @@ class SimResult:
         expert-parallel dispatch and combine all-to-alls in the MoE layers' F and B, but what
         an overlap group hides under its other ops (`all_to_all_hidden`)."""
         tp = self._per_device(
-            *(self._stage_field("tp_" + k) - self._stage_field("tp_hidden_" + k) for k in "fbw")
+            *(self.costs.column("tp_" + k) - self.costs.column("tp_hidden_" + k) for k in "fbw")
         )
         dpc = self.dp_comm
         pipeline = self.comm_exposed - dpc.exposed
@@ -256,12 +256,8 @@ class SimResult:
     def all_to_all(self) -> np.ndarray:
         """Per device: seconds of expert-parallel all-to-alls in the ops it runs (StageCost.ep_f
         of each F, ep_b of each B or fused BW; W has none)."""
-        ep_f = self._stage_field("ep_f")
-        return self._per_device(ep_f, self._stage_field("ep_b"), np.zeros_like(ep_f))
-
-    def _stage_field(self, name: str) -> np.ndarray:
-        """Per stage: that StageCost field."""
-        return np.array([getattr(c, name) for c in self.costs.stages], float)
+        ep_f = self.costs.column("ep_f")
+        return self._per_device(ep_f, self.costs.column("ep_b"), np.zeros_like(ep_f))
 
     def _per_device(self, f: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
         """Per device: per-stage seconds of F, B and W summed over the ops it runs (a fused BW

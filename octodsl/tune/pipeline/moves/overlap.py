@@ -63,11 +63,7 @@ def op_seconds(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
     """Per op of the program: its seconds and the expert all-to-all seconds among them, as the
     simulator costs them (an F's `ep_f`, a B's or fused BW's `ep_b`, a W none)."""
     p = result.program
-    stages = result.costs.stages
-
-    def column(name: str) -> np.ndarray:
-        return np.array([getattr(c, name) for c in stages], float)
-
+    column = result.costs.column
     ep_f, ep_b = column("ep_f"), column("ep_b")
     seconds = p.per_op(column("f"), column("b"), column("w"), column("fused_backward"))
     return seconds, p.per_op(ep_f, ep_b, np.zeros_like(ep_f), ep_b)
