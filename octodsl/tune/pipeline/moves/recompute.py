@@ -34,7 +34,6 @@ STAGES = 3
 def held(result: SimResult) -> np.ndarray:
     """Per stage: the activation byte-seconds it holds over the simulated iteration."""
     p = result.program
-    costs = result.costs.stages
     S, M = p.num_stages, p.microbatches
     node = np.repeat(np.arange(p.num_nodes), np.diff(p.op_ptr))
     start, end = result.start[node], result.end[node]
@@ -52,10 +51,7 @@ def held(result: SimResult) -> np.ndarray:
         k = kind == code
         where[stage[k], mb[k]] = times[k]
     w_end = np.maximum(w_end, b_end)  # a fused BW holds nothing past its end
-    act, act_b, act_w = (
-        np.array([getattr(c, name) for c in costs], float)[:, None]
-        for name in ("act", "act_b", "act_w")
-    )
+    act, act_b, act_w = (result.costs.column(name)[:, None] for name in ("act", "act_b", "act_w"))
     return (act * (b_end - f_start) + act_b * (b_end - b_start) + act_w * (w_end - b_end)).sum(
         axis=1
     )
