@@ -189,6 +189,20 @@ def test_remembered_stage_costs_are_the_cost_tables(case):
     assert pr.sim_costs(other) == SimCosts.from_table(pr.table, other)
 
 
+def _random_advance(data, plan):
+    """`plan` with one slot of a drawn device moved to a drawn earlier place."""
+    d = data.draw(st.integers(0, plan.devices - 1))
+    src = data.draw(st.integers(1, len(plan.schedule[d]) - 1))
+    return advance(plan, d, src, data.draw(st.integers(0, src - 1)))
+
+
+def _plain_copy(plan):
+    """`plan` with new, equal slots in plain lists: what compiling finds by value only."""
+    return dataclasses.replace(
+        plan, schedule=[[Slot(tuple(s.ops)) for s in order] for order in plan.schedule]
+    )
+
+
 @settings(max_examples=30, deadline=None)
 @given(layouts(), st.data())
 def test_a_program_reused_by_slot_identity_is_the_one_found_by_value(case, data):
@@ -200,13 +214,8 @@ def test_a_program_reused_by_slot_identity_is_the_one_found_by_value(case, data)
     program = compile(base)
     moved = base
     for _ in range(data.draw(st.integers(1, 4))):
-        d = data.draw(st.integers(0, pr.devices - 1))
-        n = len(moved.schedule[d])
-        src = data.draw(st.integers(1, n - 1))
-        moved = advance(moved, d, src, data.draw(st.integers(0, src - 1)))
-    copied = dataclasses.replace(
-        moved, schedule=[[Slot(tuple(s.ops)) for s in order] for order in moved.schedule]
-    )
+        moved = _random_advance(data, moved)
+    copied = _plain_copy(moved)
     by_id, by_value = compile(moved, like=program), compile(copied, like=program)
     assert by_id.out_dst is program.out_dst and by_value.out_dst is program.out_dst
     assert list(by_id.order_nodes) == list(by_value.order_nodes)
@@ -262,19 +271,12 @@ def test_programs_of_list_scheduled_plans_found_by_their_ops_are_those_found_by_
     edited = CodedOrders(coded.schedule, coded.schedule.codes)
     edited[0] = list(edited[0])  # the list of orders changed: its codes are dropped
     assert edited.codes is None
-    plain = dataclasses.replace(
-        coded, schedule=[[Slot(tuple(s.ops)) for s in order] for order in coded.schedule]
-    )
+    plain = _plain_copy(coded)
     assert _arrays_of(compile(coded)) == _arrays_of(compile(plain))
     like = compile(other)
     assert _arrays_of(compile(coded, like=like)) == _arrays_of(compile(plain, like=like))
-    d = data.draw(st.integers(0, pr.devices - 1))
-    n = len(coded.schedule[d])
-    src = data.draw(st.integers(1, n - 1))
-    moved = advance(coded, d, src, data.draw(st.integers(0, src - 1)))
-    moved_plain = dataclasses.replace(
-        moved, schedule=[[Slot(tuple(s.ops)) for s in order] for order in moved.schedule]
-    )
+    moved = _random_advance(data, coded)
+    moved_plain = _plain_copy(moved)
     third = compile(rebuild(pr.skeleton(layout), pr, w_gap), like=like)
     assert not any(a is b for a, b in zip(moved.schedule, third.plan.schedule, strict=True))
     by_identity = compile(moved, like=third)
