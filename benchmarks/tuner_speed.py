@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from machine import ROOT, commit, cpu_model
+from machine import ROOT, commit, cpu_model, write_outputs
 
 GIB = 2**30
 CASES = tuple(
@@ -77,8 +77,10 @@ def run(code: Path, case: str, evaluations: int) -> dict:
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"tuner_speed.py: case {case} failed with the code at {code}: {last}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
     got["load"] = os.getloadavg()[0]
     return got
@@ -161,9 +163,9 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.evaluations)))
         return 0
-    if args.same_as:
+    _check(ap, args)
+    if args.same_as is not None:
         return same_as(args.same_as, args.cases, args.evaluations)
-    from octodsl.fileio import write_atomic  # here: a worker imports the octodsl it times
 
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
@@ -218,9 +220,35 @@ def main() -> int:
             + ", ".join(_cpu_speedup(r) for r in rows if r["case"].split(":")[1] == "16")
             + ").",
         ]
-        write_atomic(args.output, "\n".join(head) + "\n")
-        write_atomic(args.output.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
+        files = {
+            args.output: "\n".join(head) + "\n",
+            args.output.with_suffix(".json"): json.dumps(rows, indent=1) + "\n",
+        }
+        if not write_outputs("tuner_speed.py", files):
+            return 1
     return 0
+
+
+def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any run, what would fail minutes later."""
+    if not 1 <= args.evaluations <= 10**6:
+        ap.error("--evaluations takes 1 to 1,000,000")
+    if not 1 <= args.repeats <= 100:
+        ap.error("--repeats takes 1 to 100")
+    for case in args.cases:
+        parts = case.split(":")
+        if len(parts) != 3 or not all(x.isdigit() and 0 < int(x) <= 4096 for x in parts[1:]):
+            ap.error(f"--cases: {case!r} is not model:devices:microbatches (whole numbers)")
+    for option, rev in (("--base", args.base), ("--same-as", args.same_as)):
+        if rev is None:
+            continue
+        found = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+            cwd=ROOT,
+            capture_output=True,
+        )
+        if not rev or rev.startswith("-") or found.returncode != 0:
+            ap.error(f"{option}: {rev!r} is not a commit of this repository")
 
 
 if __name__ == "__main__":
