@@ -39,6 +39,7 @@ two columns differ only in how messages and waits are placed.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import defaultdict
@@ -47,6 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
+import published as P  # noqa: E402
 from machine import commit, cpu_model, write_outputs  # noqa: E402
 
 F, B = "F", "B"
@@ -354,8 +356,6 @@ MEGATRON = ("narayanan2021", "megascale2024", "zerobubble2024")
 def row_replay(row: dict, recompute: str) -> dict:
     """The row as published.py simulates it (with the recompute it settled on), and the same
     stage costs through Megatron's loop."""
-    import published as P
-
     from octodsl.sim import SimProgram
 
     spec = P.write_spec(row["model"])
@@ -394,8 +394,6 @@ def residuals(published_json: Path) -> list[str]:
     """Per zerobubble2024 model and schedule: what the measured iteration takes beyond the
     simulated one, per micro-batch (least squares over the rows' micro-batch counts) and per
     pipeline op."""
-    import json
-
     rows = [r for r in json.loads(published_json.read_text())["rows"] if r["id"].startswith("zb")]
     groups: dict[tuple[str, str], list[tuple[int, float, int]]] = defaultdict(list)
     for r in rows:
@@ -471,10 +469,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "published_interleaved.md"))
     args = ap.parse_args()
-    import json
-
-    import published as P
-
     done = REPO / "benchmarks" / "published.json"
     recompute = {r["id"]: r["recompute"] for r in json.loads(done.read_text())["rows"]}
     t0 = time.perf_counter()
