@@ -8,12 +8,18 @@ and the executor alike.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from itertools import accumulate, pairwise
+
+import numpy as np
 
 from .errors import OctoError
 from .models.pattern import transformer_layers
 from .plan import Plan, PlanError
+
+Range = tuple[int, int]
+"""A stage's first and last layer, inclusive."""
 
 
 def plan_partition(
@@ -103,27 +109,8 @@ def balance_parameters(params_per_layer: Sequence[int], n_stages: int) -> list[t
     """DeepSpeed's 'parameters' method (deepspeed.runtime.utils.partition_balanced, 0.19.8):
     the cuts that minimise the spread (largest minus smallest) of the stages' parameter counts,
     ties broken as DeepSpeed breaks them."""
-    n = len(params_per_layer)
-    _check(n, n_stages)
-    prefix = list(accumulate(params_per_layer, initial=0))
-    inf = float("inf")
-    # best[j][i]: (spread, max, min, cut) for layers 0..i-1 in j stages.
-    best = [[(inf, inf, inf, 0)] * (n + 1) for _ in range(n_stages + 1)]
-    best[0][0] = (0, 0, inf, 0)
-    for i in range(1, n + 1):
-        for j in range(1, min(i, n_stages) + 1):
-            cell = best[j][i]
-            for k in range(i):
-                _, hi, lo, _ = best[j - 1][k]
-                part = prefix[i] - prefix[k]
-                top, bottom = max(hi, part), min(lo, part)
-                if cell[0] >= top - bottom:  # DeepSpeed keeps the last k of equal spread
-                    cell = (top - bottom, top, bottom, k)
-            best[j][i] = cell
-    bounds = [n]
-    for j in range(n_stages, 0, -1):
-        bounds.append(best[j][bounds[-1]][3])
-    return _ranges(bounds[::-1])
+    _check(len(params_per_layer), n_stages)
+    return list(_balance_parameters(tuple(params_per_layer), n_stages))
 
 
 def balance_time(cost_per_layer: Sequence[float], n_stages: int) -> list[tuple[int, int]]:
@@ -132,46 +119,83 @@ def balance_time(cost_per_layer: Sequence[float], n_stages: int) -> list[tuple[i
 
     For a plan whose devices hold several stages (looped or V placement) pass each layer's
     F + B + W time: every stage is then balanced on its whole work."""
-    n = len(cost_per_layer)
-    _check(n, n_stages)
-    prefix = list(accumulate(cost_per_layer, initial=0.0))
+    _check(len(cost_per_layer), n_stages)
+    return list(_balance_time(tuple(cost_per_layer), n_stages))
 
-    def span(k: int, i: int) -> float:
-        return prefix[i] - prefix[k]
 
-    cap = _min_bottleneck(prefix, n_stages)
-    # cost[j][i]: least sum of squares for layers 0..i-1 in j stages, none above `cap`.
-    inf = float("inf")
-    cost = [[inf] * (n + 1) for _ in range(n_stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
-    cost[0][0] = 0.0
+# Both balances are dynamic programs, each stage count's row of cells one numpy step over every
+# (end layer, cut) pair, and pure: the cluster search asks for the same ones across its
+# configurations (the layers' parameters and times depend on tp and the micro-batch, not on dp,
+# ZeRO or the micro-batches), so they are kept.
+@functools.lru_cache(maxsize=1024)
+def _balance_parameters(params_per_layer: tuple[int, ...], n_stages: int) -> tuple[Range, ...]:
+    n = len(params_per_layer)
+    # float64 as DeepSpeed's: parameter counts and their sums are exact below 2**53
+    prefix = np.array(list(accumulate(params_per_layer, initial=0)), dtype=np.float64)
+    part = prefix[:, None] - prefix[None, :]  # part[i, k]: layers k..i-1
+    ks = np.arange(n + 1)
+    earlier = ks[None, :] < ks[:, None]  # k < i: DeepSpeed's `for k in range(i)`
+    # hi[j][i], lo[j][i], cut[j][i]: the largest and smallest stage and the last cut of the best
+    # split of layers 0..i-1 into j stages (spread = hi - lo)
+    hi = np.full((n_stages + 1, n + 1), np.inf)
+    lo = np.full((n_stages + 1, n + 1), np.inf)
+    cut = np.zeros((n_stages + 1, n + 1), dtype=np.int64)
+    hi[0, 0] = 0.0
     for j in range(1, n_stages + 1):
-        for i in range(j, n - (n_stages - j) + 1):
-            k = i - 1
-            while k >= j - 1 and span(k, i) <= cap:
-                c = cost[j - 1][k] + span(k, i) ** 2
-                if c < cost[j][i]:
-                    cost[j][i], cut[j][i] = c, k
-                k -= 1
+        top = np.maximum(hi[j - 1][None, :], part)
+        bottom = np.minimum(lo[j - 1][None, :], part)
+        spread = np.where(earlier, top - bottom, np.inf)
+        least = spread.min(axis=1, keepdims=True)
+        # DeepSpeed keeps the last k of equal spread (an infinite one too, when all are)
+        k = n - np.argmax((earlier & (spread == least))[:, ::-1], axis=1)
+        rows = np.arange(j, n + 1)  # DeepSpeed fills the cells of j <= i only
+        hi[j, rows] = top[rows, k[rows]]
+        lo[j, rows] = bottom[rows, k[rows]]
+        cut[j, rows] = k[rows]
     bounds = [n]
     for j in range(n_stages, 0, -1):
-        bounds.append(cut[j][bounds[-1]])
-    return _ranges(bounds[::-1])
+        bounds.append(int(cut[j, bounds[-1]]))
+    return tuple(_ranges(bounds[::-1]))
 
 
-def _min_bottleneck(prefix: list[float], n_stages: int) -> float:
+@functools.lru_cache(maxsize=1024)
+def _balance_time(cost_per_layer: tuple[float, ...], n_stages: int) -> tuple[Range, ...]:
+    n = len(cost_per_layer)
+    prefix = list(accumulate(cost_per_layer, initial=0.0))
+    span = np.array(prefix)[:, None] - np.array(prefix)[None, :]  # span[i, k]: layers k..i-1
+    cap = _min_bottleneck(span, prefix, n_stages)
+    ks = np.arange(n + 1)
+    earlier = ks[None, :] < ks[:, None]
+    # a stage ends at i and starts after its cut k, scanning k down from i - 1 while the stage
+    # stays within `cap`: the cuts above the highest k < i whose stage exceeds it
+    over = np.where(earlier & (span > cap), ks[None, :], -1).max(axis=1)
+    within = earlier & (ks[None, :] > over[:, None])
+    square = span**2
+    # cost[j][i]: least sum of squares for layers 0..i-1 in j stages, none above `cap`
+    cost = np.full((n_stages + 1, n + 1), np.inf)
+    cut = np.zeros((n_stages + 1, n + 1), dtype=np.int64)
+    cost[0, 0] = 0.0
+    for j in range(1, n_stages + 1):
+        c = np.where(within & (ks[None, :] >= j - 1), cost[j - 1][None, :] + square, np.inf)
+        least = c.min(axis=1)
+        # the largest k of the least cost (the scan keeps the first it meets going down)
+        k = n - np.argmax((c == least[:, None])[:, ::-1], axis=1)
+        rows = np.arange(j, n - (n_stages - j) + 1)
+        rows = rows[np.isfinite(least[rows])]
+        cost[j, rows] = least[rows]
+        cut[j, rows] = k[rows]
+    bounds = [n]
+    for j in range(n_stages, 0, -1):
+        bounds.append(int(cut[j, bounds[-1]]))
+    return tuple(_ranges(bounds[::-1]))
+
+
+def _min_bottleneck(span: np.ndarray, prefix: list[float], n_stages: int) -> float:
     """The least possible slowest-stage time: binary search over the sums of consecutive
-    layers (one of them is the optimum), each candidate checked by greedy packing."""
+    layers (`span`; one of them is the optimum), each candidate checked by greedy packing."""
     n = len(prefix) - 1
-    widest = max(prefix[i + 1] - prefix[i] for i in range(n))
-    candidates = sorted(
-        {
-            prefix[i] - prefix[k]
-            for i in range(n + 1)
-            for k in range(i)
-            if prefix[i] - prefix[k] >= widest
-        }
-    )
+    sums = span[np.tril_indices(n + 1, -1)]
+    candidates = np.unique(sums[sums >= np.diag(span, -1).max()]).tolist()
     lo, hi = 0, len(candidates) - 1
     while lo < hi:
         mid = (lo + hi) // 2
@@ -179,7 +203,7 @@ def _min_bottleneck(prefix: list[float], n_stages: int) -> float:
             hi = mid
         else:
             lo = mid + 1
-    return candidates[lo]
+    return float(candidates[lo])
 
 
 def _stages_needed(prefix: list[float], cap: float) -> int:

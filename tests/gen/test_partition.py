@@ -53,6 +53,38 @@ def test_balance_time_is_optimal():
         assert max(sum(cost[a : b + 1]) for a, b in got) == pytest.approx(best, abs=1e-12)
 
 
+def test_balance_time_evens_out_the_rest_optimally():
+    """Among the cuts whose slowest stage is the least, the sum of squared stage times is the
+    least, by brute force (layer times with repeats, as a model's repeated layers have)."""
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 11)
+        k = rng.randint(1, n)
+        cost = [rng.choice([rng.random(), 1.0, 0.5, 0.0]) for _ in range(n)]
+        got = balance_time(cost, k)
+        assert _valid(got, n, k)
+
+        splits = [
+            [sum(cost[a:b]) for a, b in zip((0, *cuts), (*cuts, n), strict=True)]
+            for cuts in itertools.combinations(range(1, n), k - 1)
+        ]
+        least = min(max(s) for s in splits)
+        even = min(sum(t * t for t in s) for s in splits if max(s) <= least + 1e-12)
+        times = [sum(cost[a : b + 1]) for a, b in got]
+        assert max(times) == pytest.approx(least, abs=1e-12)
+        assert sum(t * t for t in times) == pytest.approx(even, abs=1e-9)
+
+
+def test_parameters_match_deepspeed_on_a_deep_model():
+    """A hundred layers over tens of stages, as the cluster search asks (DeepSpeed's own
+    dynamic program, in Python, takes a few seconds here)."""
+    utils = pytest.importorskip("deepspeed.runtime.utils")
+    rng = random.Random(11)
+    params = [rng.choice([0, 50_331_648, 100_663_296, rng.randint(0, 10**9)]) for _ in range(60)]
+    for k in (7, 24):
+        assert _bounds(balance_parameters(params, k)) == utils.partition_balanced(params, k)
+
+
 def test_balance_time_evens_out_the_other_stages():
     # The slowest stage is 3 layers either way; 3,3,2,2 beats greedy packing's 3,3,3,1.
     assert sorted(b - a + 1 for a, b in balance_time([1.0] * 10, 4)) == [2, 2, 3, 3]

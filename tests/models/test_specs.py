@@ -218,6 +218,23 @@ def test_files_yaml_and_json(tmp_path):
         load_model(str(tmp_path / "missing.yaml"))
 
 
+def test_a_spec_file_is_read_again_once_changed(tmp_path):
+    """A file's spec is parsed once while the file stays the same (the cluster search asks for
+    it hundreds of times), and read again once it changes; a dangling link says why in one
+    line."""
+    y = tmp_path / "mine.yaml"
+    y.write_text(yaml.safe_dump({k: v for k, v in small().items() if k != "name"}))
+    first = load_model(str(y))
+    assert load_model(str(y)) is first
+    y.write_text(yaml.safe_dump({**small(), "hidden": 2 * small()["hidden"]}))
+    again = load_model(str(y))
+    assert again.hidden == 2 * first.hidden
+    link = tmp_path / "gone.yaml"
+    link.symlink_to(tmp_path / "nowhere.yaml")
+    with pytest.raises(SpecError):
+        load_model(str(link))
+
+
 @pytest.mark.parametrize("name", builtin_models())
 def test_compact_form_round_trips(name):
     spec = load_model(name)

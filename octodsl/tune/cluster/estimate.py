@@ -15,7 +15,6 @@ the screening; the lower bounds alone rule configurations out."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -42,7 +41,7 @@ def layout_estimate(problem: Problem) -> float:
         for cuts in {
             even_cuts(layers, S),
             share_cuts(problem.work, S),
-            _fewest_params_cuts(tuple(params.tolist()), S),
+            _fewest_params_cuts(params.tolist(), S),
         }:
             for mode in problem.modes:
                 model.set_modes((mode,) * S)
@@ -63,9 +62,8 @@ def share_cuts(weights: np.ndarray, num_stages: int) -> tuple[int, ...]:
     return (*cuts, n)
 
 
-@functools.lru_cache(maxsize=1024)
-def _fewest_params_cuts(params: tuple[float, ...], num_stages: int) -> tuple[int, ...]:
-    """The cuts whose largest stage holds the fewest parameters (exact, milliseconds: the
-    configurations of one tp and micro-batch size share them)."""
+def _fewest_params_cuts(params: list[float], num_stages: int) -> tuple[int, ...]:
+    """The cuts whose largest stage holds the fewest parameters (exact; `balance_time` keeps
+    what it found, and the configurations of one tp share them)."""
     ranges = balance_time(params, num_stages)
     return (*(a for a, _ in ranges), len(params))

@@ -8,12 +8,13 @@ iteration is the most tokens per GPU per second. The search, within one budget:
    infeasible; the rest are ranked by their lower bound (`Problem.tight_lower_bound`, a bound
    over every plan of the configuration);
 2. the Megatron-style recipe (baselines.py): its plans are the first to beat;
-3. screen: in `screen_order` (by the layout estimate, estimate.py: milliseconds per
-   configuration, so every one the bounds leave in is estimated; each ep's in turn), the
-   classic schedules of each configuration (every generator, every partition, with the
-   recompute that fits), until `SCREEN_SHARE` of the budget left is spent; a configuration
-   whose lower bound is no shorter than the best plan simulated so far is dominated and not
-   screened;
+3. screen, in `screen_order` (by the layout estimate, estimate.py: milliseconds per
+   configuration, so every one the bounds leave in is estimated; each ep's in turn): first
+   every configuration with the `QUICK` plan (1F1B on the time-balanced partition, with the
+   recompute that fits: tens of milliseconds each), until `QUICK_SHARE` of the budget left is
+   spent; then with the other classic plans (every generator, every partition) until
+   `SCREEN_SHARE` of what is left; a configuration whose lower bound is no shorter than the
+   best plan simulated so far is dominated and not screened;
 4. tune: in order of the best classic time, the pipeline tuner refines each configuration that
    can still win (its lower bound below the best plan so far), the budget left shared among at
    most `TUNED` of them at a time;
@@ -38,7 +39,14 @@ from ..clock import check_reserve
 from ..pipeline.evaluate import Score, best_of
 from ..pipeline.loop import BudgetTooShort, TuneResult, tune
 from ..problem import Problem
-from ..reference.baselines import SCHEDULES, Baseline, best_baseline, classic_baselines
+from ..reference.baselines import (
+    NOT_RUN,
+    PARTITIONS,
+    SCHEDULES,
+    Baseline,
+    best_baseline,
+    classic_baselines,
+)
 from .baselines import MegatronBaseline, megatron_baselines
 from .estimate import layout_estimate
 from .space import (
@@ -62,9 +70,15 @@ from .space import (
 
 RECIPE_SHARE = 0.2
 """Of the budget, what the Megatron-style recipe may take (its first depth always runs)."""
+QUICK = SCHEDULES[:1]
+QUICK_PARTITIONS = ("time",)
+"""The classic plan every configuration the bounds leave in is screened with first: 1F1B
+(Megatron-LM's default, which every configuration can run) on the time-balanced partition."""
+QUICK_SHARE = 0.5
+"""Of the budget left, what screening with the `QUICK` plan may take (the search always screens
+its first configuration, and its first plan whatever the budget)."""
 SCREEN_SHARE = 0.4
-"""Of the budget left, what a screening round may take (the search always screens its first
-configuration, and its first plan whatever the budget)."""
+"""Of the budget left after that, what screening with the other classic plans may take."""
 TUNED = 4
 """Configurations the budget left is shared among (at least `--top`)."""
 MAX_CONFIGS = 20_000
@@ -93,12 +107,20 @@ class Candidate:
     """What an iteration may take (`layout_estimate`): the order of screening."""
     baselines: list[Baseline] = field(default_factory=list)
     """The classic plans it was screened with (empty: not screened)."""
-    screened: bool = False
-    """Its classic plans were simulated (`baselines` may hold the Megatron-style plan before)."""
+    simulated: set[str] = field(default_factory=set)
+    """The classic plans screening simulated, by name (the `QUICK` one first)."""
+    complete: bool = False
+    """Every classic plan it can run was simulated, not only the `QUICK` one."""
     tuned: TuneResult | None = None
     screen_seconds: float = 0.0
     untuned: str = ""
     """Screened and not tuned: why (DOMINATED..., or the budget; set when the search ends)."""
+
+    @property
+    def screened(self) -> bool:
+        """Some of its classic plans were simulated (`baselines` may hold the Megatron-style
+        plans before)."""
+        return bool(self.simulated)
 
     @property
     def classic(self) -> Baseline | None:
@@ -197,12 +219,14 @@ def search(
         # every other configuration dominated, or the tuner finished).
         while True:
             now = time.perf_counter()
-            screened = _screen(state, now + SCREEN_SHARE * (deadline - now))
+            screened = _screen(state, now + QUICK_SHARE * (deadline - now), quick=True)
+            now = time.perf_counter()
+            screened += _screen(state, now + SCREEN_SHARE * (deadline - now), quick=False)
             _tune(state, seed, max(TUNED, top), max_evaluations)
             if (
                 not screened
                 or time.perf_counter() >= deadline
-                or not any(not c.screened and not state.beaten(c) for c in result.candidates)
+                or not any(not c.complete and not state.beaten(c) for c in result.candidates)
             ):
                 break
     except KeyboardInterrupt:
@@ -300,7 +324,8 @@ def _enumerate(
             skipped.append(Skipped(config, INFEASIBLE, why))
             continue
         problem = problem_of(cluster, config, tables)
-        why = problem.why_no_plan_fits()
+        # the cause alone: the search itself tries the other levers (tp, ZeRO, micro-batches)
+        why = problem.why_no_plan_fits(advice=False)
         if why is not None:
             too_big.add(key)
             skipped.append(Skipped(config, INFEASIBLE, why, memory=True))
@@ -373,8 +398,8 @@ def _why_fixed(c: Cluster, excluded: dict[int, str]) -> str:
 
 
 def _adopt(result: ClusterResult) -> None:
-    """The Megatron-style plans as the classic plans of their configurations (until screened,
-    which simulates them again among the others), so that the best plan is never slower."""
+    """The Megatron-style plans as classic plans of their configurations (screening all the
+    classic schedules simulates them again), so that the best plan is never slower."""
     by_config = {c.config: c for c in result.candidates}
     for m in result.megatron:
         c = by_config.get(m.config) if m.config is not None else None
@@ -397,27 +422,38 @@ def screen_order(candidates: list[Candidate]) -> list[Candidate]:
     return [k[-1] for k in sorted(keyed, key=lambda k: k[:4])]
 
 
-def _screen(state: _State, until: float) -> int:
-    """The classic plans of the candidates not screened yet that can still win, in
-    `screen_order`, until `until` (the first of the search whatever the time); how many it
+def _screen(state: _State, until: float, quick: bool) -> int:
+    """Simulate the classic plans of the candidates that can still win, in `screen_order`, until
+    `until` (the first of the search whatever the time): with `quick`, the `QUICK` plan of
+    those not screened yet; otherwise the others of those not screened completely. How many it
     screened."""
     r = state.result
     first = not any(c.screened for c in r.candidates)
     count = 0
     for i, c in enumerate(screen_order(r.candidates)):
-        if c.screened or state.beaten(c):
+        if c.complete or (quick and c.screened) or state.beaten(c):
             continue
         if (count or not first) and time.perf_counter() >= until:
             break
-        state.show(f"screen {i + 1}/{len(r.candidates)}: {c.config.short()}")
+        what = "quick screen" if quick else "screen"
+        state.show(f"{what} {i + 1}/{len(r.candidates)}: {c.config.short()}")
         began = time.perf_counter()
+        one_stage = c.config.pp == 1  # one plan: the partitions and schedules are all alike
         # the budget stops a screen too (its plans not run are NOT_RUN) after its first plan
-        c.baselines = classic_baselines(
+        found = classic_baselines(
             c.problem,
-            schedules=SCHEDULES if c.config.pp > 1 else SCHEDULES[:1],
             deadline=state.deadline,
+            schedules=QUICK if quick or one_stage else SCHEDULES,
+            partitions=QUICK_PARTITIONS if quick or one_stage else PARTITIONS,
+            skip=c.simulated,
         )
-        c.screened, c.screen_seconds = True, time.perf_counter() - began
+        # a plan simulated again (the Megatron-style plans adopted before are classic plans)
+        # counts once
+        again = {b.name for b in found}
+        c.baselines = [b for b in c.baselines if b.name not in again] + found
+        c.simulated |= {b.name for b in found if b.error != NOT_RUN}
+        c.complete = not quick or one_stage
+        c.screen_seconds += time.perf_counter() - began
         count += 1
         if c.classic is not None:
             assert c.classic.score is not None, "a usable baseline is scored"

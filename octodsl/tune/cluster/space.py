@@ -334,8 +334,10 @@ def plan_ops(pp: int, microbatches: int) -> int:
 
 def infeasible(problem: Problem) -> str | None:
     """Why no plan of the problem can run, or None: over octodsl's limits, or no partition fits
-    in memory."""
-    return over_limits(problem.devices, problem.microbatches) or problem.why_no_plan_fits()
+    in memory (the cause alone, as the search gives it: the search tries the other levers)."""
+    return over_limits(problem.devices, problem.microbatches) or problem.why_no_plan_fits(
+        advice=False
+    )
 
 
 def fewest_gpus(cluster: Cluster, tables: Tables, above: int) -> Config | None:

@@ -14,13 +14,15 @@ without a memory limit, none alone).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ...gen import ScheduleError, phased_schedule
 from ...gen.model_partition import model_stages
+from ...gen.phases import PhasedSchedule
 from ...plan import Plan, Recompute, Stage
 from ..pipeline.evaluate import Evaluator, Score
 from ..problem import Problem, recompute_everywhere
@@ -85,19 +87,24 @@ def classic_plans(
     problem: Problem,
     schedules: Sequence[tuple[str, int | None]] = SCHEDULES,
     partitions: Sequence[str] = PARTITIONS,
+    skip: Collection[str] = (),
 ) -> Iterator[tuple[str, Plan | None, str | None]]:
-    """(name, plan, None) for each schedule and partition, or (name, None, why not)."""
+    """(name, plan, None) for each schedule and partition, or (name, None, why not); none for
+    the names in `skip`."""
     for schedule, chunks in schedules:
+        methods = [m for m in partitions if baseline_name(schedule, chunks, m) not in skip]
+        if not methods:
+            continue
         try:
-            phased = phased_schedule(schedule, problem.devices, problem.microbatches, chunks)
+            phased = _phased(schedule, problem.devices, problem.microbatches, chunks)
             if phased.num_stages > problem.num_layers:
                 raise ScheduleError(f"{phased.num_stages} stages for {problem.num_layers} layers")
         except ScheduleError as e:
-            for method in partitions:
+            for method in methods:
                 yield baseline_name(schedule, chunks, method), None, str(e)
             continue
         orders, _ = phased.orders()
-        for method in partitions:
+        for method in methods:
             name = baseline_name(schedule, chunks, method)
             header = problem.header.model_copy(update={"name": name})
             yield (
@@ -105,11 +112,20 @@ def classic_plans(
                 Plan(
                     header,
                     partition_stages(problem, method, phased.num_stages),
-                    phased.placement,
-                    orders,
+                    list(phased.placement),
+                    [list(order) for order in orders],  # its own: `_phased` keeps the schedule
                 ),
                 None,
             )
+
+
+@functools.lru_cache(maxsize=16)
+def _phased(schedule: str, devices: int, microbatches: int, chunks: int | None) -> PhasedSchedule:
+    """`phased_schedule`, kept for the next configurations of the same pipeline depth and
+    micro-batches (the cluster search screens them in turn: another ZeRO stage, another tp
+    and micro-batch size); `classic_plans` gives each plan its own lists. A few only: a large
+    one holds hundreds of thousands of ops."""
+    return phased_schedule(schedule, devices, microbatches, chunks)
 
 
 NOT_RUN = "not run: the budget ran out"
@@ -122,15 +138,18 @@ def classic_baselines(
     on_each: Callable[[str], None] | None = None,
     deadline: float | None = None,
     schedules: Sequence[tuple[str, int | None]] = SCHEDULES,
+    partitions: Sequence[str] = PARTITIONS,
+    skip: Collection[str] = (),
 ) -> list[Baseline]:
-    """Every baseline of `schedules` (default all), in their order; with a `deadline`
-    (time.perf_counter()), those that would likely end past it (by the slowest one so far, built
-    and simulated) are not run; the first always runs."""
+    """Every baseline of `schedules` and `partitions` (default all) but those named in `skip`,
+    in their order; with a `deadline` (time.perf_counter()), those that would likely end past it
+    (by the slowest one so far, built and simulated) are not run; the first always runs."""
     evaluate = evaluate or Evaluator(problem)
-    names = [baseline_name(s, c, m) for s, c in schedules for m in PARTITIONS]
+    names = [baseline_name(s, c, m) for s, c in schedules for m in partitions]
+    names = [name for name in names if name not in skip]
     out: list[Baseline] = []
     slowest = 0.0
-    plans = classic_plans(problem, schedules)
+    plans = classic_plans(problem, schedules, partitions, skip)
     while len(out) < len(names):
         began = time.perf_counter()
         if deadline is not None and out and began + slowest > deadline:
