@@ -430,10 +430,14 @@ def _screen(state: _State, until: float, quick: bool) -> int:
     r = state.result
     first = not any(c.screened for c in r.candidates)
     count = 0
+    per_op = 0.0  # the slowest screen of this pass so far, in seconds per op of its plans
     for i, c in enumerate(screen_order(r.candidates)):
         if c.complete or (quick and c.screened) or state.beaten(c):
             continue
-        if (count or not first) and time.perf_counter() >= until:
+        ops = plan_ops(c.config.pp, c.config.microbatches)
+        now = time.perf_counter()
+        # a screen runs its first plan whatever the deadline: none that would likely end past it
+        if (count or not first) and (now >= until or now + per_op * ops > state.deadline):
             break
         what = "quick screen" if quick else "screen"
         state.show(f"{what} {i + 1}/{len(r.candidates)}: {c.config.short()}")
@@ -453,7 +457,9 @@ def _screen(state: _State, until: float, quick: bool) -> int:
         c.baselines = [b for b in c.baselines if b.name not in again] + found
         c.simulated |= {b.name for b in found if b.error != NOT_RUN}
         c.complete = not quick or one_stage
-        c.screen_seconds += time.perf_counter() - began
+        took = time.perf_counter() - began
+        c.screen_seconds += took
+        per_op = max(per_op, took / ops)
         count += 1
         if c.classic is not None:
             assert c.classic.score is not None, "a usable baseline is scored"
