@@ -133,6 +133,32 @@ PIPELINE_ZERO = 1
 """The highest ZeRO stage DeepSpeed's pipeline engine, and so octodsl's executor, runs at any
 pipeline depth (the executor refuses more; `tune --gpus --target deepspeed` proposes no more)."""
 
+DEEPSPEED, MEGATRON = "deepspeed", "megatron"
+RUNTIMES = (DEEPSPEED, MEGATRON)
+RUNTIME_NAMES = {DEEPSPEED: "DeepSpeed", MEGATRON: "Megatron-LM"}
+"""The runtimes a plan is costed for: octodsl's executor on DeepSpeed's pipeline engine, and
+Megatron-LM (`tune --gpus --target`, the bytes per parameter: octodsl.costs.param_bytes)."""
+
+MEGATRON_ONLY = (
+    "overlap_tp_comm",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "scatter_gather_messages",
+    "grad_accumulation_fusion",
+)
+"""Runtime fields whose `true` only Megatron-LM runs (octodsl's executor and DeepSpeed's pipeline
+engine run each of them the other way: see their `Header` fields)."""
+
+
+def plan_runtime(h: Header) -> str:
+    """The runtime a plan's header implies, for what differs between runtimes (the bytes per
+    parameter): Megatron-LM when it asks for what only Megatron runs in a pipeline (a
+    `MEGATRON_ONLY` field true, or ZeRO above `PIPELINE_ZERO`), else octodsl's executor on
+    DeepSpeed (docs/models-and-costs.md, "Bytes per parameter and ZeRO")."""
+    if h.zero > PIPELINE_ZERO or any(getattr(h, name) for name in MEGATRON_ONLY):
+        return MEGATRON
+    return DEEPSPEED
+
 
 def deepspeed_zero(h: Header) -> dict:
     """The DeepSpeed config's `zero_optimization` fields a plan's header decides: the stage,

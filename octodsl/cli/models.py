@@ -1,17 +1,20 @@
-"""`octodsl models [SPEC | --from-hf PATH] [--json] [--yaml] [--device D] [--zero N --dp N] [--tp N
-[--sequence-parallel true|false]]`: list the built-in models, or show one model's layer kinds
-with their analytical costs, the bytes per parameter and the static bytes (sharded by --zero
-over --dp copies; with --tp, one GPU's share of each layer and its tp collectives)."""
+"""`octodsl models [SPEC | --from-hf PATH] [--json] [--yaml] [--device D] [--zero N --dp N]
+[--target deepspeed|megatron] [--tp N [--sequence-parallel true|false]]`: list the built-in
+models, or show one model's layer kinds with their analytical costs, the bytes per parameter
+the runtime holds and the static bytes (sharded by --zero over --dp copies; with --tp, one GPU's
+share of each layer and its tp collectives)."""
 
 from __future__ import annotations
 
+from ..costs.param_bytes import ParamBytes
 from ..costs.resolve import cost_table
-from ..costs.table import CostTable, ParamBytes
+from ..costs.table import CostTable
 from ..errors import OctoError
 from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_model
 from ..models.builtin import PUBLISHED_PARAMS
 from ..models.load import HF_PREFIX
 from ..models.spec import ModelSpec
+from ..plan import DEEPSPEED, MEGATRON, PIPELINE_ZERO, RUNTIME_NAMES, RUNTIMES
 from ..units import size
 from .common import (
     DEVICE,
@@ -86,6 +89,12 @@ def register(sub) -> None:
         "--dp", type=DP, default=1, metavar="N", help="data-parallel copies for --zero (default 1)"
     )
     p.add_argument(
+        "--target",
+        choices=RUNTIMES,
+        help="the runtime whose bytes per parameter to show: deepspeed (octodsl's executor; "
+        "the default), megatron (Megatron-LM; the default at --zero 2)",
+    )
+    p.add_argument(
         "--tp",
         type=TP,
         default=1,
@@ -125,6 +134,13 @@ def run(args) -> int:
         return 0
     mesh_update(args, 1, None)  # refuses sequence parallelism at tp 1
     warn_zero_without_copies("--zero", args.zero, args.dp)
+    runtime = args.target or (MEGATRON if args.zero > PIPELINE_ZERO else DEEPSPEED)
+    if runtime == DEEPSPEED and args.zero > PIPELINE_ZERO:
+        raise UserError(
+            f"--zero {args.zero} with --target deepspeed: DeepSpeed's pipeline engine, which "
+            f"octodsl's executor runs, takes ZeRO 0 to {PIPELINE_ZERO} only; --target megatron "
+            "runs it"
+        )
     try:
         table = cost_table(
             model=args.spec,
@@ -136,7 +152,7 @@ def run(args) -> int:
         )
     except OctoError as e:  # a tp the model does not split over
         raise UserError(str(e)) from None
-    return _show(spec, table, args.json, args.zero, args.dp)
+    return _show(spec, table, args.json, args.zero, args.dp, runtime)
 
 
 def _summary(spec: ModelSpec) -> dict:
@@ -196,10 +212,13 @@ def _per_parameter(pb: ParamBytes) -> str:
     return f"{pb.weights:g} + {pb.grads:g} + {pb.optimizer:g} = {pb.total:g} bytes"
 
 
-def _show(spec: ModelSpec, costs: CostTable, as_json: bool, zero: int, dp: int) -> int:
+def _show(
+    spec: ModelSpec, costs: CostTable, as_json: bool, zero: int, dp: int, runtime: str
+) -> int:
     """`costs`: the analytical table of `spec` (at its tp: one GPU's share)."""
     device, tp, sp = costs.meta["device"], costs.meta["tp"], costs.meta["sp"]
-    pb = costs.param_bytes
+    pb = costs.static_bytes(runtime)
+    one, mine = pb.sharded(zero, 1), pb.sharded(zero, dp)
     share = pb.share(zero, dp)
     rows: dict[str, dict] = {}
     for layer, cost in zip(spec.layers, costs.layers, strict=True):
@@ -224,7 +243,8 @@ def _show(spec: ModelSpec, costs: CostTable, as_json: bool, zero: int, dp: int) 
             },
         )
         row["count"] += 1
-    static = sum(layer.static for layer in costs.layers)
+    nominal = sum(layer.static for layer in costs.layers)
+    static, per_copy = pb.share(zero, 1) * nominal, share * nominal
     if as_json:
         print_json(
             {
@@ -233,14 +253,15 @@ def _show(spec: ModelSpec, costs: CostTable, as_json: bool, zero: int, dp: int) 
                 "device": device,
                 "microbatch_size": spec.microbatch_size,
                 "seq_len": spec.seq_len,
-                "param_bytes": _param_bytes_json(pb),
+                "runtime": runtime,
+                "param_bytes": _param_bytes_json(one),
                 "zero": zero,
                 "dp": dp,
                 "tp": tp,
                 "sequence_parallel": sp,
-                "param_bytes_per_device": _param_bytes_json(pb.sharded(zero, dp)),
+                "param_bytes_per_device": _param_bytes_json(mine),
                 "static": static,
-                "static_per_device": share * static,
+                "static_per_device": per_copy,
                 "kinds": list(rows.values()),
             }
         )
@@ -258,7 +279,7 @@ def _show(spec: ModelSpec, costs: CostTable, as_json: bool, zero: int, dp: int) 
         f"parameters; analytical costs on {device}{on}, micro-batch "
         f"{spec.microbatch_size} x {spec.seq_len} tokens, {spec.dtype}"
     )
-    sharded = zero > 0 and dp > 1
+    sharded = mine != one
     for col in (
         "kind",
         "sym",
@@ -294,14 +315,15 @@ def _show(spec: ModelSpec, costs: CostTable, as_json: bool, zero: int, dp: int) 
     console.print(table)
     console.print(f"pattern {spec.pattern}", soft_wrap=True, highlight=False, markup=False)
     line = (
-        f"per parameter: weights + gradients + optimizer state = {_per_parameter(pb)}; "
+        f"per parameter, as {RUNTIME_NAMES[runtime]} holds them: weights + gradients + "
+        f"optimizer state = {_per_parameter(one)}; "
         f"static {size(static, 2)} for the whole model"
         + (f" (one GPU's share at tp {tp})" if tp > 1 else "")
     )
     if sharded:
         line += (
-            f"; on one of {dp} copies with ZeRO {zero}: {_per_parameter(pb.sharded(zero, dp))}, "
-            f"static {size(share * static, 2)}"
+            f"; on one of {dp} copies with ZeRO {zero}: {_per_parameter(mine)}, "
+            f"static {size(per_copy, 2)}"
         )
     console.print(line, soft_wrap=True, highlight=False, markup=False)
     console.print(

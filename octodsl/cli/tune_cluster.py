@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .. import limits
 from ..errors import OctoError
+from ..plan import DEEPSPEED, RUNTIMES
 from .common import (
     UserError,
     integer,
@@ -53,10 +54,11 @@ def add_cluster_options(p) -> None:
     )
     p.add_argument(
         "--target",
-        choices=("deepspeed", "megatron"),
+        choices=RUNTIMES,
         help="with --gpus: the "
-        "runtime the configurations are for: deepspeed (default; octodsl's executor, "
-        "ZeRO 0 and 1), megatron (zero 2 in a pipeline too)",
+        "runtime the configurations are for, whose bytes per parameter their memory counts: "
+        "deepspeed (default; octodsl's executor, ZeRO 0 and 1), megatron (zero 2 in a "
+        "pipeline too)",
     )
     p.add_argument(
         "--top",
@@ -77,7 +79,7 @@ def run_cluster(args, began: float) -> int:
     )
     from ..tune.cluster.search import NoConfigurationFits, search
     from ..tune.cluster.space import Cluster
-    from ..tune.cluster.target import DEEPSPEED, refusal
+    from ..tune.cluster.target import refusal
 
     if args.gpus is None or args.global_batch is None:
         raise UserError("the whole-cluster search needs both --gpus and --global-batch")

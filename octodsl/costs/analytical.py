@@ -9,8 +9,9 @@ over the achievable bandwidth; memory-bound parts take bytes over the achievable
 and each sub-layer's F and B pay the device's measured per-op overheads (`Overheads`: kernel
 launches and the memory traffic a byte count of the kernels misses). F = GEMMs + core +
 elementwise + overheads; B = GEMMs (input side) + core backward + elementwise backward;
-W = GEMMs (weight side) + weight-gradient reductions. Static memory is BYTES_PER_PARAM per
-parameter; the optimizer step moves OPTIMIZER_BYTES per parameter through memory.
+W = GEMMs (weight side) + weight-gradient reductions. A layer's `static` counts BYTES_PER_PARAM
+per parameter, of which the runtime holds what `costs.param_bytes` says (`CostTable.static_bytes`);
+the optimizer step moves OPTIMIZER_BYTES per parameter through memory.
 
 Under tensor parallelism each layer is one GPU's share (work.py), its tp collectives timed as
 ring collectives of the tp group on the node's link (`Link.ring`) and added to the op that runs
@@ -36,8 +37,9 @@ from .table import CostTable, LayerCost, Link
 from .work import Collective, Gemm, Work, layer_work
 
 BYTES_PER_PARAM = 16
-"""Mixed-precision Adam: bf16 parameter and gradient (2 + 2), fp32 master copy, Adam m and v
-(4 + 4 + 4). An fp32 model has fp32 parameter and gradient and Adam m, v: also 16."""
+"""The bytes per parameter a table's `LayerCost.static` counts (its meta `bytes_per_param`): a
+nominal figure, mixed-precision Adam's 2 + 2 + 12 as the ZeRO paper counts it, that
+`StaticBytes.share` turns into what the plan's runtime holds (octodsl.costs.param_bytes)."""
 
 OPTIMIZER_BYTES = 38
 """Bytes per parameter the optimizer step reads and writes, fused Adam over fp32 main

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..models.spec import DTYPE_BYTES, grad_accumulator_bytes
+from ..models.spec import grad_accumulator_bytes
 from ..partition import plan_partition
-from ..plan import Plan, Recompute
+from ..plan import DEEPSPEED, Plan, Recompute, plan_runtime
 from .levers import Zero, recomputed
+from .param_bytes import StaticBytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,47 +135,6 @@ class StageCost:
 
 
 @dataclass(frozen=True, slots=True)
-class ParamBytes:
-    """Bytes per parameter held for training, by part (docs/models-and-costs.md)."""
-
-    weights: float
-    """The parameter in the compute dtype."""
-    grads: float
-    """Its gradient."""
-    optimizer: float
-    """Optimizer state: fp32 master copy and Adam m and v for a low-precision model."""
-
-    @classmethod
-    def of(cls, total: float, dtype_bytes: int) -> ParamBytes:
-        """`total` bytes per parameter of a model in a `dtype_bytes` dtype: parameter and
-        gradient in that dtype, the rest optimizer state (16 in bf16: 2 + 2 + 12; fp32: 4 + 4 + 8)."""
-        part = min(float(dtype_bytes), total / 2)
-        return cls(part, part, total - 2 * part)
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.grads + self.optimizer
-
-    def sharded(self, zero: int, dp: int) -> ParamBytes:
-        """Bytes per parameter on one of `dp` copies at ZeRO stage `zero`, by part: 1 divides
-        the optimizer state by dp, 2 the gradients as well (`Zero`)."""
-        stage = Zero(zero)
-        return ParamBytes(
-            self.weights,
-            self.grads / (dp if stage.shards_gradients else 1),
-            self.optimizer / (dp if stage.shards_optimizer else 1),
-        )
-
-    def per_device(self, zero: int, dp: int) -> float:
-        """`sharded(zero, dp)`'s total."""
-        return self.sharded(zero, dp).total
-
-    def share(self, zero: int, dp: int) -> float:
-        """`per_device` over `total`: the factor on unsharded static bytes."""
-        return self.per_device(zero, dp) / self.total if self.total > 0 else 1.0
-
-
-@dataclass(frozen=True, slots=True)
 class Link:
     """Point-to-point link: a message of n bytes takes latency + n / bandwidth seconds."""
 
@@ -250,15 +210,12 @@ class CostTable:
     """`grad_bytes` and `expert_grad_bytes` by their name and layers, likewise: a tuner costs
     hundreds of new layouts, each stage a range of layers it has mostly summed before."""
 
-    @property
-    def param_bytes(self) -> ParamBytes:
-        """Per-parameter bytes of `LayerCost.static` (meta `bytes_per_param`, default 16, in
-        meta `dtype`)."""
-        return ParamBytes.of(float(self.meta.get("bytes_per_param", 16)), self._dtype_bytes)
-
-    @property
-    def _dtype_bytes(self) -> int:
-        return DTYPE_BYTES.get(self.meta.get("dtype", "bf16"), 2)
+    def static_bytes(self, runtime: str = DEEPSPEED) -> StaticBytes:
+        """Bytes per parameter `runtime` holds of this table's model (meta `dtype`, default
+        bf16), against the `bytes_per_param` (default 16) its `LayerCost.static` counts."""
+        return StaticBytes(
+            self.meta.get("dtype", "bf16"), runtime, float(self.meta.get("bytes_per_param", 16))
+        )
 
     @property
     def grad_reduce_bytes(self) -> int:
@@ -271,14 +228,15 @@ class CostTable:
         """The expert-parallel degree the table is costed at (meta `ep`, default 1)."""
         return int(self.meta.get("ep", 1))
 
-    def layer_statics(self, zero: int, dp: int) -> list[float]:
-        """Each layer's static bytes under ZeRO over `dp` copies: its routed experts' part
-        sharded over the dp / ep copies that hold the same experts only (as `range_costs`
-        shards a stage)."""
-        share = self.param_bytes.share(zero, dp)
+    def layer_statics(self, zero: int, dp: int, runtime: str = DEEPSPEED) -> list[float]:
+        """Each layer's static bytes under `runtime` at ZeRO stage `zero` over `dp` copies: its
+        routed experts' part sharded over the dp / ep copies that hold the same experts only
+        (as `range_costs` shards a stage)."""
+        pb = self.static_bytes(runtime)
+        share = pb.share(zero, dp)
         if self.ep == 1:
             return [share * l.static for l in self.layers]
-        experts = self.param_bytes.share(zero, max(1, dp // self.ep)) - share
+        experts = pb.share(zero, max(1, dp // self.ep)) - share
         return [(share + experts * l.expert_fraction) * l.static for l in self.layers]
 
     def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
@@ -328,16 +286,24 @@ class CostTable:
         return plan_partition(plan, len(self.layers), self.layer_work())
 
     def stage_costs(
-        self, plan: Plan, ranges: list[tuple[int, int]] | None = None
+        self, plan: Plan, ranges: list[tuple[int, int]] | None = None, runtime: str | None = None
     ) -> list[StageCost]:
         """Sum layer costs over each stage of the plan's partition (`ranges`, default
         `stage_ranges(plan)`), with the plan's recompute, ZeRO sharding and accumulation fusion
-        (and the calibration), F and B with the host's launch time when the plan spans devices
+        (and the calibration), static bytes as `runtime` holds them (default: the one the
+        plan's header implies, `plan_runtime`), F and B with the host's launch time when the plan spans devices
         (`pipelined`). Raises PlanError when the partition does not fit the model."""
         h = plan.header
         ranges = self.stage_ranges(plan) if ranges is None else ranges
         table = self.pipelined() if plan.devices > 1 else self
-        return table.range_costs(ranges, plan.recompute(), h.zero, h.dp, h.grad_accumulation_fusion)
+        return table.range_costs(
+            ranges,
+            plan.recompute(),
+            h.zero,
+            h.dp,
+            h.grad_accumulation_fusion,
+            runtime or plan_runtime(h),
+        )
 
     def input_bytes(self, first: int) -> float:
         """Bytes a stage starting at layer `first` receives: the previous layer's output, or
@@ -351,11 +317,12 @@ class CostTable:
         zero: int = 0,
         dp: int = 1,
         fused_accumulation: bool = False,
+        runtime: str = DEEPSPEED,
     ) -> list[StageCost]:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
-        what range i recomputes, `zero` and `dp` shard its static bytes and optimizer step (the
-        routed experts' over their dp / ep copies); W adds each layer's gradient-accumulation
-        pass unless `fused_accumulation`."""
+        what range i recomputes, `zero` and `dp` shard its static bytes (as `runtime` holds
+        them: `static_bytes`) and optimizer step (the routed experts' over their dp / ep
+        copies); W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
         return [
             self.range_cost(
                 first,
@@ -364,6 +331,7 @@ class CostTable:
                 zero,
                 dp,
                 fused_accumulation,
+                runtime,
             )
             for i, (first, last) in enumerate(ranges)
         ]
@@ -376,17 +344,25 @@ class CostTable:
         zero: int = 0,
         dp: int = 1,
         fused_accumulation: bool = False,
+        runtime: str = DEEPSPEED,
     ) -> StageCost:
         """One range of `range_costs`, remembered: a tuner's layouts share most of their
         stages (a moved cut changes two)."""
-        key = (first, last, mode, zero, dp, fused_accumulation)
+        key = (first, last, mode, zero, dp, fused_accumulation, runtime)
         cost = self._ranges.get(key)
         if cost is None:
             cost = self._ranges[key] = self._sum_range(*key)
         return cost
 
     def _sum_range(
-        self, first: int, last: int, mode: Recompute, zero: int, dp: int, fused_accumulation: bool
+        self,
+        first: int,
+        last: int,
+        mode: Recompute,
+        zero: int,
+        dp: int,
+        fused_accumulation: bool,
+        runtime: str,
     ) -> StageCost:
         ls = self.layers[first : last + 1]
         f, b = sum(l.f for l in ls), sum(l.b for l in ls)
@@ -413,7 +389,8 @@ class CostTable:
         ep_f, ep_b = sum(l.ep_f for l in ls), sum(l.ep_b for l in ls)
         if mode is Recompute.FULL:  # the whole forward again, its collectives too
             tp_b, hid_b, ep_b = tp_b + tp_f, hid_b + hid_f, ep_b + ep_f
-        share = self.param_bytes.share(zero, dp)
+        pb = self.static_bytes(runtime)
+        share = pb.share(zero, dp)
         static = share * sum(l.static for l in ls)
         sharded_update = sum(l.update for l in ls) / (dp if Zero(zero).shards_optimizer else 1)
         ep = self.ep
@@ -422,7 +399,7 @@ class CostTable:
             fraction = [l.expert_fraction for l in ls]
             expert_static = sum(l.static * x for l, x in zip(ls, fraction, strict=True))
             expert_update = sum(l.update * x for l, x in zip(ls, fraction, strict=True))
-            static += (self.param_bytes.share(zero, expert_copies) - share) * expert_static
+            static += (pb.share(zero, expert_copies) - share) * expert_static
             if Zero(zero).shards_optimizer:
                 sharded_update += expert_update * (1 / expert_copies - 1 / dp)
         cal = self.calibration

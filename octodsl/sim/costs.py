@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..costs.table import CostTable, ParamBytes, StageCost
+from ..costs.param_bytes import ParamBytes, StaticBytes
+from ..costs.table import CostTable, StageCost
 from ..models.ep import ep_problem
-from ..plan import Header, Plan, PlanError
+from ..plan import Header, Plan, PlanError, plan_runtime
 from .sharing import Sharing
 
 
@@ -29,8 +30,9 @@ class SimCosts:
     """Devices that share processors (a calibrated CPU machine); None: each has its own."""
     step_overhead: float = 0.0
     """Seconds per iteration after every device is done (synchronising at the step)."""
-    param_bytes: ParamBytes | None = None
-    """Bytes per parameter, by part, behind the stages' static bytes (None: unknown)."""
+    param_bytes: StaticBytes | None = None
+    """Bytes per parameter behind the stages' static bytes, as the plan's runtime holds them
+    (None: unknown)."""
     zero: int = 0
     dp: int = 1
     """The ZeRO stage and data-parallel copies the stages' static bytes are sharded over."""
@@ -87,9 +89,10 @@ class SimCosts:
         return costs if isinstance(costs, SimCosts) else cls(tuple(costs))
 
     @classmethod
-    def from_table(cls, table: CostTable, plan: Plan) -> SimCosts:
+    def from_table(cls, table: CostTable, plan: Plan, runtime: str | None = None) -> SimCosts:
         """Stage costs of the plan's partition (for a plan that names no layers, the split the
-        executor runs: `CostTable.stage_ranges`), with the plan's recompute and ZeRO sharding;
+        executor runs: `CostTable.stage_ranges`), with the plan's recompute and ZeRO sharding
+        of the bytes `runtime` holds (default: the one the plan's header implies);
         gradients all-reduced in the model's dtype. Raises PlanError when the partition does
         not fit the table's layers, or when the table is costed at another tensor-parallel
         degree (or sequence parallelism) than the plan's."""
@@ -97,7 +100,8 @@ class SimCosts:
         check_tp(table, h)
         check_ep(table, h)
         ranges = table.stage_ranges(plan)
-        stages = table.stage_costs(plan, ranges)
+        runtime = runtime or plan_runtime(h)
+        stages = table.stage_costs(plan, ranges, runtime)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         expert = tuple(table.expert_grad_bytes(a, b) for a, b in ranges) if h.ep > 1 else None
         cal = table.calibration
@@ -114,7 +118,7 @@ class SimCosts:
             table.source,
             sharing,
             0.0 if cal is None else cal.step_overhead,
-            table.param_bytes,
+            table.static_bytes(runtime),
             h.zero,
             h.dp,
             float(table.grad_reduce_bytes),

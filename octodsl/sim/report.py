@@ -9,8 +9,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..costs.param_bytes import StaticBytes
 from ..mesh import Mesh
-from ..plan import RUNTIME_FIELDS, Recompute
+from ..plan import RUNTIME_FIELDS, RUNTIME_NAMES, Recompute
 from ..units import size
 from .result import SimResult, Step
 
@@ -134,15 +135,7 @@ def to_json(
         "runtime": {name: getattr(h, name) for name in RUNTIME_FIELDS},
         "exposed": {kind: seconds.tolist() for kind, seconds in result.exposed().items()},
         "update_time": result.update.tolist(),
-        "param_bytes": None
-        if pb is None
-        else {
-            "weights": pb.weights,
-            "grads": pb.grads,
-            "optimizer": pb.optimizer,
-            "total": pb.total,
-            "per_device": pb.per_device(costs.zero, costs.dp),
-        },
+        "param_bytes": None if pb is None else _param_bytes_json(pb, costs.zero, costs.dp),
         "static": [_static_json(result, d) for d in range(p.devices)],
         "peak_memory": result.peak_memory.tolist(),
         "peak_ops": result.peak_ops(),
@@ -204,6 +197,19 @@ def _links_line(result: SimResult) -> str:
         if shown:
             parts.append(f"{label} " + " + ".join(shown))
     return ", ".join(parts)
+
+
+def _param_bytes_json(pb: StaticBytes, zero: int, dp: int) -> dict:
+    """The runtime's bytes per parameter by part on one copy (dp 1), and on each of dp."""
+    one = pb.sharded(zero, 1)
+    return {
+        "runtime": pb.runtime,
+        "weights": one.weights,
+        "grads": one.grads,
+        "optimizer": one.optimizer,
+        "total": one.total,
+        "per_device": pb.per_device(zero, dp),
+    }
 
 
 def _static_json(result: SimResult, device: int) -> dict:
@@ -296,7 +302,8 @@ def summary(
             f"optimizer state {size(static['optimizer'], 2)}"
             + (
                 f" ({pb.per_device(result.costs.zero, result.costs.dp):g} of "
-                f"{pb.total:g} bytes per parameter)"
+                f"{pb.per_device(result.costs.zero, 1):g} bytes per parameter, "
+                f"{RUNTIME_NAMES[pb.runtime]}'s)"
                 if pb is not None and result.costs.ep == 1  # with ep the experts' differ
                 else ""
             )

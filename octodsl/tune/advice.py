@@ -107,7 +107,6 @@ def levers_hint(problem: Problem, need: float, limit: int, layer: int | None = N
     recompute, a larger tp; '' when none would."""
     h = problem.header
     raw = np.array([l.static for l in problem.table.layers], float)
-    pb = problem.table.param_bytes
     fits = (
         (lambda share: share * raw[layer] + need <= limit)
         if layer is not None
@@ -117,6 +116,8 @@ def levers_hint(problem: Problem, need: float, limit: int, layer: int | None = N
     for zero in (1, 2):
         if zero <= h.zero:
             continue
+        # as the runtime would hold them at that stage (zero 2 is Megatron's: plan_runtime)
+        pb = problem.table.static_bytes(problem.runtime_of(h.model_copy(update={"zero": zero})))
         dp = next(
             (d for d in (max(h.dp, 2), 4, 8, 16, 32, 64) if d >= h.dp and fits(pb.share(zero, d))),
             None,

@@ -119,7 +119,7 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
         return 0.0, 0.0
     even = np.full(P, problem.table.grad_bytes() / P)
     links = fastest_dp_links(problem)
-    gathered = even * problem.table.param_bytes.weights / problem.table.grad_reduce_bytes
+    gathered = even * problem.table.static_bytes().weights / problem.table.grad_reduce_bytes
     zero = Zero(h.zero)
     after = (
         float(ring_all_gather_time(gathered, h.dp, links).sum()) / P

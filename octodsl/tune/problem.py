@@ -21,7 +21,7 @@ from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
 from ..mesh import Mesh
 from ..models import load_model
-from ..plan import Header, Plan, Recompute, Slot
+from ..plan import Header, Plan, Recompute, Slot, plan_runtime
 from ..sim.costs import SimCosts
 from .pipeline.layout import SAVING, StageLayout
 
@@ -100,6 +100,9 @@ class Problem:
     """What every plan keeps of a given one (None: everything is searched)."""
     inter_link: Link | None = None
     """Between nodes: pipeline messages and dp collectives that leave a node (None: `link`)."""
+    runtime: str | None = None
+    """The runtime the plans are for, whose bytes per parameter their static memory counts
+    (`tune --gpus --target`); None: the one each plan's header implies (`plan_runtime`)."""
     work: np.ndarray = field(init=False, repr=False)
     """F + B + W seconds of each layer, less its expert all-to-alls (`LayerCost.ep_f`, `ep_b`):
     the least its ops keep a device busy, since an overlap group may run them under another
@@ -225,7 +228,12 @@ class Problem:
         (the routed experts' over dp / ep: `CostTable.layer_statics`). Only what reads
         `LayerCost.static` itself applies it: `CostTable.stage_costs` shards by the plan's
         header already."""
-        return np.array(self.table.layer_statics(self.header.zero, self.header.dp), float)
+        h = self.header
+        return np.array(self.table.layer_statics(h.zero, h.dp, self.runtime_of(h)), float)
+
+    def runtime_of(self, header: Header) -> str:
+        """The runtime a plan of this header is costed for: the problem's, else the header's."""
+        return self.runtime or plan_runtime(header)
 
     @property
     def modes(self) -> tuple[Recompute, ...]:
@@ -308,7 +316,7 @@ class Problem:
         if costs is None:
             if len(self._costs) >= _COSTS_KEPT:
                 self._costs.clear()
-            costs = self._costs[key] = SimCosts.from_table(self.table, plan)
+            costs = self._costs[key] = SimCosts.from_table(self.table, plan, self.runtime)
         return costs
 
     def with_schedule(self, plan: Plan, schedule: list[list[Slot]]) -> Plan:

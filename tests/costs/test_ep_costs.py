@@ -10,8 +10,9 @@ import pytest
 from octodsl.costs.analytical import BYTES_PER_PARAM, analytical_costs
 from octodsl.costs.devices import get_device, get_link
 from octodsl.costs.expert import EpLinks, all_to_all_time
+from octodsl.costs.param_bytes import param_bytes
 from octodsl.costs.resolve import cost_table, header_costing
-from octodsl.costs.table import Link, ParamBytes
+from octodsl.costs.table import Link
 from octodsl.costs.work import Gemm, layer_work
 from octodsl.errors import OctoError
 from octodsl.mesh import Mesh
@@ -131,16 +132,21 @@ def test_zero_shards_the_experts_over_dp_over_ep():
     layer = table.layers[i]
     dense = layer.params - layer.expert_params
     (stage,) = table.range_costs([(i, i)], zero=1, dp=8)
-    pb = ParamBytes.of(16, 2)
+    dtype = spec.dtype
     assert stage.static == pytest.approx(
-        dense * pb.per_device(1, 8) + layer.expert_params * pb.per_device(1, 2)
+        dense * param_bytes(dtype, "deepspeed", 1, 8).total
+        + layer.expert_params * param_bytes(dtype, "deepspeed", 1, 2).total
     )
     assert stage.update == pytest.approx(
         layer.update * (dense / layer.params / 8 + layer.expert_params / layer.params / 2)
     )
-    # no ZeRO: every copy holds its experts' 16 bytes per parameter
+    # no ZeRO: only what the runtime shards at stage 0 (DeepSpeed's BF16 optimizer shards a
+    # bf16 model's fp32 copy and Adam state; fp32 shards nothing), the experts' over dp / ep
     (plain,) = table.range_costs([(i, i)], zero=0, dp=8)
-    assert plain.static == pytest.approx(layer.params * 16)
+    assert plain.static == pytest.approx(
+        dense * param_bytes(dtype, "deepspeed", 0, 8).total
+        + layer.expert_params * param_bytes(dtype, "deepspeed", 0, 2).total
+    )
     assert table.expert_grad_bytes(i, i) == layer.expert_params * 4  # fp32 accumulators
 
 

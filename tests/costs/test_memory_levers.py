@@ -1,14 +1,15 @@
 """The memory levers in the costs: bytes per parameter and ZeRO sharding of the static bytes,
 full and selective recompute (`CostTable.range_costs`), and what the memory timeline and the
 simulated B make of them. Every figure is hand-computed from the small table below; its values
-are dyadic (and 7/16, 5.5/16 are too), so the sums are exact and compared with ==."""
+are dyadic (and 7/16, 9/16, 5.5/16 are too), so the sums are exact and compared with ==."""
 
 from __future__ import annotations
 
 import pytest
 
 from octodsl.costs import Link
-from octodsl.costs.table import Calibration, CostTable, LayerCost, ParamBytes
+from octodsl.costs.param_bytes import ParamBytes, StaticBytes
+from octodsl.costs.table import Calibration, CostTable, LayerCost
 from octodsl.plan import Recompute, Stage
 from octodsl.sim import SimCosts, compile, memory, simulate
 
@@ -38,22 +39,31 @@ def _table(calibration: Calibration | None = None) -> CostTable:
 RANGES = [(0, 1), (2, 3)]  # 150 and 300 parameters
 
 
-def test_bytes_per_parameter_by_part():
-    assert ParamBytes.of(16, 2) == ParamBytes(2, 2, 12)  # bf16: Adam's fp32 copy, m and v
-    assert ParamBytes.of(16, 4) == ParamBytes(4, 4, 8)  # fp32: m and v
-    pb = _table().param_bytes
-    assert pb == ParamBytes(2, 2, 12)
-    assert pb.sharded(0, 8) == pb and pb.sharded(1, 1) == pb
-    assert pb.sharded(1, 8) == ParamBytes(2, 2, 1.5) and pb.per_device(1, 8) == 5.5
-    assert pb.sharded(2, 8) == ParamBytes(2, 0.25, 1.5) and pb.per_device(2, 8) == 3.75
+def test_the_table_counts_16_and_the_runtime_says_what_is_held():
+    assert _table().static_bytes() == StaticBytes("bf16", "deepspeed", 16.0)
+    assert _table().static_bytes("megatron").share(1, 8) == 7.5 / 16
+    # a table whose static counts nothing (bytes_per_param 0) holds nothing under any runtime
+    empty = StaticBytes("bf16", "megatron", 0.0)
+    assert empty.sharded(1, 8) == ParamBytes(0.0, 0.0, 0.0) and empty.share(1, 8) == 1.0
 
 
 @pytest.mark.parametrize(
-    "zero,dp,per_param",
-    [(0, 4, 16), (1, 1, 16), (1, 4, 2 + 2 + 3), (2, 4, 2 + 0.5 + 3), (2, 1, 16)],
+    "runtime,zero,dp,per_param",
+    [
+        # DeepSpeed's BF16 optimizer at stage 0: bf16 .grad and flat accumulator, 12 / dp
+        ("deepspeed", 0, 4, 2 + 4 + 3),
+        ("deepspeed", 0, 1, 18),
+        ("deepspeed", 1, 1, 16),
+        ("deepspeed", 1, 4, 2 + 2 + 3),
+        ("deepspeed", 2, 4, 2 + 0.5 + 3),
+        # Megatron-LM: the fp32 main_grad buffer whole at every stage
+        ("megatron", 0, 4, 18),
+        ("megatron", 1, 4, 2 + 4 + 3),
+        ("megatron", 2, 4, 2 + 4 + 3),
+    ],
 )
-def test_static_bytes_per_device_are_sharded_over_dp(zero, dp, per_param):
-    stages = _table().range_costs(RANGES, zero=zero, dp=dp)
+def test_static_bytes_per_device_are_sharded_over_dp(runtime, zero, dp, per_param):
+    stages = _table().range_costs(RANGES, zero=zero, dp=dp, runtime=runtime)
     assert [c.static for c in stages] == [150 * per_param, 300 * per_param]
 
 
@@ -62,7 +72,10 @@ def test_static_parts_after_sharding():
     plan.stages[:] = [Stage(0, 1), Stage(2, 3)]
     costs = SimCosts.from_table(_table(), plan)
     assert (costs.zero, costs.dp) == (2, 4)
-    assert costs.static_parts(1) == ParamBytes(300 * 2, 300 * 0.5, 300 * 3)
+    # zero 2 is Megatron's (plan_runtime): its distributed optimizer keeps the fp32 gradient
+    # buffer whole
+    assert costs.param_bytes == StaticBytes("bf16", "megatron", 16.0)
+    assert costs.static_parts(1) == ParamBytes(300 * 2, 300 * 4, 300 * 3)
     assert SimCosts(costs.stages).static_parts(1) is None  # per-parameter bytes unknown
 
 
@@ -119,7 +132,7 @@ def test_recompute_timeline_peaks_at_b_with_what_it_brings_back():
     costs = SimCosts.from_table(_table(), plan)
     r = simulate(plan, costs, FREE)
     p = r.program
-    static = 2400.0 + 4800.0
+    static = 150 * 18.0 + 300 * 18.0  # DeepSpeed's BF16 optimizer at zero 0, dp 1
     # F keeps 78 (stage 0, selective) and 40 (stage 1, full); B brings back 30 and 280, and
     # leaves act_w (68, 180) until W.
     starts = [static + x for x in (78, 118, 196, 236, 516, 406, 646, 536, 496, 316, 248, 68)]
@@ -141,7 +154,7 @@ def test_recompute_with_a_fused_backward_frees_everything_at_its_end():
         ["F0:0", "F1:0", "BW1:0", "BW0:0", "F0:1", "F1:1", "BW1:1", "BW0:1"], (SEL, FULL)
     )
     mem = memory(compile(plan), SimCosts.from_table(_table(), plan).stages)
-    static = 7200.0
+    static = 450 * 18.0  # as above
     order = compile(plan).order_nodes.tolist()
     assert mem.at_start[order].tolist()[:4] == [
         static + 78,

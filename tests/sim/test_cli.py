@@ -98,12 +98,24 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     base = run_json(capsys, str(MODEL_PLAN), "--dp", "8", "--dp-link", "ib-ndr")
     data = run_json(capsys, str(MODEL_PLAN), "--dp", "8", "--zero", "1", "--dp-link", "ib-ndr")
     assert (data["zero"], data["dp"], base["zero"]) == (1, 8, 0)
+    # as DeepSpeed holds them (the plan's runtime fields are the executor's): at zero 1 its ZeRO
+    # optimizer, at zero 0 its BF16 optimizer, which shards the fp32 copy and Adam state too
+    # but keeps a flat bf16 gradient accumulator beside each .grad
     assert data["param_bytes"] == {
+        "runtime": "deepspeed",
         "weights": 2.0,
         "grads": 2.0,
         "optimizer": 12.0,
         "total": 16.0,
         "per_device": 2 + 2 + 12 / 8,
+    }
+    assert base["param_bytes"] == {
+        "runtime": "deepspeed",
+        "weights": 2.0,
+        "grads": 4.0,
+        "optimizer": 12.0,
+        "total": 18.0,
+        "per_device": 2 + 4 + 12 / 8,
     }
     assert data["allreduce_time"] == [0.0] * 4
     # bf16 gradients are reduced in fp32, the parameters gathered in bf16: half the bytes, the
@@ -118,10 +130,10 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     )
     for mine, full in zip(data["static"], base["static"], strict=True):
         assert mine["weights"] == pytest.approx(full["weights"])
-        assert mine["grads"] == pytest.approx(full["grads"])
-        assert mine["optimizer"] == pytest.approx(full["optimizer"] / 8)
+        assert mine["grads"] == pytest.approx(full["grads"] / 2)
+        assert mine["optimizer"] == pytest.approx(full["optimizer"])
         assert mine["weights"] + mine["grads"] + mine["optimizer"] == pytest.approx(mine["total"])
-        assert full["optimizer"] == pytest.approx(6 * full["weights"])
+        assert full["optimizer"] == pytest.approx(0.75 * full["weights"])
     # Activations are the same: the peaks differ by the static bytes saved.
     saved = [f["total"] - m["total"] for m, f in zip(data["static"], base["static"], strict=True)]
     assert [
@@ -130,7 +142,28 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     assert main(["simulate", str(MODEL_PLAN), "--dp", "8", "--zero", "2"]) == 0
     out = capsys.readouterr().out
     assert "DP 8, ZeRO 2" in out and "reduce-scatter" in out and "all-gather" in out
-    assert "3.75 of 16 bytes per parameter" in out
+    # zero 2 is Megatron's, whose distributed optimizer keeps the fp32 gradient buffer whole
+    assert "(7.5 of 18 bytes per parameter, Megatron-LM's)" in out
+    assert main(["simulate", str(MODEL_PLAN), "--dp", "8", "--zero", "1"]) == 0
+    assert "(5.5 of 16 bytes per parameter, DeepSpeed's)" in capsys.readouterr().out
+
+
+def test_a_megatron_only_field_makes_the_static_bytes_megatrons(capsys):
+    """Gradient-accumulation fusion is Megatron's alone, so the plan's static bytes are its
+    distributed optimizer's 2 + 4 + 12/8 (fp32 main_grad buffer) instead of DeepSpeed's
+    2 + 2 + 12/8: 2 more per parameter, on every device."""
+    argv = (str(MODEL_PLAN), "--dp", "8", "--zero", "1")
+    deepspeed = run_json(capsys, *argv)
+    megatron = run_json(capsys, *argv, "--grad-accumulation-fusion", "true")
+    assert megatron["param_bytes"]["runtime"] == "megatron"
+    assert megatron["param_bytes"]["per_device"] == 7.5
+    assert deepspeed["param_bytes"]["per_device"] == 5.5
+    for m, d in zip(megatron["static"], deepspeed["static"], strict=True):
+        assert m["grads"] == pytest.approx(2 * d["grads"])
+        assert (m["weights"], m["optimizer"]) == pytest.approx((d["weights"], d["optimizer"]))
+        assert m["total"] == pytest.approx(d["total"] * 7.5 / 5.5)
+    assert main(["simulate", *argv, "--grad-accumulation-fusion", "true"]) == 0
+    assert "(7.5 of 18 bytes per parameter, Megatron-LM's)" in capsys.readouterr().out
 
 
 def test_recompute_override(capsys):

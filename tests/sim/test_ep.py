@@ -137,7 +137,7 @@ def test_simulate_cli_takes_ep(tmp_path, capsys):
 def test_static_parts_shard_the_experts_over_their_copies():
     """zero 1, dp 8, ep 4, stage 0 three quarters experts: per parameter the dense part holds
     2 + 2 + 12 / 8 bytes, the experts' 2 + 2 + 12 / 2."""
-    from octodsl.costs.table import ParamBytes
+    from octodsl.costs.param_bytes import ParamBytes, StaticBytes
 
     stages = (
         StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 8875.0, 0.0),
@@ -146,7 +146,7 @@ def test_static_parts_shard_the_experts_over_their_copies():
     costs = SimCosts(
         stages,
         grad_bytes=GRADS,
-        param_bytes=ParamBytes.of(16, 2),
+        param_bytes=StaticBytes("bf16", "deepspeed", 16.0),
         zero=1,
         dp=8,
         expert_grad_bytes=EXPERT,

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from octodsl.costs import Link, StageCost, uniform_stage_costs
-from octodsl.costs.table import ParamBytes
+from octodsl.costs.param_bytes import StaticBytes
 from octodsl.gen import generate
 from octodsl.plan import Plan
 from octodsl.sim import SimCosts, compile, simulate
@@ -75,7 +75,7 @@ def _dp(plan: Plan, grads: float, **header):
         SimCosts(
             stages,
             grad_bytes=(grads,) * plan.num_stages,
-            param_bytes=ParamBytes.of(16.0, 2),
+            param_bytes=StaticBytes("bf16", "deepspeed", 16.0),
             zero=plan.header.zero,
             dp=4,
             grad_reduce_bytes=4.0,

@@ -9,6 +9,12 @@ from octodsl.tune.problem import Problem, RecomputeChoice
 FREE = Link("none", 0.0, 0.0)
 
 
+HELD = 18 / 16
+"""Of the static bytes a problem's table counts (16 per parameter of a bf16 model), what its
+devices hold at zero 0, dp 1 under the runtime the tests' headers imply: DeepSpeed's BF16
+optimizer's 18 (octodsl.costs.param_bytes)."""
+
+
 def problem(
     work: list[float] | list[tuple[float, float, float]],
     devices: int,
@@ -25,8 +31,9 @@ def problem(
     """A problem over layers of the given F + B + W (split 1:1:1) or (F, B, W) seconds; each
     layer holds `act` bytes per micro-batch (half of it until W; selective recompute drops
     `sel_act` of them for a third of its F) and `static` bytes (one number for all layers, or
-    one per layer: 16 per parameter, of which 12 optimizer state). No recompute unless asked:
-    the tests' optima are known without it."""
+    one per layer), which the table counts at 16 per parameter and the devices hold as the
+    header's runtime does (`HELD` of them at zero 0, dp 1). No recompute unless asked: the
+    tests' optima are known without it."""
     layers = []
     for i, x in enumerate(work):
         f, b, w = (x / 3,) * 3 if isinstance(x, (int, float)) else x

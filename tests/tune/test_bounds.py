@@ -19,7 +19,7 @@ from octodsl.tune.problem import Problem
 from octodsl.tune.reference.baselines import classic_baselines
 from octodsl.tune.reference.random_search import random_search
 
-from .helpers import problem
+from .helpers import HELD, problem
 
 # Three light layers and a heavy last one (an LM head) on 4 devices, 4 micro-batches. The head's
 # device waits 3 s for the first forward, then runs 4 x (F + B) = 32 s and its 4 W = 16 s: 51 s,
@@ -122,10 +122,12 @@ def test_a_problem_said_to_fit_has_a_finite_memory_bound(statics, act, devices, 
         assert math.isfinite(memory_lower_bound(pr))
     else:
         assert reason.startswith("no plan fits in ")
-    # The static bytes and one micro-batch's activations over all the devices' memory (or
-    # one layer's over one device's) is exactly when it says no.
-    over = sum(statics) + sum([act] * len(statics)) > devices * int(memory) or max(
-        statics
+    # The static bytes held (the runtime's share of the table's) and one micro-batch's
+    # activations over all the devices' memory (or one layer's over one device's) is exactly
+    # when it says no.
+    held = pr.layer_static()
+    over = float(held.sum()) + sum([act] * len(statics)) > devices * int(memory) or float(
+        held.max()
     ) + act > int(memory)
     assert (reason is not None) == over
 
@@ -159,7 +161,7 @@ def test_a_recompute_holds_its_bytes_for_its_seconds():
 # through its W's 2 s, 1,800 byte-seconds a micro-batch, 4 of them: 36 s. Pooled, the 1,200
 # bytes both devices have left allow 7.3 s; all work over the devices is 24 s.
 LOPSIDED = dict(work=[3.0] * 4, devices=2, microbatches=4, memory=1000, act=100.0)
-LOPSIDED_STATIC = [400.0, 400.0, 0.0, 0.0]
+LOPSIDED_STATIC = [400.0 / HELD, 400.0 / HELD, 0.0, 0.0]  # held: 400 each
 
 
 def test_layout_bound_keeps_each_devices_memory_apart():

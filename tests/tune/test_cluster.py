@@ -29,6 +29,7 @@ from octodsl.tune.cluster.space import (
 )
 from octodsl.tune.cluster.target import MEGATRON
 from octodsl.tune.pipeline.evaluate import Evaluator
+from octodsl.tune.pipeline.layout import StageLayout
 from octodsl.tune.problem import recompute_everywhere
 from octodsl.tune.reference.baselines import classic_baselines, classic_plans
 
@@ -49,7 +50,7 @@ def tight(model: str, gpus: int, global_batch: int, share: float) -> Cluster:
 @pytest.fixture(
     scope="module",
     params=[
-        ("nemotron-h-tiny", 8, 8, 1 / 4),
+        ("nemotron-h-tiny", 8, 8, 1 / 3),  # Megatron holds 18 bytes per parameter at zero 0
         ("jamba-tiny", 16, 16, 1 / 12),
         ("qwen3-next-tiny", 8, 16, 1 / 5),
     ],
@@ -334,3 +335,22 @@ def test_share_cuts_give_every_stage_a_layer_and_balance_uniform_work(weights, s
     assert all(a < b for a, b in itertools.pairwise(cuts))
     even = share_cuts(np.ones(n * stages), stages)  # stages of n layers each
     assert even == tuple(range(0, n * stages + 1, n))
+
+
+def test_the_target_says_whose_bytes_per_parameter_a_configuration_holds():
+    """At zero 1 over dp 8 a bf16 model holds DeepSpeed's 2 + 2 + 12/8 per parameter, Megatron's
+    2 + 4 + 12/8; the tables count 16. (nemotron-h-tiny is fp32: its bytes are
+    4 + 4 + 12/8 and 4 + 4 + 8/8.)"""
+    config = Config(1, 2, 8, 1, 4, 1, 1)
+    held = {}
+    for target in ("deepspeed", MEGATRON):
+        cluster = Cluster("nemotron-h-tiny", 16, 32, target=target)
+        held[target] = problem_of(cluster, config, Tables(cluster))
+    nominal = np.array([l.static for l in held["deepspeed"].table.layers])
+    assert held["deepspeed"].layer_static() == pytest.approx(nominal * 9.5 / 16)
+    assert held[MEGATRON].layer_static() == pytest.approx(nominal * 9 / 16)
+    n = len(nominal)
+    plan = held[MEGATRON].skeleton(StageLayout((0, n // 2, n), (0, 1)))
+    costs = held[MEGATRON].sim_costs(plan)
+    assert costs.param_bytes is not None and costs.param_bytes.runtime == MEGATRON
+    assert sum(c.static for c in costs.stages) == pytest.approx(nominal.sum() * 9 / 16)

@@ -8,7 +8,7 @@ from octodsl.plan import PlanError
 from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.layout import StageLayout, even_cuts, looped, v_shape
 
-from .helpers import problem
+from .helpers import HELD, problem
 
 
 def test_layout_round_trips_through_a_plan():
@@ -55,8 +55,8 @@ def test_bound_prefers_less_work_on_late_devices():
 
 
 def test_bound_ranks_layouts_that_do_not_fit_by_their_overflow():
-    # Six layers of 4 static bytes, 1 byte of activations each per micro-batch.
-    fits = FillModel(problem([1.0] * 6, 2, 2, memory=15, static=4.0), (0, 1))
+    # Six layers holding 4 static bytes, 1 byte of activations each per micro-batch.
+    fits = FillModel(problem([1.0] * 6, 2, 2, memory=15, static=4.0 / HELD), (0, 1))
     assert fits((0, 3, 6)) < 1e6
-    tight = FillModel(problem([1.0] * 6, 2, 2, memory=14, static=4.0), (0, 1))
+    tight = FillModel(problem([1.0] * 6, 2, 2, memory=14, static=4.0 / HELD), (0, 1))
     assert 1e6 < tight((0, 3, 6)) < tight((0, 4, 6))  # overflow 1 + 1 against 6 + 0

@@ -32,9 +32,9 @@ from ...mesh import Mesh
 from ...models import load_model
 from ...models.ep import eps_that_fit, experts_problem, moe_layers
 from ...models.tp import tp_problems
-from ...plan import Header
+from ...plan import DEEPSPEED, Header
 from ..problem import AUTO, Problem, RecomputeChoice, unsplit_sequence
-from .target import DEEPSPEED, admits
+from .target import admits
 
 
 @dataclass(frozen=True, order=True)
@@ -270,6 +270,7 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
         c.node_link,
         c.recompute,
         inter_link=c.between_nodes,
+        runtime=c.target,
     )
 
 

@@ -3,10 +3,7 @@ runs (docs/cluster.md, "Targets")."""
 
 from __future__ import annotations
 
-from ...plan import PIPELINE_ZERO
-
-DEEPSPEED, MEGATRON = "deepspeed", "megatron"
-TARGETS = (DEEPSPEED, MEGATRON)
+from ...plan import MEGATRON, PIPELINE_ZERO, RUNTIMES
 
 EXECUTOR_ZERO = PIPELINE_ZERO
 """The highest ZeRO stage octodsl's executor runs, the one value its ds_config check uses."""
@@ -14,8 +11,9 @@ EXECUTOR_ZERO = PIPELINE_ZERO
 
 def runtimes(zero: int) -> tuple[str, ...]:
     """The targets that run a configuration of this ZeRO stage: Megatron's distributed optimizer
-    shards gradients in a pipeline too (`zero 2`), octodsl's executor does not."""
-    return TARGETS if zero <= EXECUTOR_ZERO else (MEGATRON,)
+    reduce-scatters gradients in a pipeline too (`zero 2`; its gradient buffer stays whole:
+    octodsl.costs.param_bytes), octodsl's executor does not."""
+    return RUNTIMES if zero <= EXECUTOR_ZERO else (MEGATRON,)
 
 
 def admits(target: str, zero: int) -> bool:
