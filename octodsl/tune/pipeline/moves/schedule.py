@@ -21,21 +21,41 @@ import numpy as np
 
 from ....plan import OpKind, Plan
 from ....sim import SimResult
+from ....sim.program import CodedOrders
 from ...problem import Problem
 from ..construct import build_schedule
 
 
 def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
     """The plan with the list scheduler's order for its partition and placement, within the
-    problem's memory limit."""
-    return build_schedule(
+    problem's memory limit. The problem keeps the latest `_KEPT_ORDERS` (a search comes back
+    to the same layout from other moves); a plan built from them shares their device orders
+    and codes (`CodedOrders`: never edited in place) in a list of its own."""
+    costs = problem.sim_costs(plan)
+    key = (id(costs), tuple(plan.stage_device()), w_gap)
+    kept = problem.schedules
+    hit = kept.get(key)
+    if hit is not None and hit[0] is costs:
+        kept.move_to_end(key)
+        orders = hit[1]
+        assert isinstance(orders, CodedOrders) and orders.codes is not None
+        return replace(plan, schedule=CodedOrders(orders, orders.codes))
+    built = build_schedule(
         plan,
-        problem.stage_costs(plan),
+        list(costs.stages),
         problem.link,
         problem.memory,
         w_gap=w_gap,
         inter_link=problem.inter_link,
     )
+    kept[key] = (costs, built.schedule)
+    if len(kept) > _KEPT_ORDERS:
+        kept.popitem(last=False)
+    return built
+
+
+_KEPT_ORDERS = 64
+"""Orders `rebuild` keeps per problem (up to a few MB: each holds its slots' references)."""
 
 
 def advance(plan: Plan, device: int, src: int, dst: int) -> Plan:
