@@ -386,11 +386,10 @@ class _Choices(NamedTuple):
     what: np.ndarray
     which: np.ndarray
     held: np.ndarray
-    stale: np.ndarray
     owner: np.ndarray
     """Per stage: its device."""
     tree: np.ndarray
-    """The devices' decisions as a tournament (`_settle`): tree[1] the device of the earliest,
+    """The devices' decisions as a tournament (`_redecide`): tree[1] the device of the earliest,
     tree[i] the winner of tree[2i] and tree[2i + 1], the leaves from len(tree) / 2 on device
     0, 1, ..., then P, whose `when` is inf, for the rest."""
 
@@ -409,7 +408,6 @@ def _walk(x):
         np.zeros(P, np.int64),
         np.zeros(P, np.int64),
         np.zeros(P, np.int64),
-        np.ones(P, np.bool_),
         np.zeros(S, np.int64),
         _tournament(P),
     )
@@ -422,13 +420,15 @@ def _walk(x):
 
 
 @njit(refcounts=False)
-def _settle(tree, when, i):
-    """Leaf i of the tournament `tree` changed: the winners above it again (the earlier
+def _redecide(x, st, c, d):
+    """Device d's decision again, and the tournament's winners above it (the earlier
     decision, the lower device on a tie: what a scan of the devices in order finds)."""
-    i >>= 1
+    c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
+    tree = c.tree
+    i = (tree.shape[0] // 2 + d) >> 1
     while i > 0:
         a, b = tree[2 * i], tree[2 * i + 1]
-        tree[i] = a if when[a] <= when[b] else b
+        tree[i] = a if c.when[a] <= c.when[b] else b
         i >>= 1
 
 
@@ -450,14 +450,10 @@ def _run(x, st, c, out):
     """Schedules every op into `out`; False when it stalls."""
     S = x.num_stages
     P = x.dev_ptr.shape[0] - 1
-    tree, leaves = c.tree, c.tree.shape[0] // 2
+    for d in range(P):
+        _redecide(x, st, c, d)
     for k in range(out.kind.shape[0]):
-        for d in range(P):
-            if c.stale[d]:
-                c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
-                c.stale[d] = False
-                _settle(tree, c.when, leaves + d)
-        bd = tree[1]
+        bd = c.tree[1]
         bt, bk, bs = _INF, -1, -1
         if c.when[bd] < _INF:
             bt, bk, bs = c.when[bd], c.what[bd], c.which[bd]
@@ -494,16 +490,20 @@ def _run(x, st, c, out):
             st.w_done[s] += 1
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
-        c.stale[bd] = True
-        # what the op changed: its stage's ready times and a neighbour's (the dependency rule)
+        # what the op changed: its stage's ready times and a neighbour's (the dependency rule),
+        # so its device's decision and that neighbour's device's
         if bk != 2:
             _refresh(x, st, s)
+        other = -1
         if bk == 1 and s > 0:
             _refresh(x, st, s - 1)
-            c.stale[c.owner[s - 1]] = True
+            other = c.owner[s - 1]
         elif bk == 0 and s + 1 < S:
             _refresh(x, st, s + 1)
-            c.stale[c.owner[s + 1]] = True
+            other = c.owner[s + 1]
+        _redecide(x, st, c, bd)
+        if other >= 0 and other != bd:
+            _redecide(x, st, c, other)
         out.kind[k] = bk
         out.stage[k] = s
         out.mb[k] = i
