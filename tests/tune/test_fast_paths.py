@@ -23,7 +23,14 @@ from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.loop import tune
 from octodsl.tune.pipeline.moves import partition
-from octodsl.tune.pipeline.moves.schedule import advance, delay_w, rebuild
+from octodsl.tune.pipeline.moves.schedule import (
+    advance,
+    delay_w,
+    fill_gaps,
+    gaps,
+    ready_times,
+    rebuild,
+)
 from octodsl.tune.problem import Problem
 
 from .test_mirrors import layouts
@@ -411,3 +418,43 @@ def test_kept_orders_and_scores_are_a_fresh_schedule_and_simulation(case, w_gap)
     assert b.result is not None and fresh.result is not None
     assert (b.time, b.fits, b.peak.tolist()) == (fresh.time, fresh.fits, fresh.peak.tolist())
     assert b.result.end.tolist() == fresh.result.end.tolist()
+
+
+def _fill_gaps_slot_by_slot(plan, result, kinds, devices=2, per_device=3):
+    """`schedule.fill_gaps` as it stands for it: each later slot of a gap looked at in turn."""
+    p = result.program
+    ready = ready_times(result)
+    out = []
+    for d in np.argsort(-result.busy, kind="stable")[:devices]:
+        d = int(d)
+        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
+        for idle, i in gaps(result, d)[:per_device]:
+            opened = float(result.end[nodes[i - 1]]) if i > 0 else 0.0
+            for j in range(i + 1, len(nodes)):
+                n = nodes[j]
+                if (
+                    ready[n] <= opened + 1e-12
+                    and plan.schedule[d][j].ops[0].kind in kinds
+                    and result.end[n] - result.start[n] <= idle + 1e-12
+                ):
+                    out.append(advance(plan, d, j, i))
+                    break
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts(), st.booleans(), st.data())
+def test_fill_gaps_finds_the_slots_a_look_at_each_finds(case, w_gap, data):
+    # The same comparisons, of every later slot at once: the same first slot of each gap.
+    pr, layout = case
+    plan = rebuild(pr.skeleton(layout), pr, w_gap)
+    for _ in range(data.draw(st.integers(0, 3))):
+        plan = _random_advance(data, plan)
+    try:
+        result = simulate(plan, pr.sim_costs(plan), pr.link, inter_link=pr.inter_link)
+    except SimDeadlock:
+        return
+    for kinds in ((OpKind.F, OpKind.B), (OpKind.W,)):
+        fast = fill_gaps(plan, result, kinds, devices=3, per_device=4)
+        plain = _fill_gaps_slot_by_slot(plan, result, kinds, devices=3, per_device=4)
+        assert [x.schedule for x in fast] == [x.schedule for x in plain]
