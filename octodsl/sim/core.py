@@ -252,30 +252,48 @@ def comm_overlap(g, t):
         j1 = g.stream_ptr[k_stream + 1]
         for i in range(g.order_ptr[d], g.order_ptr[d + 1]):
             n = g.order_nodes[i]
-            a = t.start[n]
-            b = t.end[n]
-            while j < j1 and t.msg_end[t.stream_log[j]] <= a:
-                j += 1
-            k = j
-            while k < j1 and t.msg_start[t.stream_log[k]] < b:
-                lo = max(a, t.msg_start[t.stream_log[k]])
-                hi = min(b, t.msg_end[t.stream_log[k]])
-                if hi > lo:
-                    out[n] += hi - lo
-                k += 1
+            j, out[n] = _overlap_of(t, j, j1, t.start[n], t.end[n], out[n])
     return out
 
 
 @njit
 def hidden_comm(g, t):
-    """Per device: communication time, and the part of it under the device's own compute."""
-    under = comm_overlap(g, t)
+    """Per device: communication time, and the part of it under the device's own compute
+    (the sum of comm_overlap over its nodes: one pass over a device's nodes merging both of
+    its streams, which adds each node's overlaps in comm_overlap's order, so the same sums)."""
     P = g.order_ptr.shape[0] - 1
     comm = np.zeros(P)
     hidden = np.zeros(P)
     for d in range(P):
         for j in range(g.stream_ptr[send_stream(d)], g.stream_ptr[send_stream(d) + 2]):
             comm[d] += t.msg_end[t.stream_log[j]] - t.msg_start[t.stream_log[j]]
+        js = g.stream_ptr[send_stream(d)]
+        js1 = g.stream_ptr[send_stream(d) + 1]
+        jr = js1
+        jr1 = g.stream_ptr[send_stream(d) + 2]
         for i in range(g.order_ptr[d], g.order_ptr[d + 1]):
-            hidden[d] += under[g.order_nodes[i]]
+            n = g.order_nodes[i]
+            a = t.start[n]
+            b = t.end[n]
+            under = 0.0
+            js, under = _overlap_of(t, js, js1, a, b, under)
+            jr, under = _overlap_of(t, jr, jr1, a, b, under)
+            hidden[d] += under
     return comm, hidden
+
+
+@njit
+def _overlap_of(t, j, j1, a, b, acc):
+    """The merge step for a node running from a to b over one stream's messages
+    stream_log[j:j1] (those that end by `a` skipped for good): the new j, and `acc` plus the
+    node's overlaps with them."""
+    while j < j1 and t.msg_end[t.stream_log[j]] <= a:
+        j += 1
+    k = j
+    while k < j1 and t.msg_start[t.stream_log[k]] < b:
+        lo = max(a, t.msg_start[t.stream_log[k]])
+        hi = min(b, t.msg_end[t.stream_log[k]])
+        if hi > lo:
+            acc += hi - lo
+        k += 1
+    return j, acc

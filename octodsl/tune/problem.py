@@ -128,6 +128,11 @@ class Problem:
         init=False, repr=False, default_factory=lambda: (None, None)
     )
     """`estimate._layer_part`'s arrays, and the header they were built under."""
+    schedules: OrderedDict[tuple, tuple[SimCosts, list[list[Slot]]]] = field(
+        init=False, repr=False, default_factory=OrderedDict
+    )
+    """`schedule.rebuild`'s latest orders by stage costs (by identity: `sim_costs` gives one
+    object per partition, modes and header), placement and `w_gap`."""
 
     def __post_init__(self) -> None:
         # A pipeline's ops wait for messages, so each pays the host's launch time: in the

@@ -20,6 +20,7 @@ from octodsl.gen import generate
 from octodsl.lint import lint_plan
 from octodsl.plan import Plan
 from octodsl.sim import SimCosts, SimDeadlock, compile, simulate
+from octodsl.sim.core import Timeline, comm_overlap, hidden_comm
 
 from .plans import make_plan
 
@@ -89,6 +90,27 @@ def test_timelines_respect_dependencies_and_streams(case):
     # strict=False: consecutive pairs, path[1:] is one shorter
     for a, b in zip(path, path[1:], strict=False):
         assert b.start == pytest.approx(a.end)
+
+
+@given(cases())
+def test_hidden_comm_sums_each_nodes_overlap(case):
+    # hidden_comm merges both streams of a device in one pass; summed node by node, each
+    # node's overlaps added in comm_overlap's order: the same floats (the same additions).
+    plan, costs, link = case
+    r = simulate(plan, costs, link)
+    p = r.program
+    z = np.zeros(p.devices)
+    t = Timeline(
+        p.num_nodes, r.start, r.end, r.pred, r.msg_start, r.msg_end, r.msg_pred, r.stream_log, z, z
+    )
+    _, hidden = hidden_comm(p.walk_graph, t)
+    under = comm_overlap(p.walk_graph, t)
+    for d in range(p.devices):
+        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
+        total = 0.0
+        for n in nodes:
+            total += under[n]
+        assert hidden[d] == total
 
 
 TIMED = ("start", "end", "msg_start", "msg_end", "pred", "msg_pred", "stream_log")

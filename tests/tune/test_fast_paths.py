@@ -2,12 +2,14 @@
 moves: the fill model's descent that re-sums only the stages a shift changes and its compiled
 fitting of recompute modes, the list scheduler that re-decides only the devices an op
 concerns, the stage costs a problem remembers, a program reused by slot identity for a
-reordered plan and by op codes for a list-scheduled one. The tuned plan is the same for a seed and an evaluation count whatever the
-caches hold."""
+reordered plan and by op codes for a list-scheduled one, the search's kicks drawn from the
+generator's bits, a layout's orders and score kept for the next rebuild of it. The tuned plan
+is the same for a seed and an evaluation count whatever the caches hold."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import numpy as np
 from hypothesis import given, settings
@@ -18,9 +20,17 @@ from octodsl.sim import SimCosts, SimDeadlock, compile, simulate
 from octodsl.sim.program import CodedOrders
 from octodsl.tune.pipeline import construct
 from octodsl.tune.pipeline.estimate import FillModel
+from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.loop import tune
 from octodsl.tune.pipeline.moves import partition
-from octodsl.tune.pipeline.moves.schedule import advance, delay_w, rebuild
+from octodsl.tune.pipeline.moves.schedule import (
+    advance,
+    delay_w,
+    fill_gaps,
+    gaps,
+    ready_times,
+    rebuild,
+)
 from octodsl.tune.problem import Problem
 
 from .test_mirrors import layouts
@@ -277,6 +287,7 @@ def test_programs_of_list_scheduled_plans_found_by_their_ops_are_those_found_by_
     assert _arrays_of(compile(coded, like=like)) == _arrays_of(compile(plain, like=like))
     moved = _random_advance(data, coded)
     moved_plain = _plain_copy(moved)
+    pr.schedules.clear()  # else the rebuild gives back `coded`'s orders (the same objects)
     third = compile(rebuild(pr.skeleton(layout), pr, w_gap), like=like)
     assert not any(a is b for a, b in zip(moved.schedule, third.plan.schedule, strict=True))
     by_identity = compile(moved, like=third)
@@ -363,3 +374,87 @@ def test_a_remembered_rebalance_is_the_search_run_again(case, seed):
     again = partition.rebalance(layout, pr, seed=seed)
     assert again is not found
     assert again == partition._rebalance(layout, pr, seed, 60)
+
+
+def _kicks_by_methods(seed: int, num_stages: int, rounds: int) -> np.ndarray:
+    """The kicks as `partition._kicks` stands for them: random.Random's methods."""
+    rng = random.Random(seed)
+    kicks = np.zeros((rounds, 3, 2), np.int64)
+    for k in range(rounds):
+        for j in range(rng.randint(1, 3)):
+            kicks[k, j] = rng.randrange(1, num_stages), rng.choice((-2, -1, 1, 2))
+    return kicks
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**40), st.integers(2, 300), st.integers(0, 80))
+def test_the_kicks_are_the_draws_of_the_random_methods(seed, num_stages, rounds):
+    # Drawn from the generator's bits as the methods draw (2 stages: every cut draw is 1).
+    partition._kicks.cache_clear()
+    fast = partition._kicks(seed, num_stages, rounds)
+    assert fast.tolist() == _kicks_by_methods(seed, num_stages, rounds).tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(layouts(), st.booleans())
+def test_kept_orders_and_scores_are_a_fresh_schedule_and_simulation(case, w_gap):
+    # The second rebuild of a layout shares the first one's orders and codes (not its list);
+    # its score comes from the evaluator's memory: equal to a fresh evaluator's simulation of
+    # orders the list scheduler builds again (bit for bit: the same operations on the same
+    # inputs, done again).
+    pr, layout = case
+    first = rebuild(pr.skeleton(layout), pr, w_gap)
+    again = rebuild(pr.skeleton(layout), pr, w_gap)
+    assert isinstance(again.schedule, CodedOrders) and again.schedule is not first.schedule
+    assert again.schedule.codes is first.schedule.codes
+    pr.schedules.clear()
+    built = rebuild(pr.skeleton(layout), pr, w_gap)
+    assert built.schedule.codes is not first.schedule.codes
+    assert built.same_as(again) and list(built.schedule) == list(again.schedule)
+    evaluate = Evaluator(pr)
+    a, b = evaluate(first), evaluate(again)
+    assert evaluate.count == 2 and b.plan is again and b.result is a.result  # remembered
+    fresh = Evaluator(pr)(built)
+    assert b.result is not None and fresh.result is not None
+    assert (b.time, b.fits, b.peak.tolist()) == (fresh.time, fresh.fits, fresh.peak.tolist())
+    assert b.result.end.tolist() == fresh.result.end.tolist()
+
+
+def _fill_gaps_slot_by_slot(plan, result, kinds, devices=2, per_device=3):
+    """`schedule.fill_gaps` as it stands for it: each later slot of a gap looked at in turn."""
+    p = result.program
+    ready = ready_times(result)
+    out = []
+    for d in np.argsort(-result.busy, kind="stable")[:devices]:
+        d = int(d)
+        nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
+        for idle, i in gaps(result, d)[:per_device]:
+            opened = float(result.end[nodes[i - 1]]) if i > 0 else 0.0
+            for j in range(i + 1, len(nodes)):
+                n = nodes[j]
+                if (
+                    ready[n] <= opened + 1e-12
+                    and plan.schedule[d][j].ops[0].kind in kinds
+                    and result.end[n] - result.start[n] <= idle + 1e-12
+                ):
+                    out.append(advance(plan, d, j, i))
+                    break
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts(), st.booleans(), st.data())
+def test_fill_gaps_finds_the_slots_a_look_at_each_finds(case, w_gap, data):
+    # The same comparisons, of every later slot at once: the same first slot of each gap.
+    pr, layout = case
+    plan = rebuild(pr.skeleton(layout), pr, w_gap)
+    for _ in range(data.draw(st.integers(0, 3))):
+        plan = _random_advance(data, plan)
+    try:
+        result = simulate(plan, pr.sim_costs(plan), pr.link, inter_link=pr.inter_link)
+    except SimDeadlock:
+        return
+    for kinds in ((OpKind.F, OpKind.B), (OpKind.W,)):
+        fast = fill_gaps(plan, result, kinds, devices=3, per_device=4)
+        plain = _fill_gaps_slot_by_slot(plan, result, kinds, devices=3, per_device=4)
+        assert [x.schedule for x in fast] == [x.schedule for x in plain]

@@ -382,12 +382,16 @@ class _Choices(NamedTuple):
     B's)."""
 
     when: np.ndarray
+    """inf where the device has nothing it can run (and for the tree's padding, at P)."""
     what: np.ndarray
     which: np.ndarray
     held: np.ndarray
-    stale: np.ndarray
     owner: np.ndarray
     """Per stage: its device."""
+    tree: np.ndarray
+    """The devices' decisions as a tournament (`_redecide`): tree[1] the device of the earliest,
+    tree[i] the winner of tree[2i] and tree[2i + 1], the leaves from len(tree) / 2 on device
+    0, 1, ..., then P, whose `when` is inf, for the rest."""
 
 
 @njit
@@ -400,12 +404,12 @@ def _walk(x):
     )
     st = _start(x)
     c = _Choices(
-        np.zeros(P),
+        np.full(P + 1, _INF),
         np.zeros(P, np.int64),
         np.zeros(P, np.int64),
         np.zeros(P, np.int64),
-        np.ones(P, np.bool_),
         np.zeros(S, np.int64),
+        _tournament(P),
     )
     for d in range(P):
         for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
@@ -415,6 +419,30 @@ def _walk(x):
     return out
 
 
+@njit(refcounts=False)
+def _redecide(x, st, c, d):
+    """Device d's decision again, and the tournament's winners above it (the earlier
+    decision, the lower device on a tie: what a scan of the devices in order finds)."""
+    c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
+    tree = c.tree
+    i = (tree.shape[0] // 2 + d) >> 1
+    while i > 0:
+        a, b = tree[2 * i], tree[2 * i + 1]
+        tree[i] = a if c.when[a] <= c.when[b] else b
+        i >>= 1
+
+
+@njit
+def _tournament(P):
+    """`_Choices.tree` before any decision: every node on the never-chosen P."""
+    leaves = 1
+    while leaves < P:
+        leaves *= 2
+    tree = np.full(2 * leaves, P, np.int64)
+    tree[leaves : leaves + P] = np.arange(P)
+    return tree
+
+
 # The walk's loop allocates nothing: compiled without reference counting (octodsl.sim.jit), as
 # numba would otherwise count a reference for every array it reads out of the state's tuples.
 @njit(refcounts=False)
@@ -422,14 +450,15 @@ def _run(x, st, c, out):
     """Schedules every op into `out`; False when it stalls."""
     S = x.num_stages
     P = x.dev_ptr.shape[0] - 1
+    for d in range(P):
+        _redecide(x, st, c, d)
     for k in range(out.kind.shape[0]):
-        bt, bd, bk, bs = _INF, -1, -1, -1
-        for d in range(P):
-            if c.stale[d]:
-                c.when[d], c.what[d], c.which[d], c.held[d] = _decide(x, st, d)
-                c.stale[d] = False
-            if c.what[d] >= 0 and c.when[d] < bt:
-                bt, bd, bk, bs = c.when[d], d, c.what[d], c.which[d]
+        bd = c.tree[1]
+        bt, bk, bs = _INF, -1, -1
+        if c.when[bd] < _INF:
+            bt, bk, bs = c.when[bd], c.what[bd], c.which[bd]
+        else:
+            bd = -1
         if bd < 0:
             # Every device waits and some forward is held back by memory alone: run the first
             # to be ready over the budget rather than stall (the simulator reports the peak).
@@ -461,16 +490,20 @@ def _run(x, st, c, out):
             st.w_done[s] += 1
         st.memory[bd] += held_change(bk, x.act[s], x.act_w[s])
         st.device_free[bd] = e
-        c.stale[bd] = True
-        # what the op changed: its stage's ready times and a neighbour's (the dependency rule)
+        # what the op changed: its stage's ready times and a neighbour's (the dependency rule),
+        # so its device's decision and that neighbour's device's
         if bk != 2:
             _refresh(x, st, s)
+        other = -1
         if bk == 1 and s > 0:
             _refresh(x, st, s - 1)
-            c.stale[c.owner[s - 1]] = True
+            other = c.owner[s - 1]
         elif bk == 0 and s + 1 < S:
             _refresh(x, st, s + 1)
-            c.stale[c.owner[s + 1]] = True
+            other = c.owner[s + 1]
+        _redecide(x, st, c, bd)
+        if other >= 0 and other != bd:
+            _redecide(x, st, c, other)
         out.kind[k] = bk
         out.stage[k] = s
         out.mb[k] = i

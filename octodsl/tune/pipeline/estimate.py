@@ -465,18 +465,16 @@ def _device_bound(d, x, w):
         cap = min(cap, float(np.floor((limit - held_static) / act)))
     a = arrive[first]
     early = 0.0
-    for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
-        s = x.dev_stages[i]
-        reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
-        early += st.f[s] * min(cap, reach)
-    fill = max(0.0, back[hs] - a - early)
     # Memory throttle: stage s holds a micro-batch's activations for its round trip, so
     # at one micro-batch per `pace` it holds about trip / pace of them; the fastest pace
     # whose activations fit beside the static bytes.
     held = 0.0
     for i in range(x.dev_ptr[d], x.dev_ptr[d + 1]):
         s = x.dev_stages[i]
+        reach = 1.0 + np.floor((back[hs] - arrive[s]) / pace[s]) if pace[s] > 0 else cap
+        early += st.f[s] * min(cap, reach)
         held += st.act[s] * (back[s] + st.b[s] - arrive[s])
+    fill = max(0.0, back[hs] - a - early)
     throttle = held / (limit - held_static)
     return a + max(M * dev.load[d] + fill, M * throttle)
 
@@ -496,7 +494,9 @@ def _rest(c, x, w, below):
     because a fitting layout's bound is its slowest device's plus a non-negative tie-break,
     and device d's is at least M * load_d (arrival, fill and throttle are non-negative: sums
     of seconds and bytes): so it is inf only where the full value is >= `below`, or NaN,
-    which compares as not below either."""
+    which compares as not below either. Before the costlier part (fill and throttle), the same
+    holds for the bound with a_d + M * load_d in place of each device's: every operation of the
+    value rises with its operands, so that bound is at most the value, float for float."""
     S, P, limit = x.stage_device.shape[0], x.devices, x.limit
     st, dev, pace = w.st, w.dev, w.pace
     overflow = 0.0
@@ -509,6 +509,16 @@ def _rest(c, x, w, below):
         if x.first[d] >= 0 and M * dev.load[d] >= below:
             return np.inf
     _first_trip(c, x, w)
+    # a_d + M * load_d <= device d's bound (fill and throttle are >= 0)
+    low_worst = 0.0
+    low_total = 0.0
+    for d in range(P):
+        if x.first[d] >= 0:
+            low = w.arrive[x.first[d]] + M * dev.load[d]
+            low_worst = max(low_worst, low)
+            low_total += low
+    if low_worst + _TIE_BREAK * low_total / P >= below:
+        return np.inf
     # Forwards reach stage s no faster than the slowest forward before it lets them through.
     pace[0] = 0.0
     for s in range(1, S):

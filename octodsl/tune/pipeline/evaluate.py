@@ -6,12 +6,13 @@ import functools
 import math
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ...plan import Plan, PlanError
 from ...sim import SimDeadlock, SimProgram, SimResult, compile, simulate
+from ...sim.costs import SimCosts
 from ..problem import Problem
 
 
@@ -53,6 +54,10 @@ def best_of(scores: Iterable[Score]) -> Score:
 PROGRAMS = 32
 """Compiled programs kept per evaluator, one per placement, most recently used."""
 
+SCORES = 32
+"""Scores of list-scheduled plans kept per evaluator, most recently used (a SimResult each,
+up to about a MB)."""
+
 
 class Evaluator:
     """Simulates plans of one problem; counts evaluations. Compiling reuses the program of the
@@ -63,12 +68,32 @@ class Evaluator:
         self.problem = problem
         self.count = 0
         self._programs: OrderedDict[tuple[int, ...], SimProgram] = OrderedDict()
+        self._scores: OrderedDict[tuple, tuple[SimCosts, tuple, Score]] = OrderedDict()
 
     def __call__(self, plan: Plan) -> Score:
         self.count += 1
         p = self.problem
         costs = p.sim_costs(plan)
         key = tuple(plan.stage_device())
+        # A plan whose orders the list scheduler built shares their codes with every plan
+        # built from the same stage costs and placement (`schedule.rebuild`): the same plan,
+        # whose simulation is the same.
+        codes = getattr(plan.schedule, "codes", None)
+        same = (id(costs), id(codes), key)
+        if codes is not None:
+            hit = self._scores.get(same)
+            if hit is not None and hit[0] is costs and hit[1] is codes:
+                self._scores.move_to_end(same)
+                return replace(hit[2], plan=plan)
+        score = self._simulate(plan, costs, key)
+        if codes is not None:
+            self._scores[same] = (costs, codes, score)
+            if len(self._scores) > SCORES:
+                self._scores.popitem(last=False)
+        return score
+
+    def _simulate(self, plan: Plan, costs: SimCosts, key: tuple[int, ...]) -> Score:
+        p = self.problem
         program = compile(plan, like=self._programs.pop(key, None))
         self._programs[key] = program
         if len(self._programs) > PROGRAMS:

@@ -94,13 +94,32 @@ def _kicks(seed: int, num_stages: int, rounds: int) -> np.ndarray:
     """The search's kicks for a seed, drawn before it (they do not depend on it, and it then
     runs compiled from start to end): per round, up to three (cut, layers) shifts. Read-only,
     since a round of moves searches several layouts with one seed."""
-    rng = random.Random(seed)
-    kicks = np.zeros((rounds, 3, 2), np.int64)
-    for k in range(rounds):
-        for j in range(rng.randint(1, 3)):
-            kicks[k, j] = rng.randrange(1, num_stages), rng.choice((-2, -1, 1, 2))
+    bits = random.Random(seed).getrandbits
+    out = []
+    for _ in range(rounds):
+        row = [0] * 6
+        for j in range(1 + _below(bits, 3)):  # rng.randint(1, 3)
+            # rng.randrange(1, num_stages), rng.choice((-2, -1, 1, 2))
+            row[2 * j] = 1 + _below(bits, num_stages - 1)
+            row[2 * j + 1] = _SHIFTS[_below(bits, 4)]
+        out.append(row)
+    kicks = np.array(out, np.int64).reshape(rounds, 3, 2)
     kicks.flags.writeable = False
     return kicks
+
+
+_SHIFTS = (-2, -1, 1, 2)
+
+
+def _below(bits, n: int) -> int:
+    """A draw in [0, n) as `random.Random`'s randrange, randint and choice make it from its
+    bits (tests/tune/test_fast_paths.py holds the draws equal): the kicks of a search
+    are thousands of draws, and the methods' argument checks took longer than the draws."""
+    k = n.bit_length()
+    r = bits(k)
+    while r >= n:
+        r = bits(k)
+    return r
 
 
 def relieve(layout: StageLayout, busy: Sequence[float] | np.ndarray) -> list[StageLayout]:

@@ -19,23 +19,44 @@ from dataclasses import replace
 
 import numpy as np
 
+from ....optable import KIND_CODE
 from ....plan import OpKind, Plan
 from ....sim import SimResult
+from ....sim.program import CodedOrders
 from ...problem import Problem
 from ..construct import build_schedule
 
 
 def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
     """The plan with the list scheduler's order for its partition and placement, within the
-    problem's memory limit."""
-    return build_schedule(
+    problem's memory limit. The problem keeps the latest `_KEPT_ORDERS` (a search comes back
+    to the same layout from other moves); a plan built from them shares their device orders
+    and codes (`CodedOrders`: never edited in place) in a list of its own."""
+    costs = problem.sim_costs(plan)
+    key = (id(costs), tuple(plan.stage_device()), w_gap)
+    kept = problem.schedules
+    hit = kept.get(key)
+    if hit is not None and hit[0] is costs:
+        kept.move_to_end(key)
+        orders = hit[1]
+        assert isinstance(orders, CodedOrders) and orders.codes is not None
+        return replace(plan, schedule=CodedOrders(orders, orders.codes))
+    built = build_schedule(
         plan,
-        problem.stage_costs(plan),
+        list(costs.stages),
         problem.link,
         problem.memory,
         w_gap=w_gap,
         inter_link=problem.inter_link,
     )
+    kept[key] = (costs, built.schedule)
+    if len(kept) > _KEPT_ORDERS:
+        kept.popitem(last=False)
+    return built
+
+
+_KEPT_ORDERS = 64
+"""Orders `rebuild` keeps per problem (up to a few MB: each holds its slots' references)."""
 
 
 def advance(plan: Plan, device: int, src: int, dst: int) -> Plan:
@@ -77,22 +98,22 @@ def fill_gaps(
     busiest devices: the first later op that was ready when the gap opened and fits in it."""
     p = result.program
     ready = ready_times(result)
+    # each node's slot's first op's kind (the program's nodes are the plan's slots, in order)
+    of_kinds = np.isin(p.op_kind[p.op_ptr[:-1]], [KIND_CODE[k] for k in kinds])
     out = []
     for d in np.argsort(-result.busy, kind="stable")[:devices]:
         d = int(d)
         nodes = p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]
         for idle, i in gaps(result, d)[:per_device]:
             opened = float(result.end[nodes[i - 1]]) if i > 0 else 0.0
-            for j in range(i + 1, len(nodes)):
-                n = nodes[j]
-                slot = plan.schedule[d][j]
-                if (
-                    ready[n] <= opened + 1e-12
-                    and slot.ops[0].kind in kinds
-                    and result.end[n] - result.start[n] <= idle + 1e-12
-                ):
-                    out.append(advance(plan, d, j, i))
-                    break
+            later = nodes[i + 1 :]
+            fits = np.flatnonzero(
+                (ready[later] <= opened + 1e-12)
+                & of_kinds[later]
+                & (result.end[later] - result.start[later] <= idle + 1e-12)
+            )
+            if len(fits):
+                out.append(advance(plan, d, i + 1 + int(fits[0]), i))
     return out
 
 
