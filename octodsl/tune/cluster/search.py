@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -430,15 +431,18 @@ def _screen(state: _State, until: float, quick: bool) -> int:
     r = state.result
     first = not any(c.screened for c in r.candidates)
     count = 0
-    per_op = 0.0  # the slowest screen of this pass so far, in seconds per op of its plans
+    per_op: list[float] = []  # this pass's screens so far, seconds per op of their plans
     for i, c in enumerate(screen_order(r.candidates)):
         if c.complete or (quick and c.screened) or state.beaten(c):
             continue
         ops = plan_ops(c.config.pp, c.config.microbatches)
         now = time.perf_counter()
-        # a screen runs its first plan whatever the deadline: none that would likely end past it
-        if (count or not first) and (now >= until or now + per_op * ops > state.deadline):
+        if (count or not first) and now >= until:
             break
+        # a screen runs its first plan whatever the deadline: none that would likely end past
+        # it (by the median rate so far: the first screens pay for the caches they fill)
+        if count and now + statistics.median(per_op) * ops > state.deadline:
+            continue
         what = "quick screen" if quick else "screen"
         state.show(f"{what} {i + 1}/{len(r.candidates)}: {c.config.short()}")
         began = time.perf_counter()
@@ -459,7 +463,7 @@ def _screen(state: _State, until: float, quick: bool) -> int:
         c.complete = not quick or one_stage
         took = time.perf_counter() - began
         c.screen_seconds += took
-        per_op = max(per_op, took / ops)
+        per_op.append(took / ops)
         count += 1
         if c.classic is not None:
             assert c.classic.score is not None, "a usable baseline is scored"
