@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import time
@@ -34,10 +35,37 @@ settings.load_profile("octodsl")
 
 def free_port() -> int:
     """A TCP port free on this machine now, for a launch's --master_port: each launch takes its
-    own, so launches on parallel workers (or two test runs) do not meet on DeepSpeed's 29500."""
-    with socket.socket() as s:
+    own, so launches on parallel workers (or two test runs) do not meet on DeepSpeed's 29500.
+
+    Drawn at random below the kernel's ephemeral range: a port of that range (what binding port
+    0 gives) may be handed to another process's outgoing connection, and gloo's processes on
+    the other workers open many, between the draw and the launch binding it (CI once failed so,
+    EADDRINUSE)."""
+    low = _ephemeral_low()
+    draw = random.Random(f"{os.getpid()} {time.perf_counter_ns()}")
+    for _ in range(100) if low > _FIRST_PORT + 1000 else ():
+        port = draw.randrange(_FIRST_PORT, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:  # no room below the ephemeral range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_FIRST_PORT = 10_000
+"""The lowest port `free_port` draws: above the well-known and most services' registered ones."""
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def versionless(text: str) -> str:
