@@ -150,11 +150,14 @@ MEGATRON_ONLY = (
 engine run each of them the other way: see their `Header` fields)."""
 
 
-def plan_runtime(h: Header) -> str:
-    """The runtime a plan's header implies, for what differs between runtimes (the bytes per
-    parameter): Megatron-LM when it asks for what only Megatron runs in a pipeline (a
-    `MEGATRON_ONLY` field true, or ZeRO above `PIPELINE_ZERO`), else octodsl's executor on
-    DeepSpeed (docs/models-and-costs.md, "Bytes per parameter and ZeRO")."""
+def plan_runtime(h: Header, chosen: str | None = None) -> str:
+    """The runtime a plan is costed for, for what differs between runtimes (the bytes per
+    parameter): `chosen` when given (`tune --gpus --target`), else the one its header implies:
+    Megatron-LM when it asks for what only Megatron runs in a pipeline (a `MEGATRON_ONLY` field
+    true, or ZeRO above `PIPELINE_ZERO`), else octodsl's executor on DeepSpeed
+    (docs/models-and-costs.md, "Bytes per parameter and ZeRO")."""
+    if chosen is not None:
+        return chosen
     if h.zero > PIPELINE_ZERO or any(getattr(h, name) for name in MEGATRON_ONLY):
         return MEGATRON
     return DEEPSPEED

@@ -302,7 +302,7 @@ class CostTable:
             h.zero,
             h.dp,
             h.grad_accumulation_fusion,
-            runtime or plan_runtime(h),
+            plan_runtime(h, runtime),
         )
 
     def input_bytes(self, first: int) -> float:

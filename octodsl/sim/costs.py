@@ -100,7 +100,7 @@ class SimCosts:
         check_tp(table, h)
         check_ep(table, h)
         ranges = table.stage_ranges(plan)
-        runtime = runtime or plan_runtime(h)
+        runtime = plan_runtime(h, runtime)
         stages = table.stage_costs(plan, ranges, runtime)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         expert = tuple(table.expert_grad_bytes(a, b) for a, b in ranges) if h.ep > 1 else None

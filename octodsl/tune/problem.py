@@ -238,7 +238,7 @@ class Problem:
 
     def runtime_of(self, header: Header) -> str:
         """The runtime a plan of this header is costed for: the problem's, else the header's."""
-        return self.runtime or plan_runtime(header)
+        return plan_runtime(header, self.runtime)
 
     @property
     def modes(self) -> tuple[Recompute, ...]:
