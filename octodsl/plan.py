@@ -17,7 +17,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import limits
 from .errors import OctoError
@@ -150,17 +150,33 @@ MEGATRON_ONLY = (
 engine run each of them the other way: see their `Header` fields)."""
 
 
-def plan_runtime(h: Header, chosen: str | None = None) -> str:
+def plan_runtime(h: Header) -> str:
     """The runtime a plan is costed for, for what differs between runtimes (the bytes per
-    parameter): `chosen` when given (`tune --gpus --target`), else the one its header implies:
-    Megatron-LM when it asks for what only Megatron runs in a pipeline (a `MEGATRON_ONLY` field
-    true, or ZeRO above `PIPELINE_ZERO`), else octodsl's executor on DeepSpeed
-    (docs/models-and-costs.md, "Bytes per parameter and ZeRO")."""
-    if chosen is not None:
-        return chosen
-    if h.zero > PIPELINE_ZERO or any(getattr(h, name) for name in MEGATRON_ONLY):
-        return MEGATRON
-    return DEEPSPEED
+    parameter): its header's `runtime` when written, else the one the header implies:
+    Megatron-LM when it asks for what only Megatron runs in a pipeline (`megatron_only`), else
+    octodsl's executor on DeepSpeed (docs/models-and-costs.md, "Bytes per parameter and ZeRO")."""
+    if h.runtime is not None:
+        return h.runtime
+    return MEGATRON if megatron_only(h) else DEEPSPEED
+
+
+def megatron_only(h: Header) -> list[str]:
+    """What the header asks for that only Megatron-LM runs in a pipeline, as written in a
+    plan: the `MEGATRON_ONLY` fields that are true, and a ZeRO stage above `PIPELINE_ZERO`."""
+    found = [f"{name} true" for name in MEGATRON_ONLY if getattr(h, name)]
+    return found + ([f"zero {h.zero}"] if h.zero > PIPELINE_ZERO else [])
+
+
+def runtime_conflict(h: Header) -> str | None:
+    """Lint's E407, also what `simulate` and `tune` refuse from their options: a plan for
+    DeepSpeed's pipeline engine that asks for what only Megatron-LM runs."""
+    found = megatron_only(h) if h.runtime == DEEPSPEED else []
+    if not found:
+        return None
+    return (
+        f"runtime deepspeed with {', '.join(found)}: DeepSpeed's pipeline engine, which "
+        f"octodsl's executor runs, does not run {'it' if len(found) == 1 else 'them'}"
+    )
 
 
 def deepspeed_zero(h: Header) -> dict:
@@ -243,6 +259,11 @@ class Header(BaseModel):
     """The weight-gradient GEMMs add into the gradient buffer themselves (Megatron's
     `--gradient-accumulation-fusion`, Transformer Engine); false: each micro-batch's weight
     gradient is added by a pass of its own, as autograd does in octodsl's executor."""
+    runtime: str | None = None
+    """The runtime the plan is costed for (`RUNTIMES`): deepspeed (octodsl's executor on
+    DeepSpeed's pipeline engine) or megatron (Megatron-LM), which hold different bytes per
+    parameter (octodsl.costs.param_bytes); None: the one the other fields imply
+    (`plan_runtime`)."""
     reduce_scatter: bool = True
     """Under ZeRO, the gradients are reduce-scattered to their shards (DeepSpeed's
     `zero_optimization.reduce_scatter`, its default, and Megatron's distributed optimizer);
@@ -250,6 +271,13 @@ class Header(BaseModel):
     false`, and its BF16 optimizer in the pipeline engine, which BLOOM trained with)."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, value: str | None) -> str | None:
+        if value is not None and value not in RUNTIMES:
+            raise ValueError(f"must be {' or '.join(RUNTIMES)}, not {value[:40]!r}")
+        return value
 
     def runtime_changes(self) -> list[tuple[str, bool]]:
         """The runtime fields (RUNTIME_FIELDS) that differ from their defaults, as set."""

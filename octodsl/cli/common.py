@@ -20,7 +20,7 @@ from ..costs.devices import (
 )
 from ..errors import OctoError
 from ..fileio import write_atomic
-from ..plan import OVERLAPS, RUNTIME_SWITCHES
+from ..plan import OVERLAPS, RUNTIME_SWITCHES, RUNTIMES
 from ..units import exact_size, parse_size
 
 
@@ -218,8 +218,18 @@ def add_data_parallel_options(p: argparse.ArgumentParser, *, default_from: str |
 
 
 def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
-    """--overlap, --scatter-gather-messages, --grad-accumulation-fusion and --reduce-scatter:
-    what the runtime does beside the plan's ops (the header's runtime fields)."""
+    """--target, --overlap, --scatter-gather-messages, --grad-accumulation-fusion and
+    --reduce-scatter: which runtime runs the plan and what it does beside the plan's ops (the
+    header's `runtime` and runtime fields)."""
+    p.add_argument(
+        "--target",
+        choices=RUNTIMES,
+        help="the runtime the plan is for, whose bytes per parameter its memory counts (the "
+        "header's runtime): deepspeed (octodsl's executor), megatron (Megatron-LM); with "
+        "tune --gpus, the runtime of the configurations searched (default deepspeed, ZeRO 0 "
+        "and 1; megatron: zero 2 in a pipeline too). Default: the plan's runtime, else the "
+        "one its runtime fields imply (megatron when one that only Megatron-LM runs is on)",
+    )
     p.add_argument(
         "--overlap",
         type=overlap_list,
@@ -278,10 +288,12 @@ overlap_list.choices = (*OVERLAP_OPTIONS, "none")  # type: ignore[attr-defined]
 """The words --overlap takes (one, or several comma-separated), which the completion offers."""
 
 
-def runtime_update(args) -> dict[str, bool]:
-    """The header's runtime fields that --overlap, --grad-accumulation-fusion,
+def runtime_update(args) -> dict[str, bool | str]:
+    """The header's runtime fields that --target, --overlap, --grad-accumulation-fusion,
     --scatter-gather-messages and --reduce-scatter set (those given; `add_overlap_option`)."""
-    update = dict(getattr(args, "overlap", None) or {})
+    update: dict[str, bool | str] = dict(getattr(args, "overlap", None) or {})
+    if getattr(args, "target", None) is not None:
+        update["runtime"] = args.target
     for name in RUNTIME_SWITCHES:
         if getattr(args, name, None) is not None:
             update[name] = getattr(args, name)
@@ -301,6 +313,17 @@ def mesh_update(args, tp: int, sequence_parallel: bool | None) -> dict:
             "or more, or --sequence-parallel false"
         )
     return update
+
+
+def refuse_runtime_conflict(where: str, h) -> None:
+    """Lint's E407 as a UserError, for a header the command's options made."""
+    from ..plan import runtime_conflict
+
+    message = runtime_conflict(h)
+    if message:
+        raise UserError(
+            f"{where}: {message}; give --target megatron, or leave out what it does not run"
+        )
 
 
 def warn_zero_without_copies(where: str, zero: int, dp: int) -> None:

@@ -45,6 +45,7 @@ from .common import (
     pipeline_link,
     print_json,
     read_text,
+    refuse_runtime_conflict,
     stdout_console,
     warn_zero_without_copies,
     writing,
@@ -158,6 +159,7 @@ def run(args) -> int:
         }
         update.update(mesh_update(args, plan.header.tp, plan.header.sequence_parallel))
         plan = with_overrides(plan, update, args.recompute)
+        refuse_runtime_conflict(path, plan.header)
         warn_zero_without_copies(path, plan.header.zero, plan.header.dp)
         costs, link, inter_link, device_memory = _costs(args, path, plan)
         t0 = time.perf_counter()

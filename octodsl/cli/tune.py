@@ -44,6 +44,7 @@ from .common import (
     mesh_update,
     output,
     print_json,
+    refuse_runtime_conflict,
     stdout_console,
     write_output,
 )
@@ -195,10 +196,6 @@ def run(args) -> int:
     check_top_outputs(args)
     if args.gpus is not None or args.global_batch is not None:
         return run_cluster(args, began)
-    if args.target is not None:
-        raise UserError(
-            "--target chooses the runtime of a whole-cluster search: give --gpus and --global-batch"
-        )
     if args.top is not None:
         raise UserError(
             "--top writes the best configurations of a whole-cluster search: give "
@@ -322,7 +319,7 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
     from ..costs.devices import get_device
     from ..models import load_model
     from ..models.ep import ep_problem
-    from ..plan import zero_without_copies
+    from ..plan import RUNTIME_FIELDS, zero_without_copies
     from ..tune.problem import Problem
 
     own = start.header if start is not None else None
@@ -337,15 +334,9 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
         why = ep_problem(load_model(model), ep, dp)
         if why is not None:  # lint's E705 / E706 on every plan the tuner would write
             raise UserError(f"--ep {ep}: {why[1]}")
-        mesh = (
-            {
-                "tp": own.tp,
-                "sequence_parallel": own.sequence_parallel,
-                "gpus_per_node": own.gpus_per_node,
-            }
-            if own is not None
-            else {}
-        )
+        # the --from plan's cluster and runtime, which its costs assume, unless an option says otherwise
+        kept = ("tp", "sequence_parallel", "gpus_per_node", *RUNTIME_FIELDS, "runtime")
+        mesh = {name: getattr(own, name) for name in kept} if own is not None else {}
         mesh.update(mesh_update(args, mesh.get("tp", 1), mesh.get("sequence_parallel")), ep=ep)
         problem = Problem.create(
             model,
@@ -364,6 +355,7 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
         )
     except OctoError as e:
         raise UserError(str(e)) from None
+    refuse_runtime_conflict("tune", problem.header)
     return problem
 
 

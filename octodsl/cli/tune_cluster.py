@@ -3,20 +3,23 @@
 [--json]`: the fastest configuration and plan for a GPU count and a global batch (octodsl.tune.cluster). `--tp`,
 `--devices` (pp), `--microbatch-size`, `--zero`, `--ep` and `--recompute` fix those choices instead of
 searching them; `--sequence-parallel false` keeps sequence parallelism off; `--target` chooses
-the runtime the configurations are for (octodsl.tune.target). Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
+the runtime the configurations are for (octodsl.tune.target), `--overlap` and the other runtime
+options what it runs (every configuration's plans take them). Writes the best plan to PLAN and, with `--top K`, the next ones to PLAN-2.octo
 and on."""
 
 from __future__ import annotations
 
 from .. import limits
 from ..errors import OctoError
-from ..plan import DEEPSPEED, RUNTIMES
+from ..plan import Header, plan_runtime
 from .common import (
     UserError,
     integer,
     link_named,
     numbered_outputs,
     print_json,
+    refuse_runtime_conflict,
+    runtime_update,
     stdout_console,
     write_output,
 )
@@ -53,19 +56,22 @@ def add_cluster_options(p) -> None:
         help="sequences per iteration over all data-parallel copies (with --gpus)",
     )
     p.add_argument(
-        "--target",
-        choices=RUNTIMES,
-        help="with --gpus: the "
-        "runtime the configurations are for, whose bytes per parameter their memory counts: "
-        "deepspeed (default; octodsl's executor, ZeRO 0 and 1), megatron (zero 2 in a "
-        "pipeline too)",
-    )
-    p.add_argument(
         "--top",
         type=TOP,
         metavar="K",
         help="with --gpus: also write the next K-1 configurations' plans, to PLAN-2.octo and on",
     )
+
+
+def _runtime(args) -> tuple[dict[str, bool], str]:
+    """The runtime fields --overlap and the like set for every configuration (those given), and
+    the target: --target's, else the one they imply (`plan_runtime`: Megatron-LM's when one
+    only it runs is on, else DeepSpeed's). A UserError for --target deepspeed with one of those
+    (lint's E407)."""
+    fields = {k: v for k, v in runtime_update(args).items() if k != "runtime"}
+    header = Header(name="tune --gpus", devices=1, microbatches=1, runtime=args.target, **fields)
+    refuse_runtime_conflict("tune --gpus", header)
+    return fields, plan_runtime(header)  # type: ignore[return-value]
 
 
 def run_cluster(args, began: float) -> int:
@@ -88,7 +94,7 @@ def run_cluster(args, began: float) -> int:
     for name, what in _PER_PLAN_ONLY:
         if getattr(args, name) not in (None, False, ""):
             raise UserError(f"--gpus searches the whole configuration: {what} is not taken")
-    target = args.target or DEEPSPEED
+    fields, target = _runtime(args)
     why = refusal(target, args.zero) if args.zero is not None else None
     if why is not None:
         raise UserError(why)
@@ -96,6 +102,12 @@ def run_cluster(args, began: float) -> int:
         raise UserError(
             "sequence parallelism splits the sequence over the tp group: give --tp 2 "
             "or more, or --sequence-parallel false"
+        )
+    if fields.get("overlap_tp_comm") and args.sequence_parallel is False:
+        raise UserError(  # lint's E704 on every plan at tp > 1
+            "--overlap tp-comm without sequence parallelism: Megatron overlaps the "
+            "collectives of sequence-parallel layers only; drop --sequence-parallel false "
+            "or tp-comm"
         )
     try:
         cluster = Cluster(
@@ -116,6 +128,7 @@ def run_cluster(args, began: float) -> int:
             ep=args.ep,
             sequence_parallel=args.sequence_parallel,
             target=target,
+            runtime_fields=tuple(fields.items()),
         )
         cluster.tokens()  # the model loads
     except OctoError as e:

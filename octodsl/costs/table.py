@@ -286,13 +286,13 @@ class CostTable:
         return plan_partition(plan, len(self.layers), self.layer_work())
 
     def stage_costs(
-        self, plan: Plan, ranges: list[tuple[int, int]] | None = None, runtime: str | None = None
+        self, plan: Plan, ranges: list[tuple[int, int]] | None = None
     ) -> list[StageCost]:
         """Sum layer costs over each stage of the plan's partition (`ranges`, default
         `stage_ranges(plan)`), with the plan's recompute, ZeRO sharding and accumulation fusion
-        (and the calibration), static bytes as `runtime` holds them (default: the one the
-        plan's header implies, `plan_runtime`), F and B with the host's launch time when the plan spans devices
-        (`pipelined`). Raises PlanError when the partition does not fit the model."""
+        (and the calibration), static bytes as the plan's runtime holds them (`plan_runtime`),
+        F and B with the host's launch time when the plan spans devices (`pipelined`). Raises
+        PlanError when the partition does not fit the model."""
         h = plan.header
         ranges = self.stage_ranges(plan) if ranges is None else ranges
         table = self.pipelined() if plan.devices > 1 else self
@@ -302,7 +302,7 @@ class CostTable:
             h.zero,
             h.dp,
             h.grad_accumulation_fusion,
-            plan_runtime(h, runtime),
+            plan_runtime(h),
         )
 
     def input_bytes(self, first: int) -> float:

@@ -42,7 +42,16 @@ _SINGLE: dict[str, Callable[[int, int], PhasedSchedule]] = {
     "zb-h2": zb_h2,
 }
 """Schedules with one stage per device."""
-MESH_FIELDS = ("tp", "sequence_parallel", "gpus_per_node", "dp", "zero", "ep", *RUNTIME_FIELDS)
+MESH_FIELDS = (
+    "tp",
+    "sequence_parallel",
+    "gpus_per_node",
+    "dp",
+    "zero",
+    "ep",
+    *RUNTIME_FIELDS,
+    "runtime",
+)
 """Header fields of the cluster a generated plan runs on (`generate_text(mesh=...)`)."""
 _V_SHAPE = ("zb-v", "dualpipev")
 """Schedules with two stages per device in a V."""
@@ -98,7 +107,7 @@ def generate_text(
     partition: str = "time",
     times: Times | None = None,
     *,
-    mesh: Mapping[str, int | bool] | None = None,
+    mesh: Mapping[str, int | bool | str] | None = None,
     **costs,
 ) -> str:
     """The schedule as .octo text, each phase introduced by a comment (`times`: see phased_schedule).
@@ -160,7 +169,7 @@ def generate(
     partition: str = "time",
     times: Times | None = None,
     *,
-    mesh: Mapping[str, int | bool] | None = None,
+    mesh: Mapping[str, int | bool | str] | None = None,
     **costs,
 ) -> Plan:
     """The schedule as a Plan, parsed from `generate_text` (same arguments)."""

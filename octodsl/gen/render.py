@@ -74,6 +74,8 @@ def _header(h: Header) -> list[tuple[str, str]]:
     if h.gpus_per_node != Header.model_fields["gpus_per_node"].default:
         out.append(("gpus_per_node", str(h.gpus_per_node)))
     out += [(name, "true" if value else "false") for name, value in h.runtime_changes()]
+    if h.runtime is not None:
+        out.append(("runtime", h.runtime))
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 
-from ..plan import Plan, Recompute, deepspeed_zero
+from ..plan import MEGATRON, Plan, Recompute, deepspeed_zero, megatron_only, plan_runtime
 from .export import Export, ExportError, is_generated, plan_cuts
 
 
@@ -66,6 +66,15 @@ def deepspeed_snippet(plan: Plan, source: str = "") -> Export:
             f"the recompute section ({shown}) is left out: stock DeepSpeed "
             "checkpoints every stage alike (activation_checkpoint_interval) and has "
             "no selective form"
+        )
+    if plan_runtime(h) == MEGATRON:
+        asks = megatron_only(h)
+        warnings.append(
+            "the plan is costed for Megatron-LM"
+            + (f" ({', '.join(asks)}, which DeepSpeed does not run)" if asks else "")
+            + ": DeepSpeed holds other bytes per parameter; `octodsl simulate --target "
+            "deepspeed` costs it as DeepSpeed runs it"
+            + (" (with those fields off)" if asks else "")
         )
     if h.tp > 1:
         warnings.append(

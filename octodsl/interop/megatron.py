@@ -42,7 +42,7 @@ import re
 
 from ..mesh import Mesh
 from ..models.pattern import MIXERS, transformer_layers
-from ..plan import Plan, Recompute
+from ..plan import DEEPSPEED, Plan, Recompute
 from .export import (
     Cuts,
     Export,
@@ -280,6 +280,11 @@ class _Args:
             self.comment(
                 "reduce_scatter false: Megatron-LM's distributed optimizer "
                 "reduce-scatters the gradients to their shards anyway"
+            )
+        if h.runtime == DEEPSPEED:
+            self.comment(
+                "runtime deepspeed: the plan is costed for DeepSpeed's bytes per parameter; "
+                "Megatron-LM holds others (`octodsl simulate --target megatron`)"
             )
         if h.tp > 1 and not h.sp and not h.scatter_gather_messages:
             self.comment(

@@ -184,6 +184,12 @@ _TABLE = (
         "`reduce_scatter false` with `zero 0`",
         "without ZeRO the gradients are all-reduced whatever it says",
     ),
+    Code(
+        "E407",
+        "`runtime deepspeed` with what only Megatron-LM runs",
+        "an overlap of tp, dp or parameter-gather communication, scattered messages, fused "
+        "gradient accumulation or `zero 2`: DeepSpeed's pipeline engine runs none of them",
+    ),
     # -- memory --------------------------------------------------------------------------------
     Code(
         "E501",

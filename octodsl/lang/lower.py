@@ -23,6 +23,7 @@ from ..limits import (
     at_most,
 )
 from ..plan import (
+    RUNTIMES,
     DevicePlacement,
     Header,
     Op,
@@ -63,6 +64,7 @@ _FIELD_KINDS = {
     "grad_accumulation_fusion": ("bool",),
     "scatter_gather_messages": ("bool",),
     "reduce_scatter": ("bool",),
+    "runtime": ("name",),
 }
 BOOLEANS = {"true": True, "false": False}
 """How a `bool` field is written: a bare name, `true` or `false` (not 1, yes or "true")."""
@@ -71,6 +73,10 @@ ZERO_STAGES = (0, 1, 2)
 ZERO_HINT = (
     "zero 0 shards nothing; zero 1 shards the optimizer state (the fp32 master copy, "
     "Adam m and v) over the dp copies; zero 2 the gradients as well"
+)
+RUNTIME_HINT = (
+    "deepspeed: octodsl's executor on DeepSpeed's pipeline engine; megatron: Megatron-LM "
+    "(they hold different bytes per parameter)"
 )
 RECOMPUTE_MODES = {m.value: m for m in Recompute}
 _OP_KINDS = {k.value: k for k in OpKind}
@@ -147,7 +153,9 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
         boolean = e.kind == "name" and e.text in BOOLEANS
         if not (e.kind in kinds or ("bool" in kinds and boolean)):
             want = (
-                "a quoted string"
+                " or ".join(RUNTIMES)
+                if e.key == "runtime"
+                else "a quoted string"
                 if "string" in kinds
                 else "true or false"
                 if "bool" in kinds
@@ -156,7 +164,18 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
                 else "a whole number"
             )
             diags.append(
-                Diagnostic("E111", f"'{e.key}' must be {want}, not {e.text}", e.value_span)
+                Diagnostic("E111", f"'{e.key}' must be {want}, not {_shown(e.text)}", e.value_span)
+            )
+            continue
+        if e.key == "runtime" and e.value not in RUNTIMES:
+            close = difflib.get_close_matches(str(e.value), RUNTIMES, n=1)
+            diags.append(
+                Diagnostic(
+                    "E111",
+                    f"'runtime' must be {' or '.join(RUNTIMES)}, not {_shown(e.text)}",
+                    e.value_span,
+                    hint=f"did you mean '{close[0]}'?" if close else RUNTIME_HINT,
+                )
             )
             continue
         values[e.key] = BOOLEANS[e.text] if "bool" in kinds else e.value
@@ -197,6 +216,12 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
                 msg = item["msg"].lower()
             diags.append(Diagnostic("E114", f"'{key}' {msg}", spans.get(key, block.span)))
         return None
+
+
+def _shown(text: str, most: int = 40) -> str:
+    """A value as a message quotes it: at most `most` characters (the excerpt under the message
+    shows where the rest is)."""
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _sections(file: ast.File, diags: list[Diagnostic]) -> dict[str, ast.Section]:

@@ -24,7 +24,7 @@ from ..mesh import Mesh
 from ..models import ModelSpec
 from ..models.ep import ep_problem, eps_that_fit, moe_layers
 from ..models.tp import tp_problems
-from ..plan import Op, OpKind, Plan, Span, zero_without_copies
+from ..plan import Op, OpKind, Plan, Span, runtime_conflict, zero_without_copies
 from .memory import DEFAULT_DEVICE
 
 
@@ -461,6 +461,26 @@ class ZeroWithoutCopies(Rule):
                 message,
                 h.spans.get("zero"),
                 hint="give the data-parallel copies ('dp 8'), or drop 'zero'",
+            )
+
+
+@rule
+class DeepSpeedRunsNoMegatronField(Rule):
+    """A plan for DeepSpeed's pipeline engine (octodsl's executor) that asks for what only
+    Megatron-LM runs would be costed for a run that cannot happen."""
+
+    codes = ("E407",)
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h = ctx.plan.header
+        message = runtime_conflict(h)
+        if message:
+            yield Diagnostic(
+                "E407",
+                message,
+                h.spans.get("runtime"),
+                hint="give 'runtime megatron', or drop what it does not run "
+                '(docs/models-and-costs.md, "Overlaps")',
             )
 
 

@@ -89,10 +89,10 @@ class SimCosts:
         return costs if isinstance(costs, SimCosts) else cls(tuple(costs))
 
     @classmethod
-    def from_table(cls, table: CostTable, plan: Plan, runtime: str | None = None) -> SimCosts:
+    def from_table(cls, table: CostTable, plan: Plan) -> SimCosts:
         """Stage costs of the plan's partition (for a plan that names no layers, the split the
         executor runs: `CostTable.stage_ranges`), with the plan's recompute and ZeRO sharding
-        of the bytes `runtime` holds (default: the one the plan's header implies);
+        of the bytes the plan's runtime holds (`plan_runtime`);
         gradients all-reduced in the model's dtype. Raises PlanError when the partition does
         not fit the table's layers, or when the table is costed at another tensor-parallel
         degree (or sequence parallelism) than the plan's."""
@@ -100,8 +100,8 @@ class SimCosts:
         check_tp(table, h)
         check_ep(table, h)
         ranges = table.stage_ranges(plan)
-        runtime = plan_runtime(h, runtime)
-        stages = table.stage_costs(plan, ranges, runtime)
+        runtime = plan_runtime(h)
+        stages = table.stage_costs(plan, ranges)
         grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
         expert = tuple(table.expert_grad_bytes(a, b) for a, b in ranges) if h.ep > 1 else None
         cal = table.calibration

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import OctoError
-from ..plan import Recompute
+from ..plan import DEEPSPEED, PIPELINE_ZERO, Recompute, plan_runtime
 from ..units import size
 from .bounds import least_kept
 from .problem import AUTO, Problem
@@ -114,10 +114,10 @@ def levers_hint(problem: Problem, need: float, limit: int, layer: int | None = N
     )
     hints = []
     for zero in (1, 2):
-        if zero <= h.zero:
+        if zero <= h.zero or (zero > PIPELINE_ZERO and h.runtime == DEEPSPEED):
             continue
         # as the runtime would hold them at that stage (zero 2 is Megatron's: plan_runtime)
-        pb = problem.table.static_bytes(problem.runtime_of(h.model_copy(update={"zero": zero})))
+        pb = problem.table.static_bytes(plan_runtime(h.model_copy(update={"zero": zero})))
         dp = next(
             (d for d in (max(h.dp, 2), 4, 8, 16, 32, 64) if d >= h.dp and fits(pb.share(zero, d))),
             None,

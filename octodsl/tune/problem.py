@@ -100,9 +100,6 @@ class Problem:
     """What every plan keeps of a given one (None: everything is searched)."""
     inter_link: Link | None = None
     """Between nodes: pipeline messages and dp collectives that leave a node (None: `link`)."""
-    runtime: str | None = None
-    """The runtime the plans are for, whose bytes per parameter their static memory counts
-    (`tune --gpus --target`); None: the one each plan's header implies (`plan_runtime`)."""
     work: np.ndarray = field(init=False, repr=False)
     """F + B + W seconds of each layer, less its expert all-to-alls (`LayerCost.ep_f`, `ep_b`):
     the least its ops keep a device busy, since an overlap group may run them under another
@@ -234,11 +231,7 @@ class Problem:
         `LayerCost.static` itself applies it: `CostTable.stage_costs` shards by the plan's
         header already."""
         h = self.header
-        return np.array(self.table.layer_statics(h.zero, h.dp, self.runtime_of(h)), float)
-
-    def runtime_of(self, header: Header) -> str:
-        """The runtime a plan of this header is costed for: the problem's, else the header's."""
-        return plan_runtime(header, self.runtime)
+        return np.array(self.table.layer_statics(h.zero, h.dp, plan_runtime(h)), float)
 
     @property
     def modes(self) -> tuple[Recompute, ...]:
@@ -321,7 +314,7 @@ class Problem:
         if costs is None:
             if len(self._costs) >= _COSTS_KEPT:
                 self._costs.clear()
-            costs = self._costs[key] = SimCosts.from_table(self.table, plan, self.runtime)
+            costs = self._costs[key] = SimCosts.from_table(self.table, plan)
         return costs
 
     def with_schedule(self, plan: Plan, schedule: list[list[Slot]]) -> Plan:

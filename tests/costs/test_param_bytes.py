@@ -92,3 +92,16 @@ def _header(**fields) -> Header:
 )
 def test_the_runtime_a_header_implies(fields, runtime):
     assert plan_runtime(_header(**fields)) == runtime
+
+
+@pytest.mark.parametrize("written", [DEEPSPEED, MEGATRON])
+def test_a_written_runtime_is_the_plans_whatever_the_fields_imply(written):
+    assert plan_runtime(_header(runtime=written)) == written
+    assert plan_runtime(_header(dp=8, zero=1, runtime=written)) == written
+    # not a contradiction for Megatron (it runs both ways); lint's E407 refuses the other way
+    assert plan_runtime(_header(overlap_grad_reduce=True, runtime=MEGATRON)) == MEGATRON
+
+
+def test_a_header_refuses_an_unknown_runtime():
+    with pytest.raises(ValueError, match="deepspeed or megatron"):
+        _header(runtime="colossalai")

@@ -171,3 +171,94 @@ def test_convert_says_how_an_all_reducing_zero_runs():
     )
     assert "reduce_scatter" not in deepspeed_snippet(stock).text  # DeepSpeed's default
     assert "reduce-scatters" not in megatron_args(stock).text
+
+
+def test_the_runtime_field_round_trips_and_decides_the_bytes_per_parameter():
+    for runtime in ("deepspeed", "megatron"):
+        text = _plan(runtime=runtime)
+        assert f"  runtime {runtime}\n" in text
+        assert parse_plan(text, path="p").header.runtime == runtime
+        assert format_source(text) == text
+        assert _codes(text) == []
+    assert "runtime" not in _plan()  # none written: the fields imply it (plan_runtime)
+
+
+@pytest.mark.parametrize(
+    "value,hint",
+    [
+        ("megatorn", "did you mean 'megatron'?"),
+        ('"megatron"', None),  # a name, not a string
+        ("1", None),
+        pytest.param("x" * 5000, None, id="long"),
+    ],
+)
+def test_an_unknown_runtime_is_refused_in_one_line(value, hint):
+    text = _plan().replace("  microbatches 4\n", f"  microbatches 4\n  runtime {value}\n")
+    diags = [d for d in lint_source(text, "p.octo")[1] if d.code == "E111"]
+    assert len(diags) == 1 and "deepspeed or megatron" in diags[0].message
+    assert len(diags[0].message) < 200  # a long value quoted in part
+    assert hint is None or diags[0].hint == hint
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        "overlap_grad_reduce true",
+        "grad_accumulation_fusion true",
+        "dp 2\n  zero 2",
+    ],
+)
+def test_deepspeed_with_what_only_megatron_runs_is_an_error(fields):
+    text = _plan().replace("  microbatches 4\n", f"  microbatches 4\n  {fields}\n")
+    assert "E407" not in _codes(text)  # no runtime written: Megatron's, as the fields imply
+    assert "E407" not in _codes(
+        text.replace("  microbatches 4\n", "  microbatches 4\n  runtime megatron\n")
+    )
+    diags = lint_source(
+        text.replace("  microbatches 4\n", "  microbatches 4\n  runtime deepspeed\n"), "p.octo"
+    )[1]
+    found = [d for d in diags if d.code == "E407"]
+    assert len(found) == 1 and fields.split("\n")[-1].strip() in found[0].message
+
+
+def test_simulate_and_tune_take_the_target_and_refuse_a_contradiction(tmp_path, capsys):
+    plan = tmp_path / "p.octo"
+    plan.write_text(
+        generate_text(
+            "1f1b",
+            2,
+            4,
+            model="nemotron-h-tiny",
+            mesh={"dp": 2, "zero": 1, "overlap_grad_reduce": True},
+        )
+    )
+    static = {}
+    for target in ("megatron", None):
+        assert main(["simulate", str(plan), *(["--target", target] if target else [])]) == 0
+        line = next(
+            l for l in capsys.readouterr().out.splitlines() if l.startswith("static memory")
+        )
+        static[target] = line
+    assert static["megatron"] == static[None]  # the overlap implies Megatron already
+    assert main(["simulate", str(plan), "--target", "deepspeed"]) == 2
+    err = capsys.readouterr().err
+    assert "runtime deepspeed with overlap_grad_reduce true" in err and len(err.splitlines()) == 1
+    out = tmp_path / "t.octo"
+    args = ["tune", "--from", str(plan), "--evaluations", "20", "-o", str(out)]
+    assert main([*args, "--target", "deepspeed"]) == 2
+    assert "runtime deepspeed with overlap_grad_reduce true" in capsys.readouterr().err
+    assert main([*args, "--target", "megatron"]) == 0
+    h = parse_plan(out.read_text(), path="t").header
+    # the --from plan's runtime fields are kept, the runtime is the one given
+    assert h.overlap_grad_reduce and h.runtime == "megatron"
+
+
+def test_convert_says_which_runtime_a_plan_is_costed_for():
+    from octodsl.interop.deepspeed_out import deepspeed_snippet
+
+    megatron = parse_plan(_plan(runtime="megatron"), path="p")
+    assert any("costed for Megatron-LM" in w for w in deepspeed_snippet(megatron).warnings)
+    deepspeed = parse_plan(_plan(runtime="deepspeed"), path="p")
+    assert not any("Megatron-LM" in w for w in deepspeed_snippet(deepspeed).warnings)
+    assert "runtime deepspeed" in megatron_args(deepspeed).text
+    assert "runtime deepspeed" not in megatron_args(megatron).text

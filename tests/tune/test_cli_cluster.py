@@ -10,6 +10,7 @@ import re
 import pytest
 
 from octodsl.cli import main
+from octodsl.lang import parse_plan
 from octodsl.lint import lint_source
 from octodsl.tune.cluster.space import (
     Cluster,
@@ -99,6 +100,14 @@ def one_line_error(capsys) -> str:
         ),
         (["--from", "x.octo"], "--from is not taken"),
         (["--compare", "random"], "--compare is not taken"),
+        (
+            ["--overlap", "grad-reduce", "--target", "deepspeed"],
+            "runtime deepspeed with overlap_grad_reduce true",
+        ),
+        (
+            ["--overlap", "tp-comm", "--sequence-parallel", "false"],
+            "--overlap tp-comm without sequence parallelism",
+        ),
     ],
 )
 def test_hostile_options(tmp_path, capsys, args, message):
@@ -179,3 +188,16 @@ def test_a_global_batch_no_configuration_divides(tmp_path, capsys):
     )
     err = one_line_error(capsys)
     assert "must divide the global batch" in err and "a multiple of 97" in err
+
+
+def test_the_runtime_options_go_into_every_plan(tmp_path):
+    """--overlap and the like were dropped by the whole-cluster search once: every plan it
+    writes takes them, and the runtime they imply (Megatron-LM's for a dp overlap)."""
+    out = tmp_path / "best.octo"
+    args = ["--overlap", "grad-reduce,param-gather,p2p-comm", "--zero", "1", "--top", "2"]
+    assert main(ARGS + [*SEARCH, *args, "-o", str(out)]) == 0
+    for path in (out, tmp_path / "best-2.octo"):
+        h = parse_plan(path.read_text(), path=str(path)).header
+        assert h.overlap_grad_reduce and h.overlap_param_gather and h.overlap_p2p_comm
+        assert h.runtime == "megatron"
+        assert main(["lint", str(path)]) == 0

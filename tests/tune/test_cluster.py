@@ -347,6 +347,14 @@ def test_the_target_says_whose_bytes_per_parameter_a_configuration_holds():
         cluster = Cluster("nemotron-h-tiny", 16, 32, target=target)
         held[target] = problem_of(cluster, config, Tables(cluster))
     nominal = np.array([l.static for l in held["deepspeed"].table.layers])
+    # the plans say so themselves: re-simulated or re-tuned, they keep their runtime
+    assert {t: p.header.runtime for t, p in held.items()} == {t: t for t in held}
+    fields = (("overlap_grad_reduce", True), ("overlap_param_gather", True))
+    cluster = Cluster("nemotron-h-tiny", 16, 32, target=MEGATRON, runtime_fields=fields)
+    h = problem_of(cluster, config, Tables(cluster)).header
+    assert h.overlap_grad_reduce and h.overlap_param_gather
+    unsharded = problem_of(cluster, Config(1, 2, 8, 1, 4, 0, 1), Tables(cluster)).header
+    assert unsharded.overlap_grad_reduce and not unsharded.overlap_param_gather  # E405 at zero 0
     assert held["deepspeed"].layer_static() == pytest.approx(nominal * 9.5 / 16)
     assert held[MEGATRON].layer_static() == pytest.approx(nominal * 9 / 16)
     n = len(nominal)

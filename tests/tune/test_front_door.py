@@ -69,26 +69,15 @@ def test_by_default_every_configuration_proposed_runs_on_the_executor(tmp_path, 
         assert row["zero"] <= EXECUTOR_ZERO and "deepspeed" in row["runtimes"]
 
 
-def test_target_needs_the_whole_cluster_search(tmp_path, capsys):
-    assert (
-        main(
-            [
-                "tune",
-                "--model",
-                MODEL,
-                "-p",
-                "2",
-                "-m",
-                "4",
-                "--target",
-                "megatron",
-                "-o",
-                str(tmp_path / "t.octo"),
-            ]
-        )
-        == 2
-    )
-    assert "--target chooses the runtime" in one_line_error(capsys)
+def test_target_of_a_single_pipeline_search_is_the_plans_runtime(tmp_path):
+    """Without --gpus, --target is the runtime written into the tuned plan (its bytes per
+    parameter), as gen's and simulate's --target."""
+    out = tmp_path / "t.octo"
+    args = ["tune", "--model", MODEL, "-p", "2", "-m", "4", "--evaluations", "10", "-o", str(out)]
+    assert main([*args, "--target", "megatron"]) == 0
+    assert "  runtime megatron\n" in out.read_text()
+    assert main(args) == 0
+    assert "runtime" not in out.read_text()
 
 
 def test_the_executor_limit_is_the_executors():

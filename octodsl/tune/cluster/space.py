@@ -109,6 +109,10 @@ class Cluster:
     """None: on at tp > 1."""
     target: str = DEEPSPEED
     """The runtime the configurations are for (octodsl.tune.target)."""
+    runtime_fields: tuple[tuple[str, bool], ...] = ()
+    """The header's runtime fields every configuration's plans take (`tune --gpus --overlap`
+    and the like: those given), but `overlap_param_gather` at zero 0, where nothing is
+    gathered (lint's E405)."""
 
     def __post_init__(self) -> None:
         for what, value, limit in (
@@ -261,6 +265,11 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
             sequence_parallel=c.sequence_parallel,
             gpus_per_node=c.gpus_per_node,
             ep=config.ep,
+            runtime=c.target,
+            **{
+                name: value and not (name == "overlap_param_gather" and config.zero == 0)
+                for name, value in c.runtime_fields
+            },
         )
     except ValidationError as e:
         raise OctoError(f"{config}: {e.errors()[0]['msg']}") from None
@@ -270,7 +279,6 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
         c.node_link,
         c.recompute,
         inter_link=c.between_nodes,
-        runtime=c.target,
     )
 
 
