@@ -62,14 +62,41 @@ def lower_bound(problem: Problem) -> float:
     W), messages left out since a plan may keep layers together. Unlike the simulator's
     bound, which is a plan's (its stages, its messages), this one holds for every plan of
     the problem, so all are measured against the same number."""
-    layers = problem.table.layers
-    b_from = np.cumsum([l.b for l in reversed(layers)])[::-1]
-    path = sum(l.f for l in layers) + float(np.max(b_from + [l.w for l in layers]))
+    f, b, w = problem.column("f"), problem.column("b"), w_run(problem)
+    b_from = np.cumsum(b[::-1])[::-1]
+    path = float(f.sum()) + float(np.max(b_from + w))
+    work = run_work(problem)
     return max(
-        float(problem.work.sum()) * problem.microbatches / problem.devices,
-        float(problem.work.max()) * problem.microbatches,
+        float(work.sum()) * problem.microbatches / problem.devices,
+        float(work.max()) * problem.microbatches,
         path,
-    )
+    ) + step_seconds(problem)
+
+
+def w_run(problem: Problem) -> np.ndarray:
+    """Each layer's W as every plan of the problem runs it: with its gradient-accumulation pass
+    unless the header fuses it into the GEMM (`LayerCost.w_run`)."""
+    w = problem.column("w")
+    return w if problem.header.grad_accumulation_fusion else w + problem.column("grad_acc")
+
+
+def run_work(problem: Problem) -> np.ndarray:
+    """`Problem.work` with the gradient-accumulation pass each W runs (`w_run`)."""
+    return problem.work + (w_run(problem) - problem.column("w"))
+
+
+def step_seconds(problem: Problem) -> float:
+    """What the optimizer step adds to any plan's iteration: every device steps when the last
+    compute has ended, over its own layers' share (ZeRO-sharded as the header says), so the
+    iteration ends no sooner than the compute's end plus the average step over the devices
+    (the sum over the layers is the same however they are split), plus a calibration's
+    per-iteration overhead (octodsl.sim.simulate)."""
+    h, table = problem.header, problem.table
+    whole = table.range_costs(
+        [(0, len(table.layers) - 1)], (), h.zero, h.dp, h.grad_accumulation_fusion
+    )[0]
+    cal = table.calibration
+    return whole.update / problem.devices + (0.0 if cal is None else cal.step_overhead)
 
 
 def tight_lower_bound(problem: Problem) -> float:
@@ -87,7 +114,8 @@ def tight_lower_bound(problem: Problem) -> float:
     under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
     mode costs against the bytes it saves. The data-parallel collectives no plan avoids
     count too (dp_seconds(), dp_stream_bound())."""
-    f, b, w, ep_f, ep_b = (problem.column(k) for k in ("f", "b", "w", "ep_f", "ep_b"))
+    f, b, ep_f, ep_b = (problem.column(k) for k in ("f", "b", "ep_f", "ep_b"))
+    w = w_run(problem)
     before_f = np.cumsum(f) - f
     before_b = np.cumsum(b) - b
     m = problem.microbatches
@@ -95,9 +123,14 @@ def tight_lower_bound(problem: Problem) -> float:
     # may hide (`Problem.work`); one micro-batch's chain of ops takes each op's whole time
     layer = before_f + m * (f - ep_f + b - ep_b) + np.maximum(m * w, before_b)
     before, after = dp_seconds(problem)
+    step = step_seconds(problem)
     return max(
-        max(lower_bound(problem), float(layer.max()), memory_lower_bound(problem)) + after,
-        problem.microbatches * float(problem.work.sum()) / problem.devices + before + after,
+        lower_bound(problem) + after,
+        max(float(layer.max()), memory_lower_bound(problem)) + after + step,
+        problem.microbatches * float(run_work(problem).sum()) / problem.devices
+        + before
+        + after
+        + step,
         recompute_lower_bound(problem),
         dp_stream_bound(problem),
     )
@@ -113,7 +146,9 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
     the parameters (zero 1 and 2). Ring times are linear in the bytes plus a latency per
     device, so their sum over the devices is the same however the layers are split (with
     devices on different links, at least `fastest_dp_links()`'s): so
-    T >= (all compute + P x before) / P + after, and T >= (the pipeline) + after."""
+    T >= (all compute + P x before) / P + after, and T >= (the pipeline) + after. What the
+    header overlaps counts as hidden: the reduction under `overlap_grad_reduce` (it runs under
+    the last backwards), the all-gather under `overlap_param_gather` (under the next forwards)."""
     h, P = problem.header, problem.devices
     if h.dp <= 1:
         return 0.0, 0.0
@@ -123,10 +158,10 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
     zero = Zero(h.zero)
     after = (
         float(ring_all_gather_time(gathered, h.dp, links).sum()) / P
-        if zero.gathers_parameters
+        if zero.gathers_parameters and not h.overlap_param_gather
         else 0.0
     )
-    if zero.shards_gradients:  # reduce-scattered under later compute: none counted
+    if zero.shards_gradients or h.overlap_grad_reduce:  # under later compute: none counted
         return 0.0, after
     return float(ring_reduction_time(even, h.dp, links, zero, h.reduce_scatter).sum()) / P, after
 
@@ -145,7 +180,7 @@ def dp_stream_bound(problem: Problem) -> float:
     stream = problem.microbatches * float(
         ring_reduction_time(even, h.dp, fastest_dp_links(problem), h.zero, h.reduce_scatter).sum()
     )
-    return stream / P + dp_seconds(problem)[1]
+    return stream / P + dp_seconds(problem)[1] + step_seconds(problem)
 
 
 def memory_lower_bound(problem: Problem) -> float:
@@ -180,8 +215,9 @@ def recompute_lower_bound(problem: Problem) -> float:
     The data-parallel collectives (dp_seconds()) add to the work side before and after the
     step, to the memory side (the pipeline's time) after it."""
     extra, held = _per_mode(problem)
-    work = problem.microbatches * problem.work / problem.devices
+    work = problem.microbatches * run_work(problem) / problem.devices
     before, after = dp_seconds(problem)  # the data-parallel collectives, on both sides
+    after += step_seconds(problem)  # and the optimizer step after the pipeline
     if problem.memory is None:
         return float((work + extra.min(axis=0)).sum()) + before + after
     if not np.isfinite(held).all():
@@ -212,9 +248,10 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     byte-seconds take of the memory left beside the static bytes (inf when none is left;
     0 without a limit)."""
     layers = problem.table.layers
-    f, b, w, act, act_w = (
-        np.array([getattr(l, k) for l in layers], float) for k in ("f", "b", "w", "act", "act_w")
+    f, b, act, act_w = (
+        np.array([getattr(l, k) for l in layers], float) for k in ("f", "b", "act", "act_w")
     )
+    w = w_run(problem)
     later = np.cumsum((f + b)[::-1])[::-1]  # F + B of each layer and all after it
     again, kept = zip(*(_recomputed(problem, m) for m in problem.modes), strict=True)
     M = problem.microbatches
@@ -253,9 +290,11 @@ def layout_lower_bound(problem: Problem, layout: StageLayout) -> float:
     for W through W; all of it in the device's own memory beside its own static bytes (inf
     when none is left for activations a stage holds). Where the pooled bounds let a device
     with little room borrow another's, or let a stage's recompute cost nothing in bytes,
-    this bound does not. Messages count as free, as in the other bounds."""
-    costs = problem.sim_costs(problem.skeleton(layout)).stages
-    f, b, w, bw, act, act_b, act_w, ep_f, ep_b, static = (
+    this bound does not. Messages count as free, as in the other bounds. After the pipeline,
+    each device's optimizer step over its own stages (`step_seconds`)."""
+    sim_costs = problem.sim_costs(problem.skeleton(layout))
+    costs = sim_costs.stages
+    f, b, w, bw, act, act_b, act_w, ep_f, ep_b, static, update = (
         np.array([getattr(c, k) for c in costs], float)
         for k in (
             "f",
@@ -268,6 +307,7 @@ def layout_lower_bound(problem: Problem, layout: StageLayout) -> float:
             "ep_f",
             "ep_b",
             "static",
+            "update",
         )
     )
     back = np.minimum(b, bw)  # the backward's seconds, run split (B) or fused (BW)
@@ -292,4 +332,7 @@ def layout_lower_bound(problem: Problem, layout: StageLayout) -> float:
         pipeline = max(
             pipeline, float(np.max(np.divide(need, room, where=room > 0, out=np.zeros(P))))
         )
-    return max(tight_lower_bound(problem), pipeline + dp_seconds(problem)[1])
+    # each device steps over its own stages once the last compute has ended
+    steps = np.bincount(dev, weights=update, minlength=P)
+    after = max(float(steps.max()), float(steps.mean()) + dp_seconds(problem)[1])
+    return max(tight_lower_bound(problem), pipeline + after + sim_costs.step_overhead)
