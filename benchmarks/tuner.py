@@ -241,6 +241,18 @@ def summary(results: list[dict], others: tuple[str, ...]) -> list[str]:
     return [x for x in lines if x]
 
 
+def _held(zero: int, dp: int) -> str:
+    """A bf16 model's bytes per parameter at this ZeRO stage and dp, as the page says them."""
+    from octodsl.costs.param_bytes import param_bytes
+    from octodsl.plan import DEEPSPEED
+
+    held = param_bytes("bf16", DEEPSPEED, zero, dp)
+    return (
+        f"{held.total:g} bytes per bf16 parameter at zero {zero} over dp {dp}: "
+        f"{held.weights:g} weights, {held.grads:g} gradients, {held.optimizer:g} optimizer state"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=60.0)
@@ -303,8 +315,9 @@ def main() -> int:
         f"({os.cpu_count()} cores; each case in one single-threaded process), "
         f"{time.strftime('%Y-%m-%d')}.",
         "",
-        f"Analytical H800 costs (16 bytes of static memory per parameter: 2 weights, 2 "
-        f"gradients, 12 optimizer state), NVLink messages (8 us + 160 GB/s), seed {args.seed}. "
+        f"Analytical H800 costs (static memory as octodsl's executor on DeepSpeed holds it, "
+        f"octodsl/costs/param_bytes.py: {_held(args.zero, args.dp)}), NVLink messages "
+        f"(8 us + 160 GB/s), seed {args.seed}. "
         f"Memory levers, for the tuner and every baseline alike: dp {args.dp}, ZeRO stage "
         f"{args.zero}, recompute {args.recompute}"
         + (
@@ -318,7 +331,8 @@ def main() -> int:
         + (f"The tuner and {', '.join(others)} each get " if others else "The tuner gets ")
         + f"{args.budget:.0f} s; the tuner also refines the best classic baseline. Times are "
         "simulated iteration times in ms; `eff.` is the lower bound (largest of total work / "
-        "devices, heaviest layer x micro-batches, one micro-batch's path) over the tuned time; "
+        "devices, heaviest layer x micro-batches, one micro-batch's path, each W with its "
+        "gradient-accumulation pass, then the optimizer step) over the tuned time; "
         "`tight eff.` uses the tighter bound that adds each layer's wait for the first "
         "micro-batch's forward (an LM head on 16 devices cannot start before the other "
         "layers' forward) and the memory limit (the activation byte-seconds every micro-batch "
