@@ -68,10 +68,11 @@ def _runtime(args) -> tuple[dict[str, bool], str]:
     the target: --target's, else the one they imply (`plan_runtime`: Megatron-LM's when one
     only it runs is on, else DeepSpeed's). A UserError for --target deepspeed with one of those
     (lint's E407)."""
-    fields = {k: v for k, v in runtime_update(args).items() if k != "runtime"}
-    header = Header(name="tune --gpus", devices=1, microbatches=1, runtime=args.target, **fields)
+    fields = {k: bool(v) for k, v in runtime_update(args).items() if k != "runtime"}
+    header = Header(name="tune --gpus", devices=1, microbatches=1, runtime=args.target)
+    header = header.model_copy(update=fields)
     refuse_runtime_conflict("tune --gpus", header)
-    return fields, plan_runtime(header)  # type: ignore[return-value]
+    return fields, plan_runtime(header)
 
 
 def run_cluster(args, began: float) -> int:

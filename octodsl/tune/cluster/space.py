@@ -266,10 +266,11 @@ def problem_of(cluster: Cluster, config: Config, tables: Tables) -> Problem:
             gpus_per_node=c.gpus_per_node,
             ep=config.ep,
             runtime=c.target,
-            **{
+        ).model_copy(
+            update={
                 name: value and not (name == "overlap_param_gather" and config.zero == 0)
                 for name, value in c.runtime_fields
-            },
+            }
         )
     except ValidationError as e:
         raise OctoError(f"{config}: {e.errors()[0]['msg']}") from None
