@@ -9,8 +9,8 @@ recompute auto) whose tuned plan was below 0.90 of the tight bound there. Each r
 single-threaded process: the tuner as tuner.py runs it (`tune_and_compare`, seed 0, the best
 classic baseline refined too) with `--budget`, then a second, independent search with another
 seed and `--long-budget` seconds, refining the same baseline but not the first tuned plan. The
-best-known plan is the faster of the two. Beside them: the tight bound as `--levers` recorded
-it (old) and as bounds.py computes it now (new: recompute charged its bytes for its seconds),
+best-known plan is the faster of the two. Beside them: the tight bound as bounds.py computed
+it at OLD_BOUNDS (old) and as it does now (new: each W with its accumulation pass, the step),
 and `bounds.layout_lower_bound` of the tuned and of the best-known plan's layout (what any
 schedule of that partition, placement and recompute needs, memory kept apart per device).
 """
@@ -39,8 +39,9 @@ EXPLAINED = 1.02
 """A case is explained when the tuned plan is within 2% of the best-known one."""
 
 
-OLD_BOUNDS = "502787b"
-"""The commit whose bounds.py is the old tight bound: the last before issue 30's change."""
+OLD_BOUNDS = "2a0d38c"
+"""The commit whose bounds.py is the old tight bound: the last before the bounds counted each
+W's gradient-accumulation pass and the optimizer step (4985d82)."""
 
 
 def old_tight_lower_bound(problem) -> float:
@@ -202,10 +203,10 @@ def main() -> int:
         "it is only a long tuner run, the weakest kind of reference, so `explained` (the tuned "
         f"plan within {EXPLAINED - 1:.0%} of it) says the tuner's own longer search found no "
         "better plan, not that none exists. `old tight`: `Problem.tight_lower_bound` as bounds.py "
-        f"computed it at commit {OLD_BOUNDS}, `new tight`: as now (a recompute's bytes held "
-        "for its seconds), both on today's costs (the costs changed since "
-        f"`{Path(args.levers).name}` was made, so its figures are not today's: its tight "
-        "bound over its tuned time picked the cases). `layout bound`: "
+        f"computed it at commit {OLD_BOUNDS}, `new tight`: as now (each W with its "
+        "gradient-accumulation pass, then the optimizer step: work every plan runs), both on "
+        f"today's costs (`{Path(args.levers).name}`'s tight bound over its tuned time picked "
+        "the cases). `layout bound`: "
         "`bounds.layout_lower_bound`, what any schedule of that plan's partition, placement "
         "and recompute needs (per device its waits and compute, recompute included, and its "
         "activation byte-seconds within its own memory beside its own static bytes). The gap "
