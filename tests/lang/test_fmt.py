@@ -157,6 +157,8 @@ def plans(draw):
                             ["tp 2", "sequence_parallel false"],
                             ["sequence_parallel true", "tp 4", "gpus_per_node 4"],
                             ["gpus_per_node 16"],
+                            ["runtime megatron"],
+                            ["runtime deepspeed", "overlap_p2p_comm false"],
                         ]
                     )
                 )

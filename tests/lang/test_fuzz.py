@@ -60,6 +60,10 @@ TOKENS = [
     "false",
     "gpus_per_node",
     "2.5",
+    "runtime",
+    "megatron",
+    "runtime deepspeed",
+    "overlap_grad_reduce true",
 ]
 
 
