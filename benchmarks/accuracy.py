@@ -2,7 +2,7 @@
 never ran (issues 7 and 19).
 
     .venv/bin/python benchmarks/accuracy.py [--models nemotron-h-tiny[,jamba-tiny:1x128]]
-        [--allocator steady[,default]] [--steps 12] [--warmup 2] [--out benchmarks/accuracy.md]
+        [--allocator steady[,default]] [--steps 12] [--warmup 2] [-o benchmarks/accuracy.md]
         [--workdir DIR] [--report-only] [--analyse-only]
 
 Per model:
@@ -30,7 +30,7 @@ calibration and evaluation alike) with glibc told to keep freed memory (MALLOC_M
 MALLOC_TRIM_THRESHOLD_); `default` leaves glibc's defaults, under which it hands freed
 activation memory back to the system between micro-batches and page-faults it back in later.
 
-Writes the markdown report (--out) and the raw numbers beside it (.json); `--report-only` writes
+Writes the markdown report (-o/--out) and the raw numbers beside it (.json); `--report-only` writes
 the report again from those numbers; `--analyse-only` fits and simulates again from the traces
 kept in --workdir (no runs). Run it on a quiet machine: the report states the load average, the
 other busy processes before and after, and the CPU other processes used while each plan ran.
@@ -52,6 +52,9 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from machine import check_outputs, write_outputs  # noqa: E402
 
 from octodsl.calibrate.compare import compare  # noqa: E402
 from octodsl.calibrate.fit import Run, fit, stage_bases  # noqa: E402
@@ -60,6 +63,7 @@ from octodsl.calibrate.plans import calibration_plans  # noqa: E402
 from octodsl.calibrate.runner import run_plans  # noqa: E402
 from octodsl.costs.devices import get_link  # noqa: E402
 from octodsl.costs.profile import read_profile, write_profile  # noqa: E402
+from octodsl.fileio import write_atomic  # noqa: E402
 from octodsl.gen import generate_text, render_plan  # noqa: E402
 from octodsl.lang import parse_plan  # noqa: E402
 from octodsl.models import load_model  # noqa: E402
@@ -264,7 +268,7 @@ def _profile(spec, work: Path, path: Path):
     process's) an op that frees and reallocates large tensors takes 1x or 3.5x its time from
     one sample to the next (jamba-tiny's MoE W: 8 or 29 ms)."""
     spec_path = work / "model.json"
-    spec_path.write_text(json.dumps(spec.model_dump()))
+    write_atomic(spec_path, json.dumps(spec.model_dump()))
     cmd = [
         str(Path(sys.executable).parent / "octodsl"),
         "profile",
@@ -315,7 +319,7 @@ def measure(model: str, spec, work: Path, steps: int) -> Path:
         tags = {n: tg for n, _, tg in held[p]}
         for r in launch.runs:
             text = dict(mine)[r.name]
-            (work / f"{r.name}.octo").write_text(text)
+            write_atomic(work / f"{r.name}.octo", text)
             plans.append(
                 {
                     "name": r.name,
@@ -328,7 +332,8 @@ def measure(model: str, spec, work: Path, steps: int) -> Path:
                 }
             )
     manifest = work / "manifest.json"
-    manifest.write_text(
+    write_atomic(
+        manifest,
         json.dumps(
             {
                 "model": model,
@@ -338,7 +343,7 @@ def measure(model: str, spec, work: Path, steps: int) -> Path:
                 "plans": plans,
             },
             indent=1,
-        )
+        ),
     )
     return manifest
 
@@ -803,14 +808,14 @@ def main() -> int:
     p.add_argument(
         "--warmup", type=int, default=WARMUP, help="steps not timed at the start of each run"
     )
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "accuracy.md"))
+    p.add_argument("-o", "--out", default=str(ROOT / "benchmarks" / "accuracy.md"))
     p.add_argument(
         "--workdir", help="keep plans, traces and profiles here (default: a temporary directory)"
     )
     p.add_argument(
         "--report-only",
         action="store_true",
-        help="write the report again from the raw numbers beside --out (.json), "
+        help="write the report again from the raw numbers beside -o/--out (.json), "
         "without running anything",
     )
     p.add_argument(
@@ -820,7 +825,15 @@ def main() -> int:
         "running anything",
     )
     args = p.parse_args()
-    raw = Path(args.out).with_suffix(".json")
+    out = Path(args.out)
+    raw = out.with_suffix(".json")
+    runs = not (args.report_only or args.analyse_only)  # a run fills --workdir
+    if not check_outputs(
+        "accuracy.py",
+        [out] if args.report_only else [out, raw],
+        [args.workdir] if args.workdir and runs else [],
+    ):
+        return 2
     if args.report_only:
         data = json.loads(raw.read_text())
         text = report(
@@ -831,7 +844,8 @@ def main() -> int:
             data["seconds"],
             data["command"],
         )
-        Path(args.out).write_text(text)
+        if not write_outputs("accuracy.py", {out: text}):
+            return 2
         print(text)
         return 0
     if args.analyse_only and not args.workdir:
@@ -862,20 +876,16 @@ def main() -> int:
         loads, seconds = old["loads"], old["seconds"]
         command = f"{old['command']}, analysed again with `{command}`"
     text = report(configs, loads, args.steps, args.warmup, seconds, command)
-    Path(args.out).write_text(text)
-    raw.write_text(
-        json.dumps(
-            {
-                "command": command,
-                "seconds": seconds,
-                "steps": args.steps,
-                "warmup": args.warmup,
-                "configs": configs,
-                "loads": loads,
-            },
-            indent=1,
-        )
-    )
+    numbers = {
+        "command": command,
+        "seconds": seconds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "configs": configs,
+        "loads": loads,
+    }
+    if not write_outputs("accuracy.py", {out: text, raw: json.dumps(numbers, indent=1)}):
+        return 2
     print(text)
     log(f"wrote {args.out}; traces in {work}")
     return 0

@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_MODELS = ("nemotron-h-56b", "nemotron-h-8b", "jamba-v0.1", "llama3-70b")
@@ -530,7 +530,10 @@ def findings(paper: list[dict], curves: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def plot(curves: dict[str, list[dict]], path: Path) -> None:
+def plot(curves: dict[str, list[dict]]) -> bytes:
+    """The scaling curves as a PNG."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -584,8 +587,10 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    return png.getvalue()
 
 
 def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
@@ -599,7 +604,7 @@ def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
         p: sorted(part(p), key=lambda r: (r["gpus"], r["global_batch"]))
         for p in ("strong", "weak", "batch")
     }
-    plot(curves, png)
+    image = plot(curves)
     paper = part("paper")
     scale = sorted(part("scale"), key=lambda r: r["gpus"])
     wide = part("wide")
@@ -690,7 +695,7 @@ def report(data: dict, md: Path, png: Path, remade: str = "") -> str:
         *findings(paper, curves),
         "",
     ]
-    if not write_outputs("cluster.py", {md: "\n".join(text)}):
+    if not write_outputs("cluster.py", {md: "\n".join(text), png: image}):
         raise SystemExit(2)
     return "\n".join(text)
 
@@ -710,6 +715,9 @@ def main() -> int:
     ap.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "cluster.md")
     args = ap.parse_args()
     md, png = args.output, args.output.with_name(args.output.stem + "_scaling.png")
+    written = [md, png] if args.from_json else [md, md.with_suffix(".json"), png]
+    if not check_outputs("cluster.py", written):
+        return 2
     if args.from_json:
         again = " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:])
         print(

@@ -2,7 +2,7 @@
 
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 deepspeed --num_gpus 2 benchmarks/executor_bench.py \\
         [--model nemotron-h-tiny] [--seq-len 128] [--microbatches 8] [--rounds 12] [--steps 1] \\
-        [--out benchmarks/executor_results.json]
+        [-o benchmarks/executor_results.json]
 
 Engines, all on the same model, data and config, built once and measured in turns (round
 robin, so that they share the machine's state):
@@ -30,9 +30,11 @@ import torch
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import deepspeed  # noqa: E402
 from deepspeed import comm as dist  # noqa: E402
+from machine import check_outputs, write_outputs  # noqa: E402
 from train import step_data  # noqa: E402
 
 from octodsl.costs.profiler import profile_model  # noqa: E402
@@ -54,7 +56,7 @@ def parse_args():
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--steps", type=int, default=1, help="steps per engine per turn")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "executor_results.json"))
+    p.add_argument("-o", "--out", default=str(ROOT / "benchmarks" / "executor_results.json"))
     p.add_argument("--local_rank", type=int, default=-1)
     return p.parse_args()
 
@@ -79,8 +81,10 @@ def layer_seconds(spec) -> list[float]:
     return box[0]
 
 
-def main() -> None:
+def main() -> int:
     args = parse_args()
+    if not check_outputs("executor_bench.py", [args.out]):  # each rank: all stop before the group
+        return 2
     torch.set_num_threads(1)
     init_distributed("gloo")
     devices = dist.get_world_size()
@@ -131,7 +135,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
                 step += 1
     if dist.get_rank() != 0:
-        return
+        return 0
     stock_med, stock_best = statistics.median(times["stock"][1:]), min(times["stock"][1:])
     rows = []
     for name, ts in times.items():
@@ -160,7 +164,8 @@ def main() -> None:
         "load_average": [load_before, os.getloadavg()],
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    if not write_outputs("executor_bench.py", {Path(args.out): json.dumps(result, indent=1)}):
+        return 2
     print(
         "| engine | median step (s) | tokens/s | vs stock | best step (s) | best tokens/s | vs stock |\n"
         "|---|---|---|---|---|---|---|"
@@ -173,4 +178,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,8 +23,10 @@ from pathlib import Path
 
 from machine import (  # benchmarks/machine.py: scripts run from their folder
     ROOT,
+    check_outputs,
     commit,
     cpu_model,
+    write_outputs,
 )
 
 
@@ -58,11 +60,13 @@ def run_tests() -> tuple[str, float, str]:
     return summary, seconds, ", ".join(failed)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("-o", "--output", default=str(ROOT / "benchmarks" / "executor_under_load.md"))
     args = ap.parse_args()
+    if not check_outputs("executor_under_load.py", [args.output]):
+        return 2
     cores = os.cpu_count() or 1
     busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(cores)]
     for p in busy:
@@ -95,8 +99,8 @@ def main() -> None:
             "",
         ]
     )
-    Path(args.output).write_text(text)
+    return 0 if write_outputs("executor_under_load.py", {Path(args.output): text}) else 2
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

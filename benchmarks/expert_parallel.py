@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 
 MODELS = ("jamba-v0.1", "qwen3-next-80b")
 GPUS = (64, 128, 256)
@@ -142,6 +142,8 @@ def main() -> int:
         "--budget", type=float, default=BUDGET, help="seconds per search (default %(default)s)"
     )
     args = ap.parse_args()
+    if not check_outputs("expert_parallel.py", [args.output]):
+        return 2
     if not 1 <= args.budget <= 3600:
         print("expert_parallel.py: --budget takes 1 to 3600 seconds", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import commit, write_outputs  # noqa: E402
+from machine import check_outputs, commit, write_outputs  # noqa: E402
 from published import load, rows, spec_of  # noqa: E402
 
 PROFILE = {
@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "fit_overheads.md")
     args = ap.parse_args(argv)
+    if not check_outputs("fit_overheads.py", [args.output]):
+        return 2
     text = [
         "# Per-op overheads fitted to ZeroBubble's per-op profile",
         "",

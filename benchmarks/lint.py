@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import check_outputs, write_outputs  # benchmarks/machine.py: run from its folder
+
 from octodsl.gen import generate_text
 from octodsl.lint import lint_source
 
@@ -38,10 +40,12 @@ def best(fn, runs: int) -> float:
     return min(times)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-o", "--output", default=str(Path(__file__).with_suffix(".md")))
     args = ap.parse_args()
+    if not check_outputs("lint.py", [args.output]):
+        return 2
     octodsl = Path(sys.executable).with_name("octodsl")
     rows = []
     for name, p, m, v in CASES:
@@ -76,8 +80,8 @@ def main() -> None:
         *rows,
         "",
     ]
-    Path(args.output).write_text("\n".join(out))
+    return 0 if write_outputs("lint.py", {Path(args.output): "\n".join(out)}) else 2
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

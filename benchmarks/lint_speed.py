@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from lint import best  # benchmarks/lint.py: the same best-of-n timing
+from machine import check_outputs, write_outputs  # benchmarks/machine.py
 
 from octodsl.limits import MAX_OPS
 
@@ -43,10 +44,12 @@ def duplicates_plan() -> str:
     )
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-o", "--output", default=str(Path(__file__).with_suffix(".md")))
     args = ap.parse_args()
+    if not check_outputs("lint_speed.py", [args.output]):
+        return 2
     octodsl = Path(sys.executable).with_name("octodsl")
     rows = []
     for label, text in (
@@ -78,8 +81,8 @@ def main() -> None:
         *rows,
         "",
     ]
-    Path(args.output).write_text("\n".join(out))
+    return 0 if write_outputs("lint_speed.py", {Path(args.output): "\n".join(out)}) else 2
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

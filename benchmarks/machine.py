@@ -1,11 +1,13 @@
 """What a benchmark's table says about where it ran (the CPU model and the commit), and the
-one way a benchmark writes its tables."""
+one way a benchmark writes its tables: `check_outputs` before any work (a benchmark runs for up
+to half an hour; a typo in -o must not cost that), `write_outputs` at the end (atomically)."""
 
 from __future__ import annotations
 
 import platform
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +29,23 @@ def commit() -> str:
     )
 
 
-def write_outputs(script: str, files: dict[Path, str]) -> bool:
+def check_outputs(
+    script: str, files: Iterable[str | Path], folders: Iterable[str | Path] = ()
+) -> bool:
+    """Before any work: whether each of `files` can be written (octodsl.fileio.unwritable: its
+    folder exists and is writable, the path is no folder and no read-only file) and each of
+    `folders` made and written into; if not, say why in one line, as `script` (its name), and
+    return False (the benchmark then exits with status 2)."""
+    from octodsl.fileio import unwritable, unwritable_folder
+
+    for why in [*map(unwritable, files), *map(unwritable_folder, folders)]:
+        if why:
+            print(f"{script}: {why}", file=sys.stderr)
+            return False
+    return True
+
+
+def write_outputs(script: str, files: Mapping[Path, str | bytes]) -> bool:
     """Write each file atomically; on failure say which in one line, as `script` (its name),
     and return False."""
     from octodsl.fileio import write_atomic

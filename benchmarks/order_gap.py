@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from machine import check_outputs, write_outputs  # noqa: E402
+
 GIB = 2**30
 CASES = ("nemotron-h-8b:4:8", "nemotron-h-8b:8:16", "llama3-8b:8:16", "jamba-v0.1:16:32")
 """The cases under efficiency 0.95 that no bound rules out (and one that meets it)."""
@@ -117,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", default="80", help="GiB per device, or none")
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "order_gap.md"))
     args = ap.parse_args(argv)
+    out = Path(args.output)
+    if not check_outputs("order_gap.py", [out, out.with_suffix(".json")]):
+        return 2
     memory = None if args.memory == "none" else float(args.memory)
     results = []
     for case in args.cases:
@@ -147,8 +153,9 @@ def main(argv=None) -> int:
         *table(results),
         "",
     ]
-    Path(args.output).write_text("\n".join(text))
-    Path(args.output).with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    files = {out: "\n".join(text), out.with_suffix(".json"): json.dumps(results, indent=1) + "\n"}
+    if not write_outputs("order_gap.py", files):
+        return 2
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 

@@ -30,7 +30,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 
 DATA = REPO / "benchmarks" / "published_runs.yaml"
 SPECS = REPO / "benchmarks" / "published"
@@ -93,7 +93,8 @@ def write_spec(model: dict) -> Path:
     )
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        if not write_outputs("published.py", {path: text}):
+            raise SystemExit(2)
     return path
 
 
@@ -243,7 +244,10 @@ def export_plan(row: dict, recompute: str, folder: Path) -> None:
 
     plan = _plan(row, write_spec(row["model"]), setup(row), recompute)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{row['id']}.octo").write_text(render_plan(plan, {}, row["id"]))
+    if not write_outputs(
+        "published.py", {folder / f"{row['id']}.octo": render_plan(plan, {}, row["id"])}
+    ):
+        raise SystemExit(2)
 
 
 BEFORE = REPO / "benchmarks" / "published_before.json"
@@ -539,6 +543,10 @@ def main() -> int:
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "published.md"))
     ap.add_argument("--export", metavar="DIR", help="also write each row's plan to DIR/<id>.octo")
     args = ap.parse_args()
+    out = Path(args.output)
+    written = [] if args.rows else [out, out.with_suffix(".json")]  # --rows: a look, no table
+    if not check_outputs("published.py", written, [args.export] if args.export else []):
+        return 2
     from octodsl.sim import warm_up
 
     warm_up()
@@ -567,7 +575,6 @@ def main() -> int:
     )
     if args.rows:
         return 0
-    out = Path(args.output)
     command = ".venv/bin/python benchmarks/published.py"
     tables = {
         out: report(results, ranks, data, command, time.perf_counter() - t0),

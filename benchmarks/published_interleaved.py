@@ -49,7 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import published as P  # noqa: E402
-from machine import commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 
 F, B = "F", "B"
 
@@ -469,6 +469,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "published_interleaved.md"))
     args = ap.parse_args()
+    if not check_outputs("published_interleaved.py", [args.output]):
+        return 2
     done = REPO / "benchmarks" / "published.json"
     recompute = {r["id"]: r["recompute"] for r in json.loads(done.read_text())["rows"]}
     t0 = time.perf_counter()

@@ -38,8 +38,10 @@ from pathlib import Path
 
 from machine import (  # benchmarks/machine.py: scripts run from their folder
     ROOT,
+    check_outputs,
     commit,
     cpu_model,
+    write_outputs,
 )
 
 MODEL = "nemotron-h-tiny"
@@ -301,7 +303,7 @@ NOTES = """Reading the table:
   messages in flight, and DeepSpeed's own buffers."""
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--profile",
@@ -314,7 +316,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         worker(args.worker)
-        return
+        return 0
+    if not check_outputs("recompute_memory.py", [args.output]):
+        return 2
     command = "python benchmarks/recompute_memory.py" + (
         f" --profile {args.profile}" if args.profile else ""
     )
@@ -325,9 +329,11 @@ def main() -> None:
         out = Path(tmp) / "rows.json"
         launch(out)
         text = report(json.loads(out.read_text()), profile, command)
-    Path(args.output).write_text(text)
+    if not write_outputs("recompute_memory.py", {Path(args.output): text}):
+        return 2
     print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

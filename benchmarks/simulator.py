@@ -33,6 +33,8 @@ from octodsl.sim.jit import JIT
 from octodsl.sim.report import summary
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from machine import check_outputs, write_outputs  # noqa: E402
 
 
 def timed(fn, runs: int) -> tuple[float, object]:
@@ -156,11 +158,13 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms"
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the 64 x 512 case")
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "simulator.md"))
     args = ap.parse_args()
+    if not check_outputs("simulator.py", [args.output]):
+        return 2
     load = os.getloadavg()[0]
     warm_up()
     nvlink, ib = get_link("nvlink"), get_link("ib-ndr")
@@ -264,9 +268,11 @@ def main() -> None:
         "",
     ]
     text = "\n".join(lines)
-    Path(args.output).write_text(text)
+    if not write_outputs("simulator.py", {Path(args.output): text}):
+        return 2
     print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

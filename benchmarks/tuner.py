@@ -26,6 +26,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from machine import check_outputs, write_outputs  # noqa: E402
+
 MODELS = ("nemotron-h-8b", "nemotron-h-56b", "jamba-v0.1", "qwen3-next-80b", "llama3-8b")
 HYBRIDS = MODELS[:4]
 GIB = 2**30
@@ -283,6 +286,9 @@ def main() -> int:
     )
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner.md"))
     args = ap.parse_args()
+    out = Path(args.output)
+    if not check_outputs("tuner.py", [out, out.with_suffix(".json")]):
+        return 2
     others = tuple(x for x in args.others.split(",") if x)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
@@ -353,9 +359,8 @@ def main() -> int:
             "",
             *summary(part, others),
         ]
-    Path(args.output).write_text("\n".join(text) + "\n")
-    Path(args.output).with_suffix(".json").write_text(json.dumps(results, indent=1))
-    return 0
+    files = {out: "\n".join(text) + "\n", out.with_suffix(".json"): json.dumps(results, indent=1)}
+    return 0 if write_outputs("tuner.py", files) else 2
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.machine import commit, cpu_model  # noqa: E402
+from benchmarks.machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 
 GIB = 2**30
 BELOW = 0.90
@@ -161,8 +161,9 @@ def main() -> int:
     ap.add_argument("--zero", type=int, default=1, choices=(0, 1, 2), help="as --levers was made")
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_gap.md"))
     args = ap.parse_args()
-    from octodsl.fileio import write_atomic
-
+    out = Path(args.output)
+    if not check_outputs("tuner_gap.py", [out, out.with_suffix(".json")]):
+        return 2
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
     todo = [
@@ -230,9 +231,11 @@ def main() -> int:
             for r in results
         ),
     ]
-    write_atomic(args.output, "\n".join(text) + "\n")
-    write_atomic(Path(args.output).with_suffix(".json"), json.dumps(results, indent=1) + "\n")
-    return 0
+    files = {
+        out: "\n".join(text) + "\n",
+        out.with_suffix(".json"): json.dumps(results, indent=1) + "\n",
+    }
+    return 0 if write_outputs("tuner_gap.py", files) else 2
 
 
 if __name__ == "__main__":

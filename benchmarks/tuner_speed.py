@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from machine import ROOT, commit, cpu_model, write_outputs
+from machine import ROOT, check_outputs, commit, cpu_model, write_outputs
 
 GIB = 2**30
 CASES = tuple(
@@ -164,6 +164,9 @@ def main() -> int:
         print(json.dumps(worker(args.worker, args.evaluations)))
         return 0
     _check(ap, args)
+    written = [] if args.output is None else [args.output, args.output.with_suffix(".json")]
+    if args.same_as is None and not check_outputs("tuner_speed.py", written):
+        return 2
     if args.same_as is not None:
         return same_as(args.same_as, args.cases, args.evaluations)
 
@@ -225,7 +228,7 @@ def main() -> int:
             args.output.with_suffix(".json"): json.dumps(rows, indent=1) + "\n",
         }
         if not write_outputs("tuner_speed.py", files):
-            return 1
+            return 2
     return 0
 
 

@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import commit, cpu_model  # noqa: E402
+from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 from tuner import _recompute, _x, geomean  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,6 +215,9 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_tp.md"))
     args = ap.parse_args()
+    out = Path(args.output)
+    if not check_outputs("tuner_tp.py", [out, out.with_suffix(".json")]):
+        return 2
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
     todo = [(m, *mesh) for m in args.models for mesh in MESHES]
@@ -269,8 +272,9 @@ def main() -> int:
         *summary(results),
         "",
     ]
-    Path(args.output).write_text("\n".join(text))
-    Path(args.output).with_suffix(".json").write_text(json.dumps(results, indent=1))
+    files = {out: "\n".join(text), out.with_suffix(".json"): json.dumps(results, indent=1)}
+    if not write_outputs("tuner_tp.py", files):
+        return 2
     print("\n".join(text))
     return 0
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 
 CASES = ((8, 512), (16, 256), (8, 128))
 """(devices, micro-batches) of nemotron-h-8b, tuned for 60 plans."""
@@ -71,6 +71,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", type=Path, default=Path("benchmarks/write_check.md"))
     args = ap.parse_args()
+    if not check_outputs("write_check.py", [args.output]):
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         rows = [measure(p, m, Path(tmp)) for p, m in CASES]
     lines = [

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fit_overheads import PROFILE  # noqa: E402
-from machine import commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
 
 from octodsl.costs.table import CostTable, LayerCost, Link  # noqa: E402
 from octodsl.gen import generate  # noqa: E402
@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evaluations", type=int, default=3000)
     ap.add_argument("-o", "--output", type=Path, default=REPO / "benchmarks" / "zb_auto.md")
     args = ap.parse_args(argv)
+    if not check_outputs("zb_auto.py", [args.output]):
+        return 2
     if not 1 <= args.evaluations <= 10**6:
         ap.error("--evaluations takes 1 to 1,000,000")
     began = time.perf_counter()
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     text = report(rows, args, time.perf_counter() - began)
-    return 0 if write_outputs("zb_auto.py", {args.output: text}) else 1
+    return 0 if write_outputs("zb_auto.py", {args.output: text}) else 2
 
 
 def report(rows, args, seconds: float) -> str:

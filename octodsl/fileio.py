@@ -4,6 +4,8 @@
 it over `path` in one step, so a full disk, a quota or an interrupt leaves the old file whole
 (a plan `octodsl fmt` rewrites in place, a profile `calibrate -o` replaces) and never a
 truncated one. `open_atomic` is the same for writers that want a file object (matplotlib).
+`unwritable(path)` and `unwritable_folder(path)` say beforehand why a write would fail, so that
+a long job (a search, a benchmark) refuses at its start instead of losing its result at its end.
 """
 
 from __future__ import annotations
@@ -53,6 +55,45 @@ def open_atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             os.unlink(temp)
         raise
     _sync_folder(target.parent)
+
+
+def unwritable(path: str | os.PathLike) -> str | None:
+    """Why a file cannot be written at `path`, in one line naming it ("cannot write out/t.md:
+    there is no folder out"), or None when `write_atomic` can write it. The folder must exist
+    (`write_atomic` makes none) and take new files (the temporary one), and a file already
+    there must be writable (`open_atomic` refuses a read-only one)."""
+    text = os.fspath(path)
+    if not text:
+        return "no file name given"
+    if text.endswith(("/", os.sep)):  # `out/` would be written as the file `out`
+        return f"cannot write {text}: it ends in '/': give a file's name, not a folder's"
+    if os.path.isdir(text):
+        return f"cannot write {text}: it is a folder"
+    folder = os.path.dirname(os.path.realpath(text))
+    shown = os.path.dirname(text) or "."
+    if not os.path.isdir(folder):
+        return f"cannot write {text}: there is no folder {shown}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write {text}: the folder {shown} is not writable"
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        return f"cannot write {text}: it is read-only"
+    return None
+
+
+def unwritable_folder(path: str | os.PathLike) -> str | None:
+    """Why files cannot be written into the folder `path`, made with its parents where missing
+    (`mkdir(parents=True)`), in one line naming it; None when they can."""
+    text = os.fspath(path)
+    if not text:
+        return "no folder name given"
+    existing = Path(os.path.realpath(text))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot write {text}: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write {text}: the folder {existing} is not writable"
+    return None
 
 
 def _create_temporary(target: Path) -> tuple[Path, int]:

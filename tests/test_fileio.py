@@ -11,7 +11,7 @@ import pytest
 
 from octodsl.cli import main
 from octodsl.costs.table import Link, uniform_stage_costs
-from octodsl.fileio import open_atomic, write_atomic
+from octodsl.fileio import open_atomic, unwritable, unwritable_folder, write_atomic
 from octodsl.gen import generate, generate_text
 from octodsl.sim import SimCosts, compile, simulate
 
@@ -111,6 +111,49 @@ def test_a_read_only_file_is_refused(tmp_path):
     with pytest.raises(PermissionError):
         write_atomic(path, "new")
     assert path.read_text() == OLD
+
+
+def test_unwritable_says_why(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert unwritable(tmp_path / "new.md") is None and unwritable(tmp_path / "file") is None
+    assert unwritable("") == "no file name given"
+    assert unwritable(f"{tmp_path}/") == (
+        f"cannot write {tmp_path}/: it ends in '/': give a file's name, not a folder's"
+    )
+    assert unwritable(tmp_path / "file" / "t.md") == (
+        f"cannot write {tmp_path}/file/t.md: there is no folder {tmp_path}/file"
+    )
+
+
+def test_unwritable_folder_says_why(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert unwritable_folder(tmp_path) is None
+    assert unwritable_folder(tmp_path / "new" / "deeper") is None  # made with its parents
+    assert unwritable_folder(tmp_path / "file") == (
+        f"cannot write {tmp_path}/file: {tmp_path}/file is a file, not a folder"
+    )
+    assert unwritable_folder(tmp_path / "file" / "plans") == (
+        f"cannot write {tmp_path}/file/plans: {tmp_path}/file is a file, not a folder"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write any file")
+def test_unwritable_names_a_read_only_file_and_folder(tmp_path):
+    (tmp_path / "plan.octo").write_text(OLD)
+    (tmp_path / "plan.octo").chmod(0o444)
+    assert (
+        unwritable(tmp_path / "plan.octo") == f"cannot write {tmp_path}/plan.octo: it is read-only"
+    )
+    tmp_path.chmod(0o555)
+    try:
+        assert unwritable(tmp_path / "new.octo") == (
+            f"cannot write {tmp_path}/new.octo: the folder {tmp_path} is not writable"
+        )
+        assert unwritable_folder(tmp_path / "plans") == (
+            f"cannot write {tmp_path}/plans: the folder {tmp_path} is not writable"
+        )
+    finally:
+        tmp_path.chmod(0o755)
 
 
 # --- Every writer ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ..costs.devices import (
     INTER_NODE_LINK,  # --inter-node-link's default, for the commands
 )
 from ..errors import OctoError
-from ..fileio import write_atomic
+from ..fileio import unwritable, write_atomic
 from ..plan import OVERLAPS, RUNTIME_SWITCHES, RUNTIMES
 from ..units import exact_size, parse_size
 
@@ -447,24 +447,11 @@ def output(*suffixes: str) -> Callable[[str], str]:
 
 
 def _unwritable(path: str, suffixes: tuple[str, ...]) -> str | None:
-    if not path:
-        return "no file name given"
-    if path.endswith(("/", os.sep)):  # `out/` would be written as the file `out`
-        return f"{path} ends in '/': give a file's name, not a folder's"
-    if os.path.isdir(path):
-        return f"{path} is a folder"
-    if Path(path).suffix.lower() not in suffixes:
+    why = unwritable(path)
+    if why is None and Path(path).suffix.lower() not in suffixes:
         # Written exactly where asked, never under another name: the name must say what it is.
-        return f"{path} must end in {' or '.join(suffixes)} (the file written is that kind)"
-    folder = os.path.dirname(os.path.realpath(path))
-    shown = os.path.dirname(path) or "."
-    if not os.path.isdir(folder):
-        return f"cannot write {path}: there is no folder {shown}"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot write {path}: the folder {shown} is not writable"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return f"cannot write {path}: it is read-only"
-    return None
+        why = f"{path} must end in {' or '.join(suffixes)} (the file written is that kind)"
+    return why
 
 
 def check_outputs(args, *dests: str, more: Iterable[tuple[str, str]] = ()) -> None:

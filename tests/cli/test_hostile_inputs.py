@@ -244,7 +244,7 @@ def test_every_top_output_is_checked_before_the_search(here, capsys):
             "-o",
             "best.octo",
         )
-        == "--top: best-3.octo is a folder"
+        == "--top: cannot write best-3.octo: it is a folder"
     )
     assert not (here / "best.octo").exists()
 

@@ -1,0 +1,62 @@
+"""Every benchmark that takes -o refuses an output it cannot write before it does any work
+(benchmarks/machine.py: check_outputs), in one line naming the path, with status 2: a run of up
+to half an hour must not find out at its end that its table has nowhere to go.
+
+The scripts are found from their files (an `add_argument("-o", ...)`), so a new benchmark is
+checked without being listed here. That a script did no work is told by what it left: nothing
+printed but the one line (each prints its progress as it goes) and nothing written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = sorted(
+    p.name
+    for p in BENCHMARKS.glob("*.py")
+    if re.search(r"""add_argument\(\s*["']-o["']""", p.read_text())
+)
+
+
+def test_the_scripts_are_found():
+    # A pattern that matched nothing would leave every test below without a case.
+    assert {"tuner.py", "cluster.py", "published.py"} <= set(SCRIPTS), SCRIPTS
+
+
+def refused(script: str, output: Path, cwd: Path) -> str:
+    """Run `script -o output` in `cwd`; its one line of standard error, after checking that it
+    exited with status 2 and printed nothing else. Skips a script that cannot start here."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "-o", str(output)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,  # a hang, not a measure: a refusal takes a second or two
+    )
+    if done.returncode != 2 and "ModuleNotFoundError" in done.stderr:
+        pytest.skip(f"{script} cannot start here: {done.stderr.strip().splitlines()[-1]}")
+    assert (done.returncode, done.stdout) == (2, ""), (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_missing_folder_is_refused_before_any_work(script, tmp_path):
+    output = tmp_path / "missing" / "out.md"
+    line = refused(script, output, tmp_path)
+    assert line == f"{script}: cannot write {output}: there is no folder {output.parent}"
+    assert list(tmp_path.iterdir()) == []  # no folder made, nothing written
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_folder_as_the_output_is_refused_before_any_work(script, tmp_path):
+    output = tmp_path / "out.md"
+    output.mkdir()
+    assert refused(script, output, tmp_path) == f"{script}: cannot write {output}: it is a folder"
+    assert list(tmp_path.iterdir()) == [output] and list(output.iterdir()) == []
