@@ -408,33 +408,20 @@ class SimResult:
         iteration time (but the step's fixed overhead), in order: each step starts when the one
         before it ends."""
         p, dpc = self.program, self.dp_comm
-        reductions: list[Step] = []  # last first
-        node = msg = -1
-        if len(dpc.span_end) and dpc.span_end.max() > self.pipeline_time:
-            # The reductions set the step's start: back along the stream that ended last.
-            j = int(np.argmax(dpc.span_end))
-            d = int(dpc.span_dev[j])
-            while True:
-                k = int(dpc.span_op[j])
-                reductions.append(
-                    Step(
-                        dpc.reduction_kind,
-                        p.op(k).label if k >= 0 else dpc.reduction_kind,
-                        d,
-                        float(dpc.span_start[j]),
-                        float(dpc.span_end[j]),
-                    )
+        node, msg, spans = self._pipeline_end()
+        reductions = []
+        for j in spans:
+            k = int(dpc.span_op[j])
+            reductions.append(
+                Step(
+                    dpc.reduction_kind,
+                    p.op(k).label if k >= 0 else dpc.reduction_kind,
+                    int(dpc.span_dev[j]),
+                    float(dpc.span_start[j]),
+                    float(dpc.span_end[j]),
                 )
-                if not dpc.span_held[j]:
-                    break
-                j -= 1
-            if k >= 0:  # zero 2: it started when its W's slot ended
-                node = int(np.searchsorted(p.op_ptr, k, side="right") - 1)
-            else:
-                node, msg = self._last_on(d)
-        elif p.num_nodes:
-            node = int(np.argmax(self.end))
-        steps = self._path_to(node, msg)[::-1] + reductions[::-1]
+            )
+        steps = self._path_to(node, msg)[::-1] + reductions
         tail = self.update + dpc.gather_exposed
         if len(tail) and tail.max() > 0:
             d = int(np.argmax(tail))
@@ -447,6 +434,38 @@ class SimResult:
                     Step("all-gather", "all-gather", d, t, t + float(dpc.gather_exposed[d]))
                 )
         return steps
+
+    def critical_nodes(self) -> np.ndarray:
+        """The compute nodes of `critical_path`, in its order, without making its steps (a
+        schedule move reads a hundred of them, and its steps' labels took longer than the
+        simulation)."""
+        node, msg, _ = self._pipeline_end()
+        is_msg, at = _chain(self.pred, self.msg_pred, self.program.msg_src_node, node, msg)
+        return at[~is_msg][::-1]
+
+    def _pipeline_end(self) -> tuple[int, int, list[int]]:
+        """Where the critical path leaves the pipeline: its last node (or message, the other
+        -1), and the reductions after it that set the step's start (their spans, in order)."""
+        p, dpc = self.program, self.dp_comm
+        spans: list[int] = []  # last first
+        node = msg = -1
+        if len(dpc.span_end) and dpc.span_end.max() > self.pipeline_time:
+            # The reductions set the step's start: back along the stream that ended last.
+            j = int(np.argmax(dpc.span_end))
+            d = int(dpc.span_dev[j])
+            while True:
+                k = int(dpc.span_op[j])
+                spans.append(j)
+                if not dpc.span_held[j]:
+                    break
+                j -= 1
+            if k >= 0:  # zero 2: it started when its W's slot ended
+                node = int(np.searchsorted(p.op_ptr, k, side="right") - 1)
+            else:
+                node, msg = self._last_on(d)
+        elif p.num_nodes:
+            node = int(np.argmax(self.end))
+        return node, msg, spans[::-1]
 
     def _last_on(self, d: int) -> tuple[int, int]:
         """(node, message): device d's last compute node, or its stream's last message when that
