@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import replace
-from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +34,7 @@ import numpy as np
 from ...costs.table import Link, StageCost
 from ...mesh import Mesh
 from ...plan import Op, Plan, Slot
+from ...sim.costs import SimCosts
 from ...sim.jit import njit
 from ...sim.links import cut_crosses_nodes, cut_times, link_times
 from ...sim.program import KIND_OF_CODE, CodedOrders
@@ -44,7 +44,7 @@ _INF = np.inf
 
 def build_schedule(
     plan: Plan,
-    costs: Sequence[StageCost],
+    costs: SimCosts | Sequence[StageCost],
     link: Link,
     memory: float | None = None,
     w_gap: bool = True,
@@ -207,13 +207,13 @@ class _Order(NamedTuple):
 
 
 _COLUMN_NAMES = ("f", "b", "w", "act", "act_w", "act_b", "static", "send_bytes")
-_COLUMNS = attrgetter(*_COLUMN_NAMES)
-"""The stage costs the list scheduler reads, one row per stage."""
+"""The stage costs the list scheduler reads (`SimCosts.column`: a problem's costs hold them
+once built)."""
 
 
 def _arrays(
     plan: Plan,
-    costs: Sequence[StageCost],
+    costs: SimCosts | Sequence[StageCost],
     link: Link,
     memory: float | None = None,
     w_gap: bool = True,
@@ -227,8 +227,8 @@ def _arrays(
     counts = np.bincount(sd, minlength=P)
     dev_ptr = np.zeros(P + 1, np.int64)
     dev_ptr[1:] = np.cumsum(counts)
-    table = np.array(list(map(_COLUMNS, costs)), float).reshape(S, len(_COLUMN_NAMES)).T.copy()
-    col = dict(zip(_COLUMN_NAMES, table, strict=True))
+    column = SimCosts.of(costs).column
+    col = {name: column(name) for name in _COLUMN_NAMES}
     cut = (
         cut_times(col["send_bytes"], _crossings(Mesh.of(plan.header), devices), link, inter_link)
         if inter_link is not None

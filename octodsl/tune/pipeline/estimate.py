@@ -139,6 +139,14 @@ class _Scratch(NamedTuple):
     """[0]: the slots of `seen` in use."""
 
 
+def _empty_table(num_stages: int) -> np.ndarray:
+    """`_Scratch.seen` with no cuts in it (only each slot's first entry is read before it is
+    written, so only that is set)."""
+    seen = np.empty((_SEEN_SLOTS, num_stages + 1), np.int32)
+    seen[:, 0] = -1
+    return seen
+
+
 _SEEN_SLOTS = 4096
 """Slots of the table of cuts a model's descents passed through; it stops growing at half full
 (a search of jamba-v0.1 on 16 devices passes through 60 cuts on average, nemotron-h-56b's 220;
@@ -185,7 +193,7 @@ class FillModel:
             arrive=np.zeros(S),
             back=np.zeros(S),
             pace=np.zeros(S),
-            seen=np.full((_SEEN_SLOTS, S + 1), -1, np.int32),
+            seen=_empty_table(S),
             end=np.full(_SEEN_SLOTS, -1, np.int64),
             value=np.zeros(_SEEN_SLOTS),
             path=np.zeros(_SEEN_SLOTS, np.int64),

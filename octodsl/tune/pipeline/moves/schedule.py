@@ -43,7 +43,7 @@ def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
         return replace(plan, schedule=CodedOrders(orders, orders.codes))
     built = build_schedule(
         plan,
-        list(costs.stages),
+        costs,
         problem.link,
         problem.memory,
         w_gap=w_gap,
