@@ -125,9 +125,11 @@ class _Scratch(NamedTuple):
     pace: np.ndarray
     seen: np.ndarray
     """[slot, cut]: the cuts the model's descents passed through, an open-addressing hash table
-    (`_visit`); `seen[slot, 0]` is -1 for an empty slot (cut 0 is always 0). Kept from one
-    search of the model to the next (a value depends on the cuts alone) until its recompute
-    modes change."""
+    (`_visit`) of the slots in `used`. Kept from one search of the model to the next (a value
+    depends on the cuts alone) until its recompute modes change."""
+    used: np.ndarray
+    """Per slot: whether it holds cuts (a table's rows are written, and so its memory touched,
+    only as descents reach them)."""
     end: np.ndarray
     """Per slot: the slot of the cuts where the descent through its cuts ends (-1: not known,
     for the descent under way or one whose end found no slot)."""
@@ -137,14 +139,6 @@ class _Scratch(NamedTuple):
     """The slots of the descent under way."""
     filled: np.ndarray
     """[0]: the slots of `seen` in use."""
-
-
-def _empty_table(num_stages: int) -> np.ndarray:
-    """`_Scratch.seen` with no cuts in it (only each slot's first entry is read before it is
-    written, so only that is set)."""
-    seen = np.empty((_SEEN_SLOTS, num_stages + 1), np.int32)
-    seen[:, 0] = -1
-    return seen
 
 
 _SEEN_SLOTS = 4096
@@ -193,7 +187,8 @@ class FillModel:
             arrive=np.zeros(S),
             back=np.zeros(S),
             pace=np.zeros(S),
-            seen=_empty_table(S),
+            seen=np.empty((_SEEN_SLOTS, S + 1), np.int32),
+            used=np.zeros(_SEEN_SLOTS, np.bool_),
             end=np.full(_SEEN_SLOTS, -1, np.int64),
             value=np.zeros(_SEEN_SLOTS),
             path=np.zeros(_SEEN_SLOTS, np.int64),
@@ -209,7 +204,7 @@ class FillModel:
 
     def _forget(self) -> None:
         """Empty the table of descents (`_Scratch.seen`): the modes changed the values."""
-        self.scratch.seen[:, 0] = -1
+        self.scratch.used[:] = False
         self.scratch.filled[0] = 0
 
     def __call__(self, cuts) -> float:
@@ -309,7 +304,7 @@ def _visit(w, c):
         h = (h * 1000003 + c[i]) & 0xFFFFFFFF
     slots = seen.shape[0]
     k = h % slots
-    while seen[k, 0] >= 0:
+    while w.used[k]:
         same = True
         for i in range(n):
             if seen[k, i] != c[i]:
@@ -322,6 +317,7 @@ def _visit(w, c):
         return -1
     for i in range(n):
         seen[k, i] = c[i]
+    w.used[k] = True
     w.end[k] = -1
     w.filled[0] += 1
     return k
