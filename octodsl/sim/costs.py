@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 import numpy as np
 
+from ..costs import levers
 from ..costs.param_bytes import ParamBytes, StaticBytes
 from ..costs.table import CostTable, StageCost
 from ..models.ep import ep_problem
@@ -87,6 +89,15 @@ class SimCosts:
             self._columns.update(zip(names, table, strict=True))
             got = self._columns[name]
         return got
+
+    @functools.cached_property
+    def op_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """`levers.op_bytes` of the stages' activations: per stage and kind code, the bytes an
+        op allocates and releases; built once per costs (read-only: simulations share them)."""
+        tables = levers.op_bytes(*(self.column(k) for k in ("act", "act_w", "act_b")))
+        for t in tables:
+            t.flags.writeable = False
+        return tables
 
     def static_parts(self, stage: int) -> ParamBytes | None:
         """The stage's static bytes on one copy split into weights, gradients and optimizer
