@@ -1,8 +1,12 @@
 """`SimResult`: the metrics of one simulated iteration, and its timelines on demand.
 
-Metrics are plain numbers and per-device numpy arrays, computed eagerly (they are cheap). The
-critical path and the per-op timeline turn arrays into Python objects, so they are methods the
-caller asks for (the tuner's loop does not).
+Metrics are plain numbers and per-device numpy arrays. Those that rank a plan (the iteration
+time, the memory peaks) and the data-parallel phase are computed by `simulate`; the rest
+(communication under compute, busy and idle seconds, the bubble, all-to-all hidden by overlap
+groups, the lower bound) when first read, from what `simulate` keeps: a tuner simulates
+hundreds of plans that only their time and peaks rank. The critical path and the per-op
+timeline turn arrays into Python objects, so they are methods the caller asks for
+(`critical_nodes` gives the path's compute nodes as an array, for the tuner's schedule moves).
 """
 
 from __future__ import annotations

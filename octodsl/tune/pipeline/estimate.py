@@ -189,9 +189,9 @@ class FillModel:
             pace=np.zeros(S),
             seen=np.empty((_SEEN_SLOTS, S + 1), np.int32),
             used=np.zeros(_SEEN_SLOTS, np.bool_),
-            end=np.full(_SEEN_SLOTS, -1, np.int64),
-            value=np.zeros(_SEEN_SLOTS),
-            path=np.zeros(_SEEN_SLOTS, np.int64),
+            end=np.empty(_SEEN_SLOTS, np.int64),
+            value=np.empty(_SEEN_SLOTS),
+            path=np.empty(_SEEN_SLOTS, np.int64),
             filled=np.zeros(1, np.int64),
         )
         if recompute:
