@@ -142,9 +142,8 @@ def _arrive(g, n, m, e, remaining, ready, ready_by, pos, stack, sn):
 
 @njit
 def walk(g, dur, msg_dur):
-    """(Timeline, comm, hidden) of WalkGraph `g` with node durations `dur` and message
-    durations `msg_dur` (seconds): comm and hidden as hidden_comm says (computed here, so that
-    the Timeline does not travel back into numba from Python, which costs more than this)."""
+    """The Timeline of WalkGraph `g` with node durations `dur` and message durations
+    `msg_dur` (seconds)."""
     P = g.order_ptr.shape[0] - 1
     N = dur.shape[0]
     M = msg_dur.shape[0]
@@ -231,11 +230,9 @@ def walk(g, dur, msg_dur):
         if g.msg_hold[m] >= 0:  # a blocking send: its sender's next node waits for it too
             sn = _arrive(g, g.msg_hold[m], m, e, remaining, ready, ready_by, pos, stack, sn)
     comm_free = np.maximum(stream_free[0::2], stream_free[1::2])
-    t = Timeline(
+    return Timeline(
         done, start, end, pred, msg_start, msg_end, msg_pred, stream_log, dev_free, comm_free
     )
-    comm, hidden = hidden_comm(g, t)
-    return t, comm, hidden
 
 
 @njit

@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
+from ..costs import levers
 from ..costs.param_bytes import ParamBytes, StaticBytes
 from ..costs.table import CostTable, StageCost
 from ..models.ep import ep_problem
 from ..plan import Header, Plan, PlanError, plan_runtime
 from .sharing import Sharing
+
+_SIMULATED = (
+    "f",
+    "b",
+    "w",
+    "fused_backward",
+    "act",
+    "act_w",
+    "act_b",
+    "static",
+    "send_bytes",
+    "update",
+    "ep_f",
+    "ep_b",
+)
+"""The StageCost columns every simulation reads (`SimCosts.column`)."""
 
 
 @dataclass(frozen=True)
@@ -55,13 +74,30 @@ class SimCosts:
     def column(self, name: str) -> np.ndarray:
         """Per stage, StageCost's `name` (a field, or `fused_backward`) as a read-only array:
         built once per costs, which the tuner simulates many times (`Problem.sim_costs` keeps
-        each layout's)."""
+        each layout's); the columns every simulation reads all at the first of them, in one
+        pass over the stages."""
         got = self._columns.get(name)
         if got is None:
-            got = np.array([getattr(c, name) for c in self.stages], float)
-            got.flags.writeable = False
-            self._columns[name] = got
+            names = _SIMULATED if name in _SIMULATED else (name,)
+            rows = list(map(attrgetter(*names), self.stages)) if len(names) > 1 else None
+            table = (
+                np.array(rows, float).reshape(len(self.stages), len(names)).T.copy()
+                if rows is not None
+                else np.array([[getattr(c, name) for c in self.stages]], float)
+            )
+            table.flags.writeable = False
+            self._columns.update(zip(names, table, strict=True))
+            got = self._columns[name]
         return got
+
+    @functools.cached_property
+    def op_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """`levers.op_bytes` of the stages' activations: per stage and kind code, the bytes an
+        op allocates and releases; built once per costs (read-only: simulations share them)."""
+        tables = levers.op_bytes(*(self.column(k) for k in ("act", "act_w", "act_b")))
+        for t in tables:
+            t.flags.writeable = False
+        return tables
 
     def static_parts(self, stage: int) -> ParamBytes | None:
         """The stage's static bytes on one copy split into weights, gradients and optimizer

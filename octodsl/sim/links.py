@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,6 +76,15 @@ def dp_links(intra: Link, inter: Link, spans_nodes: np.ndarray, rails: np.ndarra
     ]
 
 
+@functools.lru_cache(maxsize=64)
+def _dp_links(
+    intra: Link, inter: Link, spans_nodes: tuple[bool, ...], rails: tuple[int, ...]
+) -> tuple[Link, ...]:
+    """`dp_links`, remembered: every simulation of a search asks for the same few (links of
+    the same name and figures give the same rings)."""
+    return tuple(dp_links(intra, inter, np.array(spans_nodes, bool), np.array(rails, np.int64)))
+
+
 def link_times(link: Link, nbytes: np.ndarray) -> np.ndarray:
     """`link.time` of each element, vectorised."""
     nbytes = np.asarray(nbytes, float)
@@ -121,7 +131,11 @@ class Links:
         """Per device: the link of its data-parallel collectives."""
         if self.dp_given is not None:
             return [self.dp_given] * len(self.dp_inter)
-        return dp_links(self.intra, self.inter, self.dp_inter, self.dp_rails)
+        return list(
+            _dp_links(
+                self.intra, self.inter, tuple(self.dp_inter.tolist()), tuple(self.dp_rails.tolist())
+            )
+        )
 
     def cut_times(self, send_bytes: np.ndarray) -> np.ndarray:
         """Per stage: seconds of one message across its cut (`send_bytes[s]` bytes)."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costs.levers import op_bytes
 from ..costs.table import StageCost
 from .costs import SimCosts
 from .jit import njit
@@ -37,9 +36,11 @@ class Memory:
 
 
 def memory(program: SimProgram, costs: SimCosts | Sequence[StageCost]) -> Memory:
-    column = SimCosts.of(costs).column
-    alloc, release = op_bytes(*(column(k) for k in ("act", "act_w", "act_b")))
-    static = np.bincount(program.stage_device, weights=column("static"), minlength=program.devices)
+    costs = SimCosts.of(costs)
+    alloc, release = costs.op_bytes
+    static = np.bincount(
+        program.stage_device, weights=costs.column("static"), minlength=program.devices
+    )
     node_alloc = program.per_node(program.of_kind(alloc))
     node_release = program.per_node(program.of_kind(release))
     at_start, at_end, peak, peak_node = _levels(

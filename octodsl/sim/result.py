@@ -1,19 +1,26 @@
 """`SimResult`: the metrics of one simulated iteration, and its timelines on demand.
 
-Metrics are plain numbers and per-device numpy arrays, computed eagerly (they are cheap). The
-critical path and the per-op timeline turn arrays into Python objects, so they are methods the
-caller asks for (the tuner's loop does not).
+Metrics are plain numbers and per-device numpy arrays. Those that rank a plan (the iteration
+time, the memory peaks) and the data-parallel phase are computed by `simulate`; the rest
+(communication under compute, busy and idle seconds, the bubble, all-to-all hidden by overlap
+groups, the lower bound) when first read, from what `simulate` keeps: a tuner simulates
+hundreds of plans that only their time and peaks rank. The critical path and the per-op
+timeline turn arrays into Python objects, so they are methods the caller asks for
+(`critical_nodes` gives the path's compute nodes as an array, for the tuner's schedule moves).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from ..plan import Op, OpKind
-from .core import NO_PRED, msg_pred_code, send_stream
+from .bounds import lower_bound
+from .core import NO_PRED, Timeline, hidden_comm, msg_pred_code, send_stream
 from .costs import SimCosts
 from .dpcomm import CollectiveSpan, DpComm
 from .jit import njit
@@ -92,6 +99,19 @@ class MessageSpan:
         return self.producer.label
 
 
+class Deferred(NamedTuple):
+    """What `simulate` keeps for the metrics a SimResult finds when first read."""
+
+    op_seconds: np.ndarray
+    """Per op: its seconds alone (before an overlap group's ops share their slot)."""
+    work: np.ndarray
+    """Per node: the seconds its ops take together (`SimProgram.per_slot`)."""
+    cut_time: np.ndarray
+    """Per stage: seconds of one message across its cut."""
+    grouped_comm: bool
+    """Some overlap group holds ops with all-to-alls."""
+
+
 @dataclass(frozen=True, eq=False)
 class SimResult:
     program: SimProgram
@@ -101,34 +121,15 @@ class SimResult:
     the optimizer step and the step's overhead."""
     pipeline_time: float
     """When the last compute op ends."""
-    busy: np.ndarray
-    """Per device: compute seconds."""
-    all_to_all_hidden: np.ndarray
-    """Per device: seconds of its all-to-alls that overlap groups hide under their other ops'
-    compute (`SimProgram.per_slot`: what a group saves on its ops in turn)."""
-    idle: np.ndarray
-    """Per device: iteration_time - busy (the bubble)."""
-    comm: np.ndarray
-    """Per device: seconds its communication streams are busy (messages, and data-parallel
-    collectives on their own stream)."""
-    comm_exposed: np.ndarray
-    """Per device: communication seconds not under the device's own compute."""
     dp_comm: DpComm
     """The data-parallel copies' collectives and the optimizer step's start."""
-    bubble_ratios: np.ndarray
-    """Per device: idle / iteration_time."""
-    bubble_ratio: float
-    """All devices' idle time over all devices' time."""
-    overlap_rate: float
-    """Communication time under compute over all communication time (1 when there is none)."""
     memory: Memory
-    lower_bound: float
-    efficiency: float
-    """lower_bound / iteration_time."""
     seconds: float
     """Wall time `simulate` took."""
     # Raw timing, for the timelines and the critical path.
     op_dur: np.ndarray
+    node_dur: np.ndarray
+    """Per node: the seconds its slot took in the walk."""
     start: np.ndarray
     end: np.ndarray
     pred: np.ndarray
@@ -140,6 +141,100 @@ class SimResult:
     """Per device: seconds of its optimizer step, from update_start."""
     links: Links
     """The links the pipeline's messages and the data-parallel collectives took."""
+    deferred: Deferred = field(repr=False)
+    """What the metrics below that a search does not read come from: they are found when
+    first read (a tuner simulates hundreds of plans that only their time and peaks rank)."""
+
+    @functools.cached_property
+    def busy(self) -> np.ndarray:
+        """Per device: compute seconds."""
+        p = self.program
+        return np.bincount(p.node_dev, weights=self.node_dur, minlength=p.devices)
+
+    @functools.cached_property
+    def idle(self) -> np.ndarray:
+        """Per device: iteration_time - busy (the bubble)."""
+        return self.iteration_time - self.busy
+
+    @functools.cached_property
+    def bubble_ratios(self) -> np.ndarray:
+        """Per device: idle / iteration_time."""
+        t = self.iteration_time
+        return self.idle / t if t > 0 else np.zeros(self.devices)
+
+    @property
+    def bubble_ratio(self) -> float:
+        """All devices' idle time over all devices' time."""
+        t = self.iteration_time
+        return float(self.idle.sum() / (self.devices * t)) if t > 0 else 0.0
+
+    @functools.cached_property
+    def all_to_all_hidden(self) -> np.ndarray:
+        """Per device: seconds of its all-to-alls that overlap groups hide under their other
+        ops' compute (`SimProgram.per_slot`: what a group saves on its ops in turn)."""
+        p, d = self.program, self.deferred
+        return np.bincount(
+            p.node_dev, weights=p.per_node(d.op_seconds) - d.work, minlength=p.devices
+        )
+
+    @functools.cached_property
+    def lower_bound(self) -> float:
+        """`bounds.lower_bound` of the plan and its costs."""
+        p, d, costs = self.program, self.deferred, self.costs
+        total = float(self.node_dur.sum())
+        if d.grouped_comm:
+            # an op's all-to-all may hide under another op of its group: a stage's (or a
+            # layer's) ops then take no less than their compute, which is what the bound may
+            # count
+            compute = [replace(c, f=c.f - c.ep_f, b=c.b - c.ep_b, bw=None) for c in costs.stages]
+            return lower_bound(p, compute, total, d.cut_time)
+        return lower_bound(p, costs.stages, total, d.cut_time, costs.layer_work)
+
+    @property
+    def efficiency(self) -> float:
+        """lower_bound / iteration_time."""
+        t = self.iteration_time
+        return self.lower_bound / t if t > 0 else 1.0
+
+    @functools.cached_property
+    def _pipeline_comm(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per device: seconds its streams carry pipeline messages, and the part of them under
+        its own compute (`core.hidden_comm`), found when first read: the tuner reads neither,
+        and the merge took a fifth of a walk."""
+        p = self.program
+        idle = np.zeros(p.devices)  # dev_free and comm_free, which hidden_comm does not read
+        t = Timeline(
+            p.num_nodes,
+            self.start,
+            self.end,
+            self.pred,
+            self.msg_start,
+            self.msg_end,
+            self.msg_pred,
+            self.stream_log,
+            idle,
+            idle,
+        )
+        return hidden_comm(p.walk_graph, t)
+
+    @functools.cached_property
+    def comm(self) -> np.ndarray:
+        """Per device: seconds its communication streams are busy (messages, and data-parallel
+        collectives on their own stream)."""
+        return self._pipeline_comm[0] + self.dp_comm.total
+
+    @functools.cached_property
+    def comm_exposed(self) -> np.ndarray:
+        """Per device: communication seconds not under the device's own compute."""
+        return self.comm - (self._pipeline_comm[1] + self.dp_comm.hidden)
+
+    @property
+    def overlap_rate(self) -> float:
+        """Communication time under compute over all communication time (1 when there is
+        none)."""
+        total = float(self.comm.sum())
+        hidden = self._pipeline_comm[1] + self.dp_comm.hidden
+        return float(hidden.sum()) / total if total > 0 else 1.0
 
     @property
     def devices(self) -> int:
@@ -317,33 +412,20 @@ class SimResult:
         iteration time (but the step's fixed overhead), in order: each step starts when the one
         before it ends."""
         p, dpc = self.program, self.dp_comm
-        reductions: list[Step] = []  # last first
-        node = msg = -1
-        if len(dpc.span_end) and dpc.span_end.max() > self.pipeline_time:
-            # The reductions set the step's start: back along the stream that ended last.
-            j = int(np.argmax(dpc.span_end))
-            d = int(dpc.span_dev[j])
-            while True:
-                k = int(dpc.span_op[j])
-                reductions.append(
-                    Step(
-                        dpc.reduction_kind,
-                        p.op(k).label if k >= 0 else dpc.reduction_kind,
-                        d,
-                        float(dpc.span_start[j]),
-                        float(dpc.span_end[j]),
-                    )
+        node, msg, spans = self._pipeline_end()
+        reductions = []
+        for j in spans:
+            k = int(dpc.span_op[j])
+            reductions.append(
+                Step(
+                    dpc.reduction_kind,
+                    p.op(k).label if k >= 0 else dpc.reduction_kind,
+                    int(dpc.span_dev[j]),
+                    float(dpc.span_start[j]),
+                    float(dpc.span_end[j]),
                 )
-                if not dpc.span_held[j]:
-                    break
-                j -= 1
-            if k >= 0:  # zero 2: it started when its W's slot ended
-                node = int(np.searchsorted(p.op_ptr, k, side="right") - 1)
-            else:
-                node, msg = self._last_on(d)
-        elif p.num_nodes:
-            node = int(np.argmax(self.end))
-        steps = self._path_to(node, msg)[::-1] + reductions[::-1]
+            )
+        steps = self._path_to(node, msg)[::-1] + reductions
         tail = self.update + dpc.gather_exposed
         if len(tail) and tail.max() > 0:
             d = int(np.argmax(tail))
@@ -356,6 +438,38 @@ class SimResult:
                     Step("all-gather", "all-gather", d, t, t + float(dpc.gather_exposed[d]))
                 )
         return steps
+
+    def critical_nodes(self) -> np.ndarray:
+        """The compute nodes of `critical_path`, in its order, without making its steps (a
+        schedule move reads a hundred of them, and its steps' labels took longer than the
+        simulation)."""
+        node, msg, _ = self._pipeline_end()
+        is_msg, at = _chain(self.pred, self.msg_pred, self.program.msg_src_node, node, msg)
+        return at[~is_msg][::-1]
+
+    def _pipeline_end(self) -> tuple[int, int, list[int]]:
+        """Where the critical path leaves the pipeline: its last node (or message, the other
+        -1), and the reductions after it that set the step's start (their spans, in order)."""
+        p, dpc = self.program, self.dp_comm
+        spans: list[int] = []  # last first
+        node = msg = -1
+        if len(dpc.span_end) and dpc.span_end.max() > self.pipeline_time:
+            # The reductions set the step's start: back along the stream that ended last.
+            j = int(np.argmax(dpc.span_end))
+            d = int(dpc.span_dev[j])
+            while True:
+                k = int(dpc.span_op[j])
+                spans.append(j)
+                if not dpc.span_held[j]:
+                    break
+                j -= 1
+            if k >= 0:  # zero 2: it started when its W's slot ended
+                node = int(np.searchsorted(p.op_ptr, k, side="right") - 1)
+            else:
+                node, msg = self._last_on(d)
+        elif p.num_nodes:
+            node = int(np.argmax(self.end))
+        return node, msg, spans[::-1]
 
     def _last_on(self, d: int) -> tuple[int, int]:
         """(node, message): device d's last compute node, or its stream's last message when that

@@ -13,14 +13,13 @@ from ..costs.table import Link, StageCost, uniform_stage_costs
 from ..dag import build_graph, describe_cycle, execution_order
 from ..mesh import Mesh
 from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
-from .bounds import lower_bound
 from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
 from .dpcomm import buckets, dp_comm
 from .links import Links, cut_crosses_nodes, dp_rails, dp_spans_nodes
 from .memory import memory
 from .program import KIND_CODE, SimProgram, compile
-from .result import SimResult
+from .result import Deferred, SimResult
 from .sharing import ROUNDS, TOLERANCE, Sharing, shared_phase, stretch
 
 _F = KIND_CODE[OpKind.F]
@@ -62,10 +61,9 @@ def simulate(
     column = costs.column
     op_dur = p.per_op(column("f"), column("b"), column("w"), column("fused_backward"))
     ep_f, ep_b = column("ep_f"), column("ep_b")
-    op_comm = p.per_op(ep_f, ep_b, np.zeros_like(ep_f), ep_b)
-    work = p.per_slot(op_dur, op_comm)
-    # what an overlap group saves on its ops in turn is all-to-all under another op's compute
-    a2a_hidden = np.bincount(p.node_dev, weights=p.per_node(op_dur) - work, minlength=p.devices)
+    # only an overlap group's ops may hide their all-to-alls (`per_slot`)
+    op_comm = p.per_op(ep_f, ep_b, np.zeros_like(ep_f), ep_b) if p.grouped else None
+    work = op_dur if op_comm is None else p.per_slot(op_dur, op_comm)
     ranks = dp if dp is not None else p.plan.header.dp
     cut_inter, dp_inter, rails = p.cut_inter, p.dp_inter, p.dp_rails
     if ranks != p.plan.header.dp:  # another mesh than the one compiled: place its ranks
@@ -80,7 +78,7 @@ def simulate(
     g = p.walk_graph
     dur = work
     for _ in range(ROUNDS if sharing is not None else 1):
-        t, comm, hidden = walk(g, dur, msg_dur)
+        t = walk(g, dur, msg_dur)
         if t.done < p.num_nodes:
             raise _deadlock(p.plan)
         if sharing is None:
@@ -89,6 +87,7 @@ def simulate(
         if np.all(np.abs(new - dur) <= TOLERANCE * np.maximum(dur, 1e-12)):
             break
         dur = 0.5 * (dur + new)
+    op_seconds = op_dur
     if p.grouped or sharing is not None:  # each op of an overlap group keeps its share of the slot
         summed = p.per_node(op_dur)
         op_dur = op_dur * np.repeat(
@@ -138,44 +137,17 @@ def simulate(
     iteration_time = dpc.update_start + (
         float((update + dpc.gather_exposed).max(initial=0.0)) + costs.step_overhead
     )
-    comm = comm + dpc.total
-    hidden = hidden + dpc.hidden
 
-    busy = np.bincount(p.node_dev, weights=dur, minlength=p.devices)
-    idle = iteration_time - busy
-    if p.grouped and op_comm.any():
-        # an op's all-to-all may hide under another op of its group: a stage's (or a layer's)
-        # ops then take no less than their compute, which is what the bound may count
-        bound = lower_bound(
-            p,
-            [replace(c, f=c.f - c.ep_f, b=c.b - c.ep_b, bw=None) for c in stage_costs],
-            float(dur.sum()),
-            cut_time,
-        )
-    else:
-        bound = lower_bound(p, stage_costs, float(dur.sum()), cut_time, costs.layer_work)
-    total_comm = float(comm.sum())
     return SimResult(
         program=p,
         costs=costs,
         iteration_time=iteration_time,
         pipeline_time=pipeline_time,
-        busy=busy,
-        all_to_all_hidden=a2a_hidden,
-        idle=idle,
-        comm=comm,
-        comm_exposed=comm - hidden,
         dp_comm=dpc,
-        bubble_ratios=idle / iteration_time if iteration_time > 0 else np.zeros(p.devices),
-        bubble_ratio=float(idle.sum() / (p.devices * iteration_time))
-        if iteration_time > 0
-        else 0.0,
-        overlap_rate=float(hidden.sum()) / total_comm if total_comm > 0 else 1.0,
         memory=memory(p, costs),
-        lower_bound=bound,
-        efficiency=bound / iteration_time if iteration_time > 0 else 1.0,
         seconds=time.perf_counter() - t0,
         op_dur=op_dur,
+        node_dur=dur,
         start=t.start,
         end=t.end,
         pred=t.pred,
@@ -185,6 +157,7 @@ def simulate(
         stream_log=t.stream_log,
         update=update,
         links=links,
+        deferred=Deferred(op_seconds, work, cut_time, op_comm is not None and bool(op_comm.any())),
     )
 
 
@@ -214,8 +187,9 @@ def _shared_durations(
 
 
 def warm_up() -> None:
-    """Load the compiled walk (compile it, on a machine's first run: a few seconds, then cached
-    on disk), so that timing a simulation afterwards times the simulation alone."""
+    """Load the compiled walk and critical path (compile them, on a machine's first run: a few
+    seconds, then cached on disk), so that timing a simulation afterwards times the
+    simulation alone."""
     # zero 2 over two copies: every compiled loop runs, zero 2's reductions included.
     plan = Plan(
         Header(name="warm-up", devices=2, microbatches=1, dp=2, zero=2),
@@ -223,7 +197,7 @@ def warm_up() -> None:
         placement_loop(2, 2),
         [[Slot((Op(kind, d, 0),)) for kind in (OpKind.F, OpKind.BW)] for d in range(2)],
     )
-    simulate(plan, uniform_stage_costs(2, 1.0, 1.0, 1.0), Link("warm-up", 1.0, 0.0))
+    simulate(plan, uniform_stage_costs(2, 1.0, 1.0, 1.0), Link("warm-up", 1.0, 0.0)).critical_path()
 
 
 def _deadlock(plan: Plan) -> SimDeadlock:

@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from octodsl.costs.levers import op_bytes
 from octodsl.costs.table import Link, StageCost
 from octodsl.gen import generate
 from octodsl.mesh import Mesh
 from octodsl.plan import PlanError
 from octodsl.sim import compile, simulate
 from octodsl.sim.core import NO_PRED, msg_pred_code
-from octodsl.sim.links import cut_crosses_nodes
+from octodsl.sim.links import Links, cut_crosses_nodes, dp_links, dp_rails, dp_spans_nodes
 from octodsl.sim.program import CodedOrders, _coded_nodes
 from octodsl.tune.pipeline import construct
 from octodsl.tune.pipeline.layout import StageLayout, even_cuts
@@ -109,6 +110,38 @@ def test_remembered_crossings_are_the_meshes_and_placements(devices, gpus_per_no
     assert construct._crossings(other, tuple(devices)).tolist() == (
         cut_crosses_nodes(other, devices).tolist()
     )
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([1, 2, 8]),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1, 2]),
+    st.floats(0.0, 1e-3),
+    st.floats(0.0, 1e12),
+)
+def test_remembered_dp_links_are_the_meshes(gpus_per_node, dp, tp, latency, bandwidth):
+    mesh = Mesh(tp, 4, dp, gpus_per_node, 1)
+    intra, inter = Link("in", 1e-6, 4e11), Link("out", latency, bandwidth)
+    spans, rails = dp_spans_nodes(mesh), dp_rails(mesh)
+    links = Links.of(np.zeros(4, bool), spans, rails, intra, inter)
+    assert links.dp == dp_links(intra, inter, spans, rails)
+    assert [k.name for k in links.dp] == [k.name for k in dp_links(intra, inter, spans, rails)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(layouts())
+def test_remembered_op_bytes_are_the_levers(case):
+    # the same function of the same columns: equal exactly, and another costs' own
+    pr, layout = case
+    costs = pr.sim_costs(pr.skeleton(layout))
+    fresh = op_bytes(*(costs.column(k) for k in ("act", "act_w", "act_b")))
+    for kept, made in zip(costs.op_bytes, fresh, strict=True):
+        assert np.array_equal(kept, made) and not kept.flags.writeable
+    other = dataclasses.replace(
+        costs, stages=tuple(dataclasses.replace(c, act=c.act + 1.0) for c in costs.stages)
+    )
+    assert not np.array_equal(other.op_bytes[0], costs.op_bytes[0])
 
 
 def _reference_path(r, node: int, msg: int) -> list[tuple]:

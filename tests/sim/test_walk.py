@@ -92,6 +92,26 @@ def test_timelines_respect_dependencies_and_streams(case):
         assert b.start == pytest.approx(a.end)
 
 
+@given(cases(), st.sampled_from([(1, 0), (2, 1), (4, 2)]))
+def test_critical_nodes_are_the_critical_paths_compute_steps(case, dp_zero):
+    # the nodes found without making the path's steps: each compute step's device and times
+    plan, costs, link = case
+    dp, zero = dp_zero
+    plan = dataclasses.replace(plan, header=plan.header.model_copy(update={"dp": dp, "zero": zero}))
+    r = simulate(plan, SimCosts(tuple(costs), grad_bytes=(1e3,) * len(costs)), link)
+    nodes = r.critical_nodes()
+    steps = [s for s in r.critical_path() if s.kind == "compute"]
+    assert [(s.device, s.start, s.end) for s in steps] == list(
+        zip(
+            r.program.node_dev[nodes].tolist(),
+            r.start[nodes].tolist(),
+            r.end[nodes].tolist(),
+            strict=True,
+        )
+    )
+    assert [s.label for s in steps] == r.program.node_labels(nodes)
+
+
 @given(cases())
 def test_hidden_comm_sums_each_nodes_overlap(case):
     # hidden_comm merges both streams of a device in one pass; summed node by node, each

@@ -90,6 +90,45 @@ def test_the_search_equals_one_that_values_every_neighbour_whole(case, room, see
     assert list(fast) == list(best)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    layouts(),
+    st.sampled_from([None, 2.0, 0.5]),
+    st.lists(
+        st.tuples(st.integers(0, 2**16), st.booleans(), st.sampled_from(["keep", "set", "fit"])),
+        min_size=2,
+        max_size=6,
+    ),
+)
+def test_a_models_searches_one_after_another_are_each_a_fresh_models(case, room, runs):
+    # A model keeps the cuts its descents passed through, with where each descent ended, from
+    # one search to the next, and a later descent through them goes straight to that end: the
+    # same cuts and value as a model of the same modes searching afresh. Searches start from
+    # the layout's cuts or the last one found (as the tuner rebalances), with the tuner's
+    # kicks; changing the modes (set_modes, fit_modes) forgets the descents.
+    pr, layout = case
+    if room is not None:
+        static = float(pr.layer_static().sum()) / pr.devices
+        pr = dataclasses.replace(
+            pr, header=pr.header.model_copy(update={"memory": int(room * static) + 1})
+        )
+    model = FillModel(pr, layout.devices, layout.recompute)
+    modes, found = layout.recompute, np.array(layout.cuts, np.int64)
+    for seed, again, change in runs:
+        if change == "set":
+            modes = tuple(reversed(modes))
+            model.set_modes(modes)
+        elif change == "fit":
+            modes = model.fit_modes(found, pr.modes)
+        start = found if again else np.array(layout.cuts, np.int64)
+        kicks = partition._kicks(seed, layout.num_stages, 16)
+        kept, fresh = start.copy(), start.copy()
+        value = model.search(kept, kicks)
+        assert value == FillModel(pr, layout.devices, modes).search(fresh, kicks)
+        assert list(kept) == list(fresh)
+        found = kept
+
+
 @settings(max_examples=40, deadline=None)
 @given(layouts(), st.sampled_from([None, 2.0, 0.5]))
 def test_compiled_mode_fitting_equals_the_descent_it_stands_for(case, room):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import replace
-from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +34,7 @@ import numpy as np
 from ...costs.table import Link, StageCost
 from ...mesh import Mesh
 from ...plan import Op, Plan, Slot
+from ...sim.costs import SimCosts
 from ...sim.jit import njit
 from ...sim.links import cut_crosses_nodes, cut_times, link_times
 from ...sim.program import KIND_OF_CODE, CodedOrders
@@ -44,7 +44,7 @@ _INF = np.inf
 
 def build_schedule(
     plan: Plan,
-    costs: Sequence[StageCost],
+    costs: SimCosts | Sequence[StageCost],
     link: Link,
     memory: float | None = None,
     w_gap: bool = True,
@@ -56,23 +56,24 @@ def build_schedule(
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it."""
     order = _arrays(plan, costs, link, memory, w_gap, inter_link)
-    by_device, ends = _by_device(order.device, plan.devices)
-    codes = order.kind[by_device], order.stage[by_device], order.mb[by_device]
     table = _slots(plan.num_stages, plan.microbatches)
+    kind, stage, mb, flat, ends = _by_device(order, plan.devices, table.shape[1], table.shape[2])
     # a flat take: half the time of indexing the object table by three arrays
-    slots = table.ravel().take((codes[0] * table.shape[1] + codes[1]) * table.shape[2] + codes[2])
+    slots = table.ravel().take(flat)
     # slices, not np.split, whose Python loop took a tenth of this function
     bounds = [0, *ends.tolist()]
     orders = [slots[a:b].tolist() for a, b in zip(bounds, bounds[1:], strict=False)]
-    return replace(plan, schedule=CodedOrders(orders, codes))
+    return replace(plan, schedule=CodedOrders(orders, (kind, stage, mb)))
 
 
 @njit
-def _by_device(device, devices):
-    """The ops in device order, each device's in run order (a stable sort by device, by
-    counting), and where each device's ops end in it."""
+def _by_device(order, devices, table_stages, microbatches):
+    """The ops of `order` in device order, each device's in run order (a stable sort by
+    device, by counting): their kind codes, stages and micro-batches, their places in the
+    slot table (`_slots`, of `table_stages` stages) flattened, and where each device's ops
+    end."""
     ends = np.zeros(devices, np.int64)
-    for d in device:
+    for d in order.device:
         ends[d] += 1
     at = np.zeros(devices, np.int64)
     total = 0
@@ -80,11 +81,15 @@ def _by_device(device, devices):
         at[d] = total
         total += ends[d]
         ends[d] = total
-    out = np.empty(device.shape[0], np.int64)
-    for k in range(device.shape[0]):
-        out[at[device[k]]] = k
-        at[device[k]] += 1
-    return out, ends
+    n = order.device.shape[0]
+    kind, stage, mb = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    flat = np.empty(n, np.int64)
+    for k in range(n):
+        i = at[order.device[k]]
+        at[order.device[k]] += 1
+        kind[i], stage[i], mb[i] = order.kind[k], order.stage[k], order.mb[k]
+        flat[i] = (kind[i] * table_stages + stage[i]) * microbatches + mb[i]
+    return kind, stage, mb, flat, ends
 
 
 def _slots(num_stages: int, microbatches: int) -> np.ndarray:
@@ -207,13 +212,13 @@ class _Order(NamedTuple):
 
 
 _COLUMN_NAMES = ("f", "b", "w", "act", "act_w", "act_b", "static", "send_bytes")
-_COLUMNS = attrgetter(*_COLUMN_NAMES)
-"""The stage costs the list scheduler reads, one row per stage."""
+"""The stage costs the list scheduler reads (`SimCosts.column`: a problem's costs hold them
+once built)."""
 
 
 def _arrays(
     plan: Plan,
-    costs: Sequence[StageCost],
+    costs: SimCosts | Sequence[StageCost],
     link: Link,
     memory: float | None = None,
     w_gap: bool = True,
@@ -227,8 +232,8 @@ def _arrays(
     counts = np.bincount(sd, minlength=P)
     dev_ptr = np.zeros(P + 1, np.int64)
     dev_ptr[1:] = np.cumsum(counts)
-    table = np.array(list(map(_COLUMNS, costs)), float).reshape(S, len(_COLUMN_NAMES)).T.copy()
-    col = dict(zip(_COLUMN_NAMES, table, strict=True))
+    column = SimCosts.of(costs).column
+    col = {name: column(name) for name in _COLUMN_NAMES}
     cut = (
         cut_times(col["send_bytes"], _crossings(Mesh.of(plan.header), devices), link, inter_link)
         if inter_link is not None

@@ -70,7 +70,9 @@ def _rebalance(layout: StageLayout, problem: Problem, seed: int, rounds: int) ->
 def _model(problem: Problem, layout: StageLayout) -> FillModel:
     """The fill model of the layout's placement and recompute modes, kept per problem (the
     latest `_MODELS`): a search rebalances the same few again and again, with other seeds or
-    from other cuts. Only `rebalance` uses these, and its search leaves the modes as they are."""
+    from other cuts, and a model's descents go straight to where its earlier ones through the
+    same cuts ended (`FillModel.search`). Only `rebalance` uses these, and its search leaves
+    the modes as they are."""
     key = (layout.devices, problem.modes_of(layout))
     header, models = problem.fill_models
     if header is not problem.header:

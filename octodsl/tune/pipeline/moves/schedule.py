@@ -43,7 +43,7 @@ def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
         return replace(plan, schedule=CodedOrders(orders, orders.codes))
     built = build_schedule(
         plan,
-        list(costs.stages),
+        costs,
         problem.link,
         problem.memory,
         w_gap=w_gap,
@@ -122,16 +122,14 @@ def delay_w(plan: Plan, result: SimResult, limit: int = 4) -> list[Plan]:
     p = result.program
     starts: dict[int, np.ndarray] = {}  # per device met: its nodes' starts, in its order
     out = []
-    for step in result.critical_path():
-        if step.kind != "compute":
-            continue
-        d = step.device
+    path = result.critical_nodes()
+    for d, start in zip(p.node_dev[path].tolist(), result.start[path].tolist(), strict=True):
         if d not in starts:
             starts[d] = result.start[p.order_nodes[p.order_ptr[d] : p.order_ptr[d + 1]]]
         # A device's starts never decrease along its order: the last slot that starts when
         # the step does (a zero-second op may share its start) is at j.
-        j = int(np.searchsorted(starts[d], step.start, side="right")) - 1
-        if j <= 0 or starts[d][j] != step.start:
+        j = int(np.searchsorted(starts[d], start, side="right")) - 1
+        if j <= 0 or starts[d][j] != start:
             continue
         at = p.order_ptr[d] + j
         if (
