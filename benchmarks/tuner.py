@@ -245,14 +245,17 @@ def summary(results: list[dict], others: tuple[str, ...]) -> list[str]:
 
 
 def _held(zero: int, dp: int) -> str:
-    """A bf16 model's bytes per parameter at this ZeRO stage and dp, as the page says them."""
+    """The runtime every plan of the page is costed for (the one its header implies) and a
+    bf16 model's bytes per parameter there at this ZeRO stage and dp."""
     from octodsl.costs.param_bytes import param_bytes
-    from octodsl.plan import DEEPSPEED
+    from octodsl.plan import RUNTIME_NAMES, Header, plan_runtime
 
-    held = param_bytes("bf16", DEEPSPEED, zero, dp)
+    runtime = plan_runtime(Header(name="page", devices=1, microbatches=1, dp=dp, zero=zero))
+    held = param_bytes("bf16", runtime, zero, dp)
     return (
-        f"{held.total:g} bytes per bf16 parameter at zero {zero} over dp {dp}: "
-        f"{held.weights:g} weights, {held.grads:g} gradients, {held.optimizer:g} optimizer state"
+        f"{RUNTIME_NAMES[runtime]}'s, octodsl/costs/param_bytes.py: {held.total:g} bytes per "
+        f"bf16 parameter at zero {zero} over dp {dp}: {held.weights:g} weights, "
+        f"{held.grads:g} gradients, {held.optimizer:g} optimizer state"
     )
 
 
@@ -321,8 +324,8 @@ def main() -> int:
         f"({os.cpu_count()} cores; each case in one single-threaded process), "
         f"{time.strftime('%Y-%m-%d')}.",
         "",
-        f"Analytical H800 costs (static memory as octodsl's executor on DeepSpeed holds it, "
-        f"octodsl/costs/param_bytes.py: {_held(args.zero, args.dp)}), NVLink messages "
+        f"Analytical H800 costs (static memory as the plans' runtime holds it, "
+        f"{_held(args.zero, args.dp)}), NVLink messages "
         f"(8 us + 160 GB/s), seed {args.seed}. "
         f"Memory levers, for the tuner and every baseline alike: dp {args.dp}, ZeRO stage "
         f"{args.zero}, recompute {args.recompute}"
