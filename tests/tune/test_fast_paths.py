@@ -57,6 +57,17 @@ def _steepest_descent(model: FillModel, cuts: np.ndarray) -> float:
         cuts[move[0]] += move[1]
 
 
+def _with_room(pr, room):
+    """The problem with a memory limit of `room` times the static bytes per device (None: as
+    it is), which some layouts overflow."""
+    if room is None:
+        return pr
+    static = float(pr.layer_static().sum()) / pr.devices
+    return dataclasses.replace(
+        pr, header=pr.header.model_copy(update={"memory": int(room * static) + 1})
+    )
+
+
 @settings(max_examples=40, deadline=None)
 @given(layouts(), st.sampled_from([None, 2.0, 0.5]), st.integers(0, 2**16))
 def test_the_search_equals_one_that_values_every_neighbour_whole(case, room, seed):
@@ -66,11 +77,7 @@ def test_the_search_equals_one_that_values_every_neighbour_whole(case, room, see
     # small shifts lead many descents back to cuts an earlier one passed through, which the
     # search stops at without valuing their neighbours again (the plain descent here does).
     pr, layout = case
-    if room is not None:
-        static = float(pr.layer_static().sum()) / pr.devices
-        pr = dataclasses.replace(
-            pr, header=pr.header.model_copy(update={"memory": int(room * static) + 1})
-        )
+    pr = _with_room(pr, room)
     model = FillModel(pr, layout.devices, layout.recompute)
     S = layout.num_stages
     kicks = np.random.default_rng(seed).integers(-2, 3, (16, 3, 2))
@@ -107,11 +114,7 @@ def test_a_models_searches_one_after_another_are_each_a_fresh_models(case, room,
     # the layout's cuts or the last one found (as the tuner rebalances), with the tuner's
     # kicks; changing the modes (set_modes, fit_modes) forgets the descents.
     pr, layout = case
-    if room is not None:
-        static = float(pr.layer_static().sum()) / pr.devices
-        pr = dataclasses.replace(
-            pr, header=pr.header.model_copy(update={"memory": int(room * static) + 1})
-        )
+    pr = _with_room(pr, room)
     model = FillModel(pr, layout.devices, layout.recompute)
     modes, found = layout.recompute, np.array(layout.cuts, np.int64)
     for seed, again, change in runs:
