@@ -14,7 +14,7 @@ from ..models import KIND_SYMBOL, LAYER_KINDS, SpecError, builtin_models, load_m
 from ..models.builtin import PUBLISHED_PARAMS
 from ..models.load import HF_PREFIX
 from ..models.spec import ModelSpec
-from ..plan import DEEPSPEED, MEGATRON, PIPELINE_ZERO, RUNTIME_NAMES, RUNTIMES
+from ..plan import DEEPSPEED, PIPELINE_ZERO, RUNTIME_NAMES, RUNTIMES, Header, plan_runtime
 from ..units import size
 from .common import (
     DEVICE,
@@ -134,7 +134,9 @@ def run(args) -> int:
         return 0
     mesh_update(args, 1, None)  # refuses sequence parallelism at tp 1
     warn_zero_without_copies("--zero", args.zero, args.dp)
-    runtime = args.target or (MEGATRON if args.zero > PIPELINE_ZERO else DEEPSPEED)
+    # the runtime a plan of this ZeRO stage names or implies (`plan_runtime`)
+    header = Header(name="models", devices=1, microbatches=1, zero=args.zero, runtime=args.target)
+    runtime = plan_runtime(header)
     if runtime == DEEPSPEED and args.zero > PIPELINE_ZERO:
         raise UserError(
             f"--zero {args.zero} with --target deepspeed: DeepSpeed's pipeline engine, which "
