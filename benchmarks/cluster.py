@@ -716,7 +716,7 @@ def main() -> int:
     args = ap.parse_args()
     md, png = args.output, args.output.with_name(args.output.stem + "_scaling.png")
     written = [md, png] if args.from_json else [md, md.with_suffix(".json"), png]
-    if not check_outputs("cluster.py", written):
+    if not check_outputs("cluster.py", written, inputs=[args.from_json] if args.from_json else []):
         return 2
     if args.from_json:
         again = " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:])

@@ -4,6 +4,7 @@ to half an hour; a typo in -o must not cost that), `write_outputs` at the end (a
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -30,15 +31,26 @@ def commit() -> str:
 
 
 def check_outputs(
-    script: str, files: Iterable[str | Path], folders: Iterable[str | Path] = ()
+    script: str,
+    files: Iterable[str | Path],
+    folders: Iterable[str | Path] = (),
+    inputs: Iterable[str | Path] = (),
 ) -> bool:
     """Before any work: whether each of `files` can be written (octodsl.fileio.unwritable: its
-    folder exists and is writable, the path is no folder and no read-only file) and each of
-    `folders` made and written into; if not, say why in one line, as `script` (its name), and
-    return False (the benchmark then exits with status 2)."""
+    folder exists and is writable, the path is no folder and no read-only file) without
+    replacing one of the run's `inputs`, and each of `folders` made and written into; if not,
+    say why in one line, as `script` (its name), and return False (the benchmark then exits
+    with status 2)."""
     from octodsl.fileio import unwritable, unwritable_folder
 
-    for why in [*map(unwritable, files), *map(unwritable_folder, folders)]:
+    files = list(files)
+    read = {os.path.realpath(p) for p in inputs}
+    clashes = [
+        f"cannot write {f}: it is an input of this run"
+        for f in files
+        if os.path.realpath(f) in read
+    ]
+    for why in [*clashes, *map(unwritable, files), *map(unwritable_folder, folders)]:
         if why:
             print(f"{script}: {why}", file=sys.stderr)
             return False

@@ -545,7 +545,9 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.output)
     written = [] if args.rows else [out, out.with_suffix(".json")]  # --rows: a look, no table
-    if not check_outputs("published.py", written, [args.export] if args.export else []):
+    if not check_outputs(
+        "published.py", written, [args.export] if args.export else [], inputs=[DATA]
+    ):
         return 2
     from octodsl.sim import warm_up
 

@@ -162,7 +162,7 @@ def main() -> int:
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_gap.md"))
     args = ap.parse_args()
     out = Path(args.output)
-    if not check_outputs("tuner_gap.py", [out, out.with_suffix(".json")]):
+    if not check_outputs("tuner_gap.py", [out, out.with_suffix(".json")], inputs=[args.levers]):
         return 2
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"

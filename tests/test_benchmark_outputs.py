@@ -60,3 +60,26 @@ def test_a_folder_as_the_output_is_refused_before_any_work(script, tmp_path):
     output.mkdir()
     assert refused(script, output, tmp_path) == f"{script}: cannot write {output}: it is a folder"
     assert list(tmp_path.iterdir()) == [output] and list(output.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "script,given",
+    [
+        ("tuner_gap.py", lambda p: ["--levers", str(p.with_suffix(".json"))]),  # beside the md
+        ("cluster.py", lambda p: ["--from-json", str(p)]),
+    ],
+)
+def test_an_output_that_is_an_input_is_refused_before_any_work(script, given, tmp_path):
+    output = tmp_path / "out.md"
+    source = output.with_suffix(".json") if script == "tuner_gap.py" else output
+    source.write_text("[]")
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *given(output), "-o", str(output)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.strip() == f"{script}: cannot write {source}: it is an input of this run"
+    assert source.read_text() == "[]"  # untouched
