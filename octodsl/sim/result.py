@@ -224,17 +224,21 @@ class SimResult:
         return self._pipeline_comm[0] + self.dp_comm.total
 
     @functools.cached_property
+    def _comm_hidden(self) -> np.ndarray:
+        """Per device: communication seconds under its own compute (messages and collectives)."""
+        return self._pipeline_comm[1] + self.dp_comm.hidden
+
+    @functools.cached_property
     def comm_exposed(self) -> np.ndarray:
         """Per device: communication seconds not under the device's own compute."""
-        return self.comm - (self._pipeline_comm[1] + self.dp_comm.hidden)
+        return self.comm - self._comm_hidden
 
     @property
     def overlap_rate(self) -> float:
         """Communication time under compute over all communication time (1 when there is
         none)."""
         total = float(self.comm.sum())
-        hidden = self._pipeline_comm[1] + self.dp_comm.hidden
-        return float(hidden.sum()) / total if total > 0 else 1.0
+        return float(self._comm_hidden.sum()) / total if total > 0 else 1.0
 
     @property
     def devices(self) -> int:
