@@ -98,8 +98,7 @@ def test_no_plan_within_the_limit_beats_the_tight_bound(layers, devices, microba
     # The precondition: a device's even share of the layers has room for a micro-batch, so the
     # tuner finds plans within the limit; each of them, and each random one, obeys the bound.
     assert tuned.fits
-    bound = pr.tight_lower_bound()
-    assert [s.time for s in seen if s.fits and s.time < bound * (1 - 1e-9)] == []
+    assert below_tight_bound(pr, [s for s in seen if s.fits]) == []
 
 
 @given(
@@ -144,6 +143,21 @@ def _searched(pr, seed, seen):
     with mock.patch.object(Evaluator, "__call__", recording):  # every plan the searches simulate
         random_search(pr, budget=30, seed=seed, max_evaluations=5)
         return tune(pr, budget=30, max_evaluations=40, seed=seed).best
+
+
+def below_tight_bound(pr, scores) -> list[float]:
+    """The times of `scores` below the problem's tight bound (a rounding's worth allowed)."""
+    bound = pr.tight_lower_bound()
+    return [s.time for s in scores if s.time < bound * (1 - 1e-9)]
+
+
+def below_layout_bound(pr, scores) -> list[float]:
+    """The times of `scores` below their own layout's bound (a rounding's worth allowed)."""
+    return [
+        s.time
+        for s in scores
+        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
+    ]
 
 
 def test_a_recompute_holds_its_bytes_for_its_seconds():
@@ -214,14 +228,9 @@ def test_no_plan_beats_its_layouts_bound(layers, statics, devices, microbatches,
     )
     seen: list = []
     _searched(pr, seed, seen)
-    bound = pr.tight_lower_bound()
     fitting = [s for s in seen if s.fits]
-    assert [s.time for s in fitting if s.time < bound * (1 - 1e-9)] == []
-    assert [
-        s.time
-        for s in fitting
-        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
-    ] == []
+    assert below_tight_bound(pr, fitting) == []
+    assert below_layout_bound(pr, fitting) == []
 
 
 def test_every_classic_baseline_meets_its_layouts_bound():
@@ -232,11 +241,7 @@ def test_every_classic_baseline_meets_its_layouts_bound():
     fitting = [s for s in scores if s.fits]
     assert fitting and all(s.plan.recompute()[0] is not Recompute.NONE for s in fitting)
     assert any(s.plan.num_stages > pr.devices for s in fitting)
-    assert [
-        s.time
-        for s in fitting
-        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
-    ] == []
+    assert below_layout_bound(pr, fitting) == []
 
 
 @pytest.mark.parametrize(
@@ -259,13 +264,8 @@ def test_every_classic_baseline_meets_the_bounds_with_its_steps_and_overlaps(hea
     pr = Problem.create("nemotron-h-tiny", 4, 8, memory=None, **header)
     scores = [b.score for b in classic_baselines(pr, Evaluator(pr)) if b.score is not None]
     assert len(scores) > 10
-    tight = pr.tight_lower_bound()
-    assert [s.time for s in scores if s.time < tight * (1 - 1e-9)] == []
-    assert [
-        s.time
-        for s in scores
-        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
-    ] == []
+    assert below_tight_bound(pr, scores) == []
+    assert below_layout_bound(pr, scores) == []
 
 
 def test_the_tight_bound_counts_the_accumulation_pass_and_the_step():
@@ -297,13 +297,8 @@ def test_no_searched_plan_of_analytical_costs_beats_the_bounds(header):
     _searched(pr, 0, seen)
     fitting = [s for s in seen if s.fits]
     assert len(fitting) > 10
-    tight = pr.tight_lower_bound()
-    assert [s.time for s in fitting if s.time < tight * (1 - 1e-9)] == []
-    assert [
-        s.time
-        for s in fitting
-        if s.time < layout_lower_bound(pr, StageLayout.of(s.plan)) * (1 - 1e-9)
-    ] == []
+    assert below_tight_bound(pr, fitting) == []
+    assert below_layout_bound(pr, fitting) == []
 
 
 def test_where_the_passes_and_the_step_weigh_the_tuned_plan_still_meets_the_bound():
@@ -312,6 +307,5 @@ def test_where_the_passes_and_the_step_weigh_the_tuned_plan_still_meets_the_boun
     that counted the step twice would exceed the plan's time and fail here."""
     pr = Problem.create("jamba-v0.1", 8, 16, memory=None)
     best = tune(pr, budget=60, max_evaluations=100, seed=0).best
-    assert best.time >= pr.tight_lower_bound() * (1 - 1e-9)
-    assert best.time >= layout_lower_bound(pr, StageLayout.of(best.plan)) * (1 - 1e-9)
+    assert below_tight_bound(pr, [best]) == below_layout_bound(pr, [best]) == []
     assert step_seconds(pr) > best.time - pr.tight_lower_bound()  # the test is that close
