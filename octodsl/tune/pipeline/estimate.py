@@ -139,6 +139,9 @@ class _Scratch(NamedTuple):
     """The slots of the descent under way."""
     filled: np.ndarray
     """[0]: the slots of `seen` in use."""
+    kept: np.ndarray
+    """The sums of the two stages either side of the cut a descent shifts and of their devices
+    before the shift (`_keep`), put back after it (`_put_back`)."""
 
 
 _SEEN_SLOTS = 4096
@@ -193,6 +196,7 @@ class FillModel:
             value=np.empty(_SEEN_SLOTS),
             path=np.empty(_SEEN_SLOTS, np.int64),
             filled=np.zeros(1, np.int64),
+            kept=np.zeros(_KEPT),
         )
         if recompute:
             self.set_modes(recompute)
@@ -340,8 +344,8 @@ def _ended(c, w, n, k, e):
 @njit(refcounts=False)
 def _descend(c, x, w):
     """Steepest descent from `c` (in place); its value. A shift of cut i changes only stages
-    i - 1 and i, so each neighbour re-sums those two stages and their devices (and sums them
-    back after). A neighbour is valued only as far as it could beat the best neighbour so far
+    i - 1 and i, so each neighbour re-sums those two stages and their devices (and puts back
+    their sums before the shift after: the values re-summing them would give again). A neighbour is valued only as far as it could beat the best neighbour so far
     (`_rest`'s `below`), which picks the same one. The value depends on the cuts alone, so
     from cuts an earlier descent of the model passed through the descent ends where that one
     ended: it goes there at once (`w.seen`). Within a search that end was valued already, so
@@ -358,13 +362,14 @@ def _descend(c, x, w):
             n += 1
         best, best_i, best_d = cur, -1, 0
         for i in range(1, c.shape[0] - 1):
+            _keep(x, w, i)
             for d in (-1, 1):
                 if c[i - 1] < c[i] + d < c[i + 1]:
                     c[i] += d
                     _resum(c, x, w, i)
                     v = _rest(c, x, w, best)
                     c[i] -= d
-                    _resum(c, x, w, i)
+                    _put_back(x, w, i)
                     if v < best:
                         best, best_i, best_d = v, i, d
         if best_i < 0:
@@ -426,6 +431,37 @@ def _resum(c, x, w, i):
     for s in (i - 1, i):
         _stage_sum(c, x, s, w.st)
         _device_sum(x, w, x.stage_device[s])
+
+
+_KEPT = 2 * len(_StageSums._fields) + 2 * len(_DeviceSums._fields)
+"""Floats `_keep` keeps: two stages' sums and two devices'."""
+
+
+@njit(refcounts=False)
+def _keep(x, w, i):
+    """Keep the sums of stages i - 1 and i and of their devices in `w.kept`."""
+    st, dev, k = w.st, w.dev, w.kept
+    j = 0
+    for s in (i - 1, i):
+        k[j], k[j + 1], k[j + 2] = st.f[s], st.b[s], st.act[s]
+        k[j + 3], k[j + 4], k[j + 5] = st.static[s], st.load[s], st.brought[s]
+        d = x.stage_device[s]
+        k[j + 6], k[j + 7], k[j + 8] = dev.load[d], dev.act[d], dev.held[d]
+        j += 9
+
+
+@njit(refcounts=False)
+def _put_back(x, w, i):
+    """The sums `_keep` kept, back in place (the later stage's device last, as `_resum` sums
+    it last: when both stages are on one device, both kept the same sums)."""
+    st, dev, k = w.st, w.dev, w.kept
+    j = 0
+    for s in (i - 1, i):
+        st.f[s], st.b[s], st.act[s] = k[j], k[j + 1], k[j + 2]
+        st.static[s], st.load[s], st.brought[s] = k[j + 3], k[j + 4], k[j + 5]
+        d = x.stage_device[s]
+        dev.load[d], dev.act[d], dev.held[d] = k[j + 6], k[j + 7], k[j + 8]
+        j += 9
 
 
 @njit(refcounts=False)
