@@ -296,7 +296,9 @@ def _stage_arrays(num_stages: int) -> _StageSums:
 
 
 # The bound's kernels allocate nothing (they fill the model's scratch arrays), so they compile
-# without reference counting (octodsl.sim.jit).
+# without reference counting (octodsl.sim.jit). What a descent runs for each neighbour
+# (`_keep`, `_resum`, `_rest`, `_put_back`) is inlined into it (octodsl.sim.jit): called, each
+# was passed the model's named tuples by value, a copy that took a quarter of a descent.
 @njit(refcounts=False)
 def _visit(w, c):
     """The slot of cuts `c` in `w.seen`, added (its end not known) when not in it; -1 when not
@@ -425,7 +427,7 @@ def _fit_modes(c, allowed, x, w):
         cur = best
 
 
-@njit(refcounts=False)
+@njit(refcounts=False, inline=True)
 def _resum(c, x, w, i):
     """The sums of stages i - 1 and i (either side of cut i) and of their devices, again."""
     for s in (i - 1, i):
@@ -437,7 +439,7 @@ _KEPT = 2 * len(_StageSums._fields) + 2 * len(_DeviceSums._fields)
 """Floats `_keep` keeps: two stages' sums and two devices'."""
 
 
-@njit(refcounts=False)
+@njit(refcounts=False, inline=True)
 def _keep(x, w, i):
     """Keep the sums of stages i - 1 and i and of their devices in `w.kept`."""
     st, dev, k = w.st, w.dev, w.kept
@@ -450,7 +452,7 @@ def _keep(x, w, i):
         j += 9
 
 
-@njit(refcounts=False)
+@njit(refcounts=False, inline=True)
 def _put_back(x, w, i):
     """The sums `_keep` kept, back in place (the later stage's device last, as `_resum` sums
     it last: when both stages are on one device, both kept the same sums)."""
@@ -573,7 +575,7 @@ def _bound(c, x, w):
     return _rest(c, x, w, np.inf)
 
 
-@njit(refcounts=False)
+@njit(refcounts=False, inline=True)
 def _rest(c, x, w, below):
     """The bound from the stage and device sums in `w`; or inf as soon as it is sure to be at
     least `below` (a descent needs only the neighbours that beat its best so far). Sure
