@@ -408,6 +408,9 @@ def _search(best, trial, kicks, x, w):
 
 @njit(refcounts=False)
 def _fit_modes(c, allowed, x, w):
+    """A mode change of stage s changes only its sums and its device's, so each change re-sums
+    those (and sums them back after), and is valued only as far as it could count (`_rest`'s
+    `below`: a value it makes inf is not below the bar either), as `_descend` does."""
     cur = _bound(c, x, w)
     while True:
         best, best_s, best_m = cur, -1, -1
@@ -417,14 +420,25 @@ def _fit_modes(c, allowed, x, w):
                 if m == was:
                     continue
                 x.mode[s] = m
-                v = _bound(c, x, w)
-                if v < best * (1 - 1e-9):
+                _resum_stage(c, x, w, s)
+                bar = best * (1 - 1e-9)
+                v = _rest(c, x, w, bar)
+                if v < bar:
                     best, best_s, best_m = v, s, m
             x.mode[s] = was
+            _resum_stage(c, x, w, s)
         if best_s < 0:
             return
         x.mode[best_s] = best_m
+        _resum_stage(c, x, w, best_s)
         cur = best
+
+
+@njit(refcounts=False, inline=True)
+def _resum_stage(c, x, w, s):
+    """The sums of stage s and of its device, again."""
+    _stage_sum(c, x, s, w.st)
+    _device_sum(x, w, x.stage_device[s])
 
 
 @njit(refcounts=False, inline=True)
