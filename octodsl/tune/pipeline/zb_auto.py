@@ -289,10 +289,11 @@ def _first(c, x):
 
 def greedy(
     costs: ZbCosts, nmb: int, bubble_before_first_b: bool, prioritize_b: bool, fill_w: bool
-) -> tuple[list[list[tuple[int, int]]], float]:
-    """One run of the greedy with one setting of its three switches: each stage's order of
-    (kind code, micro-batch) and the span by ZeroBubble's timing. Raises CannotFit or
-    Unplaced for a setting that the original cannot run or that leaves a forward unplaced."""
+) -> tuple[np.ndarray, float]:
+    """One run of the greedy with one setting of its three switches: each stage's order as
+    [stage, place, (kind code, micro-batch)] and the span by ZeroBubble's timing. Raises
+    CannotFit or Unplaced for a setting that the original cannot run or that leaves a forward
+    unplaced."""
     c = _Costs(
         np.array([costs.f, costs.b, costs.w], float).reshape(3, -1),
         np.array([costs.mem_f, costs.mem_b, costs.mem_w], float).reshape(3, -1),
@@ -308,14 +309,14 @@ def greedy(
         raise CannotFit
     if status == _UNPLACED:
         raise Unplaced
-    return [list(map(tuple, stage)) for stage in order.tolist()], float(span)
+    return order, float(span)
 
 
 def zb_auto(costs: ZbCosts, microbatches: int) -> list[list[tuple[OpKind, int]]] | None:
     """Each stage's order of (kind, micro-batch), F, B and W, of the best of the greedy's eight
     settings by ZeroBubble's own timing (the first on a tie, in the original's loop order), or
     None when no setting fits the budget."""
-    best: tuple[float, list[list[tuple[int, int]]]] | None = None
+    best: tuple[float, np.ndarray] | None = None
     for switches in product((True, False), repeat=3):
         try:
             order, span = greedy(costs, microbatches, *switches)
@@ -325,7 +326,7 @@ def zb_auto(costs: ZbCosts, microbatches: int) -> list[list[tuple[OpKind, int]]]
             best = (span, order)
     if best is None:
         return None
-    return [[(KIND_OF_CODE[k], i) for k, i in stage] for stage in best[1]]
+    return [[(KIND_OF_CODE[k], i) for k, i in stage] for stage in best[1].tolist()]
 
 
 def zb_auto_plan(plan: Plan, orders: list[list[tuple[OpKind, int]]]) -> Plan:
