@@ -366,10 +366,11 @@ class Plan:
 
     def stage_device(self) -> list[int]:
         """Device of each stage; raises PlanError unless every stage is placed exactly once."""
-        out: list[int | None] = [None] * self.num_stages
+        n = len(self.stages)
+        out: list[int | None] = [None] * n
         for entry in self.placement:
             for s in entry.stages:
-                if not 0 <= s < self.num_stages or out[s] is not None:
+                if not 0 <= s < n or out[s] is not None:
                     raise PlanError(f"stage {s} is out of range or placed twice")
                 out[s] = entry.device
         if any(d is None for d in out):

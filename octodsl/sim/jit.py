@@ -20,13 +20,19 @@ except ImportError:  # pragma: no cover - depends on the environment
 JIT = _numba_njit is not None
 
 
-def njit(fn=None, *, refcounts: bool = True):
+def njit(fn=None, *, refcounts: bool = True, inline: bool = False):
     """Compile `fn` (cached on disk). refcounts=False compiles it without numba's reference
     counting, for a function that allocates nothing and keeps none of the arrays it is given:
     numba counts a reference for each array a call passes or reads out of a tuple, which for
-    the list scheduler's small per-decision functions was half of its time."""
+    the list scheduler's small per-decision functions was half of its time. inline=True has
+    numba inline `fn` where it is called (its IR, before compiling): a compiled call passes
+    named tuples of arrays by value, a few hundred words for the fill model's, which LLVM
+    copies for each call of a function it does not inline itself (the same operations run,
+    so the same results)."""
     if fn is None:
-        return lambda f: njit(f, refcounts=refcounts)
+        return lambda f: njit(f, refcounts=refcounts, inline=inline)
     if _numba_njit is None:  # JIT is False
         return fn
-    return _numba_njit(cache=True, nogil=True, _nrt=refcounts)(fn)
+    return _numba_njit(
+        cache=True, nogil=True, _nrt=refcounts, inline="always" if inline else "never"
+    )(fn)

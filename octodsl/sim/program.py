@@ -494,43 +494,64 @@ def _graph_of_ops(plan: Plan, slots: list[Slot], node_dev: np.ndarray) -> _Graph
         kind = np.fromiter(map(KIND_CODE.__getitem__, map(attrgetter("kind"), single)), _I, N)
         stage = np.fromiter(map(attrgetter("stage"), single), _I, N)
         mb = np.fromiter(map(attrgetter("mb"), single), _I, N)
-    if N and ((kind < 0) | (kind >= len(KIND_CODE))).any():
+    ok, *g = _op_graph(kind, stage, mb, node_dev, S, M, len(KIND_CODE))
+    if not ok:
         return None
-    if N and ((stage < 0) | (stage >= S) | (mb < 0) | (mb >= M)).any():
-        return None
-    node_of = np.full((len(KIND_CODE), S + 1, M), -1, _I)  # stage S: none, for s + 1 below
-    node_of[kind, stage, mb] = np.arange(N)
-    if np.count_nonzero(node_of >= 0) != N:  # some op twice
-        return None
-    # Each node's first producer, then its second (a backward's input gradient from s + 1).
-    first_kind = np.where(kind == _W, _B, _F)
-    first_stage = np.where(kind == _F, stage - 1, stage)
-    first = np.where(first_stage >= 0, node_of[first_kind, np.maximum(first_stage, 0), mb], -1)
-    later_b = node_of[_B, stage + 1, mb]
-    second_kind = np.where(later_b >= 0, _B, _BW)
-    backward = ((kind == _B) | (kind == _BW)) & (stage + 1 < S)
-    second = np.where(backward, np.where(later_b >= 0, later_b, node_of[_BW, stage + 1, mb]), -1)
-    srcs = np.stack([first, second], axis=1).ravel()
-    keep = srcs >= 0
-    src = srcs[keep]
-    dst = np.repeat(np.arange(N, dtype=_I), 2)[keep]
-    p_kind = np.stack([first_kind, second_kind], axis=1).ravel()[keep]
-    p_stage = np.stack([first_stage, stage + 1], axis=1).ravel()[keep]
-    cross = node_dev[src] != node_dev[dst]
-    edge_msg = np.where(cross, np.cumsum(cross) - 1, -1).astype(_I)
-    return _Graph(
-        np.arange(N + 1, dtype=_I),
-        kind,
-        stage,
-        mb,
-        src,
-        dst,
-        edge_msg,
-        p_kind[cross],
-        p_stage[cross],
-        mb[dst][cross],
-        np.minimum(p_stage, stage[dst])[cross],
-    )
+    return _Graph(np.arange(N + 1, dtype=_I), kind, stage, mb, *g)
+
+
+@njit
+def _op_graph(kind, stage, mb, node_dev, S, M, K):
+    """(ok, `_graph_of_ops`' edges and messages) in one pass (a numpy expression for each took
+    most of compiling a plan); not ok (and no edges) when some op is out of range or there
+    twice."""
+    N = kind.shape[0]
+    none = np.empty(0, np.int64)
+    node_of = np.full((K, S + 1, M), -1, np.int64)  # stage S: none, for s + 1 below
+    for n in range(N):
+        k, s, m = kind[n], stage[n], mb[n]
+        if k < 0 or k >= K or s < 0 or s >= S or m < 0 or m >= M or node_of[k, s, m] >= 0:
+            return False, none, none, none, none, none, none, none
+        node_of[k, s, m] = n
+    # each node's first producer, then its second (a backward's input gradient from s + 1)
+    src = np.empty(2 * N, np.int64)
+    dst = np.empty(2 * N, np.int64)
+    p_kind = np.empty(2 * N, np.int64)
+    p_stage = np.empty(2 * N, np.int64)
+    E = 0
+    for n in range(N):
+        k, s, m = kind[n], stage[n], mb[n]
+        first_kind = _B if k == _W else _F
+        first_stage = s - 1 if k == _F else s
+        if first_stage >= 0 and node_of[first_kind, first_stage, m] >= 0:
+            src[E], dst[E] = node_of[first_kind, first_stage, m], n
+            p_kind[E], p_stage[E] = first_kind, first_stage
+            E += 1
+        if (k == _B or k == _BW) and s + 1 < S:
+            later = node_of[_B, s + 1, m]
+            second_kind = _B
+            if later < 0:
+                later, second_kind = node_of[_BW, s + 1, m], _BW
+            if later >= 0:
+                src[E], dst[E] = later, n
+                p_kind[E], p_stage[E] = second_kind, s + 1
+                E += 1
+    edge_msg = np.full(E, -1, np.int64)
+    M_ = 0
+    for e in range(E):
+        if node_dev[src[e]] != node_dev[dst[e]]:
+            edge_msg[e] = M_
+            M_ += 1
+    msg_kind = np.empty(M_, np.int64)
+    msg_stage = np.empty(M_, np.int64)
+    msg_mb = np.empty(M_, np.int64)
+    msg_boundary = np.empty(M_, np.int64)
+    for e in range(E):
+        i = edge_msg[e]
+        if i >= 0:
+            msg_kind[i], msg_stage[i], msg_mb[i] = p_kind[e], p_stage[e], mb[dst[e]]
+            msg_boundary[i] = min(p_stage[e], stage[dst[e]])
+    return True, src[:E].copy(), dst[:E].copy(), edge_msg, msg_kind, msg_stage, msg_mb, msg_boundary
 
 
 def _reorder(plan: Plan, like: SimProgram) -> SimProgram | None:

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from octodsl.costs.table import StageCost
+from octodsl.costs.table import Link, StageCost
 from octodsl.dag import producers
 from octodsl.plan import Op, OpKind
-from octodsl.sim.bounds import single_microbatch_path
+from octodsl.sim.bounds import ring_time, single_microbatch_path
 
 SECONDS = st.floats(1e-6, 10.0, allow_nan=False)
 
@@ -73,3 +73,25 @@ def test_the_single_microbatch_path_is_the_dependency_rules_longest_path(case):
     program = SimpleNamespace(num_stages=len(costs), stage_device=device, split=split)
     got = single_microbatch_path(program, costs, cut)  # type: ignore[arg-type]
     assert got == pytest.approx(_longest_path(costs, device, split, cut), rel=1e-12)
+
+
+LINKS = st.builds(
+    Link,
+    st.just("link"),
+    st.sampled_from([0.0, 1e-6, 3.7e-5]),
+    st.sampled_from([0.0, 1.0, 2.5e10, 4.5e11]),
+)
+
+
+@given(
+    st.lists(st.floats(0.0, 1e12, allow_nan=False), max_size=8),
+    st.integers(1, 64),
+    st.integers(1, 2),
+    st.one_of(LINKS, st.lists(LINKS, min_size=8, max_size=8)),
+)
+def test_ring_time_is_each_elements_link_ring(nbytes, ranks, passes, link):
+    # The same float operations in the same order on each element: equal exactly.
+    links = [link] * len(nbytes) if isinstance(link, Link) else link[: len(nbytes)]
+    got = ring_time(np.array(nbytes), ranks, link if isinstance(link, Link) else links, passes)
+    want = [k.ring(b, ranks, passes) for b, k in zip(np.array(nbytes), links, strict=True)]
+    assert got.tolist() == want

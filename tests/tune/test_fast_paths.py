@@ -135,7 +135,9 @@ def test_a_models_searches_one_after_another_are_each_a_fresh_models(case, room,
 @settings(max_examples=40, deadline=None)
 @given(layouts(), st.sampled_from([None, 2.0, 0.5]))
 def test_compiled_mode_fitting_equals_the_descent_it_stands_for(case, room):
-    # The same bound on the same cuts and modes, compared the same way: equal exactly.
+    # The compiled fitting re-sums only the stage a change concerns and values a change only as
+    # far as it could count; the same bound on the same cuts and modes, compared the same way:
+    # equal exactly.
     pr, layout = case
     if room is not None:
         static = float(pr.layer_static().sum()) / pr.devices

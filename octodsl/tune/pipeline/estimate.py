@@ -139,6 +139,9 @@ class _Scratch(NamedTuple):
     """The slots of the descent under way."""
     filled: np.ndarray
     """[0]: the slots of `seen` in use."""
+    kept: np.ndarray
+    """The sums of the two stages either side of the cut a descent shifts and of their devices
+    before the shift (`_keep`), put back after it (`_put_back`)."""
 
 
 _SEEN_SLOTS = 4096
@@ -193,6 +196,7 @@ class FillModel:
             value=np.empty(_SEEN_SLOTS),
             path=np.empty(_SEEN_SLOTS, np.int64),
             filled=np.zeros(1, np.int64),
+            kept=np.zeros(_KEPT),
         )
         if recompute:
             self.set_modes(recompute)
@@ -292,7 +296,9 @@ def _stage_arrays(num_stages: int) -> _StageSums:
 
 
 # The bound's kernels allocate nothing (they fill the model's scratch arrays), so they compile
-# without reference counting (octodsl.sim.jit).
+# without reference counting (octodsl.sim.jit). What a descent runs for each neighbour
+# (`_keep`, `_resum`, `_rest`, `_put_back`) is inlined into it (octodsl.sim.jit): called, each
+# was passed the model's named tuples by value, a copy that took a quarter of a descent.
 @njit(refcounts=False)
 def _visit(w, c):
     """The slot of cuts `c` in `w.seen`, added (its end not known) when not in it; -1 when not
@@ -340,8 +346,8 @@ def _ended(c, w, n, k, e):
 @njit(refcounts=False)
 def _descend(c, x, w):
     """Steepest descent from `c` (in place); its value. A shift of cut i changes only stages
-    i - 1 and i, so each neighbour re-sums those two stages and their devices (and sums them
-    back after). A neighbour is valued only as far as it could beat the best neighbour so far
+    i - 1 and i, so each neighbour re-sums those two stages and their devices (and puts back
+    their sums before the shift after: the values re-summing them would give again). A neighbour is valued only as far as it could beat the best neighbour so far
     (`_rest`'s `below`), which picks the same one. The value depends on the cuts alone, so
     from cuts an earlier descent of the model passed through the descent ends where that one
     ended: it goes there at once (`w.seen`). Within a search that end was valued already, so
@@ -358,13 +364,14 @@ def _descend(c, x, w):
             n += 1
         best, best_i, best_d = cur, -1, 0
         for i in range(1, c.shape[0] - 1):
+            _keep(x, w, i)
             for d in (-1, 1):
                 if c[i - 1] < c[i] + d < c[i + 1]:
                     c[i] += d
                     _resum(c, x, w, i)
                     v = _rest(c, x, w, best)
                     c[i] -= d
-                    _resum(c, x, w, i)
+                    _put_back(x, w, i)
                     if v < best:
                         best, best_i, best_d = v, i, d
         if best_i < 0:
@@ -401,6 +408,9 @@ def _search(best, trial, kicks, x, w):
 
 @njit(refcounts=False)
 def _fit_modes(c, allowed, x, w):
+    """A mode change of stage s changes only its sums and its device's, so each change re-sums
+    those (and sums them back after), and is valued only as far as it could count (`_rest`'s
+    `below`: a value it makes inf is not below the bar either), as `_descend` does."""
     cur = _bound(c, x, w)
     while True:
         best, best_s, best_m = cur, -1, -1
@@ -410,22 +420,64 @@ def _fit_modes(c, allowed, x, w):
                 if m == was:
                     continue
                 x.mode[s] = m
-                v = _bound(c, x, w)
-                if v < best * (1 - 1e-9):
+                _resum_stage(c, x, w, s)
+                bar = best * (1 - 1e-9)
+                v = _rest(c, x, w, bar)
+                if v < bar:
                     best, best_s, best_m = v, s, m
             x.mode[s] = was
+            _resum_stage(c, x, w, s)
         if best_s < 0:
             return
         x.mode[best_s] = best_m
+        _resum_stage(c, x, w, best_s)
         cur = best
 
 
-@njit(refcounts=False)
+@njit(refcounts=False, inline=True)
+def _resum_stage(c, x, w, s):
+    """The sums of stage s and of its device, again."""
+    _stage_sum(c, x, s, w.st)
+    _device_sum(x, w, x.stage_device[s])
+
+
+@njit(refcounts=False, inline=True)
 def _resum(c, x, w, i):
     """The sums of stages i - 1 and i (either side of cut i) and of their devices, again."""
     for s in (i - 1, i):
         _stage_sum(c, x, s, w.st)
         _device_sum(x, w, x.stage_device[s])
+
+
+_KEPT = 2 * len(_StageSums._fields) + 2 * len(_DeviceSums._fields)
+"""Floats `_keep` keeps: two stages' sums and two devices'."""
+
+
+@njit(refcounts=False, inline=True)
+def _keep(x, w, i):
+    """Keep the sums of stages i - 1 and i and of their devices in `w.kept`."""
+    st, dev, k = w.st, w.dev, w.kept
+    j = 0
+    for s in (i - 1, i):
+        k[j], k[j + 1], k[j + 2] = st.f[s], st.b[s], st.act[s]
+        k[j + 3], k[j + 4], k[j + 5] = st.static[s], st.load[s], st.brought[s]
+        d = x.stage_device[s]
+        k[j + 6], k[j + 7], k[j + 8] = dev.load[d], dev.act[d], dev.held[d]
+        j += 9
+
+
+@njit(refcounts=False, inline=True)
+def _put_back(x, w, i):
+    """The sums `_keep` kept, back in place (the later stage's device last, as `_resum` sums
+    it last: when both stages are on one device, both kept the same sums)."""
+    st, dev, k = w.st, w.dev, w.kept
+    j = 0
+    for s in (i - 1, i):
+        st.f[s], st.b[s], st.act[s] = k[j], k[j + 1], k[j + 2]
+        st.static[s], st.load[s], st.brought[s] = k[j + 3], k[j + 4], k[j + 5]
+        d = x.stage_device[s]
+        dev.load[d], dev.act[d], dev.held[d] = k[j + 6], k[j + 7], k[j + 8]
+        j += 9
 
 
 @njit(refcounts=False)
@@ -537,7 +589,7 @@ def _bound(c, x, w):
     return _rest(c, x, w, np.inf)
 
 
-@njit(refcounts=False)
+@njit(refcounts=False, inline=True)
 def _rest(c, x, w, below):
     """The bound from the stage and device sums in `w`; or inf as soon as it is sure to be at
     least `below` (a descent needs only the neighbours that beat its best so far). Sure

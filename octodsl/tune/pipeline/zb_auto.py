@@ -37,6 +37,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import product
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from ...optable import B as _B
 from ...optable import F as _F
 from ...optable import W as _W
 from ...plan import Op, OpKind, Plan, Slot, placement_loop
+from ...sim.jit import njit
 from ...sim.links import cut_crosses_nodes, cut_times
 from ..problem import Problem
 from .layout import StageLayout
@@ -84,168 +86,247 @@ class ZbCosts:
         return replace(self, f=med(self.f), b=med(self.b), w=med(self.w))
 
 
-class _Greedy:
-    """One run of the greedy with one setting of its three switches."""
+class _Costs(NamedTuple):
+    """A ZbCosts and a setting of the greedy's switches, as the compiled greedy reads them."""
 
-    def __init__(
-        self, c: ZbCosts, nmb: int, bubble_before_first_b: bool, prioritize_b: bool, fill_w: bool
-    ):
-        self.c, self.nmb = c, nmb
-        # Plain lists, not arrays: the greedy reads and writes one element at a time.
-        self.cost = [list(map(float, c.f)), list(map(float, c.b)), list(map(float, c.w))]
-        self.mem = [list(map(float, c.mem_f)), list(map(float, c.mem_b)), list(map(float, c.mem_w))]
-        p = len(c.f)
-        self.p = p
-        self.switches = (bubble_before_first_b, prioritize_b, fill_w)
-        self.done = [[0] * p for _ in range(3)]  # ops of each kind placed per stage
-        self.end = [0.0] * p  # when each stage's last placed op ends
-        self.used = [0.0] * p  # activation bytes held per stage
-        self.bubble = [0.0] * p  # idle seconds per stage after its first forward
-        self.t = [[[0.0] * nmb for _ in range(p)] for _ in range(3)]  # each op's completion
-        self.order: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    cost: np.ndarray
+    """[kind code, stage]: seconds of F, B and W, and below the bytes each adds."""
+    mem: np.ndarray
+    comm: float
+    max_mem: np.ndarray
+    nmb: int
+    bubble_before_first_b: bool
+    prioritize_b: bool
+    fill_w: bool
 
-    def put(self, j: int, k: int) -> None:
-        i = self.done[k][j]
-        cost = self.cost[k][j]
-        end = self.end[j] + cost
-        busy = end
-        if k == _F and j > 0:
-            end = max(end, self.t[_F][j - 1][i] + self.c.comm + cost)
-        if k == _B and j < self.p - 1:
-            end = max(end, self.t[_B][j + 1][i] + self.c.comm + cost)
-        if self.done[_F][j] > 0:
-            self.bubble[j] += end - busy
-        self.end[j] = end
-        self.t[k][j][i] = end
-        self.used[j] += self.mem[k][j]
-        self.done[k][j] += 1
-        self.order[j].append((k, i))
 
-    def _w_first(self, j: int, k: int, ready: float) -> None:
-        """Before op kind `k` on stage `j`: W passes to make room for it, then W passes that end
-        before its input arrives at `ready`, and one more into a wait the stage can afford
-        (with `fill_w`) or cannot (always)."""
-        while self.used[j] + self.mem[k][j] > self.c.max_mem[j]:
-            if self.done[_W][j] >= self.done[_B][j]:
-                raise CannotFit
-            self.put(j, _W)
-        if ready < 0:
-            return
-        while self.done[_W][j] < self.done[_B][j] and self.end[j] + self.cost[_W][j] <= ready:
-            self.put(j, _W)
-        if self.done[_W][j] < self.done[_B][j] and self.end[j] < ready:
-            if ready - self.end[j] > max(self.bubble) - self.bubble[j] or self.switches[2]:
-                self.put(j, _W)
+class _State(NamedTuple):
+    """One run of the greedy, updated in place; per stage unless said."""
 
-    def run(self) -> tuple[list[list[tuple[int, int]]], float]:
-        p, comm = self.p, self.c.comm
-        self._first()
-        for i in range(1, self.nmb):
-            need = self._forwards_wanted()
-            for j in range(p - 2, -1, -1):
-                need[j] = min(need[j], need[j + 1])
-            for j in range(p):
-                if need[j]:
-                    ready = self.t[_F][j - 1][self.done[_F][j]] + comm if j > 0 else -1.0
-                    self._w_first(j, _F, ready)
-                    self.put(j, _F)
-            for j in range(p - 1, -1, -1):
-                ready = self.t[_B][j + 1][i] + comm if j + 1 < p else -1.0
-                self._w_first(j, _B, ready)
-                if j == 0 and self.done[_F][j] == self.nmb:
-                    while self.done[_W][j] < self.done[_B][j]:
-                        self.put(j, _W)
-                self.put(j, _B)
+    done: np.ndarray
+    """[kind code, stage]: ops of each kind placed."""
+    end: np.ndarray
+    """When the stage's last placed op ends."""
+    used: np.ndarray
+    """Activation bytes held."""
+    bubble: np.ndarray
+    """Idle seconds after the stage's first forward."""
+    t: np.ndarray
+    """[kind code, stage, micro-batch]: each op's completion."""
+    order: np.ndarray
+    """[stage, place, 0 or 1]: the kind code and micro-batch of each op the stage placed, in
+    order (`done`'s total of them)."""
+
+
+# The greedy runs compiled (numba; plain Python without it): ZeroBubble's runtime scheduler
+# is one stage op at a time, a few thousand per setting, which as Python methods took a
+# twentieth of a tuner's search on one stage per device. The same float operations in the
+# same order as the original (tests/tune/test_zb_auto.py holds it to the original's results,
+# and to it written as Python methods on random settings).
+_OK, _CANNOT_FIT, _UNPLACED = 0, 1, 2
+
+
+@njit
+def _greedy(c):
+    """One run of the greedy with the setting of `c`: (status, each stage's order as
+    [place, (kind code, micro-batch)], span); status _CANNOT_FIT or _UNPLACED for a setting
+    that the original cannot run or that leaves a forward unplaced."""
+    p, nmb = c.cost.shape[1], c.nmb
+    x = _State(
+        np.zeros((3, p), np.int64),
+        np.zeros(p),
+        np.zeros(p),
+        np.zeros(p),
+        np.zeros((3, p, nmb)),
+        np.zeros((p, 3 * nmb, 2), np.int64),
+    )
+    status = _run(c, x)
+    if status != _OK:
+        return status, x.order, 0.0
+    span = -np.inf
+    for j in range(p):
+        span = max(span, x.t[_W, j, nmb - 1] - x.t[_F, j, 0] + c.cost[_F, j])
+    return _OK, x.order, span
+
+
+@njit(refcounts=False)
+def _put(c, x, j, k):
+    i = x.done[k, j]
+    if i >= c.nmb:
+        raise IndexError("the greedy placed an op past the last micro-batch")
+    cost = c.cost[k, j]
+    end = x.end[j] + cost
+    busy = end
+    if k == _F and j > 0:
+        end = max(end, x.t[_F, j - 1, i] + c.comm + cost)
+    if k == _B and j < c.cost.shape[1] - 1:
+        end = max(end, x.t[_B, j + 1, i] + c.comm + cost)
+    if x.done[_F, j] > 0:
+        x.bubble[j] += end - busy
+    x.end[j] = end
+    x.t[k, j, i] = end
+    x.used[j] += c.mem[k, j]
+    n = x.done[_F, j] + x.done[_B, j] + x.done[_W, j]
+    x.order[j, n, 0] = k
+    x.order[j, n, 1] = i
+    x.done[k, j] += 1
+
+
+@njit(refcounts=False)
+def _w_first(c, x, j, k, ready):
+    """Before op kind `k` on stage `j`: W passes to make room for it, then W passes that end
+    before its input arrives at `ready`, and one more into a wait the stage can afford
+    (with `fill_w`) or cannot (always). False when it cannot make room."""
+    while x.used[j] + c.mem[k, j] > c.max_mem[j]:
+        if x.done[_W, j] >= x.done[_B, j]:
+            return False
+        _put(c, x, j, _W)
+    if ready < 0:
+        return True
+    while x.done[_W, j] < x.done[_B, j] and x.end[j] + c.cost[_W, j] <= ready:
+        _put(c, x, j, _W)
+    if x.done[_W, j] < x.done[_B, j] and x.end[j] < ready:
+        if ready - x.end[j] > x.bubble.max() - x.bubble[j] or c.fill_w:
+            _put(c, x, j, _W)
+    return True
+
+
+@njit
+def _run(c, x):
+    p, comm, nmb = c.cost.shape[1], c.comm, c.nmb
+    _first(c, x)
+    for i in range(1, nmb):
+        need = _forwards_wanted(c, x)
+        for j in range(p - 2, -1, -1):
+            need[j] = min(need[j], need[j + 1])
         for j in range(p):
-            while self.done[_W][j] < self.nmb:
-                self.put(j, _W)
-        if any(self.done[_F][j] < self.nmb for j in range(p)):
+            if need[j]:
+                ready = x.t[_F, j - 1, x.done[_F, j]] + comm if j > 0 else -1.0
+                if not _w_first(c, x, j, _F, ready):
+                    return _CANNOT_FIT
+                _put(c, x, j, _F)
+        for j in range(p - 1, -1, -1):
+            ready = x.t[_B, j + 1, i] + comm if j + 1 < p else -1.0
+            if not _w_first(c, x, j, _B, ready):
+                return _CANNOT_FIT
+            if j == 0 and x.done[_F, j] == nmb:
+                while x.done[_W, j] < x.done[_B, j]:
+                    _put(c, x, j, _W)
+            _put(c, x, j, _B)
+    for j in range(p):
+        while x.done[_W, j] < nmb:
+            _put(c, x, j, _W)
+    for j in range(p):
+        if x.done[_F, j] < nmb:
             # a stage whose forwards the greedy never placed (each stage's forwards are capped
             # by the next stage's): the original's own checks fail or miss it
-            raise Unplaced
-        span = max(
-            self.t[_W][j][self.nmb - 1] - self.t[_F][j][0] + self.cost[_F][j] for j in range(p)
-        )
-        return self.order, span
+            return _UNPLACED
+    return _OK
 
-    def _forwards_wanted(self) -> list[int]:
-        """Per stage, 1 if it should run a forward before the next micro-batch's backward.
-        With `prioritize_b`, a stage two or more forwards ahead of the next one skips it when
-        that forward (and the W passes it needs room from) would end after the next stage's
-        next forward and backward, and the wait it leaves is one the stage can afford."""
-        p, comm = self.p, self.c.comm
-        need = [0] * p
-        for j in range(p):
-            if self.done[_F][j] >= self.nmb:
-                continue
-            if j + 1 < p and self.done[_F][j] >= self.done[_F][j + 1] + 2 and self.switches[1]:
-                after_next = self.end[j + 1] + self.cost[_F][j + 1] + self.cost[_B][j + 1] + comm
-                if self.end[j] >= after_next:
-                    continue
-                w_cost, w_n, room = 0.0, 0, self.used[j] + self.mem[_F][j]
-                while room > self.c.max_mem[j] and self.done[_W][j] + w_n < self.done[_B][j]:
-                    w_cost += self.cost[_W][j]
-                    room += self.mem[_W][j]
-                    w_n += 1
-                if self.end[j] + self.cost[_F][j] + w_cost <= after_next:
-                    need[j] = 1
-                    continue
-                if after_next - self.end[j] <= max(self.bubble) - self.bubble[j]:
-                    continue
-            need[j] = 1
-        return need
 
-    def _first(self) -> None:
-        """Micro-batch 0: its forwards, the warm-up forwards each stage has time and room for
-        before that micro-batch's backward reaches it, then its backwards."""
-        p, comm = self.p, self.c.comm
-        for j in range(p):
-            self.put(j, _F)
-        need = [0] * p
-        last = 0.0
-        for j in range(p - 1, -1, -1):
-            if j == p - 1:
-                last = self.t[_F][j][0] + self.cost[_B][j]
+@njit
+def _forwards_wanted(c, x):
+    """Per stage, 1 if it should run a forward before the next micro-batch's backward.
+    With `prioritize_b`, a stage two or more forwards ahead of the next one skips it when
+    that forward (and the W passes it needs room from) would end after the next stage's
+    next forward and backward, and the wait it leaves is one the stage can afford."""
+    p, comm = c.cost.shape[1], c.comm
+    need = np.zeros(p, np.int64)
+    for j in range(p):
+        if x.done[_F, j] >= c.nmb:
+            continue
+        if j + 1 < p and x.done[_F, j] >= x.done[_F, j + 1] + 2 and c.prioritize_b:
+            after_next = x.end[j + 1] + c.cost[_F, j + 1] + c.cost[_B, j + 1] + comm
+            if x.end[j] >= after_next:
                 continue
-            held, busy = self.used[j], self.end[j]
-            while (
-                self.done[_F][j] + need[j] < self.nmb
-                and held + self.mem[_F][j] <= self.c.max_mem[j]
-            ):
-                if self.switches[0]:
-                    if busy + self.cost[_F][j] > last + comm:
-                        break
-                elif busy >= last + comm:
+            w_cost, w_n, room = 0.0, 0, x.used[j] + c.mem[_F, j]
+            while room > c.max_mem[j] and x.done[_W, j] + w_n < x.done[_B, j]:
+                w_cost += c.cost[_W, j]
+                room += c.mem[_W, j]
+                w_n += 1
+            if x.end[j] + c.cost[_F, j] + w_cost <= after_next:
+                need[j] = 1
+                continue
+            if after_next - x.end[j] <= x.bubble.max() - x.bubble[j]:
+                continue
+        need[j] = 1
+    return need
+
+
+@njit
+def _first(c, x):
+    """Micro-batch 0: its forwards, the warm-up forwards each stage has time and room for
+    before that micro-batch's backward reaches it, then its backwards."""
+    p, comm, nmb = c.cost.shape[1], c.comm, c.nmb
+    for j in range(p):
+        _put(c, x, j, _F)
+    need = np.zeros(p, np.int64)
+    last = 0.0
+    for j in range(p - 1, -1, -1):
+        if j == p - 1:
+            last = x.t[_F, j, 0] + c.cost[_B, j]
+            continue
+        held, busy = x.used[j], x.end[j]
+        while x.done[_F, j] + need[j] < nmb and held + c.mem[_F, j] <= c.max_mem[j]:
+            if c.bubble_before_first_b:
+                if busy + c.cost[_F, j] > last + comm:
                     break
-                held += self.mem[_F][j]
-                busy += self.cost[_F][j]
-                need[j] += 1
-            last = max(busy, last + comm) + self.cost[_B][j]
-        for j in range(1, p):
-            while need[j] > 0 and need[j] >= need[j - 1] and self.done[_F][j] + need[j] < self.nmb:
-                need[j] -= 1
-        for j in range(p):
-            for _ in range(need[j]):
-                self.put(j, _F)
-        for j in range(p - 1, -1, -1):
-            self.put(j, _B)
+            elif busy >= last + comm:
+                break
+            held += c.mem[_F, j]
+            busy += c.cost[_F, j]
+            need[j] += 1
+        last = max(busy, last + comm) + c.cost[_B, j]
+    for j in range(1, p):
+        while need[j] > 0 and need[j] >= need[j - 1] and x.done[_F, j] + need[j] < nmb:
+            need[j] -= 1
+    for j in range(p):
+        for _ in range(need[j]):
+            _put(c, x, j, _F)
+    for j in range(p - 1, -1, -1):
+        _put(c, x, j, _B)
+
+
+def greedy(
+    costs: ZbCosts, nmb: int, bubble_before_first_b: bool, prioritize_b: bool, fill_w: bool
+) -> tuple[np.ndarray, float]:
+    """One run of the greedy with one setting of its three switches: each stage's order as
+    [stage, place, (kind code, micro-batch)] and the span by ZeroBubble's timing. Raises
+    CannotFit or Unplaced for a setting that the original cannot run or that leaves a forward
+    unplaced."""
+    c = _Costs(
+        np.array([costs.f, costs.b, costs.w], float).reshape(3, -1),
+        np.array([costs.mem_f, costs.mem_b, costs.mem_w], float).reshape(3, -1),
+        float(costs.comm),
+        np.array(costs.max_mem, float),
+        int(nmb),
+        bool(bubble_before_first_b),
+        bool(prioritize_b),
+        bool(fill_w),
+    )
+    status, order, span = _greedy(c)
+    if status == _CANNOT_FIT:
+        raise CannotFit
+    if status == _UNPLACED:
+        raise Unplaced
+    return order, float(span)
 
 
 def zb_auto(costs: ZbCosts, microbatches: int) -> list[list[tuple[OpKind, int]]] | None:
     """Each stage's order of (kind, micro-batch), F, B and W, of the best of the greedy's eight
     settings by ZeroBubble's own timing (the first on a tie, in the original's loop order), or
     None when no setting fits the budget."""
-    best: tuple[float, list[list[tuple[int, int]]]] | None = None
+    best: tuple[float, np.ndarray] | None = None
     for switches in product((True, False), repeat=3):
         try:
-            order, span = _Greedy(costs, microbatches, *switches).run()
+            order, span = greedy(costs, microbatches, *switches)
         except (CannotFit, Unplaced):
             continue
         if best is None or span < best[0]:
             best = (span, order)
     if best is None:
         return None
-    return [[(KIND_OF_CODE[k], i) for k, i in stage] for stage in best[1]]
+    return [[(KIND_OF_CODE[k], i) for k, i in stage] for stage in best[1].tolist()]
 
 
 def zb_auto_plan(plan: Plan, orders: list[list[tuple[OpKind, int]]]) -> Plan:
