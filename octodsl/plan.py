@@ -136,6 +136,8 @@ pipeline depth (the executor refuses more; `tune --gpus --target deepspeed` prop
 DEEPSPEED, MEGATRON = "deepspeed", "megatron"
 RUNTIMES = (DEEPSPEED, MEGATRON)
 RUNTIME_NAMES = {DEEPSPEED: "DeepSpeed", MEGATRON: "Megatron-LM"}
+ACCUM_DTYPES = ("fp32", "bf16", "fp16")
+"""The dtypes a plan's `grad_accum_dtype` names."""
 """The runtimes a plan is costed for: octodsl's executor on DeepSpeed's pipeline engine, and
 Megatron-LM (`tune --gpus --target`, the bytes per parameter: octodsl.costs.param_bytes)."""
 
@@ -269,6 +271,12 @@ class Header(BaseModel):
     `zero_optimization.reduce_scatter`, its default, and Megatron's distributed optimizer);
     false: all-reduced, each copy then updating its shard (DeepSpeed with `reduce_scatter:
     false`, and its BF16 optimizer in the pipeline engine, which BLOOM trained with)."""
+    grad_accum_dtype: str | None = None
+    """The dtype the gradients are accumulated in over the micro-batches (`ACCUM_DTYPES`;
+    DeepSpeed's `data_types.grad_accum_dtype`): what their buffer holds, and what each unfused
+    accumulation moves. None: the runtime's default, fp32 for a bf16 model in Megatron-LM, the
+    model's dtype in DeepSpeed (octodsl.costs.param_bytes); DeepSpeed takes fp32 for a bf16
+    model at zero 1 too, with `reduce_scatter false` (its BF16 optimizer, as BLOOM trained)."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
 
@@ -277,6 +285,13 @@ class Header(BaseModel):
     def _known_runtime(cls, value: str | None) -> str | None:
         if value is not None and value not in RUNTIMES:
             raise ValueError(f"must be {' or '.join(RUNTIMES)}, not {value[:40]!r}")
+        return value
+
+    @field_validator("grad_accum_dtype")
+    @classmethod
+    def _known_dtype(cls, value: str | None) -> str | None:
+        if value is not None and value not in ACCUM_DTYPES:
+            raise ValueError(f"must be {', '.join(ACCUM_DTYPES)}, not {value[:40]!r}")
         return value
 
     def runtime_changes(self) -> list[tuple[str, bool]]:
