@@ -92,6 +92,14 @@ def test_fp32_accumulation_holds_a_buffer_and_moves_more_bytes(tmp_path, capsys)
     assert fp32["iteration_time"] > bf16["iteration_time"]
     # the reduction moves the model's dtype either way (DeepSpeed's communication_data_type)
     assert fp32["allreduce_time"] == pytest.approx(bf16["allreduce_time"])
+    assert (bf16["param_bytes"]["grad_accum_dtype"], fp32["param_bytes"]["grad_accum_dtype"]) == (
+        "bf16",
+        "fp32",
+    )
+    assert fp32["param_bytes"]["grad_reduce_bytes"] == 2.0
+    megatron = _simulated(capsys, plan, "--target", "megatron")
+    assert megatron["param_bytes"]["grad_reduce_bytes"] == 4.0  # Megatron's fp32 main_grad
+    assert megatron["param_bytes"]["grad_accum_dtype"] == "fp32"
 
 
 def test_simulate_and_tune_refuse_a_dtype_the_runtime_does_not_run(tmp_path, capsys):

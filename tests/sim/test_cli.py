@@ -103,6 +103,8 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     # but keeps a flat bf16 gradient accumulator beside each .grad
     assert data["param_bytes"] == {
         "runtime": "deepspeed",
+        "grad_accum_dtype": "bf16",
+        "grad_reduce_bytes": 2.0,
         "weights": 2.0,
         "grads": 2.0,
         "optimizer": 12.0,
@@ -111,6 +113,8 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     }
     assert base["param_bytes"] == {
         "runtime": "deepspeed",
+        "grad_accum_dtype": "bf16",
+        "grad_reduce_bytes": 2.0,
         "weights": 2.0,
         "grads": 4.0,
         "optimizer": 12.0,
