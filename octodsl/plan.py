@@ -17,7 +17,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from . import limits
 from .errors import OctoError
@@ -280,18 +280,12 @@ class Header(BaseModel):
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
 
-    @field_validator("runtime")
+    @field_validator("runtime", "grad_accum_dtype")
     @classmethod
-    def _known_runtime(cls, value: str | None) -> str | None:
-        if value is not None and value not in RUNTIMES:
-            raise ValueError(f"must be {' or '.join(RUNTIMES)}, not {value[:40]!r}")
-        return value
-
-    @field_validator("grad_accum_dtype")
-    @classmethod
-    def _known_dtype(cls, value: str | None) -> str | None:
-        if value is not None and value not in ACCUM_DTYPES:
-            raise ValueError(f"must be {', '.join(ACCUM_DTYPES)}, not {value[:40]!r}")
+    def _one_of_names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        names = {"runtime": RUNTIMES, "grad_accum_dtype": ACCUM_DTYPES}[str(info.field_name)]
+        if value is not None and value not in names:
+            raise ValueError(f"must be one of {', '.join(names)}, not {value[:40]!r}")
         return value
 
     def runtime_changes(self) -> list[tuple[str, bool]]:
