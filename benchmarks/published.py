@@ -180,6 +180,8 @@ def gen_args(row: dict, s: Setup, spec: Path) -> tuple[str, list[str]]:
         args += ["--" + field.replace("_", "-"), "true" if value else "false"]
     # In the plan, not only on simulate's command line: the overlaps lint against ZeRO.
     args += ["--dp", str(row["dp"]), "--zero", str(runtime.get("zero", 0))]
+    if runtime.get("grad_accum_dtype"):
+        args += ["--grad-accum-dtype", runtime["grad_accum_dtype"]]
     return name, args
 
 
@@ -208,7 +210,13 @@ def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
         mesh=mesh,
         microbatch_size=s.mbs,
     )
-    header = plan.header.model_copy(update={"dp": row["dp"], "zero": runtime.get("zero", 0)})
+    header = plan.header.model_copy(
+        update={
+            "dp": row["dp"],
+            "zero": runtime.get("zero", 0),
+            "grad_accum_dtype": runtime.get("grad_accum_dtype"),
+        }
+    )
     stages = [dataclasses.replace(st, recompute=Recompute(recompute)) for st in plan.stages]
     plan = dataclasses.replace(plan, header=header, stages=stages)
     return plan

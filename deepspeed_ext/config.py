@@ -212,6 +212,56 @@ def zero_config(
     }
 
 
+_DTYPE_NAMES = {
+    "fp32": ("fp32", "float32", "float", "torch.float32"),
+    "bf16": ("bf16", "bfloat16", "torch.bfloat16"),
+    "fp16": ("fp16", "float16", "half", "torch.float16"),
+}
+"""DeepSpeed's names of each dtype (its `DtypeEnum`), by the one a plan's header writes."""
+
+
+def config_dtype(config: dict) -> str:
+    """The model's dtype a DeepSpeed config trains in: bf16 or fp16 where enabled, else fp32."""
+    for key, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
+        section = config.get(key)
+        if isinstance(section, dict) and section.get("enabled"):
+            return dtype
+    return "fp32"
+
+
+def accum_config(
+    config: dict, plan: Plan, *, plan_name: str | None = None, config_name: str | None = None
+) -> dict:
+    """`config` with `data_types.grad_accum_dtype` set from the plan's header `grad_accum_dtype`
+    where it names one (its costs assume it: octodsl.costs.param_bytes). One the config gives
+    must agree with the plan's, or with DeepSpeed's default, the model's dtype, when the plan
+    names none: PlanLaunchError naming both otherwise."""
+    plan_name = plan_name or f'the plan "{plan.header.name}"'
+    config_name = config_name or "the DeepSpeed config"
+    wanted = plan.header.grad_accum_dtype
+    section = config.get("data_types")
+    given = section.get("grad_accum_dtype") if isinstance(section, dict) else None
+    if given is not None:
+        name = next((d for d, names in _DTYPE_NAMES.items() if given in names), None)
+        expected = wanted or config_dtype(config)
+        if name != expected:
+            said = (
+                "its header's `grad_accum_dtype`"
+                if wanted
+                else "DeepSpeed's default, the model's dtype: its header names no "
+                "`grad_accum_dtype`"
+            )
+            raise PlanLaunchError(
+                f"{plan_name} accumulates its gradients in {expected} ({said}), but "
+                f"{config_name} gives data_types.grad_accum_dtype {str(given)[:40]!r}: leave it "
+                f"out of the config or state `grad_accum_dtype {name or given}` in the plan's "
+                "header"
+            )
+    if wanted is None:
+        return config
+    return {**config, "data_types": {**(section or {}), "grad_accum_dtype": wanted}}
+
+
 def check_ep_precision(
     config: dict, plan: Plan, *, plan_name: str | None = None, config_name: str | None = None
 ) -> None:
@@ -253,7 +303,8 @@ def plan_config(
     plan_name: str | None = None,
     config_name: str | None = None,
 ) -> dict:
-    """`config` with the plan's batch sizes (`batch_config`) and ZeRO stage (`zero_config`),
+    """`config` with the plan's batch sizes (`batch_config`), ZeRO stage (`zero_config`) and
+    gradient-accumulation dtype (`accum_config`),
     refused with ep when it runs ZeRO or half precision (`check_ep_precision`); with tp, DeepSpeed's partitioning of pipeline messages over the tp group turned off (the
     executor's messages are whole activations, or under sp each rank's sequence slice)."""
     names = {"plan_name": plan_name, "config_name": config_name}
@@ -261,6 +312,7 @@ def plan_config(
     config = zero_config(
         batch_config(config, plan, default_microbatch_size, **names), plan, **names
     )
+    config = accum_config(config, plan, **names)
     if plan.header.tp == 1:
         return config
     return {

@@ -17,7 +17,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from . import limits
 from .errors import OctoError
@@ -136,6 +136,8 @@ pipeline depth (the executor refuses more; `tune --gpus --target deepspeed` prop
 DEEPSPEED, MEGATRON = "deepspeed", "megatron"
 RUNTIMES = (DEEPSPEED, MEGATRON)
 RUNTIME_NAMES = {DEEPSPEED: "DeepSpeed", MEGATRON: "Megatron-LM"}
+ACCUM_DTYPES = ("fp32", "bf16", "fp16")
+"""The dtypes a plan's `grad_accum_dtype` names."""
 """The runtimes a plan is costed for: octodsl's executor on DeepSpeed's pipeline engine, and
 Megatron-LM (`tune --gpus --target`, the bytes per parameter: octodsl.costs.param_bytes)."""
 
@@ -269,14 +271,21 @@ class Header(BaseModel):
     `zero_optimization.reduce_scatter`, its default, and Megatron's distributed optimizer);
     false: all-reduced, each copy then updating its shard (DeepSpeed with `reduce_scatter:
     false`, and its BF16 optimizer in the pipeline engine, which BLOOM trained with)."""
+    grad_accum_dtype: str | None = None
+    """The dtype the gradients are accumulated in over the micro-batches (`ACCUM_DTYPES`;
+    DeepSpeed's `data_types.grad_accum_dtype`): what their buffer holds, and what each unfused
+    accumulation moves. None: the runtime's default, fp32 for a bf16 model in Megatron-LM, the
+    model's dtype in DeepSpeed (octodsl.costs.param_bytes); DeepSpeed takes fp32 for a bf16
+    model at zero 1 too, with `reduce_scatter false` (its BF16 optimizer, as BLOOM trained)."""
     spans: dict[str, Span] = Field(default_factory=dict, exclude=True, repr=False)
     """Where each field was written, for diagnostics."""
 
-    @field_validator("runtime")
+    @field_validator("runtime", "grad_accum_dtype")
     @classmethod
-    def _known_runtime(cls, value: str | None) -> str | None:
-        if value is not None and value not in RUNTIMES:
-            raise ValueError(f"must be {' or '.join(RUNTIMES)}, not {value[:40]!r}")
+    def _one_of_names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        names = {"runtime": RUNTIMES, "grad_accum_dtype": ACCUM_DTYPES}[str(info.field_name)]
+        if value is not None and value not in names:
+            raise ValueError(f"must be one of {', '.join(names)}, not {value[:40]!r}")
         return value
 
     def runtime_changes(self) -> list[tuple[str, bool]]:

@@ -20,7 +20,7 @@ from ..costs.devices import (
 )
 from ..errors import OctoError
 from ..fileio import unwritable, write_atomic
-from ..plan import OVERLAPS, RUNTIME_SWITCHES, RUNTIMES
+from ..plan import ACCUM_DTYPES, OVERLAPS, RUNTIME_SWITCHES, RUNTIMES
 from ..units import exact_size, parse_size
 
 
@@ -218,9 +218,9 @@ def add_data_parallel_options(p: argparse.ArgumentParser, *, default_from: str |
 
 
 def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
-    """--target, --overlap, --scatter-gather-messages, --grad-accumulation-fusion and
-    --reduce-scatter: which runtime runs the plan and what it does beside the plan's ops (the
-    header's `runtime` and runtime fields)."""
+    """--target, --overlap, --scatter-gather-messages, --grad-accumulation-fusion,
+    --reduce-scatter and --grad-accum-dtype: which runtime runs the plan and what it does
+    beside the plan's ops (the header's `runtime` and runtime fields)."""
     p.add_argument(
         "--target",
         choices=RUNTIMES,
@@ -265,6 +265,15 @@ def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
         "optimizer); false: all-reduced, as DeepSpeed's BF16 optimizer does in its "
         f"pipeline engine (default: {default_from})",
     )
+    p.add_argument(
+        "--grad-accum-dtype",
+        choices=ACCUM_DTYPES,
+        help="the dtype the gradients are accumulated in (the header's grad_accum_dtype, "
+        "DeepSpeed's data_types.grad_accum_dtype): fp32 for a bf16 model at zero 1 is "
+        "DeepSpeed's BF16 optimizer, as BLOOM trained (default: "
+        f"{default_from}, else the runtime's: fp32 for bf16 in Megatron-LM, the model's "
+        "dtype in DeepSpeed)",
+    )
 
 
 OVERLAP_OPTIONS = {name.removeprefix("overlap_").replace("_", "-"): name for name in OVERLAPS}
@@ -290,10 +299,13 @@ overlap_list.choices = (*OVERLAP_OPTIONS, "none")  # type: ignore[attr-defined]
 
 def runtime_update(args) -> dict[str, bool | str]:
     """The header's runtime fields that --target, --overlap, --grad-accumulation-fusion,
-    --scatter-gather-messages and --reduce-scatter set (those given; `add_overlap_option`)."""
+    --scatter-gather-messages, --reduce-scatter and --grad-accum-dtype set (those given;
+    `add_overlap_option`)."""
     update: dict[str, bool | str] = dict(getattr(args, "overlap", None) or {})
     if getattr(args, "target", None) is not None:
         update["runtime"] = args.target
+    if getattr(args, "grad_accum_dtype", None) is not None:
+        update["grad_accum_dtype"] = args.grad_accum_dtype
     for name in RUNTIME_SWITCHES:
         if getattr(args, name, None) is not None:
             update[name] = getattr(args, name)

@@ -19,7 +19,7 @@ from typing import TypedDict
 
 from ..costs.devices import LINKS, get_device
 from ..costs.resolve import cost_table, header_costing
-from ..costs.table import Link, uniform_stage_costs
+from ..costs.table import AccumulationError, Link, uniform_stage_costs
 from ..errors import OctoError
 from ..extras import require
 from ..interop import read_csv
@@ -252,7 +252,7 @@ def _costs(args, path: str, plan: Plan) -> tuple[SimCosts, Link, Link, int | Non
                 **header_costing(h),
             )
             costs = SimCosts.from_table(table, plan)
-        except TpMismatch as e:
+        except (TpMismatch, AccumulationError) as e:
             raise UserError(f"{path}: {e}") from None
         except PlanError as e:
             raise UserError(

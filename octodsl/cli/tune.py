@@ -335,7 +335,14 @@ def _problem(args, model: str, devices: int, microbatches: int, start):
         if why is not None:  # lint's E705 / E706 on every plan the tuner would write
             raise UserError(f"--ep {ep}: {why[1]}")
         # the --from plan's cluster and runtime (its costs assume them) unless options differ
-        kept = ("tp", "sequence_parallel", "gpus_per_node", *RUNTIME_FIELDS, "runtime")
+        kept = (
+            "tp",
+            "sequence_parallel",
+            "gpus_per_node",
+            *RUNTIME_FIELDS,
+            "runtime",
+            "grad_accum_dtype",
+        )
         mesh = {name: getattr(own, name) for name in kept} if own is not None else {}
         mesh.update(mesh_update(args, mesh.get("tp", 1), mesh.get("sequence_parallel")), ep=ep)
         problem = Problem.create(

@@ -29,10 +29,12 @@ the tp collectives and kept apart as `LayerCost.ep_f`, `ep_b`.
 from __future__ import annotations
 
 from ..models.ep import local_routed_params
-from ..models.spec import DTYPE_BYTES, ModelSpec, grad_accumulator_bytes
+from ..models.spec import ModelSpec
 from ..models.tp import local_layer, local_params
+from ..plan import MEGATRON
 from .devices import Device, get_link
 from .expert import EpLinks, all_to_all_time
+from .param_bytes import accumulate_bytes, default_accum
 from .table import CostTable, LayerCost, Link
 from .work import Collective, Gemm, Work, layer_work
 
@@ -47,14 +49,6 @@ parameters and gradients (Megatron-LM's optimizer, apex's multi-tensor Adam): re
 the main parameter, m and v (16), write the main parameter, m and v (12), then copy the main
 parameter into the model's bf16 one (read 4, write 2); the gradient's norm for clipping reads it
 once more (4): 16 + 12 + 6 + 4. Derived from the kernels, not measured."""
-
-
-def accumulate_bytes(dtype: str) -> int:
-    """Bytes per parameter an unfused gradient accumulation moves each micro-batch: it reads the
-    new gradient (the model's dtype) and reads and writes the accumulator
-    (`grad_accumulator_bytes`: fp32 for bf16, Megatron's `main_grad.add_(grad)`): 2 + 4 + 4 for
-    bf16, 2 + 2 + 2 for fp16, 4 + 4 + 4 for fp32."""
-    return DTYPE_BYTES[dtype] + 2 * grad_accumulator_bytes(dtype)
 
 
 _PASSES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
@@ -129,6 +123,9 @@ def analytical_costs(
     scatter_gather = scatter_gather and tp > 1 and not sp
     link = tp_link or get_link(device.node_link)
     a2a_links = ep_links or EpLinks(link, link, ep)
+    # the pass into Megatron-LM's accumulator: LayerCost.grad_acc's basis, which
+    # StaticBytes.accumulation scales to the plan's runtime
+    accumulated = accumulate_bytes(spec.dtype, default_accum(spec.dtype, MEGATRON))
     layers = []
     # A model repeats a few layer configurations (frozen, hashable) many times: each is costed
     # once (LayerCost is frozen, so the layers share it).
@@ -167,7 +164,7 @@ def analytical_costs(
                 tp_hidden_b=hidden[1],
                 tp_hidden_w=hidden[2],
                 update=params * OPTIMIZER_BYTES / device.bandwidth,
-                grad_acc=params * accumulate_bytes(spec.dtype) / device.bandwidth,
+                grad_acc=params * accumulated / device.bandwidth,
                 host_f=device.overheads.f_seconds if work.elements else 0.0,
                 host_b=device.overheads.b_seconds if work.elements else 0.0,
                 msg_bytes=work.out / tp if scatter_gather else None,

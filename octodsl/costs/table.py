@@ -6,11 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..models.spec import grad_accumulator_bytes
 from ..partition import plan_partition
-from ..plan import DEEPSPEED, Plan, Recompute, plan_runtime
+from ..plan import DEEPSPEED, Header, Plan, PlanError, Recompute, plan_runtime
 from .levers import Zero, recomputed
-from .param_bytes import StaticBytes
+from .param_bytes import StaticBytes, accum_problem
+
+
+class AccumulationError(PlanError):
+    """A plan whose runtime does not accumulate its model's gradients in the dtype it names
+    (`CostTable.plan_bytes`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +60,11 @@ class LayerCost:
     update: float = 0.0
     """Seconds of the optimizer step over the layer's parameters, unsharded (0: unknown)."""
     grad_acc: float = 0.0
-    """Seconds per micro-batch of adding the layer's weight gradient into its gradient buffer
-    by a pass of its own (0 for a measured W, which includes it); a plan with
-    `grad_accumulation_fusion` has the GEMM do it instead."""
+    """Seconds per micro-batch of adding the layer's weight gradient into Megatron-LM's
+    gradient buffer (fp32 for a bf16 model) by a pass of its own (0 for a measured W, which
+    includes it); a runtime accumulating in another dtype scales it
+    (`StaticBytes.accumulation`), a plan with `grad_accumulation_fusion` has the GEMM do it
+    instead."""
     host_f: float = 0.0
     """Seconds the host takes to launch the layer's F beyond its kernels' run, which an op pays
     when it starts after waiting for a message (a pipeline's ops; a single device streams its
@@ -87,10 +93,10 @@ class LayerCost:
         """Bytes one GPU sends across a cut after this layer."""
         return self.out_bytes if self.msg_bytes is None else self.msg_bytes
 
-    def w_run(self, fused_accumulation: bool) -> float:
-        """W seconds as a stage runs it: with the gradient-accumulation pass, unless the plan's
-        `grad_accumulation_fusion` has the GEMM do it."""
-        return self.w if fused_accumulation else self.w + self.grad_acc
+    def w_run(self, accumulation: float) -> float:
+        """W seconds as a stage runs it: with `accumulation` times the gradient-accumulation
+        pass (`StaticBytes.accumulation`: 0 when the GEMM does it)."""
+        return self.w + accumulation * self.grad_acc
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,58 +213,65 @@ class CostTable:
     )
     """`range_cost` by its arguments (the layers are never changed in place)."""
     _sums: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
-    """`grad_bytes` and `expert_grad_bytes` by their name and layers, likewise: a tuner costs
+    """`grad_params` and `expert_grad_params` by their name and layers, likewise: a tuner costs
     hundreds of new layouts, each stage a range of layers it has mostly summed before."""
 
-    def static_bytes(self, runtime: str = DEEPSPEED) -> StaticBytes:
+    def static_bytes(self, runtime: str = DEEPSPEED, accum: str | None = None) -> StaticBytes:
         """Bytes per parameter `runtime` holds of this table's model (meta `dtype`, default
-        bf16), against the `bytes_per_param` (default 16) its `LayerCost.static` counts."""
+        bf16), its gradients accumulated in `accum` (None: the runtime's default), against the
+        `bytes_per_param` (default 16) its `LayerCost.static` counts."""
         return StaticBytes(
-            self.meta.get("dtype", "bf16"), runtime, float(self.meta.get("bytes_per_param", 16))
+            self.meta.get("dtype", "bf16"),
+            runtime,
+            float(self.meta.get("bytes_per_param", 16)),
+            accum,
         )
 
-    @property
-    def grad_reduce_bytes(self) -> int:
-        """Bytes per gradient the data-parallel collectives move: the accumulation buffer's
-        (`grad_accumulator_bytes`: fp32 for a bf16 model)."""
-        return grad_accumulator_bytes(self.meta.get("dtype", "bf16"))
+    def plan_bytes(self, h: Header) -> StaticBytes:
+        """`static_bytes` as a plan's header says: its runtime (`plan_runtime`) and
+        `grad_accum_dtype`. Raises PlanError when that runtime does not accumulate in it at the
+        header's ZeRO stage (`param_bytes.accum_problem`): AccumulationError."""
+        pb = self.static_bytes(plan_runtime(h), h.grad_accum_dtype)
+        why = accum_problem(pb.dtype, pb.runtime, h.zero, h.reduce_scatter, h.grad_accum_dtype)
+        if why is not None:
+            raise AccumulationError(why)
+        return pb
 
     @property
     def ep(self) -> int:
         """The expert-parallel degree the table is costed at (meta `ep`, default 1)."""
         return int(self.meta.get("ep", 1))
 
-    def layer_statics(self, zero: int, dp: int, runtime: str = DEEPSPEED) -> list[float]:
-        """Each layer's static bytes under `runtime` at ZeRO stage `zero` over `dp` copies: its
-        routed experts' part sharded over the dp / ep copies that hold the same experts only
-        (as `range_costs` shards a stage)."""
-        pb = self.static_bytes(runtime)
+    def layer_statics(self, zero: int, dp: int, held: StaticBytes | None = None) -> list[float]:
+        """Each layer's static bytes as `held` says (default `static_bytes()`) at ZeRO stage
+        `zero` over `dp` copies: its routed experts' part sharded over the dp / ep copies that
+        hold the same experts only (as `range_costs` shards a stage)."""
+        pb = held or self.static_bytes()
         share = pb.share(zero, dp)
         if self.ep == 1:
             return [share * l.static for l in self.layers]
         experts = pb.share(zero, max(1, dp // self.ep)) - share
         return [(share + experts * l.expert_fraction) * l.static for l in self.layers]
 
-    def grad_bytes(self, first: int = 0, last: int | None = None) -> float:
-        """Gradient bytes of layers `first..last` (default: all) as the data-parallel
-        collectives move them (`grad_reduce_bytes` each)."""
+    def grad_params(self, first: int = 0, last: int | None = None) -> float:
+        """Gradients of layers `first..last` (default: all) the data-parallel collectives
+        reduce, in parameters (`StaticBytes.reduce_bytes` each)."""
         return self._summed("params", first, last)
 
-    def expert_grad_bytes(self, first: int = 0, last: int | None = None) -> float:
-        """Of `grad_bytes`, the routed experts' (`LayerCost.expert_params`), which under expert
-        parallelism are reduced over dp / ep copies only."""
+    def expert_grad_params(self, first: int = 0, last: int | None = None) -> float:
+        """Of `grad_params`, the routed experts' (`LayerCost.expert_params`), which under
+        expert parallelism are reduced over dp / ep copies only."""
         return self._summed("expert_params", first, last)
 
     def _summed(self, name: str, first: int, last: int | None) -> float:
-        """LayerCost's `name` summed over layers `first..last` (default: to the end), times
-        `grad_reduce_bytes`; remembered."""
+        """LayerCost's `name` summed over layers `first..last` (default: to the end);
+        remembered."""
         stop = len(self.layers) if last is None else last + 1
         key = (name, first, stop)
         got = self._sums.get(key)
         if got is None:
             got = self._sums[key] = float(
                 sum(getattr(layer, name) for layer in self.layers[first:stop])
-                * self.grad_reduce_bytes
             )
         return got
 
@@ -290,9 +303,10 @@ class CostTable:
     ) -> list[StageCost]:
         """Sum layer costs over each stage of the plan's partition (`ranges`, default
         `stage_ranges(plan)`), with the plan's recompute, ZeRO sharding and accumulation fusion
-        (and the calibration), static bytes as the plan's runtime holds them (`plan_runtime`),
-        F and B with the host's launch time when the plan spans devices (`pipelined`). Raises
-        PlanError when the partition does not fit the model."""
+        (and the calibration), static bytes and accumulation passes as the plan's runtime runs
+        them (`plan_bytes`), F and B with the host's launch time when the plan spans devices
+        (`pipelined`). Raises PlanError when the partition does not fit the model, or the
+        runtime does not accumulate in the plan's `grad_accum_dtype`."""
         h = plan.header
         ranges = self.stage_ranges(plan) if ranges is None else ranges
         table = self.pipelined() if plan.devices > 1 else self
@@ -302,7 +316,7 @@ class CostTable:
             h.zero,
             h.dp,
             h.grad_accumulation_fusion,
-            plan_runtime(h),
+            self.plan_bytes(h),
         )
 
     def input_bytes(self, first: int) -> float:
@@ -317,12 +331,13 @@ class CostTable:
         zero: int = 0,
         dp: int = 1,
         fused_accumulation: bool = False,
-        runtime: str = DEEPSPEED,
+        held: StaticBytes | None = None,
     ) -> list[StageCost]:
         """The StageCost of each (first, last) layer range; `recompute[i]` (default none) is
-        what range i recomputes, `zero` and `dp` shard its static bytes (as `runtime` holds
-        them: `static_bytes`) and optimizer step (the routed experts' over their dp / ep
-        copies); W adds each layer's gradient-accumulation pass unless `fused_accumulation`."""
+        what range i recomputes, `zero` and `dp` shard its static bytes (as `held` says,
+        default `static_bytes()`) and optimizer step (the routed experts' over their dp / ep
+        copies); W adds each layer's gradient-accumulation pass as `held`'s runtime runs it,
+        unless `fused_accumulation`."""
         return [
             self.range_cost(
                 first,
@@ -331,7 +346,7 @@ class CostTable:
                 zero,
                 dp,
                 fused_accumulation,
-                runtime,
+                held,
             )
             for i, (first, last) in enumerate(ranges)
         ]
@@ -344,11 +359,11 @@ class CostTable:
         zero: int = 0,
         dp: int = 1,
         fused_accumulation: bool = False,
-        runtime: str = DEEPSPEED,
+        held: StaticBytes | None = None,
     ) -> StageCost:
         """One range of `range_costs`, remembered: a tuner's layouts share most of their
         stages (a moved cut changes two)."""
-        key = (first, last, mode, zero, dp, fused_accumulation, runtime)
+        key = (first, last, mode, zero, dp, fused_accumulation, held or self.static_bytes())
         cost = self._ranges.get(key)
         if cost is None:
             cost = self._ranges[key] = self._sum_range(*key)
@@ -362,11 +377,12 @@ class CostTable:
         zero: int,
         dp: int,
         fused_accumulation: bool,
-        runtime: str,
+        pb: StaticBytes,
     ) -> StageCost:
         ls = self.layers[first : last + 1]
         f, b = sum(l.f for l in ls), sum(l.b for l in ls)
-        w = sum(l.w_run(fused_accumulation) for l in ls)
+        accumulation = pb.accumulation(fused_accumulation)
+        w = sum(l.w_run(accumulation) for l in ls)
         act, act_w = sum(l.act for l in ls), sum(l.act_w for l in ls)
         tp_f, tp_b, tp_w = (
             sum(l.tp_f for l in ls),
@@ -389,7 +405,6 @@ class CostTable:
         ep_f, ep_b = sum(l.ep_f for l in ls), sum(l.ep_b for l in ls)
         if mode is Recompute.FULL:  # the whole forward again, its collectives too
             tp_b, hid_b, ep_b = tp_b + tp_f, hid_b + hid_f, ep_b + ep_f
-        pb = self.static_bytes(runtime)
         share = pb.share(zero, dp)
         static = share * sum(l.static for l in ls)
         sharded_update = sum(l.update for l in ls) / (dp if Zero(zero).shards_optimizer else 1)

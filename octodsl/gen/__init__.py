@@ -51,6 +51,7 @@ MESH_FIELDS = (
     "ep",
     *RUNTIME_FIELDS,
     "runtime",
+    "grad_accum_dtype",
 )
 """Header fields of the cluster a generated plan runs on (`generate_text(mesh=...)`)."""
 _V_SHAPE = ("zb-v", "dualpipev")

@@ -76,6 +76,8 @@ def _header(h: Header) -> list[tuple[str, str]]:
     out += [(name, "true" if value else "false") for name, value in h.runtime_changes()]
     if h.runtime is not None:
         out.append(("runtime", h.runtime))
+    if h.grad_accum_dtype is not None:
+        out.append(("grad_accum_dtype", h.grad_accum_dtype))
     return out
 
 

@@ -89,6 +89,8 @@ def deepspeed_snippet(plan: Plan, source: str = "") -> Export:
         "train_batch_size": mbs * h.microbatches * h.dp,
         "zero_optimization": deepspeed_zero(h),
     }
+    if h.grad_accum_dtype is not None:
+        config["data_types"] = {"grad_accum_dtype": h.grad_accum_dtype}
     return Export(_render(plan, source, cuts.parts, interval, config, warnings), warnings)
 
 

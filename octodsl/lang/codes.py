@@ -190,6 +190,12 @@ _TABLE = (
         "an overlap of tp, dp or parameter-gather communication, scattered messages, fused "
         "gradient accumulation or `zero 2`: DeepSpeed's pipeline engine runs none of them",
     ),
+    Code(
+        "E408",
+        "`grad_accum_dtype` the runtime does not accumulate in",
+        "Megatron-LM accumulates a bf16 model's gradients in fp32, DeepSpeed in the model's "
+        "dtype, or in fp32 at zero 1 with `reduce_scatter false` (its BF16 optimizer)",
+    ),
     # -- memory --------------------------------------------------------------------------------
     Code(
         "E501",

@@ -23,6 +23,7 @@ from ..limits import (
     at_most,
 )
 from ..plan import (
+    ACCUM_DTYPES,
     RUNTIMES,
     DevicePlacement,
     Header,
@@ -65,6 +66,7 @@ _FIELD_KINDS = {
     "scatter_gather_messages": ("bool",),
     "reduce_scatter": ("bool",),
     "runtime": ("name",),
+    "grad_accum_dtype": ("name",),
 }
 BOOLEANS = {"true": True, "false": False}
 """How a `bool` field is written: a bare name, `true` or `false` (not 1, yes or "true")."""
@@ -78,6 +80,12 @@ RUNTIME_HINT = (
     "deepspeed: octodsl's executor on DeepSpeed's pipeline engine; megatron: Megatron-LM "
     "(they hold different bytes per parameter)"
 )
+ACCUM_HINT = (
+    "the dtype the gradients are accumulated in; leave it out for the runtime's own (fp32 "
+    "for a bf16 model in Megatron-LM, the model's dtype in DeepSpeed)"
+)
+_CHOICES = {"runtime": (RUNTIMES, RUNTIME_HINT), "grad_accum_dtype": (ACCUM_DTYPES, ACCUM_HINT)}
+"""The fields whose value is one of a few names, and the hint for any other."""
 RECOMPUTE_MODES = {m.value: m for m in Recompute}
 _OP_KINDS = {k.value: k for k in OpKind}
 
@@ -153,8 +161,8 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
         boolean = e.kind == "name" and e.text in BOOLEANS
         if not (e.kind in kinds or ("bool" in kinds and boolean)):
             want = (
-                " or ".join(RUNTIMES)
-                if e.key == "runtime"
+                _one_of(_CHOICES[e.key][0])
+                if e.key in _CHOICES
                 else "a quoted string"
                 if "string" in kinds
                 else "true or false"
@@ -167,14 +175,15 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
                 Diagnostic("E111", f"'{e.key}' must be {want}, not {_shown(e.text)}", e.value_span)
             )
             continue
-        if e.key == "runtime" and e.value not in RUNTIMES:
-            close = difflib.get_close_matches(str(e.value), RUNTIMES, n=1)
+        if e.key in _CHOICES and e.value not in _CHOICES[e.key][0]:
+            names, hint = _CHOICES[e.key]
+            close = difflib.get_close_matches(str(e.value), names, n=1)
             diags.append(
                 Diagnostic(
                     "E111",
-                    f"'runtime' must be {' or '.join(RUNTIMES)}, not {_shown(e.text)}",
+                    f"'{e.key}' must be {_one_of(names)}, not {_shown(e.text)}",
                     e.value_span,
-                    hint=f"did you mean '{close[0]}'?" if close else RUNTIME_HINT,
+                    hint=f"did you mean '{close[0]}'?" if close else hint,
                 )
             )
             continue
@@ -216,6 +225,10 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
                 msg = item["msg"].lower()
             diags.append(Diagnostic("E114", f"'{key}' {msg}", spans.get(key, block.span)))
         return None
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _shown(text: str, most: int = 40) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..costs.devices import get_device, get_link
+from ..costs.param_bytes import accum_problem
 from ..dag import deadlock, describe_cycle
 from ..lang.codes import CODES
 from ..lang.errors import Diagnostic, ranges_text
@@ -24,7 +25,15 @@ from ..mesh import Mesh
 from ..models import ModelSpec
 from ..models.ep import ep_problem, eps_that_fit, moe_layers
 from ..models.tp import tp_problems
-from ..plan import Op, OpKind, Plan, Span, runtime_conflict, zero_without_copies
+from ..plan import (
+    Op,
+    OpKind,
+    Plan,
+    Span,
+    plan_runtime,
+    runtime_conflict,
+    zero_without_copies,
+)
 from .memory import DEFAULT_DEVICE
 
 
@@ -481,6 +490,30 @@ class DeepSpeedRunsNoMegatronField(Rule):
                 h.spans.get("runtime"),
                 hint="give 'runtime megatron', or drop what it does not run "
                 '(docs/models-and-costs.md, "Overlaps")',
+            )
+
+
+@rule
+class AccumulationDtype(Rule):
+    """A `grad_accum_dtype` the plan's runtime does not accumulate its model's gradients in
+    (`param_bytes.accum_problem`): the plan would be costed for a run that cannot happen."""
+
+    codes = ("E408",)
+
+    def check(self, ctx: Context) -> Iterator[Diagnostic]:
+        h, spec = ctx.plan.header, ctx.spec
+        if spec is None or h.grad_accum_dtype is None:
+            return
+        why = accum_problem(
+            spec.dtype, plan_runtime(h), h.zero, h.reduce_scatter, h.grad_accum_dtype
+        )
+        if why:
+            yield Diagnostic(
+                "E408",
+                why,
+                h.spans.get("grad_accum_dtype"),
+                hint="leave 'grad_accum_dtype' out for the runtime's own "
+                '(docs/models-and-costs.md, "Bytes per parameter and ZeRO")',
             )
 
 

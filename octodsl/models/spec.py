@@ -22,17 +22,6 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of each dtype."""
 
 
-def grad_accumulator_bytes(dtype: str) -> int:
-    """Bytes per element of the buffer a runtime accumulates a model's gradients in over the
-    micro-batches and reduces them from: fp32 for a bf16 model (Megatron-LM's validate_args
-    forces `accumulate_allreduce_grads_in_fp32` with bf16, "bfloat16 requires gradient
-    accumulation and all-reduce to be done in fp32"), else the model's dtype. DeepSpeed's BF16
-    optimizer accumulates in `data_types.grad_accum_dtype`, the model's dtype unless a config
-    says fp32 (which it refuses at ZeRO stage 0); its held bytes follow that
-    (octodsl.costs.param_bytes), the reduction and accumulation times still count this."""
-    return 4 if dtype == "bf16" else DTYPE_BYTES[dtype]
-
-
 Activation = Literal["swiglu", "relu2", "gelu"]
 
 Width = Annotated[int, Field(ge=1, le=limits.MAX_WIDTH)]

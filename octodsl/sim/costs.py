@@ -13,7 +13,7 @@ from ..costs import levers
 from ..costs.param_bytes import ParamBytes, StaticBytes
 from ..costs.table import CostTable, StageCost
 from ..models.ep import ep_problem
-from ..plan import Header, Plan, PlanError, plan_runtime
+from ..plan import Header, Plan, PlanError
 from .sharing import Sharing
 
 _SIMULATED = (
@@ -128,18 +128,22 @@ class SimCosts:
     def from_table(cls, table: CostTable, plan: Plan) -> SimCosts:
         """Stage costs of the plan's partition (for a plan that names no layers, the split the
         executor runs: `CostTable.stage_ranges`), with the plan's recompute and ZeRO sharding
-        of the bytes the plan's runtime holds (`plan_runtime`);
-        gradients all-reduced in the model's dtype. Raises PlanError when the partition does
-        not fit the table's layers, or when the table is costed at another tensor-parallel
-        degree (or sequence parallelism) than the plan's."""
+        of the bytes the plan's runtime holds, its gradients reduced in the dtype that runtime
+        reduces them in (`CostTable.plan_bytes`). Raises PlanError when the partition does
+        not fit the table's layers, when the table is costed at another tensor-parallel
+        degree (or sequence parallelism) than the plan's, or when the runtime does not
+        accumulate in the plan's `grad_accum_dtype`."""
         h = plan.header
         check_tp(table, h)
         check_ep(table, h)
         ranges = table.stage_ranges(plan)
-        runtime = plan_runtime(h)
+        held = table.plan_bytes(h)
         stages = table.stage_costs(plan, ranges)
-        grads = tuple(table.grad_bytes(a, b) for a, b in ranges)
-        expert = tuple(table.expert_grad_bytes(a, b) for a, b in ranges) if h.ep > 1 else None
+        per = held.reduce_bytes
+        grads = tuple(table.grad_params(a, b) * per for a, b in ranges)
+        expert = (
+            tuple(table.expert_grad_params(a, b) * per for a, b in ranges) if h.ep > 1 else None
+        )
         cal = table.calibration
         sharing = (
             None
@@ -154,10 +158,10 @@ class SimCosts:
             table.source,
             sharing,
             0.0 if cal is None else cal.step_overhead,
-            table.static_bytes(runtime),
+            held,
             h.zero,
             h.dp,
-            float(table.grad_reduce_bytes),
+            held.reduce_bytes,
             float(table.meta.get("message_overhead", 0.0)),
             expert,
             h.ep,

@@ -20,7 +20,9 @@ collectives' times are bounds.py's ring formulas.
 - `reduce_scatter false` (zero >= 1): each reduce-scatter above is an all-reduce instead (twice
   its ring passes), every copy then updating only its shard: DeepSpeed with
   `zero_optimization.reduce_scatter: false`, and DeepSpeed's BF16 optimizer in the pipeline
-  engine (`_bf16_reduce_grads` all-reduces the fp32 gradients; BLOOM trained so).
+  engine (`_bf16_reduce_grads` all-reduces the gradients; BLOOM trained so).
+The gradient bytes are the runtime's (`SimCosts.grad_reduce_bytes`: fp32 for a bf16 model in
+Megatron-LM, the model's dtype in DeepSpeed).
 - expert parallelism (`ep` > 1): the routed experts' share of a stage's gradients (and, under
   ZeRO, of its parameters) goes round a ring of the dp / ep copies that hold the same experts
   (the expert-data-parallel group), the rest round all dp copies, one after the other on the

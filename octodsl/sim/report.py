@@ -200,10 +200,13 @@ def _links_line(result: SimResult) -> str:
 
 
 def _param_bytes_json(pb: StaticBytes, zero: int, dp: int) -> dict:
-    """The runtime's bytes per parameter by part on one copy (dp 1), and on each of dp."""
+    """The runtime's bytes per parameter by part on one copy (dp 1), and on each of dp; the
+    dtype it accumulates the gradients in and the bytes per gradient its reduction moves."""
     one = pb.sharded(zero, 1)
     return {
         "runtime": pb.runtime,
+        "grad_accum_dtype": pb.accum_dtype,
+        "grad_reduce_bytes": pb.reduce_bytes,
         "weights": one.weights,
         "grads": one.grads,
         "optimizer": one.optimizer,

@@ -117,7 +117,9 @@ def levers_hint(problem: Problem, need: float, limit: int, layer: int | None = N
         if zero <= h.zero or (zero > PIPELINE_ZERO and h.runtime == DEEPSPEED):
             continue
         # as the runtime would hold them at that stage (zero 2 is Megatron's: plan_runtime)
-        pb = problem.table.static_bytes(plan_runtime(h.model_copy(update={"zero": zero})))
+        pb = problem.table.static_bytes(
+            plan_runtime(h.model_copy(update={"zero": zero})), h.grad_accum_dtype
+        )
         dp = next(
             (d for d in (max(h.dp, 2), 4, 8, 16, 32, 64) if d >= h.dp and fits(pb.share(zero, d))),
             None,

@@ -75,9 +75,8 @@ def lower_bound(problem: Problem) -> float:
 
 def w_run(problem: Problem) -> np.ndarray:
     """Each layer's W as every plan of the problem runs it: with its gradient-accumulation pass
-    unless the header fuses it into the GEMM (`LayerCost.w_run`)."""
-    w = problem.column("w")
-    return w if problem.header.grad_accumulation_fusion else w + problem.column("grad_acc")
+    as the header's runtime runs it (`Problem.accumulation`: none when fused into the GEMM)."""
+    return problem.column("w") + problem.accumulation()
 
 
 def run_work(problem: Problem) -> np.ndarray:
@@ -93,7 +92,7 @@ def step_seconds(problem: Problem) -> float:
     per-iteration overhead (octodsl.sim.simulate)."""
     h, table = problem.header, problem.table
     whole = table.range_costs(
-        [(0, len(table.layers) - 1)], (), h.zero, h.dp, h.grad_accumulation_fusion
+        [(0, len(table.layers) - 1)], (), h.zero, h.dp, h.grad_accumulation_fusion, problem.held
     )[0]
     cal = table.calibration
     return whole.update / problem.devices + (0.0 if cal is None else cal.step_overhead)
@@ -152,9 +151,10 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
     h, P = problem.header, problem.devices
     if h.dp <= 1:
         return 0.0, 0.0
-    even = np.full(P, problem.table.grad_bytes() / P)
+    held = problem.held
+    even = np.full(P, problem.table.grad_params() * held.reduce_bytes / P)
     links = fastest_dp_links(problem)
-    gathered = even * problem.table.static_bytes().weights / problem.table.grad_reduce_bytes
+    gathered = even * held.weights / held.reduce_bytes
     zero = Zero(h.zero)
     after = (
         float(ring_all_gather_time(gathered, h.dp, links).sum()) / P
@@ -176,7 +176,7 @@ def dp_stream_bound(problem: Problem) -> float:
     h, P = problem.header, problem.devices
     if not Zero(h.zero).shards_gradients or h.dp <= 1:
         return 0.0
-    even = np.full(P, problem.table.grad_bytes() / P)
+    even = np.full(P, problem.table.grad_params() * problem.held.reduce_bytes / P)
     stream = problem.microbatches * float(
         ring_reduction_time(even, h.dp, fastest_dp_links(problem), h.zero, h.reduce_scatter).sum()
     )

@@ -16,12 +16,13 @@ from pydantic import ValidationError
 
 from .. import limits
 from ..costs.devices import INTER_NODE_LINK, get_device, get_link
+from ..costs.param_bytes import StaticBytes
 from ..costs.resolve import cost_table, header_costing
 from ..costs.table import CostTable, Link, StageCost
 from ..errors import OctoError
 from ..mesh import Mesh
 from ..models import load_model
-from ..plan import Header, Plan, Recompute, Slot, plan_runtime
+from ..plan import Header, Plan, Recompute, Slot
 from ..sim.costs import SimCosts
 from .pipeline.layout import SAVING, StageLayout
 
@@ -231,7 +232,21 @@ class Problem:
         `LayerCost.static` itself applies it: `CostTable.stage_costs` shards by the plan's
         header already."""
         h = self.header
-        return np.array(self.table.layer_statics(h.zero, h.dp, plan_runtime(h)), float)
+        return np.array(self.table.layer_statics(h.zero, h.dp, self.held), float)
+
+    @property
+    def held(self) -> StaticBytes:
+        """Bytes per parameter as the header's runtime holds them, and the dtypes it
+        accumulates and reduces the gradients in (`CostTable.plan_bytes`)."""
+        return self.table.plan_bytes(self.header)
+
+    def accumulation(self) -> np.ndarray:
+        """Each layer's gradient-accumulation pass as every plan of the problem runs it, in
+        seconds per micro-batch: the table's `grad_acc` scaled to the runtime's accumulator, 0
+        when the header fuses it into the GEMM (`StaticBytes.accumulation`)."""
+        return self.column("grad_acc") * self.held.accumulation(
+            self.header.grad_accumulation_fusion
+        )
 
     @property
     def modes(self) -> tuple[Recompute, ...]:

@@ -60,10 +60,15 @@ def test_the_table_counts_16_and_the_runtime_says_what_is_held():
         ("megatron", 0, 4, 18),
         ("megatron", 1, 4, 2 + 4 + 3),
         ("megatron", 2, 4, 2 + 4 + 3),
+        # DeepSpeed's BF16 optimizer at stage 1 with fp32 accumulation (grad_accum_dtype fp32):
+        # bf16 .grad and the fp32 buffer, 12 / dp
+        ("deepspeed-fp32", 1, 4, 2 + 2 + 4 + 3),
     ],
 )
 def test_static_bytes_per_device_are_sharded_over_dp(runtime, zero, dp, per_param):
-    stages = _table().range_costs(RANGES, zero=zero, dp=dp, runtime=runtime)
+    runtime, _, accum = runtime.partition("-")
+    held = _table().static_bytes(runtime, accum or None)
+    stages = _table().range_costs(RANGES, zero=zero, dp=dp, held=held)
     assert [c.static for c in stages] == [150 * per_param, 300 * per_param]
 
 

@@ -103,5 +103,5 @@ def test_a_written_runtime_is_the_plans_whatever_the_fields_imply(written):
 
 
 def test_a_header_refuses_an_unknown_runtime():
-    with pytest.raises(ValueError, match="deepspeed or megatron"):
+    with pytest.raises(ValueError, match="one of deepspeed, megatron"):
         _header(runtime="colossalai")

@@ -92,7 +92,28 @@ def test_the_accumulation_pass_moves_the_accumulators_bytes(dtype, nbytes):
     table = analytical_costs(spec, A100)
     layer = table.layers[5]
     assert layer.grad_acc == pytest.approx(layer.params * nbytes / A100.bandwidth)
-    assert table.grad_reduce_bytes == {"bf16": 4, "fp16": 2, "fp32": 4}[dtype]
+    held = table.static_bytes("megatron")
+    assert held.reduce_bytes == {"bf16": 4, "fp16": 2, "fp32": 4}[dtype]
+    assert held.accumulation(False) == 1.0 and held.accumulation(True) == 0.0
+
+
+@pytest.mark.parametrize(
+    "dtype,accum,nbytes,reduced",
+    [("bf16", None, 2 + 2 + 2, 2), ("bf16", "fp32", 2 + 4 + 4, 2), ("fp32", None, 12, 4)],
+)
+def test_deepspeed_accumulates_in_its_dtype_and_reduces_in_the_models(
+    dtype, accum, nbytes, reduced
+):
+    # DeepSpeed's `.grad` (or its BF16 optimizer's fp32 buffer with grad_accum_dtype fp32) and
+    # its communication_data_type, the model's dtype
+    spec = load_model("llama3-8b").model_copy(update={"dtype": dtype})
+    table = analytical_costs(spec, A100)
+    layer = table.layers[5]
+    held = table.static_bytes("deepspeed", accum)
+    assert held.reduce_bytes == reduced
+    assert layer.w_run(held.accumulation(False)) == pytest.approx(
+        layer.w + layer.params * nbytes / A100.bandwidth
+    )
 
 
 def test_unfused_attention_writes_the_scores():
@@ -147,8 +168,8 @@ def test_per_op_overheads_scale_with_the_activation():
 
 def test_bf16_gradients_reduce_in_fp32_and_update_through_memory():
     table = cost_table(model="llama3-8b", device="A100")
-    assert table.grad_reduce_bytes == 4
-    assert table.grad_bytes(5, 5) == table.layers[5].params * 4
+    assert table.static_bytes("megatron").reduce_bytes == 4
+    assert table.grad_params(5, 5) == table.layers[5].params
     assert table.layers[5].update == pytest.approx(
         table.layers[5].params * OPTIMIZER_BYTES / A100.bandwidth
     )

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from octodsl.deepspeed_ext.config import (
+    accum_config,
     batch_config,
     plan_config,
     read_config,
@@ -225,6 +226,66 @@ def test_reduce_scatter_comes_from_the_plan_under_zero():
         zero_config({"zero_optimization": {"reduce_scatter": True}}, allreduce)
     with pytest.raises(PlanLaunchError, match="reduce_scatter"):  # strict: not the string "no"
         zero_config({"zero_optimization": {"reduce_scatter": "no"}}, allreduce)
+
+
+def _accumulating(dtype: str | None):
+    return PLAN.__class__(
+        PLAN.header.model_copy(
+            update={"zero": 1, "dp": 2, "reduce_scatter": False, "grad_accum_dtype": dtype}
+        ),
+        PLAN.stages,
+        PLAN.placement,
+        PLAN.schedule,
+    )
+
+
+def test_the_accumulation_dtype_comes_from_the_plan():
+    bf16 = {"bf16": {"enabled": True}, "data_types": {"x": 1}}
+    assert accum_config(bf16, _accumulating("fp32"))["data_types"] == {
+        "x": 1,
+        "grad_accum_dtype": "fp32",
+    }
+    # a plan that names none leaves the config to DeepSpeed's default, the model's dtype
+    assert accum_config(bf16, _accumulating(None)) == bf16
+    assert plan_config(bf16, _accumulating("fp32"), 1)["data_types"]["grad_accum_dtype"] == "fp32"
+    # DeepSpeed's other names of the same dtype agree
+    for same in ("fp32", "float32", "float", "torch.float32"):
+        given = {**bf16, "data_types": {"grad_accum_dtype": same}}
+        assert (
+            accum_config(given, _accumulating("fp32"))["data_types"]["grad_accum_dtype"] == "fp32"
+        )
+    assert accum_config({"data_types": {"grad_accum_dtype": "fp32"}}, _accumulating(None))
+
+
+@pytest.mark.parametrize(
+    "config,dtype,message",
+    [
+        (
+            {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},
+            None,
+            "plan.octo accumulates its gradients in bf16 (DeepSpeed's default, the model's dtype: "
+            "its header names no `grad_accum_dtype`), but ds.json gives "
+            "data_types.grad_accum_dtype 'fp32': leave it out of the config or state "
+            "`grad_accum_dtype fp32` in the plan's header",
+        ),
+        (
+            {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bfloat16"}},
+            "fp32",
+            "plan.octo accumulates its gradients in fp32 (its header's `grad_accum_dtype`), but "
+            "ds.json gives data_types.grad_accum_dtype 'bfloat16': leave it out of the config or "
+            "state `grad_accum_dtype bf16` in the plan's header",
+        ),
+        (
+            {"data_types": {"grad_accum_dtype": "x" * 100}},
+            "fp32",
+            "gives data_types.grad_accum_dtype '" + "x" * 40 + "'",
+        ),
+    ],
+)
+def test_an_accumulation_dtype_that_differs_from_the_plan_names_both(config, dtype, message):
+    with pytest.raises(PlanLaunchError) as e:
+        accum_config(config, _accumulating(dtype), plan_name="plan.octo", config_name="ds.json")
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_zero_2_is_refused_with_the_reason():

@@ -159,6 +159,7 @@ def plans(draw):
                             ["gpus_per_node 16"],
                             ["runtime megatron"],
                             ["runtime deepspeed", "overlap_p2p_comm false"],
+                            ["grad_accum_dtype fp32", "runtime megatron"],
                         ]
                     )
                 )

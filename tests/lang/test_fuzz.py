@@ -63,6 +63,9 @@ TOKENS = [
     "runtime",
     "megatron",
     "runtime deepspeed",
+    "grad_accum_dtype",
+    "fp32",
+    "grad_accum_dtype bf16",
     "overlap_grad_reduce true",
 ]
 

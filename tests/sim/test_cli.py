@@ -103,6 +103,8 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     # but keeps a flat bf16 gradient accumulator beside each .grad
     assert data["param_bytes"] == {
         "runtime": "deepspeed",
+        "grad_accum_dtype": "bf16",
+        "grad_reduce_bytes": 2.0,
         "weights": 2.0,
         "grads": 2.0,
         "optimizer": 12.0,
@@ -111,6 +113,8 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
     }
     assert base["param_bytes"] == {
         "runtime": "deepspeed",
+        "grad_accum_dtype": "bf16",
+        "grad_reduce_bytes": 2.0,
         "weights": 2.0,
         "grads": 4.0,
         "optimizer": 12.0,
@@ -118,12 +122,27 @@ def test_zero_shards_the_static_bytes_and_splits_the_all_reduce(capsys):
         "per_device": 2 + 4 + 12 / 8,
     }
     assert data["allreduce_time"] == [0.0] * 4
-    # bf16 gradients are reduced in fp32, the parameters gathered in bf16: half the bytes, the
-    # same latencies (ib-ndr's 15 us per ring step)
+    # DeepSpeed reduces bf16 gradients in bf16 (its communication_data_type), and gathers the
+    # parameters in bf16: the same bytes, the same latencies (ib-ndr's 15 us per ring step)
     latency = 7 * 15e-6
-    assert [r - latency for r in data["reduce_scatter_time"]] == pytest.approx(
-        [2 * (g - latency) for g in data["all_gather_time"]]
+    assert data["reduce_scatter_time"] == pytest.approx(data["all_gather_time"])
+    # Megatron-LM reduces them in fp32: twice the bytes
+    megatron = run_json(
+        capsys,
+        str(MODEL_PLAN),
+        "--dp",
+        "8",
+        "--zero",
+        "1",
+        "--dp-link",
+        "ib-ndr",
+        "--target",
+        "megatron",
     )
+    assert [r - latency for r in megatron["reduce_scatter_time"]] == pytest.approx(
+        [2 * (g - latency) for g in megatron["all_gather_time"]]
+    )
+    assert megatron["all_gather_time"] == pytest.approx(data["all_gather_time"])
     assert [2 * r for r in data["reduce_scatter_time"]] == pytest.approx(base["allreduce_time"])
     assert data["dp_comm_exposed"] == pytest.approx(
         [a + b for a, b in zip(data["reduce_scatter_time"], data["all_gather_time"], strict=True)]

@@ -81,16 +81,17 @@ def test_gradient_bytes_remembered_per_range_and_kind(model, data):
     n = len(table.layers)
     first = data.draw(st.integers(0, n - 1))
     last = data.draw(st.integers(first, n - 1))
-    for name, method in (("params", table.grad_bytes), ("expert_params", table.expert_grad_bytes)):
+    for name, method in (
+        ("params", table.grad_params),
+        ("expert_params", table.expert_grad_params),
+    ):
         # the sum the table made before it remembered: the same operations, exactly equal
-        direct = float(
-            sum(getattr(l, name) for l in table.layers[first : last + 1]) * table.grad_reduce_bytes
-        )
+        direct = float(sum(getattr(l, name) for l in table.layers[first : last + 1]))
         assert method(first, last) == direct
         assert method(first, last) == direct  # remembered
         assert method(first) == method(first, n - 1)  # the default end is the last layer
     fresh = dataclasses.replace(table, layers=table.layers[: last + 1])  # a new table forgets
-    assert fresh.grad_bytes(first) == table.grad_bytes(first, last)
+    assert fresh.grad_params(first) == table.grad_params(first, last)
     assert fresh._sums is not table._sums
 
 

@@ -54,8 +54,8 @@ class _LayerSums(NamedTuple):
     f: np.ndarray
     b: np.ndarray
     w: np.ndarray
-    """W seconds as the plan runs them (`LayerCost.w_run`: with the gradient-accumulation pass
-    unless the header's `grad_accumulation_fusion`)."""
+    """W seconds as the plan runs them (with the gradient-accumulation pass as the header's
+    runtime runs it: `Problem.accumulation`)."""
     act: np.ndarray
     static: np.ndarray
     """ZeRO-sharded (`Problem.layer_static`)."""
@@ -267,11 +267,10 @@ def _layer_part(problem: Problem) -> _LayerPart:
         return part
     table = problem.table
     layers = table.layers
-    fused = problem.header.grad_accumulation_fusion
     rows = [
         [l.f for l in layers],
         [l.b for l in layers],
-        [l.w_run(fused) for l in layers],
+        list(problem.column("w") + problem.accumulation()),
         [l.act for l in layers],
         list(problem.layer_static()),
         [l.sel_act for l in layers],
