@@ -85,6 +85,26 @@ def test_restarts_keep_the_best_of_the_searches(tiny):
     assert three.evaluations > one.evaluations
 
 
+def test_a_later_search_finds_what_it_finds_alone():
+    # Its own evaluator: one shared with the search before timed this problem's plans by the
+    # programs compiled for that search, slightly differently (the second search's first
+    # start), and the two searches went different ways.
+    p = Problem.create("llama3-8b", 16, 16, memory=80 * GIB, dp=8, zero=1)
+    two = tune(p, budget=600, seed=3, restarts=2)
+    alone = tune(
+        Problem.create("llama3-8b", 16, 16, memory=80 * GIB, dp=8, zero=1),
+        budget=600,
+        seed=4,
+        restarts=1,
+    )
+    assert two.finished and alone.finished
+    k = next(i for i, r in enumerate(two.rounds) if r.phase == "restart")
+    # the same moves with the same times: the same simulations of the same plans
+    assert [(r.move, r.after) for r in two.rounds[k + 1 :]] == [
+        (r.move, r.after) for r in alone.rounds
+    ]
+
+
 def test_refines_a_given_plan_and_never_returns_worse(tiny):
     start = best_baseline(classic_baselines(tiny)).score.plan
     out = tune(tiny, budget=60, starts=[start], max_evaluations=60)

@@ -16,7 +16,7 @@ from octodsl.tune.pipeline.layout import StageLayout, even_cuts, looped, v_shape
 from octodsl.tune.pipeline.moves import memory, partition, placement, schedule
 
 from ..conftest import REPO
-from .helpers import problem
+from .helpers import HELD, problem
 from .plans import with_orders
 
 TWO = StageLayout((0, 1, 2), (0, 1))
@@ -99,6 +99,41 @@ def test_relieve_moves_a_layer_off_the_busiest_device():
     out = partition.relieve(lay, busy=[1.0, 9.0, 2.0])
     # Device 1 gives its first layer to device 0 (the least busy), else its last to device 2.
     assert [x.cuts for x in out] == [(0, 4, 5, 6), (0, 3, 4, 6)]
+
+
+def test_carry_passes_a_layer_along_the_stages_to_a_light_device():
+    # Looped on 4 devices: device 0 (stages 0 and 4) is the busiest, device 2 the lightest;
+    # devices 1 and 3 as loaded as each other.
+    lay = StageLayout((0, 2, 4, 6, 8, 10, 12, 14, 16), (0, 1, 2, 3, 0, 1, 2, 3))
+    out = partition.carry(lay, [9.0, 5.0, 1.0, 5.0], source=0)
+    # Stage 0 gives its last layer, stage 1 passes one on, stage 2 (device 2) gains one; from
+    # stage 4, forward to stage 6 and back to stage 2 (chains of 2 stages each): the lower
+    # giving stage first on a tie.
+    assert [(s, t) for s, t, _ in out] == [(0, 2), (4, 2), (4, 6)]
+    assert out[0][2].cuts == (0, 1, 3, 6, 8, 10, 12, 14, 16)
+    assert out[1][2].cuts == (0, 2, 4, 7, 9, 10, 12, 14, 16)
+    assert out[2][2].cuts == (0, 2, 4, 6, 8, 9, 11, 14, 16)
+    # Per device, the layers counted: only the source and the receiver change.
+    for _, _, new in out:
+        counts = [
+            sum(new.cuts[s + 1] - new.cuts[s] for s in stages) for stages in new.device_stages(4)
+        ]
+        assert counts == [3, 4, 5, 4]
+    # No receiver lighter than the source beyond the neighbours: nothing to carry.
+    assert partition.carry(lay, [1.0, 5.0, 5.0, 5.0], source=0) == []
+    # A chain never passes through the source's own stages, nor empties a stage.
+    thin = StageLayout((0, 1, 2, 3, 4), (0, 1, 2, 0))
+    assert partition.carry(thin, [9.0, 5.0, 1.0], source=0) == []
+
+
+def test_memory_bound_where_fewer_whole_micro_batches_fit_than_devices():
+    # 4 devices of 10 bytes, 4 layers of 1 byte of activations each: 40 bytes free hold 10
+    # micro-batches' activations (4 bytes each), more than the 4 devices.
+    assert not partition.memory_bound(problem([3.0] * 4, devices=4, microbatches=8, memory=10))
+    # 8 bytes of static per layer (its device's, as held): 8 free bytes hold 2.
+    held = problem([3.0] * 4, devices=4, microbatches=8, memory=10, static=8 / HELD)
+    assert partition.memory_bound(held)
+    assert not partition.memory_bound(problem([3.0] * 4, devices=4, microbatches=8))
 
 
 # -- placement ---------------------------------------------------------------------------------

@@ -93,6 +93,31 @@ def _partition(st: State) -> Iterator[Proposal]:
         yield from _layout(
             st, f"relieve device {top}: move cut {moved} to layer {new.cuts[moved]}", new
         )
+    yield from _carries(st, busy, top)
+
+
+def _carries(st: State, busy: np.ndarray, top: int) -> Iterator[Proposal]:
+    """On a memory-bound problem (`partition.memory_bound`), a layer of the device whose
+    work, fill and drain leave it the least idle between ops, then of the busiest, carried
+    to a lightly loaded device farther on, when that device is near the limit (its
+    neighbours often are too, and cannot take a layer). Elsewhere they only steer the
+    search: on llama3-8b (16 x 64 at 80 GiB) they led its first six searches to plans 3%
+    slower."""
+    limit = st.problem.memory
+    if limit is None or not partition.memory_bound(st.problem):
+        return
+    hot = set(recompute.hot_devices(st.result, limit, over=False))
+    need = busy + st.bottleneck.lead + st.bottleneck.tail
+    for d in dict.fromkeys((int(np.argmax(need)), top)):
+        if d not in hot:
+            continue
+        for s, t, new in partition.carry(st.layout, need, d):
+            yield from _layout(
+                st,
+                f"carry a layer of device {d} from stage {s} to stage {t} (device "
+                f"{st.layout.devices[t]})",
+                new,
+            )
 
 
 def _finish_load(result: SimResult) -> np.ndarray:

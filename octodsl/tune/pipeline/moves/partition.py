@@ -5,6 +5,10 @@
   iterated local search over cuts (deterministic for a seed);
 - `relieve`: the cuts that move a layer off the most loaded device to a neighbouring stage on
   a less loaded one, most idle receiver first (the simulator measured the loads);
+- `carry`: one layer moved off a loaded device to a farther stage on a lightly loaded one, each
+  stage between passing a layer on (their layer counts kept): it moves a layer's work and its
+  static bytes where `relieve` cannot, past neighbours that sit at the memory limit or are as
+  loaded;
 - `fitting`: cuts under which every device has room for one micro-batch, found by CP-SAT, for
   when shifts cannot reach them.
 """
@@ -15,6 +19,7 @@ import functools
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -144,6 +149,59 @@ def relieve(layout: StageLayout, busy: Sequence[float] | np.ndarray) -> list[Sta
         new = shift(layout, cut, delta)
         if new is not None:
             out.append(new)
+    return out
+
+
+def memory_bound(problem: Problem) -> bool:
+    """Whether the devices' memory beside their static bytes holds fewer micro-batches'
+    activations, kept whole (no recompute), than there are devices: a 1F1B pipeline's first
+    device alone keeps as many in flight, so memory throttles every plan (nemotron-h-56b at
+    80 GiB: 0.1 to 0.7 per device; jamba-v0.1 on 4 and qwen3-next-80b on 8 too; llama3-8b
+    about 4)."""
+    if problem.memory is None:
+        return False
+    free = problem.devices * problem.memory - float(problem.layer_static().sum())
+    return free < problem.devices * float(problem.column("act").sum())
+
+
+CARRIES = 6
+"""Layouts `carry` proposes per loaded device, the lightest receivers first."""
+
+
+def carry(
+    layout: StageLayout, load: Sequence[float] | np.ndarray, source: int
+) -> list[tuple[int, int, StageLayout]]:
+    """(giving stage, receiving stage, layout) with one layer moved from a stage of device
+    `source` to a stage two or more places away on a device less loaded than every device
+    between (whose stages each pass one layer on: cuts giver + 1 .. receiver shift together).
+    The least loaded receiver first, then the shortest chain, then the lower stages: at most
+    `CARRIES`. Next-door receivers are `relieve`'s. Layer kinds differ, so a stage between may
+    gain or lose a little work; its device's count of layers stays."""
+    load = np.asarray(load, float)
+    devs, S = layout.devices, layout.num_stages
+    found = []
+    for s in (s for s, d in enumerate(devs) if d == source):
+        for step in (1, -1):
+            # the chain's stages must not return to the source (its count would not change)
+            t, worst = s + step, -np.inf
+            while 0 <= t < S and devs[t] != source:
+                if abs(t - s) > 1 and load[devs[t]] < min(worst, load[source]):
+                    found.append((load[devs[t]], abs(t - s), s, t))
+                worst = max(worst, load[devs[t]])
+                t += step
+    out = []
+    for _, _, s, t in sorted(found):
+        cuts = list(layout.cuts)
+        if t > s:  # stage s gives its last layer; cuts s + 1 .. t move one layer down
+            for c in range(s + 1, t + 1):
+                cuts[c] -= 1
+        else:  # stage s gives its first layer; cuts t + 1 .. s move one layer up
+            for c in range(t + 1, s + 1):
+                cuts[c] += 1
+        if all(a < b for a, b in pairwise(cuts)):
+            out.append((s, t, layout.with_cuts(cuts)))
+        if len(out) == CARRIES:
+            break
     return out
 
 
