@@ -46,7 +46,8 @@ W's gradient-accumulation pass and the optimizer step (4985d82)."""
 
 def old_tight_lower_bound(problem) -> float:
     """`tight_lower_bound` as bounds.py computed it at OLD_BOUNDS, on today's costs: its source
-    from git, run as a module of the same package."""
+    from git, run as a module of the same package (the table's gradient sums under today's
+    names)."""
     source = subprocess.run(
         ["git", "show", f"{OLD_BOUNDS}:octodsl/tune/bounds.py"],
         cwd=REPO,
@@ -54,6 +55,11 @@ def old_tight_lower_bound(problem) -> float:
         text=True,
         check=True,
     ).stdout
+    # today's table counts the gradients in parameters, the runtime's bytes apart
+    # (StaticBytes.reduce_bytes): the same bytes under the names it has now
+    source = source.replace(
+        "problem.table.grad_bytes()", "(problem.table.grad_params() * problem.held.reduce_bytes)"
+    ).replace("problem.table.grad_reduce_bytes", "problem.held.reduce_bytes")
     module = types.ModuleType("octodsl.tune._old_bounds")
     module.__package__ = "octodsl.tune"
     exec(compile(source, f"{OLD_BOUNDS}:octodsl/tune/bounds.py", "exec"), module.__dict__)
