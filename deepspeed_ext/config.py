@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
 from .. import limits
@@ -220,6 +220,32 @@ _DTYPE_NAMES = {
 """DeepSpeed's names of each dtype (its `DtypeEnum`), by the one a plan's header writes."""
 
 
+class _DataTypesSection(BaseModel):
+    """DeepSpeed's `data_types` object, of which the executor reads `grad_accum_dtype` only,
+    as the name a plan's header writes."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    grad_accum_dtype: str | None = None
+
+    @field_validator("grad_accum_dtype")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        name = next((d for d, names in _DTYPE_NAMES.items() if value in names), None)
+        if name is None:
+            known = ", ".join(n for names in _DTYPE_NAMES.values() for n in names)
+            raise ValueError(f"must be one of {known}")
+        return name
+
+
+class _DataTypes(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    data_types: _DataTypesSection | None = None
+
+
 def config_dtype(config: dict) -> str:
     """The model's dtype a DeepSpeed config trains in: bf16 or fp16 where enabled, else fp32."""
     for key, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
@@ -239,12 +265,11 @@ def accum_config(
     plan_name = plan_name or f'the plan "{plan.header.name}"'
     config_name = config_name or "the DeepSpeed config"
     wanted = plan.header.grad_accum_dtype
-    section = config.get("data_types")
-    given = section.get("grad_accum_dtype") if isinstance(section, dict) else None
+    section = _validate(_DataTypes, config, "", config_name).data_types
+    given = None if section is None else section.grad_accum_dtype
     if given is not None:
-        name = next((d for d, names in _DTYPE_NAMES.items() if given in names), None)
         expected = wanted or config_dtype(config)
-        if name != expected:
+        if given != expected:
             said = (
                 "its header's `grad_accum_dtype`"
                 if wanted
@@ -253,13 +278,13 @@ def accum_config(
             )
             raise PlanLaunchError(
                 f"{plan_name} accumulates its gradients in {expected} ({said}), but "
-                f"{config_name} gives data_types.grad_accum_dtype {str(given)[:40]!r}: leave it "
-                f"out of the config or state `grad_accum_dtype {name or given}` in the plan's "
-                "header"
+                f"{config_name} gives data_types.grad_accum_dtype "
+                f"{config['data_types']['grad_accum_dtype']!r}: leave it out of the config or "
+                f"state `grad_accum_dtype {given}` in the plan's header"
             )
     if wanted is None:
         return config
-    return {**config, "data_types": {**(section or {}), "grad_accum_dtype": wanted}}
+    return {**config, "data_types": {**config.get("data_types", {}), "grad_accum_dtype": wanted}}
 
 
 def check_ep_precision(
@@ -338,8 +363,22 @@ def _problem(err: ErrorDetails) -> str:
     where = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         return f"unknown field {where!r} (the fields are {', '.join(OctoSection.model_fields)})"
-    msg = err["msg"]
-    return f"{where}: {msg[0].lower()}{msg[1:]}, not {json.dumps(err['input'], default=str)}"
+    # a section given as something else: JSON's word, not pydantic's class name; a check of
+    # ours: its own words
+    msg = (
+        "input should be an object"
+        if err["type"] == "model_type"
+        else str(err["ctx"]["error"])
+        if err["type"] == "value_error"
+        else err["msg"]
+    )
+    given = json.dumps(err["input"], default=str)
+    shown = given if len(given) <= _SHOWN else given[: _SHOWN - 3] + "..."
+    return f"{where}: {msg[0].lower()}{msg[1:]}, not {shown}"
+
+
+_SHOWN = 60
+"""At most this many characters of a value a message quotes (a config may hold anything)."""
 
 
 def _json_type(value) -> str:

@@ -275,17 +275,32 @@ def test_the_accumulation_dtype_comes_from_the_plan():
             "ds.json gives data_types.grad_accum_dtype 'bfloat16': leave it out of the config or "
             "state `grad_accum_dtype bf16` in the plan's header",
         ),
-        (
-            {"data_types": {"grad_accum_dtype": "x" * 100}},
-            "fp32",
-            "gives data_types.grad_accum_dtype '" + "x" * 40 + "'",
-        ),
     ],
 )
 def test_an_accumulation_dtype_that_differs_from_the_plan_names_both(config, dtype, message):
     with pytest.raises(PlanLaunchError) as e:
         accum_config(config, _accumulating(dtype), plan_name="plan.octo", config_name="ds.json")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "data_types,message",
+    [
+        ("fp32", 'data_types: input should be an object, not "fp32"'),
+        ([], "data_types: input should be an object, not []"),
+        ({"grad_accum_dtype": 32}, "data_types.grad_accum_dtype: input should be a valid string"),
+        ({"grad_accum_dtype": float("nan")}, "input should be a valid string, not NaN"),
+        ({"grad_accum_dtype": "int8"}, "data_types.grad_accum_dtype: must be one of fp32, "),
+        ({"grad_accum_dtype": "x" * 5000}, 'not "' + "x" * 56 + "..."),
+        ({"grad_accum_dtype": [["fp32"] * 50]}, "input should be a valid string, not [["),
+    ],
+)
+def test_a_bad_data_types_section_is_one_bounded_line(data_types, message):
+    with pytest.raises(PlanLaunchError) as e:
+        accum_config({"data_types": data_types}, _accumulating("fp32"), config_name="ds.json")
+    text = str(e.value)
+    assert message in text and "\n" not in text and len(text) < 300
+    assert "_DataTypes" not in text  # JSON's words, not the class behind them
 
 
 def test_zero_2_is_refused_with_the_reason():
