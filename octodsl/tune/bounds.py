@@ -151,10 +151,10 @@ def dp_seconds(problem: Problem) -> tuple[float, float]:
     h, P = problem.header, problem.devices
     if h.dp <= 1:
         return 0.0, 0.0
-    held = problem.held
-    even = np.full(P, problem.table.grad_params() * held.reduce_bytes / P)
+    held, params = problem.held, np.full(P, problem.table.grad_params() / P)
+    even = params * held.reduce_bytes  # the gradients reduced, the parameters gathered
     links = fastest_dp_links(problem)
-    gathered = even * held.weights / held.reduce_bytes
+    gathered = params * held.weights
     zero = Zero(h.zero)
     after = (
         float(ring_all_gather_time(gathered, h.dp, links).sum()) / P
