@@ -184,18 +184,24 @@ def test_the_runtime_field_round_trips_and_decides_the_bytes_per_parameter():
 
 
 @pytest.mark.parametrize(
-    "value,hint",
+    "field,value,hint",
     [
-        ("megatorn", "did you mean 'megatron'?"),
-        ('"megatron"', None),  # a name, not a string
-        ("1", None),
-        pytest.param("x" * 5000, None, id="long"),
+        ("runtime", "megatorn", "did you mean 'megatron'?"),
+        ("runtime", '"megatron"', None),  # a name, not a string
+        ("runtime", "1", None),
+        pytest.param("runtime", "x" * 5000, None, id="runtime-long"),
+        ("grad_accum_dtype", "fp64", "did you mean 'fp16'?"),
+        ("grad_accum_dtype", "bfloat16", "did you mean 'bf16'?"),
+        ("grad_accum_dtype", '"fp32"', None),
+        ("grad_accum_dtype", "32", None),
+        pytest.param("grad_accum_dtype", "x" * 5000, None, id="grad_accum_dtype-long"),
     ],
 )
-def test_an_unknown_runtime_is_refused_in_one_line(value, hint):
-    text = _plan().replace("  microbatches 4\n", f"  microbatches 4\n  runtime {value}\n")
+def test_a_name_not_among_a_fields_choices_is_refused_in_one_line(field, value, hint):
+    names = {"runtime": "deepspeed or megatron", "grad_accum_dtype": "fp32, bf16 or fp16"}
+    text = _plan().replace("  microbatches 4\n", f"  microbatches 4\n  {field} {value}\n")
     diags = [d for d in lint_source(text, "p.octo")[1] if d.code == "E111"]
-    assert len(diags) == 1 and "deepspeed or megatron" in diags[0].message
+    assert len(diags) == 1 and names[field] in diags[0].message
     assert len(diags[0].message) < 200  # a long value quoted in part
     assert hint is None or diags[0].hint == hint
 
