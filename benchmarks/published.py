@@ -85,6 +85,33 @@ def spec_of(model: dict) -> dict:
     }
 
 
+def built_params(model: dict, spec) -> float:
+    """A row model's parameters as its source counts them: the word embeddings once where its
+    runtime ties them but the spec gives the last stage its own copy (`size_counts_tied`:
+    Megatron keeps such a copy on the last stage, so the plan times it as untied)."""
+    own_copy = spec.layer_params(0) if not spec.tie_embeddings else 0
+    return spec.params() - (own_copy if model.get("size_counts_tied") else 0)
+
+
+def stated_params_problem(model: dict, counted: float) -> str | None:
+    """Why a model's parameters as built (`counted`) are not the size its source states, if they
+    are not: within half a unit of the stated size's last digit (a source rounds), plus 1% (the
+    biases, norms and position embeddings a source may count and the spec may not). It catches a
+    wrong tying or layer count, which change the size by far more."""
+    stated = str(model.get("params", ""))
+    if not stated.endswith("B"):
+        return f"model {model['name']}: params {stated!r} is not a size such as 1.7B"
+    digits = stated[:-1]
+    value = float(digits) * 1e9
+    unit = 10.0 ** -(len(digits.partition(".")[2])) * 1e9
+    if abs(counted - value) <= unit / 2 + 0.01 * value:
+        return None
+    return (
+        f"model {model['name']}: {counted / 1e9:.2f}B parameters as built, its source states "
+        f"{stated} (tied {model.get('tied', False)}: check the tying and the dimensions)"
+    )
+
+
 def write_spec(model: dict) -> Path:
     path = SPECS / f"{model['name']}.yaml"
     text = (
@@ -95,6 +122,12 @@ def write_spec(model: dict) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not write_outputs("published.py", {path: text}):
             raise SystemExit(2)
+    from octodsl.models import parse_model
+
+    spec = parse_model(spec_of(model), str(path))
+    problem = stated_params_problem(model, built_params(model, spec))
+    if problem:
+        raise SystemExit(f"published.py: {problem}")
     return path
 
 

@@ -81,3 +81,21 @@ def test_a_benchmark_names_a_file_it_cannot_write_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("x.py: cannot write ") and err.count("\n") == 1
     assert "Traceback" not in err
+
+
+def test_every_model_is_the_size_its_source_states(rows):
+    from octodsl.models import parse_model
+
+    models = {r["model"]["name"]: r["model"] for r in rows.values()}
+    assert len(models) >= 25
+    for name, model in models.items():
+        built = published.built_params(model, parse_model(published.spec_of(model), name))
+        assert published.stated_params_problem(model, built) is None
+
+
+def test_a_wrongly_tied_model_is_refused(rows):
+    model = rows["megatron-readme-h100-weak-1.7b"]["model"]
+    # the README's 1.7B tied would be 1.48B: its untied output layer is 268M of the 1.74B
+    assert "1.48B parameters as built" in published.stated_params_problem(model, 1.48e9)
+    assert published.stated_params_problem(model, 1.74e9) is None
+    assert "not a size" in published.stated_params_problem({**model, "params": "big"}, 1e9)

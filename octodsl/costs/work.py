@@ -51,8 +51,8 @@ EW_BWD = 1.5
 INDEX_BYTES = 8
 """Token ids and labels are int64."""
 LOSS_BYTES = 4
-"""The vocab-parallel cross-entropy's per-token fp32 values (max, sum of exponentials, target
-logit), each all-reduced over the tp group."""
+"""fp32, what the vocab-parallel cross-entropy computes in: its per-logit passes and its per-token
+values (max, sum of exponentials, target logit), each all-reduced over the tp group."""
 
 Collective = tuple[str, float]
 """One tensor-parallel collective: 'all-reduce', 'all-gather' or 'reduce-scatter', and the
@@ -474,10 +474,14 @@ def _embedding(c: EmbeddingConfig, s: _Shape) -> Work:
 def _lm_head(c: LMHeadLossConfig, s: _Shape) -> Work:
     T, e, h, V = s.tokens, s.e, s.hidden, s.vocab
     the = s.held  # the final norm runs on what the GPU holds; the projection on all T tokens
-    # logits written and read in e, log-softmax written and read in fp32; backward reads it,
-    # writes the fp32 gradient and casts it to e
-    ew_f = 2 * the + T * V * (2 * e + 8)
-    ew_b = 3 * the + T * V * (12 + e)
+    # Megatron-LM's vocab-parallel cross-entropy, unfused (its default, the same passes in 2021's
+    # mpu/cross_entropy.py and core r0.8's tensor_parallel/cross_entropy.py): the GEMM writes the
+    # logits in e; .float() reads them and writes fp32 (a no-op on fp32 logits); max reads;
+    # subtract, exp and the softmax's divide each read and write in place; the sum reads.
+    # Backward multiplies the kept softmax by the loss gradient in place and casts it to e.
+    cast = e + LOSS_BYTES if e < LOSS_BYTES else 0
+    ew_f = 2 * the + T * V * (e + cast + 8 * LOSS_BYTES)
+    ew_b = 3 * the + T * V * (2 * LOSS_BYTES + cast)
     act = 2 * the + 4 * T * V  # x, norm(x), fp32 log-softmax
     # selective: norm(x) only; the log-softmax would need the logits' GEMM again
     tp = s.collectives(leave=False)

@@ -303,9 +303,9 @@ def test_no_searched_plan_of_analytical_costs_beats_the_bounds(header):
 
 def test_where_the_passes_and_the_step_weigh_the_tuned_plan_still_meets_the_bound():
     """jamba-v0.1 on 8 H800s: each W's accumulation pass adds about 390 ms and the step 90 ms to
-    a 1.6 s iteration. A short search's plan lands within 80 ms of the tight bound, so a bound
+    a 1.6 s iteration. A short search's plan lands within 83 ms of the tight bound, so a bound
     that counted the step twice would exceed the plan's time and fail here."""
     pr = Problem.create("jamba-v0.1", 8, 16, memory=None)
-    best = tune(pr, budget=60, max_evaluations=100, seed=0).best
+    best = tune(pr, budget=60, max_evaluations=300, seed=0).best
     assert below_tight_bound(pr, [best]) == below_layout_bound(pr, [best]) == []
     assert step_seconds(pr) > best.time - pr.tight_lower_bound()  # the test is that close

@@ -362,3 +362,25 @@ def test_the_target_says_whose_bytes_per_parameter_a_configuration_holds():
     costs = held[MEGATRON].sim_costs(plan)
     assert costs.param_bytes is not None and costs.param_bytes.runtime == MEGATRON
     assert sum(c.static for c in costs.stages) == pytest.approx(nominal.sum() * 9 / 16)
+
+
+@pytest.mark.parametrize("devices,microbatches", [(4, 2), (8, 4), (4, 8)])
+def test_no_classic_plan_ends_before_its_drain(devices, microbatches):
+    """The drain the estimate takes at least (`estimate._drain`: the last stage's F and B, then
+    the last micro-batch's way back) is a lower bound on every plan of the same cuts, checked by
+    simulating the classic plans, fewer micro-batches than devices included."""
+    from octodsl.tune.cluster.estimate import _drain
+    from octodsl.tune.pipeline.estimate import FillModel
+    from octodsl.tune.problem import Problem
+
+    pr = Problem.create("nemotron-h-tiny", devices, microbatches, memory=None)
+    evaluate, checked = Evaluator(pr), 0
+    for _, plan, _ in classic_plans(pr):
+        if plan is None:
+            continue
+        cuts = (*(s.first for s in plan.stages), pr.num_layers)
+        model = FillModel(pr, tuple(plan.stage_device()))
+        drain = _drain(model, cuts, microbatches)
+        assert 0 < drain <= evaluate(plan).time * (1 + 1e-12), plan.header.name
+        checked += 1
+    assert checked >= 6

@@ -7,8 +7,9 @@ each: the pipeline tuner's partition objective (`FillModel`, tune/pipeline/estim
 device's fill, drain and memory throttle in closed form) of the classic schedules' placements
 (1F1B's, interleaved's with 2 and 4 chunks, the V) at even cuts, at cuts near-balanced on
 time, and at those that put the fewest parameters on a stage (as the classic plans'
-partitions), each with one recompute mode on every stage, the least of them, plus the
-data-parallel collectives no plan avoids (`bounds.dp_seconds`).
+partitions), each with one recompute mode on every stage and no less than its drain (the
+last micro-batch's way back, `_drain`), the least of them, plus the data-parallel collectives
+no plan avoids (`bounds.dp_seconds`).
 
 It is not a bound: a tuned plan may beat it and a classic one take longer. So it only orders
 the screening; the lower bounds alone rule configurations out."""
@@ -45,8 +46,20 @@ def layout_estimate(problem: Problem) -> float:
         }:
             for mode in problem.modes:
                 model.set_modes((mode,) * S)
-                best = min(best, model(cuts))
+                best = min(best, max(model(cuts), _drain(model, cuts, problem.microbatches)))
     return best + sum(dp_seconds(problem))
+
+
+def _drain(model: FillModel, cuts: tuple[int, ...], microbatches: int) -> float:
+    """No plan of these cuts ends sooner: the last stage's last B ends after micro-batch 0's
+    forwards reach it and all its F and B ran; that micro-batch's input gradient then passes
+    back through every stage's B, and the first stage's W follows (messages left out). The
+    fill model prices each device's own work and warm-up; with fewer micro-batches than
+    stages this drain is what decides (`tune --gpus` with a small global batch)."""
+    st = model.stage_sums(cuts)
+    f, b = st.f, st.b
+    w0 = st.load[0] - f[0] - b[0]
+    return float(f[:-1].sum() + microbatches * (f[-1] + b[-1]) + b[:-1].sum() + w0)
 
 
 def share_cuts(weights: np.ndarray, num_stages: int) -> tuple[int, ...]:
