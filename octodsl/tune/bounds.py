@@ -105,7 +105,8 @@ def tight_lower_bound(problem: Problem) -> float:
     backward come either its remaining W or the backwards of the layers before it. So per
     layer: forwards before + M x (F + B) + max(M x W, backwards before). Where one layer
     outweighs a device's fair share (an LM head on 16 devices), this is what even a perfect
-    plan needs, and lower_bound() cannot be reached.
+    plan needs, and lower_bound() cannot be reached. The work over the devices counts each
+    device's wait for its first op too (work_with_leads(): the fill every plan pays).
 
     A true lower bound over every plan the tuner may produce with the levers allowed: its
     work and waits are without recompute time (recompute only adds to B), and its memory
@@ -126,13 +127,34 @@ def tight_lower_bound(problem: Problem) -> float:
     return max(
         lower_bound(problem) + after,
         max(float(layer.max()), memory_lower_bound(problem)) + after + step,
-        problem.microbatches * float(run_work(problem).sum()) / problem.devices
-        + before
-        + after
-        + step,
+        work_with_leads(problem) + before + after + step,
         recompute_lower_bound(problem),
         dp_stream_bound(problem),
     )
+
+
+def work_with_leads(problem: Problem) -> float:
+    """All work over the devices, each device's wait for its first op (its lead) added: no
+    device's compute ends before its lead plus its own work, and the optimizer step waits for
+    every device's, so the step starts no sooner than their average (tight_lower_bound()
+    adds the collectives and the step).
+
+    The leads: every op of a layer waits for that micro-batch's forwards of all the layers
+    before it (each op its whole time, messages left out), so a device waits at least the
+    forwards before its first layer. Devices that hold layers have distinct first layers, so
+    k of them wait at least the forwards before layers 0, 1, ..., k - 1 in all: L_k. With k
+    devices holding all the work W (micro-batches x `run_work`), the average of lead plus work
+    over them is at least (L_k + W) / k; a plan uses some k <= P, so the bound is the least of
+    these, which is W / P plus the leads' average L_P / P wherever leaving a device idle
+    costs more than it saves (always, but for a few tiny layers on many devices). The leads
+    are the fill no plan avoids; where the work is even over many devices they add about
+    (P - 1) / 3 forwards of a layer (16 devices of nemotron-h-56b: 47 ms)."""
+    work = problem.microbatches * float(run_work(problem).sum())
+    f = problem.column("f")
+    k = np.arange(1, min(problem.devices, len(f)) + 1)
+    before = np.cumsum(f) - f  # the forwards before layer j
+    leads = np.cumsum(before)[k - 1]  # L_k: before layers 0 .. k - 1
+    return float(np.min((leads + work) / k))
 
 
 def dp_seconds(problem: Problem) -> tuple[float, float]:
@@ -213,10 +235,13 @@ def recompute_lower_bound(problem: Problem) -> float:
     (stages pick per stage, which is one of the per-layer choices). It binds where memory
     forces recompute and recompute costs time (nemotron-h-56b on 8 devices of 80 GiB).
     The data-parallel collectives (dp_seconds()) add to the work side before and after the
-    step, to the memory side (the pipeline's time) after it."""
+    step, to the memory side (the pipeline's time) after it; the devices' leads
+    (work_with_leads()) to the work side: recompute only adds work, which leaving devices idle
+    spreads over fewer of them, so the leads' share is at least that of the work without it."""
     extra, held = _per_mode(problem)
     work = problem.microbatches * run_work(problem) / problem.devices
     before, after = dp_seconds(problem)  # the data-parallel collectives, on both sides
+    before += work_with_leads(problem) - float(work.sum())  # and the devices' leads
     after += step_seconds(problem)  # and the optimizer step after the pipeline
     if problem.memory is None:
         return float((work + extra.min(axis=0)).sum()) + before + after

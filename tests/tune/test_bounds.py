@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from octodsl.plan import Recompute
-from octodsl.tune.bounds import layout_lower_bound, memory_lower_bound, step_seconds
+from octodsl.tune.bounds import (
+    layout_lower_bound,
+    memory_lower_bound,
+    step_seconds,
+    work_with_leads,
+)
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout
 from octodsl.tune.pipeline.loop import tune
@@ -38,9 +43,39 @@ def test_the_tuner_reaches_the_tight_bound_when_it_is_the_optimum():
     assert tune(pr, budget=30, max_evaluations=300, seed=0).best.time == pytest.approx(51.0)
 
 
-def test_tight_bound_equals_the_issues_bound_when_work_is_even():
+def test_tight_bound_adds_the_devices_leads_when_work_is_even():
+    # F = 1 s per layer: the four devices' first layers differ, so they wait at least the
+    # forwards before layers 0, 1, 2 and 3 (0 + 1 + 2 + 3 s) before their first ops; on
+    # average 1.5 s beside the issue's bound (all work over the devices, 384 s).
     pr = problem([3.0] * 16, 4, 32)
-    assert pr.tight_lower_bound() == pytest.approx(pr.lower_bound())
+    assert pr.lower_bound() == pytest.approx(384.0)
+    assert work_with_leads(pr) == pytest.approx(385.5)
+    assert pr.tight_lower_bound() == pytest.approx(385.5)
+
+
+def test_the_leads_bound_leaves_a_device_idle_where_that_costs_less():
+    # One micro-batch of four 10 s forwards (B and W next to nothing: 10.002 s a layer): on
+    # all 4 devices, (0 + 10 + 20 + 30 + 40.008) / 4 = 25.002 s; on 3 of them (the fourth idle,
+    # its wait saved), (0 + 10 + 20 + 40.008) / 3 = 23.336 s, which is the bound.
+    pr = problem([(10.0, 0.001, 0.001)] * 4, 4, 1)
+    assert work_with_leads(pr) == pytest.approx(70.008 / 3)
+
+
+@settings(max_examples=20)  # an example runs a random search and the tuner (~0.1 s each)
+@given(
+    st.lists(st.tuples(*[st.floats(0.1, 5.0)] * 3), min_size=4, max_size=8),
+    st.sampled_from([1, 2, 4]),
+    st.integers(0, 100),
+)
+def test_no_plan_beats_the_leads_bound_with_as_many_devices_as_layers(layers, microbatches, seed):
+    # As many devices as layers and few micro-batches: the leads weigh the most.
+    pr = problem(layers, len(layers), microbatches)
+    found, _ = random_search(pr, budget=30, seed=seed, max_evaluations=5)
+    tuned = tune(pr, budget=30, max_evaluations=40, seed=seed).best
+    bound = work_with_leads(pr) + step_seconds(pr)
+    for score in (found, tuned):
+        assert score.time >= bound * (1 - 1e-9)
+        assert score.time >= pr.tight_lower_bound() * (1 - 1e-9)
 
 
 @settings(max_examples=20)  # an example runs a random search and the tuner (~0.1 s each)
@@ -181,7 +216,8 @@ LOPSIDED_STATIC = [400.0 / HELD, 400.0 / HELD, 0.0, 0.0]  # held: 400 each
 def test_layout_bound_keeps_each_devices_memory_apart():
     pr = problem(**LOPSIDED, static=LOPSIDED_STATIC)
     assert memory_lower_bound(pr) == pytest.approx(8800 / 1200)
-    assert pr.tight_lower_bound() == pytest.approx(24.0)
+    # all work over the devices, 24 s, and the second device's wait for a forward (1 s) shared
+    assert pr.tight_lower_bound() == pytest.approx(24.5)
     assert layout_lower_bound(pr, StageLayout((0, 2, 4), (0, 1))) == pytest.approx(36.0)
     # no static bytes: the devices' 1,000 bytes leave the layout's compute and waits to bind
     # (device 1 waits 2 s for stage 0's forward: 2 + 4 x (2 + 2) + max(4 x 2, 2) = 26 s)
