@@ -54,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine import check_outputs, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, write_outputs  # noqa: E402
 
 from octodsl.calibrate.compare import compare  # noqa: E402
 from octodsl.calibrate.fit import Run, fit, stage_bases  # noqa: E402
@@ -850,7 +850,7 @@ def main() -> int:
         return 0
     if args.analyse_only and not args.workdir:
         p.error("--analyse-only needs the --workdir of a run")
-    command = "python benchmarks/accuracy.py" + "".join(f" {a}" for a in sys.argv[1:])
+    command = command_line("python benchmarks/accuracy.py")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="octodsl-accuracy-"))
     start = time.perf_counter()
     loads = [{"label": "before", **machine_load()}]

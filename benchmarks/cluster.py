@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_MODELS = ("nemotron-h-56b", "nemotron-h-8b", "jamba-v0.1", "llama3-70b")
@@ -719,7 +719,7 @@ def main() -> int:
     if not check_outputs("cluster.py", written, inputs=[args.from_json] if args.from_json else []):
         return 2
     if args.from_json:
-        again = " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:])
+        again = command_line(".venv/bin/python benchmarks/cluster.py")
         print(
             report(
                 json.loads(args.from_json.read_text()), md, png, f"{again}` at commit `{commit()}"
@@ -755,7 +755,7 @@ def main() -> int:
     from octodsl.costs.devices import get_device
 
     meta = {
-        "command": " ".join([".venv/bin/python benchmarks/cluster.py"] + sys.argv[1:]),
+        "command": command_line(".venv/bin/python benchmarks/cluster.py"),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "jobs": args.jobs,

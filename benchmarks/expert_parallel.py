@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
 
 MODELS = ("jamba-v0.1", "qwen3-next-80b")
 GPUS = (64, 128, 256)
@@ -158,7 +158,7 @@ def main() -> int:
                 flush=True,
             )
             results.append(r)
-    command = " ".join(["benchmarks/expert_parallel.py", *sys.argv[1:]])
+    command = command_line("benchmarks/expert_parallel.py")
     text = report(results, f".venv/bin/python {command}", time.perf_counter() - t0, args.budget)
     if not write_outputs("expert_parallel.py", {args.output: text}):
         return 2

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def command_line(runner: str) -> str:
+    """The command that made a table: `runner` (the interpreter and script) and this run's
+    arguments, quoted as a shell reads them back (an empty argument as '')."""
+    return " ".join([runner, *map(shlex.quote, sys.argv[1:])])
 
 
 def cpu_model() -> str:

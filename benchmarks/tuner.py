@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import check_outputs, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, write_outputs  # noqa: E402
 
 MODELS = ("nemotron-h-8b", "nemotron-h-56b", "jamba-v0.1", "qwen3-next-80b", "llama3-8b")
 HYBRIDS = MODELS[:4]
@@ -316,7 +316,7 @@ def main() -> int:
                 r.get("error") or f"eff {r['lower_bound'] / r['tuned']:.3f}",
                 flush=True,
             )
-    command = " ".join(["python benchmarks/tuner.py"] + sys.argv[1:])
+    command = command_line("python benchmarks/tuner.py")
     text = [
         "# Tuner benchmark",
         "",

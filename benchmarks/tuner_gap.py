@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
+from benchmarks.machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
 
 GIB = 2**30
 BELOW = 0.90
@@ -191,7 +191,7 @@ def main() -> int:
             print(r["model"], r["devices"], r["microbatches"], r["tuned"], r["best_known"])
     load_after = os.getloadavg()
     explained = [r for r in results if r["tuned"] / r["best_known"] <= EXPLAINED]
-    command = " ".join(["python benchmarks/tuner_gap.py"] + sys.argv[1:])
+    command = command_line("python benchmarks/tuner_gap.py")
     text = [
         "# Where the tuner's gap to the bound is",
         "",

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from machine import ROOT, check_outputs, commit, cpu_model, write_outputs
+from machine import ROOT, check_outputs, command_line, commit, cpu_model, write_outputs
 
 GIB = 2**30
 CASES = tuple(
@@ -192,7 +192,7 @@ def main() -> int:
             print("\n".join(table([row])[2:]), flush=True)
     lines = table(rows)
     if args.output is not None:
-        command = "python benchmarks/tuner_speed.py " + " ".join(sys.argv[1:])
+        command = command_line("python benchmarks/tuner_speed.py")
         speedups = [
             (r["new"]["evaluations"] / r["new"]["seconds"])
             / (r["old"]["evaluations"] / r["old"]["seconds"])

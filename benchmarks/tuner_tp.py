@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import check_outputs, commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
 from tuner import _recompute, _x, geomean  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -237,7 +237,7 @@ def main() -> int:
                 r.get("error") or f"{r['tuned']['time'] * 1e3:,.0f} ms",
                 flush=True,
             )
-    command = " ".join([".venv/bin/python benchmarks/tuner_tp.py"] + sys.argv[1:])
+    command = command_line(".venv/bin/python benchmarks/tuner_tp.py")
     text = [
         "# Tuner benchmark at tensor-parallel degree 4 and 8",
         "",

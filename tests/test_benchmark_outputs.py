@@ -83,3 +83,18 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(script, given, tm
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.strip() == f"{script}: cannot write {source}: it is an input of this run"
     assert source.read_text() == "[]"  # untouched
+
+
+def test_the_command_a_table_records_runs_again(monkeypatch):
+    """The command line a table says made it reads back as the same arguments: an empty one
+    (`--others ''`, the tuner benchmark's "no other methods") and one with a space survive."""
+    import shlex
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from machine import command_line
+
+    argv = ["--others", "", "--models", "a b", "--budget", "60"]
+    monkeypatch.setattr(sys, "argv", ["tuner.py", *argv])
+    line = command_line("python benchmarks/tuner.py")
+    assert line == "python benchmarks/tuner.py --others '' --models 'a b' --budget 60"
+    assert shlex.split(line)[2:] == argv

@@ -189,6 +189,7 @@ def analytical_costs(
             "microbatch_size": spec.microbatch_size,
             "seq_len": spec.seq_len,
             "dtype": spec.dtype,
+            "tied_embeddings": spec.tie_embeddings,
             "bytes_per_param": bytes_per_param,
             "pattern": spec.pattern,
             "tp": tp,

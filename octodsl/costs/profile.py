@@ -205,6 +205,7 @@ class Profile(BaseModel):
                 "microbatch_size": spec.microbatch_size,
                 "seq_len": spec.seq_len,
                 "dtype": spec.dtype,
+                "tied_embeddings": spec.tie_embeddings,
                 "bytes_per_param": self.bytes_per_param,
                 "pattern": spec.pattern,
                 "profile": True,

@@ -140,7 +140,10 @@ class SimCosts:
         held = table.plan_bytes(h)
         stages = table.stage_costs(plan, ranges)
         per = held.reduce_bytes
-        grads = tuple(table.grad_params(a, b) * per for a, b in ranges)
+        grads = [table.grad_params(a, b) * per for a, b in ranges]
+        copy = table.tied_copy(plan, ranges)
+        if copy is not None:  # the LM head's stage reduces its copy of the tied embeddings too
+            grads[copy] += table.grad_params(0, 0) * per
         expert = (
             tuple(table.expert_grad_params(a, b) * per for a, b in ranges) if h.ep > 1 else None
         )
@@ -152,7 +155,7 @@ class SimCosts:
         )
         return cls(
             tuple(stages),
-            grads,
+            tuple(grads),
             max(layer.f + layer.b + layer.w for layer in table.layers),
             table.tokens_per_microbatch or None,
             table.source,
