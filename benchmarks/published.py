@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -99,10 +100,13 @@ def stated_params_problem(model: dict, counted: float) -> str | None:
     biases, norms and position embeddings a source may count and the spec may not). It catches a
     wrong tying or layer count, which change the size by far more."""
     stated = str(model.get("params", ""))
-    if not stated.endswith("B"):
+    digits = stated.removesuffix("B")
+    try:
+        value = float(digits) * 1e9 if stated.endswith("B") else math.nan
+    except ValueError:
+        value = math.nan
+    if not value > 0:
         return f"model {model['name']}: params {stated!r} is not a size such as 1.7B"
-    digits = stated[:-1]
-    value = float(digits) * 1e9
     unit = 10.0 ** -(len(digits.partition(".")[2])) * 1e9
     if abs(counted - value) <= unit / 2 + 0.01 * value:
         return None

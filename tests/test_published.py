@@ -98,4 +98,5 @@ def test_a_wrongly_tied_model_is_refused(rows):
     # the README's 1.7B tied would be 1.48B: its untied output layer is 268M of the 1.74B
     assert "1.48B parameters as built" in published.stated_params_problem(model, 1.48e9)
     assert published.stated_params_problem(model, 1.74e9) is None
-    assert "not a size" in published.stated_params_problem({**model, "params": "big"}, 1e9)
+    for hostile in ("big", "xB", "-1B", "nanB", "", "1.7"):
+        assert "not a size" in published.stated_params_problem({**model, "params": hostile}, 1e9)
