@@ -314,40 +314,37 @@ class CostTable:
         costs = table.range_costs(
             ranges, plan.recompute(), h.zero, h.dp, h.grad_accumulation_fusion, held
         )
-        copy = self.tied_copy(plan, ranges)
+        copy = self.tied_copy(plan)
         if copy is not None:
             costs[copy] = self._with_copy(
                 costs[copy], h.zero, h.dp, h.grad_accumulation_fusion, held
             )
         return costs
 
-    def tied_copy(self, plan: Plan, ranges: list[tuple[int, int]]) -> int | None:
+    def tied_copy(self, plan: Plan) -> int | None:
         """The stage that holds its own copy of tied word embeddings, if any: the LM head's,
         when the plan puts it on another device than the embedding. DeepSpeed's pipeline
         engine (`TiedLayerSpec`, octodsl's executor included) and Megatron-LM both keep that
         copy, with its gradient and optimizer state, and all-reduce its gradient with the
         embedding's after the last backward (that all-reduce is not timed)."""
-        if not self.meta.get("tied_embeddings") or not ranges:
+        if not self.meta.get("tied_embeddings"):
             return None
         if self.layers[0].kind != "embedding" or self.layers[-1].kind != "lm_head_loss":
             return None
         devices = plan.stage_device()
-        return len(ranges) - 1 if devices[0] != devices[len(ranges) - 1] else None
+        return len(devices) - 1 if devices and devices[0] != devices[-1] else None
 
     def _with_copy(
         self, cost: StageCost, zero: int, dp: int, fused: bool, held: StaticBytes
     ) -> StageCost:
-        """`cost` with the tied embeddings' copy: its bytes, its optimizer step and the
-        accumulation of the head's weight gradient into it."""
-        emb = self.layers[0]
-        shards = dp if Zero(zero).shards_optimizer else 1
-        cal = self.calibration
-        update = (cal.update_per_param * emb.params if cal is not None else emb.update) / shards
+        """`cost` with the tied embeddings' copy: the embedding's bytes and optimizer step (its
+        own stage cost's), and the accumulation of the head's weight gradient into it."""
+        emb = self.range_cost(0, 0, Recompute.NONE, zero, dp, fused, held)
         return replace(
             cost,
-            static=cost.static + held.share(zero, dp) * emb.static,
-            update=cost.update + update,
-            w=cost.w + held.accumulation(fused) * emb.grad_acc,
+            static=cost.static + emb.static,
+            update=cost.update + emb.update,
+            w=cost.w + held.accumulation(fused) * self.layers[0].grad_acc,
         )
 
     def input_bytes(self, first: int) -> float:

@@ -141,7 +141,7 @@ class SimCosts:
         stages = table.stage_costs(plan, ranges)
         per = held.reduce_bytes
         grads = [table.grad_params(a, b) * per for a, b in ranges]
-        copy = table.tied_copy(plan, ranges)
+        copy = table.tied_copy(plan)
         if copy is not None:  # the LM head's stage reduces its copy of the tied embeddings too
             grads[copy] += table.grad_params(0, 0) * per
         expert = (

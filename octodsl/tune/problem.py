@@ -324,8 +324,7 @@ class Problem:
         key = (
             tuple(map(_STAGE_KEY, plan.stages)),
             plan.header.model_dump_json(exclude={"name"}),
-            # tied embeddings: whether the LM head holds its own copy (CostTable.tied_copy)
-            _head_apart(plan) if self.table.meta.get("tied_embeddings") else None,
+            self.table.tied_copy(plan),  # tied embeddings: whether the LM head holds a copy
         )
         costs = self._costs.get(key)
         if costs is None:
@@ -336,12 +335,6 @@ class Problem:
 
     def with_schedule(self, plan: Plan, schedule: list[list[Slot]]) -> Plan:
         return replace(plan, schedule=schedule)
-
-
-def _head_apart(plan: Plan) -> bool:
-    """Whether the first and last stages are on different devices."""
-    devices = plan.stage_device()
-    return devices[0] != devices[-1]
 
 
 def unsplit_sequence(seq_len: int, tp: int, sequence_parallel: bool) -> str | None:

@@ -66,14 +66,14 @@ def test_the_head_apart_holds_what_an_untied_head_holds(specs, header):
     assert tied.stages[0].static == untied.stages[0].static  # the embedding's stage: the same
     # the copy is what tying saves on one device only: the whole model holds it twice
     table = cost_table(specs[True], device="H800")
-    assert table.tied_copy(plan, table.stage_ranges(plan)) == 3
+    assert table.tied_copy(plan) == 3
 
 
 def test_no_copy_where_the_head_shares_the_embeddings_device(specs):
     plan = _plan(specs, "zb-v", 2, 4)  # the V: device 0 holds the first and the last stage
     assert plan.stage_device()[0] == plan.stage_device()[-1]
     table = cost_table(specs[True], device="H800")
-    assert table.tied_copy(plan, table.stage_ranges(plan)) is None
+    assert table.tied_copy(plan) is None
     tied, _ = _costs(specs[True], plan)
     untied, _ = _costs(specs[False], plan)
     assert tied.stages[-1].static < untied.stages[-1].static
