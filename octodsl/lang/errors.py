@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..plan import Span
@@ -136,6 +136,11 @@ def _excerpt(source: str, s: Span) -> list[str]:
     gutter = str(s.line)
     pad = " " * len(gutter)
     return [f"  {gutter} | {shown}", f"  {pad} | {caret}"]
+
+
+def one_of(items: Sequence[str]) -> str:
+    """['a', 'b', 'c'] -> 'a, b or c' (['a'] -> 'a'): the choices a message names."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def ranges_text(values: Iterable[int]) -> str:

@@ -39,7 +39,7 @@ from ..plan import (
 )
 from . import bounds
 from . import syntax as ast
-from .errors import Diagnostic
+from .errors import Diagnostic, one_of
 from .fmt import expr_text
 
 PATTERN_SYMBOLS = "[Mm*G-E]"
@@ -161,7 +161,7 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
         boolean = e.kind == "name" and e.text in BOOLEANS
         if not (e.kind in kinds or ("bool" in kinds and boolean)):
             want = (
-                _one_of(_CHOICES[e.key][0])
+                one_of(_CHOICES[e.key][0])
                 if e.key in _CHOICES
                 else "a quoted string"
                 if "string" in kinds
@@ -181,7 +181,7 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
             diags.append(
                 Diagnostic(
                     "E111",
-                    f"'{e.key}' must be {_one_of(names)}, not {_shown(e.text)}",
+                    f"'{e.key}' must be {one_of(names)}, not {_shown(e.text)}",
                     e.value_span,
                     hint=f"did you mean '{close[0]}'?" if close else hint,
                 )
@@ -225,10 +225,6 @@ def _header(block: ast.PlanBlock, diags: list[Diagnostic]) -> Header | None:
                 msg = item["msg"].lower()
             diags.append(Diagnostic("E114", f"'{key}' {msg}", spans.get(key, block.span)))
         return None
-
-
-def _one_of(names: tuple[str, ...]) -> str:
-    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _shown(text: str, most: int = 40) -> str:

@@ -22,7 +22,7 @@ from ..plan import Header, Span
 from ..units import parse_size
 from . import bounds, fastparse
 from . import syntax as ast
-from .errors import BOM, Diagnostic, PlanSyntaxError, source_lines
+from .errors import BOM, Diagnostic, PlanSyntaxError, one_of, source_lines
 
 MAX_SYNTAX_ERRORS = 20
 """Syntax errors reported at most: each costs a parse of the file (with the blocks before it
@@ -68,11 +68,7 @@ def _describe_expected(expected: set[str]) -> str:
     words = _terminal_words()
     names = sorted(expected, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
     items = [words.get(n, n) for n in names if n in words]
-    if not items:
-        return ""
-    if len(items) == 1:
-        return items[0]
-    return ", ".join(items[:-1]) + " or " + items[-1]
+    return one_of(items) if items else ""
 
 
 def _token_span(tok: Token) -> Span:
