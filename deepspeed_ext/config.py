@@ -246,13 +246,15 @@ class _DataTypes(BaseModel):
     data_types: _DataTypesSection | None = None
 
 
+def _enabled(config: dict, keys: tuple[str, ...]) -> list[str]:
+    """Of `keys`, in order, the config's sections that are objects with `enabled` set."""
+    return [k for k in keys if isinstance(config.get(k), dict) and config[k].get("enabled")]
+
+
 def config_dtype(config: dict) -> str:
     """The model's dtype a DeepSpeed config trains in: bf16 or fp16 where enabled, else fp32."""
-    for key, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
-        section = config.get(key)
-        if isinstance(section, dict) and section.get("enabled"):
-            return dtype
-    return "fp32"
+    on = _enabled(config, ("bf16", "bfloat16", "fp16"))
+    return "fp32" if not on else "fp16" if on[0] == "fp16" else "bf16"
 
 
 def accum_config(
@@ -306,11 +308,7 @@ def check_ep_precision(
             "run (DeepSpeed's ZeRO optimizer reduces every gradient over the whole data-parallel "
             f"group, not a routed expert's over its dp / ep copies): drop `zero` or `ep`"
         )
-    half = [
-        key
-        for key in ("fp16", "bf16", "bfloat16")
-        if isinstance(config.get(key), dict) and config[key].get("enabled")
-    ]
+    half = _enabled(config, ("fp16", "bf16", "bfloat16"))
     if half:
         raise PlanLaunchError(
             f"{plan_name} runs ep {h.ep}, which octodsl's executor runs in fp32 only, but "
