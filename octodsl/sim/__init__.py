@@ -16,8 +16,8 @@ The model (after OctoPipe's simulator):
   the world size; the tp collectives are inside the ops' costs. Each device has one
   communication stream beside its compute stream; a message holds the sender's and the
   receiver's stream for its whole transfer (the receive ends with the send), and streams take
-  messages in the order they become ready, ties broken by message id (the graph's message
-  order). The walk is deterministic and never hangs: a plan that cannot run raises SimDeadlock
+  messages in the order they become ready, ties broken by the consumer's place in the plan's
+  order (a program reused for a reordered plan times it as a fresh compile does). The walk is deterministic and never hangs: a plan that cannot run raises SimDeadlock
   with lint's wait-for cycle.
 - Memory per device: static bytes of its stages (sharded by ZeRO), activations allocated when
   F starts (with recompute, what F keeps), what recompute brings back allocated when B starts,

@@ -11,8 +11,9 @@ Model (docs in octodsl/sim/__init__.py):
   message occupies the sender's send stream and the receiver's receive stream for its whole
   transfer time, so the receive ends exactly when the send does; two sends of one device (to
   two peers) take turns on its link, as do two receives. Streams take messages in the order
-  they become ready (producer finished), ties broken by message id: the walk pops messages from
-  a heap keyed (ready time, id), so it is deterministic. Popping in time order also makes each
+  they become ready (producer finished), ties broken by the consumer's place in the plan's
+  order, then by message id: the walk pops messages from a heap keyed so, which makes it
+  deterministic and the same for a plan however its program was compiled. Popping in time order also makes each
   stream's reservations first-come first-served, whatever order the devices are visited in.
 
 Everything here is plain loops over integer and float arrays so numba can compile it; the
@@ -87,12 +88,23 @@ def msg_pred_code(m):
     return -2 - m
 
 
+@njit(refcounts=False, inline=True)
+def _before(t1, m1, t2, m2, key):
+    """Whether message m1, ready at t1, goes before m2, ready at t2: by time, then by its
+    consumer's place in the plan's order (`key`), then by id."""
+    if t1 != t2:
+        return t1 < t2
+    if key[m1] != key[m2]:
+        return key[m1] < key[m2]
+    return m1 < m2
+
+
 @njit(refcounts=False)
-def _heap_push(ht, hm, n, t, m):
+def _heap_push(ht, hm, n, t, m, key):
     i = n
     while i > 0:
         parent = (i - 1) >> 1
-        if ht[parent] < t or (ht[parent] == t and hm[parent] < m):
+        if _before(ht[parent], hm[parent], t, m, key):
             break
         ht[i] = ht[parent]
         hm[i] = hm[parent]
@@ -103,7 +115,7 @@ def _heap_push(ht, hm, n, t, m):
 
 
 @njit(refcounts=False)
-def _heap_pop(ht, hm, n):
+def _heap_pop(ht, hm, n, key):
     """Removes the root; returns the new size (the caller reads the root before)."""
     n -= 1
     t = ht[n]
@@ -113,9 +125,9 @@ def _heap_pop(ht, hm, n):
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hm[c + 1] < hm[c])):
+        if c + 1 < n and _before(ht[c + 1], hm[c + 1], ht[c], hm[c], key):
             c += 1
-        if t < ht[c] or (t == ht[c] and m < hm[c]):
+        if _before(t, m, ht[c], hm[c], key):
             break
         ht[i] = ht[c]
         hm[i] = hm[c]
@@ -165,6 +177,15 @@ def walk(g, dur, msg_dur):
     pos = g.order_ptr[:P].copy()
     heap_t = np.zeros(max(M, 1))
     heap_m = np.zeros(max(M, 1), np.int64)
+    # Ties go by the consumer's place in the plan's order: a fresh compile numbers messages
+    # so, a program reused for a reordered plan (`compile(plan, like=)`) keeps the old
+    # numbering, and both must time the plan alike.
+    place = np.empty(N, np.int64)
+    for i in range(N):
+        place[g.order_nodes[i]] = i
+    key = np.empty(M, np.int64)
+    for k in range(M):
+        key[k] = place[g.msg_dst_node[k]]
     hn = 0
     stack = np.zeros(P, np.int64)
     sn = 0
@@ -199,13 +220,13 @@ def walk(g, dur, msg_dur):
                     if m < 0:
                         remaining[g.out_dst[k]] -= 1
                     else:
-                        hn = _heap_push(heap_t, heap_m, hn, e, m)
+                        hn = _heap_push(heap_t, heap_m, hn, e, m, key)
         if hn == 0:
             break
         # Start the message that became ready first on both its streams.
         t = heap_t[0]
         m = heap_m[0]
-        hn = _heap_pop(heap_t, heap_m, hn)
+        hn = _heap_pop(heap_t, heap_m, hn, key)
         a = send_stream(g.msg_src_dev[m])
         b = send_stream(g.msg_dst_dev[m]) + 1
         s = t

@@ -502,3 +502,28 @@ def test_fill_gaps_finds_the_slots_a_look_at_each_finds(case, w_gap, data):
         fast = fill_gaps(plan, result, kinds, devices=3, per_device=4)
         plain = _fill_gaps_slot_by_slot(plan, result, kinds, devices=3, per_device=4)
         assert [x.schedule for x in fast] == [x.schedule for x in plain]
+
+
+def test_a_reused_program_times_every_plan_of_a_search_as_a_fresh_compile(monkeypatch):
+    """The evaluator compiles a placement once and reorders that program for every later plan
+    of it (`compile(plan, like=)`), which keeps the first plan's message numbering. The walk
+    breaks ties between messages ready at once by the consumer's place in the plan, not that
+    numbering, so each time equals `simulate` of the plan compiled afresh. With ties by id,
+    this search timed one of its 150 plans differently (llama3-8b, 16 devices)."""
+    plain = Evaluator._simulate
+    seen = []
+
+    def checked(self, plan, costs, key):
+        score = plain(self, plan, costs, key)
+        if score.result is not None:
+            p = self.problem
+            fresh = simulate(compile(plan), costs, p.link, inter_link=p.inter_link)
+            seen.append((score.time, fresh.iteration_time))
+        return score
+
+    monkeypatch.setattr(Evaluator, "_simulate", checked)
+    problem = Problem.create("llama3-8b", 16, 16, memory=80 * GIB, dp=8, zero=1)
+    tune(problem, budget=600, seed=3, restarts=1, max_evaluations=150)
+    assert len(seen) >= 100
+    # the same plan and costs through the same walk: equal to the last bit
+    assert [a for a, _ in seen] == [b for _, b in seen]

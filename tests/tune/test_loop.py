@@ -86,9 +86,8 @@ def test_restarts_keep_the_best_of_the_searches(tiny):
 
 
 def test_a_later_search_finds_what_it_finds_alone():
-    # Its own evaluator: one shared with the search before timed this problem's plans by the
-    # programs compiled for that search, slightly differently (the second search's first
-    # start), and the two searches went different ways.
+    # The searches share an evaluator, whose programs compiled for the search before time
+    # this one's plans as fresh compiles do (the walk's ties go by the plan's order).
     p = Problem.create("llama3-8b", 16, 16, memory=80 * GIB, dp=8, zero=1)
     two = tune(p, budget=600, seed=3, restarts=2)
     alone = tune(

@@ -12,8 +12,7 @@
 3. Kicks: once every start is refined, a random placement or partition change of the best plan
    (seeded), refined in turn; the search ends after `PATIENCE` kicks in a row find nothing better.
 4. Restarts: the whole search again with the next seeds, `RESTARTS` searches in all while the
-   budget lasts; each ends in its own local optimum, the one it finds alone (each has its
-   own evaluator).
+   budget lasts; each ends in its own local optimum, the one it finds alone.
 The best plan that fits in memory wins. Every plan is timed by the simulator. Under the
 problem's `keep`, only layouts it allows are tried. Ctrl-C stops the search as the end of the
 budget does (`TuneResult.interrupted`), so the best plan is kept.
@@ -115,7 +114,10 @@ def tune(
     t0 = time.perf_counter()
     # 1% held back: the moves being built when the searches stop take time too.
     deadline = t0 + 0.99 * budget
-    evaluations = 0
+    # One evaluator for all searches: they come back to the same placements, whose compiled
+    # programs it keeps; a program reordered for a later plan times it as a fresh compile does
+    # (the walk's ties go by the plan's order), so each search finds what it finds alone.
+    evaluate = Evaluator(problem)
     fitted: dict[tuple[int, ...], StageLayout | None] = {}
     step_cost: dict[str, float] = {}
     out: TuneResult | None = None
@@ -137,15 +139,6 @@ def tune(
                 )
             )
         shown = _best_shown(progress, out.best.time if out else math.inf)
-        # An evaluator per search, so that a search finds what it would alone: an evaluator
-        # times every plan of a placement with the program it compiled first for it,
-        # reordered, and the simulation then differs slightly with that program (its node
-        # numbering); with one evaluator for all, the fourth search of llama3-8b on 16
-        # devices x 64 micro-batches timed its first start 1,932.2 ms where alone it times it
-        # 1,931.9, and missed the 3% faster plan it finds alone. It counts on from the
-        # searches before (`max_evaluations`).
-        evaluate = Evaluator(problem)
-        evaluate.count = evaluations
         try:
             # The cyclic collector paused: a search makes hundreds of thousands of short-lived
             # objects, which reference counting frees, and next to no cycles (7 objects left
@@ -168,7 +161,6 @@ def tune(
                 raise
             out.finished, out.interrupted = False, True
             break
-        evaluations = evaluate.count
         out = r if out is None else _merge(out, r)
     assert out is not None
     out.seconds = time.perf_counter() - t0
