@@ -326,7 +326,7 @@ class CostTable:
         when the plan puts it on another device than the embedding. DeepSpeed's pipeline
         engine (`TiedLayerSpec`, octodsl's executor included) and Megatron-LM both keep that
         copy, with its gradient and optimizer state, and all-reduce its gradient with the
-        embedding's after the last backward (that all-reduce is not timed)."""
+        embedding's after the last backward (the simulator times it: sim/dpcomm.py)."""
         if not self.meta.get("tied_embeddings"):
             return None
         if self.layers[0].kind != "embedding" or self.layers[-1].kind != "lm_head_loss":

@@ -13,6 +13,7 @@ from ..costs import levers
 from ..costs.param_bytes import ParamBytes, StaticBytes
 from ..costs.table import CostTable, StageCost
 from ..models.ep import ep_problem
+from ..models.spec import DTYPE_BYTES
 from ..plan import Header, Plan, PlanError
 from .sharing import Sharing
 
@@ -66,6 +67,13 @@ class SimCosts:
     parallelism are reduced over dp / ep copies (dpcomm.py)."""
     ep: int = 1
     """The expert-parallel degree the costs are for."""
+    tied_stage: int = -1
+    """The stage that holds its own copy of tied word embeddings (`CostTable.tied_copy`; -1:
+    none). Its gradient is all-reduced with stage 0's (dpcomm.py)."""
+    tied_bytes: float = 0.0
+    """Bytes that all-reduce moves on each of the two devices: the embedding's gradient in
+    the runtime's accumulation dtype (DeepSpeed's BF16 optimizer's fp32 `_hp_grad` or the
+    model's dtype `.grad`; Megatron-LM's `main_grad`)."""
     _columns: dict[str, np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -168,6 +176,8 @@ class SimCosts:
             float(table.meta.get("message_overhead", 0.0)),
             expert,
             h.ep,
+            -1 if copy is None else copy,
+            0.0 if copy is None else table.grad_params(0, 0) * DTYPE_BYTES[held.accum_dtype],
         )
 
 

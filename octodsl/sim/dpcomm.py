@@ -27,6 +27,14 @@ Megatron-LM, the model's dtype in DeepSpeed).
   ZeRO, of its parameters) goes round a ring of the dp / ep copies that hold the same experts
   (the expert-data-parallel group), the rest round all dp copies, one after the other on the
   same stream and link (`_ring_seconds`; the expert group is a subset of the dp group's ranks).
+- tied word embeddings (`TiedReduce`, a copy on the LM head's device): the two copies'
+  gradients are all-reduced between the embedding's device and the head's, a blocking
+  collective of the two (it starts when both are ready), in the runtime's order: DeepSpeed's
+  pipeline engine before the data-parallel reduction (`ReduceTiedGrads`, then `ReduceGrads`,
+  0.19's TrainSchedule; `_exec_reduce_tied_grads` reduces the BF16 optimizer's fp32 `_hp_grad`,
+  else `.grad`), Megatron-LM after it (`finalize_model_grads`: `finish_grad_sync`, then
+  `_allreduce_word_embedding_grads` of the fp32 `main_grad`; the same order in 2021's
+  `train_step`). Nothing of it is under compute.
 The optimizer step starts on every device at once, when the last compute op has ended and every
 device's gradients are reduced (DeepSpeed synchronises the pipeline there); each device's
 all-gather starts when its own step ends.
@@ -57,6 +65,8 @@ from .core import Timeline
 from .jit import njit
 from .program import KIND_CODE, SimProgram
 
+TIED = "tied-allreduce"
+"""The collective kind of the tied embeddings' all-reduce."""
 _W = KIND_CODE[OpKind.W]
 _BW = KIND_CODE[OpKind.BW]
 
@@ -72,12 +82,26 @@ def buckets(params: np.ndarray, dp: int) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
+class TiedReduce:
+    """The all-reduce of tied word embeddings' two copies' gradients (module docstring)."""
+
+    seconds: float
+    devices: tuple[int, int]
+    """The embedding's device and the LM head's."""
+    first: bool
+    """Before the data-parallel reduction (DeepSpeed's order), else after it (Megatron-LM's)."""
+    link: str
+    """The name of the link between the two devices."""
+
+
+@dataclass(frozen=True, slots=True)
 class CollectiveSpan:
     """One data-parallel collective on a device's data-parallel stream."""
 
     device: int
     kind: str
-    """'allreduce', 'reduce-scatter' or 'all-gather'."""
+    """'allreduce', 'reduce-scatter', 'all-gather' or 'tied-allreduce' (the two copies of tied
+    word embeddings)."""
     start: float
     end: float
     after: Op | None = None
@@ -121,6 +145,19 @@ class DpComm:
     part under the next forwards with `overlap_param_gather`)."""
     reduction_kind: str
     """The gradients' collective, 'allreduce' or 'reduce-scatter' (`Zero.reduction`)."""
+    tied: np.ndarray
+    """Per device: seconds of the tied embeddings' all-reduce (on the two devices that hold a
+    copy; else 0)."""
+    span_tied: np.ndarray
+    """Per span: True for the tied embeddings' all-reduce (one span on each of its devices)."""
+    tied_from: int
+    """The device whose readiness started the tied all-reduce (-1: none)."""
+    tied_link: str
+    """The name of the link it took ('' without one)."""
+
+    def span_kind(self, j: int) -> str:
+        """Span j's collective."""
+        return TIED if self.span_tied[j] else self.reduction_kind
 
     @property
     def hidden(self) -> np.ndarray:
@@ -130,8 +167,8 @@ class DpComm:
 
     @property
     def total(self) -> np.ndarray:
-        """Per device: seconds of data-parallel communication."""
-        return self.allreduce + self.reduce_scatter + self.all_gather
+        """Per device: seconds of data-parallel communication (the tied all-reduce included)."""
+        return self.allreduce + self.reduce_scatter + self.all_gather + self.tied
 
     @property
     def exposed(self) -> np.ndarray:
@@ -155,7 +192,7 @@ class DpComm:
                 k = int(self.span_op[j])
                 yield CollectiveSpan(
                     d,
-                    self.reduction_kind,
+                    self.span_kind(j),
                     float(self.span_start[j]),
                     float(self.span_end[j]),
                     program.op(k) if k >= 0 else None,
@@ -182,6 +219,7 @@ def dp_comm(
     reduce_scatter: bool = True,
     expert_share: np.ndarray | None = None,
     ep: int = 1,
+    tied: TiedReduce | None = None,
 ) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
     device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
@@ -190,7 +228,8 @@ def dp_comm(
     per stage (default: as many as the gradients). Under ZeRO the gradients are
     reduce-scattered, or with `reduce_scatter` false all-reduced (the header's field).
     `expert_share`: per stage, the fraction of its parameters that are routed experts spread
-    over an `ep` group, reduced (and gathered) over ranks / ep copies."""
+    over an `ep` group, reduced (and gathered) over ranks / ep copies. `tied`: the tied
+    embeddings' all-reduce (None: no copy)."""
     P = p.devices
     stage = Zero(zero)
     kind = stage.reduction(reduce_scatter)
@@ -215,6 +254,14 @@ def dp_comm(
         )
 
     stage_buckets = np.ones(p.num_stages, np.int64) if stage_buckets is None else stage_buckets
+    ready = np.maximum(t.dev_free, t.comm_free)
+    tied_secs = none
+    if tied is not None and tied.seconds > 0 and tied.devices[0] != tied.devices[1]:
+        tied_secs = np.zeros(P)
+        tied_secs[list(tied.devices)] = tied.seconds
+    else:
+        tied = None
+    before = tied is not None and tied.first
     if overlap_grad and not stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _during_last_backwards(
             p,
@@ -244,12 +291,22 @@ def dp_comm(
         # One collective per device, once its compute and its messages are done: nothing of
         # it is under the device's compute.
         ptr, dev = np.arange(P + 1), np.arange(P)
-        start = np.maximum(t.dev_free, t.comm_free)
+        start = ready.copy()
+        op, held = np.full(P, -1), np.zeros(P, bool)
+        if tied is not None and before:  # the two devices' reductions wait for it
+            pair = list(tied.devices)
+            start[pair] = ready[pair].max() + tied.seconds
+            held[pair] = True
         whole = reduction(device_bytes, links, True)
         end = start + whole
-        op, held = np.full(P, -1), np.zeros(P, bool)
         allreduce, scattered = split(whole)
         hidden = none
+    span_tied = np.zeros(len(start), bool)
+    tied_from = -1
+    if tied is not None:
+        ptr, dev, start, end, op, held, span_tied, tied_from = _with_tied(
+            ptr, start, end, op, held, ready, tied.devices, tied.seconds, before
+        )
     update_start = max(pipeline_time, float(end.max(initial=0.0)))
     stage_params = grad_bytes if param_bytes is None else param_bytes
     gathered = np.bincount(p.stage_device, weights=stage_params, minlength=P)
@@ -287,6 +344,50 @@ def dp_comm(
         update_start + update,
         exposed,
         kind,
+        tied_secs,
+        span_tied,
+        tied_from,
+        "" if tied is None else tied.link,
+    )
+
+
+def _with_tied(ptr, start, end, op, held, ready, devices, seconds, before):
+    """The reduction spans (CSR per device, as `dp_comm` builds them) with the tied
+    embeddings' all-reduce on each of its two devices: first on their streams (`before`) or
+    last. It starts when both devices are ready (their compute and messages done, and after
+    their reductions unless `before`). Returns the new CSR offsets, device, start, end, op,
+    held, which spans are the tied one, and the device that started it."""
+    P = len(ptr) - 1
+    own = {
+        d: ready[d] if before or ptr[d] == ptr[d + 1] else max(ready[d], end[ptr[d + 1] - 1])
+        for d in devices
+    }
+    origin = max(devices, key=lambda d: (own[d], -d))
+    t0 = own[origin]
+    rows: list[tuple[int, float, float, int, bool, bool]] = []
+    for d in range(P):
+        mine = [
+            (d, float(start[j]), float(end[j]), int(op[j]), bool(held[j]), False)
+            for j in range(ptr[d], ptr[d + 1])
+        ]
+        if d in own:
+            waited = not before and ptr[d] < ptr[d + 1] and end[ptr[d + 1] - 1] >= t0
+            span = (d, t0, t0 + seconds, -1, bool(waited), True)
+            mine = [span, *mine] if before else [*mine, span]
+        rows.extend(mine)
+    counts = np.bincount([r[0] for r in rows], minlength=P)
+    new_ptr = np.zeros(P + 1, np.int64)
+    new_ptr[1:] = np.cumsum(counts)
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 6
+    return (
+        new_ptr,
+        np.array(cols[0], np.int64),
+        np.array(cols[1], float),
+        np.array(cols[2], float),
+        np.array(cols[3], np.int64),
+        np.array(cols[4], bool),
+        np.array(cols[5], bool),
+        origin,
     )
 
 

@@ -61,6 +61,7 @@ _PATH_KINDS = {
     "reduce-scatter": "reduce-scatter",
     "update": "optimizer step",
     "all-gather": "all-gather",
+    "tied-allreduce": "tied embeddings' all-reduce",
 }
 """Critical-path step kinds, as the summary names them."""
 _MERGED = ("compute", "reduce-scatter")
@@ -188,11 +189,12 @@ def _links_line(result: SimResult) -> str:
         ("tp", ("tp",)),
         ("pipeline", ("pipeline_intra_node", "pipeline_inter_node")),
         ("dp", ("dp_intra_node", "dp_inter_node")),
+        ("tied embeddings", ("tied",)),
     ):
         shown = [
             f"{busy[k].link} {_time(float(busy[k].busy.max(initial=0.0)))}"
             for k in kinds
-            if busy[k].busy.any()
+            if k in busy and busy[k].busy.any()
         ]
         if shown:
             parts.append(f"{label} " + " + ".join(shown))
@@ -377,6 +379,7 @@ _EXPOSED = {
     "pipeline": ("pipeline messages", "overlap_p2p_comm"),
     "grad_reduce": ("gradient reduction", "overlap_grad_reduce"),
     "param_gather": ("parameter all-gather", "overlap_param_gather"),
+    "tied": ("tied embeddings' all-reduce", None),
 }
 
 
@@ -397,6 +400,8 @@ def _exposed_line(result: SimResult) -> str:
             and h.ep == 1
             or kind in ("grad_reduce", "param_gather")
             and (result.dp == 1 or kind == "param_gather" and result.zero == 0)
+            or kind == "tied"
+            and not seconds.any()
         ):
             continue
         parts.append(

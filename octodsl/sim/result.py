@@ -324,8 +324,12 @@ class SimResult:
             ("dp_intra_node", False, links.intra),
             ("dp_inter_node", True, links.inter),
         ):
-            busy = np.where(links.dp_inter == spans, self.dp_comm.total, 0.0)
+            busy = np.where(links.dp_inter == spans, self.dp_comm.total - self.dp_comm.tied, 0.0)
             out[key] = LinkBusy((links.dp_given or link).name, busy, float(busy.sum()))
+        if self.dp_comm.tied.any():
+            out["tied"] = LinkBusy(
+                self.dp_comm.tied_link, self.dp_comm.tied, float(self.dp_comm.tied.sum())
+            )
         return out
 
     def exposed(self) -> dict[str, np.ndarray]:
@@ -337,7 +341,8 @@ class SimResult:
         'param_gather': the parameters' all-gather the iteration waits for
         (`overlap_param_gather` hides it under the next forwards); 'all_to_all': the
         expert-parallel dispatch and combine all-to-alls in the MoE layers' F and B, but what
-        an overlap group hides under its other ops (`all_to_all_hidden`)."""
+        an overlap group hides under its other ops (`all_to_all_hidden`); 'tied': the tied
+        word embeddings' all-reduce between the two devices that hold a copy (all of it)."""
         tp = self._per_device(
             *(self.costs.column("tp_" + k) - self.costs.column("tp_hidden_" + k) for k in "fbw")
         )
@@ -349,6 +354,7 @@ class SimResult:
             "pipeline": np.maximum(pipeline, 0.0),
             "grad_reduce": dpc.reduction_exposed,
             "param_gather": dpc.gather_exposed,
+            "tied": dpc.tied,
         }
 
     @property
@@ -420,10 +426,11 @@ class SimResult:
         reductions = []
         for j in spans:
             k = int(dpc.span_op[j])
+            kind = dpc.span_kind(j)
             reductions.append(
                 Step(
-                    dpc.reduction_kind,
-                    p.op(k).label if k >= 0 else dpc.reduction_kind,
+                    kind,
+                    p.op(k).label if k >= 0 else kind,
                     int(dpc.span_dev[j]),
                     float(dpc.span_start[j]),
                     float(dpc.span_end[j]),
@@ -460,8 +467,12 @@ class SimResult:
         if len(dpc.span_end) and dpc.span_end.max() > self.pipeline_time:
             # The reductions set the step's start: back along the stream that ended last.
             j = int(np.argmax(dpc.span_end))
-            d = int(dpc.span_dev[j])
             while True:
+                if dpc.span_tied[j] and dpc.span_dev[j] != dpc.tied_from:
+                    # a collective of two devices: the path goes on on the one that started it
+                    lo, hi = dpc.span_ptr[dpc.tied_from], dpc.span_ptr[dpc.tied_from + 1]
+                    j = lo + int(np.flatnonzero(dpc.span_tied[lo:hi])[0])
+                d = int(dpc.span_dev[j])
                 k = int(dpc.span_op[j])
                 spans.append(j)
                 if not dpc.span_held[j]:

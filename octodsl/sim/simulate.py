@@ -12,10 +12,11 @@ from ..costs.levers import Zero
 from ..costs.table import Link, StageCost, uniform_stage_costs
 from ..dag import build_graph, describe_cycle, execution_order
 from ..mesh import Mesh
-from ..plan import Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
+from ..plan import DEEPSPEED, Header, Op, OpKind, Plan, PlanError, Slot, Stage, placement_loop
+from .bounds import ring_reduction_time
 from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
-from .dpcomm import buckets, dp_comm
+from .dpcomm import TiedReduce, buckets, dp_comm
 from .links import Links, cut_crosses_nodes, dp_rails, dp_spans_nodes
 from .memory import memory
 from .program import KIND_CODE, SimProgram, compile
@@ -133,6 +134,7 @@ def simulate(
         h.reduce_scatter,
         _expert_share(costs, grads),
         costs.ep,
+        _tied(p, costs, links, ranks),
     )
     iteration_time = dpc.update_start + (
         float((update + dpc.gather_exposed).max(initial=0.0)) + costs.step_overhead
@@ -168,6 +170,20 @@ def _expert_share(costs: SimCosts, grads: np.ndarray) -> np.ndarray | None:
         return None
     expert = np.asarray(costs.expert_grad_bytes, float)
     return np.divide(expert, grads, out=np.zeros_like(expert), where=grads > 0)
+
+
+def _tied(p: SimProgram, costs: SimCosts, links: Links, ranks: int) -> TiedReduce | None:
+    """The tied embeddings' all-reduce (dpcomm.py; None without a copy): a ring of two ranks
+    on the link between the embedding's device and the head's (each tp rank reduces its own
+    vocabulary slice), before the data-parallel reduction under DeepSpeed."""
+    if costs.tied_stage < 0 or costs.tied_bytes <= 0:
+        return None
+    a, b = int(p.stage_device[0]), int(p.stage_device[costs.tied_stage])
+    mesh = replace(Mesh.of(p.plan.header), dp=ranks)
+    link = links.inter if mesh.crosses_nodes(a, b) else links.intra
+    seconds = float(ring_reduction_time(np.array([costs.tied_bytes]), 2, link, 0)[0])
+    first = costs.param_bytes is not None and costs.param_bytes.runtime == DEEPSPEED
+    return TiedReduce(seconds, (a, b), first, link.name)
 
 
 def _shared_durations(

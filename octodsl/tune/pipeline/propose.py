@@ -129,7 +129,7 @@ def _finish_load(result: SimResult) -> np.ndarray:
     dpc = result.dp_comm
     if Zero(dpc.zero).shards_gradients:
         return np.maximum(result.busy, dpc.reduction)
-    return result.busy + dpc.allreduce + dpc.reduce_scatter
+    return result.busy + dpc.allreduce + dpc.reduce_scatter + dpc.tied
 
 
 def _placement(st: State) -> Iterator[Proposal]:
