@@ -79,6 +79,22 @@ def versionless(text: str) -> str:
     return re.sub(rf'("{FIELD}":\s*"){v}"', r'\1VERSION"', text)
 
 
+def spec_file(path: Path, model: str, **changes) -> str:
+    """Write built-in `model`'s spec (`octodsl models NAME --yaml`) with `changes` to `path`."""
+    import subprocess
+
+    import yaml
+
+    text = subprocess.run(
+        [str(REPO / ".venv/bin/octodsl"), "models", model, "--yaml"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    path.write_text(yaml.safe_dump({**yaml.safe_load(text), **changes}))
+    return str(path)
+
+
 def check_golden(path: Path, actual: str) -> None:
     """Compare with a golden file (or rewrite it when OCTODSL_UPDATE_GOLDEN=1), the version that
     wrote `actual` replaced by VERSION (`versionless`)."""

@@ -6,10 +6,8 @@ embedding's device (CostTable.tied_copy)."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 
 import pytest
-import yaml
 
 from octodsl.costs.devices import get_link
 from octodsl.costs.resolve import cost_table
@@ -18,25 +16,21 @@ from octodsl.sim import simulate
 from octodsl.sim.costs import SimCosts
 from octodsl.tune.problem import Problem
 
-from ..conftest import REPO
+from ..conftest import spec_file
 
 
 @pytest.fixture(scope="module")
 def specs(tmp_path_factory):
     """nemotron-h-tiny as it is (untied) and tied."""
-    text = subprocess.run(
-        [str(REPO / ".venv/bin/octodsl"), "models", "nemotron-h-tiny", "--yaml"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    out = {}
-    for tied in (False, True):
-        spec = {**yaml.safe_load(text), "tie_embeddings": tied, "name": f"tiny-tied-{tied}"}
-        path = tmp_path_factory.mktemp("specs") / f"tied-{tied}.yaml"
-        path.write_text(yaml.safe_dump(spec))
-        out[tied] = str(path)
-    return out
+    return {
+        tied: spec_file(
+            tmp_path_factory.mktemp("specs") / f"tied-{tied}.yaml",
+            "nemotron-h-tiny",
+            tie_embeddings=tied,
+            name=f"tiny-tied-{tied}",
+        )
+        for tied in (False, True)
+    }
 
 
 def _plan(specs, name: str, devices: int, microbatches: int):

@@ -11,7 +11,6 @@ import subprocess
 
 import numpy as np
 import pytest
-import yaml
 
 from octodsl.costs.devices import get_link
 from octodsl.costs.resolve import cost_table
@@ -19,7 +18,7 @@ from octodsl.gen import generate, render_plan
 from octodsl.sim import simulate
 from octodsl.sim.costs import SimCosts
 
-from ..conftest import REPO
+from ..conftest import REPO, spec_file
 
 LINK = get_link("nvlink")
 
@@ -28,17 +27,12 @@ LINK = get_link("nvlink")
 def spec(tmp_path_factory) -> str:
     """nemotron-h-tiny with tied embeddings, in bf16 (where the runtimes' gradient dtypes
     differ)."""
-    text = subprocess.run(
-        [str(REPO / ".venv/bin/octodsl"), "models", "nemotron-h-tiny", "--yaml"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    path = tmp_path_factory.mktemp("spec") / "tied.yaml"
-    path.write_text(
-        yaml.safe_dump({**yaml.safe_load(text), "tie_embeddings": True, "dtype": "bf16"})
+    return spec_file(
+        tmp_path_factory.mktemp("spec") / "tied.yaml",
+        "nemotron-h-tiny",
+        tie_embeddings=True,
+        dtype="bf16",
     )
-    return str(path)
 
 
 def _run(spec: str, name: str = "1f1b", untie: bool = False, **header):
