@@ -86,14 +86,6 @@ def spec_of(model: dict) -> dict:
     }
 
 
-def built_params(model: dict, spec) -> float:
-    """A row model's parameters as its source counts them: the word embeddings once where its
-    runtime ties them but the spec gives the last stage its own copy (`size_counts_tied`:
-    Megatron keeps such a copy on the last stage, so the plan times it as untied)."""
-    own_copy = spec.layer_params(0) if not spec.tie_embeddings else 0
-    return spec.params() - (own_copy if model.get("size_counts_tied") else 0)
-
-
 def stated_params_problem(model: dict, counted: float) -> str | None:
     """Why a model's parameters as built (`counted`) are not the size its source states, if they
     are not: within half a unit of the stated size's last digit (a source rounds), plus 1% (the
@@ -129,7 +121,7 @@ def write_spec(model: dict) -> Path:
     from octodsl.models import parse_model
 
     spec = parse_model(spec_of(model), str(path))
-    problem = stated_params_problem(model, built_params(model, spec))
+    problem = stated_params_problem(model, spec.params())
     if problem:
         raise SystemExit(f"published.py: {problem}")
     return path
