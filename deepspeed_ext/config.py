@@ -329,15 +329,24 @@ def plan_config(
     """`config` with the plan's batch sizes (`batch_config`), ZeRO stage (`zero_config`) and
     gradient-accumulation dtype (`accum_config`),
     refused with ep when it runs ZeRO or half precision (`check_ep_precision`); with tp, DeepSpeed's partitioning of pipeline messages over the tp group turned off (the
-    executor's messages are whole activations, or under sp each rank's sequence slice)."""
+    executor's messages are whole activations, or under sp each rank's sequence slice), and
+    a plan costed with them partitioned (`scatter_gather_messages true`) refused."""
     names = {"plan_name": plan_name, "config_name": config_name}
     check_ep_precision(config, plan, **names)
     config = zero_config(
         batch_config(config, plan, default_microbatch_size, **names), plan, **names
     )
     config = accum_config(config, plan, **names)
-    if plan.header.tp == 1:
+    h = plan.header
+    if h.tp == 1:
         return config
+    if h.scatter_gather_messages and not h.sp:
+        plan_name = plan_name or f'the plan "{h.name}"'
+        raise PlanLaunchError(
+            f"{plan_name} says `scatter_gather_messages true` (each tp GPU sends 1/tp of a "
+            "pipeline message), but octodsl's executor sends whole activations: drop it, or "
+            "give `sequence_parallel true`"
+        )
     return {
         **config,
         "pipeline": {

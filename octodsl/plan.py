@@ -145,7 +145,6 @@ MEGATRON_ONLY = (
     "overlap_tp_comm",
     "overlap_grad_reduce",
     "overlap_param_gather",
-    "scatter_gather_messages",
     "grad_accumulation_fusion",
 )
 """Runtime fields whose `true` only Megatron-LM runs (octodsl's executor and DeepSpeed's pipeline
@@ -255,8 +254,10 @@ class Header(BaseModel):
     default 1F1B, DeepSpeed's stock pipeline engine)."""
     scatter_gather_messages: bool = False
     """Without sequence parallelism, each GPU of a tp group sends 1/tp of a pipeline message
-    and the receivers gather it over NVLink (Megatron's default scatter/gather); false: each
-    sends the whole activation, as octodsl's executor and DeepSpeed do."""
+    and the receivers gather it over NVLink: Megatron's scatter/gather, and DeepSpeed's stock
+    pipeline engine with tp > 1 (`PartitionedTensor`: hard-wired in 0.5 and 0.6, the config's
+    `pipeline.pipe_partitioned`, default true, since); false: each sends the whole activation,
+    as octodsl's executor does (it refuses true)."""
     grad_accumulation_fusion: bool = False
     """The weight-gradient GEMMs add into the gradient buffer themselves (Megatron's
     `--gradient-accumulation-fusion`, Transformer Engine); false: each micro-batch's weight

@@ -245,8 +245,8 @@ def add_overlap_option(p: argparse.ArgumentParser, default_from: str) -> None:
         type=switch,
         metavar="true|false",
         help="without sequence parallelism, each tp GPU sends 1/tp of a pipeline "
-        "message (Megatron's default); false: the whole activation, as octodsl's "
-        f"executor and DeepSpeed do (default: {default_from})",
+        "message (Megatron's default, and stock DeepSpeed's with tp > 1); false: the "
+        f"whole activation, as octodsl's executor does (default: {default_from})",
     )
     p.add_argument(
         "--grad-accumulation-fusion",

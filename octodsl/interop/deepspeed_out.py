@@ -91,6 +91,10 @@ def deepspeed_snippet(plan: Plan, source: str = "") -> Export:
     }
     if h.grad_accum_dtype is not None:
         config["data_types"] = {"grad_accum_dtype": h.grad_accum_dtype}
+    if h.tp > 1 and not h.sp:
+        # stock DeepSpeed partitions pipeline messages over the tp group unless told not to
+        parted = h.scatter_gather_messages
+        config["pipeline"] = {"pipe_partitioned": parted, "grad_partitioned": parted}
     return Export(_render(plan, source, cuts.parts, interval, config, warnings), warnings)
 
 
@@ -144,7 +148,19 @@ def _render(
         "",
         "",
         "# ds_config fragment: merge into the config given to deepspeed.initialize.",
-        f"DS_CONFIG = {json.dumps(config, indent=4)}",
+        f"DS_CONFIG = {_literal(config)}",
         "",
     ]
     return "\n".join(lines)
+
+
+def _literal(value, depth: int = 0) -> str:
+    """`value` (dicts of strings, numbers and booleans) as a Python literal laid out as
+    `json.dumps(value, indent=4)` lays out JSON: the same text, but Python's True and False."""
+    if isinstance(value, dict) and value:
+        pad = "    " * (depth + 1)
+        items = ",\n".join(
+            f"{pad}{json.dumps(k)}: {_literal(v, depth + 1)}" for k, v in value.items()
+        )
+        return "{\n" + items + "\n" + "    " * depth + "}"
+    return repr(value) if isinstance(value, bool) else json.dumps(value)

@@ -4,6 +4,7 @@ split is refused before any communication."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -118,6 +119,25 @@ def test_layers_without_a_layer_config_are_not_judged():
 def test_zero_2_is_still_refused_with_tp():
     with pytest.raises(PlanLaunchError, match="DeepSpeed's pipeline engine refuses"):
         check_launch(plan_of(2, 2, zero=2), 8, CONFIG, 10)
+
+
+def test_a_plan_costed_with_partitioned_messages_is_refused():
+    """DeepSpeed's stock engine partitions them with tp > 1; octodsl's executor sends whole
+    activations, so a plan costed the other way would be timed for a run that cannot happen."""
+    plan = plan_of(2)
+    parted = dataclasses.replace(
+        plan,
+        header=plan.header.model_copy(
+            update={"scatter_gather_messages": True, "sequence_parallel": False}
+        ),
+    )
+    with pytest.raises(PlanLaunchError) as e:
+        plan_config(CONFIG, parted)
+    assert str(e.value).startswith('the plan "1f1b-p2-m4" says `scatter_gather_messages true`')
+    assert "\n" not in str(e.value)
+    # under sequence parallelism the field changes nothing: each rank sends its slice anyway
+    sp = parted.header.model_copy(update={"sequence_parallel": True})
+    assert plan_config(CONFIG, dataclasses.replace(parted, header=sp))["pipeline"]
 
 
 def test_tp_turns_off_deepspeeds_partitioned_pipeline_messages():

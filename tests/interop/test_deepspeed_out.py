@@ -71,6 +71,18 @@ def test_ds_config_and_topology():
     assert any("tp 8" in w for w in export.warnings)
 
 
+@pytest.mark.parametrize("parted", [False, True])
+def test_pipeline_messages_partitioned_as_the_plan_says(parted):
+    """Stock DeepSpeed partitions pipeline messages over the tp group by default: the config
+    says what the plan was costed for (without sequence parallelism)."""
+    plan = _with_model(generate("1f1b", 4, 8), "nemotron-h-8b")
+    plan.header = plan.header.model_copy(
+        update={"tp": 2, "sequence_parallel": False, "scatter_gather_messages": parted}
+    )
+    config = snippet_namespace(deepspeed_snippet(plan).text)["DS_CONFIG"]
+    assert config["pipeline"] == {"pipe_partitioned": parted, "grad_partitioned": parted}
+
+
 def test_other_orders_run_as_deepspeeds_1f1b_with_a_warning():
     export = deepspeed_snippet(_with_model(generate("zb-h1", 4, 8), "nemotron-h-8b"))
     assert any("splits backwards" in w and "1F1B TrainSchedule" in w for w in export.warnings)

@@ -165,7 +165,7 @@ def test_convert_says_how_an_all_reducing_zero_runs():
     )
     plan = parse_plan(text, path="p")
     assert "distributed optimizer reduce-scatters" in megatron_args(plan).text
-    assert '"reduce_scatter": false' in deepspeed_snippet(plan).text
+    assert '"reduce_scatter": False' in deepspeed_snippet(plan).text
     stock = parse_plan(
         _plan().replace("  microbatches 4\n", "  microbatches 4\n  dp 2\n  zero 1\n"), path="p"
     )
