@@ -86,20 +86,25 @@ def spec_of(model: dict) -> dict:
     }
 
 
+_SIZE_UNITS = {"B": 1e9, "T": 1e12}
+"""The suffixes a source's stated size takes."""
+
+
 def stated_params_problem(model: dict, counted: float) -> str | None:
     """Why a model's parameters as built (`counted`) are not the size its source states, if they
     are not: within half a unit of the stated size's last digit (a source rounds), plus 1% (the
     biases, norms and position embeddings a source may count and the spec may not). It catches a
     wrong tying or layer count, which change the size by far more."""
     stated = str(model.get("params", ""))
-    digits = stated.removesuffix("B")
+    scale = _SIZE_UNITS.get(stated[-1:], math.nan)
+    digits = stated[:-1]
     try:
-        value = float(digits) * 1e9 if stated.endswith("B") else math.nan
+        value = float(digits) * scale
     except ValueError:
         value = math.nan
     if not value > 0:
-        return f"model {model['name']}: params {stated!r} is not a size such as 1.7B"
-    unit = 10.0 ** -(len(digits.partition(".")[2])) * 1e9
+        return f"model {model['name']}: params {stated!r} is not a size such as 1.7B or 1T"
+    unit = 10.0 ** -(len(digits.partition(".")[2])) * scale
     if abs(counted - value) <= unit / 2 + 0.01 * value:
         return None
     return (

@@ -24,7 +24,7 @@ import yaml
 from machine import write_outputs  # benchmarks/machine.py (its write_atomic is the old code's too)
 
 OUT = Path(__file__).resolve().parent / "published_before.json"
-NEW_FIELDS = r"overlap_\w+|grad_accumulation_fusion|scatter_gather_messages|reduce_scatter"
+NEW_FIELDS = r"overlap_\w+|grad_accumulation_fusion|scatter_gather_messages|reduce_scatter|grad_accum_dtype|runtime"
 
 
 def main() -> int:
