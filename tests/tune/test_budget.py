@@ -110,3 +110,16 @@ def test_no_time_for_the_tuner_keeps_the_best_baseline(monkeypatch, clock, tiny)
     assert clock.now - t0 == 3.0  # one baseline; the 1 s left would not simulate a plan
     assert out.tuned.evaluations == 0 and not out.tuned.finished
     assert out.tuned.best is out.baselines[0].score
+
+
+def test_a_polish_that_would_end_past_the_budget_is_not_started(monkeypatch, clock, tiny):
+    # The pilot method's estimate decides: one that would end past the deadline is left out
+    # (and the tuner reports it stopped short); one that fits runs after the search.
+    costs(monkeypatch, clock, simulate=0.001)
+    monkeypatch.setattr(loop, "pilot_seconds", lambda *args: 1e6)
+    out = loop.tune(tiny, budget=60.0, restarts=1)
+    assert not [r for r in out.rounds if r.phase == "polish"] and not out.finished
+    monkeypatch.setattr(loop, "pilot_seconds", lambda *args: 1.0)
+    t0 = clock.now
+    out = loop.tune(tiny, budget=60.0, restarts=1)
+    assert out.rounds[-1].phase == "polish" and out.finished and clock.now - t0 <= 60.0

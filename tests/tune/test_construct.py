@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from octodsl.costs.table import Link
 from octodsl.lint import lint_plan
 from octodsl.plan import Recompute
+from octodsl.tune.pipeline import construct
 from octodsl.tune.pipeline.construct import build_schedule
 from octodsl.tune.pipeline.estimate import FillModel
 from octodsl.tune.pipeline.evaluate import Evaluator
@@ -122,11 +124,41 @@ def test_orders_with_recompute_stay_within_the_limit(mode):
             if not model.fits(model(layout.cuts)):
                 continue
             skel = pr.skeleton(layout)
-            for w_gap in (False, True):
+            for w_gap, pilot in itertools.product((False, True), (False, True)):
                 score = Evaluator(pr)(
-                    build_schedule(skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap=w_gap)
+                    build_schedule(
+                        skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap=w_gap, pilot=pilot
+                    )
                 )
                 assert score.plan.recompute() == [mode] * len(devices)
-                assert score.fits, (memory, devices, w_gap, score.peak.max() / 2**20)
+                assert score.fits, (memory, devices, w_gap, pilot, score.peak.max() / 2**20)
                 checked += 1
     assert checked >= 8
+
+
+def test_the_pilot_method_never_ends_later_than_the_walk():
+    # Uneven stages on looped and V placements, with and without a memory limit: the pilot
+    # method keeps the walk's choice unless another ends sooner, so its end (by the
+    # scheduler's timing) is never later, and on some of these it is sooner.
+    layers = [(0.11 + 0.07 * i, 0.13 + 0.05 * (i % 3), 0.05 + 0.031 * i) for i in range(8)]
+    link = Link("odd", 0.013, 70.0)
+    sooner = 0
+    for memory, devices, w_gap in itertools.product(
+        (None, 6), ((0, 1, 2, 2, 1, 0, 1, 2), (0, 1, 2, 0, 1, 2, 0, 1)), (False, True)
+    ):
+        pr = problem(layers, 3, 6, memory=memory, link=link)
+        skel = pr.skeleton(StageLayout(even_cuts(pr.num_layers, len(devices)), devices))
+        x = construct._arrays(skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap)
+        _, walk = construct._walk(x)
+        _, pilot = construct._pilot(x)
+        assert pilot <= walk
+        sooner += pilot < walk - 1e-12
+        plan = build_schedule(skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap, pilot=True)
+        assert (
+            plan.schedule
+            == build_schedule(
+                skel, pr.stage_costs(skel), pr.link, pr.memory, w_gap, pilot=True
+            ).schedule
+        )
+        assert not [d for d in lint_plan(plan) if d.is_error]
+    assert sooner > 0

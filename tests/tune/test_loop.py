@@ -59,6 +59,7 @@ def test_rounds_explain_each_improvement(tuned):
             "placement",
             "schedule",
             "restart",
+            "polish",
         )
         if r.phase in ("memory", "partition", "placement", "schedule"):
             # Score.better_than takes times within 1e-9 of each other as equal (then the lower
@@ -78,7 +79,8 @@ def test_restarts_keep_the_best_of_the_searches(tiny):
     three = tune(tiny, budget=60, seed=3, restarts=3)
     assert one.finished and three.finished
     assert three.best.time <= one.best.time
-    assert [r.move for r in three.rounds[: len(one.rounds)]] == [r.move for r in one.rounds]
+    searched = [r.move for r in one.rounds if r.phase != "polish"]
+    assert [r.move for r in three.rounds[: len(searched)]] == searched
     marks = [r for r in three.rounds if r.phase == "restart"]
     assert [r.move for r in marks] == ["search again, seed 4", "search again, seed 5"]
     assert [r.number for r in three.rounds] == list(range(len(three.rounds)))
@@ -99,9 +101,21 @@ def test_a_later_search_finds_what_it_finds_alone():
     assert two.finished and alone.finished
     k = next(i for i, r in enumerate(two.rounds) if r.phase == "restart")
     # the same moves with the same times: the same simulations of the same plans
-    assert [(r.move, r.after) for r in two.rounds[k + 1 :]] == [
-        (r.move, r.after) for r in alone.rounds
+    assert [(r.move, r.after) for r in two.rounds[k + 1 :] if r.phase != "polish"] == [
+        (r.move, r.after) for r in alone.rounds if r.phase != "polish"
     ]
+
+
+def test_the_polish_orders_the_searches_best_layouts_by_the_pilot_method(tiny):
+    out = tune(tiny, budget=60, seed=3, restarts=2)
+    assert out.finished and len(out.finalists) == 2
+    polished = [r for r in out.rounds if r.phase == "polish"]
+    assert 1 <= len(polished) <= 2 and out.rounds[-len(polished) :] == polished
+    assert out.best.time <= min(s.time for s, _ in out.finalists)
+    for r in polished:
+        assert r.move == "the pilot method's order for the layout of a search's best plan"
+    again = tune(tiny, budget=60, seed=3, restarts=2)
+    assert again.best.plan.same_as(out.best.plan)
 
 
 def test_refines_a_given_plan_and_never_returns_worse(tiny):
@@ -154,11 +168,18 @@ def test_ctrl_c_keeps_the_best_plan_so_far(tiny):
 
 def test_ctrl_c_in_a_restart_keeps_the_earlier_searches(tiny):
     first = tune(tiny, budget=60, seed=3, restarts=1)
+    searched = [r for r in first.rounds if r.phase != "polish"]
+    polished = len(first.rounds) - len(searched)  # one simulation each, after the search
     out = tune(
-        tiny, budget=60, seed=3, restarts=3, progress=_interrupt_after(first.evaluations + 1)
+        tiny,
+        budget=60,
+        seed=3,
+        restarts=3,
+        progress=_interrupt_after(first.evaluations - polished + 1),
     )
-    assert out.interrupted and out.best.time == first.best.time
-    assert [r.phase for r in out.rounds[len(first.rounds) :]] == ["restart"]
+    # interrupted: no polish, the first search's best
+    assert out.interrupted and out.best.time == first.finalists[0][0].time
+    assert [r.phase for r in out.rounds[len(searched) :]] == ["restart"]
 
 
 def test_ctrl_c_before_any_plan_is_passed_on(tiny):

@@ -118,12 +118,14 @@ def test_the_estimates_stage_sums_are_the_cost_tables(case, fused):
 
 
 @settings(max_examples=40, deadline=None)
-@given(layouts(), st.booleans())
-def test_the_list_schedulers_order_respects_dag_producers(case, w_gap):
-    # The scheduler's run order: every op runs after one op of each kind its producers list.
+@given(layouts(), st.booleans(), st.sampled_from(["walk", "pilot"]))
+def test_the_list_schedulers_order_respects_dag_producers(case, w_gap, how):
+    # The scheduler's run order, and the pilot method's: every op runs after one op of each
+    # kind its producers list.
     pr, layout = case
     plan = pr.skeleton(layout)
-    order = construct._arrays(plan, pr.stage_costs(plan), pr.link, None, w_gap)
+    x = construct._arrays(plan, pr.stage_costs(plan), pr.link, None, w_gap)
+    order, _ = construct._walk(x) if how == "walk" else construct._pilot(x)
     done = set()
     for kind, stage, mb in zip(
         order.kind.tolist(), order.stage.tolist(), order.mb.tolist(), strict=True

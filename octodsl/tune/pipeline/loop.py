@@ -12,13 +12,17 @@
 3. Kicks: once every start is refined, a random placement or partition change of the best plan
    (seeded), refined in turn; the search ends after `PATIENCE` kicks in a row find nothing better.
 4. Restarts: the whole search again with the next seeds, `RESTARTS` searches in all while the
-   budget lasts; each ends in its own local optimum, the one it finds alone.
+   budget lasts (less the time to polish the best plan, up to a `POLISH_SHARE` of it); each
+   ends in its own local optimum, the one it finds alone.
+5. Polish: the layouts the searches ended on, best first, get the pilot method's order
+   (construct.py), too slow for every plan of a search, while the budget lasts.
 The best plan that fits in memory wins. Every plan is timed by the simulator. Under the
 problem's `keep`, only layouts it allows are tried. Ctrl-C stops the search as the end of the
 budget does (`TuneResult.interrupted`), so the best plan is kept.
 
-Deterministic for a seed as long as the searches end before the budget (`TuneResult.finished`);
-a budget that cuts them short stops at a point that depends on the machine's speed.
+Deterministic for a seed as long as the searches and the polish end before the budget
+(`TuneResult.finished`); a budget that cuts them short stops at a point that depends on the
+machine's speed.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from .layout import StageLayout, even_cuts
 from .moves.partition import fitting, rebalance
 from .moves.placement import families
 from .moves.recompute import fit_modes
-from .moves.schedule import rebuild
+from .moves.schedule import pilot_seconds, rebuild
 from .propose import State, kick, proposals
 from .zb_auto import zb_starts
 
@@ -54,6 +58,13 @@ the benchmark's hard cases (16 devices, jamba), where more kicks of one search g
 three left two thirds of a 60 s budget unused on many (llama3-8b on 16 devices x 64
 micro-batches: 18 s), where the fourth search found a plan 2.9% faster (1,863.0 ms against
 1,919.5)."""
+
+POLISH_SHARE = 0.1
+"""The most of the budget that later searches leave for the polish of the best plan so far
+(they end by themselves before it on most problems)."""
+
+POLISHED = 3
+"""Layouts polished at most: the best plan of as many searches."""
 
 Progress = Callable[[str, float, float], None]
 """progress(phase, best iteration time so far (inf: none yet), seconds left)."""
@@ -83,6 +94,8 @@ class TuneResult:
     """Ctrl-C stopped the search; `best` is the best plan found until then."""
     seconds: float = 0.0
     """Wall time of the whole `tune()` call, all searches and the budget's stops included."""
+    finalists: list[tuple[Score, bool]] = field(default_factory=list)
+    """Each search's best plan, and whether the list scheduler held W for gaps in it."""
 
 
 class _OutOfBudget(Exception):
@@ -114,6 +127,7 @@ def tune(
     t0 = time.perf_counter()
     # 1% held back: the moves being built when the searches stop take time too.
     deadline = t0 + 0.99 * budget
+    searches_end = deadline  # until a search's best plan says how long its polish takes
     # One evaluator for all searches: they come back to the same placements, whose compiled
     # programs it keeps; a program reordered for a later plan times it as a fresh compile does
     # (the walk's ties go by the plan's order), so each search finds what it finds alone.
@@ -125,7 +139,7 @@ def tune(
         if out is not None:
             if (
                 not out.finished
-                or time.perf_counter() >= deadline
+                or time.perf_counter() >= searches_end
                 or (max_evaluations is not None and out.evaluations >= max_evaluations)
             ):
                 break
@@ -146,7 +160,14 @@ def tune(
             # over them and the problem's live tables and programs took about 5% of it.
             with paused_collection():
                 r = _Search(
-                    problem, evaluate, deadline, seed + k, max_evaluations, shown, fitted, step_cost
+                    problem,
+                    evaluate,
+                    searches_end,
+                    seed + k,
+                    max_evaluations,
+                    shown,
+                    fitted,
+                    step_cost,
                 ).run(starts)
         except _NothingSimulated:
             if out is None:
@@ -162,9 +183,64 @@ def tune(
             out.finished, out.interrupted = False, True
             break
         out = r if out is None else _merge(out, r)
+        # Later searches leave time to polish the best plan, where that takes little of the
+        # budget; where it takes more, they search on (a polish may still fit when they end).
+        best_w_gap = next(w_gap for s, w_gap in out.finalists if s is out.best)
+        polish = _polish_seconds(problem, out.best, best_w_gap) + max(step_cost.values())
+        searches_end = deadline - (polish if polish <= POLISH_SHARE * budget else 0.0)
     assert out is not None
+    if not out.interrupted:
+        try:
+            # a polish step costs its pilot method and a step of the search (a simulation
+            # and what was built around it), at most
+            step = max(step_cost.values(), default=0.0)
+            _polish(problem, evaluate, out, deadline - step, max_evaluations)
+        except KeyboardInterrupt:
+            out.finished, out.interrupted = False, True
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _polish_seconds(problem: Problem, score: Score, w_gap: bool) -> float:
+    return pilot_seconds(problem.skeleton(StageLayout.of(score.plan)), problem, w_gap)
+
+
+def _polish(
+    problem: Problem,
+    evaluate: Evaluator,
+    out: TuneResult,
+    deadline: float,
+    max_evaluations: int | None,
+) -> None:
+    """The pilot method's orders for the layouts of the searches' best plans, best first, each
+    while its pilot method (about a walk of the list scheduler per op of the plan) ends by
+    `deadline`; `out` keeps the best plan."""
+    seen: set[tuple[StageLayout, bool]] = set()
+    for score, w_gap in sorted(out.finalists, key=lambda f: functools.cmp_to_key(_order)(f[0])):
+        layout = StageLayout.of(score.plan)
+        if score.result is None or (layout, w_gap) in seen:
+            continue
+        if len(seen) == POLISHED or (
+            max_evaluations is not None and out.evaluations >= max_evaluations
+        ):
+            return
+        seen.add((layout, w_gap))
+        if time.perf_counter() + _polish_seconds(problem, score, w_gap) > deadline:
+            out.finished = False
+            return
+        s = evaluate(rebuild(problem.skeleton(layout), problem, w_gap, pilot=True))
+        out.evaluations += 1
+        out.rounds.append(
+            Round(
+                len(out.rounds),
+                "polish",
+                "the pilot method's order for the layout of a search's best plan",
+                out.best.time,
+                s.time,
+            )
+        )
+        if s.better_than(out.best):
+            out.best = s
 
 
 def _best_shown(progress: Progress | None, before: float) -> Progress | None:
@@ -180,7 +256,13 @@ def _merge(a: TuneResult, b: TuneResult) -> TuneResult:
     rounds = a.rounds + [replace(r, number=r.number + offset) for r in b.rounds]
     best = b.best if b.best.better_than(a.best) else a.best
     return TuneResult(
-        best, rounds, a.evaluations + b.evaluations, b.finished, a.starts, b.interrupted
+        best,
+        rounds,
+        a.evaluations + b.evaluations,
+        b.finished,
+        a.starts,
+        b.interrupted,
+        finalists=a.finalists + b.finalists,
     )
 
 
@@ -286,6 +368,7 @@ class _Search:
             finished,
             [(name, s) for name, s, _, _ in starts],
             interrupted,
+            finalists=[(self.best, self.best_w_gap)],
         )
 
     def _starts(self, given: Sequence[Plan]) -> list[tuple[str, Score, StageLayout, bool]]:

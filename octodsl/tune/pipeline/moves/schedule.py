@@ -19,21 +19,25 @@ from dataclasses import replace
 
 import numpy as np
 
+from ....costs.table import Link
 from ....optable import KIND_CODE
 from ....plan import OpKind, Plan
 from ....sim import SimResult
+from ....sim.costs import SimCosts
 from ....sim.program import CodedOrders
 from ...problem import Problem
+from .. import construct
 from ..construct import build_schedule
 
 
-def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
+def rebuild(plan: Plan, problem: Problem, w_gap: bool, pilot: bool = False) -> Plan:
     """The plan with the list scheduler's order for its partition and placement, within the
-    problem's memory limit. The problem keeps the latest `_KEPT_ORDERS` (a search comes back
+    problem's memory limit (`pilot`: improved by the pilot method, construct.build_schedule).
+    The problem keeps the latest `_KEPT_ORDERS` (a search comes back
     to the same layout from other moves); a plan built from them shares their device orders
     and codes (`CodedOrders`: never edited in place) in a list of its own."""
     costs = problem.sim_costs(plan)
-    key = (id(costs), tuple(plan.stage_device()), w_gap)
+    key = (id(costs), tuple(plan.stage_device()), w_gap, pilot)
     kept = problem.schedules
     hit = kept.get(key)
     if hit is not None and hit[0] is costs:
@@ -41,14 +45,7 @@ def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
         orders = hit[1]
         assert isinstance(orders, CodedOrders) and orders.codes is not None
         return replace(plan, schedule=CodedOrders(orders, orders.codes))
-    built = build_schedule(
-        plan,
-        costs,
-        problem.link,
-        problem.memory,
-        w_gap=w_gap,
-        inter_link=problem.inter_link,
-    )
+    built = _build(plan, problem, w_gap, pilot)
     kept[key] = (costs, built.schedule)
     if len(kept) > _KEPT_ORDERS:
         kept.popitem(last=False)
@@ -57,6 +54,22 @@ def rebuild(plan: Plan, problem: Problem, w_gap: bool) -> Plan:
 
 _KEPT_ORDERS = 64
 """Orders `rebuild` keeps per problem (up to a few MB: each holds its slots' references)."""
+
+
+def _build(plan: Plan, problem: Problem, w_gap: bool, pilot: bool) -> Plan:
+    return build_schedule(*_args(plan, problem, w_gap), pilot=pilot)
+
+
+def pilot_seconds(plan: Plan, problem: Problem, w_gap: bool) -> float:
+    """About how long `rebuild(..., pilot=True)` takes on `plan` (construct.pilot_seconds)."""
+    return construct.pilot_seconds(*_args(plan, problem, w_gap))
+
+
+def _args(
+    plan: Plan, problem: Problem, w_gap: bool
+) -> tuple[Plan, SimCosts, Link, int | None, bool, Link | None]:
+    """The list scheduler's arguments for `plan` under the problem's costs and memory limit."""
+    return plan, problem.sim_costs(plan), problem.link, problem.memory, w_gap, problem.inter_link
 
 
 def advance(plan: Plan, device: int, src: int, dst: int) -> Plan:
