@@ -333,6 +333,14 @@ def _ready_b(x, st, s, mb):
     return r
 
 
+@njit(refcounts=False, inline=True)
+def _forward_fits(x, st, d, s):
+    """Whether stage s's next forward fits device d's budget: its activations, and for the
+    device's first stage (which starts a micro-batch there) room for the rest of it."""
+    need = x.act[s] + (x.room[d] if s == x.stages[x.dev_ptr[d]] else 0.0)
+    return st.memory[d] + need <= x.budget[d]
+
+
 @njit(refcounts=False)
 def _decide(x, st, d):
     """Device d's next action: (time, kind, stage), kind -1 when it has nothing it can run yet.
@@ -352,8 +360,7 @@ def _decide(x, st, d):
             best_b, tb = s, r
         r = st.ready_f[s]
         if r < _INF:
-            need = x.act[s] + (x.room[d] if s == x.stages[x.dev_ptr[d]] else 0.0)
-            if st.memory[d] + need > x.budget[d]:
+            if not _forward_fits(x, st, d, s):
                 if blocked < 0 or r < st.ready_f[blocked]:
                     blocked = s
             else:
@@ -594,10 +601,9 @@ def _may_run(x, st, d, kind, s):
     t0 = st.device_free[d]
     if kind == 0:
         r = st.ready_f[s]
-        if r == _INF:
+        if r == _INF or not _forward_fits(x, st, d, s):
             return _INF
-        need = x.act[s] + (x.room[d] if s == x.stages[x.dev_ptr[d]] else 0.0)
-        return _INF if st.memory[d] + need > x.budget[d] else max(r, t0)
+        return max(r, t0)
     if kind == 1:
         r = st.ready_b[s]
         if r == _INF or st.memory[d] + x.act_b[s] > x.cap[d]:

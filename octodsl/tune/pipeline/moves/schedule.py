@@ -27,7 +27,6 @@ from ....sim.costs import SimCosts
 from ....sim.program import CodedOrders
 from ...problem import Problem
 from .. import construct
-from ..construct import build_schedule
 
 
 def rebuild(plan: Plan, problem: Problem, w_gap: bool, pilot: bool = False) -> Plan:
@@ -45,7 +44,7 @@ def rebuild(plan: Plan, problem: Problem, w_gap: bool, pilot: bool = False) -> P
         orders = hit[1]
         assert isinstance(orders, CodedOrders) and orders.codes is not None
         return replace(plan, schedule=CodedOrders(orders, orders.codes))
-    built = _build(plan, problem, w_gap, pilot)
+    built = construct.build_schedule(*_args(plan, problem, w_gap, costs), pilot=pilot)
     kept[key] = (costs, built.schedule)
     if len(kept) > _KEPT_ORDERS:
         kept.popitem(last=False)
@@ -56,20 +55,17 @@ _KEPT_ORDERS = 64
 """Orders `rebuild` keeps per problem (up to a few MB: each holds its slots' references)."""
 
 
-def _build(plan: Plan, problem: Problem, w_gap: bool, pilot: bool) -> Plan:
-    return build_schedule(*_args(plan, problem, w_gap), pilot=pilot)
-
-
 def pilot_seconds(plan: Plan, problem: Problem, w_gap: bool) -> float:
     """About how long `rebuild(..., pilot=True)` takes on `plan` (construct.pilot_seconds)."""
-    return construct.pilot_seconds(*_args(plan, problem, w_gap))
+    return construct.pilot_seconds(*_args(plan, problem, w_gap, problem.sim_costs(plan)))
 
 
 def _args(
-    plan: Plan, problem: Problem, w_gap: bool
+    plan: Plan, problem: Problem, w_gap: bool, costs: SimCosts
 ) -> tuple[Plan, SimCosts, Link, int | None, bool, Link | None]:
-    """The list scheduler's arguments for `plan` under the problem's costs and memory limit."""
-    return plan, problem.sim_costs(plan), problem.link, problem.memory, w_gap, problem.inter_link
+    """The list scheduler's arguments for `plan` with its `costs` under the problem's memory
+    limit."""
+    return plan, costs, problem.link, problem.memory, w_gap, problem.inter_link
 
 
 def advance(plan: Plan, device: int, src: int, dst: int) -> Plan:
