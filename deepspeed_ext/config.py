@@ -113,8 +113,7 @@ def batch_config(
     `default_microbatch_size` (the model's default, which `octodsl simulate` assumes too). Sizes
     the config gives (train_batch_size included, as DeepSpeed derives the others from it) must
     agree: PlanLaunchError naming both values and both sources otherwise."""
-    plan_name = plan_name or f'the plan "{plan.header.name}"'
-    config_name = config_name or "the DeepSpeed config"
+    plan_name, config_name = _names(plan, plan_name, config_name)
     given = _validate(_Batch, config, "", config_name)
     dp, m = plan.header.dp, plan.microbatches
     stated = plan.header.microbatch_size
@@ -171,8 +170,7 @@ def zero_config(
     `reduce_scatter` the config gives must agree: PlanLaunchError naming both values and both
     files otherwise. `zero 2` is refused: DeepSpeed's pipeline
     engine runs stages 0 and 1 only."""
-    plan_name = plan_name or f'the plan "{plan.header.name}"'
-    config_name = config_name or "the DeepSpeed config"
+    plan_name, config_name = _names(plan, plan_name, config_name)
     zero = plan.header.zero
     if isinstance(config.get("zero_optimization"), bool):
         raise PlanLaunchError(
@@ -264,8 +262,7 @@ def accum_config(
     where it names one (its costs assume it: octodsl.costs.param_bytes). One the config gives
     must agree with the plan's, or with DeepSpeed's default, the model's dtype, when the plan
     names none: PlanLaunchError naming both otherwise."""
-    plan_name = plan_name or f'the plan "{plan.header.name}"'
-    config_name = config_name or "the DeepSpeed config"
+    plan_name, config_name = _names(plan, plan_name, config_name)
     wanted = plan.header.grad_accum_dtype
     section = _validate(_DataTypes, config, "", config_name).data_types
     given = None if section is None else section.grad_accum_dtype
@@ -300,8 +297,7 @@ def check_ep_precision(
     h = plan.header
     if h.ep == 1:
         return
-    plan_name = plan_name or f'the plan "{h.name}"'
-    config_name = config_name or "the DeepSpeed config"
+    plan_name, config_name = _names(plan, plan_name, config_name)
     if h.zero:
         raise PlanLaunchError(
             f"{plan_name} runs ep {h.ep} with `zero {h.zero}`, which octodsl's executor does not "
@@ -341,9 +337,8 @@ def plan_config(
     if h.tp == 1:
         return config
     if h.scatter_gather_messages and not h.sp:
-        plan_name = plan_name or f'the plan "{h.name}"'
         raise PlanLaunchError(
-            f"{plan_name} says `scatter_gather_messages true` (each tp GPU sends 1/tp of a "
+            f"{_names(plan, plan_name, config_name)[0]} says `scatter_gather_messages true` (each tp GPU sends 1/tp of a "
             "pipeline message), but octodsl's executor sends whole activations: drop it, or "
             "give `sequence_parallel true`"
         )
@@ -355,6 +350,12 @@ def plan_config(
             "grad_partitioned": False,
         },
     }
+
+
+def _names(plan: Plan, plan_name: str | None, config_name: str | None) -> tuple[str, str]:
+    """How messages name the plan and the config: as given, else 'the plan "NAME"' and 'the
+    DeepSpeed config'."""
+    return plan_name or f'the plan "{plan.header.name}"', config_name or "the DeepSpeed config"
 
 
 def _validate(model: type[BaseModel], data: dict, prefix: str, name: str | None):
