@@ -18,7 +18,8 @@ ring collectives of the tp group on the node's link (`Link.ring`) and added to t
 them: Megatron runs them in line with the compute by default, so they are on the op's critical
 path. With `overlap_tp` (the plan's `overlap_tp_comm`, Megatron's `--tp-comm-overlap`) each
 op's collectives run under its GEMMs instead, as far as those last: `min(comm, gemms)` of them
-is hidden (`LayerCost.tp_hidden_f`, ...), the rest stays on the op.
+is hidden, less what the collectives slow the GEMMs under them by holding SMs (`CommSms.tp`):
+the seconds saved (`LayerCost.tp_hidden_f`, ...) come off the op, the rest stays on it.
 
 Under expert parallelism (`ep`, `octodsl.models.ep`) each MoE layer holds 1 / ep of the routed
 experts, runs its local experts' GEMMs at the busiest rank's rows (work.py), and its F and B each
@@ -27,6 +28,8 @@ the tp collectives and kept apart as `LayerCost.ep_f`, `ep_b`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ..models.ep import local_routed_params
 from ..models.spec import ModelSpec
@@ -56,6 +59,28 @@ _PASSES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
 
 def _comm(collectives: tuple[Collective, ...], tp: int, link: Link) -> float:
     return sum(link.ring(nbytes, tp, _PASSES[kind]) for kind, nbytes in collectives)
+
+
+def _tp_overlap_saved(
+    work: Work,
+    comm: tuple[float, float, float],
+    gemm: tuple[float, float, float],
+    tp: int,
+    link: Link,
+    device: Device,
+) -> tuple[float, float, float]:
+    """What `overlap_tp` saves of F's, B's and W's tp collectives: the seconds under the op's
+    GEMMs, `min(comm, gemms)`, less what the collectives slow those GEMMs by holding SMs
+    (`CommSms.tp`): Transformer Engine's userbuffers run the reduce-scatters (and any
+    all-reduce) of F and B and the all-gathers of W on SMs, the all-gathers of F and B on the
+    copy engine."""
+    slow = device.overlap_slowdown(device.comm_sms.tp)
+    saved = []
+    for op, c, g in zip((work.tp_f, work.tp_b, work.tp_w), comm, gemm, strict=True):
+        on_sms = _comm(tuple(x for x in op if op is work.tp_w or x[0] != "all-gather"), tp, link)
+        hidden = min(c, g)
+        saved.append(hidden - slow * hidden * (on_sms / c if c > 0 else 0.0))
+    return saved[0], saved[1], saved[2]
 
 
 def _gemms(gemms: tuple[Gemm, ...], device: Device, dtype: str, e: int) -> float:
@@ -139,7 +164,7 @@ def analytical_costs(
         tp_f, tp_b, tp_w = (_comm(c, tp, link) for c in (work.tp_f, work.tp_b, work.tp_w))
         a2a = sum(all_to_all_time(nbytes, ep, a2a_links) for nbytes in work.all_to_all)
         hidden = (
-            tuple(min(c, g) for c, g in zip((tp_f, tp_b, tp_w), gemm, strict=True))
+            _tp_overlap_saved(work, (tp_f, tp_b, tp_w), gemm, tp, link, device)
             if overlap_tp
             else (0.0, 0.0, 0.0)
         )
@@ -196,6 +221,8 @@ def analytical_costs(
             "sp": sp,
             "overlap_tp_comm": overlap_tp,
             "message_overhead": device.overheads.message_seconds,
+            "sms": device.gemm.sms,
+            "comm_sms": dataclasses.asdict(device.comm_sms),
             "scatter_gather_messages": scatter_gather,
             "ep": ep,
         },

@@ -15,7 +15,8 @@ and link files", has a complete example):
     inter_node_link: ib-ndr
 
 and optionally `description`, `source`, `attention` (measured flash-attention curves),
-`efficiency` and `overheads` (the training framework's per-op costs). A link file gives `name`, `latency` (seconds), `bandwidth` (bytes per second) and
+`efficiency`, `overheads` (the training framework's per-op costs) and `comm_sms` (the SMs an
+overlapped collective takes from the compute under it). A link file gives `name`, `latency` (seconds), `bandwidth` (bytes per second) and
 optionally `source`.
 
 Every value is validated here, in one place, and refused with one line naming the file and the
@@ -60,11 +61,14 @@ from ..inputs import kind_of as _kind
 from ..units import exact_size, parse_size
 from .attention import AttentionCurve, AttentionModel
 from .devices import (
+    A100_COMM_SMS,
+    A100_SMS,
     CUBLAS_TILES,
     DEVICES,
     GEMM_CALIBRATION,
     LINKS,
     MEGATRON_A100_OVERHEADS,
+    CommSms,
     Device,
     Efficiency,
     Overheads,
@@ -252,6 +256,7 @@ Latency = Annotated[float, PlainValidator(_real(0.0, MAX_LATENCY, " s"))]
 Fraction = Annotated[float, PlainValidator(_FRACTION)]
 Bytes = Annotated[int, PlainValidator(_size)]
 Sms = Annotated[int, PlainValidator(_whole(1, MAX_SMS))]
+CommSmCount = Annotated[int, PlainValidator(_whole(0, MAX_SMS))]
 HeadDim = Annotated[int, PlainValidator(_whole(1, MAX_HEAD_DIM))]
 SeqLen = Annotated[int, PlainValidator(_whole(1, limits.MAX_SEQ_LEN))]
 TFlops = Annotated[float, PlainValidator(_real(MIN_RATE / 1e12, MAX_TFLOPS, " TFLOP/s"))]
@@ -497,6 +502,44 @@ class OverheadsFile(_Strict):
     the send and the receive), 0 to 1."""
 
 
+class CommSmsFile(_Strict):
+    """SMs an overlapped collective holds while it runs under compute (`CommSms`), each 0 to
+    `MAX_SMS` and fewer than `gemm.sms`. One left out is a DGX A100's (`A100_COMM_SMS`): tp
+    and dp_node as its share of the device's SMs, dp_per_gpu and dp_max as they are."""
+
+    tp: CommSmCount | None = None
+    """Transformer Engine's userbuffers kernel of an overlapped tp collective (TE's
+    `num_sm`, 16 by default)."""
+    dp_node: CommSmCount | None = None
+    """NCCL's ring collective of a data-parallel group inside one node: its channels (NCCL's
+    log says "N coll channels" with NCCL_DEBUG=INFO)."""
+    dp_per_gpu: CommSmCount | None = None
+    """The same across nodes: channels per GPU the group has in a node."""
+    dp_max: CommSmCount | None = None
+    """The most channels of a ring across nodes."""
+
+    def comm_sms(self, sms: int | None) -> CommSms:
+        """The CommSms of a device with `sms` SMs (None: a CPU, which loses none); ValueError
+        (prefixed with the field) for one that would hold every SM."""
+        if sms is None:
+            return CommSms()
+        a100 = A100_COMM_SMS
+        got = {}
+        for what, given, default in (
+            ("tp", self.tp, round(a100.tp * sms / A100_SMS)),
+            ("dp_node", self.dp_node, round(a100.dp_node * sms / A100_SMS)),
+            ("dp_per_gpu", self.dp_per_gpu, a100.dp_per_gpu),
+            ("dp_max", self.dp_max, a100.dp_max),
+        ):
+            if given is not None and given >= sms and what != "dp_per_gpu":
+                raise ValueError(
+                    f"comm_sms.{what}: {given} of the {sms} SMs (gemm.sms) would leave the "
+                    "compute under the collective none: give fewer"
+                )
+            got[what] = min(sms - 1, default) if given is None else given
+        return CommSms(**got)
+
+
 class DeviceFile(_Strict):
     """A device file: one pipeline device (one GPU), as `Device` holds it."""
 
@@ -526,6 +569,9 @@ class DeviceFile(_Strict):
     `Efficiency`)."""
     overheads: OverheadsFile = OverheadsFile()
     """Per-op overheads of the training framework (defaults as `Device.overheads`)."""
+    comm_sms: CommSmsFile = CommSmsFile()
+    """SMs an overlapped collective takes from the compute under it (`CommSmsFile`; a device
+    without `gemm.sms`, a CPU, loses none)."""
     node_link: LinkRef = "nvlink"
     """The link between GPUs of one node (tp collectives, pipeline messages and dp collectives
     inside it; default nvlink)."""
@@ -576,6 +622,7 @@ class DeviceFile(_Strict):
         links = [
             v if isinstance(v, str) else v.link() for v in (self.node_link, self.inter_node_link)
         ]
+        comm = self.comm_sms.comm_sms(g.sms)
         o = self.overheads
         return Device(
             self.name,
@@ -589,6 +636,7 @@ class DeviceFile(_Strict):
             None if self.attention is None else self.attention.model(),
             eff,
             Overheads(o.f_seconds, o.b_seconds, o.f_bytes, o.b_bytes, o.message_seconds),
+            comm,
             node_link=links[0],
             inter_node_link=links[1],
             source=self.source,
@@ -756,6 +804,13 @@ def device_data(device: Device) -> dict:
         "b_bytes": o.b_bytes,
         "message_seconds": o.message_seconds,
     }
+    c = device.comm_sms
+    out["comm_sms"] = {
+        "tp": c.tp,
+        "dp_node": c.dp_node,
+        "dp_per_gpu": c.dp_per_gpu,
+        "dp_max": c.dp_max,
+    }
     out["node_link"] = _link_ref(device.node_link)
     out["inter_node_link"] = _link_ref(device.inter_node_link)
     return out
@@ -797,6 +852,10 @@ _COMMENTS = {
     ("overheads", "f_bytes"): "bytes per activation element a forward moves beyond its kernels",
     ("overheads", "b_bytes"): "the same per backward",
     ("overheads", "message_seconds"): "per pipeline message, beyond its link's time",
+    ("comm_sms", "tp"): "SMs an overlapped tp collective takes from the GEMMs under it",
+    ("comm_sms", "dp_node"): "NCCL channels (SMs) of a data-parallel ring in one node",
+    ("comm_sms", "dp_per_gpu"): "across nodes: per GPU of the ring in a node",
+    ("comm_sms", "dp_max"): "across nodes: at most",
 }
 """Comments `to_yaml` writes after a field's value, by (parent field, field)."""
 

@@ -59,6 +59,36 @@ with each one's bandwidth, the seconds are the host's); docs/models-and-costs.md
 
 
 @dataclass(frozen=True, slots=True)
+class CommSms:
+    """SMs a collective's kernel holds while it runs under compute: the compute it overlaps
+    runs on the others, so an overlap hides a collective's seconds but costs its share of the
+    SMs for as long ("NCCL CTAs won't share an SM with compute kernels", NVIDIA/nccl issue
+    #1656, quoting #689). docs/models-and-costs.md, "Overlaps"."""
+
+    tp: int = 0
+    """Transformer Engine's userbuffers kernel of an overlapped tensor-parallel collective
+    (`overlap_tp_comm`): 16, TE's default `num_sm` (transformer_engine/pytorch/module/base.py,
+    `add_ub`, v1.8), which Megatron-LM passes unchanged without a --tp-comm-overlap-cfg. It
+    holds them for the reduce-scatters of F and B and the all-gathers of W (the `pipeline`
+    and `bulk` methods); the all-gathers of F and B go round a ring exchange on the copy
+    engine (`ring_exchange`, `use_ce`), without SMs."""
+    dp_node: int = 0
+    """NCCL's ring collective of a data-parallel group inside one node (`overlap_grad_reduce`,
+    `overlap_param_gather`, ZeRO 2's reduce-scatters): one CTA per channel."""
+    dp_per_gpu: int = 0
+    """The same across nodes: channels per GPU the group has in a node (NCCL's ring search
+    gives each GPU's own NIC one channel, then doubles them, and on Hopper doubles again)."""
+    dp_max: int = 0
+    """The most channels of a ring across nodes."""
+
+    def dp(self, gpus_per_node: int, spans_nodes: bool) -> int:
+        """The SMs of a data-parallel ring with `gpus_per_node` of its GPUs in each node."""
+        if not spans_nodes:
+            return self.dp_node
+        return min(self.dp_max, self.dp_per_gpu * gpus_per_node)
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One pipeline device: peak rates, memory bandwidth and size, and how its kernels reach
     them."""
@@ -82,6 +112,8 @@ class Device:
     efficiency: Efficiency = field(default_factory=Efficiency)
     overheads: Overheads = MEGATRON_A100_OVERHEADS
     """Per-op overheads of a training framework's layers on this device (`Overheads`)."""
+    comm_sms: CommSms = CommSms()
+    """SMs an overlapped collective takes from the compute under it (`CommSms`; none on a CPU)."""
     node_link: str | Link = "nvlink"
     """The link between GPUs of one node: tensor-parallel collectives, and pipeline messages and
     data-parallel collectives that stay in the node. A built-in's name (`LINKS`), or a device
@@ -100,6 +132,11 @@ class Device:
     def bandwidth(self) -> float:
         """Achievable bytes per second of memory-bound kernels."""
         return self.mem_bandwidth * self.efficiency.bandwidth
+
+    def overlap_slowdown(self, sms: int) -> float:
+        """The fraction of its rate the compute loses while a collective holding `sms` of its
+        SMs runs under it (0 on a device without SMs)."""
+        return min(1.0, sms / self.gemm.sms) if self.gemm.sms else 0.0
 
 
 _GB = 10**9
@@ -168,7 +205,9 @@ _A100_MAMF = (0.869, (1024, 10240, 5120))
 """A100 SXM: 271.2 of 312 TFLOP/s at 1024 x 10240 x 5120 (MAMF)."""
 _HOPPER_MAMF = (0.803, (2048, 2048, 13312))
 """H100 SXM: 794.5 of 989 TFLOP/s at 2048 x 2048 x 13312 (MAMF)."""
-_A100_GEMM = _tensor_core_gemm(*_A100_MAMF, 108, 312e12, 0.8 * _A100_BW)
+A100_SMS = 108
+"""An A100's SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper)."""
+_A100_GEMM = _tensor_core_gemm(*_A100_MAMF, A100_SMS, 312e12, 0.8 * _A100_BW)
 _HOPPER_GEMM = _tensor_core_gemm(*_HOPPER_MAMF, 132, 989.4e12, 0.8 * _H100_BW)
 _MAMF_SOURCE = (
     "GEMM: Stas Bekman's Maximum Achievable Matmul FLOPS (ml-engineering, compute/accelerator)"
@@ -178,6 +217,25 @@ _HOPPER_SOURCE = (
     "TF32, 66.9 fp32; 3.35 TB/s HBM3); " + _MAMF_SOURCE + ", H100 SXM 80.3% at "
     "2048x2048x13312; attention: " + HOPPER_ATTENTION.source
 )
+
+_TE_UB_SMS = 16
+"""Transformer Engine's userbuffers SMs per overlapped tp collective (`CommSms.tp`)."""
+A100_COMM_SMS = CommSms(_TE_UB_SMS, 24, 2, 32)
+"""DGX A100 (12 NVLinks per GPU on NVSwitches, a 200 Gb/s NIC per GPU). NCCL's CTAs per ring,
+from its topology search (src/graph/search.cc, connect.cc, v2.18-2.21; run on a model of the
+node, docs/nccl-channels.md): in one node 12 channels, doubled, 24 (NVIDIA/nccl
+issue #1225: "For dgxA100, 12 nvlink and 24 cta for allreduce case"); across nodes one per GPU's
+NIC (24 GB/s each, its PCIe link's), doubled: 2 per GPU (NVIDIA/nccl issue #812: 8 channels of
+24 GB/s, 192 GB/s on 8 x 200G), up to MAXCHANNELS, 32."""
+_H100_COMM = CommSms(_TE_UB_SMS, 24, 4, 16)
+"""DGX H100 (18 NVLinks, a 400 Gb/s NIC per GPU), NCCL 2.20-2.21: in one node 12 channels,
+doubled, 24 (the search on a model of the node; no log found); across nodes one channel per
+GPU's NIC, doubled, and doubled again on Hopper below 16 channels (connect.cc: `nChannels <
+16`): 4 per GPU, 16 at 8 GPUs a node (NVIDIA/nccl issue #1453's log on 3 nodes of 8 H100s:
+"Channel 00/16"; issue #1291's on one GH200 a node: "Channel 00/04")."""
+_H800_COMM = CommSms(_TE_UB_SMS, 16, 4, 16)
+"""H800 (8 NVLinks): 16 channels in one node (NVIDIA/nccl issue #892's log: "16 coll
+channels"); across nodes as the H100's."""
 
 DEVICES: dict[str, Device] = {
     d.name: d
@@ -192,6 +250,7 @@ DEVICES: dict[str, Device] = {
             80 * _GB,
             _HOPPER_GEMM,
             HOPPER_ATTENTION,
+            comm_sms=_H800_COMM,
             source="H100 SXM's compute and memory: " + _HOPPER_SOURCE,
         ),
         Device(
@@ -204,6 +263,7 @@ DEVICES: dict[str, Device] = {
             80 * _GB,
             _HOPPER_GEMM,
             HOPPER_ATTENTION,
+            comm_sms=_H100_COMM,
             node_link="nvlink4",
             source=_HOPPER_SOURCE,
         ),
@@ -217,6 +277,7 @@ DEVICES: dict[str, Device] = {
             141 * _GB,
             _HOPPER_GEMM,
             HOPPER_ATTENTION,
+            comm_sms=_H100_COMM,
             node_link="nvlink4",
             source="NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s; H100 SXM's compute): "
             + _HOPPER_SOURCE,
@@ -231,6 +292,7 @@ DEVICES: dict[str, Device] = {
             80 * _GB,
             _A100_GEMM,
             A100_ATTENTION,
+            comm_sms=A100_COMM_SMS,
             node_link="nvlink3",
             inter_node_link="ib-hdr",
             source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB: 312 TFLOP/s dense bf16, "

@@ -53,8 +53,9 @@ class LayerCost:
     """Of `w`, the seconds of its tensor-parallel collectives (the input's all-gather again
     under sequence parallelism)."""
     tp_hidden_f: float = 0.0
-    """Of `tp_f`, the seconds that run under the layer's GEMMs and so are not in `f` (Megatron's
-    `--tp-comm-overlap`, the plan's `overlap_tp_comm`; 0 without it)."""
+    """Of `tp_f`, the seconds the overlap saves and so are not in `f` (Megatron's
+    `--tp-comm-overlap`, the plan's `overlap_tp_comm`; 0 without it): those that run under the
+    layer's GEMMs, less what they slow the GEMMs by holding SMs (`devices.CommSms.tp`)."""
     tp_hidden_b: float = 0.0
     tp_hidden_w: float = 0.0
     update: float = 0.0
@@ -126,7 +127,7 @@ class StageCost:
     tp_w: float = 0.0
     """Of `w`, seconds of tensor-parallel collectives."""
     tp_hidden_f: float = 0.0
-    """Of `tp_f`, the seconds under the GEMMs (`overlap_tp_comm`), not in `f`."""
+    """Of `tp_f`, the seconds `overlap_tp_comm` saves (LayerCost.tp_hidden_f), not in `f`."""
     tp_hidden_b: float = 0.0
     tp_hidden_w: float = 0.0
     ep_f: float = 0.0

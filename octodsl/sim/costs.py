@@ -10,6 +10,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..costs import levers
+from ..costs.devices import CommSms
 from ..costs.param_bytes import ParamBytes, StaticBytes
 from ..costs.table import CostTable, StageCost
 from ..models.ep import ep_problem
@@ -74,6 +75,11 @@ class SimCosts:
     """Bytes that all-reduce moves on each of the two devices: the embedding's gradient in
     the runtime's accumulation dtype (DeepSpeed's BF16 optimizer's fp32 `_hp_grad` or the
     model's dtype `.grad`; Megatron-LM's `main_grad`)."""
+    comm_sms: CommSms = CommSms()
+    """The SMs a collective holds while it runs under compute, of `sms` (the device's
+    `Device.comm_sms`; none for measured costs)."""
+    sms: int = 0
+    """The device's SMs (0: unknown, or a CPU)."""
     _columns: dict[str, np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -178,6 +184,8 @@ class SimCosts:
             h.ep,
             -1 if copy is None else copy,
             0.0 if copy is None else table.grad_params(0, 0) * DTYPE_BYTES[held.accum_dtype],
+            CommSms(**table.meta.get("comm_sms", {})),
+            int(table.meta.get("sms", 0)),
         )
 
 

@@ -125,7 +125,8 @@ class DpComm:
     all_gather: np.ndarray
     """Per device: seconds of its all-gather of the updated parameters (zero >= 1)."""
     reduction_hidden: np.ndarray
-    """Per device: of its gradient reduction's seconds, the ones under its own compute."""
+    """Per device: of its gradient reduction's seconds, the ones its overlap saves: under its
+    own compute, less what they slow it (`slowed`)."""
     span_ptr: np.ndarray
     """CSR offsets: device d's gradient reductions, in stream order, are span_ptr[d]:span_ptr[d + 1]."""
     span_dev: np.ndarray
@@ -142,7 +143,8 @@ class DpComm:
     """Per device: when its all-gather starts (its step's end)."""
     gather_exposed: np.ndarray
     """Per device: the seconds of its all-gather the iteration waits for (all of it, but the
-    part under the next forwards with `overlap_param_gather`)."""
+    part under the next forwards with `overlap_param_gather`, which costs the forwards the
+    SMs it holds)."""
     reduction_kind: str
     """The gradients' collective, 'allreduce' or 'reduce-scatter' (`Zero.reduction`)."""
     tied: np.ndarray
@@ -154,6 +156,11 @@ class DpComm:
     """The device whose readiness started the tied all-reduce (-1: none)."""
     tied_link: str
     """The name of the link it took ('' without one)."""
+    slowed: np.ndarray
+    """Per device: seconds its compute runs longer for the gradient reductions under it (the
+    SMs they hold), counted at its compute's end; not in `reduction_hidden`."""
+    compute_end: np.ndarray
+    """Per device: when its compute ends, `slowed` included."""
 
     def span_kind(self, j: int) -> str:
         """Span j's collective."""
@@ -220,6 +227,7 @@ def dp_comm(
     expert_share: np.ndarray | None = None,
     ep: int = 1,
     tied: TiedReduce | None = None,
+    slowdown: float | np.ndarray = 0.0,
 ) -> DpComm:
     """The data-parallel communication after walk `t`: `grad_bytes` per stage, `update` each
     device's optimizer-step seconds, over `ranks` copies on `links` (one per device; the
@@ -229,7 +237,9 @@ def dp_comm(
     reduce-scattered, or with `reduce_scatter` false all-reduced (the header's field).
     `expert_share`: per stage, the fraction of its parameters that are routed experts spread
     over an `ep` group, reduced (and gathered) over ranks / ep copies. `tied`: the tied
-    embeddings' all-reduce (None: no copy)."""
+    embeddings' all-reduce (None: no copy). `slowdown`: per device (or for all), the fraction
+    of its rate its compute loses while a collective runs under it (the SMs the collective
+    holds: `links.dp_overlap_slowdown`)."""
     P = p.devices
     stage = Zero(zero)
     kind = stage.reduction(reduce_scatter)
@@ -263,17 +273,16 @@ def dp_comm(
         tied = None
     before = tied is not None and tied.first
     if overlap_grad and not stage.shards_gradients and ranks > 1:
+        ring = reduction(grad_bytes, stage_links, False)
         ptr, start, end, op, held = _during_last_backwards(
-            p,
-            t.start,
-            t.end,
-            reduction(grad_bytes, stage_links, False),
-            stage_buckets.astype(float),
+            p, t.start, t.end, ring, stage_buckets.astype(float)
         )
         dev = np.repeat(np.arange(P), np.diff(ptr))
         whole = np.bincount(dev, weights=end - start, minlength=P)
         allreduce, scattered = split(whole)
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
+        # a span waits for its buckets between their collectives: these run its ring seconds
+        busy: np.ndarray = np.bincount(dev, weights=ring[p.op_stage[op]], minlength=P)
     elif stage.shards_gradients and ranks > 1:
         ptr, start, end, op, held = _after_each_w(
             p.order_ptr,
@@ -285,7 +294,8 @@ def dp_comm(
             reduction(grad_bytes, stage_links, False),
         )
         dev = np.repeat(np.arange(P), np.diff(ptr))
-        allreduce, scattered = split(np.bincount(dev, weights=end - start, minlength=P))
+        busy = np.bincount(dev, weights=end - start, minlength=P)
+        allreduce, scattered = split(busy)
         hidden = _under_compute(p.order_ptr, p.order_nodes, t.start, t.end, ptr, start, end)
     else:
         # One collective per device, once its compute and its messages are done: nothing of
@@ -300,14 +310,23 @@ def dp_comm(
         whole = reduction(device_bytes, links, True)
         end = start + whole
         allreduce, scattered = split(whole)
-        hidden = none
+        hidden = busy = none
+    # the compute under a collective runs on the SMs the collective leaves it, so what the
+    # overlap hides costs `slowdown` of it in compute seconds (of the collectives' running
+    # seconds, not their waits for buckets), at the device's compute's end
+    slowed = slowdown * np.minimum(hidden, busy)
+    hidden = hidden - slowed
+    compute_end = t.dev_free + slowed
+    ready = np.maximum(compute_end, t.comm_free)
     span_tied = np.zeros(len(start), bool)
     tied_from = -1
     if tied is not None:
         ptr, dev, start, end, op, held, span_tied, tied_from = _with_tied(
             ptr, start, end, op, held, ready, tied.devices, tied.seconds, before
         )
-    update_start = max(pipeline_time, float(end.max(initial=0.0)))
+    update_start = max(
+        pipeline_time, float(compute_end.max(initial=0.0)), float(end.max(initial=0.0))
+    )
     stage_params = grad_bytes if param_bytes is None else param_bytes
     gathered = np.bincount(p.stage_device, weights=stage_params, minlength=P)
     gather = (
@@ -327,6 +346,7 @@ def dp_comm(
         per_device = np.maximum(1, np.bincount(p.stage_device, weights=stage_buckets, minlength=P))
         fwd = none if forward is None else forward
         exposed = np.maximum(gather / per_device, gather - fwd)
+        exposed = exposed + slowdown * (gather - exposed)  # the forwards under it run slower
     return DpComm(
         zero,
         ranks,
@@ -348,6 +368,8 @@ def dp_comm(
         span_tied,
         tied_from,
         "" if tied is None else tied.link,
+        slowed,
+        compute_end,
     )
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..costs.devices import CommSms
 from ..costs.table import Link
 from ..mesh import Mesh
 
@@ -74,6 +75,22 @@ def dp_links(intra: Link, inter: Link, spans_nodes: np.ndarray, rails: np.ndarra
         dp_link(intra, inter, x, k)
         for x, k in zip(spans_nodes.tolist(), rails.tolist(), strict=True)
     ]
+
+
+def dp_overlap_slowdown(
+    comm: CommSms, sms: int, spans_nodes: np.ndarray, rails: np.ndarray
+) -> np.ndarray:
+    """Per device: the fraction of its compute's rate a data-parallel collective running under
+    it takes: its ring's CTAs (`CommSms.dp`, by whether its group spans nodes and its GPUs per
+    node) over the device's SMs (0 without SMs)."""
+    if sms <= 0:
+        return np.zeros(len(spans_nodes))
+    return np.array(
+        [
+            min(1.0, comm.dp(k, x) / sms)
+            for x, k in zip(spans_nodes.tolist(), rails.tolist(), strict=True)
+        ]
+    )
 
 
 @functools.lru_cache(maxsize=64)

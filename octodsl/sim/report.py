@@ -59,6 +59,7 @@ _PATH_KINDS = {
     "message": "messages",
     "allreduce": "all-reduce",
     "reduce-scatter": "reduce-scatter",
+    "slowed": "compute slowed by the collectives under it",
     "update": "optimizer step",
     "all-gather": "all-gather",
     "tied-allreduce": "tied embeddings' all-reduce",

@@ -35,7 +35,9 @@ class Step:
 
     kind: str
     """'compute', 'message', or at the end of the iteration 'allreduce' or 'reduce-scatter'
-    (the gradients' reduction), 'update' (the optimizer step), 'all-gather' (ZeRO)."""
+    (the gradients' reduction), 'slowed' (a device's compute, longer by the SMs the
+    collectives under it held: `DpComm.slowed`), 'update' (the optimizer step), 'all-gather'
+    (ZeRO)."""
     label: str
     device: int
     """The device computing or communicating, or a message's sender."""
@@ -147,9 +149,13 @@ class SimResult:
 
     @functools.cached_property
     def busy(self) -> np.ndarray:
-        """Per device: compute seconds."""
+        """Per device: compute seconds (with what the gradient reductions under it slowed it:
+        `DpComm.slowed`)."""
         p = self.program
-        return np.bincount(p.node_dev, weights=self.node_dur, minlength=p.devices)
+        return (
+            np.bincount(p.node_dev, weights=self.node_dur, minlength=p.devices)
+            + self.dp_comm.slowed
+        )
 
     @functools.cached_property
     def idle(self) -> np.ndarray:
@@ -437,6 +443,13 @@ class SimResult:
                 )
             )
         steps = self._path_to(node, msg)[::-1] + reductions
+        if not spans and node >= 0:
+            d = int(p.node_dev[node])
+            if dpc.slowed[d] > 0:  # the collectives under its compute made it end later
+                t = float(self.end[node])
+                steps.append(
+                    Step("slowed", "compute slowed by collectives", d, t, t + float(dpc.slowed[d]))
+                )
         tail = self.update + dpc.gather_exposed
         if len(tail) and tail.max() > 0:
             d = int(np.argmax(tail))
@@ -464,7 +477,8 @@ class SimResult:
         p, dpc = self.program, self.dp_comm
         spans: list[int] = []  # last first
         node = msg = -1
-        if len(dpc.span_end) and dpc.span_end.max() > self.pipeline_time:
+        reduced = float(dpc.span_end.max()) if len(dpc.span_end) else 0.0
+        if reduced > max(self.pipeline_time, float(dpc.compute_end.max(initial=0.0))):
             # The reductions set the step's start: back along the stream that ended last.
             j = int(np.argmax(dpc.span_end))
             while True:
@@ -482,6 +496,10 @@ class SimResult:
                 node = int(np.searchsorted(p.op_ptr, k, side="right") - 1)
             else:
                 node, msg = self._last_on(d)
+        elif dpc.slowed.any() and dpc.compute_end.max() > self.pipeline_time:
+            # a device's compute, slowed by the collectives under it, ended last
+            d = int(np.argmax(dpc.compute_end))
+            node = int(p.order_nodes[p.order_ptr[d + 1] - 1])
         elif p.num_nodes:
             node = int(np.argmax(self.end))
         return node, msg, spans[::-1]

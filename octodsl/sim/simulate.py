@@ -17,7 +17,7 @@ from .bounds import ring_reduction_time
 from .core import Timeline, WalkGraph, comm_overlap, walk
 from .costs import SimCosts
 from .dpcomm import TiedReduce, buckets, dp_comm
-from .links import Links, cut_crosses_nodes, dp_rails, dp_spans_nodes
+from .links import Links, cut_crosses_nodes, dp_overlap_slowdown, dp_rails, dp_spans_nodes
 from .memory import memory
 from .program import KIND_CODE, SimProgram, compile
 from .result import Deferred, SimResult
@@ -135,6 +135,7 @@ def simulate(
         _expert_share(costs, grads),
         costs.ep,
         _tied(p, costs, links, ranks),
+        dp_overlap_slowdown(costs.comm_sms, costs.sms, dp_inter, rails),
     )
     iteration_time = dpc.update_start + (
         float((update + dpc.gather_exposed).max(initial=0.0)) + costs.step_overhead

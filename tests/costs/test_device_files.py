@@ -21,6 +21,7 @@ from octodsl.costs.devices import (
     CUBLAS_TILES,
     DEVICES,
     LINKS,
+    CommSms,
     Overheads,
     _tensor_core_gemm,
     get_device,
@@ -211,6 +212,26 @@ def test_overheads_default_to_the_devices(tmp_path):
     assert none.overheads == DEVICES["cpu"].overheads == Overheads()
 
 
+def test_comm_sms_default_to_a_dgx_a100s_share_of_the_sms(tmp_path):
+    """Left out: tp and dp_node as a DGX A100's share of the file's SMs (16 and 24 of 108),
+    the ring's channels per GPU across nodes and their cap as a DGX A100's; a CPU (no SMs)
+    loses none to a collective."""
+    d = load_device(_write(tmp_path, GPU, "a.yaml"))
+    assert d.comm_sms == CommSms(round(16 * 132 / 108), round(24 * 132 / 108), 2, 32)
+    assert d.comm_sms.dp(8, True) == 16 and d.comm_sms.dp(1, True) == 2
+    assert d.comm_sms.dp(8, False) == d.comm_sms.dp_node
+    given = load_device(
+        _write(tmp_path, _with(comm_sms={"tp": 8, "dp_per_gpu": 4, "dp_max": 16}), "b.yaml")
+    )
+    assert given.comm_sms == CommSms(8, round(24 * 132 / 108), 4, 16)
+    assert given.comm_sms.dp(8, True) == 16 and given.overlap_slowdown(16) == 16 / 132
+    cpu = load_device(_write(tmp_path, _with(gemm={"peak_fraction": 0.7}), "c.yaml"))
+    assert cpu.comm_sms == CommSms() and cpu.overlap_slowdown(16) == 0.0
+    # a tiny GPU's defaults leave its compute some SMs
+    tiny = load_device(_write(tmp_path, _with(gemm={"sms": 4, "peak_fraction": 0.7}), "d.yaml"))
+    assert max(tiny.comm_sms.tp, tiny.comm_sms.dp_node, tiny.comm_sms.dp_max) <= 3
+
+
 def test_a_device_files_own_links(tmp_path):
     data = _with(
         node_link={"name": "my-nvlink", "latency": 5e-6, "bandwidth": "3e11"},
@@ -317,6 +338,15 @@ BAD_VALUES = [
         "attention.forward.64.tflops.0: must be at least 1e-06 TFLOP/s",
     ),
     ({"efficiency": {"scan": 0}}, "efficiency.scan: must be at least 0.001"),
+    (
+        {"comm_sms": {"tp": 132}},
+        "comm_sms.tp: 132 of the 132 SMs (gemm.sms) would leave the compute under the "
+        "collective none: give fewer",
+    ),
+    ({"comm_sms": {"dp_max": 500}}, "comm_sms.dp_max: 500 of the 132 SMs"),
+    ({"comm_sms": {"dp_node": -1}}, "comm_sms.dp_node: must be at least 0"),
+    ({"comm_sms": {"dp_per_gpu": 2.5}}, "comm_sms.dp_per_gpu: must be a whole number"),
+    ({"comm_sms": {"dp": 8}}, "comm_sms: unknown field 'dp' (known: tp, dp_node"),
     ({"overheads": {"f_seconds": -1e-4}}, "overheads.f_seconds: must be at least 0 s"),
     ({"overheads": {"b_bytes": 1e7}}, "overheads.b_bytes: must be at most 1e+06 bytes"),
     (

@@ -10,7 +10,12 @@ import pytest
 
 from octodsl.costs.analytical import OPTIMIZER_BYTES, analytical_costs
 from octodsl.costs.attention import AttentionCurve
-from octodsl.costs.devices import A100_ATTENTION, MEGATRON_A100_OVERHEADS, get_device
+from octodsl.costs.devices import (
+    A100_ATTENTION,
+    MEGATRON_A100_OVERHEADS,
+    CommSms,
+    get_device,
+)
 from octodsl.costs.resolve import cost_table, header_costing
 from octodsl.gen import generate
 from octodsl.models import load_model
@@ -47,6 +52,34 @@ def test_tp_overlap_hides_at_most_the_gemms():
         assert b.f >= a.f - a.tp_f - 1e-15  # never faster than without any collective
     assert sum(b.tp_hidden_f for b in hidden.layers) > 0
     assert hidden.meta["overlap_tp_comm"] and not plain.meta["overlap_tp_comm"]
+
+
+def test_overlapped_tp_collectives_slow_the_gemms_by_the_sms_they_hold():
+    """Transformer Engine's userbuffers hold 16 SMs for the reduce-scatters of F and B and the
+    all-gather of W; F's and B's all-gathers run on the copy engine. Under sequence
+    parallelism F and B each run one all-gather and one reduce-scatter of the same bytes (so
+    half their seconds hold SMs) and W one all-gather (all of it)."""
+    spec = load_model("llama3-70b").with_shape(1, 4096)
+    h100 = get_device("H100")
+    free = dataclasses.replace(h100, comm_sms=CommSms())
+    held = analytical_costs(spec, h100, tp=8, overlap_tp=True)
+    unheld = analytical_costs(spec, free, tp=8, overlap_tp=True)
+    slow = 16 / 132
+    assert h100.overlap_slowdown(h100.comm_sms.tp) == slow
+    blocks = [
+        (a, b)
+        for a, b in zip(unheld.layers, held.layers, strict=True)
+        if a.kind in ("attention", "mlp")
+    ]
+    assert blocks
+    for a, b in blocks:
+        assert min(a.tp_hidden_f, a.tp_hidden_b, a.tp_hidden_w) > 0
+        assert b.tp_hidden_f == pytest.approx(a.tp_hidden_f * (1 - 0.5 * slow), rel=1e-12)
+        assert b.tp_hidden_b == pytest.approx(a.tp_hidden_b * (1 - 0.5 * slow), rel=1e-12)
+        assert b.tp_hidden_w == pytest.approx(a.tp_hidden_w * (1 - slow), rel=1e-12)
+        assert b.f - a.f == pytest.approx(a.tp_hidden_f - b.tp_hidden_f, abs=1e-15)
+    # a CPU (no SMs) loses nothing
+    assert get_device("cpu").overlap_slowdown(16) == 0.0
 
 
 def test_a_table_costed_without_the_plans_overlap_is_refused():

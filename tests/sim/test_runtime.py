@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from octodsl.costs import Link, StageCost, uniform_stage_costs
+from octodsl.costs.devices import CommSms
 from octodsl.costs.param_bytes import StaticBytes
 from octodsl.gen import generate
 from octodsl.plan import Plan
@@ -67,7 +69,7 @@ def test_blocking_sends_only_add_waits(name, p, m):
     )
 
 
-def _dp(plan: Plan, grads: float, **header):
+def _dp(plan: Plan, grads: float, link: Link = DP_LINK, slowdown: float = 0.0, **header):
     plan = _with(plan, dp=4, **header)
     stages = tuple(StageCost(1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0) for _ in range(plan.num_stages))
     return simulate(
@@ -79,9 +81,12 @@ def _dp(plan: Plan, grads: float, **header):
             zero=plan.header.zero,
             dp=4,
             grad_reduce_bytes=4.0,
+            # 4 copies of 2 devices: one node, where a ring holds `dp_node` of the 100 SMs
+            comm_sms=CommSms(dp_node=round(100 * slowdown)),
+            sms=100,
         ),
         FREE,
-        dp_link=DP_LINK,
+        dp_link=link,
     )
 
 
@@ -118,3 +123,59 @@ def test_the_overlapped_all_gather_hides_under_the_forwards():
     )
     # the all-gather moves the bf16 parameters, half the fp32 gradients' bytes
     assert plain.all_gather.tolist() == pytest.approx([3 * (300.0 / 4 / 100.0)] * 2)
+
+
+def test_the_collectives_under_compute_slow_it_by_the_sms_they_hold():
+    """A collective's kernel holds a quarter of the SMs: the compute under it loses a quarter
+    of its rate for the collective's running seconds, at the device's compute's end (the
+    reductions under the last backwards); an overlapped all-gather slows the next forwards."""
+    plan = generate("1f1b", 2, 4)
+    # 8e8 fp32 gradient bytes: 2e8 parameters, 5 buckets; a ring of 4 ranks takes 1 s
+    link = Link("dp", 0.0, 3 * 8e8 / 4)
+    header = {"zero": 1, "overlap_grad_reduce": True, "overlap_param_gather": True}
+    free = _dp(plan, 8e8, link, **header)
+    slow = _dp(plan, 8e8, link, slowdown=0.25, **header)
+    f, s = free.dp_comm, slow.dp_comm
+    assert f.slowed.tolist() == [0.0, 0.0]
+    # each device's last BW (2 s) runs under its reduction's whole second (its last bucket's
+    # fifth after it): a quarter of that second is lost
+    busy = np.array([1.0, 1.0])
+    assert f.reduction_hidden.min() >= 1.0 - 1e-9
+    assert s.slowed.tolist() == pytest.approx((0.25 * busy).tolist(), rel=1e-9)
+    assert s.reduction_hidden.tolist() == pytest.approx(
+        (f.reduction_hidden - s.slowed).tolist(), rel=1e-9
+    )
+    ends = [max(o.end for o in free.ops() if o.device == d) for d in range(2)]
+    assert s.compute_end.tolist() == pytest.approx((np.array(ends) + s.slowed).tolist())
+    assert s.update_start == pytest.approx(
+        max(float(s.compute_end.max()), float(s.span_end.max())), rel=1e-12
+    )
+    # the all-gather's part under the next forwards costs them a quarter of it
+    g, e = f.all_gather, f.gather_exposed
+    assert s.gather_exposed.tolist() == pytest.approx((e + 0.25 * (g - e)).tolist())
+    assert slow.iteration_time == pytest.approx(
+        s.update_start + float((slow.update + s.gather_exposed).max())
+    )
+    assert slow.iteration_time > free.iteration_time
+    # what the overlap costs is counted exposed, and the slowed seconds as compute
+    assert slow.exposed()["grad_reduce"].tolist() == pytest.approx(
+        (free.exposed()["grad_reduce"] + s.slowed).tolist()
+    )
+    assert slow.busy.tolist() == pytest.approx((free.busy + s.slowed).tolist())
+
+
+def test_the_critical_path_ends_in_the_slowed_compute_when_it_ends_last():
+    plan = generate("1f1b", 2, 4)
+    # one bucket of a short ring under a long BW: the reductions end before the slowed compute
+    link = Link("dp", 0.0, 3 * 8e8 / 4 * 10)  # 0.1 s
+    r = _dp(plan, 8e8, link, slowdown=0.5, zero=1, overlap_grad_reduce=True)
+    dpc = r.dp_comm
+    assert dpc.compute_end.max() > dpc.span_end.max()
+    path = r.critical_path()
+    kinds = [s.kind for s in path]
+    assert kinds[-2:] == ["slowed", "all-gather"]  # these stages have no optimizer step
+    slowed = path[-2]
+    assert slowed.end - slowed.start == pytest.approx(float(dpc.slowed[slowed.device]))
+    assert slowed.end == pytest.approx(dpc.update_start)
+    for a, b in zip(path, path[1:], strict=False):
+        assert b.start == pytest.approx(a.end, abs=1e-12)

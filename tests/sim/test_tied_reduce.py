@@ -98,7 +98,11 @@ def test_megatron_reduces_it_after_the_data_parallel_reduction(spec):
     tied = [s for s in spans if s.kind == "tied-allreduce"]
     assert [s.device for s in tied] == [0, 3]
     last_reductions = max(s.end for s in spans if s.device in (0, 3) and s.kind != tied[0].kind)
-    assert tied[0].start == tied[1].start == last_reductions
+    # ... and the two devices' compute, which the reductions under it slowed (their SMs)
+    dpc = r.dp_comm
+    assert dpc.slowed[[0, 3]].min() > 0
+    ready = max(last_reductions, float(dpc.compute_end[[0, 3]].max()))
+    assert tied[0].start == tied[1].start == ready
     for d in (0, 3):
         assert [s.kind for s in spans if s.device == d][-1] == "tied-allreduce"
     assert r.dp_comm.update_start == pytest.approx(tied[0].end, rel=0, abs=0)
