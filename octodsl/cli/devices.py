@@ -218,6 +218,16 @@ def _show_device(d) -> None:
             f"bandwidth {e.bandwidth:g}",
         ),
     ]
+    c = d.comm_sms
+    if g.sms:
+        rows.append(
+            (
+                "comm_sms",
+                f"SMs an overlapped collective takes from the compute under it: tp {c.tp}; "
+                f"data-parallel ring {c.dp_node} in one node, across nodes {c.dp_per_gpu} "
+                f"per GPU of it in a node, at most {c.dp_max}",
+            )
+        )
     for field in ("node_link", "inter_node_link"):
         link = get_link(getattr(d, field))
         rows.append((field, f"{link.name}: {_bandwidth(link)}, {_latency(link.latency)}"))

@@ -32,6 +32,7 @@ by resolved path, modification time and size.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import itertools
 import math
@@ -789,28 +790,10 @@ def device_data(device: Device) -> dict:
         out["attention"] = {"source": a.source, "forward": curves(a.forward)}
         if a.backward != a.forward:  # else the same (measured forward + backward together)
             out["attention"]["backward"] = curves(a.backward)
-    e = device.efficiency
-    out["efficiency"] = {
-        "attention": e.attention,
-        "scan": e.scan,
-        "vector": e.vector,
-        "bandwidth": e.bandwidth,
-    }
-    o = device.overheads
-    out["overheads"] = {
-        "f_seconds": o.f_seconds,
-        "b_seconds": o.b_seconds,
-        "f_bytes": o.f_bytes,
-        "b_bytes": o.b_bytes,
-        "message_seconds": o.message_seconds,
-    }
-    c = device.comm_sms
-    out["comm_sms"] = {
-        "tp": c.tp,
-        "dp_node": c.dp_node,
-        "dp_per_gpu": c.dp_per_gpu,
-        "dp_max": c.dp_max,
-    }
+    # the device's dataclasses field by field, as the file's mappings name them
+    out["efficiency"] = dataclasses.asdict(device.efficiency)
+    out["overheads"] = dataclasses.asdict(device.overheads)
+    out["comm_sms"] = dataclasses.asdict(device.comm_sms)
     out["node_link"] = _link_ref(device.node_link)
     out["inter_node_link"] = _link_ref(device.inter_node_link)
     return out
