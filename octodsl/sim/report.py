@@ -134,6 +134,7 @@ def to_json(
         "all_gather_time": result.all_gather.tolist(),
         "all_to_all_time": result.all_to_all.tolist(),
         "dp_comm_exposed": result.dp_exposed.tolist(),
+        "dp_slowed": result.dp_comm.slowed.tolist(),
         "runtime": {name: getattr(h, name) for name in RUNTIME_FIELDS},
         "exposed": {kind: seconds.tolist() for kind, seconds in result.exposed().items()},
         "update_time": result.update.tolist(),

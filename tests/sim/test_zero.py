@@ -163,6 +163,7 @@ def test_json_and_trace_carry_the_collectives():
     assert obj["reduce_scatter_time"] == r.reduce_scatter.tolist()
     assert obj["all_gather_time"] == r.all_gather.tolist()
     assert obj["dp_comm_exposed"] == r.dp_exposed.tolist()
+    assert obj["dp_slowed"] == r.dp_comm.slowed.tolist() == [0.0, 0.0]  # no SMs in the costs
     assert obj["param_bytes"] is None  # uniform costs: no per-parameter bytes
     assert obj["static"][0] == {"weights": None, "grads": None, "optimizer": None, "total": 0.0}
     assert [s["recompute"] for s in obj["stages"]] == ["none", "none"]
