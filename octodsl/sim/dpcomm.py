@@ -317,7 +317,7 @@ def dp_comm(
     slowed = slowdown * np.minimum(hidden, busy)
     hidden = hidden - slowed
     compute_end = t.dev_free + slowed
-    ready = np.maximum(compute_end, t.comm_free)
+    ready = np.maximum(compute_end, t.comm_free)  # for the tied all-reduce: the slowed compute
     span_tied = np.zeros(len(start), bool)
     tied_from = -1
     if tied is not None:
