@@ -372,6 +372,9 @@ class GemmFile(_Strict):
     (`CUBLAS_TILES`: 256x128, 128x256, 128x128, 128x64 at 2/3, 64x128 at 2/3, 64x64 at 1/2)."""
     k_ramp: Steps | None = None
     """Steps of k a tile's prologue and epilogue cost, 0 to 1,048,576 (default 0)."""
+    ceiling: Fraction | None = None
+    """Of the dense peak, the most any GEMM reaches (a measured best over shapes), 0.001 to
+    1 (default 1; with `mamf`, `mamf` itself)."""
     mamf: Fraction | None = None
     """Measured: the best bf16 GEMM's FLOP/s over the dense peak, 0.001 to 1 (Stas Bekman's
     "Maximum Achievable Matmul FLOPS" benchmark, ml-engineering, compute/accelerator)."""
@@ -390,10 +393,10 @@ class GemmFile(_Strict):
                 raise ValueError("mamf needs the shape it was measured at: shape: [m, n, k]")
             if self.sms is None:
                 raise ValueError("mamf calibrates the tile model: give sms too")
-            if given & {"tiles", "k_ramp"}:
+            if given & {"tiles", "k_ramp", "ceiling"}:
                 raise ValueError(
-                    "mamf calibrates cuBLAS's tiles and their ramp: give tiles "
-                    "and k_ramp with peak_fraction instead"
+                    "mamf calibrates cuBLAS's tiles, their ramp and the ceiling: give tiles, "
+                    "k_ramp and ceiling with peak_fraction instead"
                 )
         elif self.shape is not None:
             raise ValueError("shape goes with mamf (the measurement's shape)")
@@ -619,7 +622,9 @@ class DeviceFile(_Strict):
         else:
             assert g.peak_fraction is not None
             tiles = tuple(g.tiles) if g.tiles is not None else CUBLAS_TILES if g.sms else ()
-            gemm = GemmModel(g.peak_fraction, g.sms or 0, tiles, g.k_ramp or 0.0)
+            gemm = GemmModel(
+                g.peak_fraction, g.sms or 0, tiles, g.k_ramp or 0.0, g.ceiling or 1.0
+            )
         links = [
             v if isinstance(v, str) else v.link() for v in (self.node_link, self.inter_node_link)
         ]
@@ -770,6 +775,8 @@ def device_data(device: Device) -> dict:
             gemm["tiles"] = [[t.rows, t.cols, t.rate] for t in g.tiles]
         if g.sms and g.k_ramp:
             gemm["k_ramp"] = g.k_ramp
+        if g.ceiling < 1:
+            gemm["ceiling"] = g.ceiling
     out: dict[str, Any] = {
         "name": device.name,
         "description": device.description,
@@ -826,6 +833,7 @@ _COMMENTS = {
     ("gemm", "shape"): "... at this m, n, k",
     ("gemm", "peak_fraction"): "a well-shaped GEMM mainloop's share of peak_flops",
     ("gemm", "k_ramp"): "steps of k a tile's prologue and epilogue cost",
+    ("gemm", "ceiling"): "the most of peak_flops any GEMM reaches (a measured best)",
     ("efficiency", "attention"): "of peak_flops, for attention without measured curves",
     ("efficiency", "scan"): "of peak_flops, for chunked scans (Mamba2, DeltaNet)",
     ("efficiency", "vector"): "of vector_flops, for elementwise scans (Mamba1)",

@@ -48,7 +48,7 @@ class Overheads:
     synchronising them)."""
 
 
-MEGATRON_A100_OVERHEADS = Overheads(0.258e-3, 0.292e-3, 76.7, 9.5, 0.413e-3)
+MEGATRON_A100_OVERHEADS = Overheads(0.252e-3, 0.282e-3, 76.8, 9.9, 0.413e-3)
 """Fitted to ZeroBubble's per-op profile (Qi et al. 2024, arXiv 2401.10241, Table 6: T_F, T_B
 and T_comm of 1.5B-28.3B GPT models on A100s under Megatron-LM, without FlashAttention as the
 paper's code ran them) against this model's F and B of the same stages (least squares, per
@@ -166,12 +166,13 @@ def _tensor_core_gemm(
     SM's share of the bandwidth, while each step of its mainloop does 2 tm tn FLOPs at the SM's
     share of the rate: the epilogue is worth rate / bandwidth steps of k whatever the tile
     (`k_ramp`), which a GEMM over a short k (a weight gradient over one micro-batch's tokens)
-    pays most. The mainloop's rate is what makes the model give `mamf` at `shape`."""
+    pays most. The mainloop's rate is what makes the model give `mamf` at `shape`; being the
+    best of a search over shapes, `mamf` is also the most any shape gets (`GemmModel.ceiling`)."""
     ramp = mamf * peak / bandwidth
     unit = GemmModel(1.0, sms, CUBLAS_TILES, ramp)
     m, n, k = shape
     return GemmModel(
-        mamf / unit.efficiency(Gemm(m, n, k), peak, bandwidth, 2), sms, CUBLAS_TILES, ramp
+        mamf / unit.efficiency(Gemm(m, n, k), peak, bandwidth, 2), sms, CUBLAS_TILES, ramp, mamf
     )
 
 

@@ -48,6 +48,12 @@ class GemmModel:
     """The output tiles the library chooses between."""
     k_ramp: float = 0.0
     """Steps of k a tile's prologue and epilogue cost: a tile over k runs k + k_ramp steps."""
+    ceiling: float = 1.0
+    """Of the peak, the most any shape reaches: a measured maximum over a search of shapes
+    (MAMF, `devices._tensor_core_gemm`), which the tiles and waves of a larger GEMM would
+    otherwise exceed (on an A100 the power limit lowers the clock of the largest: Horace He,
+    "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable' Data",
+    2024)."""
 
     def seconds(self, g: Gemm, peak: float, bandwidth: float, element_bytes: int) -> float:
         """Time of `g` at a dense peak of `peak` FLOP/s and an achievable memory bandwidth of
@@ -65,7 +71,7 @@ class GemmModel:
             tiles = math.ceil(g.m / t.rows) * math.ceil(g.n / t.cols) * g.batch
             waves = math.ceil(tiles / self.sms)
             best = min(best, waves * 2.0 * t.rows * t.cols * steps / (per_sm * t.rate))
-        return max(best, memory)
+        return max(best, g.flops / (peak * self.ceiling), memory)
 
     def efficiency(self, g: Gemm, peak: float, bandwidth: float, element_bytes: int) -> float:
         """Achieved FLOP/s of `g` over the peak."""

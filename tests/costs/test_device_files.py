@@ -28,6 +28,7 @@ from octodsl.costs.devices import (
     get_link,
 )
 from octodsl.costs.gemm import GemmModel, Tile
+from octodsl.costs.work import Gemm
 from octodsl.costs.resolve import cost_table
 from octodsl.costs.table import Link
 from octodsl.errors import OctoError
@@ -168,12 +169,15 @@ def test_the_gemm_model_as_a_measurement_or_as_itself(tmp_path):
                     "peak_fraction": 0.9,
                     "tiles": [[128, 128], [64, 64, 0.5]],
                     "k_ramp": 32,
+                    "ceiling": 0.8,
                 }
             ),
             "c.yaml",
         )
     )
-    assert tiles.gemm == GemmModel(0.9, 100, (Tile(128, 128), Tile(64, 64, 0.5)), 32.0)
+    assert tiles.gemm == GemmModel(0.9, 100, (Tile(128, 128), Tile(64, 64, 0.5)), 32.0, 0.8)
+    # no shape beats the ceiling: the largest GEMM's tiles would reach 0.9 of the peak
+    assert tiles.gemm.efficiency(Gemm(16384, 16384, 16384), 1e15, 3e12, 2) == pytest.approx(0.8)
     cpu = load_device(_write(tmp_path, _with(gemm={"peak_fraction": 0.75}), "d.yaml"))
     assert cpu.gemm == GemmModel(0.75)
 
@@ -305,6 +309,11 @@ BAD_VALUES = [
     ({"gemm__shape": None}, "gemm: mamf needs the shape it was measured at"),
     ({"gemm__peak_fraction": 0.8}, "gemm: give peak_fraction or mamf, not both"),
     ({"gemm__tiles": [[128, 128]]}, "gemm: mamf calibrates cuBLAS's tiles"),
+    ({"gemm__ceiling": 0.7}, "gemm: mamf calibrates cuBLAS's tiles, their ramp and the ceiling"),
+    (
+        {"gemm": {"sms": 100, "peak_fraction": 0.9, "ceiling": 0}},
+        "gemm.ceiling: must be at least 0.001",
+    ),
     ({"gemm__shape": [64, 64, 64]}, "gemm.mamf: 0.8 at 64x64x64 would need a mainloop"),
     ({"gemm": {"peak_fraction": 0.8, "tiles": [[128, 128]]}}, "gemm: tiles and k_ramp need sms"),
     (
@@ -551,5 +560,5 @@ def test_the_docs_examples_load(tmp_path):
     assert load_link(tmp_path / "roce.yaml") == Link("roce-200g", 12e-6, 21e9)
     # every field of the schema appears in the example
     for name in (*df.DeviceFile.model_fields, *df.GemmFile.model_fields):
-        if name not in ("octodsl_version", "peak_fraction", "tiles", "k_ramp"):
+        if name not in ("octodsl_version", "peak_fraction", "tiles", "k_ramp", "ceiling"):
             assert f"{name}:" in device_text, name
