@@ -622,9 +622,7 @@ class DeviceFile(_Strict):
         else:
             assert g.peak_fraction is not None
             tiles = tuple(g.tiles) if g.tiles is not None else CUBLAS_TILES if g.sms else ()
-            gemm = GemmModel(
-                g.peak_fraction, g.sms or 0, tiles, g.k_ramp or 0.0, g.ceiling or 1.0
-            )
+            gemm = GemmModel(g.peak_fraction, g.sms or 0, tiles, g.k_ramp or 0.0, g.ceiling or 1.0)
         links = [
             v if isinstance(v, str) else v.link() for v in (self.node_link, self.inter_node_link)
         ]

@@ -28,9 +28,9 @@ from octodsl.costs.devices import (
     get_link,
 )
 from octodsl.costs.gemm import GemmModel, Tile
-from octodsl.costs.work import Gemm
 from octodsl.costs.resolve import cost_table
 from octodsl.costs.table import Link
+from octodsl.costs.work import Gemm
 from octodsl.errors import OctoError
 
 from ..conftest import REPO
