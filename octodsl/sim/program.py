@@ -268,6 +268,14 @@ class SimProgram:
         """Sum a per-op array over each node's ops."""
         return np.add.reduceat(per_op, self.op_ptr[:-1]) if self.grouped else per_op
 
+    def per_device(self, per_node: np.ndarray) -> np.ndarray:
+        """Sum a per-node array over each device's nodes, in the plan's order: a program
+        reused for a reordered plan (`compile(plan, like=)`) numbers its nodes as it did the
+        old plan's, and a sum in their numbers' order would round otherwise than a fresh
+        compile's (the tuner's choices between devices that tie must not hang on it)."""
+        nodes = self.order_nodes
+        return np.bincount(self.node_dev[nodes], weights=per_node[nodes], minlength=self.devices)
+
     def per_slot(self, seconds: np.ndarray, comm: np.ndarray) -> np.ndarray:
         """Per node: the seconds its ops take together. An op's `seconds` include `comm` of
         communication (its expert all-to-alls) that the other ops of an overlap group can hide,

@@ -151,11 +151,7 @@ class SimResult:
     def busy(self) -> np.ndarray:
         """Per device: compute seconds (with what the gradient reductions under it slowed it:
         `DpComm.slowed`)."""
-        p = self.program
-        return (
-            np.bincount(p.node_dev, weights=self.node_dur, minlength=p.devices)
-            + self.dp_comm.slowed
-        )
+        return self.program.per_device(self.node_dur) + self.dp_comm.slowed
 
     @functools.cached_property
     def idle(self) -> np.ndarray:
@@ -179,9 +175,7 @@ class SimResult:
         """Per device: seconds of its all-to-alls that overlap groups hide under their other
         ops' compute (`SimProgram.per_slot`: what a group saves on its ops in turn)."""
         p, d = self.program, self.deferred
-        return np.bincount(
-            p.node_dev, weights=p.per_node(d.op_seconds) - d.work, minlength=p.devices
-        )
+        return p.per_device(p.per_node(d.op_seconds) - d.work)
 
     @functools.cached_property
     def lower_bound(self) -> float:
@@ -375,9 +369,7 @@ class SimResult:
         both B's and W's)."""
         p = self.program
         per_op = p.per_op(f, b, w, b + w)
-        return np.bincount(
-            np.repeat(p.node_dev, np.diff(p.op_ptr)), weights=per_op, minlength=p.devices
-        )
+        return p.per_device(p.per_node(per_op))
 
     def ops(self) -> Iterator[OpSpan]:
         """Every op's interval; the ops of an overlap group split their slot in turn."""

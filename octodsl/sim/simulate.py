@@ -111,11 +111,7 @@ def simulate(
     params = grads / costs.grad_reduce_bytes
     forward = None  # what an overlapped all-gather hides under; only then worth summing
     if h.overlap_param_gather and Zero(h.zero).gathers_parameters:
-        forward = np.bincount(
-            p.node_dev,
-            weights=p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)),
-            minlength=p.devices,
-        )
+        forward = p.per_device(p.per_node(np.where(p.op_kind == _F, op_dur, 0.0)))
     weights = costs.param_bytes.weights if costs.param_bytes else costs.grad_reduce_bytes
     dpc = dp_comm(
         p,

@@ -259,6 +259,26 @@ def test_reordered_plan_reuses_the_program():
     )
 
 
+def test_a_reused_program_sums_each_devices_seconds_as_a_fresh_one():
+    # Per-device sums run in the plan's order, not the program's node numbers (which a reused
+    # program keeps from the old plan): the same additions in the same order, so equal to the
+    # last bit, which the tuner's choices between tying devices rely on. The seconds are
+    # chosen so that the order shows: 1 then tiny ones rounds to 1, tiny ones then 1 does not.
+    plan = generate("1f1b", 4, 8)
+    moved = dataclasses.replace(
+        plan,
+        schedule=[list(reversed(o)) if d == 2 else list(o) for d, o in enumerate(plan.schedule)],
+    )
+    first = str(plan.schedule[2][0])
+    sums = []
+    for program in (compile(moved, like=compile(plan)), compile(moved)):
+        labels = [str(program.op(int(program.op_ptr[n]))) for n in range(program.num_nodes)]
+        seconds = np.array([1.0 if x == first else 1e-16 for x in labels])
+        sums.append(program.per_device(seconds).tolist())
+    assert sums[0] == sums[1]
+    assert sums[1][2] > 1.0  # the tiny ones first, as the plan now orders device 2
+
+
 def test_reorder_of_a_whole_schedule():
     # GPipe and 1F1B run the same ops on each device, in other orders.
     base = compile(generate("1f1b", 4, 8))

@@ -132,7 +132,9 @@ def tune(
     # programs it keeps; a program reordered for a later plan times it as a fresh compile does
     # (the walk's ties go by the plan's order), so each search finds what it finds alone.
     evaluate = Evaluator(problem)
-    fitted: dict[tuple[int, ...], StageLayout | None] = {}
+    # `fitting`'s cuts by the layout it starts from (its hint), which a search's seed sets:
+    # keyed by the placement alone, a later search would start from an earlier one's
+    fitted: dict[StageLayout, StageLayout | None] = {}
     step_cost: dict[str, float] = {}
     out: TuneResult | None = None
     for k in range(restarts):
@@ -286,7 +288,7 @@ class _Search:
         seed: int,
         max_evaluations: int | None,
         progress: Progress | None,
-        fitted: dict[tuple[int, ...], StageLayout | None],
+        fitted: dict[StageLayout, StageLayout | None],
         step_cost: dict[str, float],
     ) -> None:
         self.problem = problem
@@ -455,9 +457,9 @@ class _Search:
         model = FillModel(p, devices, p.modes_of(layout))
         if model.fits(model(layout.cuts)):
             return layout, "bubble-aware cuts" + _modes_text(p.modes_of(layout))
-        if devices not in self.fitted:
-            self.fitted[devices] = fitting(layout, p)
-        fit = self.fitted[devices]
+        if layout not in self.fitted:
+            self.fitted[layout] = fitting(layout, p)
+        fit = self.fitted[layout]
         if fit is None:
             return layout, "bubble-aware cuts" + _modes_text(p.modes_of(layout))
         # Shifts from cuts that fit keep them fitting: the model ranks any overflow last.
