@@ -6,6 +6,7 @@ its rule here, on random inputs, plans and models."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,12 +16,13 @@ from hypothesis import strategies as st
 from octodsl.costs.levers import Zero, held_change, op_bytes, recomputed
 from octodsl.costs.table import Link
 from octodsl.dag import producers
-from octodsl.plan import Op, OpKind, Recompute
+from octodsl.plan import Op, OpKind, Plan, Recompute, Slot
 from octodsl.sim.program import KIND_OF_CODE
 from octodsl.tune.pipeline import construct, estimate
 from octodsl.tune.pipeline.estimate import FillModel, recomputed_code
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout, looped, v_shape
+from octodsl.tune.pipeline.moves.schedule import rebuild
 from octodsl.tune.problem import Problem
 from octodsl.tune.reference import cpsat
 
@@ -219,3 +221,50 @@ def test_the_cpsat_precedences_are_dag_producers(devs, M, hops):
     assert waits == expected
     in_order = {(a, b) for a, b, h in model.constraints if b[0] == "start"}
     assert in_order == {(("start", k, s, i), ("start", k, s, i - 1)) for k, s, i in keys if i > 0}
+
+
+def _fuse_some(plan: Plan, every: int) -> Plan:
+    """`plan` with the backward of every `every`-th micro-batch fused (B as BW, its W dropped)."""
+
+    def fuse(op: Op) -> list[Slot]:
+        if op.mb % every or op.kind not in (OpKind.B, OpKind.W):
+            return [Slot((op,))]
+        return [Slot((Op(OpKind.BW, op.stage, op.mb),))] if op.kind == OpKind.B else []
+
+    return replace(
+        plan, schedule=[[x for slot in row for x in fuse(*slot.ops)] for row in plan.schedule]
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts(), st.integers(1, 3))
+def test_the_cpsat_order_model_times_and_holds_as_the_simulator(case, every):
+    # CP-SAT's model of a kept layout (recompute, fused backwards) against the simulation of a
+    # plan of it: each op lasts its model seconds, each message its cut's hop (whole
+    # microseconds, rounded down), and at each op's start the spans the model holds on its
+    # device add up to the simulator's level there less the static bytes (unit: one byte).
+    pr, layout = case
+    plan = _fuse_some(rebuild(pr.skeleton(layout), pr, w_gap=True), every)
+    result = Evaluator(pr)(plan).result
+    bytes_unit = replace(pr, header=pr.header.model_copy(update={"memory": cpsat._MEMORY_STEPS}))
+    st = cpsat._plan_stages(bytes_unit, plan)
+    seconds = {"F": st.f, "B": st.b, "W": st.w, "BW": st.bw}
+    ops = list(result.ops())  # one per node: no overlap groups here
+    at: dict[tuple, float] = {}
+    for op in ops:
+        assert abs(cpsat._us(op.end - op.start) - seconds[op.kind][op.stage]) <= 1, op
+        kind = "B" if op.kind == "BW" else op.kind
+        at["start", kind, op.stage, op.mb], at["end", kind, op.stage, op.mb] = op.start, op.end
+        if op.kind == "BW":  # the model's W of a fused backward: the instant it ends
+            at["start", "W", op.stage, op.mb] = at["end", "W", op.stage, op.mb] = op.end
+    assert cpsat._fused(plan) == {(op.stage, op.mb) for op in ops if op.kind == "BW"}
+    for msg in result.messages():
+        cut = msg.stage if msg.kind == "F" else msg.stage - 1
+        assert abs(cpsat._us(msg.end - msg.start) - st.hops[cut]) <= 1, msg
+    mem = result.memory
+    held = cpsat._held(layout.devices, pr.microbatches, st)
+    assert len(ops) == len(mem.at_start)
+    for node, op in enumerate(ops):
+        spans = held[op.device]
+        level = sum(units for a, e, units in spans if at[a] <= op.start < at[e])
+        assert level == pytest.approx(mem.at_start[node] - mem.static[op.device], abs=len(spans))

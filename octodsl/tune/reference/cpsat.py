@@ -2,7 +2,8 @@
 fixed placement, solved for the same budget as the tuner, warm-started from a plan or not.
 
 Model (times in whole microseconds, rounded down so that a simulated plan is a valid warm
-start; memory in 1/65536ths of the limit, rounded to the nearest):
+start; memory in 2**-20ths of the limit, rounded down too, so that a plan within the limit
+is within the model's: the model is a relaxation, its bound a bound):
 - layer l is in exactly one stage; stage indices never decrease along the layers and grow by at
   most one, so stages are consecutive, non-empty layer ranges;
 - each stage's F, B and W take the sums of its layers' times; each (kind, stage, micro-batch)
@@ -43,7 +44,7 @@ from ..pipeline.layout import StageLayout, looped, v_shape
 from ..problem import Problem
 
 _US = 1e6
-_MEMORY_STEPS = 2**16
+_MEMORY_STEPS = 2**20
 """The memory limit in the model's units."""
 _SPLIT_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 
@@ -119,12 +120,12 @@ def solve_cpsat(
         if hint_score and hint_score.result
         else M * (st.work + 2 * sum(st.hops))
     )
-    start, end, by_dev, iv = _intervals(m, devs, P, M, st, fused, horizon)
+    start, end, by_dev = _intervals(m, devs, P, M, st, fused, horizon)
     _precedences(m, devs, M, start, end, st.hops)
     for d in range(P):
         m.add_no_overlap(by_dev[d])
     if problem.memory is not None:
-        _memory(m, devs, M, st, start, end, iv, horizon)
+        _memory(m, devs, M, st, start, end, horizon)
     makespan = m.new_int_var(0, horizon, "T")
     for s in range(S):
         for i in range(M):
@@ -173,16 +174,15 @@ def _plan_stages(problem: Problem, plan: Plan) -> _Stages:
     """The plan's stages as the simulator costs them (its recompute included)."""
     costs = problem.sim_costs(plan)
     c = costs.stages
-    unit = (problem.memory or 1) / _MEMORY_STEPS
     return _Stages(
         f=[_us(x.f) for x in c],
         b=[_us(x.b) for x in c],
         w=[_us(x.w) for x in c],
         bw=[_us(x.fused_backward) for x in c],
-        act=[round(x.act / unit) for x in c],
-        act_w=[round(x.act_w / unit) for x in c],
-        brought=[round(x.act_b / unit) for x in c],
-        static=[round(x.static / unit) for x in c],
+        act=[_units(problem, x.act) for x in c],
+        act_w=[_units(problem, x.act_w) for x in c],
+        brought=[_units(problem, x.act_b) for x in c],
+        static=[_units(problem, x.static) for x in c],
         hops=_hops(
             problem, StageLayout.of(plan).devices, [x.send_bytes for x in c], costs.message_overhead
         ),
@@ -195,7 +195,6 @@ def _layer_stages(m, problem: Problem, x, devs) -> _Stages:
     variables over the partition; messages of the largest layer output."""
     layers = problem.table.layers
     L, S = len(x), len(devs)
-    unit = (problem.memory or 1) / _MEMORY_STEPS
 
     def stage_sums(values, name):
         out = []
@@ -213,10 +212,10 @@ def _layer_stages(m, problem: Problem, x, devs) -> _Stages:
     return _Stages(
         *times,
         bw=times[1],  # never used: no backward is fused here
-        act=stage_sums([round(l.act / unit) for l in layers], "act"),
-        act_w=stage_sums([round(l.act_w / unit) for l in layers], "act_w"),
+        act=stage_sums([_units(problem, l.act) for l in layers], "act"),
+        act_w=stage_sums([_units(problem, l.act_w) for l in layers], "act_w"),
         brought=[0] * S,
-        static=stage_sums([round(v / unit) for v in problem.layer_static()], "static"),
+        static=stage_sums([_units(problem, v) for v in problem.layer_static()], "static"),
         hops=_hops(problem, devs, [largest] * S, 0.0),
         work=sum(f) + sum(b) + sum(w),
     )
@@ -248,7 +247,6 @@ def _intervals(m, devs, P: int, M: int, st: _Stages, fused, horizon: int):
     ends (no interval), so everything that waits for W waits for the fused op."""
     start: dict = {}
     end: dict = {}
-    iv: dict = {}
     by_dev: list[list] = [[] for _ in range(P)]
     for s in range(len(devs)):
         for i in range(M):
@@ -259,10 +257,9 @@ def _intervals(m, devs, P: int, M: int, st: _Stages, fused, horizon: int):
                     continue
                 a = m.new_int_var(0, horizon, "")
                 e = m.new_int_var(0, horizon, "")
-                iv[k, s, i] = m.new_interval_var(a, dur, e, "")
-                by_dev[devs[s]].append(iv[k, s, i])
+                by_dev[devs[s]].append(m.new_interval_var(a, dur, e, ""))
                 start[k, s, i], end[k, s, i] = a, e
-    return start, end, by_dev, iv
+    return start, end, by_dev
 
 
 def _precedences(m, devs, M: int, start: dict, end: dict, hops: list[int]) -> None:
@@ -315,28 +312,40 @@ def _solved_plan(problem: Problem, solver, devs, stage_of, start, fused, kept: P
     return problem.with_schedule(problem.skeleton(StageLayout(tuple(cuts), devs)), schedule)
 
 
-def _memory(m, devs, M: int, st: _Stages, start, end, iv, horizon) -> None:
-    """Per device, the simulator's levels (octodsl/sim/memory.py): what F keeps from its start
-    until B ends, what recompute brings back while B runs, what W needs from B's end until W
-    ends (nothing after a fused backward); beside the device's static units."""
-    for d in sorted(set(devs)):
-        mine = [s for s in range(len(devs)) if devs[s] == d]
+def _held(devs, M: int, st: _Stages) -> dict[int, list[tuple[tuple, tuple, object]]]:
+    """Per device, the simulator's levels (octodsl/sim/memory.py) as spans of held units, each
+    (from, until, units) with from and until an op's ("start" or "end", kind, stage,
+    micro-batch): what F keeps from its start until B ends, what recompute brings back while B
+    runs, what W needs from B's end until W ends (after a fused backward, W's end is B's: no
+    span). The static units are apart (`_Stages.static`)."""
+    held: dict[int, list[tuple[tuple, tuple, object]]] = {d: [] for d in sorted(set(devs))}
+    for s, d in enumerate(devs):
+        for i in range(M):
+            held[d].append((("start", "F", s, i), ("end", "B", s, i), st.act[s]))
+            if st.brought[s] > 0:
+                held[d].append((("start", "B", s, i), ("end", "B", s, i), st.brought[s]))
+            held[d].append((("end", "B", s, i), ("end", "W", s, i), st.act_w[s]))
+    return held
+
+
+def _memory(m, devs, M: int, st: _Stages, start, end, horizon) -> None:
+    """The held spans (`_held`) within the memory left beside each device's static units."""
+    at = {"start": start, "end": end}
+    for d, spans in _held(devs, M, st).items():
         intervals, demands = [], []
-        for s in mine:
-            for i in range(M):
-                for (a, e), demand in (
-                    ((start["F", s, i], end["B", s, i]), st.act[s]),
-                    ((end["B", s, i], end["W", s, i]), st.act_w[s]),
-                ):
-                    size = m.new_int_var(0, horizon, "")
-                    intervals.append(m.new_interval_var(a, size, e, ""))
-                    demands.append(demand)
-                if st.brought[s] > 0:
-                    intervals.append(iv["B", s, i])
-                    demands.append(st.brought[s])
+        for (a, *op_a), (e, *op_e), units in spans:
+            size = m.new_int_var(0, horizon, "")
+            intervals.append(m.new_interval_var(at[a][tuple(op_a)], size, at[e][tuple(op_e)], ""))
+            demands.append(units)
         static = m.new_int_var(0, _MEMORY_STEPS, f"static{d}")
-        m.add(static == sum(st.static[s] for s in mine))
+        m.add(static == sum(st.static[s] for s in range(len(devs)) if devs[s] == d))
         m.add_cumulative(intervals, demands, _MEMORY_STEPS - static)
+
+
+def _units(problem: Problem, nbytes: float) -> int:
+    """Bytes in the model's memory units, rounded down (as `_us`: floor(a) + floor(b) <=
+    floor(a + b), so a level within the limit stays within it)."""
+    return math.floor(nbytes * _MEMORY_STEPS / (problem.memory or 1))
 
 
 def _us(seconds: float) -> int:
