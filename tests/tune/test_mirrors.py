@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from octodsl.costs.levers import Zero, held_change, op_bytes, recomputed
 from octodsl.costs.table import Link
 from octodsl.dag import producers
-from octodsl.plan import Op, OpKind, Plan, Recompute, Slot
+from octodsl.plan import Op, OpKind, Recompute
 from octodsl.sim.program import KIND_OF_CODE
 from octodsl.tune.pipeline import construct, estimate
 from octodsl.tune.pipeline.estimate import FillModel, recomputed_code
@@ -26,7 +26,7 @@ from octodsl.tune.pipeline.moves.schedule import rebuild
 from octodsl.tune.problem import Problem
 from octodsl.tune.reference import cpsat
 
-from .helpers import problem
+from .helpers import fuse_backwards, problem
 
 MODES = list(Recompute)
 BYTES = st.floats(0.0, 1e9)
@@ -223,19 +223,6 @@ def test_the_cpsat_precedences_are_dag_producers(devs, M, hops):
     assert in_order == {(("start", k, s, i), ("start", k, s, i - 1)) for k, s, i in keys if i > 0}
 
 
-def _fuse_some(plan: Plan, every: int) -> Plan:
-    """`plan` with the backward of every `every`-th micro-batch fused (B as BW, its W dropped)."""
-
-    def fuse(op: Op) -> list[Slot]:
-        if op.mb % every or op.kind not in (OpKind.B, OpKind.W):
-            return [Slot((op,))]
-        return [Slot((Op(OpKind.BW, op.stage, op.mb),))] if op.kind == OpKind.B else []
-
-    return replace(
-        plan, schedule=[[x for slot in row for x in fuse(*slot.ops)] for row in plan.schedule]
-    )
-
-
 @settings(max_examples=30, deadline=None)
 @given(layouts(), st.integers(1, 3))
 def test_the_cpsat_order_model_times_and_holds_as_the_simulator(case, every):
@@ -244,7 +231,7 @@ def test_the_cpsat_order_model_times_and_holds_as_the_simulator(case, every):
     # microseconds, rounded down), and at each op's start the spans the model holds on its
     # device add up to the simulator's level there less the static bytes (unit: one byte).
     pr, layout = case
-    plan = _fuse_some(rebuild(pr.skeleton(layout), pr, w_gap=True), every)
+    plan = fuse_backwards(rebuild(pr.skeleton(layout), pr, w_gap=True), every)
     result = Evaluator(pr)(plan).result
     bytes_unit = replace(pr, header=pr.header.model_copy(update={"memory": cpsat._MEMORY_STEPS}))
     st = cpsat._plan_stages(bytes_unit, plan)

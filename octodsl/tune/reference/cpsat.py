@@ -300,7 +300,7 @@ def _solved_plan(problem: Problem, solver, devs, stage_of, start, fused, kept: P
     )
     schedule: list[list[Slot]] = [[] for _ in range(P)]
     for _, d, op in ops:
-        one = (op.stage, op.mb) in fused
+        one = op.kind == OpKind.B and (op.stage, op.mb) in fused
         schedule[d].append(Slot((Op(OpKind.BW, op.stage, op.mb) if one else op,)))
     if kept is not None:
         return problem.with_schedule(kept, schedule)
