@@ -207,11 +207,13 @@ def _layer_stages(m, problem: Problem, x, devs) -> _Stages:
     f = [_us(l.f) for l in layers]
     b = [_us(l.b) for l in layers]
     w = [_us(l.w) for l in layers]
-    times = [stage_sums(vals, k) for k, vals in (("F", f), ("B", b), ("W", w))]
+    sf, sb, sw = stage_sums(f, "F"), stage_sums(b, "B"), stage_sums(w, "W")
     largest = max(l.message_bytes for l in layers)
     return _Stages(
-        *times,
-        bw=times[1],  # never used: no backward is fused here
+        f=sf,
+        b=sb,
+        w=sw,
+        bw=sb,  # never used: no backward is fused here
         act=stage_sums([_units(problem, l.act) for l in layers], "act"),
         act_w=stage_sums([_units(problem, l.act_w) for l in layers], "act_w"),
         brought=[0] * S,
