@@ -66,6 +66,16 @@ def old_tight_lower_bound(problem) -> float:
     return module.tight_lower_bound(problem)
 
 
+def below_tight(levers: str | Path) -> list[dict]:
+    """The cases of a tuner.py results file whose tuned plan was below BELOW of the tight
+    bound."""
+    return [
+        r
+        for r in json.loads(Path(levers).read_text())
+        if r.get("tuned") and r.get("tight_bound") and r["tight_bound"] / r["tuned"] < BELOW
+    ]
+
+
 def run_case(case: dict, budget: float, long_budget: float, dp: int, zero: int) -> dict:
     from octodsl.tune.bounds import layout_lower_bound
     from octodsl.tune.pipeline.layout import StageLayout
@@ -172,11 +182,7 @@ def main() -> int:
         return 2
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
-    todo = [
-        r
-        for r in json.loads(Path(args.levers).read_text())
-        if r.get("tuned") and r.get("tight_bound") and r["tight_bound"] / r["tuned"] < BELOW
-    ]
+    todo = below_tight(args.levers)
     load_before = os.getloadavg()
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

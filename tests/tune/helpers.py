@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from octodsl.costs.table import CostTable, LayerCost, Link
-from octodsl.plan import Header, Recompute
+from octodsl.plan import Header, Op, OpKind, Plan, Recompute, Slot
 from octodsl.tune.problem import Problem, RecomputeChoice
 
 FREE = Link("none", 0.0, 0.0)
@@ -62,3 +64,16 @@ def problem(
         zero=zero,
     )
     return Problem(CostTable(layers, "test"), header, link, recompute)
+
+
+def fuse_backwards(plan: Plan, every: int = 1) -> Plan:
+    """`plan` with the backward of every `every`-th micro-batch fused (B as BW, its W dropped)."""
+
+    def fuse(op: Op) -> list[Slot]:
+        if op.mb % every or op.kind not in (OpKind.B, OpKind.W):
+            return [Slot((op,))]
+        return [Slot((Op(OpKind.BW, op.stage, op.mb),))] if op.kind == OpKind.B else []
+
+    return replace(
+        plan, schedule=[[x for slot in row for x in fuse(*slot.ops)] for row in plan.schedule]
+    )

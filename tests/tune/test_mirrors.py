@@ -6,6 +6,7 @@ its rule here, on random inputs, plans and models."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,10 +22,11 @@ from octodsl.tune.pipeline import construct, estimate
 from octodsl.tune.pipeline.estimate import FillModel, recomputed_code
 from octodsl.tune.pipeline.evaluate import Evaluator
 from octodsl.tune.pipeline.layout import StageLayout, looped, v_shape
+from octodsl.tune.pipeline.moves.schedule import rebuild
 from octodsl.tune.problem import Problem
 from octodsl.tune.reference import cpsat
 
-from .helpers import problem
+from .helpers import fuse_backwards, problem
 
 MODES = list(Recompute)
 BYTES = st.floats(0.0, 1e9)
@@ -219,3 +221,37 @@ def test_the_cpsat_precedences_are_dag_producers(devs, M, hops):
     assert waits == expected
     in_order = {(a, b) for a, b, h in model.constraints if b[0] == "start"}
     assert in_order == {(("start", k, s, i), ("start", k, s, i - 1)) for k, s, i in keys if i > 0}
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts(), st.integers(1, 3))
+def test_the_cpsat_order_model_times_and_holds_as_the_simulator(case, every):
+    # CP-SAT's model of a kept layout (recompute, fused backwards) against the simulation of a
+    # plan of it: each op lasts its model seconds, each message its cut's hop (whole
+    # microseconds, rounded down), and at each op's start the spans the model holds on its
+    # device add up to the simulator's level there less the static bytes (unit: one byte).
+    pr, layout = case
+    plan = fuse_backwards(rebuild(pr.skeleton(layout), pr, w_gap=True), every)
+    result = Evaluator(pr)(plan).result
+    bytes_unit = replace(pr, header=pr.header.model_copy(update={"memory": cpsat._MEMORY_STEPS}))
+    st = cpsat._plan_stages(bytes_unit, plan)
+    seconds = {"F": st.f, "B": st.b, "W": st.w, "BW": st.bw}
+    ops = list(result.ops())  # one per node: no overlap groups here
+    at: dict[tuple, float] = {}
+    for op in ops:
+        assert abs(cpsat._us(op.end - op.start) - seconds[op.kind][op.stage]) <= 1, op
+        kind = "B" if op.kind == "BW" else op.kind
+        at["start", kind, op.stage, op.mb], at["end", kind, op.stage, op.mb] = op.start, op.end
+        if op.kind == "BW":  # the model's W of a fused backward: the instant it ends
+            at["start", "W", op.stage, op.mb] = at["end", "W", op.stage, op.mb] = op.end
+    assert cpsat._fused(plan) == {(op.stage, op.mb) for op in ops if op.kind == "BW"}
+    for msg in result.messages():
+        cut = msg.stage if msg.kind == "F" else msg.stage - 1
+        assert abs(cpsat._us(msg.end - msg.start) - st.hops[cut]) <= 1, msg
+    mem = result.memory
+    held = cpsat._held(layout.devices, pr.microbatches, st)
+    assert len(ops) == len(mem.at_start)
+    for node, op in enumerate(ops):
+        spans = held[op.device]
+        level = sum(units for a, e, units in spans if at[a] <= op.start < at[e])
+        assert level == pytest.approx(mem.at_start[node] - mem.static[op.device], abs=len(spans))

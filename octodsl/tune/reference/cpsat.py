@@ -2,7 +2,8 @@
 fixed placement, solved for the same budget as the tuner, warm-started from a plan or not.
 
 Model (times in whole microseconds, rounded down so that a simulated plan is a valid warm
-start; memory in 1/65536ths of the limit, rounded to the nearest):
+start; memory in 2**-20ths of the limit, rounded down too, so that a plan within the limit
+is within the model's: the model is a relaxation, its bound a bound):
 - layer l is in exactly one stage; stage indices never decrease along the layers and grow by at
   most one, so stages are consecutive, non-empty layer ranges;
 - each stage's F, B and W take the sums of its layers' times; each (kind, stage, micro-batch)
@@ -18,6 +19,15 @@ start; memory in 1/65536ths of the limit, rounded to the nearest):
 Message contention is not modelled, nor recompute: the model keeps every activation and
 counts no recompute time; the solution's plan gets the problem's fixed recompute mode, if any
 (`Problem.skeleton`), and is timed by the simulator like every other plan.
+
+With `keep_partition` the hint's whole layout is kept, and the model is the simulator's on it:
+each stage's times and bytes are the simulator's costs of the hint (`Problem.sim_costs`), so
+its recompute counts (B's extra time, and the bytes it brings back while B runs,
+`StageCost.act_b`); a backward the hint runs fused is one interval of `fused_backward` seconds
+that releases all its stage's activations at its end (octodsl/sim/memory.py); a message takes
+its cut's `send_bytes` on the cut's link plus `message_overhead`, as `simulate` times it. The
+solution keeps the hint's recompute modes. What remains a relaxation: message contention, and
+whatever the simulator adds beyond each op's own seconds (shared processors, collectives' SMs).
 """
 
 from __future__ import annotations
@@ -25,14 +35,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...plan import Op, OpKind, Plan, Slot
-from ...sim.links import cut_crosses_nodes
+from ...sim.links import cut_crosses_nodes, cut_times
 from ..pipeline.evaluate import Evaluator, Score
 from ..pipeline.layout import StageLayout, looped, v_shape
 from ..problem import Problem
 
 _US = 1e6
-_MEMORY_STEPS = 2**16
+_MEMORY_STEPS = 2**20
 """The memory limit in the model's units."""
 _SPLIT_KINDS = (OpKind.F, OpKind.B, OpKind.W)
 
@@ -44,8 +56,29 @@ class CpsatResult:
     status: str
     """CP-SAT's status: OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN (no solution in time)."""
     bound: float | None
-    """The solver's lower bound on its own (contention-free) objective, seconds."""
+    """The solver's lower bound on its own (contention-free) objective, seconds: the end of the
+    last op (the simulator's `pipeline_time`, not the iteration's data-parallel end)."""
     warm: bool
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """Per stage, what the model needs: F, B, W and fused-backward seconds, activation units
+    held from F's start until B ends (`act`), from B's end until W ends (`act_w`) and while B
+    runs (`brought`), static units; constants, or (partition solved for) CP-SAT variables over the layers in the stage.
+    `hops`: per cut, a message's seconds; `work`: an upper bound on one micro-batch's seconds
+    on all stages together (for the horizon)."""
+
+    f: list
+    b: list
+    w: list
+    bw: list
+    act: list
+    act_w: list
+    brought: list[int]
+    static: list
+    hops: list[int]
+    work: int
 
 
 def solve_cpsat(
@@ -57,8 +90,10 @@ def solve_cpsat(
 ) -> CpsatResult:
     """Solve for `budget` seconds. The placement is the hint's when given (its partition and
     op start times are the warm start), else the V shape (looped for fewer layers than V
-    stages). `keep_partition` (with a hint): the hint's partition too, so only the order is
-    solved for, which measures how far the hint's order is from the best one of its layout."""
+    stages). `keep_partition` (with a hint): the hint's whole layout too (partition, placement,
+    recompute, which backwards are fused), timed as the simulator times it, so only the order
+    is solved for, which measures how far the hint's order is from the best one of its
+    layout."""
     if keep_partition and hint is None:
         raise ValueError("keep_partition needs a hint plan")
     from ortools.sat.python import cp_model
@@ -70,44 +105,34 @@ def solve_cpsat(
     else:
         devs = v_shape(P) if 2 * P <= L else looped(P, 1)
     S = len(devs)
-    layers = problem.table.layers
-    f = [_us(l.f) for l in layers]
-    b = [_us(l.b) for l in layers]
-    w = [_us(l.w) for l in layers]
-    unit = (problem.memory or 1) / _MEMORY_STEPS
-    held = [round((l.act - l.act_w) / unit) for l in layers]
-    held_w = [round(l.act_w / unit) for l in layers]
-    static = [round(x / unit) for x in problem.layer_static()]
-    largest = max(l.message_bytes for l in layers)
-    inter = problem.inter_link or problem.link
-    hops = [
-        _us((inter if x else problem.link).time(largest))
-        for x in cut_crosses_nodes(problem.mesh, devs).tolist()
-    ]
-    horizon = (
-        _us(hint_score.time * 1.5)
-        if hint_score and hint_score.result
-        else M * (sum(f) + sum(b) + sum(w)) + 2 * M * sum(hops)
-    )
-
+    fused = _fused(hint) if keep_partition and hint is not None else frozenset()
     m = cp_model.CpModel()
     # The model is built in one fixed order (CP-SAT's search depends on it): the partition,
     # the intervals, their precedences, the devices, memory, the objective.
     kept = StageLayout.of(hint).cuts if keep_partition and hint is not None else None
     x, stage_of = _partition(m, L, S, kept)
-    start, end, by_dev = _intervals(m, devs, P, M, (f, b, w), x, horizon)
-    _precedences(m, devs, M, start, end, hops)
+    if keep_partition and hint is not None:
+        st = _plan_stages(problem, hint)
+    else:
+        st = _layer_stages(m, problem, x, devs)
+    horizon = (
+        _us(hint_score.time * 1.5)
+        if hint_score and hint_score.result
+        else M * (st.work + 2 * sum(st.hops))
+    )
+    start, end, by_dev = _intervals(m, devs, P, M, st, fused, horizon)
+    _precedences(m, devs, M, start, end, st.hops)
     for d in range(P):
         m.add_no_overlap(by_dev[d])
     if problem.memory is not None:
-        _memory(m, problem, devs, x, start, end, held, held_w, static, horizon)
+        _memory(m, devs, M, st, start, end, horizon)
     makespan = m.new_int_var(0, horizon, "T")
     for s in range(S):
         for i in range(M):
             m.add(makespan >= end["W", s, i])
     m.minimize(makespan)
     if hint is not None and hint_score is not None and hint_score.result is not None:
-        _hint(m, problem, hint, hint_score, x, start)
+        _hint(m, problem, hint, hint_score, x, start, fused)
         m.add_hint(makespan, _us(hint_score.result.pipeline_time))
 
     solver = cp_model.CpSolver()
@@ -117,9 +142,84 @@ def solve_cpsat(
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return CpsatResult(None, name, None, hint is not None)
-    plan = _solved_plan(problem, solver, devs, stage_of, start)
+    plan = _solved_plan(
+        problem, solver, devs, stage_of, start, fused, hint if keep_partition else None
+    )
     return CpsatResult(
         Evaluator(problem)(plan), name, solver.best_objective_bound / _US, hint is not None
+    )
+
+
+def _fused(plan: Plan) -> frozenset[tuple[int, int]]:
+    """The (stage, micro-batch)s whose backward the plan runs fused (one BW op)."""
+    return frozenset(
+        (op.stage, op.mb)
+        for row in plan.schedule
+        for slot in row
+        for op in slot.ops
+        if op.kind == OpKind.BW
+    )
+
+
+def _hops(problem: Problem, devs, send_bytes, overhead: float) -> list[int]:
+    """Per cut, a message's seconds in the model's units: `send_bytes[s]` on the cut's link
+    (`sim.links.cut_times`, as `simulate` times it) plus `overhead`."""
+    inter = problem.inter_link or problem.link
+    crosses = cut_crosses_nodes(problem.mesh, devs)
+    seconds = cut_times(np.asarray(send_bytes, float), crosses, problem.link, inter) + overhead
+    return [_us(t) for t in seconds.tolist()]
+
+
+def _plan_stages(problem: Problem, plan: Plan) -> _Stages:
+    """The plan's stages as the simulator costs them (its recompute included)."""
+    costs = problem.sim_costs(plan)
+    c = costs.stages
+    return _Stages(
+        f=[_us(x.f) for x in c],
+        b=[_us(x.b) for x in c],
+        w=[_us(x.w) for x in c],
+        bw=[_us(x.fused_backward) for x in c],
+        act=[_units(problem, x.act) for x in c],
+        act_w=[_units(problem, x.act_w) for x in c],
+        brought=[_units(problem, x.act_b) for x in c],
+        static=[_units(problem, x.static) for x in c],
+        hops=_hops(
+            problem, StageLayout.of(plan).devices, [x.send_bytes for x in c], costs.message_overhead
+        ),
+        work=sum(_us(x.f) + max(_us(x.b + x.w), _us(x.fused_backward)) for x in c),
+    )
+
+
+def _layer_stages(m, problem: Problem, x, devs) -> _Stages:
+    """Each stage as the sums of its layers (no recompute, every backward split), as
+    variables over the partition; messages of the largest layer output."""
+    layers = problem.table.layers
+    L, S = len(x), len(devs)
+
+    def stage_sums(values, name):
+        out = []
+        for s in range(S):
+            v = m.new_int_var(0, sum(values), f"{name}{s}")
+            m.add(v == sum(values[l] * x[l][s] for l in range(L)))
+            out.append(v)
+        return out
+
+    f = [_us(l.f) for l in layers]
+    b = [_us(l.b) for l in layers]
+    w = [_us(l.w) for l in layers]
+    sf, sb, sw = stage_sums(f, "F"), stage_sums(b, "B"), stage_sums(w, "W")
+    largest = max(l.message_bytes for l in layers)
+    return _Stages(
+        f=sf,
+        b=sb,
+        w=sw,
+        bw=sb,  # never used: no backward is fused here
+        act=stage_sums([_units(problem, l.act) for l in layers], "act"),
+        act_w=stage_sums([_units(problem, l.act_w) for l in layers], "act_w"),
+        brought=[0] * S,
+        static=stage_sums([_units(problem, v) for v in problem.layer_static()], "static"),
+        hops=_hops(problem, devs, [largest] * S, 0.0),
+        work=sum(f) + sum(b) + sum(w),
     )
 
 
@@ -143,34 +243,23 @@ def _partition(m, L: int, S: int, cuts: tuple[int, ...] | None):
     return x, stage_of
 
 
-def _intervals(
-    m, devs, P: int, M: int, times: tuple[list[int], list[int], list[int]], x, horizon: int
-):
-    """Each stage's F, B, W durations (its layers' sums), and the start, end and interval of
-    every (kind, stage, micro-batch); the intervals by device."""
-    L = len(x)
-
-    def stage_sum(values, s, name):
-        v = m.new_int_var(0, sum(values), name)
-        m.add(v == sum(values[l] * x[l][s] for l in range(L)))
-        return v
-
-    f, b, w = times
-    S = len(devs)
-    dur = {
-        (k, s): stage_sum(vals, s, f"{k}{s}")
-        for s in range(S)
-        for k, vals in (("F", f), ("B", b), ("W", w))
-    }
+def _intervals(m, devs, P: int, M: int, st: _Stages, fused, horizon: int):
+    """The start, end and interval of every (kind, stage, micro-batch), and the intervals by
+    device. A fused backward is the B interval with the BW seconds; its W is the instant B
+    ends (no interval), so everything that waits for W waits for the fused op."""
     start: dict = {}
     end: dict = {}
     by_dev: list[list] = [[] for _ in range(P)]
-    for s in range(S):
+    for s in range(len(devs)):
         for i in range(M):
-            for k in "FBW":
+            one = (s, i) in fused
+            for k, dur in (("F", st.f[s]), ("B", st.bw[s] if one else st.b[s]), ("W", st.w[s])):
+                if k == "W" and one:
+                    start[k, s, i] = end[k, s, i] = end["B", s, i]
+                    continue
                 a = m.new_int_var(0, horizon, "")
                 e = m.new_int_var(0, horizon, "")
-                by_dev[devs[s]].append(m.new_interval_var(a, dur[k, s], e, ""))
+                by_dev[devs[s]].append(m.new_interval_var(a, dur, e, ""))
                 start[k, s, i], end[k, s, i] = a, e
     return start, end, by_dev
 
@@ -197,50 +286,68 @@ def _precedences(m, devs, M: int, start: dict, end: dict, hops: list[int]) -> No
                     m.add(start[k, s, i] >= start[k, s, i - 1])
 
 
-def _solved_plan(problem: Problem, solver, devs, stage_of, start: dict) -> Plan:
-    """The solution as a plan: its cuts, and each device's ops in the order of their starts."""
+def _solved_plan(problem: Problem, solver, devs, stage_of, start, fused, kept: Plan | None):
+    """The solution as a plan: its cuts (`kept`'s stages and recompute, when given), and each
+    device's ops in the order of their starts (a fused backward as one BW op)."""
     P, M, L, S = problem.devices, problem.microbatches, problem.num_layers, len(devs)
-    cuts = (
-        [0]
-        + [l for l in range(1, L) if solver.value(stage_of[l]) != solver.value(stage_of[l - 1])]
-        + [L]
-    )
-    layout = StageLayout(tuple(cuts), devs)
     ops = sorted(
         (
             (solver.value(start[k.value, s, i]), devs[s], Op(k, s, i))
             for s in range(S)
             for i in range(M)
             for k in _SPLIT_KINDS
+            if not ((s, i) in fused and k == OpKind.W)
         ),
         key=lambda t: (t[0], _SPLIT_KINDS.index(t[2].kind), t[2].stage),
     )
     schedule: list[list[Slot]] = [[] for _ in range(P)]
     for _, d, op in ops:
-        schedule[d].append(Slot((op,)))
-    return problem.with_schedule(problem.skeleton(layout), schedule)
+        one = op.kind == OpKind.B and (op.stage, op.mb) in fused
+        schedule[d].append(Slot((Op(OpKind.BW, op.stage, op.mb) if one else op,)))
+    if kept is not None:
+        return problem.with_schedule(kept, schedule)
+    cuts = (
+        [0]
+        + [l for l in range(1, L) if solver.value(stage_of[l]) != solver.value(stage_of[l - 1])]
+        + [L]
+    )
+    return problem.with_schedule(problem.skeleton(StageLayout(tuple(cuts), devs)), schedule)
 
 
-def _memory(m, problem, devs, x, start, end, held, held_w, static, horizon) -> None:
-    L, S = len(x), len(devs)
-    for d in range(problem.devices):
-        mine = [s for s in range(S) if devs[s] == d]
-        dev_static = m.new_int_var(0, sum(static), f"static{d}")
-        m.add(dev_static == sum(static[l] * x[l][s] for l in range(L) for s in mine))
+def _held(devs, M: int, st: _Stages) -> dict[int, list[tuple[tuple, tuple, object]]]:
+    """Per device, the simulator's levels (octodsl/sim/memory.py) as spans of held units, each
+    (from, until, units) with from and until an op's ("start" or "end", kind, stage,
+    micro-batch): what F keeps from its start until B ends, what recompute brings back while B
+    runs, what W needs from B's end until W ends (after a fused backward, W's end is B's: no
+    span). The static units are apart (`_Stages.static`)."""
+    held: dict[int, list[tuple[tuple, tuple, object]]] = {d: [] for d in sorted(set(devs))}
+    for s, d in enumerate(devs):
+        for i in range(M):
+            held[d].append((("start", "F", s, i), ("end", "B", s, i), st.act[s]))
+            if st.brought[s] > 0:
+                held[d].append((("start", "B", s, i), ("end", "B", s, i), st.brought[s]))
+            held[d].append((("end", "B", s, i), ("end", "W", s, i), st.act_w[s]))
+    return held
+
+
+def _memory(m, devs, M: int, st: _Stages, start, end, horizon) -> None:
+    """The held spans (`_held`) within the memory left beside each device's static units."""
+    at = {"start": start, "end": end}
+    for d, spans in _held(devs, M, st).items():
         intervals, demands = [], []
-        for s in mine:
-            need = m.new_int_var(0, sum(held), "")
-            m.add(need == sum(held[l] * x[l][s] for l in range(L)))
-            need_w = m.new_int_var(0, sum(held_w), "")
-            m.add(need_w == sum(held_w[l] * x[l][s] for l in range(L)))
-            for i in range(problem.microbatches):
-                for until, demand in (("B", need), ("W", need_w)):
-                    size = m.new_int_var(0, horizon, "")
-                    intervals.append(
-                        m.new_interval_var(start["F", s, i], size, end[until, s, i], "")
-                    )
-                    demands.append(demand)
-        m.add_cumulative(intervals, demands, _MEMORY_STEPS - dev_static)
+        for (a, *op_a), (e, *op_e), units in spans:
+            size = m.new_int_var(0, horizon, "")
+            intervals.append(m.new_interval_var(at[a][tuple(op_a)], size, at[e][tuple(op_e)], ""))
+            demands.append(units)
+        static = m.new_int_var(0, _MEMORY_STEPS, f"static{d}")
+        m.add(static == sum(st.static[s] for s in range(len(devs)) if devs[s] == d))
+        m.add_cumulative(intervals, demands, _MEMORY_STEPS - static)
+
+
+def _units(problem: Problem, nbytes: float) -> int:
+    """Bytes in the model's memory units, rounded down (as `_us`: floor(a) + floor(b) <=
+    floor(a + b), so a level within the limit stays within it)."""
+    return math.floor(nbytes * _MEMORY_STEPS / (problem.memory or 1))
 
 
 def _us(seconds: float) -> int:
@@ -249,8 +356,9 @@ def _us(seconds: float) -> int:
     return math.floor(seconds * _US)
 
 
-def _hint(m, problem: Problem, plan: Plan, score: Score, x, start) -> None:
-    """The plan's partition and simulated start times (a fused BW: B at its start, W after B)."""
+def _hint(m, problem: Problem, plan: Plan, score: Score, x, start, fused) -> None:
+    """The plan's partition and simulated start times (a BW the model splits: B at its start,
+    W after B)."""
     layout = StageLayout.of(plan)
     for s in range(layout.num_stages):
         for l in range(len(x)):
@@ -260,6 +368,7 @@ def _hint(m, problem: Problem, plan: Plan, score: Score, x, start) -> None:
     for op in score.result.ops():
         if op.kind == "BW":
             m.add_hint(start["B", op.stage, op.mb], _us(op.start))
-            m.add_hint(start["W", op.stage, op.mb], _us(op.start + b[op.stage]))
+            if (op.stage, op.mb) not in fused:
+                m.add_hint(start["W", op.stage, op.mb], _us(op.start + b[op.stage]))
         else:
             m.add_hint(start[op.kind, op.stage, op.mb], _us(op.start))
