@@ -54,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from machine import check_outputs, command_line, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, table_head, write_outputs  # noqa: E402
 
 from octodsl.calibrate.compare import compare  # noqa: E402
 from octodsl.calibrate.fit import Run, fit, stage_bases  # noqa: E402
@@ -571,8 +571,7 @@ def _section(name: str, results: list[dict]) -> list[str]:
     out = [
         f"## Allocator `{name}`",
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
+        *table_head(head),
         _summary(rows, "**all held-out**", keys),
     ]
     for res in results:

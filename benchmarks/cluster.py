@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, commit, cpu_model, table_head, write_outputs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_MODELS = ("nemotron-h-56b", "nemotron-h-8b", "jamba-v0.1", "llama3-70b")
@@ -209,7 +209,7 @@ def paper_tables(results: list[dict]) -> list[str]:
         "tok/GPU/s",
         "eff.",
     ] + [c for b in BASELINES for c in (SHORT[b], "x")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         cells = [r["model"], str(r["global_batch"])]
         if "error" in r:
@@ -237,8 +237,7 @@ def paper_tables(results: list[dict]) -> list[str]:
         "",
         "The baselines' configurations and plans:",
         "",
-        "| " + " | ".join(head2) + " |",
-        "|" + "---|" * len(head2),
+        *table_head(head2),
     ]
     for r in results:
         if "error" in r:
@@ -271,7 +270,7 @@ def search_table(results: list[dict]) -> list[str]:
         "budget s",
         "within",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         cells = [r["model"], str(r["gpus"]), str(r["global_batch"])]
         if "error" in r:
@@ -344,7 +343,7 @@ def simulator_table(results: list[dict]) -> list[str]:
         "ms per simulation, compiled afresh",
         "ms, program reused",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         if "error" in r:
             lines.append(f"| {r['gpus']} | {r['global_batch']} | {_fail(r)} |" + " |" * 5)
@@ -376,7 +375,7 @@ def curve_table(results: list[dict]) -> list[str]:
         "search s",
         "budget s",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         cells = [str(r["gpus"]), str(r["global_batch"])]
         if "error" in r:

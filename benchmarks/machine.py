@@ -9,7 +9,7 @@ import platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +35,11 @@ def commit() -> str:
         ).stdout.strip()
         or "unknown"
     )
+
+
+def table_head(columns: Sequence[str]) -> list[str]:
+    """A markdown table's head: the column names, then the rule under them."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
 def check_outputs(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import check_outputs, write_outputs  # noqa: E402
+from machine import check_outputs, table_head, write_outputs  # noqa: E402
 
 GIB = 2**30
 CASES = ("nemotron-h-8b:4:8", "nemotron-h-8b:8:16", "llama3-8b:8:16", "jamba-v0.1:16:32")
@@ -85,7 +85,7 @@ def table(results: list[dict]) -> list[str]:
         "eff. at order bound",
         "solver s",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         lb, bound = r["lower_bound"], r["solver_bound"]
         lines.append(

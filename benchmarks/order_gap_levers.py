@@ -28,7 +28,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
+from benchmarks.machine import (  # noqa: E402
+    check_outputs,
+    command_line,
+    commit,
+    cpu_model,
+    table_head,
+    write_outputs,
+)
 from benchmarks.tuner_gap import BELOW, GIB, below_tight  # noqa: E402
 
 
@@ -147,7 +154,7 @@ def table(results: list[dict]) -> list[str]:
         "bound ms",
         "list / bound",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         f = r["full"]
         s = r.get("reduced") or {}

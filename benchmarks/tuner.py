@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import check_outputs, command_line, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, table_head, write_outputs  # noqa: E402
 
 MODELS = ("nemotron-h-8b", "nemotron-h-56b", "jamba-v0.1", "qwen3-next-80b", "llama3-8b")
 HYBRIDS = MODELS[:4]
@@ -133,7 +133,7 @@ def table(results: list[dict], others: tuple[str, ...]) -> list[str]:
         + [f"{k} ms" for k in others]
         + ["tuner s", "plans"]
     )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         cells = [r["model"], str(r["devices"]), str(r["microbatches"])]
         if "error" in r:

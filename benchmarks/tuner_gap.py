@@ -30,7 +30,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
+from benchmarks.machine import (  # noqa: E402
+    check_outputs,
+    command_line,
+    commit,
+    cpu_model,
+    table_head,
+    write_outputs,
+)
 
 GIB = 2**30
 BELOW = 0.90
@@ -143,7 +150,7 @@ def table(results: list[dict]) -> list[str]:
         "new tight / layout (best)",
         "layout (best) / best",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         ratio = r["tuned"] / r["best_known"]
         cells = [

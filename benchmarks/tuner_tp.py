@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import check_outputs, command_line, commit, cpu_model, write_outputs  # noqa: E402
+from machine import check_outputs, command_line, commit, cpu_model, table_head, write_outputs  # noqa: E402
 from tuner import _recompute, _x, geomean  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,7 +132,7 @@ def table(results: list[dict]) -> list[str]:
         "tuner s",
         "plans",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in results:
         cells = [
             r["model"],
