@@ -1,15 +1,17 @@
 """Where the tuner's gap to the bound is, on the memory-bound cases: writes
 benchmarks/tuner_gap.md.
 
-    .venv/bin/python benchmarks/tuner_gap.py [--budget 60] [--long-budget 150] [--jobs 2]
-        [--levers benchmarks/tuner_levers.json] [-o benchmarks/tuner_gap.md]
+    .venv/bin/python benchmarks/tuner_gap.py [--budget 60] [--long-budget 150]
+        [--long-searches 6] [--jobs 2] [--levers benchmarks/tuner_levers.json]
+        [-o benchmarks/tuner_gap.md]
 
 The cases are those of `--levers` (benchmarks/tuner.py's results at 80 GiB, dp 8, ZeRO 1,
 recompute auto) whose tuned plan was below 0.90 of the tight bound there. Each runs in its own
 single-threaded process: the tuner as tuner.py runs it (`tune_and_compare`, seed 0, the best
-classic baseline refined too) with `--budget`, then a second, independent search with another
-seed and `--long-budget` seconds, refining the same baseline but not the first tuned plan. The
-best-known plan is the faster of the two. Beside them: the tight bound as bounds.py computed
+classic baseline refined too) with `--budget`, then a second, independent tuner run of
+`--long-searches` searches within `--long-budget` seconds, refining the same baseline but not
+the first tuned plan, from seeds the first run does not use (each search is its seed's alone:
+seeds in common would repeat its local optima). The best-known plan is the faster of the two. Beside them: the tight bound as bounds.py computed
 it at OLD_BOUNDS (old) and as it does now (new: each W with its accumulation pass, the step),
 and `bounds.layout_lower_bound` of the tuned and of the best-known plan's layout (what any
 schedule of that partition, placement and recompute needs, memory kept apart per device).
@@ -83,10 +85,12 @@ def below_tight(levers: str | Path) -> list[dict]:
     ]
 
 
-def run_case(case: dict, budget: float, long_budget: float, dp: int, zero: int) -> dict:
+def run_case(
+    case: dict, budget: float, long_budget: float, long_searches: int, dp: int, zero: int
+) -> dict:
     from octodsl.tune.bounds import layout_lower_bound
     from octodsl.tune.pipeline.layout import StageLayout
-    from octodsl.tune.pipeline.loop import tune
+    from octodsl.tune.pipeline.loop import RESTARTS, tune
     from octodsl.tune.problem import Problem
     from octodsl.tune.reference.baselines import best_baseline
     from octodsl.tune.reference.compare import tune_and_compare
@@ -102,8 +106,9 @@ def run_case(case: dict, budget: float, long_budget: float, dp: int, zero: int) 
     o = tune_and_compare(problem, budget=budget, seed=0)
     base = best_baseline(o.baselines)
     starts = [base.score.plan] if base is not None and base.score is not None else []
-    long = tune(problem, budget=long_budget, seed=1, starts=starts).best
-    tuned = o.tuned.best
+    # seeds 0 .. RESTARTS - 1 are the first run's (tune_and_compare's default searches)
+    run = tune(problem, budget=long_budget, seed=RESTARTS, starts=starts, restarts=long_searches)
+    long, tuned = run.best, o.tuned.best
     best = long if long.fits and long.time < tuned.time else tuned
     return {
         "model": case["model"],
@@ -116,6 +121,8 @@ def run_case(case: dict, budget: float, long_budget: float, dp: int, zero: int) 
         "tuned": tuned.time,
         "tuned_evaluations": o.tuned.evaluations,
         "long": long.time if long.fits else None,
+        "tuned_searches": _fitting(o.tuned),
+        "long_searches": _fitting(run),
         "best_known": best.time,
         "best_from": "long" if best is long else "tuned",
         "tuned_layout_bound": layout_lower_bound(problem, StageLayout.of(tuned.plan)),
@@ -123,8 +130,20 @@ def run_case(case: dict, budget: float, long_budget: float, dp: int, zero: int) 
     }
 
 
+def _fitting(run) -> list[float]:
+    """Each search's best iteration time where it fits, in the order they ran."""
+    return [s.time for s, _ in run.finalists if s.fits]
+
+
 def _ms(t: float | None) -> str:
     return "-" if t is None else f"{t * 1e3:,.1f}"
+
+
+def _searches(times: list[float]) -> str:
+    """'n: lo to hi' of a run's searches' best times (ms)."""
+    if not times:
+        return "-"
+    return f"{len(times)}: {_ms(min(times))} to {_ms(max(times))}"
 
 
 def _span(xs) -> str:
@@ -140,7 +159,9 @@ def table(results: list[dict]) -> list[str]:
         "old tight ms",
         "new tight ms",
         "tuned ms",
+        "its searches ms",
         "long ms",
+        "its searches ms",
         "best-known ms",
         "tuned / best",
         "explained",
@@ -160,7 +181,9 @@ def table(results: list[dict]) -> list[str]:
             _ms(r["old_tight"]),
             _ms(r["new_tight"]),
             _ms(r["tuned"]),
+            _searches(r.get("tuned_searches", [])),
             _ms(r["long"]),
+            _searches(r.get("long_searches", [])),
             _ms(r["best_known"]),
             f"{ratio:.3f}",
             "yes" if ratio <= EXPLAINED else "no",
@@ -177,7 +200,10 @@ def table(results: list[dict]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=60.0, help="the tuner's, as tuner.py's")
-    ap.add_argument("--long-budget", type=float, default=150.0, help="the second search's")
+    ap.add_argument("--long-budget", type=float, default=150.0, help="the second run's")
+    ap.add_argument(
+        "--long-searches", type=int, default=6, help="the second run's searches at most"
+    )
     ap.add_argument("--jobs", type=int, default=2, help="cases run at once, one core each")
     ap.add_argument("--levers", default=str(REPO / "benchmarks" / "tuner_levers.json"))
     ap.add_argument("--dp", type=int, default=8, help="as --levers was made")
@@ -194,7 +220,9 @@ def main() -> int:
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [
-            pool.submit(run_case, c, args.budget, args.long_budget, args.dp, args.zero)
+            pool.submit(
+                run_case, c, args.budget, args.long_budget, args.long_searches, args.dp, args.zero
+            )
             for c in todo
         ]
         results = []
@@ -202,6 +230,8 @@ def main() -> int:
             results.append(f.result())
             r = results[-1]
             print(r["model"], r["devices"], r["microbatches"], r["tuned"], r["best_known"])
+    from octodsl.tune.pipeline.loop import RESTARTS
+
     load_after = os.getloadavg()
     explained = [r for r in results if r["tuned"] / r["best_known"] <= EXPLAINED]
     command = command_line("python benchmarks/tuner_gap.py")
@@ -218,8 +248,12 @@ def main() -> int:
         f"The cases: those of `{Path(args.levers).name}` (dp {args.dp}, ZeRO {args.zero}, "
         f"recompute auto, 80 GiB per device, analytical H800 costs) below {BELOW} of the tight "
         f"bound there. `tuned`: the tuner as benchmarks/tuner.py runs it, {args.budget:.0f} s, "
-        f"seed 0. `long`: an independent search, seed 1, {args.long_budget:.0f} s, refining the "
-        "same best classic baseline but not the tuned plan. `best-known`: the faster of the two; "
+        f"seed 0, its {RESTARTS} searches (seeds 0 to {RESTARTS - 1}). `long`: an independent "
+        f"run of up to {args.long_searches} searches from seed {RESTARTS} on (none of the "
+        f"first run's: a seed's search is the same in any run), {args.long_budget:.0f} s, "
+        "refining the same best classic baseline but not the tuned plan. `its searches`: how "
+        "many of the run's searches ended with a plan that fits, and the fastest and slowest "
+        "of their best plans (before the polish). `best-known`: the faster of the two; "
         "it is only a long tuner run, the weakest kind of reference, so `explained` (the tuned "
         f"plan within {EXPLAINED - 1:.0%} of it) says the tuner's own longer search found no "
         "better plan, not that none exists. `old tight`: `Problem.tight_lower_bound` as bounds.py "

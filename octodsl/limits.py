@@ -55,6 +55,8 @@ MAX_SECONDS = 10**6
 """Any time in seconds given on the command line (`--costs`, `tune --budget`): 11.6 days."""
 MAX_EVALUATIONS = 10**9
 """Plans a search may simulate (`tune --evaluations`)."""
+MAX_SEARCHES = 1000
+"""Searches one tune may run, one after another while its budget lasts (`tune --searches`)."""
 MAX_TIMEOUT = 86400
 """Seconds the executor's watchdog lets a rank wait for one message (`"octo": {"timeout"}`)."""
 MAX_TRAIN_STEPS = 10**7

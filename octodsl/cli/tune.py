@@ -1,7 +1,7 @@
 """`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
 [--dp N] [--zero 0|1|2] [--ep N] [--tp N] [--sequence-parallel true|false] [--gpus-per-node N]
 [--link NAME] [--inter-node-link NAME] [--recompute auto|none|full|selective] [--budget 60s]
-[--evaluations N] [--seed N] [--from PLAN [--keep partition|partition,placement]]
+[--evaluations N] [--searches N] [--seed N] [--from PLAN [--keep partition|partition,placement]]
 [--compare random,milp,milp-warm] [--explain] [--json]`: search partition, placement, schedule
 and recompute together for the fastest plan that fits in memory, and show it next to the
 classic schedules (with the same levers) on the same simulator.
@@ -49,7 +49,14 @@ from .common import (
     write_output,
 )
 from .tune_cluster import add_cluster_options, run_cluster
-from .tune_options import EVALUATIONS, ProgressLine, memory_limit, memory_option
+from .tune_options import (
+    EVALUATIONS,
+    SEARCHES,
+    ProgressLine,
+    memory_limit,
+    memory_option,
+    searches,
+)
 
 
 def register(sub) -> None:
@@ -149,6 +156,17 @@ def register(sub) -> None:
         "plans fit in, the result depends on the seed alone, not on the machine's "
         "speed (default: the budget alone)",
     )
+    p.add_argument(
+        "--searches",
+        type=SEARCHES,
+        metavar="N",
+        help="run up to N searches, seeds SEED, SEED + 1, ..., one after another while "
+        "--budget lasts, and keep the best plan (with --gpus: of each configuration it "
+        "tunes). Each search ends in a local optimum of its own, so more searches (and "
+        "the budget for them) can find a better plan; the result depends on the seed "
+        "alone as long as they all end before the budget (default 6: "
+        "octodsl.tune.pipeline.loop.RESTARTS)",
+    )
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument(
         "--from",
@@ -205,7 +223,7 @@ def run(args) -> int:
     from ..tune.clock import check_reserve, left
     from ..tune.cluster.space import plan_ops
     from ..tune.reference.compare import OTHERS, NoPlanFits, tune_and_compare
-    from ..tune.reference.report import comparison_table, explain, to_json
+    from ..tune.reference.report import comparison_table, explain, searches_spread, to_json
 
     start, model, devices, microbatches = _start(args)
     if args.keep is not None and start is None:
@@ -244,6 +262,7 @@ def run(args) -> int:
                 others=others,
                 progress=progress,
                 max_evaluations=args.evaluations,
+                searches=searches(args),
             )
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None
@@ -285,6 +304,9 @@ def run(args) -> int:
         f"{outcome.seconds:.1f} s" + stopped + (f"; {notes}" if notes else ""),
         style="dim",
     )
+    spread = searches_spread(t)
+    if spread:
+        console.print(spread, style="dim")
     return status
 
 

@@ -23,7 +23,7 @@ from .common import (
     stdout_console,
     write_output,
 )
-from .tune_options import ProgressLine, memory_limit
+from .tune_options import ProgressLine, memory_limit, searches
 
 TOP = integer(1, 100)
 GPUS = integer(1, limits.MAX_GPUS)
@@ -145,6 +145,7 @@ def run_cluster(args, began: float) -> int:
                 top=top,
                 progress=progress,
                 max_evaluations=args.evaluations,
+                searches=searches(args),
             )
         except NoConfigurationFits as e:
             raise UserError(str(e), exit_code=1) from None

@@ -14,6 +14,15 @@ if TYPE_CHECKING:  # imported where used, to keep the command line quick to star
 NO_LIMIT = "none"
 EVALUATIONS = integer(1, limits.MAX_EVALUATIONS)
 """--evaluations' type."""
+SEARCHES = integer(1, limits.MAX_SEARCHES)
+"""--searches' type."""
+
+
+def searches(args) -> int:
+    """How many searches the tuner runs at most: --searches, else the tuner's default."""
+    from ..tune.pipeline.loop import RESTARTS
+
+    return RESTARTS if args.searches is None else args.searches
 
 
 def memory_option(text: str) -> int | str:

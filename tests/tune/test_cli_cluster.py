@@ -201,3 +201,20 @@ def test_the_runtime_options_go_into_every_plan(tmp_path):
         assert h.overlap_grad_reduce and h.overlap_param_gather and h.overlap_p2p_comm
         assert h.runtime == "megatron"
         assert main(["lint", str(path)]) == 0
+
+
+def test_searches_reach_the_tuner_of_every_configuration(tmp_path, capsys, monkeypatch):
+    from octodsl.tune.cluster import search as cluster_search
+
+    asked = []
+    real = cluster_search.tune
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["restarts"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cluster_search, "tune", spy)
+    out = tmp_path / "best.octo"
+    assert main(ARGS + [*SEARCH, "--searches", "2", "--json", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert asked and set(asked) == {2}

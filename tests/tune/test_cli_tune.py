@@ -71,6 +71,10 @@ def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
         (ARGS + ["--evaluations", "0"], "--evaluations: must be at least 1"),
         (ARGS + ["--evaluations", "many"], "--evaluations: 'many' is not a whole number"),
         (ARGS + ["--evaluations", "10000000000"], "--evaluations: must be at most"),
+        (ARGS + ["--searches", "0"], "--searches: must be at least 1"),
+        (ARGS + ["--searches", "-2"], "--searches: must be at least 1"),
+        (ARGS + ["--searches", "1001"], "--searches: must be at most 1,000"),
+        (ARGS + ["--searches", "2.5"], "--searches: '2.5' is not a whole number"),
         (ARGS + ["--compare", "annealing"], "--compare: unknown annealing"),
         (["tune", "--model", "no-such-model", "-p", "2", "-m", "2"], "no-such-model"),
         (ARGS + ["--zero", "3"], "--zero: must be at most 2"),
@@ -329,3 +333,34 @@ def test_evaluations_stop_the_tuner_by_count(tmp_path, capsys):
         == 0
     )
     assert "(stopped after 25 plans)" in capsys.readouterr().out
+
+
+def test_searches_bound_how_many_run_and_their_spread_is_shown(tmp_path, capsys):
+    # Without --evaluations the searches end by themselves (a generous budget): --searches
+    # alone decides how many run, and each one's best plan is in the JSON.
+    base = ["tune", "--model", "nemotron-h-tiny", "-p", "4", "-m", "8", "--budget", "10m"]
+    out = tmp_path / "t.octo"
+    assert main(base + ["--searches", "3", "--json", "-o", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    searches = data["tuner"]["searches"]
+    assert data["tuner"]["finished"] and len(searches) == 3
+    assert data["iteration_time"] <= min(t for t in searches if t is not None)
+    assert main(base + ["--searches", "1", "--json", "-o", str(out)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tuner"]["searches"]) == 1
+    assert main(base + ["--searches", "3", "-o", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    shown = [t for t in searches if t is not None]
+    low, high = (f"{t * 1e3:,.1f} ms" for t in (min(shown), max(shown)))
+    assert f"3 searches ended between {low} and {high}" in text and "--searches" in text
+    assert main(base + ["--searches", "1", "-o", str(out)]) == 0
+    assert "searches ended" not in capsys.readouterr().out
+
+
+def test_the_default_number_of_searches_is_the_tuners(capsys):
+    from octodsl.tune.pipeline.loop import RESTARTS
+
+    with pytest.raises(SystemExit) as done:  # argparse ends the process after --help
+        main(["tune", "--help"])
+    assert done.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {RESTARTS}: octodsl.tune.pipeline.loop.RESTARTS)" in help_text

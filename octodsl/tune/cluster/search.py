@@ -38,7 +38,7 @@ from ...sim import warm_up
 from ...units import size
 from ..clock import check_reserve
 from ..pipeline.evaluate import Score, best_of
-from ..pipeline.loop import BudgetTooShort, TuneResult, tune
+from ..pipeline.loop import RESTARTS, BudgetTooShort, TuneResult, tune
 from ..problem import Problem
 from ..reference.baselines import (
     NOT_RUN,
@@ -188,9 +188,11 @@ def search(
     top: int = 1,
     progress: Progress | None = None,
     max_evaluations: int | None = None,
+    searches: int = RESTARTS,
 ) -> ClusterResult:
     """The whole-cluster search within `budget` seconds (see the module's docstring);
-    `max_evaluations`: the tuner stops after simulating that many plans of each configuration.
+    `max_evaluations`: the tuner stops after simulating that many plans of each configuration;
+    `searches`: the tuner's searches of each configuration at most (`loop.tune`'s `restarts`).
     Raises NoConfigurationFits when no configuration is feasible, OctoError for a space too
     large."""
     began = time.perf_counter()
@@ -223,7 +225,7 @@ def search(
             screened = _screen(state, now + QUICK_SHARE * (deadline - now), quick=True)
             now = time.perf_counter()
             screened += _screen(state, now + SCREEN_SHARE * (deadline - now), quick=False)
-            _tune(state, seed, max(TUNED, top), max_evaluations)
+            _tune(state, seed, max(TUNED, top), max_evaluations, searches)
             if (
                 not screened
                 or time.perf_counter() >= deadline
@@ -471,7 +473,9 @@ def _screen(state: _State, until: float, quick: bool) -> int:
     return count
 
 
-def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -> None:
+def _tune(
+    state: _State, seed: int, at_most: int, max_evaluations: int | None, searches: int
+) -> None:
     """The tuner on each screened candidate not tuned yet that can still win: those with a
     classic plan that fits by its time, then those without (the tuner's memory moves may find
     one) by lower bound; starting from its best classic plan."""
@@ -509,6 +513,7 @@ def _tune(state: _State, seed: int, at_most: int, max_evaluations: int | None) -
                 starts=[start.plan],
                 progress=_within(state, c),
                 max_evaluations=max_evaluations,
+                restarts=searches,
             )
         except BudgetTooShort:
             continue

@@ -14,7 +14,7 @@ from ...sim import warm_up
 from ...units import size
 from ..advice import larger_tps, sharding
 from ..pipeline.evaluate import Evaluator, Score, best_of
-from ..pipeline.loop import BudgetTooShort, Progress, TuneResult, tune
+from ..pipeline.loop import RESTARTS, BudgetTooShort, Progress, TuneResult, tune
 from ..problem import AUTO, Problem
 from .baselines import Baseline, best_baseline, classic_baselines
 
@@ -50,11 +50,13 @@ def tune_and_compare(
     others: Sequence[str] = (),
     progress: Progress | None = None,
     max_evaluations: int | None = None,
+    searches: int = RESTARTS,
 ) -> Outcome:
     """The baselines and the tuner within `budget` seconds together (the baselines take at most
     half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own.
     `max_evaluations`: the tuner (and random search) stop after simulating that many plans, a
-    stop that does not depend on the machine's speed."""
+    stop that does not depend on the machine's speed. `searches`: the tuner's searches at most
+    (`loop.tune`'s `restarts`)."""
     t0 = time.perf_counter()
     warm_up()  # loading the compiled simulator: within the budget, as all start-up is
 
@@ -84,6 +86,7 @@ def tune_and_compare(
             starts=starts,
             progress=progress,
             max_evaluations=max_evaluations,
+            restarts=searches,
         )
     except BudgetTooShort:
         # The best baseline is the best plan found in time (the checks below say if it does

@@ -98,8 +98,29 @@ def to_json(
             "finished": tuned.finished,
             "interrupted": tuned.interrupted,
             "rounds": len(tuned.rounds),
+            "searches": _search_times(tuned),
         },
     }
+
+
+def _search_times(tuned: TuneResult) -> list[float | None]:
+    """Each search's best iteration time, in the order they ran (None: none of its plans fit
+    in memory)."""
+    return [s.time if s.fits else None for s, _ in tuned.finalists]
+
+
+def searches_spread(tuned: TuneResult) -> str:
+    """How far apart the searches' best plans ended (each in a local optimum of its own),
+    for a tune of two or more searches; '' otherwise."""
+    times = [t for t in _search_times(tuned) if t is not None]
+    if len(times) < 2:
+        return ""
+    lo, hi = min(times), max(times)
+    return (
+        f"{len(tuned.finalists)} searches ended between {_ms(lo)} and {_ms(hi)} "
+        f"({(hi / lo - 1) * 100:.1f}% apart), each in a local optimum of its own: more "
+        "(--searches, with the --budget for them) may find a faster plan"
+    )
 
 
 def _others(baselines: list[Baseline], extra: dict[str, Score | None] | None) -> dict:
