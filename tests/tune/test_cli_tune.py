@@ -364,3 +364,18 @@ def test_the_default_number_of_searches_is_the_tuners(capsys):
     assert done.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"(default {RESTARTS}: octodsl.tune.pipeline.loop.RESTARTS)" in help_text
+
+
+def test_the_spread_counts_searches_without_a_fitting_plan_apart():
+    from types import SimpleNamespace
+
+    from octodsl.tune.reference.report import searches_spread
+
+    def search(time: float, fits: bool):
+        return (SimpleNamespace(time=time, fits=fits), False)
+
+    run = SimpleNamespace(finalists=[search(2.0, True), search(1.0, False), search(2.2, True)])
+    text = searches_spread(run)
+    assert text.startswith("2 searches ended between 2,000.0 ms and 2,200.0 ms (10.0% apart)")
+    assert "and 1 with no plan that fits" in text
+    assert searches_spread(SimpleNamespace(finalists=[search(2.0, True)])) == ""

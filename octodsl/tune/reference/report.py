@@ -116,10 +116,13 @@ def searches_spread(tuned: TuneResult) -> str:
     if len(times) < 2:
         return ""
     lo, hi = min(times), max(times)
+    unfit = len(tuned.finalists) - len(times)
     return (
-        f"{len(tuned.finalists)} searches ended between {_ms(lo)} and {_ms(hi)} "
-        f"({(hi / lo - 1) * 100:.1f}% apart), each in a local optimum of its own: more "
-        "(--searches, with the --budget for them) may find a faster plan"
+        f"{len(times)} searches ended between {_ms(lo)} and {_ms(hi)} "
+        f"({(hi / lo - 1) * 100:.1f}% apart)"
+        + (f" and {unfit} with no plan that fits" if unfit else "")
+        + ", each in a local optimum of its own: more (--searches, with the --budget for "
+        "them) may find a faster plan"
     )
 
 
