@@ -164,8 +164,7 @@ def register(sub) -> None:
         "--budget lasts, and keep the best plan (with --gpus: of each configuration it "
         "tunes). Each search ends in a local optimum of its own, so more searches (and "
         "the budget for them) can find a better plan; the result depends on the seed "
-        "alone as long as they all end before the budget (default 6: "
-        "octodsl.tune.pipeline.loop.RESTARTS)",
+        "alone as long as they all end before the budget (default 6)",
     )
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument(
