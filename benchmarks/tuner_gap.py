@@ -11,10 +11,11 @@ single-threaded process: the tuner as tuner.py runs it (`tune_and_compare`, seed
 classic baseline refined too) with `--budget`, then a second, independent tuner run of
 `--long-searches` searches within `--long-budget` seconds, refining the same baseline but not
 the first tuned plan, from seeds the first run does not use (each search is its seed's alone:
-seeds in common would repeat its local optima). The best-known plan is the faster of the two. Beside them: the tight bound as bounds.py computed
-it at OLD_BOUNDS (old) and as it does now (new: each W with its accumulation pass, the step),
-and `bounds.layout_lower_bound` of the tuned and of the best-known plan's layout (what any
-schedule of that partition, placement and recompute needs, memory kept apart per device).
+seeds in common would repeat its local optima). The best-known plan is the faster of the two.
+Beside them: the tight bound as bounds.py computed it at OLD_BOUNDS (old) and as it does now
+(new: each W with its accumulation pass, the step), and `bounds.layout_lower_bound` of the
+tuned and of the best-known plan's layout (what any schedule of that partition, placement and
+recompute needs, memory kept apart per device).
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ def run_case(
 
 def _fitting(run) -> list[float]:
     """Each search's best iteration time where it fits, in the order they ran."""
-    return [s.time for s, _ in run.finalists if s.fits]
+    from octodsl.tune.reference.report import search_times
+
+    return [t for t in search_times(run) if t is not None]
 
 
 def _ms(t: float | None) -> str:

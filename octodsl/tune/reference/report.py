@@ -98,12 +98,12 @@ def to_json(
             "finished": tuned.finished,
             "interrupted": tuned.interrupted,
             "rounds": len(tuned.rounds),
-            "searches": _search_times(tuned),
+            "searches": search_times(tuned),
         },
     }
 
 
-def _search_times(tuned: TuneResult) -> list[float | None]:
+def search_times(tuned: TuneResult) -> list[float | None]:
     """Each search's best iteration time, in the order they ran (None: none of its plans fit
     in memory)."""
     return [s.time if s.fits else None for s, _ in tuned.finalists]
@@ -112,7 +112,7 @@ def _search_times(tuned: TuneResult) -> list[float | None]:
 def searches_spread(tuned: TuneResult) -> str:
     """How far apart the searches' best plans ended (each in a local optimum of its own),
     for a tune of two or more searches; '' otherwise."""
-    times = [t for t in _search_times(tuned) if t is not None]
+    times = [t for t in search_times(tuned) if t is not None]
     if len(times) < 2:
         return ""
     lo, hi = min(times), max(times)
