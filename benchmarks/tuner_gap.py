@@ -41,6 +41,8 @@ from benchmarks.machine import (  # noqa: E402
     table_head,
     write_outputs,
 )
+from octodsl import limits  # noqa: E402
+from octodsl.cli.common import integer  # noqa: E402
 
 GIB = 2**30
 BELOW = 0.90
@@ -205,7 +207,10 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=60.0, help="the tuner's, as tuner.py's")
     ap.add_argument("--long-budget", type=float, default=150.0, help="the second run's")
     ap.add_argument(
-        "--long-searches", type=int, default=6, help="the second run's searches at most"
+        "--long-searches",
+        type=integer(1, limits.MAX_SEARCHES),
+        default=6,
+        help="the second run's searches at most",
     )
     ap.add_argument("--jobs", type=int, default=2, help="cases run at once, one core each")
     ap.add_argument("--levers", default=str(REPO / "benchmarks" / "tuner_levers.json"))

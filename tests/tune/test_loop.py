@@ -185,3 +185,8 @@ def test_ctrl_c_in_a_restart_keeps_the_earlier_searches(tiny):
 def test_ctrl_c_before_any_plan_is_passed_on(tiny):
     with pytest.raises(KeyboardInterrupt):
         tune(tiny, budget=60, progress=_interrupt_after(1))
+
+
+def test_no_searches_is_refused_in_one_line(tiny):
+    with pytest.raises(ValueError, match="restarts must be at least 1, not 0"):
+        tune(tiny, budget=60, seed=3, restarts=0)

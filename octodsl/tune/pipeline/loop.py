@@ -124,6 +124,8 @@ def tune(
     (and `max_evaluations` simulations, when given). `starts`: plans to refine, besides the
     tuner's own starting points. The searches share the budget; a later one runs only while
     budget is left, and never changes what an earlier one found."""
+    if restarts < 1:
+        raise ValueError(f"restarts must be at least 1, not {restarts}")
     t0 = time.perf_counter()
     # 1% held back: the moves being built when the searches stop take time too.
     deadline = t0 + 0.99 * budget
