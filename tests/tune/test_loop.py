@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from octodsl.lint import lint_plan
+from octodsl.plan import Recompute
 from octodsl.tune.pipeline.evaluate import Evaluator
-from octodsl.tune.pipeline.loop import tune
+from octodsl.tune.pipeline.layout import StageLayout
+from octodsl.tune.pipeline.loop import SPLITS, tune
+from octodsl.tune.pipeline.moves.placement import families
 from octodsl.tune.problem import Problem
 from octodsl.tune.reference.baselines import (
     PARTITIONS,
@@ -159,10 +162,12 @@ def _interrupt_after(calls: int):
 
 
 def test_ctrl_c_keeps_the_best_plan_so_far(tiny):
-    out = tune(tiny, budget=60, seed=3, restarts=1, progress=_interrupt_after(30))
+    # Ctrl-C in the rounds: ten simulations after the search's starts (one each)
+    starts = len(tune(tiny, budget=60, seed=3, restarts=1).starts)
+    out = tune(tiny, budget=60, seed=3, restarts=1, progress=_interrupt_after(starts + 10))
     assert out.interrupted and not out.finished
     assert out.best.fits and not _errors(out.best.plan)
-    assert out.evaluations == 29  # the 30th simulation was not run
+    assert out.evaluations == starts + 9  # the last simulation was not run
     assert out.best.time == min(r.after for r in out.rounds)
 
 
@@ -190,3 +195,35 @@ def test_ctrl_c_before_any_plan_is_passed_on(tiny):
 def test_no_searches_is_refused_in_one_line(tiny):
     with pytest.raises(ValueError, match="restarts must be at least 1, not 0"):
         tune(tiny, budget=60, seed=3, restarts=0)
+
+
+def test_later_seeds_also_start_from_full_recompute_early_and_selective_late(tiny):
+    def splits(out):
+        found = []
+        for name, score in out.starts:
+            if "full recompute before layer" in name:
+                layer = int(name.split("before layer ")[1].split(",")[0])
+                found.append((layer, StageLayout.of(score.plan)))
+        return found
+
+    assert splits(tune(tiny, budget=60, seed=0, restarts=1, max_evaluations=60)) == []
+    found = splits(tune(tiny, budget=60, seed=1, restarts=1, max_evaluations=60))
+    # seed 1 takes the first share: a third of the layers, on each family placement twice
+    # (the list scheduler with and without W held for gaps)
+    assert {layer for layer, _ in found} == {round(SPLITS[0] * tiny.num_layers)}
+    assert len(found) == 2 * len(families(tiny.devices, tiny.num_layers))
+    for layer, lay in found:
+        # the modes follow the cuts: full on the stages that start before the layer
+        assert lay.recompute == tuple(
+            Recompute.FULL if a < layer else Recompute.SELECTIVE for a in lay.cuts[:-1]
+        )
+        assert Recompute.FULL in lay.recompute and Recompute.SELECTIVE in lay.recompute
+
+
+def test_no_split_starts_without_a_memory_limit_or_with_recompute_fixed():
+    for p in (
+        Problem.create("nemotron-h-tiny", 4, 8),
+        Problem.create("nemotron-h-tiny", 4, 8, memory=80 * GIB, recompute=Recompute.FULL),
+    ):
+        out = tune(p, budget=60, seed=1, restarts=1, max_evaluations=60)
+        assert not any("full recompute before layer" in name for name, _ in out.starts)

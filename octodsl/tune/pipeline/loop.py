@@ -3,6 +3,8 @@
 1. Starts: each regular placement (V, looped with 1-4 chunks) with bubble-aware cuts and a list
    scheduled order, plus any plans given (a hand-written one, a baseline), and on every such
    layout of one stage per device ZeroBubble's own greedy order too (zb_auto.py); best first.
+   When the tuner picks recompute under a memory limit, five of every six seeds also start
+   each placement with full recompute before a layer and selective after it (`SPLITS`).
 2. Rounds: simulate the current plan, find where it loses time (diagnose.py), and try that
    phase's moves (propose.py), most promising first; the first move that shortens the iteration
    (or, over the memory limit, lowers the peak) is kept and the next round starts. When no move
@@ -58,6 +60,18 @@ the benchmark's hard cases (16 devices, jamba), where more kicks of one search g
 three left two thirds of a 60 s budget unused on many (llama3-8b on 16 devices x 64
 micro-batches: 18 s), where the fourth search found a plan 2.9% faster (1,863.0 ms against
 1,919.5)."""
+
+SPLITS = (1 / 3, 1 / 2, 2 / 3, 5 / 12, 7 / 12)
+"""Where a search's extra starts turn from full to selective recompute, as a share of the
+layers: seed k takes SPLITS[k mod 6 - 1], none when k mod 6 is 0 (so `RESTARTS` searches from
+seed 0 try each once, and a seed's search is the same in any run). A micro-batch holds an early
+layer's activations longest (until its backward comes back through every later layer), so full
+recompute saves the most byte-seconds per second it costs there, and selective is enough late.
+Neither the bubble-aware model's per-stage choice (`fit_modes`) nor one stage's mode at a time
+reaches such plans from the full- and selective-everywhere starts on jamba-v0.1 (4 devices x 8
+micro-batches, 80 GiB, dp 8, ZeRO 1: 1,993.3 ms without these starts, 1,906.7 with them;
+benchmarks/tuner_levers.md), while the first search, all that a budget-bound problem of 16
+devices runs, is the same."""
 
 POLISH_SHARE = 0.1
 """The most of the budget that later searches leave for the polish of the best plan so far
@@ -428,10 +442,15 @@ class _Search:
         p = self.problem
         if p.keep is None:
             also = (Recompute.SELECTIVE,) if (p.recompute == AUTO and p.memory is not None) else ()
+            split = self.seed % (len(SPLITS) + 1)
             for name, devices in families(p.devices, p.num_layers):
                 for mode in (None, *also):
                     self.ready("start")
                     yield (f"placement {name}", *self._start_cuts(devices, mode))
+                if also and split:
+                    self.ready("start")
+                    layer = round(SPLITS[split - 1] * p.num_layers)
+                    yield (f"placement {name}", *self._split_cuts(devices, layer))
             return
         for _, _, layout, _ in given:
             yield "the given plan's layout", layout, "kept cuts"
@@ -467,6 +486,20 @@ class _Search:
         # Shifts from cuts that fit keep them fitting: the model ranks any overflow last.
         fit = rebalance(fit_modes(fit, p), p, seed=self.seed)
         return fit, "cuts that fit, then bubble-aware" + _modes_text(p.modes_of(fit))
+
+    def _split_cuts(self, devices: tuple[int, ...], layer: int) -> tuple[StageLayout, str]:
+        """Bubble-aware cuts for a family placement with full recompute on the stages that
+        start before `layer` and selective on the others (`SPLITS`), the modes following the
+        cuts as they move."""
+        p = self.problem
+
+        def split(cuts: tuple[int, ...]) -> tuple[Recompute, ...]:
+            return tuple(Recompute.FULL if a < layer else Recompute.SELECTIVE for a in cuts[:-1])
+
+        cuts = even_cuts(p.num_layers, len(devices))
+        layout = rebalance(StageLayout(cuts, devices, split(cuts)), p, seed=self.seed)
+        layout = layout.with_recompute(split(layout.cuts))
+        return layout, f"bubble-aware cuts, full recompute before layer {layer}, selective after"
 
     def _kicks(self) -> None:
         rng = random.Random(self.seed)
