@@ -206,9 +206,10 @@ def test_later_seeds_also_start_from_full_recompute_early_and_selective_late(tin
                 found.append((layer, StageLayout.of(score.plan)))
         return found
 
-    assert splits(tune(tiny, budget=60, seed=0, restarts=1, max_evaluations=60)) == []
-    found = splits(tune(tiny, budget=60, seed=1, restarts=1, max_evaluations=60))
-    # seed 1 takes the first share: a third of the layers, on each family placement twice
+    for seed in (0, 1, 2, 6):
+        assert splits(tune(tiny, budget=60, seed=seed, restarts=1, max_evaluations=60)) == []
+    found = splits(tune(tiny, budget=60, seed=3, restarts=1, max_evaluations=60))
+    # seed 3 takes the first share: a third of the layers, on each family placement twice
     # (the list scheduler with and without W held for gaps)
     assert {layer for layer, _ in found} == {round(SPLITS[0] * tiny.num_layers)}
     assert len(found) == 2 * len(families(tiny.devices, tiny.num_layers))
@@ -225,5 +226,5 @@ def test_no_split_starts_without_a_memory_limit_or_with_recompute_fixed():
         Problem.create("nemotron-h-tiny", 4, 8),
         Problem.create("nemotron-h-tiny", 4, 8, memory=80 * GIB, recompute=Recompute.FULL),
     ):
-        out = tune(p, budget=60, seed=1, restarts=1, max_evaluations=60)
+        out = tune(p, budget=60, seed=3, restarts=1, max_evaluations=60)
         assert not any("full recompute before layer" in name for name, _ in out.starts)

@@ -3,7 +3,7 @@
 1. Starts: each regular placement (V, looped with 1-4 chunks) with bubble-aware cuts and a list
    scheduled order, plus any plans given (a hand-written one, a baseline), and on every such
    layout of one stage per device ZeroBubble's own greedy order too (zb_auto.py); best first.
-   When the tuner picks recompute under a memory limit, five of every six seeds also start
+   When the tuner picks recompute under a memory limit, three of every six seeds also start
    each placement with full recompute before a layer and selective after it (`SPLITS`).
 2. Rounds: simulate the current plan, find where it loses time (diagnose.py), and try that
    phase's moves (propose.py), most promising first; the first move that shortens the iteration
@@ -61,17 +61,20 @@ three left two thirds of a 60 s budget unused on many (llama3-8b on 16 devices x
 micro-batches: 18 s), where the fourth search found a plan 2.9% faster (1,863.0 ms against
 1,919.5)."""
 
-SPLITS = (1 / 3, 1 / 2, 2 / 3, 5 / 12, 7 / 12)
+SPLITS = (1 / 3, 1 / 2, 2 / 3)
 """Where a search's extra starts turn from full to selective recompute, as a share of the
-layers: seed k takes SPLITS[k mod 6 - 1], none when k mod 6 is 0 (so `RESTARTS` searches from
-seed 0 try each once, and a seed's search is the same in any run). A micro-batch holds an early
-layer's activations longest (until its backward comes back through every later layer), so full
-recompute saves the most byte-seconds per second it costs there, and selective is enough late.
-Neither the bubble-aware model's per-stage choice (`fit_modes`) nor one stage's mode at a time
-reaches such plans from the full- and selective-everywhere starts on jamba-v0.1 (4 devices x 8
-micro-batches, 80 GiB, dp 8, ZeRO 1: 1,993.3 ms without these starts, 1,906.7 with them;
-benchmarks/tuner_levers.md), while the first search, all that a budget-bound problem of 16
-devices runs, is the same."""
+layers: of every six seeds the last three take them in turn (seed k: SPLITS[k mod 6 - 3]), the
+first three start as before, so `RESTARTS` searches from seed 0 try each once and a seed's search
+is the same in any run. A micro-batch holds an early layer's activations longest (until its
+backward comes back through every later layer), so full recompute saves the most byte-seconds
+per second it costs there, and selective is enough late. Neither the bubble-aware model's
+per-stage choice (`fit_modes`) nor one stage's mode at a time reaches such plans from the full-
+and selective-everywhere starts on jamba-v0.1 (4 devices x 8 micro-batches, 80 GiB, dp 8, ZeRO
+1; benchmarks/tuner_levers.md). Searches of their own, not extra starts in every search: the
+extra starts' refinements took the budget from problems whose six searches had ended within it
+(qwen3-next-80b on 8 devices x 32 micro-batches: 2,934.1 ms, 2,978.4 with them in seeds 1
+to 5, benchmarks/tuner.py's case at commit c7be5ec), and a problem of 16 devices that a budget
+stops in its first searches runs as before."""
 
 POLISH_SHARE = 0.1
 """The most of the budget that later searches leave for the polish of the best plan so far
@@ -442,14 +445,14 @@ class _Search:
         p = self.problem
         if p.keep is None:
             also = (Recompute.SELECTIVE,) if (p.recompute == AUTO and p.memory is not None) else ()
-            split = self.seed % (len(SPLITS) + 1)
+            split = self.seed % (2 * len(SPLITS)) - len(SPLITS)  # >= 0: a split search
             for name, devices in families(p.devices, p.num_layers):
                 for mode in (None, *also):
                     self.ready("start")
                     yield (f"placement {name}", *self._start_cuts(devices, mode))
-                if also and split:
+                if also and split >= 0:
                     self.ready("start")
-                    layer = round(SPLITS[split - 1] * p.num_layers)
+                    layer = round(SPLITS[split] * p.num_layers)
                     yield (f"placement {name}", *self._split_cuts(devices, layer))
             return
         for _, _, layout, _ in given:
