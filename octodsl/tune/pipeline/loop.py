@@ -3,9 +3,8 @@
 1. Starts: each regular placement (V, looped with 1-4 chunks) with bubble-aware cuts and a list
    scheduled order, plus any plans given (a hand-written one, a baseline), and on every such
    layout of one stage per device ZeroBubble's own greedy order too (zb_auto.py); best first.
-   When the tuner picks recompute under a memory limit, each placement also starts with
-   selective recompute on every stage, or in three of every six seeds with full recompute
-   before a layer and selective after it (`SPLITS`).
+   When the tuner picks recompute under a memory limit, three of every six seeds also start
+   each placement with full recompute before a layer and selective after it (`SPLITS`).
 2. Rounds: simulate the current plan, find where it loses time (diagnose.py), and try that
    phase's moves (propose.py), most promising first; the first move that shortens the iteration
    (or, over the memory limit, lowers the peak) is kept and the next round starts. When no move
@@ -63,20 +62,23 @@ micro-batches: 18 s), where the fourth search found a plan 2.9% faster (1,863.0 
 1,919.5)."""
 
 SPLITS = (1 / 3, 1 / 2, 2 / 3)
-"""Where the searches of the last three of every six seeds (seed k: SPLITS[k mod 6 - 3]) start
-each placement with full recompute before a layer and selective after it, as a share of the
-layers, instead of selective on every stage (selective everywhere is the split at layer 0): so
-`RESTARTS` searches from seed 0 try each once, every search has as many starts as before, and a
-seed's search is the same in any run. A micro-batch holds an early layer's activations longest
-(until its backward comes back through every later layer), so full recompute saves the most
-byte-seconds per second it costs there, and selective is enough late. Neither the bubble-aware
-model's per-stage choice (`fit_modes`) nor one stage's mode at a time reaches such plans from the
-full- and selective-everywhere starts on jamba-v0.1 (4 devices x 8 micro-batches, 80 GiB, dp 8,
-ZeRO 1; benchmarks/tuner_levers.md). Instead of starts of their own: extra starts in every
-search took the budget from problems whose six searches used to end within it (qwen3-next-80b on
-8 devices x 32 micro-batches: 2,934.1 ms, 2,978.4 with extra split starts in seeds 1 to 5;
-nemotron-h-56b on 16 x 32: 5,399.6, 5,431.8 with them in seeds 3 to 5; benchmarks/tuner.py's
-cases at commits c7be5ec and c30f9a8)."""
+"""Where a search's extra starts turn from full to selective recompute, as a share of the
+layers: of every six seeds the last three take them in turn (seed k: SPLITS[k mod 6 - 3]), the
+first three start as before, so `RESTARTS` searches from seed 0 try each once and a seed's search
+is the same in any run. A micro-batch holds an early layer's activations longest (until its
+backward comes back through every later layer), so full recompute saves the most byte-seconds
+per second it costs there, and selective is enough late. Neither the bubble-aware model's
+per-stage choice (`fit_modes`) nor one stage's mode at a time reaches such plans from the full-
+and selective-everywhere starts on jamba-v0.1 (4 devices x 8 micro-batches, 80 GiB, dp 8, ZeRO
+1; benchmarks/tuner_levers.md). Searches of their own, not extra starts in every search: the
+extra starts' refinements took the budget from problems whose six searches had ended within it
+(qwen3-next-80b on 8 devices x 32 micro-batches: 2,934.1 ms, 2,978.4 with them in seeds 1
+to 5, benchmarks/tuner.py's case at commit c7be5ec), and a problem of 16 devices that a budget
+stops in its first searches runs as before. Nor in place of the selective-everywhere start in
+those searches (as many starts as before, commit bd6d2fe): against the tuner without them, that
+ended 6 of benchmarks/tuner_levers.md's 28 cases faster and 6 slower (qwen3-next-80b 8 x 16
++1.7%, nemotron-h-56b 8 x 32 +1.2%), these extra starts 7 faster and 3 slower (at most +0.6%,
+nemotron-h-56b 16 x 32, whose six searches no longer end within the budget)."""
 
 POLISH_SHARE = 0.1
 """The most of the budget that later searches leave for the polish of the best plan so far
@@ -442,24 +444,20 @@ class _Search:
         placements with bubble-aware cuts (when the tuner picks recompute under a memory
         limit, also with selective recompute on every stage: the bubble-aware model misses
         much of how memory throttles a plan that keeps everything, and selective saves much
-        for little; in the searches `SPLITS` names, full on the early stages instead); under
-        `keep`, the given plans' layouts and the families with the kept cuts (with the modes
-        that fit)."""
+        for little); under `keep`, the given plans' layouts and the families with the kept
+        cuts (with the modes that fit)."""
         p = self.problem
         if p.keep is None:
-            memory_modes = p.recompute == AUTO and p.memory is not None
+            also = (Recompute.SELECTIVE,) if (p.recompute == AUTO and p.memory is not None) else ()
             split = self.seed % (2 * len(SPLITS)) - len(SPLITS)  # >= 0: a split search
             for name, devices in families(p.devices, p.num_layers):
-                self.ready("start")
-                yield (f"placement {name}", *self._start_cuts(devices))
-                if not memory_modes:
-                    continue
-                self.ready("start")
-                if split >= 0:
+                for mode in (None, *also):
+                    self.ready("start")
+                    yield (f"placement {name}", *self._start_cuts(devices, mode))
+                if also and split >= 0:
+                    self.ready("start")
                     layer = round(SPLITS[split] * p.num_layers)
                     yield (f"placement {name}", *self._split_cuts(devices, layer))
-                else:
-                    yield (f"placement {name}", *self._start_cuts(devices, Recompute.SELECTIVE))
             return
         for _, _, layout, _ in given:
             yield "the given plan's layout", layout, "kept cuts"
