@@ -340,6 +340,7 @@ def run_row(row: dict, before: dict[str, float]) -> dict:
         "microbatches": s.microbatches,
         "global_batch": row["global_batch"],
         "seq_len": row["model"]["seq_len"],
+        "replica_work": replica_work(row, s, name, mode),
         "schedule": name,
         "recompute": mode,
         "metric": row["reported"]["metric"],
@@ -359,6 +360,46 @@ def run_row(row: dict, before: dict[str, float]) -> dict:
         ],
         "seconds": time.perf_counter() - t0,
     }
+
+
+def replica_work(row: dict, s: Setup, schedule: str, recompute: str) -> str:
+    """What one pipeline replica runs, whatever the data-parallel copies beside it: rows with
+    the same key differ at most in dp, vocabulary and heads, which the simulation counts."""
+    m = row["model"]
+    return (
+        f"{row['device']}, {m['layers']} layers x {m['hidden']} (ffn {m.get('ffn')}), "
+        f"seq {m['seq_len']}, tp {row['tp']} x pp {row['pp']}, vp {s.vp}, "
+        f"{s.mbs} x {s.microbatches}, {recompute}, {schedule}"
+    )
+
+
+def seconds_published(r: dict) -> float:
+    """The published figure as iteration seconds: every throughput metric here is inversely
+    proportional to the iteration time for a fixed counting, so the simulated time scaled by
+    simulated over published figure."""
+    if r["metric"] == "iteration_s":
+        return float(r["published"])
+    return r["iteration_time"] * r["simulated"] / r["published"]
+
+
+def disagreements(results: list[dict]) -> list[dict]:
+    """Pairs of rows whose replicas run the same work (`replica_work`), the later against the
+    first of its group: the published and the simulated ratio of their iteration times. Where
+    they differ, no model that times the difference between the two as the simulation does is
+    within (published / simulated ratio - 1) / 2 of both, about."""
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        groups.setdefault(r["replica_work"], []).append(r)
+    out = []
+    for work, members in groups.items():
+        for b in members[1:]:
+            a = members[0]
+            pub = seconds_published(b) / seconds_published(a)
+            sim = b["iteration_time"] / a["iteration_time"]
+            out.append(
+                {"work": work, "a": a["id"], "b": b["id"], "published": pub, "simulated": sim}
+            )
+    return out
 
 
 # -- counting the figure as the source does ------------------------------------------------------
@@ -560,6 +601,30 @@ def report(results: list[dict], ranks: list[dict], data: dict, command: str, sec
             + (f": {'; '.join(g['flipped'])}" if g["flipped"] else "")
             + " |"
         )
+    pairs_same = disagreements(results)
+    if pairs_same:
+        apart = [abs(d["published"] / d["simulated"] - 1) for d in pairs_same]
+        lines += [
+            "",
+            "## Same work, different measurements",
+            "",
+            "Rows whose pipeline replicas run the same work (the same model shape, tp, pp, chunks, "
+            "micro-batches, recompute and schedule; they may differ in dp, vocabulary and heads, "
+            "which the simulation counts): each against the first of its kind. `published` and "
+            "`simulated` are the ratios of their iteration times (a throughput as the time it "
+            "implies). Where the two ratios differ, the measurements disagree by that much beyond "
+            "what the model says their difference is, and no such model is within about half "
+            f"of it of both. {len(pairs_same)} pairs, {sum(x > 0.05 for x in apart)} apart by "
+            f"more than 5%, the most {100 * max(apart):.1f}%.",
+            "",
+            "| replica's work | row | against | published | simulated | apart |",
+            "|---|---|---|---|---|---|",
+        ]
+        for d in pairs_same:
+            lines.append(
+                f"| {d['work']} | {d['b']} | {d['a']} | {d['published']:.3f} | "
+                f"{d['simulated']:.3f} | {_pct(d['published'] / d['simulated'] - 1)} |"
+            )
     lines += [
         "",
         "## How each row is expressed",

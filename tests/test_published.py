@@ -100,3 +100,25 @@ def test_a_wrongly_tied_model_is_refused(rows):
     assert published.stated_params_problem(model, 1.74e9) is None
     for hostile in ("big", "xB", "-1B", "nanB", "", "1.7"):
         assert "not a size" in published.stated_params_problem({**model, "params": hostile}, 1e9)
+
+
+def test_rows_of_the_same_work_are_paired_and_their_ratios_compared():
+    def row(rid, work, metric, published_figure, simulated, seconds):
+        return {
+            "id": rid,
+            "replica_work": work,
+            "metric": metric,
+            "published": published_figure,
+            "simulated": simulated,
+            "iteration_time": seconds,
+        }
+
+    results = [
+        row("a", "w", "iteration_s", 10.0, 9.0, 9.0),
+        # a throughput: half the published figure is twice the time (22 s against a's 10)
+        row("b", "w", "tflops_per_gpu", 50.0, 100.0, 11.0),
+        row("c", "other", "iteration_s", 5.0, 5.0, 5.0),
+    ]
+    (d,) = published.disagreements(results)
+    assert (d["a"], d["b"]) == ("a", "b")
+    assert d["published"] == pytest.approx(2.2) and d["simulated"] == pytest.approx(11 / 9)
