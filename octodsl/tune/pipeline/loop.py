@@ -62,23 +62,23 @@ micro-batches: 18 s), where the fourth search found a plan 2.9% faster (1,863.0 
 1,919.5)."""
 
 SPLITS = (1 / 3, 1 / 2, 2 / 3)
-"""Where a search's extra starts turn from full to selective recompute, as a share of the
-layers: of every six seeds the last three take them in turn (seed k: SPLITS[k mod 6 - 3]), the
-first three start as before, so `RESTARTS` searches from seed 0 try each once and a seed's search
-is the same in any run. A micro-batch holds an early layer's activations longest (until its
-backward comes back through every later layer), so full recompute saves the most byte-seconds
-per second it costs there, and selective is enough late. Neither the bubble-aware model's
-per-stage choice (`fit_modes`) nor one stage's mode at a time reaches such plans from the full-
-and selective-everywhere starts on jamba-v0.1 (4 devices x 8 micro-batches, 80 GiB, dp 8, ZeRO
-1; benchmarks/tuner_levers.md). Searches of their own, not extra starts in every search: the
-extra starts' refinements took the budget from problems whose six searches had ended within it
-(qwen3-next-80b on 8 devices x 32 micro-batches: 2,934.1 ms, 2,978.4 with them in seeds 1
-to 5, benchmarks/tuner.py's case at commit c7be5ec), and a problem of 16 devices that a budget
-stops in its first searches runs as before. Nor in place of the selective-everywhere start in
-those searches (as many starts as before, commit bd6d2fe): against the tuner without them, that
-ended 6 of benchmarks/tuner_levers.md's 28 cases faster and 6 slower (qwen3-next-80b 8 x 16
-+1.7%, nemotron-h-56b 8 x 32 +1.2%), these extra starts 7 faster and 3 slower (at most +0.6%,
-nemotron-h-56b 16 x 32, whose six searches no longer end within the budget)."""
+"""Where the extra starts of the last three of every six seeds' searches turn from full to
+selective recompute, as a share of the layers (seed k: SPLITS[k mod 6 - 3]); the first three
+start as before. So `RESTARTS` searches from seed 0 try each once, a seed's search is the same
+in any run, and a problem whose budget ends within its first three searches (16 devices) runs
+as before. A micro-batch holds an early layer's activations longest (until its backward comes
+back through every later layer), so full recompute saves the most byte-seconds per second it
+costs there, and selective is enough late. Neither the bubble-aware model's per-stage choice
+(`fit_modes`) nor one stage's mode at a time reaches such plans from the full- and
+selective-everywhere starts on jamba-v0.1 (4 devices x 8 micro-batches, 80 GiB, dp 8, ZeRO 1;
+benchmarks/tuner_levers.md). Tried and not kept: the extra starts in seeds 1 to 5, whose
+refinements took the budget from problems whose six searches had ended within it
+(qwen3-next-80b on 8 devices x 32 micro-batches: 2,934.1 ms, 2,978.4 with them; benchmarks/
+tuner.py's case at commit c7be5ec); and a split start in place of the selective-everywhere one
+(as many starts as before, commit bd6d2fe), which ended 6 of benchmarks/tuner_levers.md's 28
+cases faster and 6 slower (qwen3-next-80b 8 x 16 +1.7%, nemotron-h-56b 8 x 32 +1.2%), where
+these extra starts end 7 faster and 3 slower (at most +0.6%: nemotron-h-56b 16 x 32, whose
+six searches no longer end within the budget)."""
 
 POLISH_SHARE = 0.1
 """The most of the budget that later searches leave for the polish of the best plan so far
