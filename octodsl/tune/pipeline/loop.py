@@ -77,7 +77,7 @@ refinements took the budget from problems whose six searches had ended within it
 tuner.py's case at commit c7be5ec); and a split start in place of the selective-everywhere one
 (as many starts as before, commit bd6d2fe), which ended 6 of benchmarks/tuner_levers.md's 28
 cases faster and 6 slower (qwen3-next-80b 8 x 16 +1.7%, nemotron-h-56b 8 x 32 +1.2%), where
-these extra starts end 7 faster and 3 slower (at most +0.6%: nemotron-h-56b 16 x 32, whose
+these extra starts end 6 faster and 3 slower (at most +0.6%: nemotron-h-56b 16 x 32, whose
 six searches no longer end within the budget)."""
 
 POLISH_SHARE = 0.1
