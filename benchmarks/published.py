@@ -391,9 +391,8 @@ def disagreements(results: list[dict]) -> list[dict]:
     for r in results:
         groups.setdefault(r["replica_work"], []).append(r)
     out = []
-    for work, members in groups.items():
-        for b in members[1:]:
-            a = members[0]
+    for work, (a, *others) in groups.items():
+        for b in others:
             pub = seconds_published(b) / seconds_published(a)
             sim = b["iteration_time"] / a["iteration_time"]
             out.append(
