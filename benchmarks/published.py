@@ -256,28 +256,28 @@ def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
     return plan
 
 
-def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
-    """The simulation of the row as octodsl's CLI runs it (gen with --dp and --zero, then
-    simulate with --recompute, --device, --inter-node-link)."""
+def simulation_inputs(row: dict, spec_path: Path, s: Setup, recompute: str):
+    """What octodsl's CLI simulates for the row (gen with --dp and --zero, then simulate with
+    --recompute, --device, --inter-node-link): the plan, its costs, the device, its node link
+    and the inter-node link."""
     from octodsl.costs.devices import get_device, get_link
     from octodsl.costs.resolve import cost_table, header_costing
-    from octodsl.sim import SimCosts, compile, simulate
+    from octodsl.sim import SimCosts
 
     plan = _plan(row, spec_path, s, recompute)
     device = get_device(row["device"])
-    h = plan.header
-    table = cost_table(model=str(spec_path), device=row["device"], **header_costing(h))
-    costs = SimCosts.from_table(table, plan)
-    return simulate(
-        compile(plan),
-        costs,
-        get_link(device.node_link),
-        inter_link=get_link(
-            str(REPO / row["inter_node_link"])
-            if row["inter_node_link"].endswith(".yaml")
-            else row["inter_node_link"]
-        ),
-    ), device
+    table = cost_table(model=str(spec_path), device=row["device"], **header_costing(plan.header))
+    inter = row["inter_node_link"]
+    inter_link = get_link(str(REPO / inter) if inter.endswith(".yaml") else inter)
+    return plan, SimCosts.from_table(table, plan), device, get_link(device.node_link), inter_link
+
+
+def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
+    """The simulation of the row as octodsl's CLI runs it, and the row's device."""
+    from octodsl.sim import compile, simulate
+
+    plan, costs, device, link, inter_link = simulation_inputs(row, spec_path, s, recompute)
+    return simulate(compile(plan), costs, link, inter_link=inter_link), device
 
 
 def export_plan(row: dict, recompute: str, folder: Path) -> None:
@@ -398,6 +398,29 @@ def disagreements(results: list[dict]) -> list[dict]:
             out.append(
                 {"work": work, "a": a["id"], "b": b["id"], "published": pub, "simulated": sim}
             )
+    return out
+
+
+def by_engine(results: list[dict], data: dict) -> list[dict]:
+    """Per software that ran the pipelines (each source's `engine`): its sources and rows, and
+    the published iteration time over the simulated one, their mean, least and most (above 1:
+    measured slower than simulated)."""
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        groups.setdefault(data["sources"][r["source"]]["engine"], []).append(r)
+    out = []
+    for engine, rs in groups.items():
+        ratios = [seconds_published(r) / r["iteration_time"] for r in rs]
+        out.append(
+            {
+                "engine": engine,
+                "sources": sorted({r["source"] for r in rs}),
+                "rows": len(rs),
+                "mean": sum(ratios) / len(ratios),
+                "least": min(ratios),
+                "most": max(ratios),
+            }
+        )
     return out
 
 
@@ -556,7 +579,7 @@ def report(results: list[dict], ranks: list[dict], data: dict, command: str, sec
         "peak of the work without a model of its own (`Efficiency`: memory-bound kernels, "
         "scans), round estimates fitted to nothing. So the zerobubble2024 "
         "rows check the pipeline (schedules, bubbles, messages) on op costs fitted to the "
-        "same paper; the other five sources are out of sample.",
+        f"same paper; the other {len(by_source) - 1} sources are out of sample.",
         "",
         "## Sources",
         "",
@@ -599,6 +622,22 @@ def report(results: list[dict], ranks: list[dict], data: dict, command: str, sec
             f"| {g['group']} | {g['rows']} | {g['pairs']} | {g['wrong']}"
             + (f": {'; '.join(g['flipped'])}" if g["flipped"] else "")
             + " |"
+        )
+    lines += [
+        "",
+        "## By the software that ran the pipeline",
+        "",
+        "Each source's pipeline runtime (`engine` in published_runs.yaml), and the published "
+        "iteration time over the simulated one of its rows (a throughput as the time it "
+        "implies; above 1: measured slower than simulated).",
+        "",
+        "| engine | sources | rows | published / simulated time: mean | least | most |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in by_engine(results, data):
+        lines.append(
+            f"| {e['engine']} | {', '.join(e['sources'])} | {e['rows']} | {e['mean']:.3f} | "
+            f"{e['least']:.3f} | {e['most']:.3f} |"
         )
     pairs_same = disagreements(results)
     if pairs_same:
