@@ -324,17 +324,32 @@ def replay(
 ) -> Replay:
     """Megatron's loop on NCCL's semantics (module docstring). f[c][r], b[c][r]: seconds of chunk
     c's forward and (fused) backward on rank r; msg[s]: seconds of a message across cut s."""
+    return replay_loops(p, v, [megatron_loop(p, v, m, r, overlap) for r in range(p)], f, b, msg)
+
+
+def replay_loops(
+    p: int,
+    v: int,
+    loops: list[list[tuple]],
+    f: list[list[float]],
+    b: list[list[float]],
+    msg: list[float],
+) -> Replay:
+    """Each rank's actions (`Loop.acts`; ('host', seconds): the rank's stream waits that long
+    after its work so far) on NCCL's semantics, timed as `replay` says."""
     g = _Graph()
     transfers = _Transfers(g)
     computes = []
     for r in range(p):
         rk = _Rank(r)
         mine = []
-        for a in megatron_loop(p, v, m, r, overlap):
+        for a in loops[r]:
             if a[0] == "C":
                 kind, stage, mb = op_of(p, v, r, a[1], a[2])
                 rk.last = [g.node(rk.last, (f if kind == F else b)[stage // p][r])]
                 mine.append((kind, stage, mb, rk.last[0]))
+            elif a[0] == "host":
+                rk.last = [g.node(rk.last, a[1])]
             elif a[0] == "wait":
                 rk.last = [g.node(rk.last + rk.handles[a[1]])]
             else:

@@ -27,7 +27,7 @@ def test_every_row_cites_its_source(rows):
     assert len(rows) >= 25 and len({r["source"] for r in rows.values()}) >= 4
     for r in rows.values():
         src = data["sources"][r["source"]]
-        assert src["url"].startswith("https://") and src["cite"]
+        assert src["url"].startswith("https://") and src["cite"] and src["engine"]
         assert r["quote"] and r["where"] and r["reported"]["value"] > 0
         assert r["runtime"].get("why"), r["id"]  # how that source's software ran, and why
 
@@ -122,3 +122,24 @@ def test_rows_of_the_same_work_are_paired_and_their_ratios_compared():
     (d,) = published.disagreements(results)
     assert (d["a"], d["b"]) == ("a", "b")
     assert d["published"] == pytest.approx(2.2) and d["simulated"] == pytest.approx(11 / 9)
+
+
+def test_by_engine_groups_rows_by_the_software_their_source_ran():
+    data = {"sources": {"a": {"engine": "X"}, "b": {"engine": "X"}, "c": {"engine": "Y"}}}
+    results = [
+        {"source": "a", "metric": "iteration_s", "published": 2.0, "iteration_time": 1.0},
+        # a throughput 10% under the simulated one: measured 1.1 times the simulated seconds
+        {
+            "source": "b",
+            "metric": "tflops_per_gpu",
+            "published": 100.0,
+            "simulated": 110.0,
+            "iteration_time": 1.0,
+        },
+        {"source": "c", "metric": "iteration_s", "published": 0.5, "iteration_time": 1.0},
+    ]
+    x, y = published.by_engine(results, data)
+    assert (x["engine"], x["sources"], x["rows"]) == ("X", ["a", "b"], 2)
+    assert x["mean"] == pytest.approx(1.55) and x["least"] == pytest.approx(1.1)
+    assert x["most"] == 2.0
+    assert (y["engine"], y["rows"], y["mean"]) == ("Y", 1, 0.5)
