@@ -123,3 +123,23 @@ def test_a_polish_that_would_end_past_the_budget_is_not_started(monkeypatch, clo
     t0 = clock.now
     out = loop.tune(tiny, budget=60.0, restarts=1)
     assert out.rounds[-1].phase == "polish" and out.finished and clock.now - t0 <= 60.0
+
+
+def test_a_polish_longer_than_its_estimate_stops_at_the_deadline(monkeypatch, clock, tiny):
+    # The estimate is rough: a pilot method that runs long (here each chunk of its steps takes
+    # 5 fake seconds) stops trying alternatives at the deadline and the walk finishes its order.
+    from octodsl.tune.pipeline import construct
+
+    costs(monkeypatch, clock, simulate=0.001)
+    monkeypatch.setattr(loop, "pilot_seconds", lambda *args: 1.0)
+    steps = construct._pilot_steps
+
+    def slow_steps(*args):
+        clock.now += 5.0
+        return steps(*args)
+
+    monkeypatch.setattr(construct, "_pilot_steps", slow_steps)
+    t0 = clock.now
+    out = loop.tune(tiny, budget=60.0, restarts=1)
+    assert [r for r in out.rounds if r.phase == "polish"]
+    assert clock.now - t0 <= 60.0 + 5.0  # the chunk under way when the deadline came

@@ -162,3 +162,24 @@ def test_the_pilot_method_never_ends_later_than_the_walk():
         )
         assert not [d for d in lint_plan(plan) if d.is_error]
     assert sooner > 0
+
+
+def test_a_pilot_cut_short_is_finished_by_the_walk_and_ends_no_later():
+    # Stopped after each possible chunk, the order the walk finishes from the pilot's state
+    # ends when the pilot's best rollout so far does, never later than the walk alone.
+    layers = [(0.11 + 0.07 * i, 0.13 + 0.05 * (i % 3), 0.05 + 0.031 * i) for i in range(8)]
+    pr = problem(layers, 3, 6, memory=6, link=Link("odd", 0.013, 70.0))
+    devices = (0, 1, 2, 2, 1, 0, 1, 2)
+    skel = pr.skeleton(StageLayout(even_cuts(pr.num_layers, len(devices)), devices))
+    x = construct._arrays(skel, pr.stage_costs(skel), pr.link, pr.memory, True)
+    _, walk = construct._walk(x)
+    n = 3 * x.num_stages * x.microbatches
+    for stop in (0, 1, n // 3, n - 1):
+        p = construct._pilot_start(x)
+        best = construct._pilot_steps(x, p, p.best, 0, stop)
+        assert construct._run(x, p.st, p.c, p.out, stop)
+        assert p.st.device_free.max() == best <= walk  # the same rollout: the same sums
+    plan = build_schedule(
+        skel, pr.stage_costs(skel), pr.link, pr.memory, True, pilot=True, deadline=0.0
+    )
+    assert not [d for d in lint_plan(plan) if d.is_error]

@@ -57,6 +57,7 @@ def build_schedule(
     w_gap: bool = True,
     inter_link: Link | None = None,
     pilot: bool = False,
+    deadline: float | None = None,
 ) -> Plan:
     """`plan` with every device's order built by list scheduling (its own schedule ignored).
 
@@ -64,9 +65,11 @@ def build_schedule(
     each device's stages count against it. The simulator checks the result; a device whose
     static bytes and one micro-batch already exceed the limit gets an order over it.
     pilot: improve the list scheduler's order by the pilot method (`_pilot`: about as many
-    walks as the plan has ops, so for a final plan, not for each of a search's)."""
+    walks as the plan has ops, so for a final plan, not for each of a search's); `deadline`
+    (time.perf_counter()): where the pilot method stops trying alternatives and the walk
+    finishes the order from there."""
     x = _arrays(plan, costs, link, memory, w_gap, inter_link)
-    order, _ = _pilot(x) if pilot else _walk(x)
+    order, _ = _pilot(x, deadline) if pilot else _walk(x)
     table = _slots(plan.num_stages, plan.microbatches)
     kind, stage, mb, flat, ends = _by_device(order, plan.devices, table.shape[1], table.shape[2])
     # a flat take: half the time of indexing the object table by three arrays
@@ -88,11 +91,19 @@ def pilot_seconds(
     """About how long `build_schedule(..., pilot=True)` takes: a walk, timed, per op of the
     plan (the pilot method's rollouts, half a walk each on average, number about two per op:
     1.6 s against 3.0 s estimated on nemotron-h-56b's best layout for 16 devices x 32
-    micro-batches)."""
+    micro-batches). The fastest of `PILOT_TIMINGS` walks: one walk timed right after a search
+    ran up to 40% over its repeats there, and the tuner reserves the polish by this figure."""
     x = _arrays(plan, costs, link, memory, w_gap, inter_link)
-    t = time.perf_counter()
-    _walk(x)
-    return (time.perf_counter() - t) * 3 * plan.num_stages * plan.microbatches
+    walk = _INF
+    for _ in range(PILOT_TIMINGS):
+        t = time.perf_counter()
+        _walk(x)
+        walk = min(walk, time.perf_counter() - t)
+    return walk * 3 * plan.num_stages * plan.microbatches
+
+
+PILOT_TIMINGS = 3
+"""Walks `pilot_seconds` times, keeping the fastest (the usual guard against a timer's noise)."""
 
 
 @njit
@@ -612,8 +623,7 @@ def _may_run(x, st, d, kind, s):
     return t0 if st.w_done[s] < st.b_done[s] else _INF
 
 
-@njit
-def _pilot(x):
+def _pilot(x, deadline: float | None = None):
     """The pilot method over the walk: at each step, the op the walk picks or another op its
     device could start before that one ends, whichever the walk's rules then finish soonest
     (each alternative rolled out to the end by the walk); the order and when its last op ends
@@ -622,7 +632,46 @@ def _pilot(x):
 
     An alternative runs only where the walk could run it (its producers done, a forward's
     activations within the budget, a B's recompute within the cap), so the order is valid and
-    kept to memory as the walk's is."""
+    kept to memory as the walk's is.
+
+    Run in chunks of `_PILOT_CHUNKS`-th of its steps, so that past `deadline` the walk finishes
+    the order from the step reached: the walk from the pilot's state ends when the best rollout
+    so far does (it is that rollout), so a pilot cut short is as good as the steps it took."""
+    p = _pilot_start(x)
+    n = p.out.kind.shape[0]
+    chunk = max(1, n // _PILOT_CHUNKS)
+    k, best = 0, p.best
+    while k < n:
+        best = _pilot_steps(x, p, best, k, min(n, k + chunk))
+        k = min(n, k + chunk)
+        if k < n and deadline is not None and time.perf_counter() >= deadline:
+            if not _run(x, p.st, p.c, p.out, k):
+                raise RuntimeError("list scheduling stalled with no op held back")
+            break
+    return p.out, best
+
+
+_PILOT_CHUNKS = 200
+"""Times the pilot method looks at the clock (a few milliseconds apart on 16 devices x 32
+micro-batches)."""
+
+
+class _PilotState(NamedTuple):
+    """The pilot method's state between its chunks of steps."""
+
+    out: _Order
+    scratch: _Order
+    st: _Progress
+    c: _Choices
+    st2: _Progress
+    c2: _Choices
+    dur: np.ndarray
+    best: float
+
+
+@njit
+def _pilot_start(x):
+    """The pilot method before its first step: the walk alone rolled out for its end."""
     S, M = x.num_stages, x.microbatches
     N = 3 * S * M
     out = _empty_order(N)
@@ -632,10 +681,16 @@ def _pilot(x):
     _copy(st2, c2, st, c)
     if not _run(x, st2, c2, scratch, 0):
         raise RuntimeError("list scheduling stalled with no op held back")
-    best = st2.device_free.max()
     dur = np.empty((3, S))
     dur[0], dur[1], dur[2] = x.f, x.b, x.w
-    for k in range(N):
+    return _PilotState(out, scratch, st, c, st2, c2, dur, st2.device_free.max())
+
+
+@njit
+def _pilot_steps(x, p, best, k0, k1):
+    """The pilot method's steps k0 .. k1 - 1 (`_pilot`); the end of the best rollout so far."""
+    st, c, st2, c2, dur = p.st, p.c, p.st2, p.c2, p.dur
+    for k in range(k0, k1):
         bd, bt, bk, bs = _pick(x, st, c)
         ct, ck, cs = bt, bk, bs
         limit = bt + dur[bk, bs]
@@ -649,10 +704,10 @@ def _pilot(x):
                     continue
                 _copy(st2, c2, st, c)
                 _apply(x, st2, c2, bd, r, kind, s)
-                if not _run(x, st2, c2, scratch, k + 1):
+                if not _run(x, st2, c2, p.scratch, k + 1):
                     continue
                 end = st2.device_free.max()
                 if end < best - 1e-12:
                     best, ct, ck, cs = end, r, kind, s
-        _record(out, k, bd, ck, cs, _apply(x, st, c, bd, ct, ck, cs))
-    return out, best
+        _record(p.out, k, bd, ck, cs, _apply(x, st, c, bd, ct, ck, cs))
+    return best

@@ -238,8 +238,9 @@ def _polish(
     max_evaluations: int | None,
 ) -> None:
     """The pilot method's orders for the layouts of the searches' best plans, best first, each
-    while its pilot method (about a walk of the list scheduler per op of the plan) ends by
-    `deadline`; `out` keeps the best plan."""
+    while its pilot method (about a walk of the list scheduler per op of the plan) is expected
+    to end by `deadline`, where it stops if it has not (its estimate is rough); `out` keeps the
+    best plan."""
     seen: set[tuple[StageLayout, bool]] = set()
     for score, w_gap in sorted(out.finalists, key=lambda f: functools.cmp_to_key(_order)(f[0])):
         layout = StageLayout.of(score.plan)
@@ -253,7 +254,7 @@ def _polish(
         if time.perf_counter() + _polish_seconds(problem, score, w_gap) > deadline:
             out.finished = False
             return
-        s = evaluate(rebuild(problem.skeleton(layout), problem, w_gap, pilot=True))
+        s = evaluate(rebuild(problem.skeleton(layout), problem, w_gap, True, deadline))
         out.evaluations += 1
         out.rounds.append(
             Round(

@@ -15,6 +15,7 @@ before any op it now overtakes started, so they never depend on those ops.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -29,12 +30,19 @@ from ...problem import Problem
 from .. import construct
 
 
-def rebuild(plan: Plan, problem: Problem, w_gap: bool, pilot: bool = False) -> Plan:
+def rebuild(
+    plan: Plan,
+    problem: Problem,
+    w_gap: bool,
+    pilot: bool = False,
+    deadline: float | None = None,
+) -> Plan:
     """The plan with the list scheduler's order for its partition and placement, within the
-    problem's memory limit (`pilot`: improved by the pilot method, construct.build_schedule).
-    The problem keeps the latest `_KEPT_ORDERS` (a search comes back
-    to the same layout from other moves); a plan built from them shares their device orders
-    and codes (`CodedOrders`: never edited in place) in a list of its own."""
+    problem's memory limit (`pilot`: improved by the pilot method, construct.build_schedule,
+    which stops improving at `deadline`). The problem keeps the latest `_KEPT_ORDERS` (a search
+    comes back to the same layout from other moves), but not a pilot's order the deadline may
+    have cut short; a plan built from them shares their device orders and codes
+    (`CodedOrders`: never edited in place) in a list of its own."""
     costs = problem.sim_costs(plan)
     key = (id(costs), tuple(plan.stage_device()), w_gap, pilot)
     kept = problem.schedules
@@ -44,7 +52,11 @@ def rebuild(plan: Plan, problem: Problem, w_gap: bool, pilot: bool = False) -> P
         orders = hit[1]
         assert isinstance(orders, CodedOrders) and orders.codes is not None
         return replace(plan, schedule=CodedOrders(orders, orders.codes))
-    built = construct.build_schedule(*_args(plan, problem, w_gap, costs), pilot=pilot)
+    built = construct.build_schedule(
+        *_args(plan, problem, w_gap, costs), pilot=pilot, deadline=deadline
+    )
+    if deadline is not None and time.perf_counter() >= deadline:
+        return built
     kept[key] = (costs, built.schedule)
     if len(kept) > _KEPT_ORDERS:
         kept.popitem(last=False)
