@@ -112,17 +112,27 @@ def test_no_time_for_the_tuner_keeps_the_best_baseline(monkeypatch, clock, tiny)
     assert out.tuned.best is out.baselines[0].score
 
 
-def test_a_polish_that_would_end_past_the_budget_is_not_started(monkeypatch, clock, tiny):
-    # The pilot method's estimate decides: one that would end past the deadline is left out
-    # (and the tuner reports it stopped short); one that fits runs after the search.
-    costs(monkeypatch, clock, simulate=0.001)
-    monkeypatch.setattr(loop, "pilot_seconds", lambda *args: 1e6)
-    out = loop.tune(tiny, budget=60.0, restarts=1)
-    assert not [r for r in out.rounds if r.phase == "polish"] and not out.finished
-    monkeypatch.setattr(loop, "pilot_seconds", lambda *args: 1.0)
-    t0 = clock.now
-    out = loop.tune(tiny, budget=60.0, restarts=1)
-    assert out.rounds[-1].phase == "polish" and out.finished and clock.now - t0 <= 60.0
+def test_only_the_best_layout_is_polished_past_its_estimate(monkeypatch, clock, tiny):
+    # The best plan's layout gets the pilot method with whatever time is left (it stops at the
+    # deadline); another layout only when its estimate fits, else the tuner reports it stopped
+    # short. Two searches' best plans on two layouts:
+    from octodsl.tune.pipeline.layout import StageLayout, even_cuts
+    from octodsl.tune.pipeline.moves.schedule import rebuild
+
+    evaluate = Evaluator(tiny)
+    scores = [
+        evaluate(rebuild(tiny.skeleton(StageLayout(cuts, (0, 1, 2, 3))), tiny, True))
+        for cuts in (even_cuts(tiny.num_layers, 4), (0, 1, 2, 3, tiny.num_layers))
+    ]
+    assert StageLayout.of(scores[0].plan) != StageLayout.of(scores[1].plan)
+    for estimate, polished in ((1e6, 1), (1.0, 2)):
+        monkeypatch.setattr(loop, "pilot_seconds", lambda *args, e=estimate: e)
+        best = min(scores, key=lambda s: s.time)
+        out = loop.TuneResult(best, [], 0, True, finalists=[(s, True) for s in scores])
+        t0 = clock.now
+        loop._polish(tiny, evaluate, out, clock.now + 60.0, None)
+        assert len([r for r in out.rounds if r.phase == "polish"]) == polished
+        assert out.finished == (polished == 2) and clock.now - t0 <= 60.0
 
 
 def test_a_polish_longer_than_its_estimate_stops_at_the_deadline(monkeypatch, clock, tiny):

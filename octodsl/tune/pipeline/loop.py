@@ -17,7 +17,8 @@
    budget lasts (less the time to polish the best plan, up to a `POLISH_SHARE` of it); each
    ends in its own local optimum, the one it finds alone.
 5. Polish: the layouts the searches ended on, best first, get the pilot method's order
-   (construct.py), too slow for every plan of a search, while the budget lasts.
+   (construct.py), too slow for every plan of a search: the best plan's with the time left,
+   the others' where their estimate fits; each stops at the deadline.
 The best plan that fits in memory wins. Every plan is timed by the simulator. Under the
 problem's `keep`, only layouts it allows are tried. Ctrl-C stops the search as the end of the
 budget does (`TuneResult.interrupted`), so the best plan is kept.
@@ -237,10 +238,11 @@ def _polish(
     deadline: float,
     max_evaluations: int | None,
 ) -> None:
-    """The pilot method's orders for the layouts of the searches' best plans, best first, each
-    while its pilot method (about a walk of the list scheduler per op of the plan) is expected
-    to end by `deadline`, where it stops if it has not (its estimate is rough); `out` keeps the
-    best plan."""
+    """The pilot method's orders for the layouts of the searches' best plans, best first: the
+    best plan's with whatever time is left, the others' while their pilot method (about a walk
+    of the list scheduler per op of the plan) is expected to end by `deadline`. Each stops at
+    `deadline` if it has not ended (construct.build_schedule: the estimate is rough, and a
+    pilot method cut short still gains what its steps found); `out` keeps the best plan."""
     seen: set[tuple[StageLayout, bool]] = set()
     for score, w_gap in sorted(out.finalists, key=lambda f: functools.cmp_to_key(_order)(f[0])):
         layout = StageLayout.of(score.plan)
@@ -251,10 +253,13 @@ def _polish(
         ):
             return
         seen.add((layout, w_gap))
-        if time.perf_counter() + _polish_seconds(problem, score, w_gap) > deadline:
+        left = deadline - time.perf_counter()
+        if left <= 0 or (len(seen) > 1 and _polish_seconds(problem, score, w_gap) > left):
             out.finished = False
             return
         s = evaluate(rebuild(problem.skeleton(layout), problem, w_gap, True, deadline))
+        if time.perf_counter() >= deadline:  # the pilot method may have been cut short
+            out.finished = False
         out.evaluations += 1
         out.rounds.append(
             Round(
