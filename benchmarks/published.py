@@ -527,8 +527,15 @@ def rankings(results: list[dict]) -> list[dict]:
 # -- the report -------------------------------------------------------------------------------
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
+    """A relative difference as the tables print it: +1.2%."""
     return f"{100 * x:+.1f}%"
+
+
+def settled_recompute() -> dict[str, str]:
+    """Per row id, the recompute its last run settled on (benchmarks/published.json)."""
+    done = REPO / "benchmarks" / "published.json"
+    return {r["id"]: r["recompute"] for r in json.loads(done.read_text())["rows"]}
 
 
 def report(results: list[dict], ranks: list[dict], data: dict, command: str, seconds: float) -> str:
@@ -603,8 +610,8 @@ def report(results: list[dict], ranks: list[dict], data: dict, command: str, sec
             f"| {r['id']} | {r['device']} | {r['gpus']:,} | {r['model']} | {r['tp']} x {r['pp']} x "
             f"{r['dp']} | {r['vp']} | {r['mbs']} x {r['microbatches']} | {r['recompute']} | "
             f"{r['schedule']} | {r['metric']} ({r['counting']}) | {r['published']:g} | "
-            f"{r['simulated']:.4g} | {_pct(r['error'])} | "
-            + ("-" if r["error_before"] is None else _pct(r["error_before"]))
+            f"{r['simulated']:.4g} | {pct(r['error'])} | "
+            + ("-" if r["error_before"] is None else pct(r["error_before"]))
             + " |"
         )
     lines += [
@@ -661,7 +668,7 @@ def report(results: list[dict], ranks: list[dict], data: dict, command: str, sec
         for d in pairs_same:
             lines.append(
                 f"| {d['work']} | {d['b']} | {d['a']} | {d['published']:.3f} | "
-                f"{d['simulated']:.3f} | {_pct(d['published'] / d['simulated'] - 1)} |"
+                f"{d['simulated']:.3f} | {pct(d['published'] / d['simulated'] - 1)} |"
             )
     lines += [
         "",
@@ -709,7 +716,7 @@ def main() -> int:
         if args.export:
             export_plan(row, r["recompute"], Path(args.export))
         print(
-            f"{r['id']:50} {r['published']:>9g} {r['simulated']:>9.4g} {_pct(r['error']):>7} "
+            f"{r['id']:50} {r['published']:>9g} {r['simulated']:>9.4g} {pct(r['error']):>7} "
             f"({r['seconds']:.1f} s)",
             flush=True,
         )

@@ -35,7 +35,6 @@ waits. The replay engine is benchmarks/published_interleaved.py's.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -129,10 +128,6 @@ def row_replay(row: dict, recompute: str) -> dict:
     }
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}%"
-
-
 def report(results: list[dict], seconds: float) -> str:
     diffs = [r["engine"] / r["sim"] - 1 for r in results]
     mean_before = sum(abs(r["error"]) for r in results) / len(results)
@@ -146,7 +141,7 @@ def report(results: list[dict], seconds: float) -> str:
         "",
         f"**{len(results)} rows of the sources that ran DeepSpeed's pipeline engine: its "
         f"schedule, replayed with its blocking sends and receives on the rows' own costs, moves "
-        f"the pipeline by {_pct(min(diffs))} to {_pct(max(diffs))} against octodsl's simulation; "
+        f"the pipeline by {P.pct(min(diffs))} to {P.pct(max(diffs))} against octodsl's simulation; "
         f"the rows' mean |error| would go from {100 * mean_before:.1f}% to "
         f"{100 * mean_after:.1f}%.** So the engine's order and waits are not what makes these "
         'runs slower than simulated (benchmarks/published.md, "By the software that ran the '
@@ -164,8 +159,8 @@ def report(results: list[dict], seconds: float) -> str:
     for r in results:
         lines.append(
             f"| {r['id']} | {r['shape']} | {r['sim']:.3f} | {r['free']:.3f} | "
-            f"{r['engine']:.3f} | {_pct(r['engine'] / r['sim'] - 1)} | {r['per_host_ms']:.3f} | "
-            f"{_pct(r['error'])} | {_pct(r['error_engine'])} |"
+            f"{r['engine']:.3f} | {P.pct(r['engine'] / r['sim'] - 1)} | {r['per_host_ms']:.3f} | "
+            f"{P.pct(r['error'])} | {P.pct(r['error_engine'])} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -177,8 +172,7 @@ def main() -> int:
     if not check_outputs("published_deepspeed.py", [args.output]):
         return 2
     data = P.load()
-    done = REPO / "benchmarks" / "published.json"
-    recompute = {r["id"]: r["recompute"] for r in json.loads(done.read_text())["rows"]}
+    recompute = P.settled_recompute()
     t0 = time.perf_counter()
     results = []
     for row in P.rows(data):
@@ -188,7 +182,7 @@ def main() -> int:
         results.append(r)
         print(
             f"{r['id']:50} sim {r['sim']:.3f} engine {r['engine']:.3f} "
-            f"({_pct(r['engine'] / r['sim'] - 1)})",
+            f"({P.pct(r['engine'] / r['sim'] - 1)})",
             flush=True,
         )
     text = report(results, time.perf_counter() - t0)

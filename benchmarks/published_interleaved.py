@@ -437,10 +437,6 @@ def residuals(published_json: Path) -> list[str]:
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}%"
-
-
 def report(results: list[dict], res_lines: list[str], seconds: float) -> str:
     diffs = [r["loop"] / r["sim"] - 1 for r in results]
     lines = [
@@ -452,8 +448,8 @@ def report(results: list[dict], res_lines: list[str], seconds: float) -> str:
         "",
         f"**{len(results)} interleaved rows of the sources that ran Megatron-LM's loop: octodsl's "
         f"order is Megatron's, op by op, on {sum(r['same_order'] for r in results)} of them; the "
-        f"loop replayed with its own waits moves the pipeline by {_pct(min(diffs))} to "
-        f"{_pct(max(diffs))}.**",
+        f"loop replayed with its own waits moves the pipeline by {P.pct(min(diffs))} to "
+        f"{P.pct(max(diffs))}.**",
         "",
         "| row | p x v x m | overlap_p2p_comm | order as Megatron's | octodsl pipeline s | "
         "Megatron's loop s | difference | row's error | with the loop's time |",
@@ -463,7 +459,7 @@ def report(results: list[dict], res_lines: list[str], seconds: float) -> str:
         lines.append(
             f"| {r['id']} | {r['shape']} | {str(r['overlap']).lower()} | "
             f"{'same' if r['same_order'] else 'differs'} | {r['sim']:.4f} | {r['loop']:.4f} | "
-            f"{_pct(r['loop'] / r['sim'] - 1)} | {_pct(r['error'])} | {_pct(r['error_loop'])} |"
+            f"{P.pct(r['loop'] / r['sim'] - 1)} | {P.pct(r['error'])} | {P.pct(r['error_loop'])} |"
         )
     lines += [
         "",
@@ -486,8 +482,7 @@ def main() -> int:
     args = ap.parse_args()
     if not check_outputs("published_interleaved.py", [args.output]):
         return 2
-    done = REPO / "benchmarks" / "published.json"
-    recompute = {r["id"]: r["recompute"] for r in json.loads(done.read_text())["rows"]}
+    recompute = P.settled_recompute()
     t0 = time.perf_counter()
     results = []
     for row in P.rows(P.load()):
@@ -497,10 +492,12 @@ def main() -> int:
         results.append(r)
         print(
             f"{r['id']:45} order {'same' if r['same_order'] else 'DIFFERS'} sim {r['sim']:.4f} "
-            f"loop {r['loop']:.4f} ({_pct(r['loop'] / r['sim'] - 1)})",
+            f"loop {r['loop']:.4f} ({P.pct(r['loop'] / r['sim'] - 1)})",
             flush=True,
         )
-    text = report(results, residuals(done), time.perf_counter() - t0)
+    text = report(
+        results, residuals(REPO / "benchmarks" / "published.json"), time.perf_counter() - t0
+    )
     if not write_outputs("published_interleaved.py", {Path(args.output): text}):
         return 2
     print(f"wrote {args.output}")
