@@ -143,9 +143,10 @@ def report(results: list[dict], seconds: float) -> str:
         f"schedule, replayed with its blocking sends and receives on the rows' own costs, moves "
         f"the pipeline by {P.pct(min(diffs))} to {P.pct(max(diffs))} against octodsl's simulation; "
         f"the rows' mean |error| would go from {100 * mean_before:.1f}% to "
-        f"{100 * mean_after:.1f}%.** So the engine's order and waits are not what makes these "
-        'runs slower than simulated (benchmarks/published.md, "By the software that ran the '
-        'pipeline").',
+        f"{100 * mean_after:.1f}%.** So the engine's order and its waits on messages are not what "
+        'makes these runs slower than simulated (benchmarks/published.md, "By the software that '
+        'ran the pipeline"); the synchronization before each forward would have to take tens of '
+        "milliseconds of host time (the gap over `per host ms`), which was not measured.",
         "",
         "`free messages`: TrainSchedule with messages that take no time (equal stages give "
         "1F1B's time exactly: the lockstep of its rendezvous costs nothing by itself). "
