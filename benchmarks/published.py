@@ -256,28 +256,20 @@ def _plan(row: dict, spec_path: Path, s: Setup, recompute: str):
     return plan
 
 
-def simulation_inputs(row: dict, spec_path: Path, s: Setup, recompute: str):
-    """What octodsl's CLI simulates for the row (gen with --dp and --zero, then simulate with
-    --recompute, --device, --inter-node-link): the plan, its costs, the device, its node link
-    and the inter-node link."""
+def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
+    """The simulation of the row as octodsl's CLI runs it (gen with --dp and --zero, then
+    simulate with --recompute, --device, --inter-node-link), and the row's device."""
     from octodsl.costs.devices import get_device, get_link
     from octodsl.costs.resolve import cost_table, header_costing
-    from octodsl.sim import SimCosts
+    from octodsl.sim import SimCosts, compile, simulate
 
     plan = _plan(row, spec_path, s, recompute)
     device = get_device(row["device"])
     table = cost_table(model=str(spec_path), device=row["device"], **header_costing(plan.header))
     inter = row["inter_node_link"]
     inter_link = get_link(str(REPO / inter) if inter.endswith(".yaml") else inter)
-    return plan, SimCosts.from_table(table, plan), device, get_link(device.node_link), inter_link
-
-
-def simulate_row(row: dict, spec_path: Path, s: Setup, recompute: str):
-    """The simulation of the row as octodsl's CLI runs it, and the row's device."""
-    from octodsl.sim import compile, simulate
-
-    plan, costs, device, link, inter_link = simulation_inputs(row, spec_path, s, recompute)
-    return simulate(compile(plan), costs, link, inter_link=inter_link), device
+    costs = SimCosts.from_table(table, plan)
+    return simulate(compile(plan), costs, get_link(device.node_link), inter_link=inter_link), device
 
 
 def export_plan(row: dict, recompute: str, folder: Path) -> None:
@@ -292,6 +284,8 @@ def export_plan(row: dict, recompute: str, folder: Path) -> None:
         raise SystemExit(2)
 
 
+DONE = REPO / "benchmarks" / "published.json"
+"""The last run's numbers (main writes it beside the table)."""
 BEFORE = REPO / "benchmarks" / "published_before.json"
 """The model before issue 26 on the same plans (benchmarks/published_before.py)."""
 
@@ -534,8 +528,7 @@ def pct(x: float) -> str:
 
 def settled_recompute() -> dict[str, str]:
     """Per row id, the recompute its last run settled on (benchmarks/published.json)."""
-    done = REPO / "benchmarks" / "published.json"
-    return {r["id"]: r["recompute"] for r in json.loads(done.read_text())["rows"]}
+    return {r["id"]: r["recompute"] for r in json.loads(DONE.read_text())["rows"]}
 
 
 def report(results: list[dict], ranks: list[dict], data: dict, command: str, seconds: float) -> str:

@@ -101,16 +101,8 @@ def train_schedule(p: int, m: int, rank: int, host: float = 0.0) -> list[tuple]:
 
 def row_replay(row: dict, recompute: str) -> dict:
     """The row as published.py simulates it, and the same stage costs through TrainSchedule."""
-    spec = P.write_spec(row["model"])
-    s = P.setup(row)
-    result, _ = P.simulate_row(row, spec, s, recompute)
+    s, result, f, b, msg = I.replay_inputs(row, recompute)
     p, m = row["pp"], s.microbatches
-    stages = result.costs.stages
-    f = [[c.f for c in stages]]
-    b = [[c.fused_backward for c in stages]]
-    msg = list(
-        result.links.cut_times([c.send_bytes for c in stages]) + result.costs.message_overhead
-    )
     free = I.replay_loops(p, 1, [train_schedule(p, m, r) for r in range(p)], f, b, [0.0] * p)
     engine = I.replay_loops(p, 1, [train_schedule(p, m, r) for r in range(p)], f, b, msg)
     synced = I.replay_loops(p, 1, [train_schedule(p, m, r, HOST) for r in range(p)], f, b, msg)

@@ -368,23 +368,32 @@ MEGATRON = ("narayanan2021", "megascale2024", "zerobubble2024")
 `why`); Llama 3 ran Meta's own."""
 
 
+def replay_inputs(row: dict, recompute: str):
+    """The row as published.py simulates it (with the recompute it settled on): its setup, the
+    simulation, and the replay's costs from the same stage costs: per chunk c and rank r the
+    forward's and the fused backward's seconds, f[c][r] and b[c][r], and per cut a message's
+    seconds as `simulate` charges it."""
+    spec = P.write_spec(row["model"])
+    s = P.setup(row)
+    result, _ = P.simulate_row(row, spec, s, recompute)
+    p, stages = row["pp"], result.costs.stages
+    f = [[stages[c * p + r].f for r in range(p)] for c in range(s.vp)]
+    b = [[stages[c * p + r].fused_backward for r in range(p)] for c in range(s.vp)]
+    msg = list(
+        result.links.cut_times([c.send_bytes for c in stages]) + result.costs.message_overhead
+    )
+    return s, result, f, b, msg
+
+
 def row_replay(row: dict, recompute: str) -> dict:
     """The row as published.py simulates it (with the recompute it settled on), and the same
     stage costs through Megatron's loop."""
     from octodsl.sim import SimProgram
 
-    spec = P.write_spec(row["model"])
-    s = P.setup(row)
-    result, _ = P.simulate_row(row, spec, s, recompute)
+    s, result, f, b, msg = replay_inputs(row, recompute)
     prog: SimProgram = result.program
     plan = prog.plan
     p, v, m = row["pp"], s.vp, s.microbatches
-    stages = result.costs.stages
-    f = [[stages[c * p + r].f for r in range(p)] for c in range(v)]
-    b = [[stages[c * p + r].fused_backward for r in range(p)] for c in range(v)]
-    msg = list(
-        result.links.cut_times([c.send_bytes for c in stages]) + result.costs.message_overhead
-    )
     same = all(
         [f"{k}{st}:{mb}" for k, st, mb in megatron_order(p, v, m, r)]
         == [str(op).replace("BW", "B") for op in plan.schedule[r]]
@@ -495,9 +504,7 @@ def main() -> int:
             f"loop {r['loop']:.4f} ({P.pct(r['loop'] / r['sim'] - 1)})",
             flush=True,
         )
-    text = report(
-        results, residuals(REPO / "benchmarks" / "published.json"), time.perf_counter() - t0
-    )
+    text = report(results, residuals(P.DONE), time.perf_counter() - t0)
     if not write_outputs("published_interleaved.py", {Path(args.output): text}):
         return 2
     print(f"wrote {args.output}")
