@@ -112,8 +112,9 @@ def tight_lower_bound(problem: Problem) -> float:
     work and waits are without recompute time (recompute only adds to B), and its memory
     term counts the fewest bytes the allowed recompute modes hold and the static bytes
     under the header's ZeRO sharding; recompute_lower_bound() weighs the recompute time a
-    mode costs against the bytes it saves. The data-parallel collectives no plan avoids
-    count too (dp_seconds(), dp_stream_bound())."""
+    mode costs against the bytes it saves, and fill_lower_bound() the idle of the fill that
+    the memory limit forces. The data-parallel collectives no plan avoids count too
+    (dp_seconds(), dp_stream_bound())."""
     f, b, ep_f, ep_b = (problem.column(k) for k in ("f", "b", "ep_f", "ep_b"))
     w = w_run(problem)
     before_f = np.cumsum(f) - f
@@ -129,6 +130,7 @@ def tight_lower_bound(problem: Problem) -> float:
         max(float(layer.max()), memory_lower_bound(problem)) + after + step,
         work_with_leads(problem) + before + after + step,
         recompute_lower_bound(problem),
+        fill_lower_bound(problem),
         dp_stream_bound(problem),
     )
 
@@ -265,6 +267,79 @@ def recompute_lower_bound(problem: Problem) -> float:
         best = max(best, ga, gb)
         lo, hi = (a, hi) if ga < gb else (lo, b)
     return best
+
+
+def fill_lower_bound(problem: Problem) -> float:
+    """No plan within the memory limit runs faster than this (0 without a limit): the idle
+    time of the pipeline's fill, which the memory limit forces.
+
+    Until the first input-gradient backward starts, the devices only run forwards, and every
+    forward they have started holds its kept bytes (a forward's bytes are held from its
+    start; none is freed before a backward). That first backward waits for one micro-batch's
+    forwards through every layer, and so does the end of the last forward: for at least
+    a = (all the layers' F) seconds from the start either no backward has started or some
+    forward is still to come, and in that span the devices only forward. If the forwards
+    started in it are y seconds of work, the devices idle P x a - y seconds of it at least,
+    and every op not started in it still runs after it: P x T >= P x a + all work - y (the
+    ops' whole seconds, recompute included). The bytes of those forwards fit beside the
+    static bytes (memory_lower_bound()'s room), so y is at most the largest forward work
+    whose kept bytes fit (M forwards per layer, each its F and its `least_kept`-like bytes
+    under the layer's mode). By linear-programming duality that is at most
+    u x room + sum over layers of M x max(0, F - u x kept) for any u >= 0, so for every u,
+    with each layer's best mode for that u (its recompute seconds against the forwards its
+    bytes allow), the right side is a lower bound; the largest over u is one too (concave in
+    u: a ternary search finds it). The data-parallel collectives and the step add as in
+    work_with_leads(), whose leads this bound's idle includes.
+
+    It binds where a micro-batch's activations are large for the room beside the parameters
+    and there are few micro-batches to spread the fill over (jamba-v0.1 on 4 devices of 80
+    GiB: the room holds under two micro-batches' forwards of the four a fill needs).
+    Full recompute keeps none of a layer's bytes here (its stage's input is counted as none
+    of any layer's), so where it is allowed it costs its recompute seconds instead."""
+    if problem.memory is None:
+        return 0.0
+    room = problem.devices * float(problem.memory) - float(problem.layer_static().sum())
+    if room <= 0:
+        return 0.0  # memory_lower_bound() says inf: no plan fits
+    P, M = problem.devices, problem.microbatches
+    f, ep_f = problem.column("f"), problem.column("ep_f")
+    fw = f - ep_f  # a forward's work as run_work() counts it
+    per_mode = [_recomputed(problem, m) for m in problem.modes]
+    again, kept = (np.array([x[i] for x in per_mode]) for i in (0, 1))
+    if _forwards_that_fit(M * fw, M * kept.max(axis=0), room) >= P * float(f.sum()):
+        return 0.0  # the room holds all the span could run, whatever the modes: no idle
+    before, after = dp_seconds(problem)
+    fixed = M * float(run_work(problem).sum()) + P * float(f.sum())
+
+    def g(u: float) -> float:
+        per_layer = (M * again - M * np.maximum(0.0, fw - u * kept)).min(axis=0)
+        return (fixed - u * room + float(per_layer.sum())) / P
+
+    # beyond u = max(F / kept) every layer's forwards are priced out and g only falls
+    positive = kept > 0
+    hi = float((np.broadcast_to(fw, kept.shape)[positive] / kept[positive]).max(initial=0.0))
+    lo, best = 0.0, max(g(0.0), g(hi))
+    for _ in range(60):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        ga, gb = g(a), g(b)
+        best = max(best, ga, gb)
+        lo, hi = (a, hi) if ga < gb else (lo, b)
+    return best + before + after + step_seconds(problem)
+
+
+def _forwards_that_fit(seconds: np.ndarray, kept: np.ndarray, room: float) -> float:
+    """The most forward seconds whose bytes fit in `room`: per layer `seconds` of forwards
+    holding `kept` bytes for each of its seconds' share, the fewest bytes per second first
+    (the fractional knapsack, an upper bound on whole forwards)."""
+    per_second = np.divide(kept, seconds, out=np.zeros_like(kept), where=seconds > 0)
+    order = np.argsort(per_second, kind="stable")
+    need = np.cumsum(kept[order])
+    whole = int(np.searchsorted(need, room, side="right"))  # layers whose forwards all fit
+    done = float(seconds[order[:whole]].sum())
+    if whole < len(order):
+        left = room - (float(need[whole - 1]) if whole else 0.0)
+        done += left / per_second[order[whole]]
+    return done
 
 
 def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:

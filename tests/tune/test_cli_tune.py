@@ -380,3 +380,19 @@ def test_the_spread_counts_searches_without_a_fitting_plan_apart():
     assert text.startswith("2 searches ended between 2,000.0 ms and 2,200.0 ms (10.0% apart)")
     assert "and 1 with no plan that fits" in text
     assert searches_spread(SimpleNamespace(finalists=[search(2.0, True)])) == ""
+
+
+def test_the_table_says_which_bound_binds(tmp_path, capsys):
+    # jamba-v0.1 on 4 devices of 80 GiB (benchmarks/tuner_gap.md): its static bytes leave room
+    # for under two micro-batches' forwards of the four its fill needs
+    args = ["tune", "--model", "jamba-v0.1", "-p", "4", "-m", "8", "--memory", "80GiB"]
+    out = tmp_path / "t.octo"
+    assert (
+        main(
+            [*args, "--dp", "8", "--zero", "1", *SEARCH[:2], "--evaluations", "20"]
+            + ["-o", str(out)]
+        )
+        == 0
+    )
+    title = " ".join(capsys.readouterr().out.split())
+    assert "counting the forwards the memory holds before the first backward" in title

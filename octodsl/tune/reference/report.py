@@ -12,7 +12,7 @@ from rich.text import Text
 from ...plan import Recompute
 from ...units import milliseconds as _ms
 from ...units import size
-from ..bounds import memory_lower_bound
+from ..bounds import fill_lower_bound, memory_lower_bound
 from ..pipeline.evaluate import Score
 from ..pipeline.loop import Round, TuneResult
 from ..problem import Problem
@@ -189,11 +189,11 @@ def _tight(problem: Problem) -> str:
     tight = problem.tight_lower_bound()
     if tight <= problem.lower_bound() * 1.001:
         return ""
-    why = (
-        "the activations the memory limit leaves room for"
-        if tight == memory_lower_bound(problem)
-        else "each layer's wait for the first forward"
-    )
+    why = "each layer's wait for the first forward"
+    if tight == memory_lower_bound(problem):
+        why = "the activations the memory limit leaves room for"
+    elif tight == fill_lower_bound(problem):
+        why = "the forwards the memory holds before the first backward"
     return f"; {_ms(tight)} counting {why}"
 
 
