@@ -99,7 +99,7 @@ def step_seconds(problem: Problem) -> float:
 
 
 def tight_lower_bound(problem: Problem) -> float:
-    """lower_bound() made tighter by the wait of each layer's device and by the memory limit
+    """The largest of tight_terms(): lower_bound() made tighter by the wait of each layer's device and by the memory limit
     (memory_lower_bound()). The wait: no op of a layer can start before the forwards of the
     layers before it (for the first micro-batch), and after the layer's last input-gradient
     backward come either its remaining W or the backwards of the layers before it. So per
@@ -115,6 +115,11 @@ def tight_lower_bound(problem: Problem) -> float:
     mode costs against the bytes it saves, and fill_lower_bound() the idle of the fill that
     the memory limit forces. The data-parallel collectives no plan avoids count too
     (dp_seconds(), dp_stream_bound())."""
+    return max(tight_terms(problem).values())
+
+
+def tight_terms(problem: Problem) -> dict[str, float]:
+    """tight_lower_bound()'s terms, each under what it counts (what `tune`'s title names)."""
     f, b, ep_f, ep_b = (problem.column(k) for k in ("f", "b", "ep_f", "ep_b"))
     w = w_run(problem)
     before_f = np.cumsum(f) - f
@@ -125,14 +130,20 @@ def tight_lower_bound(problem: Problem) -> float:
     layer = before_f + m * (f - ep_f + b - ep_b) + np.maximum(m * w, before_b)
     before, after = dp_seconds(problem)
     step = step_seconds(problem)
-    return max(
-        lower_bound(problem) + after,
-        max(float(layer.max()), memory_lower_bound(problem)) + after + step,
-        work_with_leads(problem) + before + after + step,
-        recompute_lower_bound(problem),
-        fill_lower_bound(problem),
-        dp_stream_bound(problem),
-    )
+    return {
+        "all work over the devices": lower_bound(problem) + after,
+        "each layer's wait for the first forward": float(layer.max()) + after + step,
+        "the activations the memory limit leaves room for": memory_lower_bound(problem)
+        + after
+        + step,
+        "each device's wait for its first forward": work_with_leads(problem)
+        + before
+        + after
+        + step,
+        "the recompute the memory limit calls for": recompute_lower_bound(problem),
+        "the forwards the memory holds before the first backward": fill_lower_bound(problem),
+        "the reduce-scatter after each backward": dp_stream_bound(problem),
+    }
 
 
 def work_with_leads(problem: Problem) -> float:

@@ -16,6 +16,7 @@ from octodsl.tune.bounds import (
     layout_lower_bound,
     memory_lower_bound,
     step_seconds,
+    tight_terms,
     work_with_leads,
 )
 from octodsl.tune.pipeline.evaluate import Evaluator
@@ -405,3 +406,18 @@ def test_where_the_passes_and_the_step_weigh_the_tuned_plan_still_meets_the_boun
     best = tune(pr, budget=60, max_evaluations=300, seed=0).best
     assert below_tight_bound(pr, [best]) == below_layout_bound(pr, [best]) == []
     assert step_seconds(pr) > best.time - pr.tight_lower_bound()  # the test is that close
+
+
+@pytest.mark.parametrize(
+    "pr, binding",
+    [
+        (problem(HEAD, 4, 4), "each layer's wait for the first forward"),
+        (problem([3.0] * 16, 4, 32), "each device's wait for its first forward"),
+        (problem(**MEMORY_BOUND), "the activations the memory limit leaves room for"),
+        (problem(**FILL), "the forwards the memory holds before the first backward"),
+    ],
+)
+def test_the_tight_bound_is_its_largest_term_named_for_what_it_counts(pr, binding):
+    terms = tight_terms(pr)
+    assert max(terms, key=terms.__getitem__) == binding
+    assert pr.tight_lower_bound() == max(terms.values())

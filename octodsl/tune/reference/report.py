@@ -12,7 +12,7 @@ from rich.text import Text
 from ...plan import Recompute
 from ...units import milliseconds as _ms
 from ...units import size
-from ..bounds import fill_lower_bound, memory_lower_bound
+from ..bounds import tight_terms
 from ..pipeline.evaluate import Score
 from ..pipeline.loop import Round, TuneResult
 from ..problem import Problem
@@ -186,15 +186,11 @@ def comparison_table(
 
 def _tight(problem: Problem) -> str:
     """The tighter bound, when it differs: efficiency 1 is out of reach then."""
-    tight = problem.tight_lower_bound()
-    if tight <= problem.lower_bound() * 1.001:
+    terms = tight_terms(problem)
+    why = max(terms, key=terms.__getitem__)
+    if terms[why] <= problem.lower_bound() * 1.001:
         return ""
-    why = "each layer's wait for the first forward"
-    if tight == memory_lower_bound(problem):
-        why = "the activations the memory limit leaves room for"
-    elif tight == fill_lower_bound(problem):
-        why = "the forwards the memory holds before the first backward"
-    return f"; {_ms(tight)} counting {why}"
+    return f"; {_ms(terms[why])} counting {why}"
 
 
 def _cells(name: str, f: Figures, tuned: Figures) -> list:
