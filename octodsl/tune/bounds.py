@@ -342,7 +342,9 @@ def _forwards_that_fit(seconds: np.ndarray, kept: np.ndarray, room: float) -> fl
     """The most forward seconds whose bytes fit in `room`: per layer `seconds` of forwards
     holding `kept` bytes for each of its seconds' share, the fewest bytes per second first
     (the fractional knapsack, an upper bound on whole forwards)."""
-    per_second = np.divide(kept, seconds, out=np.zeros_like(kept), where=seconds > 0)
+    # bytes without seconds last (they fit no forward work); no bytes first
+    per_second = np.divide(kept, seconds, out=np.full_like(kept, np.inf), where=seconds > 0)
+    per_second[kept <= 0] = 0.0
     order = np.argsort(per_second, kind="stable")
     need = np.cumsum(kept[order])
     whole = int(np.searchsorted(need, room, side="right"))  # layers whose forwards all fit

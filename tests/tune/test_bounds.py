@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -232,6 +233,17 @@ def test_the_fill_bound_counts_the_forwards_the_memory_holds():
     assert fill_lower_bound(full) == 0.0 and full.tight_lower_bound() == pytest.approx(33.5)
     # allowed to choose, a plan pays the cheaper of the two: the idle
     assert fill_lower_bound(problem(**FILL, recompute="auto")) == pytest.approx(28.0)
+
+
+def test_the_most_forward_work_that_fits_takes_the_fewest_bytes_per_second_first():
+    from octodsl.tune.bounds import _forwards_that_fit
+
+    seconds, kept = np.array([1.0, 0.0, 2.0]), np.array([1.0, 5.0, 0.0])
+    # the free layer's 2 s whole, then half of the first layer's; bytes without seconds add none
+    assert _forwards_that_fit(seconds, kept, 0.5) == pytest.approx(2.5)
+    assert _forwards_that_fit(seconds, kept, 3.0) == pytest.approx(3.0)
+    # 2 bytes buy the first layer's 1 s, the last byte a quarter of the second's
+    assert _forwards_that_fit(np.ones(2), np.array([2.0, 4.0]), 3.0) == pytest.approx(1.25)
 
 
 @settings(max_examples=20)  # an example tunes up to 10 layers, checking every plan (~0.2 s)
