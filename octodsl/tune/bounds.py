@@ -99,10 +99,11 @@ def step_seconds(problem: Problem) -> float:
 
 
 def tight_lower_bound(problem: Problem) -> float:
-    """The largest of tight_terms(): lower_bound() made tighter by the wait of each layer's device and by the memory limit
-    (memory_lower_bound()). The wait: no op of a layer can start before the forwards of the
-    layers before it (for the first micro-batch), and after the layer's last input-gradient
-    backward come either its remaining W or the backwards of the layers before it. So per
+    """The largest of tight_terms(): lower_bound() made tighter by the wait of each layer's
+    device and by the memory limit (memory_lower_bound()). The wait: no op of a layer can
+    start before the forwards of the layers before it (for the first micro-batch), and after
+    the layer's last input-gradient backward come either its remaining W or the backwards of
+    the layers before it. So per
     layer: forwards before + M x (F + B) + max(M x W, backwards before). Where one layer
     outweighs a device's fair share (an LM head on 16 devices), this is what even a perfect
     plan needs, and lower_bound() cannot be reached. The work over the devices counts each
