@@ -39,7 +39,20 @@ def least_kept(problem: Problem) -> np.ndarray:
     """Per layer, the fewest activation bytes a micro-batch keeps from its forward to its
     input-gradient backward with a recompute mode allowed (full keeps only the stage's
     input, counted as none of any layer's: a true lower bound whatever the cuts)."""
-    return np.min([_recomputed(problem, m)[1] for m in problem.modes], axis=0)
+    return _by_mode(problem)[1].min(axis=0)
+
+
+def _by_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """`_recomputed()` for every allowed mode: per mode (rows) and layer (columns), the seconds
+    B runs again and the bytes F keeps."""
+    pairs = [_recomputed(problem, m) for m in problem.modes]
+    return np.array([a for a, _ in pairs]), np.array([k for _, k in pairs])
+
+
+def _room(problem: Problem, memory: int) -> float:
+    """The bytes the devices have beside all the static bytes, `memory` (the problem's limit)
+    each."""
+    return problem.devices * float(memory) - float(problem.layer_static().sum())
 
 
 def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarray]:
@@ -310,14 +323,13 @@ def fill_lower_bound(problem: Problem) -> float:
     of any layer's), so where it is allowed it costs its recompute seconds instead."""
     if problem.memory is None:
         return 0.0
-    room = problem.devices * float(problem.memory) - float(problem.layer_static().sum())
+    room = _room(problem, problem.memory)
     if room <= 0:
         return 0.0  # memory_lower_bound() says inf: no plan fits
     P, M = problem.devices, problem.microbatches
     f, ep_f = problem.column("f"), problem.column("ep_f")
     fw = f - ep_f  # a forward's work as run_work() counts it
-    per_mode = [_recomputed(problem, m) for m in problem.modes]
-    again, kept = (np.array([x[i] for x in per_mode]) for i in (0, 1))
+    again, kept = _by_mode(problem)
     if _forwards_that_fit(M * fw, M * kept.max(axis=0), room) >= P * float(f.sum()):
         return 0.0  # the room holds all the span could run, whatever the modes: no idle
     before, after = dp_seconds(problem)
@@ -361,15 +373,12 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     an iteration over the devices (M x extra B seconds / P), and the seconds its held
     byte-seconds take of the memory left beside the static bytes (inf when none is left;
     0 without a limit)."""
-    layers = problem.table.layers
-    f, b, act, act_w = (
-        np.array([getattr(l, k) for l in layers], float) for k in ("f", "b", "act", "act_w")
-    )
+    f, b, act, act_w = (problem.column(k) for k in ("f", "b", "act", "act_w"))
     w = w_run(problem)
     later = np.cumsum((f + b)[::-1])[::-1]  # F + B of each layer and all after it
-    again, kept = zip(*(_recomputed(problem, m) for m in problem.modes), strict=True)
+    again, kept = _by_mode(problem)
     M = problem.microbatches
-    extra = np.array([M * a / problem.devices for a in again])
+    extra = M * again / problem.devices
     # what F does not keep, B brings back when it starts and holds to its end: through the
     # layer's B and the forward it runs again, which the B of the layer's stage includes
     bytes_s = np.array(
@@ -380,7 +389,7 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     )
     if problem.memory is None:
         return extra, np.zeros_like(bytes_s)
-    room = problem.devices * float(problem.memory) - float(problem.layer_static().sum())
+    room = _room(problem, problem.memory)
     if room <= 0:
         return extra, np.where(bytes_s > 0, math.inf, 0.0)
     return extra, bytes_s / room
