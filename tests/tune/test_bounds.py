@@ -129,8 +129,7 @@ def test_plans_within_the_memory_limit_respect_the_memory_bound():
 def test_no_plan_within_the_limit_beats_the_tight_bound(layers, devices, microbatches, room, seed):
     # Room for the activations of `room` micro-batches on a device's share of the layers: the
     # memory bound is the largest in about 4 of 10 such problems.
-    share = -(-len(layers) // devices)
-    pr = problem(layers, devices, microbatches, memory=room * 100 * share, act=100.0)
+    pr = roomy(layers, devices, microbatches, room)
     seen: list = []
     tuned = _searched(pr, seed, seen)
     # The precondition: a device's even share of the layers has room for a micro-batch, so the
@@ -183,10 +182,21 @@ def _searched(pr, seed, seen):
         return tune(pr, budget=30, max_evaluations=40, seed=seed).best
 
 
+def roomy(layers, devices: int, microbatches: int, room: float, **kw):
+    """A problem of `layers` holding 100 activation bytes each per micro-batch, with room for
+    `room` micro-batches' activations on a device's even share of the layers."""
+    share = -(-len(layers) // devices)
+    return problem(layers, devices, microbatches, memory=room * 100 * share, act=100.0, **kw)
+
+
+def below(bound: float, scores) -> list[float]:
+    """The times of `scores` below `bound` (a rounding's worth allowed)."""
+    return [s.time for s in scores if s.time < bound * (1 - 1e-9)]
+
+
 def below_tight_bound(pr, scores) -> list[float]:
     """The times of `scores` below the problem's tight bound (a rounding's worth allowed)."""
-    bound = pr.tight_lower_bound()
-    return [s.time for s in scores if s.time < bound * (1 - 1e-9)]
+    return below(pr.tight_lower_bound(), scores)
 
 
 def below_layout_bound(pr, scores) -> list[float]:
@@ -261,20 +271,10 @@ def test_no_plan_within_the_limit_beats_the_fill_bound(
     # Few micro-batches and room for one to three of them on a device's share of the layers:
     # the fill's idle is what binds in many of these (benchmarks/tuner_gap.py: jamba-v0.1 on 4
     # devices of 80 GiB), with or without recompute to trade for it.
-    share = -(-len(layers) // devices)
-    pr = problem(
-        layers,
-        devices,
-        microbatches,
-        memory=room * 100 * share,
-        act=100.0,
-        recompute=recompute,
-        sel_act=40.0,
-    )
+    pr = roomy(layers, devices, microbatches, room, recompute=recompute, sel_act=40.0)
     seen: list = []
     _searched(pr, seed, seen)
-    bound = fill_lower_bound(pr)
-    assert [s.time for s in seen if s.fits and s.time < bound * (1 - 1e-9)] == []
+    assert below(fill_lower_bound(pr), [s for s in seen if s.fits]) == []
 
 
 # Two devices of 1,000 bytes, four layers of F = B = W = 1 and 100 activation bytes (50 kept
