@@ -473,11 +473,12 @@ def counted(row: dict, iteration: float, s: Setup) -> float:
 # -- rows, defaults and groups ------------------------------------------------------------------
 
 
-def rows(data: dict) -> list[dict]:
-    """The rows with their source's defaults (`sources.*.defaults`) filled in."""
+def rows(data: dict, key: str = "rows") -> list[dict]:
+    """The rows (or the entries under another top-level `key`, such as `layer_times`) with
+    their source's defaults (`sources.*.defaults`) filled in."""
     out = []
     models = data["models"]
-    for r in data["rows"]:
+    for r in data[key]:
         src = data["sources"][r["source"]]
         row = {**src.get("defaults", {}), **r}
         row["runtime"] = {**src.get("defaults", {}).get("runtime", {}), **r.get("runtime", {})}
