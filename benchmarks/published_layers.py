@@ -12,7 +12,9 @@ rows of benchmarks/published.md cannot separate it from the rest. The layer's co
 dropout, attention kernel): the forward is F; the backward is B + W and, with recompute, what
 the mode runs again (full: the forward, its collectives included; selective: what it drops).
 A pipeline op's host overheads (docs/models-and-costs.md, "Overheads") are per op, not per
-layer, and are left out.
+layer, and are left out. An entry may give instead the layer's forward and backward together
+as an overhead over the same layer's without recompute or sequence parallelism (its source's
+baseline): that ratio is compared, its error being the ratio of the two combined times.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ LAYER_KINDS = ("attention", "mlp")
 """The octodsl layers that make one transformer layer of these sources."""
 
 
-def simulate(entry: dict) -> tuple[float, float]:
+def simulate(entry: dict, sp: bool, recompute: str) -> tuple[float, float]:
     """(forward, backward) seconds of one transformer layer of the entry's model, as the
-    analytical model costs it on the entry's device, tp and sequence parallelism."""
+    analytical model costs it on the entry's device and tp, with sequence parallelism `sp` and
+    `recompute`."""
     from octodsl.costs.resolve import cost_table
 
     table = cost_table(
@@ -41,7 +44,7 @@ def simulate(entry: dict) -> tuple[float, float]:
         device=entry["device"],
         microbatch_size=entry["microbatch_size"],
         tp=entry["tp"],
-        sp=entry["sequence_parallel"],
+        sp=sp,
     )
     layers = [next(c for c in table.layers if c.kind == kind) for kind in LAYER_KINDS]
     forward = sum(c.f for c in layers)
@@ -49,21 +52,37 @@ def simulate(entry: dict) -> tuple[float, float]:
         "none": 0.0,
         "full": forward,
         "selective": sum(c.sel_f for c in layers),
-    }[entry["recompute"]]
+    }[recompute]
     return forward, sum(c.b + c.w for c in layers) + again
 
 
 def measure(entry: dict) -> dict:
-    forward, backward = simulate(entry)
-    published = (entry["forward_ms"] / 1e3, entry["backward_ms"] / 1e3)
-    return {
+    """The entry's published and simulated figures and their errors: (forward, backward)
+    seconds, or the combined time's overhead over the baseline layer's (`overhead`)."""
+    forward, backward = simulate(entry, entry["sequence_parallel"], entry["recompute"])
+    out = {
         "id": entry["id"],
         "where": entry["where"],
+        "model": entry["model"]["name"],
         "sp": entry["sequence_parallel"],
         "recompute": entry["recompute"],
-        "published": published,
+    }
+    if "combined_overhead_pct" in entry:
+        base = sum(simulate(entry, False, "none"))
+        published = entry["combined_overhead_pct"] / 100
+        simulated = (forward + backward) / base - 1
+        return out | {
+            "overhead": True,
+            "published": (published,),
+            "simulated": (simulated,),
+            "errors": ((1 + simulated) / (1 + published) - 1,),
+        }
+    published_s = (entry["forward_ms"] / 1e3, entry["backward_ms"] / 1e3)
+    return out | {
+        "overhead": False,
+        "published": published_s,
         "simulated": (forward, backward),
-        "errors": (forward / published[0] - 1, backward / published[1] - 1),
+        "errors": (forward / published_s[0] - 1, backward / published_s[1] - 1),
     }
 
 
@@ -78,7 +97,8 @@ def report(results: list[dict], data: dict, seconds: float) -> str:
         "benchmarks/published_runs.yaml, `layer_times`; how each is costed: the script's "
         "docstring).",
         "",
-        f"**{len(errs)} figures of {len(results)} entries: mean |error| "
+        f"**{len(errs)} figures of {len(results)} entries (the errors of times and of combined "
+        "times): mean |error| "
         f"{100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%.** Out of sample: "
         "no constant of the model was fitted to these times (the fitted per-op overheads are "
         "ZeroBubble's, benchmarks/fit_overheads.md, and are not part of a layer's time).",
@@ -90,15 +110,34 @@ def report(results: list[dict], data: dict, seconds: float) -> str:
             for s in sources
         ),
         "",
-        "| entry | sequence parallel | recompute | forward ms: published | simulated | error "
-        "| backward ms: published | simulated | error |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "## Times",
+        "",
+        "| entry | model | sequence parallel | recompute | forward ms: published | simulated "
+        "| error | backward ms: published | simulated | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
+    for r in (r for r in results if not r["overhead"]):
         (pf, pb), (sf, sb), (ef, eb) = r["published"], r["simulated"], r["errors"]
         lines.append(
-            f"| {r['id']} | {'yes' if r['sp'] else 'no'} | {r['recompute']} | {1e3 * pf:g} | "
-            f"{1e3 * sf:.2f} | {P.pct(ef)} | {1e3 * pb:g} | {1e3 * sb:.2f} | {P.pct(eb)} |"
+            f"| {r['id']} | {r['model']} | {'yes' if r['sp'] else 'no'} | {r['recompute']} | "
+            f"{1e3 * pf:g} | {1e3 * sf:.2f} | {P.pct(ef)} | {1e3 * pb:g} | {1e3 * sb:.2f} | "
+            f"{P.pct(eb)} |"
+        )
+    lines += [
+        "",
+        "## Overheads over the layer without recompute or sequence parallelism",
+        "",
+        "The forward and backward together, over the same layer's without recompute or "
+        "sequence parallelism; the error is the ratio of the two combined times.",
+        "",
+        "| entry | model | sequence parallel | recompute | overhead: published | simulated "
+        "| error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in results if r["overhead"]):
+        lines.append(
+            f"| {r['id']} | {r['model']} | {'yes' if r['sp'] else 'no'} | {r['recompute']} | "
+            f"{P.pct(r['published'][0])} | {P.pct(r['simulated'][0])} | {P.pct(r['errors'][0])} |"
         )
     lines += ["", "Where each figure is:", ""]
     lines += [f"- **{r['id']}**: {r['where']}." for r in results]
@@ -117,10 +156,7 @@ def main() -> int:
     for entry in P.rows(data, "layer_times"):
         r = measure(entry)
         results.append(r)
-        print(
-            f"{r['id']:40} forward {P.pct(r['errors'][0]):>7} backward {P.pct(r['errors'][1]):>7}",
-            flush=True,
-        )
+        print(f"{r['id']:40} " + " ".join(f"{P.pct(e):>7}" for e in r["errors"]), flush=True)
     if not write_outputs(
         "published_layers.py",
         {Path(args.output): report(results, data, time.perf_counter() - t0)},
