@@ -37,7 +37,9 @@ def simulate(entry: dict, sp: bool, recompute: str) -> tuple[float, float]:
     """(forward, backward) seconds of one transformer layer of the entry's model, as the
     analytical model costs it on the entry's device and tp, with sequence parallelism `sp` and
     `recompute`."""
+    from octodsl.costs.levers import recomputed
     from octodsl.costs.resolve import cost_table
+    from octodsl.plan import Recompute
 
     table = cost_table(
         model=str(P.write_spec(entry["model"])),
@@ -48,12 +50,11 @@ def simulate(entry: dict, sp: bool, recompute: str) -> tuple[float, float]:
     )
     layers = [next(c for c in table.layers if c.kind == kind) for kind in LAYER_KINDS]
     forward = sum(c.f for c in layers)
-    again = {
-        "none": 0.0,
-        "full": forward,
-        "selective": sum(c.sel_f for c in layers),
-    }[recompute]
-    return forward, sum(c.b + c.w for c in layers) + again
+    # what the backward runs again, as a recomputing stage's B costs it (no bytes asked here)
+    again, _ = recomputed(
+        Recompute(recompute), forward, 0.0, sum(c.sel_f for c in layers), 0.0, 0.0
+    )
+    return forward, sum(c.b + c.w for c in layers) + float(again)
 
 
 def measure(entry: dict) -> dict:
