@@ -18,6 +18,8 @@ from ..sim.bounds import ring_all_gather_time, ring_reduction_time
 from ..sim.links import dp_links, dp_rails, dp_spans_nodes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .pipeline.layout import StageLayout
     from .problem import Problem
 
@@ -282,10 +284,15 @@ def recompute_lower_bound(problem: Problem) -> float:
             + after
         )
 
-    # g is concave (a minimum of linear functions of l): a ternary search finds its top;
-    # every value it computes is a lower bound, so the largest seen is one.
-    lo, hi = 0.0, 1.0
-    best = max(g(0.0), g(1.0))
+    # g is concave (a minimum of linear functions of l)
+    return _concave_top(g, 0.0, 1.0)
+
+
+def _concave_top(g: Callable[[float], float], lo: float, hi: float) -> float:
+    """The top of a concave `g` on [lo, hi], by ternary search: the bounds above are each the
+    largest of a family of lower bounds g(x), so every value computed is one, and the largest
+    seen is returned (never more than the top, whatever the rounding)."""
+    best = max(g(lo), g(hi))
     for _ in range(60):
         a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
         ga, gb = g(a), g(b)
@@ -342,13 +349,7 @@ def fill_lower_bound(problem: Problem) -> float:
     # beyond u = max(F / kept) every layer's forwards are priced out and g only falls
     positive = kept > 0
     hi = float((np.broadcast_to(fw, kept.shape)[positive] / kept[positive]).max(initial=0.0))
-    lo, best = 0.0, max(g(0.0), g(hi))
-    for _ in range(60):
-        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        ga, gb = g(a), g(b)
-        best = max(best, ga, gb)
-        lo, hi = (a, hi) if ga < gb else (lo, b)
-    return best + before + after + step_seconds(problem)
+    return _concave_top(g, 0.0, hi) + before + after + step_seconds(problem)
 
 
 def _forwards_that_fit(seconds: np.ndarray, kept: np.ndarray, room: float) -> float:
