@@ -253,9 +253,12 @@ def main() -> int:
         return 2
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
+    cases = below_tight("order_gap_levers.py", args.levers)
+    if cases is None:
+        return 2
     todo = [
         c
-        for c in below_tight(args.levers)
+        for c in cases
         if not args.cases or f"{c['model']}:{c['devices']}:{c['microbatches']}" in args.cases
     ]
     t0 = time.time()

@@ -78,14 +78,23 @@ def old_tight_lower_bound(problem) -> float:
     return module.tight_lower_bound(problem)
 
 
-def below_tight(levers: str | Path) -> list[dict]:
+def below_tight(script: str, levers: str | Path) -> list[dict] | None:
     """The cases of a tuner.py results file whose tuned plan was below BELOW of the tight
-    bound."""
-    return [
-        r
-        for r in json.loads(Path(levers).read_text())
-        if r.get("tuned") and r.get("tight_bound") and r["tight_bound"] / r["tuned"] < BELOW
-    ]
+    bound; None, after saying why in one line as `script`, when the file cannot be read as
+    one (a list of results, each a JSON object)."""
+    try:
+        results = json.loads(Path(levers).read_text())
+        if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+            raise ValueError("not a list of tuner.py's results")
+        return [
+            r
+            for r in results
+            if r.get("tuned") and r.get("tight_bound") and r["tight_bound"] / r["tuned"] < BELOW
+        ]
+    except (OSError, ValueError, TypeError, ZeroDivisionError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
+        print(f"{script}: cannot read {levers}: {why}", file=sys.stderr)
+        return None
 
 
 def run_case(
@@ -223,7 +232,9 @@ def main() -> int:
         return 2
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
-    todo = below_tight(args.levers)
+    todo = below_tight("tuner_gap.py", args.levers)
+    if todo is None:
+        return 2
     load_before = os.getloadavg()
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -66,12 +66,13 @@ def test_a_folder_as_the_output_is_refused_before_any_work(script, tmp_path):
     "script,given",
     [
         ("tuner_gap.py", lambda p: ["--levers", str(p.with_suffix(".json"))]),  # beside the md
+        ("tuner_memory.py", lambda p: ["--levers", str(p.with_suffix(".json"))]),
         ("cluster.py", lambda p: ["--from-json", str(p)]),
     ],
 )
 def test_an_output_that_is_an_input_is_refused_before_any_work(script, given, tmp_path):
     output = tmp_path / "out.md"
-    source = output.with_suffix(".json") if script == "tuner_gap.py" else output
+    source = output.with_suffix(".json") if script != "cluster.py" else output
     source.write_text("[]")
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *given(output), "-o", str(output)],
@@ -83,6 +84,37 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(script, given, tm
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.strip() == f"{script}: cannot write {source}: it is an input of this run"
     assert source.read_text() == "[]"  # untouched
+
+
+LEVERS_READERS = ("tuner_gap.py", "tuner_memory.py", "order_gap_levers.py")
+"""The scripts that pick their cases from tuner.py's results (`--levers`)."""
+
+
+@pytest.mark.parametrize("script", LEVERS_READERS)
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        (None, "No such file or directory"),
+        ("nope", "Expecting value: line 1 column 1 (char 0)"),
+        ('{"a": 1}', "not a list of tuner.py's results"),
+        ("[1, 2]", "not a list of tuner.py's results"),
+    ],
+)
+def test_unreadable_cases_are_refused_before_any_work(script, content, why, tmp_path):
+    levers = tmp_path / "levers.json"
+    if content is not None:
+        levers.write_text(content)
+    output = tmp_path / "out.md"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--levers", str(levers), "-o", str(output)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.strip() == f"{script}: cannot read {levers}: {why}"
+    assert not output.exists()
 
 
 def test_the_command_a_table_records_runs_again(monkeypatch):
