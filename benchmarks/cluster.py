@@ -36,7 +36,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import check_outputs, command_line, commit, cpu_model, table_head, write_outputs  # noqa: E402
+from machine import (  # noqa: E402
+    add_jobs,
+    check_outputs,
+    command_line,
+    commit,
+    cpu_model,
+    one_thread_each,
+    table_head,
+    write_outputs,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER_MODELS = ("nemotron-h-56b", "nemotron-h-8b", "jamba-v0.1", "llama3-70b")
@@ -704,7 +713,7 @@ def main() -> int:
     ap.add_argument("--paper-budget", type=float, default=150.0, help="seconds per paper case")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per other case")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=1, help="cases run at once, one core each")
+    add_jobs(ap, 1)
     ap.add_argument("--sims", type=int, default=20, help="simulations timed per plan")
     ap.add_argument("--quick", action="store_true", help="a few cases of each part (a smoke run)")
     ap.add_argument(
@@ -725,8 +734,7 @@ def main() -> int:
             )
         )
         return 0
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = "1"
+    one_thread_each()
     todo = cases(args.quick, tuple(args.parts))
     t0, load = time.perf_counter(), os.getloadavg()[0]
     results = []

@@ -4,6 +4,7 @@ to half an hour; a typo in -o must not cost that), `write_outputs` at the end (a
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shlex
@@ -13,6 +14,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+MAX_JOBS = 64
+"""The most cases `--jobs` runs at once (each its own process)."""
+
+
+def add_jobs(ap: argparse.ArgumentParser, default: int) -> None:
+    """`--jobs N`: cases run at once, each in its own process on one core (1 to MAX_JOBS)."""
+    from octodsl.cli.common import integer
+
+    ap.add_argument(
+        "--jobs",
+        type=integer(1, MAX_JOBS),
+        default=default,
+        help="cases run at once, one core each",
+    )
+
+
+def one_thread_each() -> None:
+    """Before any case's process starts: the numerical libraries and numba run one thread
+    each, so that `--jobs` cases share the cores one each and a case's wall-time budget buys
+    it the same work whatever the machine's core count."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[var] = "1"
 
 
 def command_line(runner: str) -> str:

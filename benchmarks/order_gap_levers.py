@@ -29,14 +29,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import (  # noqa: E402
+    add_jobs,
     check_outputs,
     command_line,
     commit,
     cpu_model,
+    one_thread_each,
     table_head,
     write_outputs,
 )
-from benchmarks.tuner_gap import BELOW, GIB, below_tight  # noqa: E402
+from benchmarks.tuner_gap import BELOW, GIB, add_levers_arguments, below_tight  # noqa: E402
 
 
 def _problem(case: dict, microbatches: int, dp: int, zero: int):
@@ -239,11 +241,9 @@ def main() -> int:
     ap.add_argument(
         "--reduced-budget", type=float, default=60.0, help="CP-SAT's at M = P (0: skip)"
     )
-    ap.add_argument("--jobs", type=int, default=2, help="cases run at once, one core each")
-    ap.add_argument("--levers", default=str(REPO / "benchmarks" / "tuner_levers.json"))
+    add_jobs(ap, 2)
+    add_levers_arguments(ap)
     ap.add_argument("--cases", nargs="*", metavar="MODEL:P:M", help="only these of the cases")
-    ap.add_argument("--dp", type=int, default=8, help="as --levers was made")
-    ap.add_argument("--zero", type=int, default=1, choices=(0, 1, 2), help="as --levers was made")
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "order_gap_levers.md"))
     args = ap.parse_args()
     out = Path(args.output)
@@ -251,8 +251,7 @@ def main() -> int:
         "order_gap_levers.py", [out, out.with_suffix(".json")], inputs=[args.levers]
     ):
         return 2
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = "1"
+    one_thread_each()
     cases = below_tight("order_gap_levers.py", args.levers)
     if cases is None:
         return 2

@@ -27,7 +27,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from machine import check_outputs, command_line, table_head, write_outputs  # noqa: E402
+from machine import (  # noqa: E402
+    add_jobs,
+    check_outputs,
+    command_line,
+    one_thread_each,
+    table_head,
+    write_outputs,
+)
 
 MODELS = ("nemotron-h-8b", "nemotron-h-56b", "jamba-v0.1", "qwen3-next-80b", "llama3-8b")
 HYBRIDS = MODELS[:4]
@@ -263,7 +270,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=1, help="cases run at once, one core each")
+    add_jobs(ap, 1)
     ap.add_argument("--others", default="random,milp,milp-warm")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--devices", nargs="+", type=int, default=[4, 8, 16])
@@ -293,8 +300,7 @@ def main() -> int:
     if not check_outputs("tuner.py", [out, out.with_suffix(".json")]):
         return 2
     others = tuple(x for x in args.others.split(",") if x)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = "1"
+    one_thread_each()
     limits = [None if m == "none" else float(m) for m in args.memory]
     todo = [c for limit in limits for c in cases(args.models, args.devices, limit)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -34,10 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import (  # noqa: E402
+    add_jobs,
     check_outputs,
     command_line,
     commit,
     cpu_model,
+    one_thread_each,
     table_head,
     write_outputs,
 )
@@ -76,6 +78,14 @@ def old_tight_lower_bound(problem) -> float:
     module.__package__ = "octodsl.tune"
     exec(compile(source, f"{OLD_BOUNDS}:octodsl/tune/bounds.py", "exec"), module.__dict__)
     return module.tight_lower_bound(problem)
+
+
+def add_levers_arguments(ap: argparse.ArgumentParser) -> None:
+    """`--levers FILE` (tuner.py's results the cases are picked from) and the `--dp` and
+    `--zero` they were made with, which every script that reads them takes alike."""
+    ap.add_argument("--levers", default=str(REPO / "benchmarks" / "tuner_levers.json"))
+    ap.add_argument("--dp", type=integer(1, limits.MAX_DP), default=8, help="as --levers was made")
+    ap.add_argument("--zero", type=int, default=1, choices=(0, 1, 2), help="as --levers was made")
 
 
 def below_tight(script: str, levers: str | Path) -> list[dict] | None:
@@ -221,17 +231,14 @@ def main() -> int:
         default=6,
         help="the second run's searches at most",
     )
-    ap.add_argument("--jobs", type=int, default=2, help="cases run at once, one core each")
-    ap.add_argument("--levers", default=str(REPO / "benchmarks" / "tuner_levers.json"))
-    ap.add_argument("--dp", type=int, default=8, help="as --levers was made")
-    ap.add_argument("--zero", type=int, default=1, choices=(0, 1, 2), help="as --levers was made")
+    add_jobs(ap, 2)
+    add_levers_arguments(ap)
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_gap.md"))
     args = ap.parse_args()
     out = Path(args.output)
     if not check_outputs("tuner_gap.py", [out, out.with_suffix(".json")], inputs=[args.levers]):
         return 2
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = "1"
+    one_thread_each()
     todo = below_tight("tuner_gap.py", args.levers)
     if todo is None:
         return 2

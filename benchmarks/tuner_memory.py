@@ -34,15 +34,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import (  # noqa: E402
+    add_jobs,
     check_outputs,
     command_line,
     commit,
     cpu_model,
+    one_thread_each,
     table_head,
     write_outputs,
 )
-from benchmarks.tuner_gap import BELOW, GIB, below_tight  # noqa: E402
-from octodsl.cli.common import duration, integer, memory_size  # noqa: E402
+from benchmarks.tuner_gap import BELOW, GIB, add_levers_arguments, below_tight  # noqa: E402
+from octodsl.cli.common import duration, memory_size  # noqa: E402
 
 CASES_LIMIT = 80 * GIB
 """The limit the cases were picked at (tuner_levers.md's); `--limits` must hold it."""
@@ -148,17 +150,14 @@ def main() -> int:
         default=limits_arg("80GiB,96GiB,120GiB,none"),
         help="memory per device, comma-separated, 'none' for no limit; 80GiB among them",
     )
-    ap.add_argument("--jobs", type=integer(1, 64), default=2, help="runs at once, one core each")
-    ap.add_argument("--levers", default=str(REPO / "benchmarks" / "tuner_levers.json"))
-    ap.add_argument("--dp", type=int, default=8, help="as --levers was made")
-    ap.add_argument("--zero", type=int, default=1, choices=(0, 1, 2), help="as --levers was made")
+    add_jobs(ap, 2)
+    add_levers_arguments(ap)
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_memory.md"))
     args = ap.parse_args()
     out = Path(args.output)
     if not check_outputs("tuner_memory.py", [out, out.with_suffix(".json")], inputs=[args.levers]):
         return 2
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = "1"
+    one_thread_each()
     cases = below_tight("tuner_memory.py", args.levers)
     if cases is None:
         return 2

@@ -28,7 +28,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import check_outputs, command_line, commit, cpu_model, table_head, write_outputs  # noqa: E402
+from machine import (  # noqa: E402
+    add_jobs,
+    check_outputs,
+    command_line,
+    commit,
+    cpu_model,
+    one_thread_each,
+    table_head,
+    write_outputs,
+)
 from tuner import _recompute, _x, geomean  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,15 +220,14 @@ def main() -> int:
         "--budget", type=float, default=60.0, help="seconds per case (baselines and tuner)"
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=1, help="cases run at once, one core each")
+    add_jobs(ap, 1)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_tp.md"))
     args = ap.parse_args()
     out = Path(args.output)
     if not check_outputs("tuner_tp.py", [out, out.with_suffix(".json")]):
         return 2
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = "1"
+    one_thread_each()
     todo = [(m, *mesh) for m in args.models for mesh in MESHES]
     t0, load = time.perf_counter(), os.getloadavg()[0]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -117,6 +117,29 @@ def test_unreadable_cases_are_refused_before_any_work(script, content, why, tmp_
     assert not output.exists()
 
 
+@pytest.mark.parametrize(
+    "script",
+    sorted(
+        p.name
+        for p in BENCHMARKS.glob("*.py")
+        if re.search(r"^ +add_jobs\(ap", p.read_text(), re.M)
+    ),
+)
+@pytest.mark.parametrize("jobs", ["0", "65", "two"])
+def test_jobs_out_of_range_are_refused_before_any_work(script, jobs, tmp_path):
+    output = tmp_path / "out.md"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--jobs", jobs, "-o", str(output)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"{script}: error: argument --jobs: ")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_command_a_table_records_runs_again(monkeypatch):
     """The command line a table says made it reads back as the same arguments: an empty one
     (`--others ''`, the tuner benchmark's "no other methods") and one with a space survive."""
