@@ -1,7 +1,7 @@
 """What the memory limit costs the tuner on the memory-bound cases: writes
 benchmarks/tuner_memory.md.
 
-    .venv/bin/python benchmarks/tuner_memory.py [--budget 60] [--limits 80,96,120,none]
+    .venv/bin/python benchmarks/tuner_memory.py [--budget 60] [--limits 80GiB,96GiB,120GiB,none]
         [--jobs 2] [--levers benchmarks/tuner_levers.json] [-o benchmarks/tuner_memory.md]
 
 The cases are tuner_gap.py's: those of `--levers` (benchmarks/tuner.py's results at 80 GiB,
