@@ -30,15 +30,13 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import (  # noqa: E402
     add_jobs,
-    check_outputs,
     command_line,
     commit,
     cpu_model,
-    one_thread_each,
     table_head,
     write_outputs,
 )
-from benchmarks.tuner_gap import BELOW, GIB, add_levers_arguments, below_tight  # noqa: E402
+from benchmarks.tuner_gap import BELOW, GIB, add_levers_arguments, levers_cases  # noqa: E402
 
 
 def _problem(case: dict, microbatches: int, dp: int, zero: int):
@@ -242,19 +240,13 @@ def main() -> int:
         "--reduced-budget", type=float, default=60.0, help="CP-SAT's at M = P (0: skip)"
     )
     add_jobs(ap, 2)
-    add_levers_arguments(ap)
     ap.add_argument("--cases", nargs="*", metavar="MODEL:P:M", help="only these of the cases")
-    ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "order_gap_levers.md"))
+    add_levers_arguments(ap, "order_gap_levers.md")
     args = ap.parse_args()
-    out = Path(args.output)
-    if not check_outputs(
-        "order_gap_levers.py", [out, out.with_suffix(".json")], inputs=[args.levers]
-    ):
-        return 2
-    one_thread_each()
-    cases = below_tight("order_gap_levers.py", args.levers)
+    cases = levers_cases("order_gap_levers.py", args)
     if cases is None:
         return 2
+    out = Path(args.output)
     todo = [
         c
         for c in cases

@@ -80,12 +80,25 @@ def old_tight_lower_bound(problem) -> float:
     return module.tight_lower_bound(problem)
 
 
-def add_levers_arguments(ap: argparse.ArgumentParser) -> None:
-    """`--levers FILE` (tuner.py's results the cases are picked from) and the `--dp` and
-    `--zero` they were made with, which every script that reads them takes alike."""
+def add_levers_arguments(ap: argparse.ArgumentParser, output: str) -> None:
+    """`--levers FILE` (tuner.py's results the cases are picked from), the `--dp` and `--zero`
+    they were made with, and `-o` (default benchmarks/`output`, a .json beside it), which every
+    script that reads them takes alike (`levers_cases`)."""
     ap.add_argument("--levers", default=str(REPO / "benchmarks" / "tuner_levers.json"))
     ap.add_argument("--dp", type=integer(1, limits.MAX_DP), default=8, help="as --levers was made")
     ap.add_argument("--zero", type=int, default=1, choices=(0, 1, 2), help="as --levers was made")
+    ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / output))
+
+
+def levers_cases(script: str, args: argparse.Namespace) -> list[dict] | None:
+    """Before any work, for a script of `add_levers_arguments`: whether it can write its table
+    and the .json beside it, then one thread per case, then the cases (`below_tight`); None,
+    after one line as `script` saying why, when it cannot write or read them."""
+    out = Path(args.output)
+    if not check_outputs(script, [out, out.with_suffix(".json")], inputs=[args.levers]):
+        return None
+    one_thread_each()
+    return below_tight(script, args.levers)
 
 
 def below_tight(script: str, levers: str | Path) -> list[dict] | None:
@@ -232,16 +245,12 @@ def main() -> int:
         help="the second run's searches at most",
     )
     add_jobs(ap, 2)
-    add_levers_arguments(ap)
-    ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_gap.md"))
+    add_levers_arguments(ap, "tuner_gap.md")
     args = ap.parse_args()
-    out = Path(args.output)
-    if not check_outputs("tuner_gap.py", [out, out.with_suffix(".json")], inputs=[args.levers]):
-        return 2
-    one_thread_each()
-    todo = below_tight("tuner_gap.py", args.levers)
+    todo = levers_cases("tuner_gap.py", args)
     if todo is None:
         return 2
+    out = Path(args.output)
     load_before = os.getloadavg()
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

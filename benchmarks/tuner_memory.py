@@ -35,15 +35,13 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.machine import (  # noqa: E402
     add_jobs,
-    check_outputs,
     command_line,
     commit,
     cpu_model,
-    one_thread_each,
     table_head,
     write_outputs,
 )
-from benchmarks.tuner_gap import BELOW, GIB, add_levers_arguments, below_tight  # noqa: E402
+from benchmarks.tuner_gap import BELOW, GIB, add_levers_arguments, levers_cases  # noqa: E402
 from octodsl.cli.common import duration, memory_size  # noqa: E402
 
 CASES_LIMIT = 80 * GIB
@@ -151,16 +149,12 @@ def main() -> int:
         help="memory per device, comma-separated, 'none' for no limit; 80GiB among them",
     )
     add_jobs(ap, 2)
-    add_levers_arguments(ap)
-    ap.add_argument("-o", "--output", default=str(REPO / "benchmarks" / "tuner_memory.md"))
+    add_levers_arguments(ap, "tuner_memory.md")
     args = ap.parse_args()
-    out = Path(args.output)
-    if not check_outputs("tuner_memory.py", [out, out.with_suffix(".json")], inputs=[args.levers]):
-        return 2
-    one_thread_each()
-    cases = below_tight("tuner_memory.py", args.levers)
+    cases = levers_cases("tuner_memory.py", args)
     if cases is None:
         return 2
+    out = Path(args.output)
     todo = [(c, limit) for c in cases for limit in args.limits]
     load_before = os.getloadavg()
     t0 = time.time()
