@@ -45,6 +45,8 @@ from benchmarks.machine import (  # noqa: E402
 )
 from octodsl import limits  # noqa: E402
 from octodsl.cli.common import integer  # noqa: E402
+from octodsl.errors import OctoError  # noqa: E402
+from octodsl.inputs import read_data  # noqa: E402
 
 GIB = 2**30
 BELOW = 0.90
@@ -98,26 +100,41 @@ def levers_cases(script: str, args: argparse.Namespace) -> list[dict] | None:
     if not check_outputs(script, [out, out.with_suffix(".json")], inputs=[args.levers]):
         return None
     one_thread_each()
-    return below_tight(script, args.levers)
-
-
-def below_tight(script: str, levers: str | Path) -> list[dict] | None:
-    """The cases of a tuner.py results file whose tuned plan was below BELOW of the tight
-    bound; None, after saying why in one line as `script`, when the file cannot be read as
-    one (a list of results, each a JSON object)."""
     try:
-        results = json.loads(Path(levers).read_text())
-        if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
-            raise ValueError("not a list of tuner.py's results")
-        return [
+        return below_tight(args.levers, args.dp, args.zero)
+    except OctoError as e:
+        print(f"{script}: cannot read {args.levers}: {e.message}", file=sys.stderr)
+        return None
+
+
+def below_tight(levers: str | Path, dp: int, zero: int) -> list[dict]:
+    """The cases of a tuner.py results file whose tuned plan was below BELOW of the tight
+    bound, each a problem the tuner takes at `dp` and `zero`; OctoError saying why when the
+    file cannot be read as one (octodsl.inputs: a missing, irregular, non-UTF-8 or malformed
+    file), holds no list of results, none of them below, or a case the tuner refuses."""
+    from octodsl.tune.problem import Problem
+
+    results = read_data(levers, "tuner.py results file", json_file=True)
+    try:
+        cases = [
             r
             for r in results
             if r.get("tuned") and r.get("tight_bound") and r["tight_bound"] / r["tuned"] < BELOW
-        ]
-    except (OSError, ValueError, TypeError, ZeroDivisionError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else e
-        print(f"{script}: cannot read {levers}: {why}", file=sys.stderr)
-        return None
+        ]  # a case with no plan that fits has neither
+    except (TypeError, AttributeError):  # not a list of mappings with numbers there
+        raise OctoError("not a list of tuner.py's results") from None
+    if not cases:
+        raise OctoError(f"no case below {BELOW} of the tight bound: nothing to look at")
+    for c in cases:
+        try:
+            Problem.create(c["model"], c["devices"], c["microbatches"], dp=dp, zero=zero)
+        except KeyError as e:
+            raise OctoError(f"a case without its {e.args[0]}") from None
+        except OctoError as e:
+            raise OctoError(
+                f"its case {c['model']} {c['devices']}x{c['microbatches']}: {e}"
+            ) from None
+    return cases
 
 
 def run_case(
