@@ -51,10 +51,11 @@ def _by_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return np.array([a for a, _ in pairs]), np.array([k for _, k in pairs])
 
 
-def _room(problem: Problem, memory: int) -> float:
-    """The bytes the devices have beside all the static bytes, `memory` (the problem's limit)
-    each."""
-    return problem.devices * float(memory) - float(problem.layer_static().sum())
+def _room(problem: Problem) -> float:
+    """The bytes the devices have beside all the static bytes, the problem's memory limit each
+    (which the caller has checked is set)."""
+    assert problem.memory is not None
+    return problem.devices * float(problem.memory) - float(problem.layer_static().sum())
 
 
 def _recomputed(problem: Problem, mode: Recompute) -> tuple[np.ndarray, np.ndarray]:
@@ -330,7 +331,7 @@ def fill_lower_bound(problem: Problem) -> float:
     of any layer's), so where it is allowed it costs its recompute seconds instead."""
     if problem.memory is None:
         return 0.0
-    room = _room(problem, problem.memory)
+    room = _room(problem)
     if room <= 0:
         return 0.0  # memory_lower_bound() says inf: no plan fits
     P, M = problem.devices, problem.microbatches
@@ -390,7 +391,7 @@ def _per_mode(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     )
     if problem.memory is None:
         return extra, np.zeros_like(bytes_s)
-    room = _room(problem, problem.memory)
+    room = _room(problem)
     if room <= 0:
         return extra, np.where(bytes_s > 0, math.inf, 0.0)
     return extra, bytes_s / room
