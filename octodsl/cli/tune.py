@@ -223,6 +223,7 @@ def run(args) -> int:
     from ..tune.cluster.space import plan_ops
     from ..tune.reference.compare import OTHERS, NoPlanFits, tune_and_compare
     from ..tune.reference.report import comparison_table, explain, searches_spread, to_json
+    from ..tune.warm import compiled_note
 
     start, model, devices, microbatches = _start(args)
     if args.keep is not None and start is None:
@@ -277,7 +278,16 @@ def run(args) -> int:
     # Ctrl-C stopped the search: the plan is written, the exit status still says interrupted.
     status = 130 if outcome.tuned.interrupted else 0
     if args.json:
-        print_json(to_json(problem, outcome.tuned, outcome.baselines, args.output, outcome.others))
+        print_json(
+            to_json(
+                problem,
+                outcome.tuned,
+                outcome.baselines,
+                args.output,
+                outcome.others,
+                outcome.compiled,
+            )
+        )
         return status
     console = stdout_console()
     if args.explain:
@@ -287,7 +297,10 @@ def run(args) -> int:
         console.print()
     console.print(comparison_table(problem, outcome.tuned, outcome.baselines, outcome.others))
     t = outcome.tuned
-    notes = "; ".join(f"{k}: {v}" for k, v in outcome.notes.items())
+    notes = "; ".join(
+        [f"{k}: {v}" for k, v in outcome.notes.items()]
+        + [x for x in [compiled_note(outcome.compiled)] if x]
+    )
     stopped = (
         ""
         if t.finished

@@ -88,6 +88,7 @@ def run_cluster(args, began: float) -> int:
     from ..tune.cluster.search import NoConfigurationFits, search
     from ..tune.cluster.space import Cluster
     from ..tune.cluster.target import refusal
+    from ..tune.warm import compiled_note
 
     if args.gpus is None or args.global_batch is None:
         raise UserError("the whole-cluster search needs both --gpus and --global-batch")
@@ -171,7 +172,8 @@ def run_cluster(args, began: float) -> int:
             "classic plan; give a longer --budget)"
             if result.budget_short
             else ""
-        ),
+        )
+        + "".join(f"; {x}" for x in [compiled_note(result.compiled)] if x),
         style="dim",
     )
     return status

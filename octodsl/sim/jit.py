@@ -36,3 +36,18 @@ def njit(fn=None, *, refcounts: bool = True, inline: bool = False):
     return _numba_njit(
         cache=True, nogil=True, _nrt=refcounts, inline="always" if inline else "never"
     )(fn)
+
+
+def seconds_compiling(run: Callable[[], object]) -> float:
+    """Call `run` and return the seconds numba spent compiling kernels in it: 0 where every
+    kernel it called came from the disk cache or was compiled before in this process (and
+    without numba). A compile that calls for others counts once."""
+    if _numba_njit is None:
+        run()
+        return 0.0
+    from numba.core.event import install_timer
+
+    seconds: list[float] = []
+    with install_timer("numba:compile", seconds.append):
+        run()
+    return sum(seconds)

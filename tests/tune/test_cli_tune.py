@@ -249,8 +249,12 @@ def test_no_plan_fits_exits_1_and_says_why(tmp_path, capsys, args, message):
 
 
 def _press_ctrl_c_at(monkeypatch, calls: int) -> None:
-    """Ctrl-C when the tuner is about to simulate its `calls`-th plan."""
+    """Ctrl-C when the tuner is about to simulate its `calls`-th plan (of the search: the
+    warm-up's are left out, tests/tune/test_warm.py runs it)."""
     from octodsl.tune.pipeline import loop
+    from octodsl.tune.reference import compare
+
+    monkeypatch.setattr(compare, "warm_up_tuner", lambda: 0.0)
 
     score, seen = loop._Search.score, []
 

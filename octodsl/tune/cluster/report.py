@@ -241,6 +241,7 @@ def to_json(result: ClusterResult, written: list[str]) -> dict:
         "excluded_tp": {str(k): v for k, v in result.excluded_tps.items()},
         "search": {
             "seconds": result.seconds,
+            "compile_seconds": result.compiled,
             "interrupted": result.interrupted,
             "budget_short": result.budget_short,
         },

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 
 from ...errors import OctoError
 from ...plan import Plan
-from ...sim import warm_up
 from ...units import size
 from ..clock import check_reserve
 from ..pipeline.evaluate import Score, best_of
@@ -48,6 +47,7 @@ from ..reference.baselines import (
     best_baseline,
     classic_baselines,
 )
+from ..warm import warm_up_tuner
 from .baselines import MegatronBaseline, megatron_baselines
 from .estimate import layout_estimate
 from .space import (
@@ -152,6 +152,9 @@ class ClusterResult:
     excluded_tps: dict[int, str]
     """Divisors of the node the model does not split over, with why."""
     seconds: float = 0.0
+    compiled: float = 0.0
+    """Seconds spent compiling the tuner's kernels first (`warm_up_tuner`: 0 where numba's disk
+    cache held them), left out of the budget and of `seconds`."""
     interrupted: bool = False
     budget_short: bool = False
     """The budget ran out before any configuration was tuned: the best is a classic plan."""
@@ -199,10 +202,12 @@ def search(
     why = ep_refusal(cluster)
     if why is not None:
         raise OctoError(why)
-    warm_up()  # loading the compiled simulator: within the budget, as all start-up is
+    # loading the compiled kernels counts, as all start-up does; compiling them does not
+    compiled = warm_up_tuner()
+    began += compiled
     tables = Tables(cluster)
     tps, excluded = tp_degrees(cluster)
-    result = ClusterResult(cluster, [], [], [], excluded)
+    result = ClusterResult(cluster, [], [], [], excluded, compiled=compiled)
     result.candidates, result.skipped = _enumerate(cluster, tps, tables, excluded)
     # writing and checking the `top` plans comes out of the budget: the likely winners' size
     likely = screen_order(result.candidates)[: max(TUNED, top)]

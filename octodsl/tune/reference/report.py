@@ -53,10 +53,12 @@ def to_json(
     baselines: list[Baseline],
     plan_path: str | None,
     extra: dict[str, Score | None] | None = None,
+    compiled: float = 0.0,
 ) -> dict:
     """At least: plan, iteration_time, lower_bound, efficiency, peak_memory (per device),
     baselines (name -> iteration time, null when the schedule could not be built, was not run
-    for the budget (those are listed in not_run) or does not fit in memory)."""
+    for the budget (those are listed in not_run) or does not fit in memory). `compiled`: the
+    seconds spent compiling before the search (`Outcome.compiled`)."""
     f = Figures.of(tuned.best, problem)
     others = _others(baselines, extra)
     best = best_baseline(baselines)
@@ -99,6 +101,7 @@ def to_json(
             "interrupted": tuned.interrupted,
             "rounds": len(tuned.rounds),
             "searches": search_times(tuned),
+            "compile_seconds": compiled,
         },
     }
 

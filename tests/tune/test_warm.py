@@ -1,0 +1,131 @@
+"""The tuner's kernels compile before its budget starts (octodsl/tune/warm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from octodsl.sim.jit import JIT, seconds_compiling
+from octodsl.tune import warm
+from octodsl.tune.problem import Problem
+from octodsl.tune.reference import compare
+from octodsl.tune.warm import compiled_note
+
+needs_numba = pytest.mark.skipif(not JIT, reason="numba is not installed")
+
+# After the warm-up, tunes unlike the tiny one (a memory limit or none, dp 1 or 8, ZeRO 0-2,
+# tp 2, 16 devices over two nodes, every search to its end with the polish, the whole-cluster
+# search) must compile nothing: numba reports each compile as a "numba:compile" event.
+_PROBE = """
+import json, sys
+from numba.core import event
+from octodsl.tune.warm import warm_up_tuner
+from octodsl.tune.problem import Problem
+from octodsl.tune.reference.compare import tune_and_compare
+from octodsl.tune.cluster.search import search
+from octodsl.tune.cluster.space import Cluster
+
+compiled = warm_up_tuner()
+names = []
+
+
+class Compiles(event.Listener):
+    def on_start(self, e):
+        pass
+
+    def on_end(self, e):
+        names.append(e.data["dispatcher"].py_func.__qualname__)
+
+
+event.register("numba:compile", Compiles())
+GIB = 2**30
+for model, p, m, kw in [
+    ("nemotron-h-tiny", 4, 8, dict(memory=GIB, dp=8, zero=1)),
+    ("nemotron-h-tiny", 16, 32, dict(tp=2, dp=2, zero=2, runtime="megatron")),
+    ("llama3-8b", 3, 6, dict()),
+]:
+    tune_and_compare(Problem.create(model, p, m, **kw), budget=30.0)
+search(Cluster("nemotron-h-tiny", 16, 64, memory=GIB), budget=20.0)
+print(json.dumps({"compiled": compiled, "after": names}))
+"""
+
+
+@pytest.mark.slow
+@needs_numba
+def test_nothing_compiles_after_the_warm_up(tmp_path):
+    # an empty cache: every kernel the warm-up misses would compile (and be seen) later
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["compiled"] > 0  # the warm-up did compile, on the empty cache
+    assert out["after"] == []
+
+
+@needs_numba
+def test_seconds_compiling_counts_a_compile_once():
+    import numba
+
+    @numba.njit(cache=False)  # no disk cache: this process compiles it, at its first call
+    def twice(x):
+        return 2 * x
+
+    assert seconds_compiling(lambda: twice(1.5)) > 0.0
+    assert seconds_compiling(lambda: twice(2.5)) == 0.0  # compiled for float64 already
+    assert seconds_compiling(lambda: twice(2)) > 0.0  # and now for int64
+
+
+def test_the_warm_up_runs_once_per_process(monkeypatch):
+    monkeypatch.setattr(warm, "_warm", False)
+    monkeypatch.setattr(warm, "seconds_compiling", lambda run: 7.0)
+    assert warm.warm_up_tuner() == 7.0
+    assert warm.warm_up_tuner() == 0.0  # seconds_compiling not called again
+
+
+def test_ctrl_c_during_the_warm_up_stops_the_command(monkeypatch):
+    # the tiny search's tune() keeps its best plan on Ctrl-C and returns; the warm-up must not
+    # go on to the real search as if nothing happened
+    from octodsl.tune.pipeline import loop
+
+    score, seen = loop._Search.score, []
+
+    def interrupted(self, *args):
+        seen.append(1)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+        return score(self, *args)
+
+    monkeypatch.setattr(loop._Search, "score", interrupted)
+    monkeypatch.setattr(warm, "_warm", False)
+    with pytest.raises(KeyboardInterrupt):
+        warm.warm_up_tuner()
+    assert len(seen) == 5
+
+
+def test_the_compile_is_left_out_of_the_budget(monkeypatch):
+    # A warm-up that takes (and reports) 3 s of a 3 s budget: counted, nothing would be left
+    # for the baselines and the tuner (the first baseline alone, no plan tuned).
+    def slow_warm_up():
+        time.sleep(3.0)
+        return 3.0
+
+    monkeypatch.setattr(compare, "warm_up_tuner", slow_warm_up)
+    out = compare.tune_and_compare(Problem.create("nemotron-h-tiny", 2, 4), budget=3.0)
+    assert out.compiled == 3.0
+    assert out.tuned.evaluations > 0
+    assert sum(b.score is not None for b in out.baselines) > 1
+    assert out.seconds < 3.0 * 1.5  # the search's own time, the warm-up's left out
+
+
+def test_the_note_says_what_the_compile_took():
+    assert compiled_note(0.0) == ""
+    assert compiled_note(0.01) == ""
+    note = compiled_note(31.25)
+    assert "31.2 s" in note and "not counted in --budget" in note
