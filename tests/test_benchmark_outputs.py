@@ -192,3 +192,31 @@ def test_the_command_a_table_records_runs_again(monkeypatch):
     line = command_line("python benchmarks/tuner.py")
     assert line == "python benchmarks/tuner.py --others '' --models 'a b' --budget 60"
     assert shlex.split(line)[2:] == argv
+
+
+@pytest.mark.parametrize(
+    "rev, why",
+    [
+        ("no-such-commit", "not a commit of this repository"),
+        ("HEAD~100000", "not a commit of this repository"),
+    ],
+)
+def test_a_before_commit_that_cannot_run_is_refused_before_any_work(rev, why, tmp_path):
+    output = tmp_path / "out.md"
+    done = run("tuner_cold.py", "--before", rev, "-o", str(output), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.strip() == f"tuner_cold.py: --before {rev}: {why}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_before_commit_with_another_grammar_is_refused(tmp_path):
+    first = subprocess.run(
+        ["git", "rev-list", "--max-parents=0", "HEAD"],
+        cwd=BENCHMARKS,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    if not first:
+        pytest.skip("not a git checkout with its history")
+    done = run("tuner_cold.py", "--before", first[0], "-o", str(tmp_path / "o.md"), cwd=tmp_path)
+    assert done.returncode == 2 and "differ from this checkout's" in done.stderr, done.stderr
