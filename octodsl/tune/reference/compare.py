@@ -65,16 +65,15 @@ def tune_and_compare(
         if progress:
             progress(phase, float("inf"), budget)
 
-    note("start-up")
     t0 = time.perf_counter()
+    reason = problem.why_no_plan_fits()
+    if reason is not None:
+        raise NoPlanFits(reason)
+    note("start-up")
     # Loading the compiled kernels counts, as all start-up does; compiling them (a machine's
     # first run) does not: the budget is the search's.
     compiled = warm_up_tuner()
     t0 += compiled
-
-    reason = problem.why_no_plan_fits()
-    if reason is not None:
-        raise NoPlanFits(reason)
     note("baselines")
     baselines = classic_baselines(problem, Evaluator(problem), deadline=t0 + budget / 2)
     best = best_baseline(baselines)
