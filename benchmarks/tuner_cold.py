@@ -34,7 +34,9 @@ def tune(source: Path, cache: Path, case: tuple[str, int, int, str], out: Path) 
     args += ["-m", str(microbatches), "--memory", "80GiB", "--dp", "8", "--zero", "1"]
     args += ["--budget", budget, "--seed", "0", "--json", "-o", str(out)]
     t = time.perf_counter()
-    run = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    # run in the output's folder: `python -m` puts its folder first on sys.path, before
+    # PYTHONPATH, and the octodsl of a checkout it was started in would shadow `source`
+    run = subprocess.run(args, env=env, cwd=out.parent, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t
     figures = json.loads(run.stdout)
     tuner = figures["tuner"]
