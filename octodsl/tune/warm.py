@@ -2,11 +2,12 @@
 
 numba compiles each kernel the first time a process calls it, and caches the machine code on
 disk (octodsl.sim.jit), so only a machine's first run pays: 30-45 s on two cores for the
-tuner's kernels. Paid inside `--budget`, that first run searched a fraction of what later runs
-do (nemotron-h-56b, 8 x 16 at 80 GiB, 60 s: 2 plans and a plan 23% slower than the next run's)
-and overran short budgets (22 s at `--budget 5s`; benchmarks/tuner_cold.md). So the tuner first runs every kernel once
-on a tiny problem, and the compile it causes is left out of the budget and reported; with the
-disk cache filled this takes a fraction of a second, which counts as start-up does.
+tuner's kernels. Paid inside `--budget`, it left the first runs a fraction of their search and
+overran short budgets (benchmarks/tuner_cold.md: nemotron-h-56b, 8 x 16 at 80 GiB, `--budget
+5s` wrote the 1F1B baseline, 53% slower than a later run's plan, and the next run, still
+compiling, took 26.7 s). So the tuner first runs every kernel once on a tiny problem, and the
+compile it causes is left out of the budget and reported; with the disk cache filled this
+takes a fraction of a second, which counts as start-up does.
 """
 
 from __future__ import annotations
