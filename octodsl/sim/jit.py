@@ -38,16 +38,25 @@ def njit(fn=None, *, refcounts: bool = True, inline: bool = False):
     )(fn)
 
 
-def seconds_compiling(run: Callable[[], object]) -> float:
+def seconds_compiling(
+    run: Callable[[], object], on_compile: Callable[[], None] | None = None
+) -> float:
     """Call `run` and return the seconds numba spent compiling kernels in it: 0 where every
     kernel it called came from the disk cache or was compiled before in this process (and
-    without numba). A compile that calls for others counts once."""
+    without numba). A compile that calls for others counts once. `on_compile` is called when
+    the first compile starts (a progress display: compiling takes tens of seconds)."""
     if _numba_njit is None:
         run()
         return 0.0
-    from numba.core.event import install_timer
+    from numba.core.event import TimingListener, install_listener
 
-    seconds: list[float] = []
-    with install_timer("numba:compile", seconds.append):
+    class Timer(TimingListener):
+        def on_start(self, event):
+            if on_compile is not None and self._depth == 0 and not self.done:
+                on_compile()
+            super().on_start(event)
+
+    timer = Timer()
+    with install_listener("numba:compile", timer):
         run()
-    return sum(seconds)
+    return timer.duration if timer.done else 0.0

@@ -13,6 +13,7 @@ takes a fraction of a second, which counts as start-up does.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ..sim import warm_up
 from ..sim.jit import seconds_compiling
@@ -27,14 +28,15 @@ EVALUATIONS = 40
 """Plans the tiny search simulates: every move runs in them."""
 
 
-def warm_up_tuner() -> float:
+def warm_up_tuner(on_compile: Callable[[], None] | None = None) -> float:
     """Run each kernel the tuner and its baselines call once (once per process); return the
     seconds spent compiling (0 where the disk cache held them all, and after the first call).
-    Ctrl-C during it raises KeyboardInterrupt, as before the first plan of a search."""
+    `on_compile`: called when a compile starts. Ctrl-C during it raises KeyboardInterrupt, as
+    before the first plan of a search."""
     global _warm
     if _warm:
         return 0.0
-    seconds = seconds_compiling(_tiny_search)
+    seconds = seconds_compiling(_tiny_search, on_compile)
     _warm = True
     return seconds
 

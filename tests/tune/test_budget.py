@@ -32,7 +32,7 @@ def clock(monkeypatch):
     c = Clock()
     monkeypatch.setattr(time, "perf_counter", c)
     # the warm-up's simulations would move the fake clock too (tests/tune/test_warm.py)
-    monkeypatch.setattr(compare, "warm_up_tuner", lambda: 0.0)
+    monkeypatch.setattr(compare, "warm_up_tuner", lambda on_compile: 0.0)
     return c
 
 

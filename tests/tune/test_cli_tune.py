@@ -254,7 +254,7 @@ def _press_ctrl_c_at(monkeypatch, calls: int) -> None:
     from octodsl.tune.pipeline import loop
     from octodsl.tune.reference import compare
 
-    monkeypatch.setattr(compare, "warm_up_tuner", lambda: 0.0)
+    monkeypatch.setattr(compare, "warm_up_tuner", lambda on_compile: 0.0)
 
     score, seen = loop._Search.score, []
 

@@ -82,9 +82,24 @@ def test_seconds_compiling_counts_a_compile_once():
     assert seconds_compiling(lambda: twice(2)) > 0.0  # and now for int64
 
 
+@needs_numba
+def test_on_compile_is_called_once_when_compiling_starts():
+    import numba
+
+    @numba.njit(cache=False)
+    def plus(x):
+        return x + 1
+
+    calls: list[int] = []
+    seconds_compiling(lambda: (plus(1), plus(1.5)), lambda: calls.append(1))  # two compiles
+    assert calls == [1]
+    seconds_compiling(lambda: plus(2), lambda: calls.append(1))  # none
+    assert calls == [1]
+
+
 def test_the_warm_up_runs_once_per_process(monkeypatch):
     monkeypatch.setattr(warm, "_warm", False)
-    monkeypatch.setattr(warm, "seconds_compiling", lambda run: 7.0)
+    monkeypatch.setattr(warm, "seconds_compiling", lambda run, on_compile: 7.0)
     assert warm.warm_up_tuner() == 7.0
     assert warm.warm_up_tuner() == 0.0  # seconds_compiling not called again
 
@@ -112,7 +127,7 @@ def test_ctrl_c_during_the_warm_up_stops_the_command(monkeypatch):
 def test_the_compile_is_left_out_of_the_budget(monkeypatch):
     # A warm-up that takes (and reports) 3 s of a 3 s budget: counted, nothing would be left
     # for the baselines and the tuner (the first baseline alone, no plan tuned).
-    def slow_warm_up():
+    def slow_warm_up(on_compile):
         time.sleep(3.0)
         return 3.0
 

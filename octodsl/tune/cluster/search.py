@@ -203,7 +203,11 @@ def search(
     if why is not None:
         raise OctoError(why)
     # loading the compiled kernels counts, as all start-up does; compiling them does not
-    compiled = warm_up_tuner()
+    compiled = warm_up_tuner(
+        None
+        if progress is None
+        else lambda: progress("compiling (once per machine)", math.inf, budget)
+    )
     began += compiled
     tables = Tables(cluster)
     tps, excluded = tp_degrees(cluster)

@@ -72,7 +72,7 @@ def tune_and_compare(
     note("start-up")
     # Loading the compiled kernels counts, as all start-up does; compiling them (a machine's
     # first run) does not: the budget is the search's.
-    compiled = warm_up_tuner()
+    compiled = warm_up_tuner(lambda: note("compiling (once per machine)"))
     t0 += compiled
     note("baselines")
     baselines = classic_baselines(problem, Evaluator(problem), deadline=t0 + budget / 2)
