@@ -27,6 +27,9 @@ from .reference.baselines import classic_baselines
 EVALUATIONS = 40
 """Plans the tiny search simulates: every move runs in them."""
 
+_warm = False
+"""Whether this process has run the warm-up."""
+
 
 def warm_up_tuner(on_compile: Callable[[], None] | None = None) -> float:
     """Run each kernel the tuner and its baselines call once (once per process); return the
@@ -39,9 +42,6 @@ def warm_up_tuner(on_compile: Callable[[], None] | None = None) -> float:
     seconds = seconds_compiling(_tiny_search, on_compile)
     _warm = True
     return seconds
-
-
-_warm = False
 
 
 def _tiny_search() -> None:
