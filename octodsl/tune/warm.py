@@ -27,6 +27,11 @@ from .reference.baselines import classic_baselines
 EVALUATIONS = 40
 """Plans the tiny search simulates: every move runs in them."""
 
+UNHURRIED = 3600.0
+"""Seconds the tiny search and its polish may take: the plan count ends them long before. The
+budget counts the compile, so a shorter one (60 s) let a loaded machine's compile use it up and
+the search skip moves, whose kernels then compiled in the real search."""
+
 _warm = False
 """Whether this process has run the warm-up."""
 
@@ -53,13 +58,13 @@ def _tiny_search() -> None:
     limit = float(free.layer_static().sum() + free.column("act").sum()) / 2
     problem = Problem.create("nemotron-h-tiny", 2, 4, memory=int(limit), dp=2, zero=1)
     classic_baselines(problem)
-    out = tune(problem, budget=60.0, max_evaluations=EVALUATIONS, restarts=1)
+    out = tune(problem, budget=UNHURRIED, max_evaluations=EVALUATIONS, restarts=1)
     if out.interrupted:  # tune() keeps its best plan on Ctrl-C; this search has none to keep
         raise KeyboardInterrupt
     # the final polish, which the cap on plans skips (to its end, the search takes seconds)
     skeleton = problem.skeleton(StageLayout.of(out.best.plan))
     pilot_seconds(skeleton, problem, True)
-    rebuild(skeleton, problem, True, True, time.perf_counter() + 60.0)
+    rebuild(skeleton, problem, True, True, time.perf_counter() + UNHURRIED)
     # ZeroBubble's greedy starts the search only from one stage per device, which a tiny
     # search may not pick
     zb_starts(problem, StageLayout(even_cuts(problem.num_layers, 2), looped(2, 1)))

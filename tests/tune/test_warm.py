@@ -39,7 +39,7 @@ class Compiles(event.Listener):
         pass
 
     def on_end(self, e):
-        names.append(e.data["dispatcher"].py_func.__qualname__)
+        names.append(e.data["dispatcher"].py_func.__qualname__ + str(e.data["args"]))
 
 
 event.register("numba:compile", Compiles())
@@ -145,3 +145,26 @@ def test_the_note_says_what_the_compile_took():
     assert compiled_note(0.01) == ""
     note = compiled_note(31.25)
     assert "31.2 s" in note and "not counted in --budget" in note
+
+
+def test_the_tiny_search_runs_all_its_plans_however_long_the_compile(monkeypatch):
+    # Its budget counts the compile: on a loaded machine a 60 s one was used up, the tiny search
+    # skipped moves, and their kernels compiled inside the real search's budget. Here every
+    # clock read takes half a second.
+    clock = [0.0]
+
+    def slow_clock():
+        clock[0] += 0.5
+        return clock[0]
+
+    monkeypatch.setattr(time, "perf_counter", slow_clock)
+    results = []
+
+    def tune(*args, **kwargs):
+        results.append(real_tune(*args, **kwargs))
+        return results[-1]
+
+    real_tune = warm.tune
+    monkeypatch.setattr(warm, "tune", tune)
+    warm._tiny_search()
+    assert results[0].evaluations == warm.EVALUATIONS
