@@ -298,8 +298,9 @@ def run(args) -> int:
     console.print(comparison_table(problem, outcome.tuned, outcome.baselines, outcome.others))
     t = outcome.tuned
     notes = "; ".join(
-        [f"{k}: {v}" for k, v in outcome.notes.items()]
-        + [x for x in [compiled_note(outcome.compiled)] if x]
+        x
+        for x in [*(f"{k}: {v}" for k, v in outcome.notes.items()), compiled_note(outcome.compiled)]
+        if x
     )
     stopped = (
         ""

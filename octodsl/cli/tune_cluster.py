@@ -162,6 +162,7 @@ def run_cluster(args, began: float) -> int:
     console.print()
     console.print(baselines_table(result))
     counts = skipped_counts(result)
+    compiled = compiled_note(result.compiled)
     console.print(
         f"wrote {', '.join(written)}; configurations: "
         + ", ".join(f"{n} {k}" for k, n in counts.items())
@@ -173,7 +174,7 @@ def run_cluster(args, began: float) -> int:
             if result.budget_short
             else ""
         )
-        + "".join(f"; {x}" for x in [compiled_note(result.compiled)] if x),
+        + (f"; {compiled}" if compiled else ""),
         style="dim",
     )
     return status

@@ -70,6 +70,10 @@ def _tiny_search() -> None:
     zb_starts(problem, StageLayout(even_cuts(problem.num_layers, 2), looped(2, 1)))
 
 
+COMPILING = "compiling (once per machine)"
+"""The progress line's phase while the warm-up compiles (`tune`, `tune --gpus`)."""
+
+
 def compiled_note(seconds: float) -> str:
     """What the last line of `tune` says of a compile before the search ('' when none)."""
     if seconds < 0.05:

@@ -47,7 +47,7 @@ from ..reference.baselines import (
     best_baseline,
     classic_baselines,
 )
-from ..warm import warm_up_tuner
+from ..warm import COMPILING, warm_up_tuner
 from .baselines import MegatronBaseline, megatron_baselines
 from .estimate import layout_estimate
 from .space import (
@@ -204,9 +204,7 @@ def search(
         raise OctoError(why)
     # loading the compiled kernels counts, as all start-up does; compiling them does not
     compiled = warm_up_tuner(
-        None
-        if progress is None
-        else lambda: progress("compiling (once per machine)", math.inf, budget)
+        None if progress is None else lambda: progress(COMPILING, math.inf, budget)
     )
     began += compiled
     tables = Tables(cluster)

@@ -15,7 +15,7 @@ from ..advice import larger_tps, sharding
 from ..pipeline.evaluate import Evaluator, Score, best_of
 from ..pipeline.loop import RESTARTS, BudgetTooShort, Progress, TuneResult, tune
 from ..problem import AUTO, Problem
-from ..warm import warm_up_tuner
+from ..warm import COMPILING, warm_up_tuner
 from .baselines import Baseline, best_baseline, classic_baselines
 
 OTHERS = ("random", "milp", "milp-warm")
@@ -72,7 +72,7 @@ def tune_and_compare(
     note("start-up")
     # Loading the compiled kernels counts, as all start-up does; compiling them (a machine's
     # first run) does not: the budget is the search's.
-    compiled = warm_up_tuner(lambda: note("compiling (once per machine)"))
+    compiled = warm_up_tuner(lambda: note(COMPILING))
     t0 += compiled
     note("baselines")
     baselines = classic_baselines(problem, Evaluator(problem), deadline=t0 + budget / 2)
