@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,7 @@ def _same_packages(rev: str) -> bool:
         why = "its grammar/ or deepspeed_ext/ differ from this checkout's, which it would import"
     else:
         return True
-    print(f"tuner_cold.py: --before {rev}: {why}", file=sys.stderr)
+    print(f"tuner_cold.py: --before {shlex.quote(rev)}: {why}", file=sys.stderr)
     return False
 
 
@@ -87,13 +88,13 @@ def main() -> int:
     args = ap.parse_args()
     if not check_outputs("tuner_cold.py", [args.output, args.output.with_suffix(".json")]):
         return 2
-    if args.before and not _same_packages(args.before):
+    if args.before is not None and not _same_packages(args.before):
         return 2
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         rows = []
-        if args.before:
+        if args.before is not None:
             old = tmp / "before"
             subprocess.run(
                 ["git", "worktree", "add", "--detach", str(old), args.before],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -199,13 +200,14 @@ def test_the_command_a_table_records_runs_again(monkeypatch):
     [
         ("no-such-commit", "not a commit of this repository"),
         ("HEAD~100000", "not a commit of this repository"),
+        ("", "not a commit of this repository"),  # once taken as no --before: a whole run
     ],
 )
 def test_a_before_commit_that_cannot_run_is_refused_before_any_work(rev, why, tmp_path):
     output = tmp_path / "out.md"
     done = run("tuner_cold.py", "--before", rev, "-o", str(output), cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
-    assert done.stderr.strip() == f"tuner_cold.py: --before {rev}: {why}"
+    assert done.stderr.strip() == f"tuner_cold.py: --before {shlex.quote(rev)}: {why}"
     assert list(tmp_path.iterdir()) == []
 
 
