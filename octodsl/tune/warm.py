@@ -44,9 +44,12 @@ def warm_up_tuner(on_compile: Callable[[], None] | None = None) -> float:
     global _warm
     if _warm:
         return 0.0
-    seconds = seconds_compiling(_tiny_search, on_compile)
-    _warm = True
-    return seconds
+    _warm = True  # before the tiny search: its tune() warms up too
+    try:
+        return seconds_compiling(_tiny_search, on_compile)
+    except BaseException:
+        _warm = False
+        raise
 
 
 def _tiny_search() -> None:

@@ -140,6 +140,20 @@ def test_the_compile_is_left_out_of_the_budget(monkeypatch):
     assert out.seconds < 3.0 * 1.5  # the search's own time, the warm-up's left out
 
 
+def test_a_search_called_directly_compiles_before_its_budget(monkeypatch):
+    # Tests and benchmarks call the search without the front door; a fresh clone's first such
+    # tune() compiled inside its budget and returned a worse plan (make test caught it). A
+    # compile of 1.5 s before a 1 s budget: counted, the search would simulate no plan.
+    from octodsl.tune.pipeline import loop
+
+    warm.warm_up_tuner()  # the real one first: on a cold cache the search would compile
+    monkeypatch.setattr(warm, "_warm", False)
+    monkeypatch.setattr(warm, "seconds_compiling", lambda run, on_compile: time.sleep(1.5))
+    out = loop.tune(Problem.create("nemotron-h-tiny", 2, 4), budget=1.0)
+    assert out.evaluations > 0
+    assert warm._warm
+
+
 def test_the_note_says_what_the_compile_took():
     assert compiled_note(0.0) == ""
     assert compiled_note(0.01) == ""

@@ -21,7 +21,8 @@
    the others' where their estimate fits; each stops at the deadline.
 The best plan that fits in memory wins. Every plan is timed by the simulator. Under the
 problem's `keep`, only layouts it allows are tried. Ctrl-C stops the search as the end of the
-budget does (`TuneResult.interrupted`), so the best plan is kept.
+budget does (`TuneResult.interrupted`), so the best plan is kept. A machine's first search
+compiles the kernels before its budget starts (octodsl.tune.warm).
 
 Deterministic for a seed as long as the searches and the polish end before the budget
 (`TuneResult.finished`); a budget that cuts them short stops at a point that depends on the
@@ -148,6 +149,12 @@ def tune(
     budget is left, and never changes what an earlier one found."""
     if restarts < 1:
         raise ValueError(f"restarts must be at least 1, not {restarts}")
+    # Here and not only at the front door, so every caller's budget is the search's: a test's
+    # or a benchmark's first tune() would compile in it. Imported here: warm's tiny search is a
+    # tune().
+    from ..warm import warm_up_tuner
+
+    warm_up_tuner()
     t0 = time.perf_counter()
     # 1% held back: the moves being built when the searches stop take time too.
     deadline = t0 + 0.99 * budget
