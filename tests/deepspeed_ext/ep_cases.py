@@ -66,12 +66,23 @@ def train(engine, first: int, steps: int) -> list[float]:
     ]
 
 
+SGD = {"type": "SGD", "params": {"lr": 0.05}}
+"""The optimizer of the runs compared across ep sizes (torch.optim.SGD). Adam's first steps are
+lr x sign(gradient), so a gradient that is near zero but for rounding takes a full step either
+way, and the rounding differs with the GEMM kernels' order of summation: ep 1 and ep 2 sum an
+expert's rows in differently shaped matmuls. Under AdamW the losses drifted apart by a few 1e-6
+over three steps on an AMD EPYC and by 1.3e-5 to 5.5e-5 on an Intel Xeon, as far as two ep 1
+runs of different plans drift from each other: a measure of the CPU, not of the ep code. SGD's
+step is linear in the gradient, so the losses differ by what the gradients do."""
+
+
 def run(plan: Plan, steps: int = 3, watch=None, **extra) -> dict:
     """The losses, the gradient norm of each step (mesh.grad_norm before clipping and the
     optimizer step, routed experts summed over the ep group), and each rank's local expert
-    counts; with `watch`, the steps run inside `watch(engine)`, whose `report()` joins these."""
+    counts; with `watch`, the steps run inside `watch(engine)`, whose `report()` joins these.
+    The optimizer is `SGD` unless `extra` names one."""
     with released_groups():
-        engine = build(plan, **extra)
+        engine = build(plan, **{"optimizer": SGD, **extra})
         norms: list[float] = []
         take_step = engine._take_model_step
 

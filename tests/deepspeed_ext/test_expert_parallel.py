@@ -5,11 +5,12 @@ copy its own).
 
 Not bit for bit in general: a routed expert's gradient sums its rows in one matmul over the ep
 group's tokens, then over the dp / ep copies, where at ep 1 each copy sums its own and the dp
-all-reduce adds them; Adam turns such rounding in a near-zero gradient into a full step, so the
-losses drift apart by a few 1e-6 over three steps with clipping here (bit for bit without; the
-issue's bound: 1e-5). The first step's gradient norm (each expert counted once, over its ep
-group) agrees to 1e-10 here; an expert left out, counted ep times, or reduced over the whole dp
-group shows far above the 1e-8 asserted.
+all-reduce adds them. The runs step with SGD (ep_cases.SGD: Adam would turn that rounding in a
+near-zero gradient into a full step, by an amount that depends on the CPU), so the losses agree
+far within the issue's bound of 1e-5 (1e-7 on an Intel Xeon). The first step's gradient norm
+(each expert counted once, over its ep group) agrees to float32's rounding of those gradients
+(1e-10 on an AMD EPYC, 2e-8 on an Intel Xeon); an expert left out, counted ep times, or reduced
+over the whole dp group changes it by far more than the 1e-6 asserted.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .test_executor import HERE, launch, run_case
 
 pytestmark = pytest.mark.slow
 LOSS_REL = 1e-5
-NORM_REL = 1e-8
+NORM_REL = 1e-6
 
 
 @pytest.fixture(scope="module")
