@@ -148,7 +148,7 @@ def test_a_search_called_directly_compiles_before_its_budget(monkeypatch):
 
     warm.warm_up_tuner()  # the real one first: on a cold cache the search would compile
     monkeypatch.setattr(warm, "_warm", False)
-    monkeypatch.setattr(warm, "seconds_compiling", lambda run, on_compile: time.sleep(1.5))
+    monkeypatch.setattr(warm, "seconds_compiling", lambda run, on_compile: time.sleep(1.5) or 1.5)
     out = loop.tune(Problem.create("nemotron-h-tiny", 2, 4), budget=1.0)
     assert out.evaluations > 0
     assert warm._warm
