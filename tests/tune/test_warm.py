@@ -122,6 +122,7 @@ def test_ctrl_c_during_the_warm_up_stops_the_command(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         warm.warm_up_tuner()
     assert len(seen) == 5
+    assert not warm._warm  # not done: a later call (the next tune) warms up again
 
 
 def test_the_compile_is_left_out_of_the_budget(monkeypatch):
