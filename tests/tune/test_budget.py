@@ -156,3 +156,25 @@ def test_a_polish_longer_than_its_estimate_stops_at_the_deadline(monkeypatch, cl
     out = loop.tune(tiny, budget=60.0, restarts=1)
     assert [r for r in out.rounds if r.phase == "polish"]
     assert clock.now - t0 <= 60.0 + 5.0  # the chunk under way when the deadline came
+
+
+def test_the_searches_leave_a_share_of_the_budget_to_a_long_polish(monkeypatch, clock, tiny):
+    # A polish estimated to take longer than POLISH_SHARE of the budget still gets that share:
+    # the searches end before it, and the pilot method runs until the deadline, keeping what
+    # its steps found (before, the searches took the whole budget and left it nothing).
+    # tiny's first search takes about 350 simulations: it ends well within the budget, the
+    # later ones would not
+    costs(monkeypatch, clock, simulate=0.01)
+    monkeypatch.setattr(loop, "pilot_seconds", lambda *args: 1e6)
+    polish = loop._polish
+    started = []
+
+    def timed_polish(*args):
+        started.append(clock.now)
+        return polish(*args)
+
+    monkeypatch.setattr(loop, "_polish", timed_polish)
+    t0, budget = clock.now, 10.0
+    out = loop.tune(tiny, budget=budget)
+    assert not out.finished and [r for r in out.rounds if r.phase == "polish"]
+    assert t0 + 0.99 * budget - started[0] >= loop.POLISH_SHARE * budget

@@ -216,11 +216,12 @@ def tune(
             out.finished, out.interrupted = False, True
             break
         out = r if out is None else _merge(out, r)
-        # Later searches leave time to polish the best plan, where that takes little of the
-        # budget; where it takes more, they search on (a polish may still fit when they end).
+        # Later searches leave time to polish the best plan, up to POLISH_SHARE of the budget:
+        # a pilot method cut short at the deadline keeps what its steps found (it changed 3 of
+        # 12 memory-bound cases: 2 faster by 0.4-0.6%, 1 slower by 0.1%; CHANGELOG.md).
         best_w_gap = next(w_gap for s, w_gap in out.finalists if s is out.best)
         polish = _polish_seconds(problem, out.best, best_w_gap) + max(step_cost.values())
-        searches_end = deadline - (polish if polish <= POLISH_SHARE * budget else 0.0)
+        searches_end = deadline - min(polish, POLISH_SHARE * budget)
     assert out is not None
     if not out.interrupted:
         try:
