@@ -57,6 +57,8 @@ MAX_EVALUATIONS = 10**9
 """Plans a search may simulate (`tune --evaluations`)."""
 MAX_SEARCHES = 1000
 """Searches one tune may run, one after another while its budget lasts (`tune --searches`)."""
+MAX_JOBS = 256
+"""Searches one tune may run at once, each in a process of its own (`tune --jobs`)."""
 MAX_TIMEOUT = 86400
 """Seconds the executor's watchdog lets a rank wait for one message (`"octo": {"timeout"}`)."""
 MAX_TRAIN_STEPS = 10**7

@@ -1,7 +1,7 @@
 """`octodsl tune --model SPEC --devices P --microbatches M -o PLAN [--device H800] [--memory SIZE]
 [--dp N] [--zero 0|1|2] [--ep N] [--tp N] [--sequence-parallel true|false] [--gpus-per-node N]
 [--link NAME] [--inter-node-link NAME] [--recompute auto|none|full|selective] [--budget 60s]
-[--evaluations N] [--searches N] [--seed N] [--from PLAN [--keep partition|partition,placement]]
+[--evaluations N] [--searches N] [--jobs N] [--seed N] [--from PLAN [--keep partition|partition,placement]]
 [--compare random,milp,milp-warm] [--explain] [--json]`: search partition, placement, schedule
 and recompute together for the fastest plan that fits in memory, and show it next to the
 classic schedules (with the same levers) on the same simulator.
@@ -51,6 +51,7 @@ from .common import (
 from .tune_cluster import add_cluster_options, run_cluster
 from .tune_options import (
     EVALUATIONS,
+    JOBS,
     SEARCHES,
     ProgressLine,
     memory_limit,
@@ -166,6 +167,16 @@ def register(sub) -> None:
         "the budget for them) can find a better plan; the result depends on the seed "
         "alone as long as they all end before the budget (default 6)",
     )
+    p.add_argument(
+        "--jobs",
+        type=JOBS,
+        metavar="N",
+        help="run N of the searches at once, each in a process of its own (one per CPU core "
+        "is the most that helps): the plan is the same as one after another wherever all "
+        "the searches end before --budget, and where the budget stops them more of them "
+        "have run (each process loads the compiled search in about 2 s of the budget; not "
+        "with --evaluations or --gpus; default 1)",
+    )
     p.add_argument("--seed", type=SEED, default=0, help="seed of the search (default 0)")
     p.add_argument(
         "--from",
@@ -228,6 +239,10 @@ def run(args) -> int:
     start, model, devices, microbatches = _start(args)
     if args.keep is not None and start is None:
         raise UserError("--keep needs a --from plan (the cuts it keeps)")
+    if args.jobs not in (None, 1) and args.evaluations is not None:
+        raise UserError(
+            "--evaluations stops at a count of one process's plans: give it with --jobs 1"
+        )
     others = [x for x in args.compare.split(",") if x]
     unknown = [x for x in others if x not in OTHERS]
     if unknown:
@@ -263,6 +278,7 @@ def run(args) -> int:
                 progress=progress,
                 max_evaluations=args.evaluations,
                 searches=searches(args),
+                jobs=args.jobs or 1,
             )
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None

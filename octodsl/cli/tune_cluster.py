@@ -36,6 +36,7 @@ _PER_PLAN_ONLY = (
     ("keep", "--keep"),
     ("compare", "--compare"),
     ("explain", "--explain"),
+    ("jobs", "--jobs (it tunes one configuration at a time)"),
     ("grad_accum_dtype", "--grad-accum-dtype (each configuration takes its runtime's own)"),
 )
 

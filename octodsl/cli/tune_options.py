@@ -16,6 +16,8 @@ EVALUATIONS = integer(1, limits.MAX_EVALUATIONS)
 """--evaluations' type."""
 SEARCHES = integer(1, limits.MAX_SEARCHES)
 """--searches' type."""
+JOBS = integer(1, limits.MAX_JOBS)
+"""--jobs' type."""
 
 
 def searches(args) -> int:

@@ -100,6 +100,7 @@ def one_line_error(capsys) -> str:
         ),
         (["--from", "x.octo"], "--from is not taken"),
         (["--compare", "random"], "--compare is not taken"),
+        (["--jobs", "2"], "--jobs (it tunes one configuration at a time) is not taken"),
         (
             ["--overlap", "grad-reduce", "--target", "deepspeed"],
             "runtime deepspeed with overlap_grad_reduce true",

@@ -75,6 +75,13 @@ def test_from_keeps_the_plans_shape_memory_and_dp(tmp_path, capsys):
         (ARGS + ["--searches", "-2"], "--searches: must be at least 1"),
         (ARGS + ["--searches", "1001"], "--searches: must be at most 1,000"),
         (ARGS + ["--searches", "2.5"], "--searches: '2.5' is not a whole number"),
+        (ARGS + ["--jobs", "0"], "--jobs: must be at least 1"),
+        (ARGS + ["--jobs", "257"], "--jobs: must be at most 256"),
+        (ARGS + ["--jobs", "two"], "--jobs: 'two' is not a whole number"),
+        (
+            ARGS + ["--jobs", "2"],  # ARGS stop at --evaluations
+            "--evaluations stops at a count of one process's plans: give it with --jobs 1",
+        ),
         (ARGS + ["--compare", "annealing"], "--compare: unknown annealing"),
         (["tune", "--model", "no-such-model", "-p", "2", "-m", "2"], "no-such-model"),
         (ARGS + ["--zero", "3"], "--zero: must be at most 2"),

@@ -142,13 +142,17 @@ def tune(
     max_evaluations: int | None = None,
     progress: Progress | None = None,
     restarts: int = RESTARTS,
+    jobs: int = 1,
 ) -> TuneResult:
     """Search for the fastest plan that fits the problem's memory limit within `budget` seconds
     (and `max_evaluations` simulations, when given). `starts`: plans to refine, besides the
     tuner's own starting points. The searches share the budget; a later one runs only while
-    budget is left, and never changes what an earlier one found."""
+    budget is left, and never changes what an earlier one found. `jobs`: searches run at once,
+    each in a process of its own (parallel.py; with `max_evaluations` only 1)."""
     if restarts < 1:
         raise ValueError(f"restarts must be at least 1, not {restarts}")
+    if jobs < 1 or (jobs > 1 and max_evaluations is not None):
+        raise ValueError(f"jobs must be at least 1, and 1 with max_evaluations, not {jobs}")
     # Here and not only at the front door, so every caller's budget is the search's: a test's
     # or a benchmark's first tune() would compile in it. Imported here: warm's tiny search is a
     # tune().
@@ -158,33 +162,67 @@ def tune(
     t0 = time.perf_counter()
     # 1% held back: the moves being built when the searches stop take time too.
     deadline = t0 + 0.99 * budget
-    searches_end = deadline  # until a search's best plan says how long its polish takes
-    # One evaluator for all searches: they come back to the same placements, whose compiled
-    # programs it keeps; a program reordered for a later plan times it as a fresh compile does
-    # (the walk's ties go by the plan's order), so each search finds what it finds alone.
+    # One evaluator for all searches (and the polish): they come back to the same placements,
+    # whose compiled programs it keeps; a program reordered for a later plan times it as a
+    # fresh compile does (the walk's ties go by the plan's order), so each search finds what
+    # it finds alone.
     evaluate = Evaluator(problem)
+    if jobs > 1 and restarts > 1:
+        from .parallel import side_by_side
+
+        # the searches run at once, so none knows the best plan's polish before it starts:
+        # each leaves the polish its share
+        out, step = side_by_side(
+            problem,
+            starts,
+            range(seed, seed + restarts),
+            jobs,
+            deadline - POLISH_SHARE * budget,
+            progress,
+        )
+    else:
+        out, step = _one_after_another(
+            problem, evaluate, starts, seed, restarts, budget, deadline, max_evaluations, progress
+        )
+    if not out.interrupted:
+        try:
+            # a polish step costs its pilot method and a step of the search (a simulation
+            # and what was built around it), at most
+            _polish(problem, evaluate, out, deadline - step, max_evaluations)
+        except KeyboardInterrupt:
+            out.finished, out.interrupted = False, True
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _one_after_another(
+    problem: Problem,
+    evaluate: Evaluator,
+    starts: Sequence[Plan],
+    seed: int,
+    restarts: int,
+    budget: float,
+    deadline: float,
+    max_evaluations: int | None,
+    progress: Progress | None,
+) -> tuple[TuneResult, float]:
+    """The searches of seeds seed, seed + 1, ..., one after another while the budget lasts
+    (tune()): their results in order and the most seconds one of their steps took."""
+    searches_end = deadline  # until a search's best plan says how long its polish takes
     # `fitting`'s cuts by the layout it starts from (its hint), which a search's seed sets:
     # keyed by the placement alone, a later search would start from an earlier one's
     fitted: dict[StageLayout, StageLayout | None] = {}
     step_cost: dict[str, float] = {}
     out: TuneResult | None = None
     for k in range(restarts):
-        if out is not None:
-            if (
-                not out.finished
-                or time.perf_counter() >= searches_end
-                or (max_evaluations is not None and out.evaluations >= max_evaluations)
-            ):
-                break
-            out.rounds.append(
-                Round(
-                    len(out.rounds),
-                    "restart",
-                    f"search again, seed {seed + k}",
-                    out.best.time,
-                    out.best.time,
-                )
-            )
+        if out is not None and (
+            not out.finished
+            or time.perf_counter() >= searches_end
+            or (max_evaluations is not None and out.evaluations >= max_evaluations)
+        ):
+            break
+        if out is not None:  # said before the search: Ctrl-C may end it with nothing found
+            _restart(out, seed + k)
         shown = _best_shown(progress, out.best.time if out else math.inf)
         try:
             # The cyclic collector paused: a search makes hundreds of thousands of short-lived
@@ -223,16 +261,29 @@ def tune(
         polish = _polish_seconds(problem, out.best, best_w_gap) + max(step_cost.values())
         searches_end = deadline - min(polish, POLISH_SHARE * budget)
     assert out is not None
-    if not out.interrupted:
-        try:
-            # a polish step costs its pilot method and a step of the search (a simulation
-            # and what was built around it), at most
-            step = max(step_cost.values(), default=0.0)
-            _polish(problem, evaluate, out, deadline - step, max_evaluations)
-        except KeyboardInterrupt:
-            out.finished, out.interrupted = False, True
-    out.seconds = time.perf_counter() - t0
-    return out
+    return out, max(step_cost.values(), default=0.0)
+
+
+def one_search(
+    problem: Problem,
+    starts: Sequence[Plan],
+    seed: int,
+    deadline: float,
+    progress: Progress | None,
+) -> tuple[TuneResult, float] | None:
+    """The search of `seed` alone, as `tune` runs each (in a worker process of parallel.py):
+    its result and the most seconds one of its steps took; None when the deadline came before
+    it simulated a plan. Ctrl-C ends it as the budget does (raised only before its first
+    plan)."""
+    step_cost: dict[str, float] = {}
+    try:
+        with paused_collection():  # as in tune()
+            r = _Search(
+                problem, Evaluator(problem), deadline, seed, None, progress, {}, step_cost
+            ).run(starts)
+    except _NothingSimulated:
+        return None
+    return r, max(step_cost.values(), default=0.0)
 
 
 def _polish_seconds(problem: Problem, score: Score, w_gap: bool) -> float:
@@ -287,6 +338,21 @@ def _best_shown(progress: Progress | None, before: float) -> Progress | None:
     if progress is None:
         return None
     return lambda phase, best, left: progress(phase, min(best, before), left)
+
+
+def then(out: TuneResult | None, r: TuneResult, seed: int) -> TuneResult:
+    """The result of search `seed`, `r`, after those of the searches before it, `out`, as
+    tune() runs them one after another."""
+    if out is None:
+        return r
+    _restart(out, seed)
+    return _merge(out, r)
+
+
+def _restart(out: TuneResult, seed: int) -> None:
+    """The round that says search `seed` starts after those of `out`."""
+    t = out.best.time
+    out.rounds.append(Round(len(out.rounds), "restart", f"search again, seed {seed}", t, t))
 
 
 def _merge(a: TuneResult, b: TuneResult) -> TuneResult:

@@ -54,12 +54,13 @@ def tune_and_compare(
     progress: Progress | None = None,
     max_evaluations: int | None = None,
     searches: int = RESTARTS,
+    jobs: int = 1,
 ) -> Outcome:
     """The baselines and the tuner within `budget` seconds together (the baselines take at most
     half; those left out are NOT_RUN), then each of `others` with `budget` seconds of its own.
     `max_evaluations`: the tuner (and random search) stop after simulating that many plans, a
     stop that does not depend on the machine's speed. `searches`: the tuner's searches at most
-    (`loop.tune`'s `restarts`)."""
+    (`loop.tune`'s `restarts`), `jobs` of them at once."""
 
     def note(phase: str):
         if progress:
@@ -94,6 +95,7 @@ def tune_and_compare(
             progress=progress,
             max_evaluations=max_evaluations,
             restarts=searches,
+            jobs=jobs,
         )
     except BudgetTooShort:
         # The best baseline is the best plan found in time (the checks below say if it does
