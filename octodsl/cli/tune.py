@@ -19,6 +19,7 @@ configuration instead (tp x pp x dp, micro-batching, ZeRO, ep; `octodsl.cli.tune
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 
 from ..errors import OctoError
@@ -216,6 +217,15 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _more_jobs(args) -> str:
+    """Where the budget stopped the searches one after another on a machine of several cores:
+    that --jobs would run more of them."""
+    jobs = min(os.cpu_count() or 1, searches(args))
+    if args.jobs not in (None, 1) or jobs == 1:
+        return ""
+    return f"; --jobs {jobs} would run that many searches at once"
+
+
 def run(args) -> int:
     require("tune", "numba", "ortools")  # before octodsl.tune, which imports them
     from ..tune.clock import command_start
@@ -325,7 +335,7 @@ def run(args) -> int:
         if t.interrupted
         else f" (stopped after {args.evaluations} plans)"
         if args.evaluations is not None and t.evaluations >= args.evaluations
-        else " (stopped by the budget)"
+        else " (stopped by the budget" + _more_jobs(args) + ")"
     )
     built = sum(b.score is not None for b in outcome.baselines)
     console.print(

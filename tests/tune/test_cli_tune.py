@@ -407,3 +407,27 @@ def test_the_table_says_which_bound_binds(tmp_path, capsys):
     )
     title = " ".join(capsys.readouterr().out.split())
     assert "counting the forwards the memory holds before the first backward" in title
+
+
+def test_a_search_the_budget_stopped_points_to_jobs(tmp_path, capsys, monkeypatch):
+    # Six searches of nemotron-h-56b on 16 devices take minutes, not 10 s: the last line says the budget
+    # stopped them and, on a machine of several cores, what --jobs would do.
+    import os
+    from argparse import Namespace
+
+    from octodsl.cli.tune import _more_jobs
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    args = ["tune", "--model", "nemotron-h-56b", "-p", "16", "-m", "32", "--budget", "10s"]
+    assert main(args + ["-o", str(tmp_path / "t.octo")]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "(stopped by the budget; --jobs 4 would run that many searches at once)" in text
+    # no hint where --jobs is given, one search is asked for, or there is one core
+    assert (
+        _more_jobs(Namespace(jobs=None, searches=3))
+        == "; --jobs 3 would run that many searches at once"
+    )
+    assert _more_jobs(Namespace(jobs=2, searches=None)) == ""
+    assert _more_jobs(Namespace(jobs=None, searches=1)) == ""
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert _more_jobs(Namespace(jobs=None, searches=None)) == ""
