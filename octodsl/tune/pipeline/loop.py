@@ -15,7 +15,8 @@
    (seeded), refined in turn; the search ends after `PATIENCE` kicks in a row find nothing better.
 4. Restarts: the whole search again with the next seeds, `RESTARTS` searches in all while the
    budget lasts (less the time to polish the best plan, up to a `POLISH_SHARE` of it); each
-   ends in its own local optimum, the one it finds alone.
+   ends in its own local optimum, the one it finds alone. With `jobs`, that many run at once,
+   each in a worker process (parallel.py), and all leave the polish its share.
 5. Polish: the layouts the searches ended on, best first, get the pilot method's order
    (construct.py), too slow for every plan of a search: the best plan's with the time left,
    the others' where their estimate fits; each stops at the deadline.
@@ -162,8 +163,8 @@ def tune(
     t0 = time.perf_counter()
     # 1% held back: the moves being built when the searches stop take time too.
     deadline = t0 + 0.99 * budget
-    # One evaluator for all searches (and the polish): they come back to the same placements,
-    # whose compiled programs it keeps; a program reordered for a later plan times it as a
+    # One evaluator for the searches one after another and the polish: they come back to the
+    # same placements, whose compiled programs it keeps; a program reordered for a later plan times it as a
     # fresh compile does (the walk's ties go by the plan's order), so each search finds what
     # it finds alone.
     evaluate = Evaluator(problem)
