@@ -55,6 +55,7 @@ from .tune_options import (
     JOBS,
     SEARCHES,
     ProgressLine,
+    jobs,
     memory_limit,
     memory_option,
     searches,
@@ -220,10 +221,10 @@ def register(sub) -> None:
 def _more_jobs(args) -> str:
     """Where the budget stopped the searches one after another on a machine of several cores:
     that --jobs would run more of them."""
-    jobs = min(os.cpu_count() or 1, searches(args))
-    if args.jobs not in (None, 1) or jobs == 1:
+    n = min(os.cpu_count() or 1, searches(args))
+    if jobs(args) > 1 or n == 1:
         return ""
-    return f"; --jobs {jobs} would run that many searches at once"
+    return f"; --jobs {n} would run that many searches at once"
 
 
 def run(args) -> int:
@@ -249,7 +250,7 @@ def run(args) -> int:
     start, model, devices, microbatches = _start(args)
     if args.keep is not None and start is None:
         raise UserError("--keep needs a --from plan (the cuts it keeps)")
-    if args.jobs not in (None, 1) and args.evaluations is not None:
+    if jobs(args) > 1 and args.evaluations is not None:
         raise UserError(
             "--evaluations stops at a count of one process's plans: give it with --jobs 1"
         )
@@ -288,7 +289,7 @@ def run(args) -> int:
                 progress=progress,
                 max_evaluations=args.evaluations,
                 searches=searches(args),
-                jobs=args.jobs or 1,
+                jobs=jobs(args),
             )
         except NoPlanFits as e:
             raise UserError(str(e), exit_code=1) from None

@@ -27,6 +27,11 @@ def searches(args) -> int:
     return RESTARTS if args.searches is None else args.searches
 
 
+def jobs(args) -> int:
+    """How many searches the tuner runs at once: --jobs, else one."""
+    return 1 if args.jobs is None else args.jobs
+
+
 def memory_option(text: str) -> int | str:
     """--memory's type: a size, or NO_LIMIT."""
     return NO_LIMIT if text.strip().lower() == NO_LIMIT else memory_size(text)
